@@ -1,0 +1,31 @@
+"""`armorlab train`: resolve a config, write its run directory, train in it (resuming if possible)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("train")
+    def train(
+        config: Path = typer.Argument(None, help="YAML run config; omit to train on the defaults."),
+        set_: list[str] = typer.Option([], "--set", help="Override a key: --set alpha=0.7 --set task.digits=3"),
+        out: Path = typer.Option(Path("runs/train"), "--out", help="Root: the run goes to OUT/<run-id>/."),
+        run_dir: Path = typer.Option(None, "--run-dir", help="Train the config already in this run dir "
+                                     "(what sweep jobs do); resumes from its last checkpoint."),
+    ) -> None:
+        """Train one run (TRL GRPOTrainer subclass) and record it in a run directory."""
+        from armorlab.launch import train_from_config, train_run_dir
+
+        if run_dir is not None:
+            if config is not None or set_:
+                from armorlab.errors import ArmorLabError
+
+                raise ArmorLabError("--run-dir trains the config stored there; drop CONFIG/--set",
+                                    key="--run-dir", value=str(run_dir))
+            path = train_run_dir(run_dir)
+        else:
+            path = train_from_config(config, set_, out)
+        typer.echo(str(path))

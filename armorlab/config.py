@@ -1,0 +1,452 @@
+"""armorlab's config fields, defaults and validation: torch-free, used by training and sweeps alike.
+
+A run config is a flat mapping of armorlab fields and TRL ``GRPOConfig`` fields, plus two nested
+sections, ``task`` and ``model``. ``resolve`` validates it and fills every default so the result
+is the *fully resolved* config whose canonical JSON hashes to the run id (see runs.py).
+
+Keys that cannot influence a run are normalised to ``None`` (``alpha`` outside ARMOR/mixed
+anchors, anchor options with anchors off) so a grid that crosses them with an objective that
+ignores them collapses into one run instead of training duplicates.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from armorlab.errors import ArmorLabError
+
+OBJECTIVES = ("grpo", "dapo", "dr_grpo", "gspo", "up", "up_gspo", "armor")
+SEQUENCE_OBJECTIVES = ("gspo", "up_gspo")
+AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm",
+                "seq-mean")
+TASKS = ("arithmetic", "math")
+TINY_MODEL = "tiny"
+
+
+class _Invalid(Exception):
+    """Raised by a field check; turned into ArmorLabError with key, value and file."""
+
+
+# --------------------------------------------------------------------------- value checks
+def _bool(v: Any) -> bool:
+    if isinstance(v, bool):
+        return v
+    raise _Invalid("must be true or false")
+
+
+def _int(lo: int | None = None, hi: int | None = None) -> Callable[[Any], int]:
+    def check(v: Any) -> int:
+        if isinstance(v, bool) or not isinstance(v, int):
+            if isinstance(v, float) and v.is_integer():
+                v = int(v)
+            else:
+                raise _Invalid("must be an integer")
+        if lo is not None and v < lo:
+            raise _Invalid(f"must be ≥ {lo}")
+        if hi is not None and v > hi:
+            raise _Invalid(f"must be ≤ {hi}")
+        return v
+    return check
+
+
+def _float(lo: float | None = None, hi: float | None = None, *, lo_open: bool = False,
+           hi_open: bool = False) -> Callable[[Any], float]:
+    def check(v: Any) -> float:
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise _Invalid("must be a number")
+        v = float(v)
+        if not math.isfinite(v):
+            raise _Invalid("must be finite")
+        if lo is not None and (v <= lo if lo_open else v < lo):
+            raise _Invalid(f"must be {'>' if lo_open else '≥'} {lo}")
+        if hi is not None and (v >= hi if hi_open else v > hi):
+            raise _Invalid(f"must be {'<' if hi_open else '≤'} {hi}")
+        return v
+    return check
+
+
+def _choice(*choices: str) -> Callable[[Any], str]:
+    def check(v: Any) -> str:
+        if v not in choices:
+            raise _Invalid(f"must be one of {', '.join(choices)}")
+        return v
+    return check
+
+
+def _optional(inner: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    def check(v: Any) -> Any:
+        return None if v is None else inner(v)
+    return check
+
+
+def _str(v: Any) -> str:
+    if not isinstance(v, str) or not v:
+        raise _Invalid("must be a non-empty string")
+    return v
+
+
+def _dual_clip(v: Any) -> float | None:
+    if v is None:
+        return None
+    v = _float()(v)
+    if v <= 1.0:
+        raise _Invalid("must be > 1 (or null to disable)")
+    return v
+
+
+def _schedule(v: Any) -> list[list[int]] | None:
+    """[[until_step, tau], ...]: reset every tau steps while step < until_step; until_step increasing."""
+    if v is None:
+        return None
+    if not isinstance(v, list) or not v:
+        raise _Invalid("must be a non-empty list of [until_step, tau] pairs")
+    out, last = [], 0
+    for pair in v:
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+            raise _Invalid("each entry must be a pair [until_step, tau]")
+        until, tau = _int(1)(pair[0]), _int(0)(pair[1])
+        if until <= last:
+            raise _Invalid("until_step values must increase")
+        out.append([until, tau])
+        last = until
+    return out
+
+
+def _operators(v: Any) -> str:
+    if not isinstance(v, str) or not v or any(c not in "+-*" for c in v) or len(set(v)) != len(v):
+        raise _Invalid("must be a non-empty string of distinct operators from '+-*'")
+    return v
+
+
+@dataclass(frozen=True)
+class Field:
+    default: Any
+    check: Callable[[Any], Any]
+    doc: str
+
+
+# --------------------------------------------------------------------------- armorlab's fields
+FIELDS: dict[str, Field] = {
+    "objective": Field("dapo", _choice(*OBJECTIVES), "policy objective"),
+    "alpha": Field(0.8, _float(0.0, 1.0, lo_open=True), "ARMOR mixing weight α in (0, 1]"),
+    "dual_clip": Field(None, _dual_clip, "dual-clip constant c > 1 for A < 0 (verl), null = off"),
+    "aggregation": Field(None, _optional(_choice(*AGGREGATIONS)), "loss aggregation; null = objective's"),
+    "anchor": Field(False, _bool, "inject one reference-policy sample per group (ARMOR Eq. 3)"),
+    "anchor_samples": Field(4, _int(1), "k: reference samples per prompt for the anchor"),
+    "anchor_filter": Field("correct", _choice("correct", "any"), "keep a correct anchor, or the first"),
+    "anchor_gate": Field(False, _bool, "drop groups whose reference found no correct sample"),
+    "anchor_ratio": Field("mixed", _choice("mixed", "behavior", "current"), "ratio on anchor rows"),
+    "anchor_reward_threshold": Field(1.0, _float(), "reward at or above which an anchor is correct"),
+    "ref_reset_steps": Field(0, _int(0), "τ: reset π_ref ← π_θ every τ steps; 0 = static"),
+    "ref_reset_schedule": Field(None, _schedule, "[[until_step, τ], ...] overriding τ before until_step"),
+    "val_every": Field(10, _int(0), "validate every N steps (and at step 0); 0 = never"),
+    "val_samples": Field(4, _int(1), "k of avg@k / pass@k"),
+    "val_temperature": Field(1.0, _float(0.0), "sampling temperature for validation"),
+    "kl_probe_prompts": Field(8, _int(0), "prompts in the exact-KL probe; 0 = off"),
+    "token_sample_rate": Field(0.0, _float(0.0, 1.0), "share of tokens dumped to tokens/ parquet"),
+}
+
+# Defaults armorlab sets on TRL fields: sized for the tiny model on a CPU; any of them can be
+# overridden, and any other GRPOConfig field can be given explicitly.
+TRL_DEFAULTS: dict[str, Any] = {
+    "seed": 0,
+    "max_steps": 60,
+    "learning_rate": 5e-4,
+    "lr_scheduler_type": "constant",
+    "warmup_steps": 0,
+    "per_device_train_batch_size": 16,
+    "gradient_accumulation_steps": 1,
+    "num_generations": 8,
+    "steps_per_generation": 2,
+    "max_completion_length": 8,
+    "temperature": 1.0,
+    "beta": 0.0,
+    "logging_steps": 1,
+    "save_steps": 20,
+    "save_total_limit": 2,
+    "gradient_checkpointing": False,
+}
+
+# Per-objective defaults, applied only where the user did not set the key.
+PRESETS: dict[str, dict[str, Any]] = {
+    "gspo": {"epsilon": 3e-4, "epsilon_high": 4e-4},
+    "up_gspo": {"epsilon": 3e-4, "epsilon_high": 4e-4},
+    "armor": {"anchor": True, "anchor_gate": True, "ref_reset_steps": 50},
+}
+DEFAULT_EPS = {"epsilon": 0.2, "epsilon_high": 0.28}
+# GRPOConfig fields the run directory decides (checkpoints/ is the output dir; resume is automatic).
+MANAGED_KEYS = frozenset({"output_dir", "resume_from_checkpoint", "overwrite_output_dir"})
+
+TASK_FIELDS: dict[str, dict[str, Field]] = {
+    "arithmetic": {
+        "digits": Field(2, _int(1, 6), "digits per operand (zero-padded)"),
+        "operands": Field(2, _int(2, 4), "operands per problem"),
+        "operators": Field("+", _operators, "operators drawn from '+-*'"),
+        "train_size": Field(256, _optional(_int(1)), "fixed train prompts; null = fresh every time"),
+        "val_size": Field(64, _int(1), "held-out validation prompts"),
+        "test_size": Field(64, _int(1), "held-out test prompts"),
+        "split_seed": Field(0, _int(0), "seed of the train/val/test split (independent of `seed`)"),
+    },
+    "math": {
+        "path": Field(None, _str, "local JSONL or parquet file of {problem, answer}"),
+        "problem_key": Field("problem", _str, "column holding the problem text"),
+        "answer_key": Field("answer", _str, "column holding the reference answer"),
+        "val_size": Field(64, _int(1), "rows held out for validation"),
+        "test_size": Field(64, _int(1), "rows held out for test"),
+        "train_size": Field(None, _optional(_int(1)), "cap on training rows; null = all the rest"),
+        "split_seed": Field(0, _int(0), "seed of the split"),
+    },
+}
+
+MODEL_FIELDS_TINY: dict[str, Field] = {
+    "hidden_size": Field(128, _int(32), "hidden width"),
+    "num_layers": Field(3, _int(1), "transformer layers"),
+    "num_heads": Field(4, _int(1), "attention heads (head_dim = hidden/heads ≥ 32)"),
+    "warm_start_steps": Field(300, _int(0), "supervised warm-start steps on the train split"),
+    "warm_start_seed": Field(0, _int(0), "seed of the tiny model's init and warm start"),
+}
+
+
+# --------------------------------------------------------------------------- TRL field names
+@lru_cache(maxsize=1)
+def grpo_field_names() -> frozenset[str]:
+    """GRPOConfig's field names, shipped as JSON so checking a spec never imports TRL.
+
+    tests/test_config.py compares this list to the installed GRPOConfig; the trainer checks
+    again against the real class when a job starts.
+    """
+    text = resources.files("armorlab").joinpath("grpo_fields.json").read_text()
+    return frozenset(json.loads(text))
+
+
+def known_keys() -> frozenset[str]:
+    return frozenset(FIELDS) | grpo_field_names() | {"task", "model"}
+
+
+# --------------------------------------------------------------------------- dotted keys
+def get_dotted(cfg: Mapping[str, Any], key: str, default: Any = None) -> Any:
+    node: Any = cfg
+    for part in key.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
+def set_dotted(cfg: dict[str, Any], key: str, value: Any, *, file: str | None = None) -> None:
+    """Set ``a.b.c`` in a nested dict, turning a short-form section (``task: arithmetic``) into a dict."""
+    parts = key.split(".")
+    if any(not p for p in parts):
+        raise ArmorLabError("malformed dotted key", key=key, value=value, file=file)
+    node = cfg
+    for i, part in enumerate(parts[:-1]):
+        child = node.get(part)
+        if isinstance(child, str) and i == 0 and part in ("task", "model"):
+            child = {"name": child}
+        elif child is None:
+            child = {}
+        elif not isinstance(child, dict):
+            raise ArmorLabError(f"cannot set a sub-key of non-mapping '{part}'", key=key, value=value,
+                                file=file)
+        node[part] = child
+        node = child
+    node[parts[-1]] = value
+
+
+def parse_overrides(items: Iterable[str], *, file: str = "--set") -> dict[str, Any]:
+    """``["alpha=0.7", "task.digits=3"]`` → nested dict; values are parsed as YAML scalars."""
+    out: dict[str, Any] = {}
+    for item in items:
+        if "=" not in item:
+            raise ArmorLabError("override must look like key=value", key=item, value=None, file=file)
+        key, raw = item.split("=", 1)
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else None
+        except yaml.YAMLError as exc:
+            raise ArmorLabError(f"cannot parse value: {exc}", key=key, value=raw, file=file) from None
+        set_dotted(out, key.strip(), value, file=file)
+    return out
+
+
+def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """Merge ``over`` into a copy of ``base``; nested mappings merge, everything else replaces."""
+    out = copy.deepcopy(dict(base))
+    for key, value in over.items():
+        if key in ("task", "model") and isinstance(out.get(key), str) and isinstance(value, Mapping):
+            out[key] = {"name": out[key]}
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def load_yaml_mapping(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ArmorLabError(f"cannot read file: {exc.strerror}", file=str(path)) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ArmorLabError(f"invalid YAML: {exc}", file=str(path)) from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ArmorLabError("top level must be a mapping", key="<root>", value=type(data).__name__,
+                            file=str(path))
+    return data
+
+
+# --------------------------------------------------------------------------- resolution
+def _check_section(fields: Mapping[str, Field], raw: Mapping[str, Any], prefix: str,
+                   file: str | None) -> dict[str, Any]:
+    out = {}
+    for key, value in raw.items():
+        if key == "name":
+            continue
+        if key not in fields:
+            raise ArmorLabError(f"unknown key (known: {', '.join(sorted(fields))})",
+                                key=f"{prefix}.{key}", value=value, file=file)
+    for key, field in fields.items():
+        value = raw.get(key, field.default)
+        try:
+            out[key] = field.check(value)
+        except _Invalid as exc:
+            raise ArmorLabError(str(exc), key=f"{prefix}.{key}", value=value, file=file) from None
+    return out
+
+
+def _resolve_task(raw: Any, file: str | None) -> dict[str, Any]:
+    if raw is None:
+        raw = {"name": "arithmetic"}
+    if isinstance(raw, str):
+        raw = {"name": raw}
+    if not isinstance(raw, Mapping):
+        raise ArmorLabError("must be a task name or a mapping", key="task", value=raw, file=file)
+    name = raw.get("name", "arithmetic")
+    if name not in TASKS:
+        raise ArmorLabError(f"unknown task (known: {', '.join(TASKS)})", key="task.name", value=name,
+                            file=file)
+    return {"name": name, **_check_section(TASK_FIELDS[name], raw, "task", file)}
+
+
+def _resolve_model(raw: Any, file: str | None) -> dict[str, Any]:
+    if raw is None:
+        raw = {"name": TINY_MODEL}
+    if isinstance(raw, str):
+        raw = {"name": raw}
+    if not isinstance(raw, Mapping):
+        raise ArmorLabError("must be 'tiny', a model path/hub id, or a mapping", key="model", value=raw,
+                            file=file)
+    name = raw.get("name", TINY_MODEL)
+    try:
+        _str(name)
+    except _Invalid as exc:
+        raise ArmorLabError(str(exc), key="model.name", value=name, file=file) from None
+    if name == TINY_MODEL:
+        out = {"name": name, **_check_section(MODEL_FIELDS_TINY, raw, "model", file)}
+        if out["hidden_size"] % out["num_heads"] or out["hidden_size"] // out["num_heads"] < 32:
+            raise ArmorLabError("hidden_size must split into heads of ≥ 32 dims (vLLM CPU needs it)",
+                                key="model.num_heads", value=out["num_heads"], file=file)
+        return out
+    extra = sorted(set(raw) - {"name"})
+    if extra:
+        raise ArmorLabError("a model path takes no other keys", key=f"model.{extra[0]}",
+                            value=raw[extra[0]], file=file)
+    return {"name": name}
+
+
+def resolve(raw: Mapping[str, Any], *, file: str | None = None) -> dict[str, Any]:
+    """Validate ``raw`` and return the fully resolved config (all armorlab defaults filled).
+
+    TRL keys are checked by name here (cheap); their values are checked by GRPOConfig itself
+    when the job starts.
+    """
+    if not isinstance(raw, Mapping):
+        raise ArmorLabError("config must be a mapping", key="<root>", value=raw, file=file)
+    known_trl = grpo_field_names()
+    for key in raw:
+        if not isinstance(key, str):
+            raise ArmorLabError("keys must be strings", key=str(key), value=raw[key], file=file)
+        if key in MANAGED_KEYS:
+            raise ArmorLabError("set by armorlab from the run directory; remove it", key=key,
+                                value=raw[key], file=file)
+        if key not in FIELDS and key not in known_trl and key not in ("task", "model"):
+            raise ArmorLabError("unknown config key (not an armorlab field nor a GRPOConfig field)",
+                                key=key, value=raw[key], file=file)
+    objective = raw.get("objective", FIELDS["objective"].default)
+    try:
+        objective = FIELDS["objective"].check(objective)
+    except _Invalid as exc:
+        raise ArmorLabError(str(exc), key="objective", value=objective, file=file) from None
+    defaults = {**{k: f.default for k, f in FIELDS.items()}, **TRL_DEFAULTS, **DEFAULT_EPS,
+                **PRESETS.get(objective, {})}
+    out: dict[str, Any] = {}
+    for key, default in defaults.items():
+        value = raw.get(key, default)
+        if key in FIELDS:
+            try:
+                value = FIELDS[key].check(value)
+            except _Invalid as exc:
+                raise ArmorLabError(str(exc), key=key, value=value, file=file) from None
+        out[key] = copy.deepcopy(value)
+    for key, value in raw.items():
+        if key not in out and key not in ("task", "model"):
+            out[key] = copy.deepcopy(value)
+    for key in ("epsilon", "epsilon_high"):
+        try:
+            out[key] = _float(0.0)(out[key])
+        except _Invalid as exc:
+            raise ArmorLabError(str(exc), key=key, value=out[key], file=file) from None
+    for key in ("seed", "max_steps", "num_generations", "per_device_train_batch_size"):
+        try:
+            out[key] = _int(0 if key == "seed" else 1)(out[key])
+        except _Invalid as exc:
+            raise ArmorLabError(str(exc), key=key, value=out[key], file=file) from None
+    if out["num_generations"] < 2:
+        raise ArmorLabError("GRPO needs at least 2 generations per prompt", key="num_generations",
+                            value=out["num_generations"], file=file)
+    out["task"] = _resolve_task(raw.get("task"), file)
+    out["model"] = _resolve_model(raw.get("model"), file)
+    _normalise_inert(out)
+    return out
+
+
+def _normalise_inert(cfg: dict[str, Any]) -> None:
+    """Null out keys that cannot affect this run so equivalent grid points share one run id."""
+    anchor_on = cfg["anchor"]
+    if not anchor_on:
+        cfg["anchor_filter"] = None
+        cfg["anchor_ratio"] = None
+    if not (anchor_on or cfg["anchor_gate"]):
+        cfg["anchor_samples"] = None
+        cfg["anchor_reward_threshold"] = None
+    if not (cfg["objective"] == "armor" or (anchor_on and cfg["anchor_ratio"] == "mixed")):
+        cfg["alpha"] = None
+
+
+def split_config(cfg: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Resolved config → (armorlab-only fields incl. task/model, GRPOConfig kwargs)."""
+    ours = {k: v for k, v in cfg.items() if k in FIELDS or k in ("task", "model")}
+    trl = {k: v for k, v in cfg.items() if k not in ours}
+    return ours, trl
+
+
+def load_config(path: str | Path | None, overrides: Iterable[str] = ()) -> dict[str, Any]:
+    """Read a YAML config (or start empty), apply ``key=value`` overrides, resolve."""
+    raw = load_yaml_mapping(path) if path is not None else {}
+    over = parse_overrides(overrides)
+    merged = deep_merge(raw, over)
+    return resolve(merged, file=str(path) if path is not None else "--set")

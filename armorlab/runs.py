@@ -1,0 +1,223 @@
+"""The run-directory contract (shared/design.md): the only place training, sweeps and analysis meet.
+
+```
+<root>/<sweep>/<run-id>/config.yaml    fully resolved config, written first
+                        status.json    state, reason, attempt, job_id, started, ended (atomic)
+                        metrics.jsonl  {"step": int, "<ns>/<name>": float, ...} per line, append-only
+                        tokens/        optional parquet token samples
+                        checkpoints/   TRL/HF checkpoints (a run restarted here resumes)
+                        report/        per-run report
+```
+Torch-free; importing it is cheap.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import re
+from collections.abc import Iterable, Iterator, Mapping
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from armorlab.errors import ArmorLabError
+from armorlab.fsutil import append_line, atomic_write_json, atomic_write_yaml
+
+log = logging.getLogger(__name__)
+
+STATES = ("pending", "running", "completed", "failed")
+CONFIG, STATUS, METRICS, TOKENS, CHECKPOINTS, REPORT = (
+    "config.yaml", "status.json", "metrics.jsonl", "tokens", "checkpoints", "report")
+_CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
+
+
+def canonical_json(cfg: Mapping[str, Any]) -> str:
+    """Sorted keys, no whitespace: the byte string the run id is hashed from."""
+    return json.dumps(cfg, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def run_id(cfg: Mapping[str, Any]) -> str:
+    """First 12 hex digits of sha256(canonical JSON of the fully resolved config)."""
+    return hashlib.sha256(canonical_json(cfg).encode("utf-8")).hexdigest()[:12]
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+class RunDir:
+    """One run directory. Writers: the training job. Readers: sweeps, status, analysis."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+
+    def __repr__(self) -> str:
+        return f"RunDir({str(self.path)!r})"
+
+    # ---------------------------------------------------------------- paths
+    @property
+    def id(self) -> str:
+        return self.path.name
+
+    @property
+    def config_path(self) -> Path:
+        return self.path / CONFIG
+
+    @property
+    def status_path(self) -> Path:
+        return self.path / STATUS
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.path / METRICS
+
+    @property
+    def tokens_dir(self) -> Path:
+        return self.path / TOKENS
+
+    @property
+    def checkpoints_dir(self) -> Path:
+        return self.path / CHECKPOINTS
+
+    @property
+    def report_dir(self) -> Path:
+        return self.path / REPORT
+
+    # ---------------------------------------------------------------- create
+    @classmethod
+    def create(cls, root: str | os.PathLike, cfg: Mapping[str, Any]) -> RunDir:
+        """Make ``root/<run_id(cfg)>`` with config.yaml (first) and a pending status.
+
+        An existing dir with the same id keeps its files: same config ⇒ same run, to be resumed.
+        """
+        rd = cls(Path(root) / run_id(cfg))
+        rd.path.mkdir(parents=True, exist_ok=True)
+        if rd.config_path.exists():
+            existing = rd.read_config()
+            if run_id(existing) != rd.id:
+                raise ArmorLabError("run directory holds a different config (hash mismatch)",
+                                    key="config", value=rd.id, file=str(rd.config_path))
+        else:
+            atomic_write_yaml(rd.config_path, dict(cfg))
+        if not rd.status_path.exists():
+            rd.write_status("pending")
+        return rd
+
+    # ---------------------------------------------------------------- config
+    def read_config(self) -> dict[str, Any]:
+        try:
+            data = yaml.safe_load(self.config_path.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise ArmorLabError(f"cannot read run config: {exc.strerror}", file=str(self.config_path)) \
+                from None
+        except yaml.YAMLError as exc:
+            raise ArmorLabError(f"invalid YAML: {exc}", file=str(self.config_path)) from None
+        if not isinstance(data, dict):
+            raise ArmorLabError("run config must be a mapping", file=str(self.config_path))
+        return data
+
+    # ---------------------------------------------------------------- status
+    def read_status(self) -> dict[str, Any]:
+        """The status dict, or a synthetic pending one when the file is missing or unreadable."""
+        try:
+            data = json.loads(self.status_path.read_text(encoding="utf-8"))
+            if isinstance(data, dict) and data.get("state") in STATES:
+                return data
+        except (OSError, ValueError):
+            pass
+        return {"state": "pending", "reason": None, "attempt": 0, "job_id": None,
+                "started": None, "ended": None}
+
+    def write_status(self, state: str, *, reason: str | None = None, job_id: str | None = None,
+                     attempt: int | None = None) -> dict[str, Any]:
+        """Atomically replace status.json. ``running`` bumps the attempt and stamps ``started``;
+        ``completed``/``failed`` stamp ``ended``."""
+        if state not in STATES:
+            raise ValueError(f"state must be one of {STATES}, got {state!r}")
+        old = self.read_status() if self.status_path.exists() else None
+        prev_attempt = old["attempt"] if old else 0
+        status = {
+            "state": state,
+            "reason": reason,
+            "attempt": attempt if attempt is not None else prev_attempt + (state == "running"),
+            "job_id": job_id if job_id is not None else (old or {}).get("job_id"),
+            "started": now_iso() if state == "running" else (old or {}).get("started"),
+            "ended": now_iso() if state in ("completed", "failed") else None,
+        }
+        atomic_write_json(self.status_path, status)
+        return status
+
+    # ---------------------------------------------------------------- metrics
+    def append_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
+        """Append one line ``{"step": step, **metrics}``; non-finite floats become null."""
+        row: dict[str, Any] = {"step": int(step)}
+        for key, value in metrics.items():
+            value = float(value)
+            row[key] = value if math.isfinite(value) else None
+        append_line(self.metrics_path, json.dumps(row, separators=(",", ":")))
+
+    def iter_metrics(self) -> Iterator[dict[str, Any]]:
+        """Yield the parsed lines in file order; a torn (unparseable) line is skipped with a warning."""
+        if not self.metrics_path.exists():
+            return
+        with open(self.metrics_path, encoding="utf-8") as fh:
+            for lineno, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except ValueError:
+                    log.warning("skipping torn line %d of %s", lineno, self.metrics_path)
+                    continue
+                if isinstance(row, dict) and isinstance(row.get("step"), int):
+                    yield row
+
+    def read_metrics(self) -> list[dict[str, Any]]:
+        """One merged row per step, sorted by step; after a resume the later line wins per key."""
+        by_step: dict[int, dict[str, Any]] = {}
+        for row in self.iter_metrics():
+            by_step.setdefault(row["step"], {}).update(row)
+        return [by_step[s] for s in sorted(by_step)]
+
+    def last_step(self) -> int | None:
+        steps = [row["step"] for row in self.iter_metrics()]
+        return max(steps) if steps else None
+
+    # ---------------------------------------------------------------- checkpoints
+    def checkpoints(self) -> list[Path]:
+        if not self.checkpoints_dir.is_dir():
+            return []
+        found = []
+        for p in self.checkpoints_dir.iterdir():
+            m = _CHECKPOINT_RE.match(p.name)
+            if m and p.is_dir():
+                found.append((int(m.group(1)), p))
+        return [p for _, p in sorted(found)]
+
+    def last_checkpoint(self) -> Path | None:
+        cps = self.checkpoints()
+        return cps[-1] if cps else None
+
+
+def find_run_dirs(paths: Iterable[str | os.PathLike]) -> list[RunDir]:
+    """Run dirs named directly or found below the given paths (a sweep dir, a root of sweeps)."""
+    seen: dict[Path, RunDir] = {}
+    for p in paths:
+        p = Path(p)
+        if (p / CONFIG).is_file():
+            seen.setdefault(p.resolve(), RunDir(p))
+            continue
+        if not p.is_dir():
+            raise ArmorLabError("not a run or sweep directory", key="path", value=str(p))
+        # a sweep dir holds run dirs; a root holds sweep dirs. Not rglob: checkpoints are deep.
+        for cfg in sorted([*p.glob(f"*/{CONFIG}"), *p.glob(f"*/*/{CONFIG}")]):
+            if cfg.parent.name.startswith("."):
+                continue
+            seen.setdefault(cfg.parent.resolve(), RunDir(cfg.parent))
+    return list(seen.values())

@@ -1,0 +1,90 @@
+import dataclasses
+
+import pytest
+
+from armorlab.config import (
+    PRESETS,
+    grpo_field_names,
+    load_config,
+    parse_overrides,
+    resolve,
+    split_config,
+)
+from armorlab.errors import ArmorLabError
+
+
+def test_shipped_grpo_field_names_match_installed_trl():
+    from trl import GRPOConfig
+
+    assert grpo_field_names() == {f.name for f in dataclasses.fields(GRPOConfig)}
+
+
+def test_defaults_and_presets():
+    cfg = resolve({"objective": "armor"})
+    assert cfg["anchor"] is True and cfg["anchor_gate"] is True
+    assert cfg["alpha"] == 0.8 and cfg["epsilon"] == 0.2 and cfg["epsilon_high"] == 0.28
+    assert cfg["task"]["name"] == "arithmetic" and cfg["model"]["name"] == "tiny"
+    gspo = resolve({"objective": "gspo"})
+    assert (gspo["epsilon"], gspo["epsilon_high"]) == (PRESETS["gspo"]["epsilon"], 4e-4)
+    # an explicit value beats the preset
+    assert resolve({"objective": "gspo", "epsilon": 0.1})["epsilon"] == 0.1
+
+
+def test_inert_keys_collapse_equivalent_points():
+    a = resolve({"objective": "dapo", "alpha": 0.5})
+    b = resolve({"objective": "dapo", "alpha": 0.9})
+    assert a == b and a["alpha"] is None
+    assert resolve({"objective": "dapo", "anchor": True})["alpha"] == 0.8  # mixed anchors use α
+    gate_only = resolve({"objective": "dapo", "anchor_gate": True})
+    assert gate_only["anchor_samples"] == 4 and gate_only["anchor_filter"] is None
+
+
+def test_short_and_dotted_sections():
+    over = parse_overrides(["task.digits=3", "alpha=0.7", "model=tiny"])
+    assert over == {"task": {"digits": 3}, "alpha": 0.7, "model": "tiny"}
+    cfg = resolve({"objective": "armor", **over})
+    assert cfg["task"]["digits"] == 3 and cfg["alpha"] == 0.7
+    assert resolve({"model": "/some/hf/dir"})["model"] == {"name": "/some/hf/dir"}
+
+
+@pytest.mark.parametrize(
+    "raw, key, value",
+    [
+        ({"objective": "ppo"}, "objective", "ppo"),
+        ({"objective": "armor", "alpha": 0.0}, "alpha", 0.0),
+        ({"objective": "armor", "alpha": 1.5}, "alpha", 1.5),
+        ({"dual_clip": 1.0}, "dual_clip", 1.0),
+        ({"epsilon": -0.1}, "epsilon", -0.1),
+        ({"anchor": "yes"}, "anchor", "yes"),
+        ({"anchor_samples": 0, "anchor": True}, "anchor_samples", 0),
+        ({"ref_reset_schedule": [[180, 1], [100, 0]]}, "ref_reset_schedule", [[180, 1], [100, 0]]),
+        ({"no_such_key": 1}, "no_such_key", 1),
+        ({"task": {"name": "arithmetic", "digitz": 2}}, "task.digitz", 2),
+        ({"task": {"operators": "+/"}}, "task.operators", "+/"),
+        ({"task": "chess"}, "task.name", "chess"),
+        ({"output_dir": "/tmp/x"}, "output_dir", "/tmp/x"),
+        ({"num_generations": 1}, "num_generations", 1),
+        ({"model": {"name": "tiny", "num_heads": 8}}, "model.num_heads", 8),
+    ],
+)
+def test_bad_values_name_key_value_and_file(raw, key, value):
+    with pytest.raises(ArmorLabError) as err:
+        resolve(raw, file="my.yaml")
+    msg = str(err.value)
+    assert f"'{key}'" in msg and repr(value) in msg and "my.yaml" in msg
+    assert err.value.key == key
+
+
+def test_load_config_file_and_overrides(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("objective: armor\ntask: {name: arithmetic, digits: 3}\nlearning_rate: 0.001\n")
+    cfg = load_config(path, ["task.train_size=8", "alpha=0.6"])
+    assert cfg["task"]["digits"] == 3 and cfg["task"]["train_size"] == 8 and cfg["alpha"] == 0.6
+    ours, trl = split_config(cfg)
+    assert trl["learning_rate"] == 0.001 and "alpha" in ours and "task" in ours and "alpha" not in trl
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("- a list\n")
+    with pytest.raises(ArmorLabError, match="bad.yaml"):
+        load_config(bad)
+    with pytest.raises(ArmorLabError, match="override must look like"):
+        load_config(path, ["alpha"])

@@ -1,0 +1,77 @@
+import hashlib
+import json
+
+import pytest
+
+from armorlab.config import resolve
+from armorlab.errors import ArmorLabError
+from armorlab.runs import RunDir, find_run_dirs, run_id
+
+
+def test_run_id_is_sha256_prefix_of_canonical_json():
+    cfg = {"b": 1, "a": {"y": [1, 2], "x": "é"}}
+    text = '{"a":{"x":"é","y":[1,2]},"b":1}'
+    assert run_id(cfg) == hashlib.sha256(text.encode()).hexdigest()[:12]
+    assert run_id({"a": {"x": "é", "y": [1, 2]}, "b": 1}) == run_id(cfg)  # key order is irrelevant
+
+
+def test_create_writes_config_then_pending_and_is_idempotent(tmp_path):
+    cfg = resolve({"objective": "armor", "seed": 3})
+    rd = RunDir.create(tmp_path / "sweep", cfg)
+    assert rd.path.name == run_id(cfg)
+    assert rd.read_config() == cfg
+    assert rd.read_status()["state"] == "pending"
+    rd.write_status("running", job_id="42")
+    again = RunDir.create(tmp_path / "sweep", cfg)
+    assert again.read_status()["state"] == "running"  # existing status is kept
+
+
+def test_status_lifecycle(tmp_path):
+    rd = RunDir.create(tmp_path, resolve({}))
+    s = rd.write_status("running", job_id="7")
+    assert s["attempt"] == 1 and s["started"] and s["ended"] is None
+    s = rd.write_status("failed", reason="loss is nan at step 3")
+    assert s["attempt"] == 1 and s["job_id"] == "7" and s["ended"] and s["reason"].startswith("loss")
+    assert rd.write_status("running")["attempt"] == 2
+    assert not list(rd.path.glob(".status.json.*"))  # no temp files left behind
+    with pytest.raises(ValueError):
+        rd.write_status("exploded")
+
+
+def test_metrics_torn_line_and_duplicate_steps(tmp_path):
+    rd = RunDir.create(tmp_path, resolve({}))
+    rd.append_metrics(0, {"val/acc": 0.25})
+    rd.append_metrics(1, {"train/reward": 0.5, "obj/clip_frac": float("nan")})
+    rd.append_metrics(1, {"train/reward": 0.75})  # resumed run re-logs step 1
+    with open(rd.metrics_path, "a") as fh:
+        fh.write('{"step": 2, "train/rew')  # torn by a crash
+    rows = rd.read_metrics()
+    assert [r["step"] for r in rows] == [0, 1]
+    assert rows[1]["train/reward"] == 0.75 and rows[1]["obj/clip_frac"] is None
+    assert rd.last_step() == 1
+    first = json.loads(rd.metrics_path.read_text().splitlines()[0])
+    assert first == {"step": 0, "val/acc": 0.25}
+
+
+def test_checkpoints_sorted_numerically(tmp_path):
+    rd = RunDir.create(tmp_path, resolve({}))
+    for n in (5, 40, 100):
+        (rd.checkpoints_dir / f"checkpoint-{n}").mkdir(parents=True)
+    assert rd.last_checkpoint().name == "checkpoint-100"
+
+
+def test_config_mismatch_is_refused(tmp_path):
+    cfg = resolve({})
+    rd = RunDir.create(tmp_path, cfg)
+    rd.config_path.write_text("objective: up\n")
+    with pytest.raises(ArmorLabError, match="different config"):
+        RunDir.create(tmp_path, cfg)
+
+
+def test_find_run_dirs(tmp_path):
+    a = RunDir.create(tmp_path / "s1", resolve({"seed": 1}))
+    b = RunDir.create(tmp_path / "s2", resolve({"seed": 2}))
+    assert {r.id for r in find_run_dirs([tmp_path])} == {a.id, b.id}
+    assert [r.id for r in find_run_dirs([a.path])] == [a.id]
+    with pytest.raises(ArmorLabError, match="not a run or sweep"):
+        find_run_dirs([tmp_path / "nope"])
