@@ -1,0 +1,202 @@
+"""Probability capacity and KL statistics of per-token samples (a run's ``tokens/`` parquet).
+
+The capacity *formulas* are armorlab.capacity's (UP Eq. 11, ARMOR Eq. 6) — the same code the
+trainer's ``armorlab.objectives.probability_capacity`` runs on torch tensors — called here on numpy
+arrays. This module adds what only offline analysis needs:
+
+* ``token_kernel``: one streaming pass over millions of tokens giving the KL estimates
+  (armorlab.analysis.kl: reverse k1/k2/k3, forward by importance weighting) and the capacity
+  statistics of capacity.capacity_stats (pos_mean, pos_bound_frac, neg_mean) plus the
+  capacity-limited share below. It works in cache-sized chunks with sums instead of masks and
+  boolean indexing, so it runs near memory bandwidth; tests check it against kl.* and
+  capacity.capacity_stats on the same arrays.
+* (CL) capacity-limited share of low-probability correct tokens: among tokens with A > 0 and
+  π_old < p_low (default 0.2), the share whose capacity is bound by the clip (capacity <
+  1 − π_old, capacity_stats' ``pos_bound_frac`` rule). These are the tokens UP argues clipping
+  starves: rare but correct, they cannot grow past (1+ε)·π_old in one update.
+* ``counterfactual_capacity``: the capacity the *same* tokens would have under other objectives
+  (UP vs clipped vs ARMOR), for the capacity-distribution plot.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from armorlab import capacity
+
+log = logging.getLogger(__name__)
+
+P_LOW = 0.2
+CHUNK = 16384  # float32 chunk of 64 KiB per array: the kernel's temporaries stay in L2 cache
+TOKEN_COLUMNS = ("logp", "old_logp", "ref_logp", "advantage", "is_anchor", "step")
+
+
+def capacity_limited_share(cap, p_old, sign, weight, *, p_low: float = P_LOW) -> float:
+    """(CL) Weighted share of A > 0 tokens with π_old < ``p_low`` whose capacity is clip-bound."""
+    low = np.asarray(p_old) < p_low
+    return capacity.capacity_stats(cap[low], p_old[low], sign[low], weight[low])["pos_bound_frac"]
+
+
+def token_kernel(logp, old_logp, ref_logp, advantage, *, objective: str, alpha: Any = 1.0,
+                 eps_low: float = 0.2, eps_high: float = 0.28, p_low: float = P_LOW,
+                 chunk: int = CHUNK) -> dict[str, float]:
+    """KL estimates and capacity statistics of tokens sampled from π_θ, in one chunked pass.
+
+    Arrays are 1-D, one entry per real token (no padding). ``ref_logp`` may be None (no KL, and
+    no ARMOR capacity). ``alpha`` is a scalar or a per-token array. Returns ``tokens``,
+    ``reverse_k1``, ``reverse_k2``, ``reverse_k3``, ``forward_is`` (kl.K4), ``pos_mean``,
+    ``pos_bound_frac``, ``neg_mean`` and ``low_prob_limited`` (CL); NaN where undefined.
+    """
+    logp = np.asarray(logp)
+    old_logp = np.asarray(old_logp)
+    advantage = np.asarray(advantage)
+    ref = None if ref_logp is None else np.asarray(ref_logp)
+    n_all = logp.shape[0]
+    if any(a.shape != (n_all,) for a in (logp, old_logp, advantage, *(() if ref is None else (ref,)))):
+        raise ValueError("token_kernel wants 1-D arrays of one length")
+    if objective == "armor" and ref is None:
+        raise ValueError("armor capacity needs ref_logp")
+    alpha_arr = np.asarray(alpha) if np.ndim(alpha) else None
+    dtype = np.result_type(logp.dtype, np.float32)
+    buf = {k: np.empty(chunk, dtype) for k in ("lr", "e", "po", "pr", "sg", "tmp")}
+    s_l = s_ll = s_e = s_el = 0.0
+    n_pos = n_neg = n_bound = n_low = n_low_bound = 0
+    pos_sum = neg_sum = 0.0
+    for a in range(0, n_all, chunk):
+        b = min(a + chunk, n_all)
+        n = b - a
+        po = np.exp(old_logp[a:b], out=buf["po"][:n])
+        sg = np.sign(advantage[a:b], out=buf["sg"][:n])
+        pr = None
+        if ref is not None:
+            # (K1-K3) with log r = log π_ref − log π_θ: Σk1 = −ΣL, Σk2 = ½ΣL², Σk3 = Σ(e^L − 1) − ΣL;
+            # (K4) Σ(w log w − w + 1) with w = e^L = Σ(e^L − 1)·L + ΣL − Σ(e^L − 1)
+            L = np.subtract(ref[a:b], logp[a:b], out=buf["lr"][:n])
+            E = np.expm1(L, out=buf["e"][:n])
+            # per-chunk float32 sums are pairwise (accurate); the running totals are float64
+            s_l += float(L.sum())
+            s_ll += float(np.dot(L, L))
+            s_e += float(E.sum())
+            s_el += float(np.dot(E, L))
+            pr = np.exp(ref[a:b], out=buf["pr"][:n])
+        al = alpha if alpha_arr is None else alpha_arr[a:b]
+        cap = capacity.token_capacity(objective, po, sg, p_ref=pr, alpha=al, eps_low=eps_low,
+                                      eps_high=eps_high)
+        pos, neg = sg > 0, sg < 0
+        n_pos += int(np.count_nonzero(pos))
+        n_neg += int(np.count_nonzero(neg))
+        # cap is 0 off its sign, so a dot with the sign mask sums one side (much faster than where=)
+        pos_sum += float(np.dot(cap, pos))
+        neg_sum += float(np.dot(cap, neg))
+        # same bound rule as capacity.capacity_stats: capacity < 1 − π_old on A > 0 tokens
+        bound = np.less(cap, np.subtract(1.0, po, out=buf["tmp"][:n]))
+        bound &= pos
+        n_bound += int(np.count_nonzero(bound))
+        low = np.less(po, p_low)
+        low &= pos
+        n_low += int(np.count_nonzero(low))
+        n_low_bound += int(np.count_nonzero(low & bound))
+    nan = math.nan
+    out = {"tokens": float(n_all)}
+    if ref is not None and n_all:
+        out.update(reverse_k1=-s_l / n_all, reverse_k2=0.5 * s_ll / n_all, reverse_k3=(s_e - s_l) / n_all,
+                   forward_is=(s_el + s_l - s_e) / n_all)
+    else:
+        out.update(reverse_k1=nan, reverse_k2=nan, reverse_k3=nan, forward_is=nan)
+    out.update(pos_mean=pos_sum / n_pos if n_pos else nan,
+               pos_bound_frac=n_bound / n_pos if n_pos else nan,
+               neg_mean=neg_sum / n_neg if n_neg else nan,
+               low_prob_limited=n_low_bound / n_low if n_low else nan)
+    return out
+
+
+def anchor_forward_kl(logp, ref_logp) -> dict[str, float]:
+    """Forward KL(π_ref‖π_θ) from anchor tokens (samples of π_ref): k1 and k3 means (kl.K1, K3)."""
+    from armorlab.analysis import kl
+
+    logp, ref_logp = np.asarray(logp), np.asarray(ref_logp)
+    if logp.size == 0:
+        return {"forward_k1": math.nan, "forward_k3": math.nan}
+    return {"forward_k1": kl.forward_kl(logp, ref_logp, estimator_name="k1"),
+            "forward_k3": kl.forward_kl(logp, ref_logp, estimator_name="k3")}
+
+
+# --------------------------------------------------------------------------- tokens/ parquet
+def read_tokens(run_path: str | Path, columns=None):
+    """A run's tokens/ parquet samples as one DataFrame, or None when it has none."""
+    tokens_dir = Path(run_path) / "tokens"
+    files = sorted(tokens_dir.glob("*.parquet")) if tokens_dir.is_dir() else []
+    if not files:
+        return None
+    import pandas as pd
+    import pyarrow.parquet as pq
+
+    frames = []
+    for f in files:
+        try:
+            frames.append(pq.read_table(f).to_pandas())
+        except Exception as exc:  # a half-written sample file must not sink the report
+            log.warning("skipping unreadable token sample %s: %s", f, exc)
+    if not frames:
+        return None
+    df = pd.concat(frames, ignore_index=True)
+    return df[[c for c in (columns or df.columns) if c in df.columns]]
+
+
+def objective_params(config: Mapping[str, Any]) -> dict[str, Any]:
+    """Capacity parameters of a run from its resolved config (objective, α, ε_low, ε_high)."""
+    alpha = config.get("alpha")
+    return {"objective": config.get("objective", "dapo"),
+            "alpha": 1.0 if alpha is None else float(alpha),
+            "eps_low": float(config.get("epsilon", 0.2)),
+            "eps_high": float(config.get("epsilon_high", config.get("epsilon", 0.28)))}
+
+
+def token_stats(tokens, config: Mapping[str, Any], *, p_low: float = P_LOW) -> dict[str, float]:
+    """token_kernel over a run's token sample with the run's own objective, plus forward KL from
+    anchor rows when the sample marks them (``is_anchor``)."""
+    params = objective_params(config)
+    has_ref = "ref_logp" in tokens.columns and tokens["ref_logp"].notna().all()
+    is_anchor = (tokens["is_anchor"].to_numpy(dtype=bool) if "is_anchor" in tokens.columns
+                 else np.zeros(len(tokens), dtype=bool))
+    policy = tokens[~is_anchor]
+    if params["objective"] == "armor" and not has_ref:
+        log.info("no ref_logp in token sample: ARMOR capacity uses α = 1 (plain trust region)")
+        params = {**params, "objective": "dapo"}
+    out = token_kernel(policy["logp"].to_numpy(), policy["old_logp"].to_numpy(),
+                       policy["ref_logp"].to_numpy() if has_ref else None,
+                       policy["advantage"].to_numpy(), p_low=p_low, **params)
+    if has_ref and is_anchor.any():
+        anchors = tokens[is_anchor]
+        out.update(anchor_forward_kl(anchors["logp"].to_numpy(), anchors["ref_logp"].to_numpy()))
+    else:
+        out.update(forward_k1=math.nan, forward_k3=math.nan)
+    return out
+
+
+def counterfactual_capacity(tokens, config: Mapping[str, Any],
+                            objectives=("up", "dapo", "armor")) -> dict[str, np.ndarray]:
+    """Capacity of the sample's A > 0 policy tokens under each objective's formula (same tokens,
+    same ε; ARMOR with the run's α, or 0.8 for a run that has none). ARMOR needs ref_logp."""
+    params = objective_params(config)
+    alpha = params["alpha"] if params["objective"] == "armor" else 0.8
+    keep = tokens["advantage"].to_numpy() > 0
+    if "is_anchor" in tokens.columns:
+        keep &= ~tokens["is_anchor"].to_numpy(dtype=bool)
+    p_old = np.exp(tokens["old_logp"].to_numpy(dtype=np.float64)[keep])
+    sign = np.ones_like(p_old)
+    p_ref = (np.exp(tokens["ref_logp"].to_numpy(dtype=np.float64)[keep])
+             if "ref_logp" in tokens.columns and tokens["ref_logp"].notna().all() else None)
+    out = {}
+    for obj in objectives:
+        if obj == "armor" and p_ref is None:
+            continue
+        out[obj] = capacity.token_capacity(obj, p_old, sign, p_ref=p_ref, alpha=alpha,
+                                           eps_low=params["eps_low"], eps_high=params["eps_high"])
+    return out

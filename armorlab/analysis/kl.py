@@ -1,0 +1,137 @@
+"""KL divergence between the policy π_θ and the reference π_ref: sample estimators and exact values.
+
+Sample estimators (J. Schulman, "Approximating KL Divergence", 2020). For KL(q‖p) with samples
+x ~ q and the log-ratio ``log_r = log p(x) − log q(x)``:
+
+    (K1)  k1 = −log r                   unbiased, high variance, can be negative
+    (K2)  k2 = ½ (log r)²               biased (bias grows with the KL), low variance, ≥ 0
+    (K3)  k3 = (r − 1) − log r          unbiased (E_q[r] = 1), ≥ 0 elementwise
+
+Which direction a sample estimates depends only on who drew the samples:
+
+    reverse KL(π_θ ‖ π_ref): x ~ π_θ (ordinary rollouts),      log_r = log π_ref − log π_θ
+    forward KL(π_ref ‖ π_θ): x ~ π_ref (e.g. ARMOR's anchors),  log_r = log π_θ − log π_ref
+
+(ARMOR, arXiv 2607.10481, Fig. 2b plots both: forward KL measures how much of the reference's
+mass the policy has dropped, reverse KL how far the policy's own samples moved.)
+
+(K4)  forward KL from policy samples by importance weighting: with x ~ π_θ and
+      w = π_ref(x)/π_θ(x), KL(π_ref‖π_θ) = E_θ[w log w] = E_θ[w log w − w + 1]; the second form
+      (used here) is ≥ 0 elementwise and has lower variance, since E_θ[w] = 1.
+
+(K5)  exact categorical KL: KL(p‖q) = Σ_i p_i (log p_i − log q_i), with 0·log 0 = 0 and +∞ where
+      q_i = 0 < p_i.
+
+All functions are pure numpy and keep the input dtype (float32 stays float32).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+
+Estimator = Literal["k1", "k2", "k3"]
+ESTIMATORS: tuple[str, ...] = ("k1", "k2", "k3")
+
+
+def k1(log_r: np.ndarray) -> np.ndarray:
+    """(K1) k1 = −log r, with log_r = log p(x) − log q(x), x ~ q; E_q[k1] = KL(q‖p)."""
+    return np.negative(log_r)
+
+
+def k2(log_r: np.ndarray) -> np.ndarray:
+    """(K2) k2 = ½ (log r)²: low variance, but E_q[k2] is the f-divergence with f(r) = ½ (log r)²,
+    which matches KL(q‖p) only to second order, so its bias grows with the KL."""
+    log_r = np.asarray(log_r)
+    return 0.5 * log_r * log_r
+
+
+def k3(log_r: np.ndarray) -> np.ndarray:
+    """(K3) k3 = (r − 1) − log r, r = exp(log_r); unbiased for KL(q‖p) and ≥ 0 elementwise.
+
+    Computed as expm1(log_r) − log_r so that tiny log-ratios do not cancel catastrophically.
+    """
+    log_r = np.asarray(log_r)
+    out = np.expm1(log_r)
+    out -= log_r
+    return out
+
+
+_KERNELS = {"k1": k1, "k2": k2, "k3": k3}
+
+
+def estimator(name: str):
+    """The estimator function called ``name`` ("k1", "k2" or "k3")."""
+    try:
+        return _KERNELS[name]
+    except KeyError:
+        raise ValueError(f"unknown KL estimator {name!r} (known: {', '.join(ESTIMATORS)})") from None
+
+
+def masked_mean(values: np.ndarray, mask: np.ndarray | None = None) -> float:
+    """Mean over the tokens where ``mask`` is true (all tokens when None); NaN when none."""
+    values = np.asarray(values)
+    if mask is None:
+        return float(np.mean(values, dtype=np.float64)) if values.size else float("nan")
+    mask = np.asarray(mask, dtype=bool)
+    n = int(np.count_nonzero(mask))
+    if n == 0:
+        return float("nan")
+    return float(np.sum(values, where=mask, dtype=np.float64) / n)
+
+
+def reverse_kl_tokens(logp: np.ndarray, ref_logp: np.ndarray, estimator_name: str = "k3") -> np.ndarray:
+    """Per-token estimate of reverse KL(π_θ‖π_ref) from samples of π_θ: k(log π_ref − log π_θ)."""
+    return estimator(estimator_name)(np.subtract(ref_logp, logp))
+
+
+def forward_kl_tokens(logp: np.ndarray, ref_logp: np.ndarray, estimator_name: str = "k3") -> np.ndarray:
+    """Per-token estimate of forward KL(π_ref‖π_θ) from samples of π_ref: k(log π_θ − log π_ref)."""
+    return estimator(estimator_name)(np.subtract(logp, ref_logp))
+
+
+def reverse_kl(logp, ref_logp, mask=None, estimator_name: str = "k3") -> float:
+    """Reverse KL(π_θ‖π_ref) per token, averaged over ``mask``; samples must come from π_θ."""
+    return masked_mean(reverse_kl_tokens(logp, ref_logp, estimator_name), mask)
+
+
+def forward_kl(logp, ref_logp, mask=None, estimator_name: str = "k3") -> float:
+    """Forward KL(π_ref‖π_θ) per token, averaged over ``mask``; samples must come from π_ref."""
+    return masked_mean(forward_kl_tokens(logp, ref_logp, estimator_name), mask)
+
+
+def forward_kl_is_tokens(logp: np.ndarray, ref_logp: np.ndarray) -> np.ndarray:
+    """(K4) Per-token w·log w − w + 1 with w = π_ref/π_θ, x ~ π_θ: forward KL from policy samples."""
+    log_w = np.subtract(ref_logp, logp)
+    w = np.exp(log_w)
+    out = w * log_w
+    out -= w
+    out += 1.0
+    return out
+
+
+def exact_kl(p: np.ndarray, q: np.ndarray, axis: int = -1) -> np.ndarray:
+    """(K5) KL(p‖q) = Σ_i p_i (log p_i − log q_i) over ``axis`` for probability vectors p, q.
+
+    0·log(0/q) = 0; p_i > 0 = q_i gives +∞. Rows are not renormalised: pass distributions.
+    """
+    p = np.asarray(p, dtype=np.float64)
+    q = np.asarray(q, dtype=np.float64)
+    if p.shape != q.shape:
+        raise ValueError(f"p and q must have the same shape, got {p.shape} and {q.shape}")
+    if np.any(p < 0) or np.any(q < 0):
+        raise ValueError("probabilities must be non-negative")
+    with np.errstate(divide="ignore", invalid="ignore"):
+        terms = np.where(p > 0, p * (np.log(p) - np.log(q)), 0.0)
+    return np.sum(terms, axis=axis)
+
+
+def exact_kl_from_logprobs(logp: np.ndarray, logq: np.ndarray, axis: int = -1) -> np.ndarray:
+    """(K5) KL(p‖q) from full log-probability vectors (e.g. log_softmax of logits)."""
+    logp = np.asarray(logp, dtype=np.float64)
+    logq = np.asarray(logq, dtype=np.float64)
+    p = np.exp(logp)
+    with np.errstate(invalid="ignore"):
+        terms = np.where(p > 0, p * (logp - logq), 0.0)
+    return np.sum(terms, axis=axis)

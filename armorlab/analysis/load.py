@@ -1,0 +1,393 @@
+"""Read many run directories into pandas: a long table (run_id, config columns, step, metric,
+value), a wide per-run table (run_id, step, one column per metric) and a per-run table
+(run_id, sweep, path, state, reason, flattened config).
+
+Reading follows armorlab.runs (RunDir, find_run_dirs) and its rules for metrics.jsonl, vectorised:
+
+* each file is parsed in one call to pyarrow's JSON reader; a file it rejects (a torn line from a
+  killed writer, a stray non-object line) is re-read line by line, skipping each bad line with a
+  warning, exactly like RunDir.iter_metrics;
+* rows whose ``step`` is not an integer are ignored; duplicate steps (after a resume) merge with
+  the later line winning per metric, like RunDir.read_metrics (a later explicit ``null`` does not
+  erase an earlier number: the vectorised merge keeps the last non-null value);
+* non-numeric metric values are ignored (booleans become 0/1).
+
+A parquet cache lives next to the runs it holds: ``<sweep>/.armorlab-cache/metrics.parquet``
+(hidden, so run discovery skips it). Each run's entry is keyed on the size and mtime_ns of its
+metrics.jsonl and config.yaml; a run whose files changed is re-parsed, the others come from the
+cache, and parse warnings are stored with the entry so a cached load warns the same way. A cache
+that cannot be read or written is ignored (logged), never an error.
+"""
+
+from __future__ import annotations
+
+import glob
+import io
+import json
+import logging
+import os
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from armorlab.errors import ArmorLabError
+from armorlab.fsutil import atomic_write_text
+from armorlab.runs import RunDir, find_run_dirs
+
+log = logging.getLogger(__name__)
+
+CACHE_DIR = ".armorlab-cache"
+CACHE_FILE = "metrics.parquet"
+CACHE_VERSION = 1
+META_COLUMNS = ("run_id", "sweep", "path", "state", "reason")
+_META_KEY = b"armorlab_cache"
+
+
+# --------------------------------------------------------------------------- parsing one file
+def _numeric_frame(df: pd.DataFrame) -> pd.DataFrame:
+    keep = {}
+    for col in df.columns:
+        if col == "step":
+            continue
+        s = df[col]
+        if pd.api.types.is_bool_dtype(s) or pd.api.types.is_numeric_dtype(s):
+            keep[col] = s.astype(np.float64)
+        elif s.dtype == object:
+            num = pd.to_numeric(s.where(s.map(lambda x: isinstance(x, (int, float)) or x is None)),
+                                errors="coerce")
+            if num.notna().any():
+                keep[col] = num.astype(np.float64)
+    out = pd.DataFrame(keep, index=df.index)
+    out.insert(0, "step", df["step"].to_numpy(dtype=np.int64))
+    return out
+
+
+def _merge_duplicate_steps(df: pd.DataFrame) -> pd.DataFrame:
+    steps = df["step"].to_numpy()
+    if steps.size and np.all(steps[1:] > steps[:-1]):
+        return df.reset_index(drop=True)
+    # stable sort keeps file order inside a step; last() takes the last non-null per column
+    return df.groupby("step", sort=True).last().reset_index()
+
+
+def parse_metrics_bytes(data: bytes, source: str = "metrics.jsonl") -> tuple[pd.DataFrame, list[str]]:
+    """Parse metrics.jsonl content → (frame with int ``step`` + float metric columns, warnings)."""
+    warnings: list[str] = []
+    if not data.strip():
+        return pd.DataFrame({"step": np.empty(0, dtype=np.int64)}), warnings
+    df = None
+    try:
+        import pyarrow.json as pj
+
+        table = pj.read_json(io.BytesIO(data), read_options=pj.ReadOptions(use_threads=False,
+                                                                           block_size=1 << 24))
+        if "step" in table.column_names:
+            import pyarrow as pa
+
+            step = table.column("step")
+            if pa.types.is_integer(step.type) and step.null_count == 0:
+                df = table.to_pandas()
+    except Exception:  # ArrowInvalid on a torn/odd line: fall back to the line-by-line rules
+        df = None
+    if df is None:
+        rows = []
+        for lineno, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError:
+                warnings.append(f"skipped torn line {lineno} of {source}")
+                continue
+            if isinstance(row, dict) and isinstance(row.get("step"), int):
+                rows.append(row)
+        df = pd.DataFrame.from_records(rows) if rows else pd.DataFrame({"step": []})
+    return _merge_duplicate_steps(_numeric_frame(df)), warnings
+
+
+def parse_metrics_file(path: str | os.PathLike) -> tuple[pd.DataFrame, list[str]]:
+    """Parse one metrics.jsonl (missing file → empty frame)."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        data = b""
+    return parse_metrics_bytes(data, str(path))
+
+
+# --------------------------------------------------------------------------- config flattening
+def flatten_config(cfg: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested config → {"task.digits": 2, ...}; lists become JSON text so they can be grouped."""
+    out: dict[str, Any] = {}
+    for key, value in cfg.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            out.update(flatten_config(value, f"{name}."))
+        elif isinstance(value, (list, tuple)):
+            out[name] = json.dumps(value)
+        else:
+            out[name] = value
+    return out
+
+
+# --------------------------------------------------------------------------- the cache
+def _file_key(path: Path) -> list[int]:
+    try:
+        st = path.stat()
+        return [st.st_size, st.st_mtime_ns]
+    except OSError:
+        return [-1, -1]
+
+
+@dataclass
+class _Entry:
+    """One run's parsed metrics and what they were parsed from."""
+    frame: pd.DataFrame
+    metrics_key: list[int]
+    config_key: list[int]
+    config: dict[str, Any] | None
+    warnings: list[str]
+
+
+def _read_cache(sweep_dir: Path) -> dict[str, _Entry]:
+    path = sweep_dir / CACHE_DIR / CACHE_FILE
+    if not path.is_file():
+        return {}
+    try:
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(path)
+        meta = json.loads((table.schema.metadata or {}).get(_META_KEY, b"{}"))
+        if meta.get("version") != CACHE_VERSION:
+            return {}
+        df = table.to_pandas()
+    except Exception as exc:  # a broken cache is only a missed speed-up
+        log.info("ignoring unreadable analysis cache %s: %s", path, exc)
+        return {}
+    entries: dict[str, _Entry] = {}
+    names = df.pop("__run").to_numpy()
+    bounds = np.flatnonzero(np.r_[True, names[1:] != names[:-1], True]) if names.size else []
+    slices = {names[a]: (a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=True)}
+    for name, info in meta["runs"].items():
+        a, b = slices.get(name, (0, 0))
+        frame = df.iloc[a:b][["step", *info["metrics"]]].reset_index(drop=True)
+        entries[name] = _Entry(frame, info["metrics_key"], info["config_key"], info["config"],
+                               info["warnings"])
+    return entries
+
+
+def _write_cache(sweep_dir: Path, entries: dict[str, _Entry]) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    frames = []
+    meta_runs = {}
+    for name, e in entries.items():
+        metrics = [c for c in e.frame.columns if c != "step"]
+        meta_runs[name] = {"metrics_key": e.metrics_key, "config_key": e.config_key,
+                           "config": e.config, "warnings": e.warnings, "metrics": metrics}
+        if len(e.frame):
+            frames.append(e.frame.assign(__run=name))
+    df = pd.concat(frames, ignore_index=True, sort=False) if frames else pd.DataFrame(
+        {"__run": pd.Series([], dtype=str), "step": pd.Series([], dtype=np.int64)})
+    table = pa.Table.from_pandas(df, preserve_index=False)
+    meta = json.dumps({"version": CACHE_VERSION, "runs": meta_runs}).encode()
+    table = table.replace_schema_metadata({**(table.schema.metadata or {}), _META_KEY: meta})
+    path = sweep_dir / CACHE_DIR / CACHE_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{CACHE_FILE}.{os.getpid()}.tmp")
+    try:
+        pq.write_table(table, tmp, compression="zstd")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    gitignore = path.parent / ".gitignore"
+    if not gitignore.exists():
+        atomic_write_text(gitignore, "*\n")
+
+
+# --------------------------------------------------------------------------- the run set
+@dataclass
+class RunSet:
+    """Loaded runs. ``runs``: one row per run; ``wide``: (run_id, step, metrics...) sorted by run
+    then step; ``warnings``: human-readable problems found while reading."""
+    runs: pd.DataFrame
+    wide: pd.DataFrame
+    warnings: list[str] = field(default_factory=list)
+
+    @cached_property
+    def _slices(self) -> dict[str, tuple[int, int]]:
+        ids = self.wide["run_id"].to_numpy()
+        if ids.size == 0:
+            return {}
+        bounds = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1], True])
+        return {ids[a]: (a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=True)}
+
+    @property
+    def run_ids(self) -> list[str]:
+        return self.runs["run_id"].tolist()
+
+    @property
+    def metrics(self) -> list[str]:
+        """Metric names present in at least one run."""
+        return [c for c in self.wide.columns if c not in ("run_id", "step")]
+
+    def has_metric(self, run_id: str, metric: str) -> bool:
+        steps, _ = self.curve(run_id, metric)
+        return steps.size > 0
+
+    def curve(self, run_id: str, metric: str) -> tuple[np.ndarray, np.ndarray]:
+        """(steps, values) of one metric of one run, NaN rows dropped."""
+        if metric not in self.wide.columns or run_id not in self._slices:
+            return np.empty(0, dtype=np.int64), np.empty(0)
+        a, b = self._slices[run_id]
+        values = self.wide[metric].to_numpy()[a:b]
+        steps = self.wide["step"].to_numpy()[a:b]
+        keep = ~np.isnan(values)
+        return steps[keep], values[keep]
+
+    def config_columns(self, varying_only: bool = False) -> list[str]:
+        cols = [c for c in self.runs.columns if c not in META_COLUMNS]
+        if varying_only:
+            cols = [c for c in cols if self.runs[c].astype(str).nunique(dropna=False) > 1]
+        return cols
+
+    @cached_property
+    def long(self) -> pd.DataFrame:
+        """(run_id, <config keys that vary between runs>, step, metric, value), NaNs dropped."""
+        metric_cols = self.metrics
+        values = self.wide[metric_cols].to_numpy(dtype=np.float64)
+        rows, cols = np.nonzero(~np.isnan(values))
+        run_codes = pd.Categorical(self.wide["run_id"].to_numpy()[rows], categories=self.run_ids)
+        out = pd.DataFrame({"run_id": run_codes})
+        by_run = self.runs.set_index("run_id")
+        for key in self.config_columns(varying_only=True):
+            per_run = by_run[key].reindex(self.run_ids)
+            if pd.api.types.is_numeric_dtype(per_run) and not pd.api.types.is_bool_dtype(per_run):
+                out[key] = per_run.to_numpy()[run_codes.codes]
+            else:  # categorical: millions of rows share a handful of values
+                cat = pd.Categorical(per_run.astype(object).where(per_run.notna(), None))
+                out[key] = pd.Categorical.from_codes(cat.codes[run_codes.codes], categories=cat.categories)
+        out["step"] = self.wide["step"].to_numpy()[rows]
+        out["metric"] = pd.Categorical.from_codes(cols, categories=metric_cols)
+        out["value"] = values[rows, cols]
+        return out
+
+
+def _expand(paths: Iterable[str | os.PathLike]) -> list[Path]:
+    out: list[Path] = []
+    for p in paths:
+        text = str(p)
+        if glob.has_magic(text):
+            matches = sorted(glob.glob(text))
+            if not matches:
+                raise ArmorLabError("glob matches nothing", key="runs", value=text)
+            out.extend(Path(m) for m in matches)
+        else:
+            out.append(Path(text))
+    return out
+
+
+def load(paths: Iterable[str | os.PathLike], *, cache: bool = True,
+         progress: Callable[[int, int], None] | None = None) -> RunSet:
+    """Load run dirs (run dirs, sweep dirs, roots of sweeps, or globs of those) into a RunSet.
+
+    ``progress(done, total)`` is called as runs are parsed. No run found is an ArmorLabError.
+    """
+    run_dirs = find_run_dirs(_expand(paths))
+    if not run_dirs:
+        raise ArmorLabError("no run directories found", key="runs", value=[str(p) for p in paths])
+    by_sweep: dict[Path, list[RunDir]] = {}
+    for rd in run_dirs:
+        by_sweep.setdefault(rd.path.parent, []).append(rd)
+
+    entries: dict[Path, _Entry] = {}
+    todo: list[tuple[Path, RunDir]] = []
+    cached_by_sweep: dict[Path, dict[str, _Entry]] = {}
+    for sweep_dir, rds in by_sweep.items():
+        cached = _read_cache(sweep_dir) if cache else {}
+        cached_by_sweep[sweep_dir] = cached
+        for rd in rds:
+            e = cached.get(rd.path.name)
+            if (e is not None and e.metrics_key == _file_key(rd.metrics_path)
+                    and e.config_key == _file_key(rd.config_path)):
+                entries[rd.path] = e
+            else:
+                todo.append((sweep_dir, rd))
+
+    def parse(item: tuple[Path, RunDir]) -> _Entry:
+        _, rd = item
+        # key first: a file growing while we read it is re-parsed next time
+        mkey, ckey = _file_key(rd.metrics_path), _file_key(rd.config_path)
+        frame, warns = parse_metrics_file(rd.metrics_path)
+        try:
+            config = rd.read_config()
+        except ArmorLabError as exc:
+            config, warns = None, [*warns, f"unreadable config: {exc}"]
+        return _Entry(frame, mkey, ckey, config, warns)
+
+    done = len(run_dirs) - len(todo)
+    if progress:
+        progress(done, len(run_dirs))
+    if todo:
+        # pyarrow releases the GIL while parsing: a few threads overlap parsing with file reads
+        with ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1))) as pool:
+            for (sweep_dir, rd), entry in zip(todo, pool.map(parse, todo), strict=True):
+                entries[rd.path] = entry
+                cached_by_sweep[sweep_dir][rd.path.name] = entry
+                done += 1
+                if progress:
+                    progress(done, len(run_dirs))
+        if cache:
+            for sweep_dir in {s for s, _ in todo}:
+                try:
+                    _write_cache(sweep_dir, cached_by_sweep[sweep_dir])
+                except Exception as exc:  # read-only sweep dir, full disk: analysis still works
+                    log.warning("could not write analysis cache in %s: %s", sweep_dir, exc)
+    return _assemble(run_dirs, entries)
+
+
+def _unique_ids(run_dirs: list[RunDir]) -> list[str]:
+    ids = [rd.id for rd in run_dirs]
+    dup = {i for i in ids if ids.count(i) > 1}
+    # the same config in two sweeps has the same id: tell them apart by sweep name
+    return [f"{rd.path.parent.name}/{rd.id}" if rd.id in dup else rd.id for rd in run_dirs]
+
+
+def _assemble(run_dirs: list[RunDir], entries: dict[Path, _Entry]) -> RunSet:
+    warnings: list[str] = []
+    rows, frames = [], []
+    for rid, rd in zip(_unique_ids(run_dirs), run_dirs, strict=True):
+        e = entries[rd.path]
+        status = rd.read_status()
+        row = {"run_id": rid, "sweep": rd.path.parent.name, "path": str(rd.path),
+               "state": status.get("state"), "reason": status.get("reason")}
+        row.update({k: v for k, v in flatten_config(e.config or {}).items() if k not in META_COLUMNS})
+        rows.append(row)
+        warnings.extend(f"run {rid}: {w}" for w in e.warnings)
+        if len(e.frame) == 0:
+            warnings.append(f"run {rid}: no metrics logged yet ({rd.metrics_path})")
+            continue
+        frames.append(e.frame.assign(run_id=rid))
+    runs = pd.DataFrame(rows)
+    if frames:
+        wide = pd.concat(frames, ignore_index=True, sort=False)
+        cols = ["run_id", "step", *sorted(c for c in wide.columns if c not in ("run_id", "step"))]
+        wide = wide[cols]
+    else:
+        wide = pd.DataFrame({"run_id": pd.Series([], dtype=object), "step": pd.Series([], dtype=np.int64)})
+    return RunSet(runs=runs, wide=wide, warnings=warnings)
+
+
+def load_runs(paths: Iterable[str | os.PathLike], *, cache: bool = True) -> pd.DataFrame:
+    """Contract C5: the long table (run_id, varying config columns, step, metric, value).
+
+    ``load(paths).wide`` is the wide per-run view and ``load(paths).runs`` the per-run table.
+    """
+    return load(paths, cache=cache).long
