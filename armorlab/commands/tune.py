@@ -1,9 +1,121 @@
-"""`armorlab tune` (filled in by its issue)."""
+"""`armorlab tune`: an Optuna study whose trials are runs, on local worker processes or Slurm."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import typer
 
 
+def _print_status(status: dict, console) -> None:
+    from rich.table import Table
+
+    from armorlab.tune import best_value_summary, status_table_rows
+
+    header, cells = status_table_rows(status)
+    title = "Pareto front" if len(status["directions"]) > 1 else f"best trials ({status['directions'][0]})"
+    table = Table(title=f"{status['name']}: {title}", title_justify="left")
+    for i, h in enumerate(header):
+        table.add_column(h, justify="right" if 0 < i < len(header) - 2 else "left", no_wrap=(h != "runs"))
+    for row in cells:
+        table.add_row(*row)
+    console.print(f"study {status['name']}  ({status['study_dir']}, storage {status['storage']})")
+    console.print(best_value_summary(status))
+    if cells:
+        console.print(table)
+    else:
+        console.print("no complete trials yet")
+
+
 def register(app: typer.Typer) -> None:
-    """Add this module's commands to app."""
+    @app.command("tune")
+    def tune(
+        spec: Path = typer.Argument(..., help="Study spec: a sweep spec with a `search:` section."),
+        executor: str = typer.Option(None, "--executor", help="local | slurm (default: the profile's)."),
+        workers: int = typer.Option(None, "--workers", "-w", help="Parallel workers (local processes or "
+                                    "Slurm array tasks); default: the profile's `workers`."),
+        storage: str = typer.Option(None, "--storage", help="Optuna RDB URL (postgresql://..., sqlite:///...);"
+                                    " default: a journal file in the study dir."),
+        root: Path = typer.Option(Path("runs"), "--root", help="The study dir is ROOT/<name>/."),
+        profile: Path = typer.Option(None, "--profile", help="Cluster profile (overrides the spec's)."),
+        status: bool = typer.Option(False, "--status", help="Print the best trials and exit."),
+        top: int = typer.Option(10, "--top", help="Rows of the --status table."),
+        wait: bool = typer.Option(False, "--wait/--no-wait", help="Slurm: wait for the workers to end."),
+    ) -> None:
+        """Search hyperparameters with Optuna; every trial is an ordinary run dir (resumable)."""
+        from rich.console import Console
+
+        from armorlab.errors import ArmorLabError
+        from armorlab.tune import (
+            is_study_dir,
+            load_study_spec,
+            prepare_study,
+            run_local,
+            study_status,
+            submit_slurm,
+            wait_slurm,
+        )
+
+        console = Console()
+        if status:
+            sweep, _ = load_study_spec(spec)
+            study_dir = root / sweep.name
+            if not is_study_dir(study_dir):
+                raise ArmorLabError("no study here yet: run `armorlab tune SPEC` first", key="study_dir",
+                                    value=str(study_dir), file=str(spec))
+            _print_status(study_status(study_dir, top=top), console)
+            return
+
+        from armorlab.sweeps.profile import load_profile
+
+        ctx = prepare_study(spec, root=root, storage=storage)
+        prof_path = profile if profile is not None else ctx.extra.get("profile")
+        prof = load_profile(prof_path)
+        kind = executor or prof.executor
+        if kind not in ("local", "slurm"):
+            raise ArmorLabError("must be local or slurm", key="--executor", value=kind)
+        n_workers = workers if workers is not None else prof.workers
+        if n_workers < 1:
+            raise ArmorLabError("must be ≥ 1", key="--workers", value=n_workers)
+        if kind == "slurm" and ctx.storage_url is None:
+            from armorlab.tune_study import fs_type
+
+            console.print(f"note: journal storage in {ctx.tune_dir} (file system {fs_type(ctx.tune_dir)}); "
+                          "on NFS prefer --storage postgresql://...", style="yellow")
+
+        n_trials = ctx.search.n_trials
+        if kind == "local":
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                          TextColumn("{task.fields[extra]}"), TimeElapsedColumn(), console=console,
+                          transient=False) as bar:
+                task = bar.add_task(f"{ctx.name} trials", total=n_trials, extra="")
+
+                def progress(c: dict) -> None:
+                    bar.update(task, completed=min(c["finished"], n_trials),
+                               extra=f"{c['running']} running, {c['pruned']} pruned, {c['fail']} failed")
+
+                try:
+                    result = run_local(ctx, n_workers, on_progress=progress)
+                except KeyboardInterrupt:
+                    console.print("interrupted; run the same command again to resume the study")
+                    raise typer.Exit(130) from None
+            _print_status(study_status(ctx.study_dir), console)
+            if result["counts"]["finished"] < n_trials:
+                console.print(f"the workers stopped before {n_trials} trials finished; see "
+                              f"{', '.join(result['logs'])}", style="red")
+                raise typer.Exit(1)
+            return
+
+        jobs = submit_slurm(ctx, n_workers, prof)
+        console.print(f"submitted {len(jobs)} tune workers ({', '.join(j.job_id for j in jobs)}); "
+                      f"`armorlab tune {spec} --status` shows progress")
+        if wait:
+            result = wait_slurm(ctx, jobs, on_progress=None)
+            _print_status(study_status(ctx.study_dir), console)
+            if result["counts"]["finished"] < n_trials:
+                console.print(f"the workers ended before {n_trials} trials finished (job states: "
+                              f"{', '.join(result['job_states'])}); logs in {ctx.study_dir / '.submitit'}",
+                              style="red")
+                raise typer.Exit(1)

@@ -1,0 +1,354 @@
+"""Optuna plumbing for a study whose trials are runs: storage, sampler, pruners, reconciliation.
+
+Imports optuna at module import: only the tune worker, ``armorlab tune`` and study reports load
+this module, never ``armorlab --help``.
+
+Storage. The default is a journal file in the study dir (``.tune/journal.log``) guarded by
+``JournalFileOpenLock`` (an O_EXCL lock file, safe across processes on one host and on NFSv3+).
+A database URL gives ``RDBStorage`` with heartbeats: a trial whose worker stops beating is failed
+and re-queued by ``RetryHeartbeatStaleTrialCallback``. The journal has no heartbeat, so
+``reconcile`` does that job: every worker records who runs a trial (host, pid, process start
+time, Slurm job) in the trial's user attrs, and a RUNNING trial whose owner is provably dead is
+failed and its params re-enqueued. Owners that cannot be checked from here (another host, no
+Slurm) are left alone: failing a live worker's trial would run the same point twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import socket
+import subprocess
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.pruners import BasePruner
+from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
+from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock, JournalStorage
+from optuna.trial import FrozenTrial, TrialState
+
+from armorlab.errors import ArmorLabError
+from armorlab.tune_space import SearchSpec
+
+log = logging.getLogger(__name__)
+
+TUNE_DIR = ".tune"
+JOURNAL = "journal.log"
+HEARTBEAT_INTERVAL_S = 60
+HEARTBEAT_GRACE_S = 180
+# File systems on which journal files and SQLite are known to corrupt or dead-lock (no reliable
+# POSIX locks / rename atomicity across clients).
+NETWORK_FS = frozenset({"nfs", "nfs4", "cifs", "smb3", "smbfs", "fuse.sshfs", "afs", "9p", "fuse.glusterfs"})
+# squeue states of a job that may still be running our worker
+_SLURM_ALIVE = frozenset({"RUNNING", "PENDING", "CONFIGURING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD",
+                          "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT", "SUSPENDED", "STOPPED"})
+
+
+# --------------------------------------------------------------------------- storage
+def fs_type(path: str | os.PathLike, mounts: str = "/proc/mounts") -> str | None:
+    """File-system type of the mount holding ``path`` (longest mount-point prefix), or None."""
+    target = os.path.realpath(path)
+    best, best_type = "", None
+    try:
+        lines = Path(mounts).read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        parts = line.split()
+        if len(parts) < 3:
+            continue
+        mnt = parts[1].replace("\\040", " ")
+        inside = target == mnt or target.startswith(mnt.rstrip("/") + "/")
+        if inside and len(mnt) >= len(best):
+            best, best_type = mnt, parts[2]
+    return best_type
+
+
+def warn_if_network_fs(path: str | os.PathLike, what: str, mounts: str = "/proc/mounts") -> str | None:
+    """Log a warning (and return it) when ``path`` lives on a network file system."""
+    kind = fs_type(path, mounts)
+    if kind in NETWORK_FS:
+        msg = (f"{what} {path} is on a network file system ({kind}): journal files and SQLite "
+               "databases on NFS are known to corrupt or lock up; use --storage postgresql://... "
+               "for a cluster")
+        log.warning(msg)
+        return msg
+    return None
+
+
+def open_storage(study_dir: Path, url: str | None, *, max_retries: int = 2,
+                 heartbeat_interval: int = HEARTBEAT_INTERVAL_S,
+                 grace_period: int = HEARTBEAT_GRACE_S) -> optuna.storages.BaseStorage:
+    """Journal file in ``study_dir/.tune`` when ``url`` is None, else an RDB with heartbeats.
+
+    ``$VARS`` in the URL are expanded here, so a password can stay in the environment rather
+    than in the spec or in ``.tune/study.json``.
+    """
+    if url is None:
+        tune_dir = Path(study_dir) / TUNE_DIR
+        tune_dir.mkdir(parents=True, exist_ok=True)
+        path = str(tune_dir / JOURNAL)
+        warn_if_network_fs(tune_dir, "the study journal")
+        return JournalStorage(JournalFileBackend(path, lock_obj=JournalFileOpenLock(path)))
+    expanded = os.path.expandvars(url)
+    if expanded.startswith("sqlite:///"):
+        db = expanded[len("sqlite:///"):]
+        if db and db != ":memory:":
+            warn_if_network_fs(Path(db).parent if Path(db).parent.exists() else ".", "the SQLite database")
+    try:
+        return RDBStorage(expanded, heartbeat_interval=heartbeat_interval, grace_period=grace_period,
+                          heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=max_retries))
+    except (ImportError, ModuleNotFoundError) as exc:
+        raise ArmorLabError(f"storage needs a database driver: {exc}", key="--storage", value=url) from None
+    except Exception as exc:  # sqlalchemy raises its own types for bad URLs or unreachable hosts
+        raise ArmorLabError(f"cannot open storage: {exc}", key="--storage", value=url) from None
+
+
+def storage_has_heartbeat(storage: Any) -> bool:
+    getter = getattr(storage, "get_heartbeat_interval", None)
+    return bool(getter and getter())
+
+
+@contextlib.contextmanager
+def study_lock(study_dir: Path) -> Iterator[None]:
+    """Serialise count → ask and reconciliation across workers (same lock type as the journal)."""
+    tune_dir = Path(study_dir) / TUNE_DIR
+    tune_dir.mkdir(parents=True, exist_ok=True)
+    lock = JournalFileOpenLock(str(tune_dir / "study"))
+    lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+# --------------------------------------------------------------------------- sampler, pruners
+def make_sampler(search: SearchSpec, seed: int | None) -> optuna.samplers.BaseSampler:
+    """The spec's sampler with ``seed`` (the caller derives a per-worker seed)."""
+    opts = {k: v for k, v in search.sampler.items() if k not in ("type", "seed")}
+    kind = search.sampler["type"]
+    if kind == "tpe":
+        return optuna.samplers.TPESampler(seed=seed, **opts)
+    if kind == "gp":
+        return optuna.samplers.GPSampler(seed=seed, **opts)
+    if kind == "cmaes":
+        try:
+            import cmaes  # noqa: F401
+        except ImportError:
+            raise ArmorLabError("the cmaes sampler needs the `cmaes` package (pip install cmaes)",
+                                key="search.sampler.type", value=kind, file=search.file) from None
+        return optuna.samplers.CmaEsSampler(seed=seed, **opts)
+    if kind == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if kind == "grid":
+        return _GridSampler(search.grid(), seed=seed)
+    if kind == "bruteforce":
+        return optuna.samplers.BruteForceSampler(seed=seed)
+    raise AssertionError(kind)  # parse_search rejects other types
+
+
+class _GridSampler(optuna.samplers.GridSampler):
+    """GridSampler whose ``after_trial`` does not call ``study.stop()``: that only works inside
+    ``study.optimize``, and our workers stop on their own count of finished trials."""
+
+    def after_trial(self, study: optuna.Study, trial: FrozenTrial, state: TrialState,
+                    values: Any) -> None:
+        return None
+
+
+class CollapsePruner(BasePruner):
+    """Prune a trial once its validation curve has collapsed (armorlab.analysis.collapse_step).
+
+    The reported intermediate values are the objective metric at each validation step; a
+    minimised metric is negated first so "collapse" always means a fall from the best value.
+    Judged only from ``warmup_steps`` on, so an early dip is not mistaken for a collapse.
+    """
+
+    def __init__(self, *, direction: str = "maximize", delta: float | None = None,
+                 patience: int | None = None, warmup_steps: int = 0) -> None:
+        self.sign = -1.0 if direction == "minimize" else 1.0
+        self.kwargs = {k: v for k, v in (("delta", delta), ("patience", patience)) if v is not None}
+        self.warmup_steps = warmup_steps
+
+    def collapse_step(self, intermediate: Mapping[int, float]) -> int | None:
+        from armorlab.analysis.collapse import collapse_step
+
+        steps = sorted(s for s, v in intermediate.items() if v == v)  # NaN-free
+        if not steps or steps[-1] < self.warmup_steps:
+            return None
+        values = [self.sign * intermediate[s] for s in steps]
+        return collapse_step(steps, values, **self.kwargs)
+
+    def prune(self, study: optuna.Study, trial: FrozenTrial) -> bool:
+        return self.collapse_step(trial.intermediate_values) is not None
+
+
+def make_pruner(search: SearchSpec, base_cfg: Mapping[str, Any]) -> BasePruner:
+    p = search.pruner
+    kind = p["type"]
+    if kind == "median":
+        return optuna.pruners.MedianPruner(n_startup_trials=p.get("n_startup_trials", 5),
+                                           n_warmup_steps=p.get("warmup_steps", 0),
+                                           interval_steps=p.get("interval_steps", 1),
+                                           n_min_trials=p.get("n_min_trials", 1))
+    if kind == "hyperband":
+        # Resources are training steps; validation happens every val_every steps, so the first
+        # rung cannot be earlier than the first validation.
+        return optuna.pruners.HyperbandPruner(
+            min_resource=p.get("min_resource", max(1, int(base_cfg.get("val_every") or 1))),
+            max_resource=p.get("max_resource", int(base_cfg["max_steps"])),
+            reduction_factor=p.get("reduction_factor", 3))
+    if kind == "collapse":
+        return CollapsePruner(direction=search.directions[0], delta=p.get("delta"),
+                              patience=p.get("patience"), warmup_steps=p.get("warmup_steps", 0))
+    return optuna.pruners.NopPruner()
+
+
+def open_study(study_dir: Path, name: str, search: SearchSpec, storage: optuna.storages.BaseStorage, *,
+               base_cfg: Mapping[str, Any], seed: int | None = None) -> optuna.Study:
+    """Create or load (resume) the study named after the spec; directions must match."""
+    sampler = make_sampler(search, seed)
+    pruner = make_pruner(search, base_cfg)
+    try:
+        existing = optuna.load_study(study_name=name, storage=storage, sampler=sampler, pruner=pruner)
+    except KeyError:
+        existing = None
+    if existing is not None:
+        have = tuple(d.name.lower() for d in existing.directions)
+        if have != search.directions:
+            raise ArmorLabError(f"study '{name}' in this storage was created with directions {list(have)}; "
+                                "start a new study (rename it) to change the objective",
+                                key="search.direction", value=list(search.directions), file=search.file)
+        return existing
+    return optuna.create_study(study_name=name, storage=storage, sampler=sampler, pruner=pruner,
+                               directions=list(search.directions), load_if_exists=True)
+
+
+# --------------------------------------------------------------------------- worker identity
+def process_start_time(pid: int) -> int | None:
+    """Start time of ``pid`` in clock ticks since boot (guards against pid reuse), or None."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # comm (field 2) may hold spaces and parentheses: split after the last ')'.
+    fields = stat[stat.rfind(")") + 2:].split()
+    try:
+        return int(fields[19])  # field 22 overall
+    except (IndexError, ValueError):
+        return None
+
+
+def slurm_job_id(env: Mapping[str, str] | None = None) -> str | None:
+    env = os.environ if env is None else env
+    if env.get("SLURM_ARRAY_JOB_ID") and env.get("SLURM_ARRAY_TASK_ID"):
+        return f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"
+    return env.get("SLURM_JOB_ID") or None
+
+
+def worker_identity(index: int = 0) -> dict[str, Any]:
+    pid = os.getpid()
+    return {"host": socket.gethostname(), "pid": pid, "start": process_start_time(pid),
+            "job": slurm_job_id(), "index": index}
+
+
+def slurm_job_alive(job: str) -> bool | None:
+    """True/False from squeue; None when squeue is missing or does not answer."""
+    if shutil.which("squeue") is None:
+        return None
+    try:
+        out = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True,
+                             timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        # "Invalid job id specified": the job has left the queue
+        return False if "invalid job id" in out.stderr.lower() else None
+    states = {s.strip() for s in out.stdout.split()}
+    return bool(states & _SLURM_ALIVE)
+
+
+def owner_alive(owner: Mapping[str, Any] | None, me: Mapping[str, Any]) -> bool | None:
+    """Is the worker described by ``owner`` still running? None when it cannot be told from here."""
+    if not owner:
+        # ask and the owner attribute are written under the study lock, so a RUNNING trial
+        # without an owner was left by a worker that died in between.
+        return False
+    same_proc = (owner.get("host"), owner.get("pid"), owner.get("start")) == \
+        (me.get("host"), me.get("pid"), me.get("start"))
+    if same_proc:
+        return True
+    job = owner.get("job")
+    if job:
+        if job == me.get("job"):
+            return False  # our own Slurm job, an earlier (requeued) incarnation
+        return slurm_job_alive(job)
+    if owner.get("host") != me.get("host"):
+        return None
+    pid = owner.get("pid")
+    if not isinstance(pid, int):
+        return False
+    start = process_start_time(pid)
+    return start is not None and start == owner.get("start")
+
+
+def retry_count(trial: FrozenTrial) -> int:
+    return int(trial.user_attrs.get("retries", 0))
+
+
+def fail_and_requeue(study: optuna.Study, trial: FrozenTrial, reason: str, max_retries: int, *,
+                     count_retry: bool = True) -> bool:
+    """Mark a RUNNING trial FAIL and enqueue its params again (within max_retries).
+
+    Returns True when it was re-enqueued. Call under ``study_lock``.
+    """
+    storage = study._storage  # no public setter for another process's trial
+    with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError, RuntimeError):
+        storage.set_trial_user_attr(trial._trial_id, "fail_reason", reason)
+    try:
+        study.tell(trial.number, state=TrialState.FAIL)
+    except (ValueError, RuntimeError, optuna.exceptions.UpdateFinishedTrialError):
+        return False  # someone else finished it meanwhile
+    retries = retry_count(trial) + (1 if count_retry else 0)
+    if retries > max_retries:
+        log.warning("trial %d failed (%s); not retried: max_retries=%d reached", trial.number, reason,
+                    max_retries)
+        return False
+    origin = trial.user_attrs.get("retry_of", trial.number)
+    study.enqueue_trial(dict(trial.params), user_attrs={"retry_of": origin, "retries": retries})
+    log.warning("trial %d failed (%s); its params are queued again", trial.number, reason)
+    return True
+
+
+def reconcile(study: optuna.Study, me: Mapping[str, Any], max_retries: int) -> list[int]:
+    """Fail and re-enqueue RUNNING trials whose worker is dead. Call under ``study_lock``.
+
+    With an RDB storage, Optuna's heartbeat does this (and would double-enqueue if we did it too).
+    """
+    if storage_has_heartbeat(study._storage):
+        optuna.storages.fail_stale_trials(study)
+        return []
+    failed = []
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        owner = trial.user_attrs.get("worker")
+        alive = owner_alive(owner, me)
+        if alive is False:
+            where = f"{owner.get('host')} pid {owner.get('pid')}" if owner else "unknown"
+            fail_and_requeue(study, trial, f"worker died ({where})", max_retries)
+            failed.append(trial.number)
+        elif alive is None:
+            log.info("trial %d runs on %s (pid %s): cannot check that worker from here", trial.number,
+                     owner.get("host"), owner.get("pid"))
+    return failed
+
+
+def state_counts(study: optuna.Study) -> dict[str, int]:
+    counts = {s.name.lower(): 0 for s in TrialState}
+    for t in study.get_trials(deepcopy=False):
+        counts[t.state.name.lower()] += 1
+    counts["finished"] = counts["complete"] + counts["pruned"]
+    return counts

@@ -1,0 +1,534 @@
+"""A tune worker: loop ask → train → tell until the study has ``n_trials`` finished trials.
+
+Each trial is one run directory per seed under the study dir, trained by ``armorlab train
+--run-dir DIR`` in a subprocess (the run-dir contract C3). While it trains, the worker tails the
+run's ``metrics.jsonl`` and reports the objective metric to the trial at every validation step;
+when the pruner says so it writes ``DIR/stop_request`` and the trainer stops after its step.
+
+Decisions (see README "Search hyperparameters"):
+- finished = COMPLETE + PRUNED. A worker asks for a new trial only while finished + running <
+  n_trials (checked and asked under one lock), so the study ends with exactly n_trials finished
+  trials however many workers run; FAIL trials don't count and their params are re-enqueued.
+- Same params (+ seed) ⇒ same run id ⇒ a finished run is reused without training.
+- Seeds run one after another; the first seed's curve is reported for pruning and the trial's
+  value is the mean of the per-seed summaries.
+- A run that stops on a non-finite loss is told PRUNED (with outcome "diverged"): the sampler
+  then learns the region is bad, which it would not from a FAIL.
+- Idle workers wait (rather than exit) while other trials run, so they can take over a trial
+  whose worker died.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import errno
+import fcntl
+import json
+import logging
+import math
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import optuna
+from optuna.trial import TrialState
+
+from armorlab.fsutil import atomic_write_json
+from armorlab.runs import RunDir
+from armorlab.tune_space import ObjectiveSpec, SearchSpec, parse_search, suggest_params, trial_config
+from armorlab.tune_study import (
+    TUNE_DIR,
+    fail_and_requeue,
+    open_storage,
+    open_study,
+    reconcile,
+    state_counts,
+    storage_has_heartbeat,
+    study_lock,
+    worker_identity,
+)
+
+log = logging.getLogger(__name__)
+
+STUDY_FILE = "study.json"
+STOP_REQUEST = "stop_request"
+TRAIN_CMD_ENV = "ARMORLAB_TUNE_TRAIN_CMD"  # private: a stand-in trainer (tests, synthetic demo)
+EXIT_PREEMPTED = 75
+MAX_CONSECUTIVE_FAILURES = 3
+# Re-parent guard for the trainer: it gets SIGTERM (checkpoint, exit 75) if its worker dies,
+# so an orphan never keeps writing a run dir that a retry is about to resume.
+_PDEATHSIG = ("import ctypes,os,signal,sys;ctypes.CDLL(None).prctl(1,signal.SIGTERM);"
+              "os.getppid()==int(sys.argv[1]) or os._exit(75);os.execvp(sys.argv[2],sys.argv[2:])")
+
+
+def default_train_cmd() -> list[str]:
+    env = os.environ.get(TRAIN_CMD_ENV)
+    if env:
+        return shlex.split(env)
+    return [sys.executable, "-m", "armorlab.cli", "train"]
+
+
+# --------------------------------------------------------------------------- the study dir
+@dataclass
+class StudyContext:
+    """What every worker reads from ``<study>/.tune/study.json`` (written by ``armorlab tune``)."""
+
+    study_dir: Path
+    name: str
+    base: dict[str, Any]
+    seeds: list[int]
+    search: SearchSpec
+    search_raw: dict[str, Any]
+    storage_url: str | None
+    spec_file: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def tune_dir(self) -> Path:
+        return self.study_dir / TUNE_DIR
+
+    @property
+    def base_resolved(self) -> dict[str, Any]:
+        from armorlab.config import resolve
+
+        return resolve(self.base, file=self.spec_file)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "base": self.base, "seeds": self.seeds, "search": self.search_raw,
+                "storage": self.storage_url, "spec_file": self.spec_file, **self.extra}
+
+    def write(self) -> None:
+        atomic_write_json(self.tune_dir / STUDY_FILE, self.to_json())
+
+    @classmethod
+    def load(cls, study_dir: str | os.PathLike) -> StudyContext:
+        from armorlab.errors import ArmorLabError
+
+        study_dir = Path(study_dir)
+        path = study_dir / TUNE_DIR / STUDY_FILE
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except OSError:
+            raise ArmorLabError("not a study directory (no .tune/study.json); start it with "
+                                "`armorlab tune SPEC`", key="study_dir", value=str(study_dir)) from None
+        except ValueError as exc:
+            raise ArmorLabError(f"corrupt study file: {exc}", file=str(path)) from None
+        search = parse_search(data["search"], data["base"], file=data.get("spec_file") or str(path))
+        known = {"name", "base", "seeds", "search", "storage", "spec_file"}
+        return cls(study_dir=study_dir, name=data["name"], base=data["base"], seeds=list(data["seeds"]),
+                   search=search, search_raw=data["search"], storage_url=data.get("storage"),
+                   spec_file=data.get("spec_file"), extra={k: v for k, v in data.items() if k not in known})
+
+
+def is_study_dir(path: str | os.PathLike) -> bool:
+    return (Path(path) / TUNE_DIR / STUDY_FILE).is_file()
+
+
+# --------------------------------------------------------------------------- objective values
+def _series(rows: Sequence[Mapping[str, Any]], metric: str) -> tuple[np.ndarray, np.ndarray]:
+    pts = [(r["step"], float(r[metric])) for r in rows if r.get(metric) is not None]
+    steps = np.array([p[0] for p in pts], dtype=float)
+    values = np.array([p[1] for p in pts], dtype=float)
+    return steps, values
+
+
+def summarize(rows: Sequence[Mapping[str, Any]], objective: ObjectiveSpec, direction: str) -> float:
+    """One run's objective value from its merged metric rows (``RunDir.read_metrics``)."""
+    steps, values = _series(rows, objective.metric)
+    if len(steps) == 0:
+        raise ValueError(f"metric {objective.metric} was never logged")
+    if objective.summary == "final":
+        return float(values[-1])
+    better = np.argmax if direction == "maximize" else np.argmin
+    if objective.summary == "peak":
+        return float(values[better(values)])
+    if objective.summary == "auc":
+        from armorlab.analysis.collapse import curve_auc
+
+        return float(curve_auc(steps, values))
+    # test-at-val-best: the report metric read at the step where the selection metric is best
+    # (the earliest such step on ties); the step must have logged both.
+    best_step = int(steps[better(values)])
+    row = next(r for r in rows if r["step"] == best_step)
+    if row.get(objective.report) is None:
+        raise ValueError(f"metric {objective.report} was not logged at step {best_step}, where "
+                         f"{objective.metric} is best (log test metrics at every validation step)")
+    return float(row[objective.report])
+
+
+def trial_values(run_dirs: Sequence[RunDir], search: SearchSpec) -> list[float]:
+    """Per objective, the mean over seeds of each run's summary."""
+    rows = [rd.read_metrics() for rd in run_dirs]
+    out = []
+    for obj, direction in zip(search.objectives, search.directions, strict=True):
+        per_seed = [summarize(r, obj, direction) for r in rows]
+        out.append(float(np.mean(per_seed)))
+    return out
+
+
+# --------------------------------------------------------------------------- one run
+@dataclass
+class RunOutcome:
+    kind: str  # completed | reused | pruned | diverged | crashed | config_error | interrupted
+    reason: str | None = None
+    step: int | None = None
+
+
+class _MetricsTail:
+    """New complete lines of a growing metrics.jsonl (a torn last line waits for its newline)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.offset = path, 0
+
+    def read(self) -> list[dict[str, Any]]:
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(self.offset)
+                data = fh.read()
+        except FileNotFoundError:
+            return []
+        end = data.rfind(b"\n")
+        if end < 0:
+            return []
+        self.offset += end + 1
+        rows = []
+        for line in data[:end + 1].splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(row, dict) and isinstance(row.get("step"), int):
+                rows.append(row)
+        return rows
+
+
+class _Heartbeat:
+    """RDB heartbeat for a trial run by ask/tell (study.optimize would start it for us)."""
+
+    def __init__(self, storage: Any, trial_id: int) -> None:
+        self.storage, self.trial_id = storage, trial_id
+        self.stop = threading.Event()
+        self.thread: threading.Thread | None = None
+
+    def __enter__(self) -> _Heartbeat:
+        if storage_has_heartbeat(self.storage):
+            interval = self.storage.get_heartbeat_interval()
+            self.storage.record_heartbeat(self.trial_id)
+
+            def beat() -> None:
+                while not self.stop.wait(interval):
+                    with contextlib.suppress(Exception):
+                        self.storage.record_heartbeat(self.trial_id)
+
+            self.thread = threading.Thread(target=beat, daemon=True, name="tune-heartbeat")
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        if self.thread is not None:
+            self.thread.join(timeout=5)
+
+
+class Worker:
+    """One worker process's loop. ``interrupt()`` (signal handlers) stops it at the next safe point."""
+
+    def __init__(self, study_dir: str | os.PathLike, *, index: int = 0, train_cmd: Sequence[str] | None = None,
+                 poll_s: float = 0.5) -> None:
+        self.study_dir = Path(study_dir)
+        self.index = index
+        self.train_cmd = list(train_cmd) if train_cmd else default_train_cmd()
+        self.poll_s = poll_s
+        self.interrupted = False
+        self.proc: subprocess.Popen | None = None
+        self.current: optuna.Trial | None = None
+        self.trials_run: list[int] = []
+        self.ctx: StudyContext | None = None
+        self.study: optuna.Study | None = None
+
+    # ---------------------------------------------------------------- control
+    def interrupt(self, *_: object) -> None:
+        """Stop after the current step: the trainer checkpoints and the trial is re-queued."""
+        self.interrupted = True
+        proc = self.proc
+        if proc is not None and proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+
+    def abandon_current(self, reason: str, wait_s: float = 90.0) -> None:
+        """For submitit's checkpoint (runs in the signal handler, the process exits right after):
+        stop the trainer (it checkpoints), fail the running trial and re-queue its params."""
+        self.interrupted = True
+        proc = self.proc
+        if proc is not None and proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=wait_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        trial, study = self.current, self.study
+        if trial is None or study is None or self.ctx is None:
+            return
+        self.current = None
+        frozen = study._storage.get_trial(trial._trial_id)
+        if frozen.state != TrialState.RUNNING:
+            return
+        with study_lock(self.study_dir):
+            fail_and_requeue(study, frozen, reason, self.ctx.search.max_retries, count_retry=False)
+
+    # ---------------------------------------------------------------- loop
+    def run(self) -> dict[str, Any]:
+        ctx = self.ctx = StudyContext.load(self.study_dir)
+        search = ctx.search
+        base_cfg = ctx.base_resolved
+        storage = open_storage(ctx.study_dir, ctx.storage_url, max_retries=search.max_retries)
+        me = worker_identity(self.index)
+        with study_lock(ctx.study_dir):
+            probe = optuna.load_study(study_name=ctx.name, storage=storage)
+            n_before = len(probe.get_trials(deepcopy=False))
+        # Distinct workers and restarts must not replay one random stream: seed from
+        # (spec seed, worker index, trials so far). Not the grid sampler: its seed shuffles the
+        # grid, and grid ids must mean the same point in every worker.
+        seed = search.sampler.get("seed")
+        if seed is not None and search.sampler["type"] != "grid":
+            seed = int(np.random.SeedSequence([seed, self.index, n_before]).generate_state(1)[0])
+        study = self.study = open_study(ctx.study_dir, ctx.name, search, storage, base_cfg=base_cfg, seed=seed)
+        failures, last_reason = 0, None
+        stop_reason = "n_trials reached"
+        while not self.interrupted:
+            trial = None
+            with study_lock(ctx.study_dir):
+                reconcile(study, me, search.max_retries)
+                counts = state_counts(study)
+                if counts["finished"] >= search.n_trials:
+                    break
+                if counts["finished"] + counts["running"] < search.n_trials:
+                    trial = study.ask()
+                    trial.set_user_attr("worker", me)
+            if trial is None:
+                time.sleep(self.poll_s)
+                continue
+            outcome = self._run_trial(ctx, study, trial)
+            self.trials_run.append(trial.number)
+            if outcome.kind in ("crashed", "config_error"):
+                failures += 1
+                last_reason = outcome.reason
+                if failures >= MAX_CONSECUTIVE_FAILURES:
+                    stop_reason = f"{failures} trials in a row failed; last: {last_reason}"
+                    log.error("worker %d stops: %s", self.index, stop_reason)
+                    break
+            else:
+                failures = 0
+        if self.interrupted:
+            stop_reason = "interrupted"
+        return {"worker": self.index, "trials": self.trials_run, "stop_reason": stop_reason}
+
+    # ---------------------------------------------------------------- one trial
+    def _run_trial(self, ctx: StudyContext, study: optuna.Study, trial: optuna.Trial) -> RunOutcome:
+        search = ctx.search
+        self.current = trial
+        try:
+            params = suggest_params(trial, search)
+            run_dirs = [RunDir.create(ctx.study_dir, trial_config(ctx.base, params, seed, file=ctx.spec_file))
+                        for seed in ctx.seeds]
+            trial.set_user_attr("runs", [rd.id for rd in run_dirs])
+            log.info("trial %d: %s → runs %s", trial.number, params, ", ".join(rd.id for rd in run_dirs))
+            report = not search.multi_objective
+            outcome = RunOutcome("completed")
+            kinds = []
+            with _Heartbeat(study._storage, trial._trial_id):
+                for i, rd in enumerate(run_dirs):
+                    outcome = self._train_or_reuse(ctx, trial, rd, report=report and i == 0)
+                    kinds.append(outcome.kind)
+                    if outcome.kind not in ("completed", "reused"):
+                        break
+            return self._tell(study, trial, run_dirs, outcome, kinds)
+        finally:
+            self.current = None
+
+    def _tell(self, study: optuna.Study, trial: optuna.Trial, run_dirs: Sequence[RunDir],
+              outcome: RunOutcome, kinds: Sequence[str]) -> RunOutcome:
+        if outcome.kind in ("completed", "reused"):
+            try:
+                values = trial_values(run_dirs, self.ctx.search)
+            except (ValueError, OSError) as exc:
+                trial.set_user_attr("outcome", "failed")
+                trial.set_user_attr("fail_reason", str(exc))
+                study.tell(trial, state=TrialState.FAIL)
+                return RunOutcome("config_error", str(exc))
+            if not all(math.isfinite(v) for v in values):
+                trial.set_user_attr("outcome", "failed")
+                trial.set_user_attr("fail_reason", f"non-finite objective {values}")
+                study.tell(trial, state=TrialState.FAIL)
+                return RunOutcome("config_error", f"non-finite objective {values}")
+            trial.set_user_attr("outcome", "reused" if all(k == "reused" for k in kinds) else "completed")
+            study.tell(trial, values)
+            return outcome
+        if outcome.kind in ("pruned", "diverged"):
+            trial.set_user_attr("outcome", outcome.kind)
+            if outcome.reason:
+                trial.set_user_attr("prune_reason", outcome.reason)
+            study.tell(trial, state=TrialState.PRUNED)
+            return outcome
+        # failures: re-queue what may succeed on a second try (crash, preemption), not config errors
+        frozen = study._storage.get_trial(trial._trial_id)
+        with study_lock(self.study_dir):
+            if outcome.kind == "config_error":
+                trial.set_user_attr("fail_reason", outcome.reason)
+                trial.set_user_attr("outcome", "failed")
+                study.tell(trial, state=TrialState.FAIL)
+            else:
+                trial.set_user_attr("outcome", outcome.kind)
+                fail_and_requeue(study, frozen, outcome.reason or outcome.kind, self.ctx.search.max_retries,
+                                 count_retry=outcome.kind != "interrupted")
+        return outcome
+
+    def _lock_path(self, rd: RunDir) -> Path:
+        path = self.study_dir / TUNE_DIR / "locks" / f"{rd.id}.lock"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def _acquire_run_lock(self, rd: RunDir) -> int | None:
+        """flock the run, waiting while another trial (or a dying orphan trainer) holds it."""
+        fd = os.open(self._lock_path(rd), os.O_RDWR | os.O_CREAT, 0o644)
+        waited = False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return fd
+            except OSError as exc:
+                if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                    os.close(fd)
+                    raise
+            if self.interrupted:
+                os.close(fd)
+                return None
+            if not waited:
+                log.info("run %s is in use by another process; waiting", rd.id)
+                waited = True
+            time.sleep(self.poll_s)
+
+    def _train_or_reuse(self, ctx: StudyContext, trial: optuna.Trial, rd: RunDir, *, report: bool) -> RunOutcome:
+        fd = self._acquire_run_lock(rd)
+        if fd is None:
+            return RunOutcome("interrupted", "worker interrupted")
+        try:
+            status = rd.read_status()
+            reason = status.get("reason") or ""
+            if status["state"] == "completed":
+                pruned = "pruned by optuna" in reason
+                if report:
+                    self._replay(trial, rd)
+                return RunOutcome("pruned" if pruned else "reused", reason or None, rd.last_step())
+            if status["state"] == "failed" and reason.startswith("non-finite"):
+                if report:
+                    self._replay(trial, rd)
+                return RunOutcome("diverged", reason, rd.last_step())
+            return self._train(ctx, trial, rd, fd, report=report)
+        finally:
+            os.close(fd)
+
+    def _replay(self, trial: optuna.Trial, rd: RunDir) -> None:
+        metric = self.ctx.search.objectives[0].metric
+        for row in rd.read_metrics():
+            if row.get(metric) is not None:
+                trial.report(float(row[metric]), row["step"])
+
+    def _train(self, ctx: StudyContext, trial: optuna.Trial, rd: RunDir, lock_fd: int, *,
+               report: bool) -> RunOutcome:
+        stop_path = rd.path / STOP_REQUEST
+        stop_path.unlink(missing_ok=True)  # a leftover would stop the resumed run at once
+        cmd = [*self.train_cmd, "--run-dir", str(rd.path)]
+        if sys.platform.startswith("linux"):
+            cmd = [sys.executable, "-c", _PDEATHSIG, str(os.getpid()), *cmd]
+        env = dict(os.environ)
+        if not env.get("SLURM_JOB_ID"):
+            env["ARMORLAB_JOB_ID"] = f"tune-w{self.index}-t{trial.number}"
+        log_dir = self.study_dir / TUNE_DIR / "logs"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        log_path = log_dir / f"{rd.id}.log"
+        metric = self.ctx.search.objectives[0].metric
+        tail = _MetricsTail(rd.metrics_path)
+        reported: set[int] = set()
+        pruned_at: int | None = None
+        with open(log_path, "ab") as log_fh:
+            log_fh.write(f"--- trial {trial.number} worker {self.index} pid {os.getpid()}\n".encode())
+            log_fh.flush()
+            self.proc = subprocess.Popen(cmd, stdout=log_fh, stderr=subprocess.STDOUT, env=env,
+                                         pass_fds=(lock_fd,), stdin=subprocess.DEVNULL)
+            if self.interrupted:  # a signal that came while we were launching
+                self.interrupt()
+            while True:
+                rc = self.proc.poll()
+                for row in tail.read():
+                    step, value = row["step"], row.get(metric)
+                    if not report or value is None or step in reported:
+                        continue
+                    reported.add(step)
+                    trial.report(float(value), step)
+                    if pruned_at is None and trial.should_prune():
+                        pruned_at = step
+                        atomic_write_json(stop_path, {"reason": f"pruned by optuna at step {step}"})
+                        log.info("trial %d pruned at step %d", trial.number, step)
+                if rc is not None:
+                    break
+                time.sleep(self.poll_s)
+        self.proc = None
+        status = rd.read_status()
+        reason = status.get("reason") or ""
+        if rc == 0:
+            if pruned_at is not None:
+                return RunOutcome("pruned", f"pruned by optuna at step {pruned_at}", pruned_at)
+            return RunOutcome("completed", reason or None, rd.last_step())
+        if rc == EXIT_PREEMPTED:
+            kind = "interrupted" if self.interrupted else "crashed"
+            return RunOutcome(kind, f"trainer preempted ({reason or 'exit 75'})")
+        if rc == 2:
+            return RunOutcome("config_error", f"config error: {reason or 'exit 2'} (log {log_path})")
+        if rc == 1 and reason.startswith("non-finite"):
+            return RunOutcome("diverged", reason, rd.last_step())
+        return RunOutcome("crashed", f"trainer exited {rc}: {reason or 'no reason'} (log {log_path})")
+
+
+# --------------------------------------------------------------------------- entry points
+def run_worker(study_dir: str | os.PathLike, *, index: int = 0, train_cmd: Sequence[str] | None = None,
+               poll_s: float = 0.5, handle_signals: bool = True) -> dict[str, Any]:
+    """Run one worker to the end in this process (SIGTERM/SIGINT/SIGUSR1 stop it cleanly)."""
+    worker = Worker(study_dir, index=index, train_cmd=train_cmd, poll_s=poll_s)
+    if handle_signals:
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+            signal.signal(sig, worker.interrupt)
+    return worker.run()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m armorlab.tune_worker", description=__doc__.split("\n")[0])
+    parser.add_argument("study_dir")
+    parser.add_argument("--index", type=int, default=0)
+    parser.add_argument("--poll", type=float, default=0.5)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s w{args.index} %(levelname)s %(message)s")
+    from armorlab.errors import ArmorLabError
+
+    try:
+        summary = run_worker(args.study_dir, index=args.index, poll_s=args.poll)
+    except ArmorLabError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    log.info("worker done: %s", summary)
+    return EXIT_PREEMPTED if summary["stop_reason"] == "interrupted" else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
