@@ -1,9 +1,207 @@
-"""`armorlab sweep` (filled in by its issue)."""
+"""`armorlab sweep`, `armorlab status`, `armorlab cancel`: run ablation grids, watch them, stop them.
+
+Start-up stays light: `status` imports neither torch, TRL, pandas nor submitit; `sweep --dry-run`
+only adds submitit (for the sbatch text).
+"""
 
 from __future__ import annotations
 
+import sys
+import time
+from pathlib import Path
+
 import typer
+
+RETRY_CHOICES = ("failed",)
 
 
 def register(app: typer.Typer) -> None:
-    """Add this module's commands to app."""
+    @app.command("sweep")
+    def sweep(
+        spec: Path = typer.Argument(..., help="Sweep spec YAML (see sweeps/*.yaml)."),
+        executor: str = typer.Option(None, "--executor", "-e",
+                                     help="local (this machine) or slurm; default: the profile's (local)."),
+        profile: Path = typer.Option(None, "--profile", "-p", help="Cluster profile YAML (slurm/*.yaml); "
+                                     "default: the spec's `profile:`."),
+        root: Path = typer.Option(Path("runs"), "--root", help="Runs go to ROOT/<sweep name>/<run id>/."),
+        workers: int = typer.Option(None, "--workers", "-w", help="Local executor: parallel trainings."),
+        dry_run: bool = typer.Option(False, "--dry-run", help="Show what would run; submit nothing."),
+        retry: str = typer.Option(None, "--retry", help="'failed': resubmit runs that failed."),
+        wait: bool = typer.Option(False, "--wait", help="Slurm: stay and show progress until all finish."),
+    ) -> None:
+        """Run a sweep: every grid point × seed once; again = resume (completed/queued runs are skipped)."""
+        from armorlab.errors import ArmorLabError
+        from armorlab.sweeps.submit import plan_sweep
+
+        if retry is not None and retry not in RETRY_CHOICES:
+            raise ArmorLabError("only failed runs can be retried", key="--retry", value=retry)
+        plan = plan_sweep(spec, root=root, executor=executor, profile=profile, retry_failed=retry == "failed")
+        if dry_run:
+            _print_dry_run(plan, workers)
+            return
+        if plan.executor == "slurm":
+            _submit_slurm(plan, wait)
+        else:
+            _run_local(plan, workers)
+
+    @app.command("status")
+    def status(
+        sweep_dir: Path = typer.Argument(..., help="A sweep directory (ROOT/<sweep name>)."),
+        watch: bool = typer.Option(False, "--watch", help="Refresh until every run has finished."),
+        interval: float = typer.Option(5.0, "--interval", help="Seconds between refreshes with --watch."),
+    ) -> None:
+        """Show a sweep's runs: state, progress, last val/acc, Slurm state, attempts, failure reasons."""
+        if watch:
+            _watch(sweep_dir, interval)
+        else:
+            from armorlab.sweeps.status import collect
+
+            _print_status(collect(sweep_dir))
+
+    @app.command("cancel")
+    def cancel(sweep_dir: Path = typer.Argument(..., help="A sweep directory (ROOT/<sweep name>).")) -> None:
+        """Cancel a sweep's queued and running jobs (running trainers checkpoint first)."""
+        from armorlab.sweeps.status import cancel as cancel_jobs
+
+        cancelled = cancel_jobs(sweep_dir)
+        if cancelled:
+            typer.echo(f"cancelled {len(cancelled)} job(s): {' '.join(cancelled)}")
+        else:
+            typer.echo("nothing to cancel: no queued or running job")
+
+
+# --------------------------------------------------------------------------- sweep
+def _summary(plan) -> str:
+    counts = plan.counts()
+    parts = [f"{counts.get(k, 0)} {label}" for k, label in (
+        ("submit", "to run"), ("completed", "completed"), ("queued/running", "queued/running"),
+        ("failed", "failed (use --retry failed)")) if counts.get(k)]
+    return f"sweep {plan.spec.name}: {len(plan.runs)} run(s) in {plan.sweep_dir}: {', '.join(parts)}"
+
+
+def _print_dry_run(plan, workers: int | None) -> None:
+    from armorlab.sweeps.spec import describe_point
+
+    lines = [_summary(plan), ""]
+    lines += [f"{r.run_id}  {plan.actions[r.run_id]:<14}  {describe_point(r.point)}" for r in plan.runs]
+    lines.append("")
+    todo = plan.to_submit
+    if plan.executor == "slurm":
+        from armorlab.sweeps import slurmctl
+        from armorlab.sweeps.executors import SlurmSubmitter, n_arrays
+
+        sub = SlurmSubmitter(plan.sweep_dir, plan.profile, job_name=plan.spec.name)
+        cluster_max = slurmctl.max_array_size()
+        chunk = sub.chunk_size(cluster_max)
+        lines.append(f"would submit {len(todo)} run(s) as {n_arrays(len(todo), chunk)} Slurm job array(s) of "
+                     f"at most {chunk} (cluster MaxArraySize {cluster_max}, array_parallelism "
+                     f"{plan.profile.array_parallelism})")
+        if todo:
+            lines += ["", "# sbatch script of the first array:", sub.sbatch_text(min(len(todo), chunk))]
+    else:
+        lines.append(f"would train {len(todo)} run(s) on this machine, "
+                     f"{workers or plan.profile.workers} at a time")
+    sys.stdout.write("\n".join(lines) + "\n")
+
+
+def _submit_slurm(plan, wait: bool) -> None:
+    from armorlab.sweeps.submit import submit_slurm
+
+    typer.echo(_summary(plan))
+    job_ids = submit_slurm(plan)
+    if job_ids:
+        arrays = sorted({j.split("_", 1)[0] for j in job_ids}, key=int)
+        typer.echo(f"queued {len(job_ids)} run(s) as Slurm job(s) {', '.join(arrays)}; "
+                   f"follow with: armorlab status {plan.sweep_dir} --watch")
+    else:
+        typer.echo("nothing to submit")
+    if wait:
+        _watch(plan.sweep_dir, 5.0)
+
+
+def _run_local(plan, workers: int | None) -> None:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from armorlab.sweeps.submit import run_local
+
+    console = Console(stderr=True)
+    console.print(_summary(plan))
+    n = len(plan.to_submit)
+    if not n:
+        console.print("nothing to run")
+        return
+    failed: list[str] = []
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=console, transient=False) as progress:
+        task = progress.add_task(f"training {plan.spec.name}", total=n)
+
+        def on_event(event: str, run_id: str, payload) -> None:
+            if event != "done":
+                return
+            progress.advance(task)
+            mark = {"completed": "[green]completed[/]", "failed": "[red]failed[/]"}.get(
+                payload.state, f"[yellow]{payload.state}[/]")
+            reason = f": {payload.reason}" if payload.reason else ""
+            progress.console.print(f"{run_id} {mark}{reason}")
+            if payload.state == "failed":
+                failed.append(run_id)
+
+        try:
+            run_local(plan, workers=workers, on_event=on_event)
+        except KeyboardInterrupt:
+            progress.stop()
+            console.print("stopped: running trainers checkpointed; run the same command again to resume")
+            raise typer.Exit(130) from None
+    console.print(f"results in {plan.sweep_dir}; see: armorlab status {plan.sweep_dir}")
+    if failed:
+        raise typer.Exit(1)
+
+
+# --------------------------------------------------------------------------- status
+def _status_table(st):
+    from rich.table import Table
+
+    table = Table(title=f"{st.sweep_dir}  " + "  ".join(f"{k}: {v}" for k, v in sorted(st.counts.items())),
+                  title_justify="left")
+    for col in ("run", "config", "state", "step", "val/acc", "job", "attempts", "reason"):
+        table.add_column(col, overflow="fold", no_wrap=col in ("run", "state", "step"))
+    colour = {"completed": "green", "failed": "red", "running": "cyan", "queued": "blue", "lost": "magenta"}
+    for r in st.rows:
+        step = "-" if r.last_step is None else f"{r.last_step}/{r.max_steps if r.max_steps else '?'}"
+        table.add_row(r.run_id, r.point, f"[{colour.get(r.state, 'white')}]{r.state}[/]", step,
+                      "-" if r.val_acc is None else f"{r.val_acc:.3f}", r.slurm_state or "-", str(r.attempts),
+                      r.reason or "")
+    return table
+
+
+def _print_status(st) -> None:
+    from rich.console import Console
+
+    console = Console()
+    console.print(_status_table(st))
+    if st.warning:
+        console.print(f"[yellow]{st.warning}[/]")
+
+
+def _watch(sweep_dir: Path, interval: float) -> None:
+    from rich.console import Group
+    from rich.live import Live
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    from armorlab.sweeps.status import collect
+
+    st = collect(sweep_dir)
+    bar = Progress(TextColumn("finished"), BarColumn(), MofNCompleteColumn())
+    task = bar.add_task("runs", total=len(st.rows))
+    with Live(Group(_status_table(st), bar), refresh_per_second=2) as live:
+        while True:
+            done = sum(r.state in ("completed", "failed") for r in st.rows)
+            bar.update(task, completed=done, total=len(st.rows))
+            live.update(Group(_status_table(st), bar))
+            if st.finished:
+                break
+            time.sleep(interval)
+            st = collect(sweep_dir)
+    if st.warning:
+        typer.echo(st.warning, err=True)

@@ -1,0 +1,195 @@
+"""Executors: where a sweep's TrainJobs run.
+
+- ``LocalExecutor``: this machine, ``workers`` training processes at a time, blocking until all
+  finish (what a laptop user expects). Ctrl-C / SIGTERM forwards SIGTERM to the trainers, which
+  checkpoint and stop; running the sweep again resumes them.
+- ``SlurmSubmitter``: submitit's SlurmExecutor, one job array per chunk of at most the cluster's
+  MaxArraySize runs, fire-and-forget. The sbatch script is the same for every array task and
+  holds no run name or config value: each task unpickles a TrainJob holding only its run dir.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import signal
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from pathlib import Path
+from typing import Any
+
+from armorlab.errors import ArmorLabError
+from armorlab.sweeps import slurmctl
+from armorlab.sweeps.jobs import JobOutcome, TrainJob
+from armorlab.sweeps.manifest import LOGS_DIR, SUBMITIT_DIR
+from armorlab.sweeps.profile import Profile
+
+log = logging.getLogger(__name__)
+
+OnEvent = Callable[[str, str, Any], None]  # (event, run_id, payload): "start" | "done"
+
+
+class Interrupted(KeyboardInterrupt):
+    """The local sweep was asked to stop (Ctrl-C, SIGTERM from `armorlab cancel`)."""
+
+
+class LocalExecutor:
+    name = "local"
+
+    def __init__(self, sweep_dir: Path, profile: Profile, *, workers: int | None = None) -> None:
+        self.sweep_dir = Path(sweep_dir)
+        self.profile = profile
+        self.workers = workers or profile.workers
+        if self.workers < 1:
+            raise ArmorLabError("need at least one worker", key="--workers", value=self.workers)
+
+    def run(self, run_dirs: Sequence[Path], job_ids: Sequence[str], *,
+            on_event: OnEvent | None = None) -> dict[str, JobOutcome]:
+        """Train every run dir, ``workers`` at a time; returns each run's outcome by run id."""
+        on_event = on_event or (lambda *_: None)
+        stopping = threading.Event()
+        active: dict[str, TrainJob] = {}
+        lock = threading.Lock()
+
+        def one(run_dir: Path, job_id: str) -> JobOutcome | None:
+            rid = run_dir.name
+            job = TrainJob(run_dir, **self.profile.launch_options())
+            with lock:
+                if stopping.is_set():
+                    return None
+                active[rid] = job
+            on_event("start", rid, job_id)
+            try:
+                outcome = job.run(env={"ARMORLAB_JOB_ID": job_id},
+                                  log_path=self.sweep_dir / LOGS_DIR / f"{rid}.log")
+            finally:
+                with lock:
+                    active.pop(rid, None)
+            on_event("done", rid, outcome)
+            return outcome
+
+        results: dict[str, JobOutcome] = {}
+        restore = _raise_on_sigterm()
+        pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="armorlab-job")
+        futures: dict[Future, str] = {pool.submit(one, Path(rd), jid): Path(rd).name
+                                      for rd, jid in zip(run_dirs, job_ids, strict=True)}
+        try:
+            pending = set(futures)
+            while pending:
+                done, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
+                for fut in done:
+                    outcome = fut.result()
+                    if outcome is not None:
+                        results[futures[fut]] = outcome
+        except KeyboardInterrupt:
+            log.warning("stopping: asking %d running trainer(s) to checkpoint", len(active))
+            with lock:
+                stopping.set()
+                jobs = list(active.values())
+            for job in jobs:
+                job.interrupt(signal.SIGTERM)
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+        finally:
+            pool.shutdown(wait=True)
+            restore()
+        return results
+
+
+def _raise_on_sigterm() -> Callable[[], None]:
+    """While a local sweep runs, SIGTERM (`armorlab cancel`) stops it like Ctrl-C does."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def handler(signum: int, frame: Any) -> None:
+        raise Interrupted()
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    return lambda: signal.signal(signal.SIGTERM, previous)
+
+
+class SlurmSubmitter:
+    name = "slurm"
+
+    def __init__(self, sweep_dir: Path, profile: Profile, *, job_name: str) -> None:
+        self.sweep_dir = Path(sweep_dir)
+        self.profile = profile
+        self.job_name = job_name
+        self.folder = self.sweep_dir / SUBMITIT_DIR
+
+    def chunk_size(self, cluster_max: int | None = None) -> int:
+        """Runs per array: the cluster's MaxArraySize, capped by the profile's max_array_size."""
+        size = cluster_max if cluster_max is not None else slurmctl.max_array_size()
+        if self.profile.max_array_size is not None:
+            size = min(size, self.profile.max_array_size)
+        return max(1, size)
+
+    def _executor(self, *, dry_run: bool = False) -> Any:
+        import submitit
+
+        cls = _DryRunSlurmExecutor() if dry_run else submitit.SlurmExecutor
+        try:
+            ex = cls(folder=self.folder, max_num_timeout=self.profile.max_num_timeout,
+                     python=self.profile.python)
+        except RuntimeError as exc:  # submitit: no srun on this machine
+            raise ArmorLabError(f"Slurm is not available here ({exc}); use --executor local",
+                                key="--executor", value="slurm") from None
+        try:
+            ex.update_parameters(**self.profile.submitit_parameters(job_name=self.job_name))
+        except ValueError as exc:
+            raise ArmorLabError(f"profile does not translate to sbatch options: {exc}",
+                                file=str(self.profile.path) if self.profile.path else None) from None
+        return ex
+
+    def sbatch_text(self, n_runs: int) -> str:
+        """The sbatch script submitit writes for an array of ``n_runs`` (what --dry-run shows)."""
+        ex = self._executor(dry_run=True)
+        if n_runs > 1:
+            ex.parameters["map_count"] = n_runs
+        return ex._make_submission_file_text(ex._submitit_command_str, "dry-run")
+
+    def submit(self, run_dirs: Sequence[Path], *, chunk: int,
+               on_array: Callable[[list[str], list[str]], None]) -> list[str]:
+        """Queue the run dirs as arrays of at most ``chunk``; ``on_array(run_ids, job_ids)`` is called
+        right after each sbatch so the manifest records it before the next one. Returns job ids."""
+        import submitit
+
+        ex = self._executor()
+        job_ids: list[str] = []
+        for start in range(0, len(run_dirs), chunk):
+            part = [Path(rd) for rd in run_dirs[start:start + chunk]]
+            jobs = []
+            try:
+                with ex.batch():
+                    for rd in part:
+                        jobs.append(ex.submit(TrainJob(rd, **self.profile.launch_options())))
+            except submitit.core.utils.FailedJobError as exc:
+                raise ArmorLabError(f"sbatch refused the job array: {str(exc).strip()}", key="profile",
+                                    value=str(self.profile.path) if self.profile.path else None,
+                                    file=str(self.profile.path) if self.profile.path else None) from None
+            ids = [job.job_id for job in jobs]
+            on_array([rd.name for rd in part], ids)
+            job_ids += ids
+            log.info("queued %d run(s) as Slurm job %s", len(part), ids[0].split("_", 1)[0])
+        return job_ids
+
+
+def n_arrays(n_runs: int, chunk: int) -> int:
+    return math.ceil(n_runs / chunk) if n_runs else 0
+
+
+def _DryRunSlurmExecutor() -> Any:  # noqa: N802 - a class factory, so submitit loads lazily
+    import submitit
+
+    class DryRunSlurmExecutor(submitit.SlurmExecutor):
+        """Renders sbatch scripts on machines without Slurm; never submits."""
+
+        @classmethod
+        def affinity(cls) -> int:
+            return 1
+
+        def _submit_command(self, command: str) -> Any:
+            raise RuntimeError("dry run: nothing is submitted")
+
+    return DryRunSlurmExecutor

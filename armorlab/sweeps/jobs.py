@@ -1,0 +1,218 @@
+"""The callable a sweep job runs: ``python -m armorlab.cli train --run-dir DIR`` in a subprocess.
+
+The pickled payload holds only the run directory and how to launch (python or accelerate): the
+job finds its config, its checkpoints and its status in the run dir, so a requeued job resumes
+from whatever the last attempt left there, and no value from a spec ever meets a shell.
+
+Preemption and time limits follow submitit's checkpoint protocol: when Slurm signals the job
+(``--signal=USR2@signal_delay_s`` before the time limit, or ``scancel --signal``), submitit calls
+``TrainJob.checkpoint()``; it forwards SIGUSR1 to the trainer, which finishes its optimizer step,
+saves a checkpoint, writes status "pending" and exits 75 (contract C3). ``checkpoint()`` then
+returns a fresh ``TrainJob`` for the same run dir and submitit requeues the job.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from submitit.helpers import Checkpointable, DelayedSubmission
+
+from armorlab.runs import RunDir
+
+log = logging.getLogger(__name__)
+
+# Exit codes of `armorlab train` (contract C3).
+EXIT_COMPLETED, EXIT_FAILED, EXIT_USAGE, EXIT_PREEMPTED = 0, 1, 2, 75
+# A JSON list of argv words that replaces `python -m armorlab.cli train` (the job appends
+# `--run-dir DIR`). For tests and benchmarks that need a stand-in trainer; never a shell string.
+ENV_COMMAND = "ARMORLAB_TRAIN_COMMAND"
+# How long a job whose trainer exited 75 on its own (SIGTERM reached it first) waits for
+# submitit's checkpoint signal, which would requeue it, before giving up the attempt.
+REQUEUE_SIGNAL_GRACE_S = 3.0
+
+
+@dataclass(frozen=True)
+class JobOutcome:
+    run_dir: str
+    returncode: int
+    state: str            # the run's status.json state after the attempt
+    reason: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class JobStopped(RuntimeError):
+    """The trainer checkpointed and stopped (exit 75) but no requeue was asked for."""
+
+
+class JobFailed(RuntimeError):
+    """The trainer failed; the reason is in the run's status.json too."""
+
+
+def describe_exit(rc: int) -> str:
+    if rc < 0:
+        try:
+            return f"signal {signal.Signals(-rc).name}"
+        except ValueError:
+            return f"signal {-rc}"
+    return f"exit code {rc}"
+
+
+def train_argv(run_dir: str, *, launcher: str = "python", accelerate_config: str | None = None) -> list[str]:
+    """The argv (no shell) that trains ``run_dir``."""
+    override = os.environ.get(ENV_COMMAND)
+    if override:
+        prefix = json.loads(override)
+        if not isinstance(prefix, list) or not prefix or not all(isinstance(w, str) for w in prefix):
+            raise RuntimeError(f"{ENV_COMMAND} must be a JSON list of strings, got {override!r}")
+        return [*prefix, "--run-dir", run_dir]
+    tail = ["-m", "armorlab.cli", "train", "--run-dir", run_dir]
+    if launcher == "python":
+        return [sys.executable, *tail]
+    if launcher == "accelerate":
+        if not accelerate_config:
+            raise RuntimeError("launcher 'accelerate' needs accelerate_config")
+        return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", accelerate_config,
+                *_multi_node_args(), *tail]
+    raise RuntimeError(f"unknown launcher {launcher!r}")
+
+
+def _multi_node_args() -> list[str]:
+    """accelerate's rank arguments when submitit started this job on several Slurm nodes."""
+    if os.environ.get("SUBMITIT_EXECUTOR") != "slurm":
+        return []
+    import submitit
+
+    env = submitit.JobEnvironment()
+    if env.num_nodes <= 1:
+        return []
+    return ["--num_machines", str(env.num_nodes), "--machine_rank", str(env.node),
+            "--main_process_ip", env.hostnames[0]]
+
+
+def _checkpoint_signal() -> int:
+    """The signal submitit uses to ask for a checkpoint (USR2 unless SUBMITIT_PREEMPT_SIGNAL says)."""
+    return getattr(signal, "SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2"), signal.SIGUSR2)
+
+
+def _ignore_checkpoint_signal() -> None:  # pragma: no cover - runs in the child before exec
+    # Slurm signals every process of the step, the trainer included; the trainer must not die of
+    # USR2 (default action: terminate) — the job process forwards SIGUSR1 instead. A handler the
+    # trainer installs itself still wins over this inherited "ignore".
+    signal.signal(_checkpoint_signal(), signal.SIG_IGN)
+
+
+class TrainJob(Checkpointable):
+    """Train one run directory. Picklable: holds the run dir path and launch options only."""
+
+    def __init__(self, run_dir: str | os.PathLike, *, launcher: str = "python",
+                 accelerate_config: str | None = None) -> None:
+        self.run_dir = str(Path(run_dir).absolute())
+        self.launcher = launcher
+        self.accelerate_config = accelerate_config
+        self._proc: subprocess.Popen | None = None
+        self._done = threading.Event()
+
+    def __repr__(self) -> str:
+        return f"TrainJob({self.run_dir!r}, launcher={self.launcher!r})"
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"run_dir": self.run_dir, "launcher": self.launcher, "accelerate_config": self.accelerate_config}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["run_dir"], launcher=state["launcher"], accelerate_config=state["accelerate_config"])
+
+    # ------------------------------------------------------------------ running
+    def __call__(self) -> dict[str, Any]:
+        """submitit's entry point: raise unless the run completed, so Slurm marks the job FAILED."""
+        outcome = self.run()
+        if outcome.returncode == EXIT_COMPLETED:
+            return outcome.to_dict()
+        if outcome.returncode == EXIT_PREEMPTED:
+            if os.environ.get("SUBMITIT_EXECUTOR") == "slurm":
+                # SIGTERM reached the trainer before USR2 reached us: give submitit's handler a
+                # moment to call checkpoint() and requeue (it exits this process if it does).
+                deadline = time.monotonic() + REQUEUE_SIGNAL_GRACE_S
+                while time.monotonic() < deadline:
+                    time.sleep(0.1)
+            raise JobStopped(f"{self.run_dir}: {outcome.reason or 'stopped'}; run the sweep again to resume")
+        raise JobFailed(f"{self.run_dir}: {outcome.reason or describe_exit(outcome.returncode)}")
+
+    def run(self, *, env: dict[str, str] | None = None, log_path: str | os.PathLike | None = None) -> JobOutcome:
+        """Run one training attempt to its end and report how it ended."""
+        rd = RunDir(self.run_dir)
+        status = rd.read_status()
+        if status["state"] == "completed":  # a duplicate or late requeue: nothing to do
+            return JobOutcome(self.run_dir, EXIT_COMPLETED, "completed", status.get("reason"))
+        argv = train_argv(self.run_dir, launcher=self.launcher, accelerate_config=self.accelerate_config)
+        log.info("starting %s", argv)
+        out: Any = None
+        if log_path is not None:
+            Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+            out = open(log_path, "ab")  # noqa: SIM115 - closed below, after the child exits
+        try:
+            self._done.clear()
+            self._proc = subprocess.Popen(
+                argv, cwd=os.getcwd(), env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL,
+                stdout=out, stderr=subprocess.STDOUT if out is not None else None,
+                # own process group: a terminal's Ctrl-C reaches the sweep, which forwards SIGTERM
+                start_new_session=True,
+                preexec_fn=_ignore_checkpoint_signal if os.environ.get("SUBMITIT_EXECUTOR") == "slurm" else None,
+            )
+            # Wait in a helper thread: submitit's signal handler runs in this (main) thread and
+            # calls checkpoint(), which must be able to wait for the child too (Popen.wait holds a
+            # lock a handler re-entering it would deadlock on).
+            threading.Thread(target=self._reap, daemon=True).start()
+            while not self._done.wait(0.5):
+                pass
+        finally:
+            if out is not None:
+                out.close()
+        rc = self._proc.returncode
+        status = rd.read_status()
+        if rc not in (EXIT_COMPLETED, EXIT_PREEMPTED) and status["state"] in ("running", "pending"):
+            # the trainer died without recording why (killed, out of memory, crashed on start)
+            status = rd.write_status("failed", reason=f"training process ended with {describe_exit(rc)}")
+        return JobOutcome(self.run_dir, rc, status["state"], status.get("reason"))
+
+    def _reap(self) -> None:
+        assert self._proc is not None
+        self._proc.wait()
+        self._done.set()
+
+    def interrupt(self, sig: int = signal.SIGUSR1) -> bool:
+        """Ask the running trainer (its whole process group) to checkpoint and stop."""
+        proc = self._proc
+        if proc is None or proc.returncode is not None:
+            return False
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return False
+        return True
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self._proc is None or self._done.wait(timeout)
+
+    # ------------------------------------------------------------------ submitit protocol
+    def checkpoint(self, *args: Any, **kwargs: Any) -> DelayedSubmission | None:
+        """Called by submitit on the checkpoint signal: forward it, wait, requeue only the run dir."""
+        if self.interrupt(signal.SIGUSR1):
+            log.info("checkpoint requested: waiting for the trainer in %s", self.run_dir)
+            self._done.wait()
+        state = RunDir(self.run_dir).read_status()["state"]
+        if state in ("completed", "failed"):
+            return None  # nothing left to resume; submitit records why it did not requeue
+        return DelayedSubmission(TrainJob(self.run_dir, launcher=self.launcher,
+                                          accelerate_config=self.accelerate_config))

@@ -1,0 +1,144 @@
+"""The sweep directory's manifest: what was planned and which jobs were submitted for which run.
+
+```
+<root>/<name>/sweep.json    this manifest (atomic JSON)
+              spec.yaml     the spec as expanded (base inlined)
+              .submitit/    submitit's pickles, sbatch files and job logs
+              .logs/        local executor: one log per run
+              .lock         held while a command decides and records submissions
+              <run-id>/     run directories (runs.py)
+```
+``jobs`` maps each run id to the job ids of its submissions, oldest first; the last one is the
+job that may still be queued or running. Local jobs are named ``local:<host>:<pid>:<n>`` (pid =
+the `armorlab sweep` process that runs them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import socket
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from armorlab.errors import ArmorLabError
+from armorlab.fsutil import atomic_write_json
+from armorlab.runs import now_iso
+
+MANIFEST, SPEC_COPY, SUBMITIT_DIR, LOGS_DIR, LOCK = "sweep.json", "spec.yaml", ".submitit", ".logs", ".lock"
+VERSION = 1
+
+
+@dataclass
+class Manifest:
+    sweep_dir: Path
+    name: str
+    runs: list[str] = field(default_factory=list)
+    jobs: dict[str, list[str]] = field(default_factory=dict)
+    submissions: list[dict[str, Any]] = field(default_factory=list)
+    labels: dict[str, str] = field(default_factory=dict)  # run id → its grid point, e.g. "alpha=0.7 seed=1"
+    created: str = field(default_factory=now_iso)
+    source: str | None = None
+
+    @property
+    def path(self) -> Path:
+        return self.sweep_dir / MANIFEST
+
+    @property
+    def submitit_folder(self) -> Path:
+        return self.sweep_dir / SUBMITIT_DIR
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"version": VERSION, "name": self.name, "created": self.created, "updated": now_iso(),
+                "source": self.source, "spec": SPEC_COPY, "submitit_folder": SUBMITIT_DIR,
+                "runs": self.runs, "labels": self.labels, "jobs": self.jobs, "submissions": self.submissions}
+
+    def save(self) -> None:
+        atomic_write_json(self.path, self.to_dict())
+
+    def last_job(self, run_id: str) -> str | None:
+        ids = self.jobs.get(run_id)
+        return ids[-1] if ids else None
+
+    def record(self, executor: str, run_ids: Sequence[str], job_ids: Sequence[str]) -> None:
+        """Remember one submission (one Slurm array, or one local batch) and save at once, so a
+        crash right after submitting cannot lose track of queued jobs."""
+        if len(run_ids) != len(job_ids):
+            raise ValueError("one job id per run")
+        for rid, jid in zip(run_ids, job_ids, strict=True):
+            self.jobs.setdefault(rid, []).append(jid)
+        array = sorted({jid.split("_", 1)[0] for jid in job_ids}) if executor == "slurm" else []
+        self.submissions.append({"executor": executor, "submitted": now_iso(), "n_runs": len(run_ids),
+                                 "slurm_job_ids": array})
+        self.save()
+
+
+def load_manifest(sweep_dir: str | os.PathLike) -> Manifest | None:
+    """The manifest of a sweep dir, or None when there is none (never submitted)."""
+    sweep_dir = Path(sweep_dir)
+    path = sweep_dir / MANIFEST
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(data, dict) or not isinstance(data.get("name"), str):
+            raise ValueError("not a manifest object")
+        return Manifest(sweep_dir=sweep_dir, name=data["name"], runs=list(data.get("runs", [])),
+                        labels=dict(data.get("labels", {})),
+                        jobs={k: list(v) for k, v in data.get("jobs", {}).items()},
+                        submissions=list(data.get("submissions", [])),
+                        created=data.get("created") or now_iso(), source=data.get("source"))
+    except (OSError, ValueError, TypeError, AttributeError) as exc:
+        raise ArmorLabError(f"unreadable sweep manifest: {exc}", file=str(path)) from None
+
+
+@contextlib.contextmanager
+def locked(sweep_dir: str | os.PathLike) -> Iterator[None]:
+    """Exclusive lock on the sweep dir, so two `armorlab sweep` calls cannot both submit a run."""
+    sweep_dir = Path(sweep_dir)
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    with open(sweep_dir / LOCK, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+# --------------------------------------------------------------------------- local job ids
+def local_job_id(n: int) -> str:
+    return f"local:{socket.gethostname()}:{os.getpid()}:{n}"
+
+
+def is_local(job_id: str) -> bool:
+    return job_id.startswith("local:")
+
+
+def local_job_alive(job_id: str) -> bool:
+    """True while the `armorlab sweep` process that owns a local job still runs on this host."""
+    try:
+        _, host, pid, _ = job_id.split(":", 3)
+        pid_i = int(pid)
+    except ValueError:
+        return False
+    if host != socket.gethostname():
+        return False  # another machine's process: we cannot tell, and cannot be running it here
+    if pid_i == os.getpid():
+        return False  # this very process: the jobs it recorded earlier are finished
+    try:
+        with open(f"/proc/{pid_i}/stat") as fh:
+            if fh.read().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+                return False
+        with open(f"/proc/{pid_i}/cmdline", "rb") as fh:
+            return b"armorlab" in fh.read()  # a recycled pid belongs to some other program
+    except OSError:
+        pass
+    try:
+        os.kill(pid_i, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return not Path("/proc").is_dir()  # /proc exists but had no entry: gone

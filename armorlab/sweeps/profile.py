@@ -1,0 +1,209 @@
+"""Cluster profiles (``slurm/*.yaml``): where and how a sweep's jobs run.
+
+```yaml
+executor: slurm             # default executor of `armorlab sweep` (the CLI's --executor wins)
+workers: 1                  # local executor: parallel training processes
+partition: gpu              # Slurm: partition, account, qos (null = cluster default)
+account: null
+qos: null
+nodes: 1
+gpus_per_node: 1
+cpus_per_task: 8
+mem_gb: 64
+time_min: 240               # per job; a job near its limit checkpoints and requeues itself
+array_parallelism: 32       # at most this many array tasks run at once (sbatch --array=...%N)
+signal_delay_s: 120         # the checkpoint signal comes this long before the time limit
+max_num_timeout: 3          # requeues after time-outs before giving up (preemptions are unlimited)
+max_array_size: null        # cap on array length; the cluster's MaxArraySize always applies
+setup: [module load cuda/12.4, source .venv/bin/activate]   # shell lines run before the job
+launcher: python            # or accelerate (multi-GPU / multi-node)
+accelerate_config: null     # accelerate config file, required with launcher: accelerate
+python: null                # python command on the nodes (default: this interpreter)
+sbatch: {constraint: a100}  # any other sbatch option, passed through (values are shell-quoted)
+```
+``setup`` and ``python`` are shell text written by the profile's author; nothing from a sweep
+spec ever reaches the job script (a job finds its config in its run directory).
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from armorlab.config import load_yaml_mapping
+from armorlab.errors import ArmorLabError
+
+EXECUTORS = ("local", "slurm")
+LAUNCHERS = ("python", "accelerate")
+_SBATCH_KEY = re.compile(r"^[a-z][a-z0-9_-]*$")
+
+
+class _Bad(Exception):
+    pass
+
+
+def _opt_str(v: Any) -> str | None:
+    if v is None or (isinstance(v, str) and v):
+        return v
+    raise _Bad("must be a non-empty string or null")
+
+
+def _int_at_least(lo: int, *, optional: bool = False) -> Callable[[Any], int | None]:
+    def check(v: Any) -> int | None:
+        if v is None and optional:
+            return None
+        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+            raise _Bad(f"must be an integer ≥ {lo}" + (" or null" if optional else ""))
+        return v
+    return check
+
+
+def _mem(v: Any) -> float | None:
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+        raise _Bad("must be a positive number of GB or null")
+    return v
+
+
+def _choice(*options: str) -> Callable[[Any], str]:
+    def check(v: Any) -> str:
+        if v not in options:
+            raise _Bad(f"must be one of {', '.join(options)}")
+        return v
+    return check
+
+
+def _lines(v: Any) -> list[str]:
+    if v is None:
+        return []
+    if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+        raise _Bad("must be a list of shell lines")
+    return list(v)
+
+
+def _sbatch(v: Any) -> dict[str, Any]:
+    if v is None:
+        return {}
+    if not isinstance(v, Mapping):
+        raise _Bad("must map sbatch option names to values")
+    for key, value in v.items():
+        if not isinstance(key, str) or not _SBATCH_KEY.match(key):
+            raise _Bad(f"option name {key!r} must look like an sbatch long option (e.g. constraint)")
+        if not isinstance(value, (str, int, float, bool)):
+            raise _Bad(f"option {key!r} needs a scalar value")
+    return dict(v)
+
+
+_CHECKS: dict[str, Callable[[Any], Any]] = {
+    "executor": _choice(*EXECUTORS),
+    "workers": _int_at_least(1),
+    "partition": _opt_str,
+    "account": _opt_str,
+    "qos": _opt_str,
+    "nodes": _int_at_least(1),
+    "gpus_per_node": _int_at_least(0),
+    "cpus_per_task": _int_at_least(1, optional=True),
+    "mem_gb": _mem,
+    "time_min": _int_at_least(1),
+    "array_parallelism": _int_at_least(1),
+    "signal_delay_s": _int_at_least(1),
+    "max_num_timeout": _int_at_least(0),
+    "max_array_size": _int_at_least(1, optional=True),
+    "setup": _lines,
+    "launcher": _choice(*LAUNCHERS),
+    "accelerate_config": _opt_str,
+    "python": _opt_str,
+    "sbatch": _sbatch,
+}
+
+
+@dataclass(frozen=True)
+class Profile:
+    executor: str = "local"
+    workers: int = 1
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    nodes: int = 1
+    gpus_per_node: int = 0
+    cpus_per_task: int | None = None
+    mem_gb: float | None = None
+    time_min: int = 60
+    array_parallelism: int = 64
+    signal_delay_s: int = 120
+    max_num_timeout: int = 3
+    max_array_size: int | None = None
+    setup: list[str] = field(default_factory=list)
+    launcher: str = "python"
+    accelerate_config: str | None = None
+    python: str | None = None
+    sbatch: dict[str, Any] = field(default_factory=dict)
+    path: Path | None = None
+
+    def submitit_parameters(self, *, job_name: str = "armorlab") -> dict[str, Any]:
+        """Keyword arguments for ``submitit.SlurmExecutor.update_parameters`` (Slurm's own names)."""
+        params: dict[str, Any] = {
+            "job_name": job_name,
+            "nodes": self.nodes,
+            "time": self.time_min,
+            "array_parallelism": self.array_parallelism,
+            "signal_delay_s": self.signal_delay_s,
+            # one task per node: the job process launches the trainer (or accelerate) itself
+            "ntasks_per_node": 1,
+            "stderr_to_stdout": False,
+        }
+        for key in ("partition", "account", "qos", "cpus_per_task"):
+            if getattr(self, key) is not None:
+                params[key] = getattr(self, key)
+        if self.gpus_per_node:
+            params["gpus_per_node"] = self.gpus_per_node
+        if self.mem_gb is not None:
+            params["mem"] = f"{int(self.mem_gb)}GB" if float(self.mem_gb).is_integer() \
+                else f"{int(self.mem_gb * 1024)}MB"
+        if self.setup:
+            params["setup"] = list(self.setup)
+        if self.sbatch:
+            params["additional_parameters"] = copy.deepcopy(self.sbatch)
+        return params
+
+    def launch_options(self) -> dict[str, Any]:
+        """What a TrainJob needs to know from the profile."""
+        return {"launcher": self.launcher, "accelerate_config": self.accelerate_config}
+
+
+def parse_profile(data: Mapping[str, Any], *, path: Path | None = None) -> Profile:
+    file = str(path) if path is not None else "<profile>"
+    values: dict[str, Any] = {}
+    for key, raw in data.items():
+        if key not in _CHECKS:
+            raise ArmorLabError(f"unknown profile key (known: {', '.join(_CHECKS)})", key=str(key),
+                                value=raw, file=file)
+        try:
+            values[key] = _CHECKS[key](raw)
+        except _Bad as exc:
+            raise ArmorLabError(str(exc), key=key, value=raw, file=file) from None
+    if values.get("launcher") == "accelerate":
+        cfg = values.get("accelerate_config")
+        if cfg is None:
+            raise ArmorLabError("launcher: accelerate needs an accelerate config file",
+                                key="accelerate_config", value=None, file=file)
+        if path is not None and not Path(cfg).expanduser().is_absolute():
+            cfg = str((path.parent / cfg).resolve()) if (path.parent / cfg).is_file() else cfg
+        values["accelerate_config"] = cfg
+    return Profile(**values, path=path)
+
+
+def load_profile(path: str | Path | None) -> Profile:
+    """A profile file, or the embedded defaults (local executor, one worker) when None."""
+    if path is None:
+        return Profile()
+    path = Path(path)
+    return parse_profile(load_yaml_mapping(path), path=path)
+
+
+PROFILE_FIELDS = tuple(f.name for f in fields(Profile) if f.name != "path")

@@ -1,0 +1,316 @@
+"""Sweep specs (``sweeps/*.yaml``) → validated ``SweepSpec`` → expanded, deduplicated ``RunPlan``s.
+
+```yaml
+name: armor_alpha
+base: {objective: armor, max_steps: 200}    # a run config, inline or a path (relative to this file)
+grid: {alpha: [0.9, 0.8, 0.7]}              # cartesian product; dotted keys set one sub-key
+seeds: [0, 1, 2]                            # every grid/include point is crossed with the seeds
+include: [{objective: dapo}]                # extra points (also crossed with the seeds)
+exclude: [{alpha: 0.7, ref_reset_steps: 0}] # drops grid points whose resolved config matches
+profile: slurm/default.yaml                 # where to run; `armorlab sweep --profile` overrides it
+```
+Every expanded point goes through ``armorlab.config.resolve`` — the training config's own
+validation — so a bad value is reported with its key, value and the spec file before anything
+runs. Points are deduplicated by run id (first occurrence kept), in a stable order: grid points
+in product order (first axis slowest), then includes, each with its seeds in the given order.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from armorlab.config import (
+    MODEL_FIELDS_TINY,
+    TASK_FIELDS,
+    get_dotted,
+    known_keys,
+    load_yaml_mapping,
+    resolve,
+    set_dotted,
+)
+from armorlab.errors import ArmorLabError
+from armorlab.runs import canonical_json, run_id
+
+SPEC_KEYS = ("name", "description", "base", "grid", "seeds", "include", "exclude", "profile", "search")
+# Sweep names become directory names and Slurm job names: keep them to a shell- and path-safe set.
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+_SUBKEYS = {
+    "task": frozenset({"name"}).union(*(set(f) for f in TASK_FIELDS.values())),
+    "model": frozenset({"name"}) | frozenset(MODEL_FIELDS_TINY),
+}
+_MISSING = object()
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    name: str
+    base: dict[str, Any]
+    grid: dict[str, list[Any]]
+    seeds: list[int] | None
+    include: list[dict[str, Any]]
+    exclude: list[dict[str, Any]]
+    profile: str | None
+    search: dict[str, Any] | None
+    path: Path | None
+    description: str | None = None
+
+    @property
+    def file(self) -> str:
+        """How errors name this spec."""
+        return str(self.path) if self.path is not None else "<sweep spec>"
+
+    def profile_path(self) -> Path | None:
+        """The spec's ``profile:`` as an existing file (see ``find_relative``), or None if unset."""
+        if self.profile is None:
+            return None
+        return find_relative(self.profile, self.path, key="profile")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Self-contained form (base inlined) written as the sweep dir's spec copy."""
+        out: dict[str, Any] = {"name": self.name}
+        if self.description is not None:
+            out["description"] = self.description
+        out["base"] = copy.deepcopy(self.base)
+        for key in ("grid", "seeds", "include", "exclude", "profile", "search"):
+            value = getattr(self, key)
+            if value not in (None, [], {}):
+                out[key] = copy.deepcopy(value)
+        return out
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    run_id: str
+    config: dict[str, Any]
+    point: dict[str, Any] = field(default_factory=dict)  # the grid/include keys (+ seed) that made it
+
+
+def find_relative(value: str, spec_path: Path | None, *, key: str) -> Path:
+    """Resolve a path written in a spec: as given if absolute; else next to the spec file, then
+    in the spec's ancestor folders (so ``slurm/default.yaml`` in ``sweeps/x.yaml`` finds the repo's
+    ``slurm/``), then relative to the working directory."""
+    p = Path(value).expanduser()
+    if p.is_absolute():
+        candidates = [p]
+    else:
+        candidates = []
+        if spec_path is not None:
+            here = Path(spec_path).resolve().parent
+            candidates += [d / p for d in (here, *here.parents)]
+        candidates.append(Path.cwd() / p)
+    for c in candidates:
+        if c.is_file():
+            return c
+    raise ArmorLabError("file not found (looked next to the spec, in its parent folders and in the "
+                        "working directory)", key=key, value=value,
+                        file=str(spec_path) if spec_path is not None else None)
+
+
+# --------------------------------------------------------------------------- parsing
+def load_spec(path: str | Path) -> SweepSpec:
+    """Read and validate a sweep spec file (values are checked when it is expanded)."""
+    path = Path(path)
+    return parse_spec(load_yaml_mapping(path), path=path)
+
+
+def parse_spec(data: Mapping[str, Any], *, path: str | Path | None = None) -> SweepSpec:
+    """Validate the spec's structure; unknown keys anywhere are errors naming key and file."""
+    path = Path(path) if path is not None else None
+    file = str(path) if path is not None else "<sweep spec>"
+    if not isinstance(data, Mapping):
+        raise ArmorLabError("a sweep spec must be a mapping", key="<root>", value=type(data).__name__,
+                            file=file)
+    for key in data:
+        if key not in SPEC_KEYS:
+            raise ArmorLabError(f"unknown sweep spec key (known: {', '.join(SPEC_KEYS)})", key=str(key),
+                                value=data[key], file=file)
+    name = data.get("name", path.stem if path is not None else None)
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise ArmorLabError("sweep name must be 1-100 characters from letters, digits, '_', '.', '-' "
+                            "(it names a directory and the Slurm jobs)", key="name", value=name, file=file)
+    description = data.get("description")
+    if description is not None and not isinstance(description, str):
+        raise ArmorLabError("must be a string", key="description", value=description, file=file)
+    base = _parse_base(data.get("base"), path, file)
+    grid = _parse_grid(data.get("grid"), file)
+    seeds = _parse_seeds(data.get("seeds"), file)
+    include = _parse_points(data.get("include"), "include", file, allow_empty=True)
+    exclude = _parse_points(data.get("exclude"), "exclude", file, allow_empty=False)
+    if seeds is not None:
+        for where, points in (("grid", [grid]), ("include", include)):
+            if any("seed" in p for p in points):
+                raise ArmorLabError("set seeds either in `seeds:` or as a key, not both", key=f"{where}.seed",
+                                    value=seeds, file=file)
+    profile = data.get("profile")
+    if profile is not None and (not isinstance(profile, str) or not profile):
+        raise ArmorLabError("must be a path to a profile YAML", key="profile", value=profile, file=file)
+    search = data.get("search")
+    if search is not None and not isinstance(search, Mapping):
+        raise ArmorLabError("must be a mapping (see `armorlab tune`)", key="search", value=search, file=file)
+    return SweepSpec(name=name, base=base, grid=grid, seeds=seeds, include=include, exclude=exclude,
+                     profile=profile, search=dict(search) if search is not None else None, path=path,
+                     description=description)
+
+
+def _check_key(key: Any, where: str, file: str) -> str:
+    """A point's key must name a config field: a top-level key, or ``task.X`` / ``model.X``."""
+    if not isinstance(key, str) or not key:
+        raise ArmorLabError("keys must be non-empty strings", key=f"{where}.{key}", value=key, file=file)
+    parts = key.split(".")
+    top = parts[0]
+    ok = top in known_keys() and all(parts)
+    if ok and len(parts) > 1:
+        ok = top in _SUBKEYS and len(parts) == 2 and parts[1] in _SUBKEYS[top]
+    if not ok:
+        raise ArmorLabError("unknown config key (not an armorlab field, a GRPOConfig field, task.X or model.X)",
+                            key=f"{where}.{key}", value=key, file=file)
+    return key
+
+
+def _parse_base(raw: Any, path: Path | None, file: str) -> dict[str, Any]:
+    if raw is None:
+        return {}
+    if isinstance(raw, str):
+        base_path = find_relative(raw, path, key="base")
+        raw = load_yaml_mapping(base_path)
+    if not isinstance(raw, Mapping):
+        raise ArmorLabError("must be a run config mapping or a path to one", key="base", value=raw, file=file)
+    for key in raw:
+        if not isinstance(key, str) or "." in key:
+            raise ArmorLabError("base keys are plain config keys (nest task/model settings)",
+                                key=f"base.{key}", value=raw[key], file=file)
+    return copy.deepcopy(dict(raw))
+
+
+def _parse_grid(raw: Any, file: str) -> dict[str, list[Any]]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        raise ArmorLabError("must map config keys to lists of values", key="grid", value=raw, file=file)
+    grid = {}
+    for key, values in raw.items():
+        key = _check_key(key, "grid", file)
+        if not isinstance(values, list) or not values:
+            raise ArmorLabError("a grid axis must be a non-empty list of values", key=f"grid.{key}",
+                                value=values, file=file)
+        grid[key] = copy.deepcopy(values)
+    return grid
+
+
+def _parse_seeds(raw: Any, file: str) -> list[int] | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, list) or not raw:
+        raise ArmorLabError("must be a non-empty list of seeds", key="seeds", value=raw, file=file)
+    for s in raw:
+        if isinstance(s, bool) or not isinstance(s, int) or s < 0:
+            raise ArmorLabError("seeds must be non-negative integers", key="seeds", value=s, file=file)
+    return list(raw)
+
+
+def _parse_points(raw: Any, where: str, file: str, *, allow_empty: bool) -> list[dict[str, Any]]:
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise ArmorLabError("must be a list of mappings", key=where, value=raw, file=file)
+    points = []
+    for i, point in enumerate(raw):
+        if not isinstance(point, Mapping) or (not point and not allow_empty):
+            raise ArmorLabError("each entry must be a non-empty mapping of config keys to values",
+                                key=f"{where}[{i}]", value=point, file=file)
+        points.append({_check_key(k, where, file): copy.deepcopy(v) for k, v in point.items()})
+    return points
+
+
+# --------------------------------------------------------------------------- expansion
+def points(spec: SweepSpec) -> list[tuple[str, dict[str, Any]]]:
+    """(origin, point) pairs before seeds: the grid product in order, then the includes."""
+    keys = list(spec.grid)
+    out = [("grid", dict(zip(keys, combo, strict=True))) for combo in itertools.product(*spec.grid.values())]
+    out += [("include", dict(p)) for p in spec.include]
+    return out
+
+
+def expand(spec: SweepSpec) -> list[RunPlan]:
+    """All runs of the spec: resolved configs, deduplicated by run id, in a stable order."""
+    seeds: list[int | None] = list(spec.seeds) if spec.seeds is not None else [None]
+    plans: list[RunPlan] = []
+    seen: set[str] = set()
+    for origin, point in points(spec):
+        for seed in seeds:
+            raw = copy.deepcopy(spec.base)
+            for key, value in point.items():
+                set_dotted(raw, key, copy.deepcopy(value), file=spec.file)
+            full_point = dict(point)
+            if seed is not None:
+                raw["seed"] = seed
+                full_point["seed"] = seed
+            cfg = _resolve(raw, spec.file)
+            if origin == "grid" and any(_matches(cfg, ex) for ex in spec.exclude):
+                continue
+            rid = _run_id(cfg, spec.file)
+            if rid in seen:
+                continue
+            seen.add(rid)
+            plans.append(RunPlan(run_id=rid, config=cfg, point=full_point))
+    return plans
+
+
+def _resolve(raw: dict[str, Any], file: str) -> dict[str, Any]:
+    try:
+        return resolve(raw, file=file)
+    except ArmorLabError:
+        raise
+    except (TypeError, OverflowError) as exc:  # e.g. an integer too large for a float field
+        raise ArmorLabError(f"invalid value: {exc}", file=file) from None
+
+
+def _run_id(cfg: dict[str, Any], file: str) -> str:
+    try:
+        return run_id(cfg)
+    except (TypeError, ValueError):
+        # a YAML date or a NaN in a TRL key: find the key to name it
+        for key, value in cfg.items():
+            try:
+                canonical_json({key: value})
+            except (TypeError, ValueError):
+                raise ArmorLabError("values must be plain data (finite numbers, strings, booleans, null, "
+                                    "lists, mappings)", key=key, value=value, file=file) from None
+        raise
+
+
+def _matches(cfg: Mapping[str, Any], exclude: Mapping[str, Any]) -> bool:
+    """True when every key of the exclude entry equals the resolved config's value."""
+    for key, want in exclude.items():
+        have = get_dotted(cfg, key, _MISSING)
+        if key in ("task", "model") and isinstance(want, str) and isinstance(have, Mapping):
+            have = have.get("name")  # `task: arithmetic` is the short form of {name: arithmetic}
+        if isinstance(want, Mapping) and isinstance(have, Mapping):
+            if not _matches(have, want):
+                return False
+        elif have is _MISSING or not _same(have, want):
+            return False
+    return True
+
+
+def _same(a: Any, b: Any) -> bool:
+    # bool is an int in Python: `anchor: 1` must not match `anchor: true`
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    return a == b
+
+
+def describe_point(point: Mapping[str, Any]) -> str:
+    """``alpha=0.7 seed=1`` for tables; values shown as YAML would write them."""
+    return " ".join(f"{k}={_short(v)}" for k, v in point.items()) or "(base)"
+
+
+def _short(v: Any) -> str:
+    text = canonical_json(v) if not isinstance(v, str) else v
+    return text if len(text) <= 40 else text[:37] + "..."

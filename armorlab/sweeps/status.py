@@ -1,0 +1,194 @@
+"""What `armorlab status` and `armorlab cancel` need: one row per run of a sweep dir.
+
+A run's state comes from its status.json (written by the trainer) combined with its last job's
+state (squeue, plus sacct when the cluster has accounting; the local process table for local
+jobs). Shown states: queued, running, completed, failed, pending (not submitted, or preempted and
+waiting to be resubmitted), lost (status says running but its job is gone: resubmit it).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from armorlab.errors import ArmorLabError
+from armorlab.runs import RunDir, canonical_json
+from armorlab.sweeps import slurmctl
+from armorlab.sweeps.manifest import Manifest, is_local, load_manifest, local_job_alive
+
+log = logging.getLogger(__name__)
+
+TERMINAL = ("completed", "failed")
+_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+@dataclass
+class RunRow:
+    run_id: str
+    state: str
+    last_step: int | None
+    max_steps: int | None
+    val_acc: float | None
+    slurm_state: str | None
+    attempts: int
+    reason: str | None
+    job_id: str | None
+    point: str = ""
+
+
+@dataclass
+class SweepStatus:
+    sweep_dir: Path
+    manifest: Manifest | None
+    rows: list[RunRow]
+    warning: str | None = None
+    counts: Counter = field(default_factory=Counter)
+
+    @property
+    def finished(self) -> bool:
+        """Nothing queued or running any more."""
+        return not any(r.state in ("queued", "running") for r in self.rows)
+
+
+def collect(sweep_dir: str | Path) -> SweepStatus:
+    sweep_dir = Path(sweep_dir)
+    if not sweep_dir.is_dir():
+        raise ArmorLabError("not a sweep directory", key="SWEEP_DIR", value=str(sweep_dir))
+    manifest = load_manifest(sweep_dir)
+    run_ids = list(manifest.runs) if manifest else []
+    seen = set(run_ids)
+    for cfg in sorted(sweep_dir.glob("*/config.yaml")):
+        rid = cfg.parent.name
+        if not rid.startswith(".") and rid not in seen:
+            run_ids.append(rid)
+            seen.add(rid)
+    if manifest is None and not run_ids:
+        raise ArmorLabError("not a sweep directory (no sweep.json and no run dirs)", key="SWEEP_DIR",
+                            value=str(sweep_dir))
+    jobs = {rid: manifest.last_job(rid) for rid in run_ids} if manifest else {}
+    slurm_states, warning = _slurm_states([j for j in jobs.values() if j and not is_local(j)])
+    configs = {rid: _read_config(sweep_dir / rid) for rid in run_ids}
+    points = _varying(configs)
+    if manifest:
+        points.update(manifest.labels)
+    rows = []
+    for rid in run_ids:
+        rd = RunDir(sweep_dir / rid)
+        status = rd.read_status()
+        job = jobs.get(rid)
+        if job is None:
+            job_state, active = None, False
+        elif is_local(job):
+            active = local_job_alive(job)
+            job_state = "local:running" if active else "local"
+        else:
+            job_state = slurm_states.get(job, "?" if warning else None)
+            active = slurmctl.is_active(job_state)
+        last_step, val_acc = _progress(rd)
+        cfg = configs[rid]
+        rows.append(RunRow(
+            run_id=rid, state=_display_state(status["state"], job_state, active), last_step=last_step,
+            max_steps=cfg.get("max_steps") if cfg else None, val_acc=val_acc, slurm_state=job_state,
+            attempts=int(status.get("attempt") or 0), reason=status.get("reason"), job_id=job,
+            point=points.get(rid, "")))
+    return SweepStatus(sweep_dir=sweep_dir, manifest=manifest, rows=rows, warning=warning,
+                       counts=Counter(r.state for r in rows))
+
+
+def _display_state(state: str, job_state: str | None, active: bool) -> str:
+    if active:
+        if state in TERMINAL:
+            return state
+        if state == "running" or job_state in ("RUNNING", "local:running", "COMPLETING"):
+            return "running"
+        return "queued"
+    if state == "running":
+        return "lost" if job_state not in (None, "?") else "running"
+    return state
+
+
+def _slurm_states(job_ids: list[str]) -> tuple[dict[str, str], str | None]:
+    if not job_ids:
+        return {}, None
+    try:
+        return slurmctl.job_states(job_ids), None
+    except slurmctl.SlurmUnavailable as exc:
+        return {}, f"Slurm state unknown: {exc}"
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.load((path / "config.yaml").read_text(encoding="utf-8"), Loader=_Loader)
+    except (OSError, yaml.YAMLError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _progress(rd: RunDir) -> tuple[int | None, float | None]:
+    last_step, val_acc, val_step = None, None, -1
+    for row in rd.iter_metrics():
+        step = row["step"]
+        last_step = step if last_step is None else max(last_step, step)
+        if row.get("val/acc") is not None and step >= val_step:
+            val_acc, val_step = row["val/acc"], step
+    return last_step, val_acc
+
+
+def _flatten(cfg: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    out = {}
+    for key, value in cfg.items():
+        if isinstance(value, Mapping):
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value if isinstance(value, str) else canonical_json(value)
+    return out
+
+
+def _varying(configs: Mapping[str, Mapping[str, Any]], limit: int = 4) -> dict[str, str]:
+    """Per run, the config keys that differ across the sweep (``objective=up seed=1``)."""
+    flat = {rid: _flatten(cfg) for rid, cfg in configs.items() if cfg}
+    if len(flat) < 2:
+        return {}
+    keys = sorted({k for f in flat.values() for k in f})
+    varying = [k for k in keys if len({f.get(k) for f in flat.values()}) > 1]
+    # seed last: it is the least telling
+    varying = sorted(varying, key=lambda k: (k == "seed", k))
+    return {rid: " ".join(f"{k}={f.get(k)}" for k in varying[:limit]) for rid, f in flat.items()}
+
+
+# --------------------------------------------------------------------------- cancel
+def cancel(sweep_dir: str | Path) -> list[str]:
+    """Cancel the sweep's queued and running jobs; returns the job ids (or local pids) signalled.
+
+    Running trainers get SIGTERM, checkpoint and stop (status pending, "preempted at step N"), so
+    `armorlab sweep` later resumes them.
+    """
+    sweep_dir = Path(sweep_dir)
+    manifest = load_manifest(sweep_dir)
+    if manifest is None:
+        raise ArmorLabError("no sweep manifest here: nothing was submitted", key="SWEEP_DIR",
+                            value=str(sweep_dir))
+    last = [j for j in (manifest.last_job(r) for r in manifest.jobs) if j]
+    slurm_ids = [j for j in last if not is_local(j)]
+    cancelled: list[str] = []
+    if slurm_ids:
+        live = slurmctl.squeue_states(slurm_ids)
+        targets = [j for j in slurm_ids if slurmctl.is_active(live.get(j))]
+        slurmctl.scancel(targets)
+        cancelled += targets
+    pids = {int(j.split(":")[2]) for j in last if is_local(j) and local_job_alive(j)}
+    for pid in sorted(pids):
+        try:
+            os.kill(pid, signal.SIGTERM)  # the local sweep forwards it to its trainers
+            cancelled.append(f"local pid {pid}")
+        except ProcessLookupError:
+            pass
+    return cancelled

@@ -1,0 +1,85 @@
+"""A stand-in for `armorlab train --run-dir DIR` that follows the trainer's process contract (C3)
+without torch, for tests of the sweep layer itself (signals, requeue, chunking, safety).
+
+Metrics are a pure function of (seed, step), so an interrupted-and-resumed run must end with
+exactly the metrics of an uninterrupted one. Knobs (env): ARMORLAB_STANDIN_STEP_S = seconds per
+step (default 0.02). A run whose model name is not "tiny" fails like a missing model would.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from armorlab.runs import RunDir
+
+
+def metric(seed: int, step: int, salt: int) -> float:
+    return ((seed * 7919 + step * 104729 + salt * 31) % 1000) / 1000.0
+
+
+def job_id() -> str | None:
+    if os.environ.get("SLURM_ARRAY_JOB_ID") and os.environ.get("SLURM_ARRAY_TASK_ID"):
+        return f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}"
+    return os.environ.get("SLURM_JOB_ID") or os.environ.get("ARMORLAB_JOB_ID")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--run-dir", required=True)
+    args = parser.parse_args()
+    rd = RunDir(args.run_dir)
+    cfg = rd.read_config()
+    stop = {"signal": None}
+
+    def on_signal(signum, frame):
+        stop["signal"] = signum
+
+    signal.signal(signal.SIGUSR1, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    rd.write_status("running", job_id=job_id())
+    if cfg["model"]["name"] != "tiny":
+        rd.write_status("failed", reason=f"cannot load model {cfg['model']['name']!r}")
+        return 1
+    seed, max_steps = cfg["seed"], cfg["max_steps"]
+    val_every, save_steps = cfg["val_every"], cfg.get("save_steps") or max_steps
+    last = rd.last_checkpoint()
+    step = json.loads((last / "state.json").read_text())["step"] if last else 0
+    if step == 0 and val_every:
+        rd.append_metrics(0, {"val/acc": metric(seed, 0, 1)})
+
+    def save(at: int) -> None:
+        ck = rd.checkpoints_dir / f"checkpoint-{at}"
+        ck.mkdir(parents=True, exist_ok=True)
+        (ck / "state.json").write_text(json.dumps({"step": at}))
+
+    step_s = float(os.environ.get("ARMORLAB_STANDIN_STEP_S", "0.02"))
+    while step < max_steps:
+        time.sleep(step_s)
+        step += 1
+        row = {"train/reward": metric(seed, step, 0)}
+        if val_every and step % val_every == 0:
+            row["val/acc"] = metric(seed, step, 1)
+        rd.append_metrics(step, row)
+        if step % save_steps == 0:
+            save(step)
+        if stop["signal"] is not None and step < max_steps:
+            save(step)
+            rd.write_status("pending", reason=f"preempted at step {step}")
+            return 75
+        request = Path(rd.path / "stop_request")
+        if request.exists():
+            reason = json.loads(request.read_text()).get("reason", "")
+            rd.write_status("completed", reason=f"stopped at step {step}: {reason}")
+            return 0
+    rd.write_status("completed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
