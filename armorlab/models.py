@@ -1,0 +1,290 @@
+"""Tiny offline causal LMs for tests and the demo: built in code, warm-started, cached on disk.
+
+``prepare_model(config["model"], config["task"])`` returns a directory loadable with
+``AutoModelForCausalLM/AutoTokenizer.from_pretrained`` (contract C2). For ``name: tiny`` it
+builds, once per settings, a small Llama-architecture LM (untied embeddings, head_dim ≥ 32, so vLLM's CPU backend
+can run it too) with a char-level tokenizer over printable ASCII, and warm-starts it supervised
+on the task so the base policy is partly right and RL has room to improve. Any other name is a
+model path or hub id and is returned unchanged (nothing is downloaded here).
+
+Cache: ``$ARMORLAB_CACHE`` or ``~/.cache/armorlab``, under ``models/tiny-<hash>/`` where the hash
+covers the model settings, the task settings the warm start reads and ``MODEL_VERSION``. A build
+happens in a temporary directory renamed into place, under a file lock, so sweep jobs starting
+together build it once and never see half a model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from armorlab.config import TINY_MODEL, resolve
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerFast
+
+    from armorlab.tasks import Task
+
+log = logging.getLogger(__name__)
+
+# Bump when the architecture, tokenizer or warm-start recipe changes: old cache entries then
+# stop matching instead of being reused with a different meaning.
+MODEL_VERSION = 1
+METADATA = "armorlab_model.json"
+PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
+SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)
+CHARS = tuple(chr(i) for i in range(32, 127)) + ("\n", "\t")  # printable ASCII + newline, tab
+MAX_POSITIONS = 1024
+
+# Warm-start recipe (the step count is model.warm_start_steps; the rest is fixed here).
+WS_BATCH = 64
+WS_LR = 3e-3
+WS_WARMUP = 20
+WS_EVAL_SAMPLES = 4
+
+# Number of tiny models this process built (tests check that a cached one is not rebuilt).
+builds = 0
+
+
+# --------------------------------------------------------------------------- locations
+def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
+    if cache_dir is not None:
+        return Path(cache_dir).expanduser()
+    env = os.environ.get("ARMORLAB_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "armorlab"
+
+
+def _file_digest(path: str) -> str:
+    h = hashlib.sha256()
+    try:
+        with open(Path(path).expanduser(), "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+    except OSError:
+        return "unreadable"  # build_task reports the real error with key and file
+    return h.hexdigest()
+
+
+def warm_start_settings(task_cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """The task settings a tiny model's warm start depends on (part of its cache key).
+
+    Arithmetic warms up on the whole non-held-out pool, so ``train_size`` is left out: every
+    train_size shares one base model. Math warms up on its train split, keyed by the file's
+    content rather than its path.
+    """
+    cfg = dict(task_cfg)
+    if cfg["name"] == "arithmetic":
+        cfg.pop("train_size", None)
+    elif cfg["name"] == "math":
+        cfg["path"] = _file_digest(cfg["path"])
+    return cfg
+
+
+def model_key(model_cfg: Mapping[str, Any], task_cfg: Mapping[str, Any]) -> str:
+    payload = {"version": MODEL_VERSION, "model": dict(model_cfg), "task": warm_start_settings(task_cfg)}
+    text = json.dumps(payload, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+# --------------------------------------------------------------------------- tokenizer + model
+def build_tokenizer() -> PreTrainedTokenizerFast:
+    """Char-level tokenizer: one token per printable ASCII char, ``<s>`` prepended, Fuse decoder.
+
+    A BPE model with no merges splits text into single characters and maps anything outside the
+    vocabulary to ``<unk>``. Padding is on the left, where generation needs it.
+    """
+    from tokenizers import Tokenizer, decoders, models, processors
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + CHARS)}
+    core = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=UNK))
+    core.add_special_tokens(list(SPECIAL_TOKENS))
+    core.decoder = decoders.Fuse()  # chars concatenate back without spaces
+    bos_id = vocab[BOS]
+    core.post_processor = processors.TemplateProcessing(
+        single=f"{BOS} $A", pair=f"{BOS} $A $B", special_tokens=[(BOS, bos_id)])
+    return PreTrainedTokenizerFast(tokenizer_object=core, bos_token=BOS, eos_token=EOS, pad_token=PAD,
+                                   unk_token=UNK, padding_side="left", model_max_length=MAX_POSITIONS)
+
+
+def build_model(model_cfg: Mapping[str, Any], tokenizer: PreTrainedTokenizerFast) -> PreTrainedModel:
+    """A randomly initialised Llama-architecture causal LM sized by ``model_cfg`` (seeded).
+
+    Llama rather than Qwen2: transformers 5's AutoTokenizer replaces the tokenizer of any
+    ``model_type: qwen2`` checkpoint with Qwen2Tokenizer's byte-level pipeline (it lists qwen2
+    among models with an "incorrect hub tokenizer class"), which drops our char tokenizer's
+    whitespace; Llama checkpoints load the saved tokenizer.json as is. The block is the same
+    (RMSNorm, RoPE, SwiGLU; Qwen2 only adds q/k/v biases) and vLLM runs both.
+    """
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    hidden, heads = model_cfg["hidden_size"], model_cfg["num_heads"]
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=4 * hidden,
+        num_hidden_layers=model_cfg["num_layers"], num_attention_heads=heads, num_key_value_heads=heads,
+        max_position_embeddings=MAX_POSITIONS, tie_word_embeddings=False, use_cache=True,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(model_cfg["warm_start_seed"])
+    model = LlamaForCausalLM(config)
+    model.generation_config.bos_token_id = tokenizer.bos_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model
+
+
+# --------------------------------------------------------------------------- warm start
+def _examples(task: Task, tokenizer: PreTrainedTokenizerFast) -> tuple[Any, Any]:
+    """Teacher-forcing batch tensors over the warm-start pool: ids (right-padded) and labels.
+
+    Labels are −100 on the prompt (incl. ``<s>``) and padding, so the loss covers the answer and
+    its eos only.
+    """
+    import torch
+
+    prompts = tokenizer(list(task.warm_start["prompt"]))["input_ids"]
+    targets = tokenizer([task.target_completion(a) for a in task.warm_start["answer"]],
+                        add_special_tokens=False)["input_ids"]
+    seqs = [(p + t + [tokenizer.eos_token_id])[:MAX_POSITIONS] for p, t in zip(prompts, targets, strict=True)]
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), tokenizer.pad_token_id, dtype=torch.long)
+    labels = torch.full((len(seqs), width), -100, dtype=torch.long)
+    for i, (p, s) in enumerate(zip(prompts, seqs, strict=True)):
+        ids[i, :len(s)] = torch.tensor(s)
+        labels[i, len(p):len(s)] = torch.tensor(s[len(p):])
+    return ids, labels
+
+
+def warm_start(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, task: Task, steps: int,
+               seed: int) -> float:
+    """Supervised warm start: AdamW on random minibatches of the pool; returns the last loss."""
+    import torch
+
+    if steps == 0:
+        return float("nan")
+    ids, labels = _examples(task, tokenizer)
+    attention = (ids != tokenizer.pad_token_id).long()
+    gen = torch.Generator().manual_seed(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=WS_LR, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / WS_WARMUP))
+    model.train()
+    loss_value = float("nan")
+    for _ in range(steps):
+        rows = torch.randint(0, ids.shape[0], (WS_BATCH,), generator=gen)
+        out = model(input_ids=ids[rows], attention_mask=attention[rows], labels=labels[rows])
+        opt.zero_grad(set_to_none=True)
+        out.loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        loss_value = float(out.loss.detach())
+    model.eval()
+    return loss_value
+
+
+def sample_accuracy(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, task: Task, split: str = "val",
+                    *, samples: int = WS_EVAL_SAMPLES, temperature: float = 1.0, seed: int = 0,
+                    max_new_tokens: int | None = None) -> float:
+    """Mean reward of ``samples`` completions per prompt of a split (temperature 0 = greedy)."""
+    import torch
+
+    data = getattr(task, split)
+    prompts, answers = list(data["prompt"]), list(data["answer"])
+    if max_new_tokens is None:
+        max_new_tokens = (task.completion_chars or 64) + 1
+    torch.manual_seed(seed)
+    greedy = temperature == 0
+    n = 1 if greedy else samples
+    enc = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left")
+    with torch.no_grad():
+        out = model.generate(**enc, do_sample=not greedy, temperature=None if greedy else temperature,
+                             top_k=None, top_p=None, max_new_tokens=max_new_tokens, num_return_sequences=n,
+                             pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+    texts = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+    gold = [a for a in answers for _ in range(n)]
+    scores = task.score(texts, gold)
+    return sum(scores) / len(scores)
+
+
+# --------------------------------------------------------------------------- prepare (cached)
+def _build(model_cfg: Mapping[str, Any], task_cfg: Mapping[str, Any], target: Path, final: Path) -> None:
+    """Build, warm-start and save the tiny model into ``target``, which will be renamed to ``final``."""
+    import torch
+
+    from armorlab.tasks import build_task
+
+    global builds
+    started = time.perf_counter()
+    task = build_task(task_cfg)
+    tokenizer = build_tokenizer()
+    threads = torch.get_num_threads()
+    # One thread: the build is then bit-identical on any machine and does not fight other jobs
+    # for cores; the model is too small for a second thread to pay off.
+    torch.set_num_threads(1)
+    try:
+        model = build_model(model_cfg, tokenizer)
+        loss = warm_start(model, tokenizer, task, model_cfg["warm_start_steps"], model_cfg["warm_start_seed"])
+        val_t1 = sample_accuracy(model, tokenizer, task, "val", temperature=1.0, seed=model_cfg["warm_start_seed"])
+        val_greedy = sample_accuracy(model, tokenizer, task, "val", temperature=0.0)
+    finally:
+        torch.set_num_threads(threads)
+    # TRL reloads the reference model from config._name_or_path when beta != 0.
+    model.config._name_or_path = str(final)
+    model.save_pretrained(target)
+    tokenizer.save_pretrained(target)
+    builds += 1
+    meta = {
+        "version": MODEL_VERSION, "model": dict(model_cfg), "task": dict(task_cfg),
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "warm_start_loss": loss, "val_acc_t1": val_t1, "val_acc_greedy": val_greedy,
+        "val_samples": WS_EVAL_SAMPLES, "build_seconds": round(time.perf_counter() - started, 2),
+    }
+    (target / METADATA).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    log.info("built tiny model: %d params, warm start %d steps, val acc %.3f (T=1) / %.3f (greedy), %.1fs",
+             meta["parameters"], model_cfg["warm_start_steps"], val_t1, val_greedy, meta["build_seconds"])
+
+
+def prepare_model(model_cfg: Mapping[str, Any], task_cfg: Mapping[str, Any], *,
+                  cache_dir: str | os.PathLike | None = None) -> Path:
+    """Directory (or hub id) to load the policy from; builds and caches the tiny model on first use.
+
+    ``model_cfg``/``task_cfg`` are the resolved ``model``/``task`` sections (partial ones are
+    resolved here). Safe to call from several processes at once.
+    """
+    from filelock import FileLock
+
+    model_cfg = dict(model_cfg) if isinstance(model_cfg, Mapping) else model_cfg
+    task_cfg = dict(task_cfg) if isinstance(task_cfg, Mapping) else task_cfg
+    resolved = resolve({"model": model_cfg, "task": task_cfg})
+    model_cfg, task_cfg = resolved["model"], resolved["task"]
+    if model_cfg["name"] != TINY_MODEL:
+        return Path(model_cfg["name"]).expanduser()
+    key = model_key(model_cfg, task_cfg)
+    models_dir = cache_root(cache_dir) / "models"
+    final = models_dir / f"tiny-{key}"
+    if (final / METADATA).is_file():
+        return final.resolve()
+    models_dir.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(models_dir / f"tiny-{key}.lock")):
+        if (final / METADATA).is_file():  # another process built it while we waited
+            return final.resolve()
+        if final.exists():  # left by a crash between rename and metadata: cannot trust it
+            shutil.rmtree(final)
+        tmp = Path(tempfile.mkdtemp(prefix=f".tiny-{key}.", dir=models_dir))
+        try:
+            log.info("building tiny model %s in %s", key, models_dir)
+            _build(model_cfg, task_cfg, tmp, final.resolve())
+            os.rename(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return final.resolve()

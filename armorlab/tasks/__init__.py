@@ -1,0 +1,37 @@
+"""Verifiable tasks: datasets with ``prompt``/``answer`` columns and TRL reward functions.
+
+``build_task(config["task"])`` → :class:`Task` (contract C2). Two tasks: ``arithmetic``
+(synthetic, exact match, see arithmetic.py) and ``math`` (local JSONL/parquet, math-verify, see
+mathfile.py). Importing this package is cheap; ``datasets`` loads when a task is built.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from armorlab.errors import ArmorLabError
+from armorlab.tasks.base import Task
+from armorlab.tasks.rewards import exact_match_reward, math_verify_reward
+
+__all__ = ["Task", "build_task", "exact_match_reward", "math_verify_reward"]
+
+
+def build_task(task_cfg: Mapping[str, Any]) -> Task:
+    """Build the task described by a *resolved* ``task`` section (config.resolve fills it).
+
+    A partial section (``{"name": "arithmetic", "digits": 3}`` or just ``"math"``) is resolved
+    here too, so library users need not call config.resolve first.
+    """
+    from armorlab.config import resolve
+
+    # Resolving a resolved section is the identity; an unresolved one gets defaults + checks.
+    task_cfg = resolve({"task": dict(task_cfg) if isinstance(task_cfg, Mapping) else task_cfg})["task"]
+    name = task_cfg["name"]
+    if name == "arithmetic":
+        from armorlab.tasks.arithmetic import build
+    elif name == "math":
+        from armorlab.tasks.mathfile import build
+    else:  # config validation lists the same names; this guards a hand-built dict
+        raise ArmorLabError("unknown task", key="task.name", value=name)
+    return build(task_cfg)
