@@ -130,8 +130,9 @@ def counts_of(study: Any) -> dict[str, int]:
 
 
 # --------------------------------------------------------------------------- local workers
-def run_local(ctx: Any, workers: int = 1, *, on_progress: Callable[[dict[str, int]], None] | None = None,
-              poll_s: float = 1.0, worker_poll_s: float = 0.5) -> dict[str, Any]:
+def run_local(ctx: Any, workers: int = 1, *, launch: dict[str, Any] | None = None,
+              on_progress: Callable[[dict[str, int]], None] | None = None, poll_s: float = 1.0,
+              worker_poll_s: float = 0.5) -> dict[str, Any]:
     """Start ``workers`` worker processes on this machine and wait for them.
 
     Ctrl-C (or SIGTERM to this process) stops the workers cleanly: their trainers checkpoint and
@@ -145,6 +146,10 @@ def run_local(ctx: Any, workers: int = 1, *, on_progress: Callable[[dict[str, in
         raise ArmorLabError("must be ≥ 1", key="--workers", value=workers)
     log_dir = ctx.tune_dir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
+    launch = launch or {}
+    launch_args = ["--launcher", launch.get("launcher") or "python"]
+    if launch.get("accelerate_config"):
+        launch_args += ["--accelerate-config", str(launch["accelerate_config"])]
     procs: list[subprocess.Popen] = []
     storage = open_storage(ctx.study_dir, ctx.storage_url, max_retries=ctx.search.max_retries)
     study = optuna.load_study(study_name=ctx.name, storage=storage)
@@ -159,7 +164,8 @@ def run_local(ctx: Any, workers: int = 1, *, on_progress: Callable[[dict[str, in
             fh = open(log_dir / f"worker-{i}.log", "ab")  # noqa: SIM115 (lives as long as the worker)
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "armorlab.tune_worker", str(ctx.study_dir), "--index", str(i),
-                 "--poll", str(worker_poll_s)], stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
+                 "--poll", str(worker_poll_s), *launch_args], stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True))  # Ctrl-C reaches this launcher only; it forwards SIGTERM
             fh.close()
         while any(p.poll() is None for p in procs):
             if on_progress is not None:
@@ -194,11 +200,11 @@ class TuneWorkerJob:
     worker itself is requeued to carry on with the study.
     """
 
-    def __init__(self, study_dir: str | os.PathLike, index: int, train_cmd: Sequence[str] | None = None,
+    def __init__(self, study_dir: str | os.PathLike, index: int, launch: dict[str, Any] | None = None,
                  poll_s: float = 2.0) -> None:
-        self.study_dir = str(study_dir)
+        self.study_dir = str(Path(study_dir).absolute())
         self.index = index
-        self.train_cmd = list(train_cmd) if train_cmd else None
+        self.launch = dict(launch or {})
         self.poll_s = poll_s
         self._worker: Any = None
 
@@ -213,7 +219,7 @@ class TuneWorkerJob:
         from armorlab.tune_worker import Worker
 
         logging.basicConfig(level=logging.INFO, format=f"%(asctime)s w{self.index} %(levelname)s %(message)s")
-        self._worker = Worker(self.study_dir, index=self.index, train_cmd=self.train_cmd, poll_s=self.poll_s)
+        self._worker = Worker(self.study_dir, index=self.index, poll_s=self.poll_s, **self.launch)
         # scancel sends SIGTERM: stop cleanly too (submitit's own handler would only log it).
         signal.signal(signal.SIGTERM, self._worker.interrupt)
         return self._worker.run()
@@ -223,21 +229,8 @@ class TuneWorkerJob:
 
         if self._worker is not None:
             self._worker.abandon_current("worker preempted")
-        return submitit.helpers.DelayedSubmission(TuneWorkerJob(self.study_dir, self.index, self.train_cmd,
+        return submitit.helpers.DelayedSubmission(TuneWorkerJob(self.study_dir, self.index, self.launch,
                                                                 self.poll_s))
-
-
-def slurm_train_cmd(profile: Any) -> list[str] | None:
-    """The trainer command a worker on the cluster runs (None: the worker's own default)."""
-    env_cmd = os.environ.get("ARMORLAB_TUNE_TRAIN_CMD")
-    if env_cmd:
-        import shlex
-
-        return shlex.split(env_cmd)
-    if getattr(profile, "launcher", "python") == "accelerate":
-        return ["accelerate", "launch", "--config_file", str(profile.accelerate_config), "-m",
-                "armorlab.cli", "train"]
-    return None
 
 
 def submit_slurm(ctx: Any, workers: int, profile: Any) -> list[Any]:
@@ -251,9 +244,9 @@ def submit_slurm(ctx: Any, workers: int, profile: Any) -> list[Any]:
                                       python=profile.python)
     params = profile.submitit_parameters(job_name=f"tune-{ctx.name}")
     executor.update_parameters(**params)
-    train_cmd = slurm_train_cmd(profile)
     with executor.batch():
-        jobs = [executor.submit(TuneWorkerJob(ctx.study_dir, i, train_cmd)) for i in range(workers)]
+        jobs = [executor.submit(TuneWorkerJob(ctx.study_dir, i, profile.launch_options()))
+                for i in range(workers)]
     atomic_write_json(ctx.tune_dir / "slurm_jobs.json", {"jobs": [j.job_id for j in jobs]})
     log.info("submitted %d tune workers: %s", len(jobs), ", ".join(j.job_id for j in jobs))
     return jobs

@@ -386,6 +386,9 @@ def parse_search(raw: Any, base: Mapping[str, Any], *, file: str | None = None) 
             raise _err("cmaes needs at least one float or int parameter", "search.sampler.type", "cmaes", file)
 
     n_trials = raw.get("n_trials", grid_size)
+    if n_trials is None:
+        raise _err("required (only grid and bruteforce default it to the number of grid points)",
+                   "search.n_trials", None, file)
     if isinstance(n_trials, bool) or not isinstance(n_trials, int) or n_trials < 1:
         raise _err("must be a positive integer", "search.n_trials", n_trials, file)
     if grid_size is not None and n_trials > grid_size:

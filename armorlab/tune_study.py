@@ -21,6 +21,7 @@ import os
 import shutil
 import socket
 import subprocess
+import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,16 @@ NETWORK_FS = frozenset({"nfs", "nfs4", "cifs", "smb3", "smbfs", "fuse.sshfs", "a
 # squeue states of a job that may still be running our worker
 _SLURM_ALIVE = frozenset({"RUNNING", "PENDING", "CONFIGURING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD",
                           "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT", "SUSPENDED", "STOPPED"})
+
+
+@contextlib.contextmanager
+def quiet_optuna() -> Iterator[None]:
+    """Silence Optuna's notes on APIs we use on purpose: heartbeats and the stale-trial retry are
+    "experimental", and heartbeats outside ``study.optimize`` (we run ask/tell) draw a warning."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
+        yield
 
 
 # --------------------------------------------------------------------------- storage
@@ -100,8 +111,10 @@ def open_storage(study_dir: Path, url: str | None, *, max_retries: int = 2,
         if db and db != ":memory:":
             warn_if_network_fs(Path(db).parent if Path(db).parent.exists() else ".", "the SQLite database")
     try:
-        return RDBStorage(expanded, heartbeat_interval=heartbeat_interval, grace_period=grace_period,
-                          heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=max_retries))
+        with quiet_optuna():
+            return RDBStorage(expanded, heartbeat_interval=heartbeat_interval, grace_period=grace_period,
+                              heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(
+                                  max_retry=max_retries))
     except (ImportError, ModuleNotFoundError) as exc:
         raise ArmorLabError(f"storage needs a database driver: {exc}", key="--storage", value=url) from None
     except Exception as exc:  # sqlalchemy raises its own types for bad URLs or unreachable hosts
@@ -330,7 +343,8 @@ def reconcile(study: optuna.Study, me: Mapping[str, Any], max_retries: int) -> l
     With an RDB storage, Optuna's heartbeat does this (and would double-enqueue if we did it too).
     """
     if storage_has_heartbeat(study._storage):
-        optuna.storages.fail_stale_trials(study)
+        with quiet_optuna():
+            optuna.storages.fail_stale_trials(study)
         return []
     failed = []
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):

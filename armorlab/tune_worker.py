@@ -28,7 +28,6 @@ import json
 import logging
 import math
 import os
-import shlex
 import signal
 import subprocess
 import sys
@@ -51,6 +50,7 @@ from armorlab.tune_study import (
     fail_and_requeue,
     open_storage,
     open_study,
+    quiet_optuna,
     reconcile,
     state_counts,
     storage_has_heartbeat,
@@ -62,20 +62,23 @@ log = logging.getLogger(__name__)
 
 STUDY_FILE = "study.json"
 STOP_REQUEST = "stop_request"
-TRAIN_CMD_ENV = "ARMORLAB_TUNE_TRAIN_CMD"  # private: a stand-in trainer (tests, synthetic demo)
 EXIT_PREEMPTED = 75
 MAX_CONSECUTIVE_FAILURES = 3
-# Re-parent guard for the trainer: it gets SIGTERM (checkpoint, exit 75) if its worker dies,
-# so an orphan never keeps writing a run dir that a retry is about to resume.
-_PDEATHSIG = ("import ctypes,os,signal,sys;ctypes.CDLL(None).prctl(1,signal.SIGTERM);"
-              "os.getppid()==int(sys.argv[1]) or os._exit(75);os.execvp(sys.argv[2],sys.argv[2:])")
+# Exec wrapper for the trainer (Linux): it gets SIGTERM (checkpoint, exit 75) if its worker dies,
+# so an orphan never keeps writing a run dir that a retry is about to resume; and it ignores
+# submitit's checkpoint signal (argv[2], 0 = none), which Slurm sends to every process of the
+# step: the worker handles that one and forwards SIGTERM.
+_EXEC_WRAPPER = ("import ctypes,os,signal,sys;ctypes.CDLL(None).prctl(1,signal.SIGTERM);"
+                 "int(sys.argv[2]) and signal.signal(int(sys.argv[2]),signal.SIG_IGN);"
+                 "os.getppid()==int(sys.argv[1]) or os._exit(75);os.execvp(sys.argv[3],sys.argv[3:])")
 
 
-def default_train_cmd() -> list[str]:
-    env = os.environ.get(TRAIN_CMD_ENV)
-    if env:
-        return shlex.split(env)
-    return [sys.executable, "-m", "armorlab.cli", "train"]
+def _checkpoint_signal() -> int:
+    """submitit's checkpoint signal when running under its Slurm executor, else 0."""
+    if os.environ.get("SUBMITIT_EXECUTOR") != "slurm":
+        return 0
+    name = "SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2")
+    return int(getattr(signal, name, signal.SIGUSR2))
 
 
 # --------------------------------------------------------------------------- the study dir
@@ -243,11 +246,13 @@ class _Heartbeat:
 class Worker:
     """One worker process's loop. ``interrupt()`` (signal handlers) stops it at the next safe point."""
 
-    def __init__(self, study_dir: str | os.PathLike, *, index: int = 0, train_cmd: Sequence[str] | None = None,
-                 poll_s: float = 0.5) -> None:
+    def __init__(self, study_dir: str | os.PathLike, *, index: int = 0, launcher: str = "python",
+                 accelerate_config: str | None = None, poll_s: float = 0.5) -> None:
         self.study_dir = Path(study_dir)
         self.index = index
-        self.train_cmd = list(train_cmd) if train_cmd else default_train_cmd()
+        # how the trainer is launched (a profile's launch_options); ARMORLAB_TRAIN_COMMAND, the
+        # sweep layer's stand-in hook, replaces it in tests
+        self.launch = {"launcher": launcher, "accelerate_config": accelerate_config}
         self.poll_s = poll_s
         self.interrupted = False
         self.proc: subprocess.Popen | None = None
@@ -314,7 +319,8 @@ class Worker:
                 if counts["finished"] >= search.n_trials:
                     break
                 if counts["finished"] + counts["running"] < search.n_trials:
-                    trial = study.ask()
+                    with quiet_optuna():
+                        trial = study.ask()
                     trial.set_user_attr("worker", me)
             if trial is None:
                 time.sleep(self.poll_s)
@@ -449,9 +455,11 @@ class Worker:
                report: bool) -> RunOutcome:
         stop_path = rd.path / STOP_REQUEST
         stop_path.unlink(missing_ok=True)  # a leftover would stop the resumed run at once
-        cmd = [*self.train_cmd, "--run-dir", str(rd.path)]
+        from armorlab.sweeps.jobs import train_argv
+
+        cmd = train_argv(str(rd.path.absolute()), **self.launch)
         if sys.platform.startswith("linux"):
-            cmd = [sys.executable, "-c", _PDEATHSIG, str(os.getpid()), *cmd]
+            cmd = [sys.executable, "-c", _EXEC_WRAPPER, str(os.getpid()), str(_checkpoint_signal()), *cmd]
         env = dict(os.environ)
         if not env.get("SLURM_JOB_ID"):
             env["ARMORLAB_JOB_ID"] = f"tune-w{self.index}-t{trial.number}"
@@ -466,7 +474,9 @@ class Worker:
             log_fh.write(f"--- trial {trial.number} worker {self.index} pid {os.getpid()}\n".encode())
             log_fh.flush()
             self.proc = subprocess.Popen(cmd, stdout=log_fh, stderr=subprocess.STDOUT, env=env,
-                                         pass_fds=(lock_fd,), stdin=subprocess.DEVNULL)
+                                         pass_fds=(lock_fd,), stdin=subprocess.DEVNULL,
+                                         # a terminal's Ctrl-C reaches the worker, which forwards SIGTERM
+                                         start_new_session=True)
             if self.interrupted:  # a signal that came while we were launching
                 self.interrupt()
             while True:
@@ -486,6 +496,11 @@ class Worker:
                 time.sleep(self.poll_s)
         self.proc = None
         status = rd.read_status()
+        if rc not in (0, EXIT_PREEMPTED) and status["state"] in ("running", "pending"):
+            # killed, out of memory, crashed on start: say so in the run dir as a sweep job would
+            from armorlab.sweeps.jobs import describe_exit
+
+            status = rd.write_status("failed", reason=f"training process ended with {describe_exit(rc)}")
         reason = status.get("reason") or ""
         if rc == 0:
             if pruned_at is not None:
@@ -502,10 +517,12 @@ class Worker:
 
 
 # --------------------------------------------------------------------------- entry points
-def run_worker(study_dir: str | os.PathLike, *, index: int = 0, train_cmd: Sequence[str] | None = None,
-               poll_s: float = 0.5, handle_signals: bool = True) -> dict[str, Any]:
+def run_worker(study_dir: str | os.PathLike, *, index: int = 0, launcher: str = "python",
+               accelerate_config: str | None = None, poll_s: float = 0.5,
+               handle_signals: bool = True) -> dict[str, Any]:
     """Run one worker to the end in this process (SIGTERM/SIGINT/SIGUSR1 stop it cleanly)."""
-    worker = Worker(study_dir, index=index, train_cmd=train_cmd, poll_s=poll_s)
+    worker = Worker(study_dir, index=index, launcher=launcher, accelerate_config=accelerate_config,
+                    poll_s=poll_s)
     if handle_signals:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
             signal.signal(sig, worker.interrupt)
@@ -517,12 +534,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("study_dir")
     parser.add_argument("--index", type=int, default=0)
     parser.add_argument("--poll", type=float, default=0.5)
+    parser.add_argument("--launcher", default="python", choices=("python", "accelerate"))
+    parser.add_argument("--accelerate-config", default=None)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s w{args.index} %(levelname)s %(message)s")
     from armorlab.errors import ArmorLabError
 
     try:
-        summary = run_worker(args.study_dir, index=args.index, poll_s=args.poll)
+        summary = run_worker(args.study_dir, index=args.index, poll_s=args.poll, launcher=args.launcher,
+                             accelerate_config=args.accelerate_config)
     except ArmorLabError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -97,7 +97,7 @@ def register(app: typer.Typer) -> None:
                                extra=f"{c['running']} running, {c['pruned']} pruned, {c['fail']} failed")
 
                 try:
-                    result = run_local(ctx, n_workers, on_progress=progress)
+                    result = run_local(ctx, n_workers, launch=prof.launch_options(), on_progress=progress)
                 except KeyboardInterrupt:
                     console.print("interrupted; run the same command again to resume the study")
                     raise typer.Exit(130) from None
