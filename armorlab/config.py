@@ -396,6 +396,8 @@ def resolve(raw: Mapping[str, Any], *, file: str | None = None) -> dict[str, Any
     out: dict[str, Any] = {}
     for key, default in defaults.items():
         value = raw.get(key, default)
+        if value is None and key in INERT_KEYS:  # null = "unused here": resolving stays idempotent
+            value = default
         if key in FIELDS:
             try:
                 value = FIELDS[key].check(value)
@@ -422,6 +424,9 @@ def resolve(raw: Mapping[str, Any], *, file: str | None = None) -> dict[str, Any
     out["model"] = _resolve_model(raw.get("model"), file)
     _normalise_inert(out)
     return out
+
+
+INERT_KEYS = frozenset({"alpha", "anchor_filter", "anchor_ratio", "anchor_samples", "anchor_reward_threshold"})
 
 
 def _normalise_inert(cfg: dict[str, Any]) -> None:
