@@ -1,4 +1,8 @@
-"""`armorlab train`: resolve a config, write its run directory, train in it (resuming if possible)."""
+"""`armorlab train`: resolve a config, write its run directory, train in it (resuming if possible).
+
+Exit codes (the process contract sweeps rely on): 0 completed, 1 failed, 2 user/config error,
+75 preempted (checkpointed; run it again to resume).
+"""
 
 from __future__ import annotations
 
@@ -25,7 +29,11 @@ def register(app: typer.Typer) -> None:
 
                 raise ArmorLabError("--run-dir trains the config stored there; drop CONFIG/--set",
                                     key="--run-dir", value=str(run_dir))
-            path = train_run_dir(run_dir)
+            outcome = train_run_dir(run_dir)
         else:
-            path = train_from_config(config, set_, out)
-        typer.echo(str(path))
+            outcome = train_from_config(config, set_, out)
+        typer.echo(str(outcome.path))
+        if outcome.state != "completed":
+            typer.echo(f"{outcome.state}: {outcome.reason}", err=True)
+        if outcome.exit_code:
+            raise typer.Exit(outcome.exit_code)

@@ -1,0 +1,299 @@
+"""Anchor rollout (ARMOR Eq. 3, Algorithm 1): reference sampling, rejection, gate and cache.
+
+For each prompt group of G completions the frozen reference π_ref draws up to k samples. With
+``anchor_filter="correct"`` the first one whose reward reaches the threshold becomes the group's
+*anchor*; with ``"any"`` the first sample does (the unfiltered control). The anchor replaces one
+of the G on-policy completions before rewards and advantages are computed, so each group holds
+G−1 on-policy samples plus one anchor. The *gate* (Algorithm 1 line 13) removes groups whose
+reference found no correct sample from the loss.
+
+Reference draws are cached per prompt (sha256 of the prompt text) for as long as π_ref stays
+the same: a prompt that recurs within one reference window costs no new samples; on reuse a
+random correct sample (any sample for ``"any"``) is picked. The cache is cleared on reset.
+
+Sampling goes through :class:`ReferenceSampler`, which knows nothing about transformers: it maps
+prompt token ids to completions, so a vLLM sampler can replace :class:`TransformersSampler`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+log = logging.getLogger(__name__)
+
+ANCHOR_RATIOS = ("mixed", "behavior", "current")
+
+
+# --------------------------------------------------------------------------- sampler seam
+@dataclass(frozen=True)
+class Completion:
+    """One sampled completion: its token ids (up to and including the first eos) and its text."""
+
+    ids: tuple[int, ...]
+    text: str
+
+
+@runtime_checkable
+class ReferenceSampler(Protocol):
+    """Draws k completions per prompt from the reference policy."""
+
+    def sample(self, prompt_ids: Sequence[Sequence[int]], k: int) -> list[list[Completion]]:
+        """``prompt_ids[i]`` → ``k`` completions for prompt i (same generation settings as the policy)."""
+        ...
+
+
+class TransformersSampler:
+    """:class:`ReferenceSampler` on a transformers model with ``generate``, batched, left-padded.
+
+    ``model`` is read at every call, so resetting its weights in place takes effect at once.
+    """
+
+    def __init__(self, model: Any, tokenizer: Any, generation_config: Any, eos_token_ids: Sequence[int],
+                 *, batch_size: int = 64) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.generation_config = generation_config
+        self.eos_token_ids = list(eos_token_ids)
+        self.batch_size = max(1, int(batch_size))
+
+    @torch.no_grad()
+    def sample(self, prompt_ids: Sequence[Sequence[int]], k: int) -> list[list[Completion]]:
+        rows = [list(p) for p in prompt_ids for _ in range(k)]
+        out_ids: list[list[int]] = []
+        for start in range(0, len(rows), self.batch_size):
+            out_ids.extend(self._generate(rows[start:start + self.batch_size]))
+        texts = self.tokenizer.batch_decode(out_ids, skip_special_tokens=True)
+        flat = [Completion(tuple(ids), text) for ids, text in zip(out_ids, texts, strict=True)]
+        return [flat[i * k:(i + 1) * k] for i in range(len(prompt_ids))]
+
+    def _generate(self, rows: list[list[int]]) -> list[list[int]]:
+        device = next(self.model.parameters()).device
+        width = max(len(r) for r in rows)
+        pad_id = self.tokenizer.pad_token_id
+        input_ids = torch.tensor([[pad_id] * (width - len(r)) + r for r in rows], device=device)
+        attention = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=device)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            out = self.model.generate(input_ids=input_ids, attention_mask=attention,
+                                      generation_config=self.generation_config)
+        finally:
+            self.model.train(was_training)
+        return [cut_at_eos(row.tolist(), self.eos_token_ids) for row in out[:, width:].cpu()]
+
+
+def cut_at_eos(ids: list[int], eos_token_ids: Sequence[int]) -> list[int]:
+    """Tokens up to and including the first eos (what TRL keeps of a policy completion)."""
+    for i, tok in enumerate(ids):
+        if tok in eos_token_ids:
+            return ids[:i + 1]
+    return ids
+
+
+# --------------------------------------------------------------------------- cache
+def prompt_key(prompt: Any) -> str:
+    """sha256 of the prompt text (conversational prompts: of their canonical JSON)."""
+    text = prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+@dataclass
+class ReferenceDraw:
+    """The k reference samples of one prompt and their rewards."""
+
+    samples: list[Completion]
+    rewards: list[float]
+
+    def correct(self, threshold: float) -> list[int]:
+        return [i for i, r in enumerate(self.rewards) if r >= threshold]
+
+
+class AnchorCache:
+    """Reference draws per prompt key, valid until the next reference reset."""
+
+    def __init__(self) -> None:
+        self._draws: dict[str, ReferenceDraw] = {}
+
+    def __len__(self) -> int:
+        return len(self._draws)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._draws
+
+    def get(self, key: str) -> ReferenceDraw | None:
+        return self._draws.get(key)
+
+    def put(self, key: str, draw: ReferenceDraw) -> None:
+        self._draws[key] = draw
+
+    def clear(self) -> None:
+        self._draws.clear()
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-able: {key: {"ids": [[...]], "texts": [...], "rewards": [...]}}."""
+        return {key: {"ids": [list(s.ids) for s in d.samples], "texts": [s.text for s in d.samples],
+                      "rewards": list(d.rewards)} for key, d in self._draws.items()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._draws = {
+            key: ReferenceDraw([Completion(tuple(i), t) for i, t in zip(v["ids"], v["texts"], strict=True)],
+                               [float(r) for r in v["rewards"]])
+            for key, v in state.items()
+        }
+
+
+# --------------------------------------------------------------------------- rollout
+def pick_anchor(draw: ReferenceDraw, *, anchor_filter: str, threshold: float, fresh: bool,
+                rng: random.Random) -> int | None:
+    """Index of the anchor in ``draw``, or None.
+
+    Fresh draws keep the first qualifying sample (rejection sampling stops at the first success);
+    a cached draw is reused with a random qualifying sample so repeats do not pin one anchor.
+    """
+    if anchor_filter == "correct":
+        candidates = draw.correct(threshold)
+    elif anchor_filter == "any":
+        candidates = list(range(len(draw.samples)))
+    else:
+        raise ValueError(f"anchor_filter must be 'correct' or 'any', got {anchor_filter!r}")
+    if not candidates:
+        return None
+    return candidates[0] if fresh else rng.choice(candidates)
+
+
+@dataclass(frozen=True)
+class GroupRequest:
+    """One prompt group to anchor: the prompt, its token ids and its dataset row (reward kwargs)."""
+
+    prompt: Any
+    prompt_ids: Sequence[int]
+    row: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class GroupOutcome:
+    anchor: Completion | None   # the completion to inject, None when there is none
+    reward: float | None        # its reward
+    solvable: bool              # the reference found at least one correct sample
+    cached: bool                # the draw came from the cache
+
+
+# score(requests, completions) -> rewards, completions[i] holding the k samples of requests[i]
+ScoreFn = Callable[[Sequence[GroupRequest], Sequence[Sequence[Completion]]], list[list[float]]]
+
+
+class AnchorRollout:
+    """Draws (or reuses) reference samples for a batch of groups and picks their anchors."""
+
+    def __init__(self, sampler: ReferenceSampler, score: ScoreFn, *, k: int, anchor_filter: str,
+                 threshold: float, cache: AnchorCache | None = None) -> None:
+        self.sampler, self.score = sampler, score
+        self.k, self.anchor_filter, self.threshold = int(k), anchor_filter, float(threshold)
+        self.cache = cache if cache is not None else AnchorCache()
+
+    def run(self, requests: Sequence[GroupRequest], *, seed: int, step: int) -> tuple[list[GroupOutcome], int]:
+        """Outcomes per request and the number of reference samples generated now."""
+        keys = [prompt_key(r.prompt) for r in requests]
+        first_of: dict[str, int] = {}
+        for i, key in enumerate(keys):
+            if key not in self.cache and key not in first_of:
+                first_of[key] = i
+        generated = 0
+        if first_of:
+            todo = [requests[i] for i in first_of.values()]
+            samples = self.sampler.sample([r.prompt_ids for r in todo], self.k)
+            rewards = self.score(todo, samples)
+            for key, s, r in zip(first_of, samples, rewards, strict=True):
+                self.cache.put(key, ReferenceDraw(list(s), [float(x) for x in r]))
+            generated = len(todo) * self.k
+        outcomes = []
+        for i, key in enumerate(keys):
+            draw = self.cache.get(key)
+            fresh = first_of.get(key) == i
+            # A per-(seed, step, prompt) stream: reproducible, resume-safe, independent of batch order.
+            rng = random.Random(f"{seed}:{step}:{key}")
+            idx = pick_anchor(draw, anchor_filter=self.anchor_filter, threshold=self.threshold,
+                              fresh=fresh, rng=rng)
+            outcomes.append(GroupOutcome(
+                anchor=None if idx is None else draw.samples[idx],
+                reward=None if idx is None else draw.rewards[idx],
+                solvable=bool(draw.correct(self.threshold)),
+                cached=not fresh,
+            ))
+        return outcomes, generated
+
+
+# --------------------------------------------------------------------------- groups across processes
+def anchor_rows(num_local_rows: int, process_index: int, group_size: int) -> list[int]:
+    """Local row indices that carry their group's anchor: the LAST row of each group.
+
+    Rows are laid out as consecutive groups of G over the concatenation of all processes'
+    batches (TRL's RepeatSampler), so a group may straddle two processes; exactly one of them
+    owns the group's last row and samples its anchor.
+    """
+    offset = process_index * num_local_rows
+    return [i for i in range(num_local_rows) if (offset + i) % group_size == group_size - 1]
+
+
+def group_keep(solvable_global: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Per-row gate mask over the gathered batch: 1 for rows of solvable groups, else 0.
+
+    ``solvable_global`` is (N,) with 1/0 on each group's anchor row and NaN elsewhere.
+    """
+    grouped = solvable_global.view(-1, group_size)
+    ok = torch.nan_to_num(grouped, nan=0.0).amax(dim=1)
+    return ok.repeat_interleave(group_size)
+
+
+# --------------------------------------------------------------------------- ratio on anchor rows
+def log_mixture(logp: torch.Tensor, ref_logp: torch.Tensor, alpha: float) -> torch.Tensor:
+    """log(α·π + (1−α)·π_ref) per token: the numerator (and, with π_old, the denominator) of ARMOR's r_mix."""
+    if alpha >= 1.0:
+        return logp
+    return torch.logaddexp(logp + torch.log(torch.tensor(alpha, dtype=logp.dtype, device=logp.device)),
+                           ref_logp + torch.log(torch.tensor(1.0 - alpha, dtype=logp.dtype, device=logp.device)))
+
+
+def anchor_ratio_inputs(objective: str, anchor_ratio: str | None, logp: torch.Tensor, old_logp: torch.Tensor,
+                        ref_logp: torch.Tensor | None, is_anchor: torch.Tensor | None,
+                        alpha: float) -> tuple[torch.Tensor, torch.Tensor, float | torch.Tensor]:
+    """(logp, old_logp, alpha) to hand to ``policy_loss`` so anchor rows get the configured ratio.
+
+    On-policy rows always keep the objective's own ratio (r_mix for ``armor``, π_θ/π_old for the
+    rest). Anchor rows, per ``anchor_ratio``:
+
+    - ``mixed``: r_mix with α. For ``armor`` that is what its other rows use; for the other
+      objectives the anchor rows see the mixture α·π + (1−α)·π_ref in place of π_θ and π_old,
+      i.e. their ratio becomes r_mix while the objective's surrogate stays the same.
+    - ``behavior``: π_θ/π_ref, the importance ratio w.r.t. the policy that really sampled the
+      anchor (old_logp := ref_logp and α := 1 on those rows).
+    - ``current``: π_θ/π_old, as if π_old had sampled the anchor (α := 1 on those rows).
+    """
+    armor = objective == "armor"
+    alpha = 1.0 if alpha is None else float(alpha)
+    if is_anchor is None or anchor_ratio is None or not bool(is_anchor.any()):
+        return logp, old_logp, alpha if armor else 1.0
+    if anchor_ratio not in ANCHOR_RATIOS:
+        raise ValueError(f"anchor_ratio must be one of {ANCHOR_RATIOS}, got {anchor_ratio!r}")
+    if ref_logp is None:
+        raise ValueError("anchor rows need ref_logp")
+    rows = is_anchor.to(torch.bool).unsqueeze(1)
+    if anchor_ratio == "behavior":
+        old_logp = torch.where(rows, ref_logp, old_logp)
+    if armor:
+        anchor_alpha = alpha if anchor_ratio == "mixed" else 1.0
+        per_row = torch.where(rows, torch.tensor(anchor_alpha, dtype=logp.dtype, device=logp.device),
+                              torch.tensor(alpha, dtype=logp.dtype, device=logp.device))
+        return logp, old_logp, per_row
+    if anchor_ratio == "mixed":
+        logp = torch.where(rows, log_mixture(logp, ref_logp, alpha), logp)
+        old_logp = torch.where(rows, log_mixture(old_logp, ref_logp, alpha), old_logp)
+    return logp, old_logp, 1.0

@@ -1,0 +1,155 @@
+"""Validation, test and the exact-KL probe, run by the trainer at step 0 and every ``val_every`` steps.
+
+- ``val/acc`` is avg@k: the mean reward of k samples per held-out prompt (the accuracy for 0/1
+  rewards); ``val/pass@k`` the share of prompts with at least one sample whose reward reaches
+  the correctness threshold; ``val/length`` the mean completion length in tokens (eos included,
+  as TRL counts it). The same on the test split under ``test/``. Anchors are never injected.
+- ``kl/exact_reverse`` = E_{y~π_θ} Σ_t KL(π_θ(·|y<t) ‖ π_ref(·|y<t)) and ``kl/exact_forward`` =
+  E_{y~π_ref} Σ_t KL(π_ref ‖ π_θ): the full-vocabulary per-token KL summed along each sampled
+  sequence and averaged over sequences, at the training temperature, on a fixed set of probe
+  prompts (the first ``kl_probe_prompts`` validation prompts). The ``kl/reverse_k*`` and
+  ``kl/forward_k*`` estimators are logged on the same sequence-sum scale, so the probe checks them.
+
+Sampling runs under a forked RNG seeded by (seed, step): validation is reproducible and never
+moves the training RNG, so ``val_every`` cannot change a run's training trajectory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from armorlab.anchors import Completion, TransformersSampler
+from armorlab.telemetry import StepStats, exact_kl
+
+log = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def forked_rng(seed: int):
+    """Run a block with its own torch RNG stream, restoring the surrounding one afterwards."""
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        yield
+
+
+def score_split(samples: Sequence[Sequence[Completion]], rewards: Sequence[Sequence[float]],
+                threshold: float) -> dict[str, tuple[float, float]]:
+    """(sum, count) pairs for acc (avg@k), pass@k and length over a shard of prompts."""
+    n_samples = sum(len(s) for s in samples)
+    return {
+        "acc": (float(sum(sum(r) for r in rewards)), float(n_samples)),
+        "pass@k": (float(sum(any(x >= threshold for x in r) for r in rewards)), float(len(rewards))),
+        "length": (float(sum(len(c.ids) for s in samples for c in s)), float(n_samples)),
+    }
+
+
+@torch.no_grad()
+def sequence_exact_kl(model_p: Any, model_q: Any, prompt_ids: Sequence[Sequence[int]],
+                      completions: Sequence[Sequence[Completion]], *, temperature: float, pad_token_id: int,
+                      batch_size: int = 16) -> tuple[float, float]:
+    """(Σ over sampled sequences of Σ_t KL(p_t ‖ q_t), number of sequences); y sampled from p.
+
+    Sequences are left-padded prompt + right-padded completion, the layout TRL scores log-probs
+    with, so the probe and the per-token estimators see the same conditionals.
+    """
+    rows = [(list(p), list(c.ids)) for p, cs in zip(prompt_ids, completions, strict=True) for c in cs]
+    rows = [(p, c) for p, c in rows if c]
+    total = 0.0
+    device = next(model_p.parameters()).device
+    for start in range(0, len(rows), batch_size):
+        chunk = rows[start:start + batch_size]
+        width_p = max(len(p) for p, _ in chunk)
+        width_c = max(len(c) for _, c in chunk)
+        ids = torch.tensor([[pad_token_id] * (width_p - len(p)) + p + c + [pad_token_id] * (width_c - len(c))
+                            for p, c in chunk], device=device)
+        att = torch.tensor([[0] * (width_p - len(p)) + [1] * (len(p) + len(c)) + [0] * (width_c - len(c))
+                            for p, c in chunk], device=device)
+        comp_mask = torch.tensor([[1] * len(c) + [0] * (width_c - len(c)) for _, c in chunk], device=device)
+        # logits at position i predict token i+1: the completion is predicted by [width_p-1, width_p+width_c-1)
+        sl = slice(width_p - 1, width_p + width_c - 1)
+        logits_p = model_p(input_ids=ids, attention_mask=att).logits[:, sl] / temperature
+        logits_q = model_q(input_ids=ids, attention_mask=att).logits[:, sl] / temperature
+        total += float((exact_kl(logits_p, logits_q) * comp_mask).sum())
+    return total, float(len(rows))
+
+
+class Validator:
+    """Computes val/*, test/* and the exact-KL probe for an ArmorLabTrainer."""
+
+    def __init__(self, trainer: Any, splits: dict[str, Any], *, k: int, temperature: float,
+                 threshold: float, probe_prompts: int, score: Callable[..., list[float]]) -> None:
+        self.trainer = trainer
+        self.splits = {name: ds for name, ds in splits.items() if ds is not None and len(ds) > 0}
+        self.k, self.temperature, self.threshold = int(k), float(temperature), float(threshold)
+        self.probe_prompts = int(probe_prompts)
+        self.score = score  # score(prompts, completions, completion_ids, rows) -> rewards
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.splits) or (self.probe_prompts > 0 and "val" in self.splits)
+
+    def run(self, step: int) -> dict[str, float]:
+        tr = self.trainer
+        stats = StepStats()
+        world, rank = tr.accelerator.num_processes, tr.accelerator.process_index
+        with forked_rng(tr.args.seed * 100_003 + step), tr.unwrapped_policy() as policy:
+            was_training = policy.training
+            policy.eval()
+            try:
+                for name, ds in self.splits.items():
+                    self._split(stats, name, ds, rank, world, policy)
+                if self.probe_prompts > 0 and "val" in self.splits:
+                    self._probe(stats, self.splits["val"], rank, world, policy)
+            finally:
+                policy.train(was_training)
+        return stats.reduce(tr.accelerator)
+
+    def _sampler(self, model: Any, temperature: float) -> TransformersSampler:
+        tr = self.trainer
+        cfg = copy.deepcopy(tr.armorlab_generation_config)
+        if temperature > 0:
+            cfg.do_sample, cfg.temperature = True, temperature
+        else:
+            cfg.do_sample, cfg.temperature = False, None
+            cfg.top_p = cfg.top_k = cfg.min_p = None
+        return TransformersSampler(model, tr._tokenizer, cfg, tr.eos_token_ids,
+                                   batch_size=tr.args.generation_batch_size)
+
+    def _split(self, stats: StepStats, name: str, ds: Any, rank: int, world: int, policy: Any) -> None:
+        rows = [ds[i] for i in range(rank, len(ds), world)]
+        if rows:
+            prompts = [r["prompt"] for r in rows]
+            prompt_ids = self.trainer._tokenize_prompts(prompts)[0]
+            samples = self._sampler(policy, self.temperature).sample(prompt_ids, self.k)
+            rewards = [self.score([p] * len(s), [c.text for c in s], [list(c.ids) for c in s], [r] * len(s))
+                       for p, s, r in zip(prompts, samples, rows, strict=True)]
+            parts = score_split(samples, rewards, self.threshold)
+        else:
+            parts = {"acc": (0.0, 0.0), "pass@k": (0.0, 0.0), "length": (0.0, 0.0)}
+        for key, (total, count) in parts.items():
+            stats.add(f"{name}/{key}", total, count)
+
+    def _probe(self, stats: StepStats, ds: Any, rank: int, world: int, policy: Any) -> None:
+        tr = self.trainer
+        n = min(self.probe_prompts, len(ds))
+        prompts = [ds[i]["prompt"] for i in range(rank, n, world)]
+        if prompts:
+            prompt_ids = tr._tokenize_prompts(prompts)[0]
+            temp = tr.temperature
+            ref = tr.ref_model
+            pad = tr._tokenizer.pad_token_id
+            own = self._sampler(policy, temp).sample(prompt_ids, self.k)
+            rev = sequence_exact_kl(policy, ref, prompt_ids, own, temperature=temp, pad_token_id=pad)
+            theirs = self._sampler(ref, temp).sample(prompt_ids, self.k)
+            fwd = sequence_exact_kl(ref, policy, prompt_ids, theirs, temperature=temp, pad_token_id=pad)
+        else:
+            rev = fwd = (0.0, 0.0)
+        stats.add("kl/exact_reverse", *rev)
+        stats.add("kl/exact_forward", *fwd)

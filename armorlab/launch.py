@@ -1,0 +1,270 @@
+"""Run one training job in a run directory: the process contract sweeps and tune rely on (C3).
+
+``train_run_dir(DIR)`` trains the resolved config in ``DIR/config.yaml``:
+
+- status.json: ``running`` (attempt + 1, job id from ``$SLURM_ARRAY_JOB_ID_$SLURM_ARRAY_TASK_ID``,
+  ``$SLURM_JOB_ID`` or ``$ARMORLAB_JOB_ID``) → ``completed``, or ``failed`` with a one-line reason;
+- exit codes: 0 completed, 1 failed, 2 user/config error (status failed too), 75 preempted;
+- a dir with checkpoints resumes from the last *complete* one (model, optimizer, scheduler, RNG,
+  π_ref, anchor cache, TRL's generation buffer, step); metrics.jsonl is appended to, and readers
+  keep the last line per step, so steps the killed attempt logged after that checkpoint are
+  superseded;
+- SIGUSR1/SIGTERM: finish the current optimizer step, checkpoint, status ``pending`` with
+  reason ``preempted at step N``, exit 75 (submitit requeues the job);
+- ``DIR/stop_request`` (JSON ``{"reason": ...}``): stop after the current step, status
+  ``completed`` with reason ``stopped at step N: <reason>``, exit 0 (Optuna pruning);
+- a non-finite loss stops the run: ``failed`` / ``non-finite loss at step N``, exit 1.
+
+Nothing but the run dir (and the job id in the environment) describes the run. torch and TRL are
+imported only after the config has been resolved, so a bad config fails in well under a second.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from armorlab.config import FIELDS, load_config, resolve, split_config
+from armorlab.errors import ArmorLabError
+from armorlab.runs import RunDir
+
+log = logging.getLogger(__name__)
+
+STOP_REQUEST = "stop_request"
+EXIT_OK, EXIT_FAILED, EXIT_USER_ERROR, EXIT_PREEMPTED = 0, 1, 2, 75
+PREEMPT_SIGNALS = tuple(s for s in (getattr(signal, "SIGUSR1", None), signal.SIGTERM) if s is not None)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    path: Path
+    state: str
+    reason: str | None
+    exit_code: int
+
+
+def job_id_from_env(env: dict[str, str] | None = None) -> str | None:
+    env = os.environ if env is None else env
+    if env.get("SLURM_ARRAY_JOB_ID") and env.get("SLURM_ARRAY_TASK_ID"):
+        return f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"
+    return env.get("SLURM_JOB_ID") or env.get("ARMORLAB_JOB_ID") or None
+
+
+def read_stop_request(run_dir: RunDir) -> str | None:
+    """The stop reason when ``stop_request`` exists (its JSON ``reason``, else its text), else None."""
+    path = run_dir.path / STOP_REQUEST
+    try:
+        text = path.read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"stop requested ({exc.strerror})"
+    try:
+        data = json.loads(text) if text else {}
+    except ValueError:
+        return text or "stop requested"
+    reason = data.get("reason") if isinstance(data, dict) else None
+    return str(reason) if reason else "stop requested"
+
+
+def complete_checkpoint(run_dir: RunDir) -> Path | None:
+    """The newest checkpoint whose trainer_state.json (written last by transformers) parses."""
+    for cp in reversed(run_dir.checkpoints()):
+        try:
+            json.loads((cp / "trainer_state.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            log.warning("skipping incomplete checkpoint %s", cp)
+            continue
+        return cp
+    return None
+
+
+def one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+# --------------------------------------------------------------------------- process control
+class ProcessControl:
+    """Signal flags and the stop-request check, turned into Trainer control at each step end."""
+
+    def __init__(self, run_dir: RunDir) -> None:
+        self.run_dir = run_dir
+        self.signal: int | None = None
+        self.preempted = False
+        self.stop_reason: str | None = None
+
+    def _handle(self, signum, frame) -> None:  # noqa: ARG002 - signal handler signature
+        self.signal = signum
+        log.warning("received signal %d: checkpointing after the current step", signum)
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[ProcessControl]:
+        if threading.current_thread() is not threading.main_thread():
+            yield self
+            return
+        previous = {s: signal.signal(s, self._handle) for s in PREEMPT_SIGNALS}
+        try:
+            yield self
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
+    def callback(self) -> Any:
+        from transformers import TrainerCallback
+
+        control_ref = self
+
+        class _Callback(TrainerCallback):
+            def on_step_end(self, args, state, control, **kwargs):
+                control_ref.check(state, control)
+                return control
+
+        return _Callback()
+
+    def check(self, state: Any, control: Any) -> None:
+        flags = [self.signal is not None, read_stop_request(self.run_dir) is not None]
+        flags = _any_process(flags)
+        if flags[0]:
+            self.preempted = True
+            control.should_save = True
+            control.should_training_stop = True
+        elif flags[1]:
+            self.stop_reason = read_stop_request(self.run_dir) or "stop requested"
+            control.should_training_stop = True
+
+
+def _any_process(flags: Sequence[bool]) -> list[bool]:
+    """OR the flags over processes, so every rank stops (and checkpoints) at the same step."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return list(flags)
+    import torch
+    from accelerate import PartialState
+
+    t = torch.tensor([float(f) for f in flags], device=PartialState().device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return [bool(x) for x in t.tolist()]
+
+
+# --------------------------------------------------------------------------- building
+def make_args(cfg: dict[str, Any], run_dir: RunDir) -> Any:
+    """ArmorLabConfig from a resolved config; TRL keys are checked against the real GRPOConfig."""
+    import dataclasses
+
+    import torch
+
+    from armorlab.trainer import ArmorLabConfig
+
+    ours, trl_kwargs = split_config(cfg)
+    kwargs = {**trl_kwargs, **{k: v for k, v in ours.items() if k in FIELDS}}
+    known = {f.name for f in dataclasses.fields(ArmorLabConfig)}
+    file = str(run_dir.config_path)
+    for key in sorted(kwargs):
+        if key not in known:
+            raise ArmorLabError("not a field of the installed GRPOConfig", key=key, value=kwargs[key], file=file)
+    kwargs["output_dir"] = str(run_dir.checkpoints_dir)
+    if not torch.cuda.is_available():
+        kwargs.setdefault("use_cpu", True)
+        kwargs.setdefault("bf16", False)
+    try:
+        return ArmorLabConfig(**kwargs)
+    except ArmorLabError as exc:
+        raise ArmorLabError(str(exc).split(" [")[0], key=exc.key, value=exc.value, file=file) from None
+    except (TypeError, ValueError) as exc:
+        raise ArmorLabError(f"GRPOConfig rejected the config: {exc}", file=file) from None
+
+
+def build_trainer(cfg: dict[str, Any], run_dir: RunDir, callbacks: Iterable[Any] = ()) -> Any:
+    from transformers.trainer_callback import ProgressCallback
+
+    from armorlab.models import prepare_model
+    from armorlab.tasks import build_task
+    from armorlab.telemetry import RunDirLogger
+    from armorlab.trainer import ArmorLabTrainer
+
+    args = make_args(cfg, run_dir)
+    task = build_task(cfg["task"])
+    model = prepare_model(cfg["model"], cfg["task"])
+    trainer = ArmorLabTrainer(str(model), task.reward_funcs, args, train_dataset=task.train,
+                              val_dataset=task.val, test_dataset=task.test, tokens_dir=run_dir.tokens_dir,
+                              callbacks=[RunDirLogger(run_dir), *callbacks])
+    # keep the progress bar, drop transformers' printing of every log dict (metrics.jsonl has them)
+    trainer.remove_callback(ProgressCallback)
+    trainer.add_callback(_QuietProgress())
+    return trainer
+
+
+def _QuietProgress() -> Any:  # noqa: N802 - a factory standing in for a class defined lazily
+    from transformers.trainer_callback import ProgressCallback
+
+    class QuietProgress(ProgressCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            return None
+
+    return QuietProgress()
+
+
+# --------------------------------------------------------------------------- entry points
+def train_from_config(config: str | os.PathLike | None, overrides: Sequence[str] = (),
+                      out: str | os.PathLike = "runs/train") -> Outcome:
+    """Resolve CONFIG + overrides, create ``OUT/<run-id>/`` and train there (resuming if it exists)."""
+    cfg = load_config(config, overrides)
+    run_dir = RunDir.create(out, cfg)
+    return train_run_dir(run_dir.path)
+
+
+def train_run_dir(path: str | os.PathLike, *, callbacks: Iterable[Any] = ()) -> Outcome:
+    """Train the config stored in a run dir according to the process contract (module docstring)."""
+    run_dir = RunDir(path)
+    if not run_dir.config_path.is_file():
+        raise ArmorLabError("not a run directory (no config.yaml)", key="--run-dir", value=str(path))
+    status = run_dir.read_status()
+    if status["state"] == "completed":
+        log.info("%s is already completed; nothing to do", run_dir.path)
+        return Outcome(run_dir.path, "completed", status.get("reason"), EXIT_OK)
+    run_dir.write_status("running", job_id=job_id_from_env())
+    control = ProcessControl(run_dir)
+    trainer = None
+    try:
+        with control.installed():
+            cfg = resolve(run_dir.read_config(), file=str(run_dir.config_path))
+            trainer = build_trainer(cfg, run_dir, [control.callback(), *callbacks])
+            checkpoint = complete_checkpoint(run_dir)
+            if checkpoint is not None:
+                log.info("resuming %s from %s", run_dir.path, checkpoint.name)
+            trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+    except ArmorLabError as exc:
+        run_dir.write_status("failed", reason=str(exc))
+        raise
+    except KeyboardInterrupt:
+        step = trainer.state.global_step if trainer is not None else 0
+        run_dir.write_status("pending", reason=f"interrupted at step {step}")
+        raise
+    except Exception as exc:
+        from armorlab.trainer import NonFiniteLossError
+
+        if isinstance(exc, NonFiniteLossError):
+            reason = str(exc)
+        else:
+            log.exception("training failed in %s", run_dir.path)
+            reason = one_line(exc)
+        run_dir.write_status("failed", reason=reason)
+        return Outcome(run_dir.path, "failed", reason, EXIT_FAILED)
+    step = trainer.state.global_step
+    if control.preempted and step < trainer.state.max_steps:
+        reason = f"preempted at step {step}"
+        run_dir.write_status("pending", reason=reason)
+        return Outcome(run_dir.path, "pending", reason, EXIT_PREEMPTED)
+    reason = None if control.stop_reason is None else f"stopped at step {step}: {control.stop_reason}"
+    run_dir.write_status("completed", reason=reason)
+    return Outcome(run_dir.path, "completed", reason, EXIT_OK)

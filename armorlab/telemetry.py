@@ -1,0 +1,207 @@
+"""Telemetry: KL estimators, metric names, the run-dir metrics writer and the token dump.
+
+Every metric the trainer computes goes through TRL's logger (so ``report_to`` backends see it)
+and, via :class:`RunDirLogger`, into ``metrics.jsonl`` under the stable names of design.md:
+``train/ val/ test/ obj/ anchor/ kl/ cap/ ref/``. TRL's and transformers' own keys are mapped
+(``loss`` → ``train/loss``) or kept under ``trl/``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import TrainerCallback
+
+log = logging.getLogger(__name__)
+
+NAMESPACES = ("train/", "val/", "test/", "obj/", "anchor/", "kl/", "cap/", "ref/")
+# transformers'/TRL's own keys that have a design name; every other TRL key goes to "trl/<key>".
+RENAMES = {
+    "loss": "train/loss",
+    "grad_norm": "train/grad_norm",
+    "learning_rate": "train/learning_rate",
+    "epoch": "train/epoch",
+    "step_time": "train/step_time",
+    "num_tokens": "train/num_tokens",
+    "reward_std": "train/reward_std",
+    "frac_reward_zero_std": "train/frac_reward_zero_std",
+}
+# the end-of-training summary transformers logs once; not a step.
+SUMMARY_KEYS = frozenset({"train_runtime", "train_samples_per_second", "train_steps_per_second",
+                          "total_flos", "train_loss"})
+
+
+# --------------------------------------------------------------------------- KL estimators (pure)
+def kl_k1(log_ratio: torch.Tensor) -> torch.Tensor:
+    """k1 = −log r with r = q/p for samples x ~ p: unbiased estimate of KL(p‖q), high variance (Schulman 2020)."""
+    return -log_ratio
+
+
+def kl_k2(log_ratio: torch.Tensor) -> torch.Tensor:
+    """k2 = ½·(log r)²: low-variance, biased estimate of KL(p‖q) (Schulman 2020)."""
+    return 0.5 * log_ratio.square()
+
+
+def kl_k3(log_ratio: torch.Tensor) -> torch.Tensor:
+    """k3 = (r − 1) − log r: unbiased, non-negative estimate of KL(p‖q) (Schulman 2020); TRL's β-term."""
+    return torch.expm1(log_ratio) - log_ratio
+
+
+def sequence_sum_mean(per_token: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(Σ over sequences of the per-sequence token sum, number of sequences): a sequence-level KL.
+
+    Returned as sum and count so callers can reduce across processes before dividing.
+    """
+    rows = mask.sum(-1) > 0
+    per_seq = (per_token * mask).sum(-1)
+    return per_seq[rows].sum(), rows.sum().to(per_token.dtype)
+
+
+def exact_kl(logits_p: torch.Tensor, logits_q: torch.Tensor) -> torch.Tensor:
+    """Full-vocabulary KL(p‖q) = Σ_v p(v)·(log p(v) − log q(v)) at each position → (B, T)."""
+    logp = torch.log_softmax(logits_p.float(), dim=-1)
+    logq = torch.log_softmax(logits_q.float(), dim=-1)
+    return (logp.exp() * (logp - logq)).sum(-1)
+
+
+# --------------------------------------------------------------------------- reductions
+class StepStats:
+    """Collect (name → sum, count) pairs and reduce them across processes in ONE collective.
+
+    A name whose global count is 0 is not logged (e.g. ``kl/forward_*`` on a step without anchors).
+    """
+
+    def __init__(self) -> None:
+        self._sums: dict[str, torch.Tensor] = {}
+        self._counts: dict[str, torch.Tensor] = {}
+
+    def add(self, name: str, total: torch.Tensor | float, count: torch.Tensor | float) -> None:
+        total = torch.as_tensor(total, dtype=torch.float32).detach().float().reshape(())
+        count = torch.as_tensor(count, dtype=torch.float32).detach().float().reshape(())
+        if name in self._sums:
+            self._sums[name] = self._sums[name] + total.to(self._sums[name].device)
+            self._counts[name] = self._counts[name] + count.to(self._counts[name].device)
+        else:
+            self._sums[name], self._counts[name] = total, count
+
+    def mean(self, name: str, value: torch.Tensor | float) -> None:
+        """A value that is already a mean: averaged over processes (count 1 each)."""
+        self.add(name, value, 1.0)
+
+    def reduce(self, accelerator: Any = None) -> dict[str, float]:
+        if not self._sums:
+            return {}
+        names = list(self._sums)
+        device = getattr(accelerator, "device", None) or torch.device("cpu")
+        stacked = torch.stack([torch.stack([self._sums[n].to(device), self._counts[n].to(device)])
+                               for n in names])
+        if accelerator is not None and getattr(accelerator, "num_processes", 1) > 1:
+            stacked = accelerator.reduce(stacked, reduction="sum")
+        out = {}
+        for name, (total, count) in zip(names, stacked.tolist(), strict=True):
+            if count > 0:
+                out[name] = total / count
+        return out
+
+
+# --------------------------------------------------------------------------- names
+def design_names(logs: Mapping[str, Any]) -> dict[str, float]:
+    """Map one transformers/TRL log dict to metrics.jsonl names; drops None and non-numbers."""
+    out: dict[str, float] = {}
+    for key, value in logs.items():
+        if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        if key.startswith(NAMESPACES):
+            name = key
+        elif key in RENAMES:
+            name = RENAMES[key]
+        else:
+            name = f"trl/{key}"
+        out[name] = float(value)
+    return out
+
+
+class RunDirLogger(TrainerCallback):
+    """Writes each log of the main process as one metrics.jsonl line ``{"step": N, ...}``."""
+
+    def __init__(self, run_dir: Any) -> None:
+        self.run_dir = run_dir
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not state.is_world_process_zero or not logs or SUMMARY_KEYS & set(logs):
+            return
+        metrics = design_names(logs)
+        if metrics:
+            self.run_dir.append_metrics(state.global_step, metrics)
+
+
+# --------------------------------------------------------------------------- token dump
+class TokenDump:
+    """Samples a share of the loss tokens each step and writes them to ``tokens/`` as parquet.
+
+    One file per optimizer step and process (``step-000012-r0.parquet``), written atomically; a
+    resumed run rewrites the files of the steps it repeats instead of duplicating them. The
+    sample uses its own generator seeded by (seed, step, micro-batch), so the dump never moves
+    the training RNG.
+    """
+
+    COLUMNS = ("step", "row", "position", "token_id", "logp", "old_logp", "ref_logp", "advantage", "is_anchor")
+
+    def __init__(self, directory: str | os.PathLike, rate: float, *, seed: int, process_index: int = 0) -> None:
+        self.directory = Path(directory)
+        self.rate = float(rate)
+        self.seed = int(seed)
+        self.process_index = int(process_index)
+        self._rows: dict[str, list] = {c: [] for c in self.COLUMNS}
+        self._micro = 0
+
+    def record(self, step: int, *, token_ids: torch.Tensor, logp: torch.Tensor, old_logp: torch.Tensor,
+               ref_logp: torch.Tensor | None, advantages: torch.Tensor, is_anchor: torch.Tensor | None,
+               mask: torch.Tensor) -> None:
+        if self.rate <= 0:
+            return
+        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + step * 1_009 + self._micro)
+        self._micro += 1
+        keep = (torch.rand(mask.shape, generator=gen) < self.rate) & mask.detach().cpu().bool()
+        rows, cols = keep.nonzero(as_tuple=True)
+        if rows.numel() == 0:
+            return
+        adv = advantages.detach().cpu().reshape(advantages.shape[0], -1)
+        nan = torch.full(mask.shape, math.nan)
+        cols_data = {
+            "step": [step] * rows.numel(),
+            "row": rows.tolist(),
+            "position": cols.tolist(),
+            "token_id": token_ids.detach().cpu()[rows, cols].tolist(),
+            "logp": logp.detach().float().cpu()[rows, cols].tolist(),
+            "old_logp": old_logp.detach().float().cpu()[rows, cols].tolist(),
+            "ref_logp": (nan if ref_logp is None else ref_logp.detach().float().cpu())[rows, cols].tolist(),
+            "advantage": adv[rows, 0 if adv.shape[1] == 1 else cols].float().tolist(),
+            "is_anchor": ([False] * rows.numel() if is_anchor is None
+                          else is_anchor.detach().cpu().bool()[rows].tolist()),
+        }
+        for c in self.COLUMNS:
+            self._rows[c].extend(cols_data[c])
+
+    def flush(self, step: int) -> Path | None:
+        """Write the rows recorded since the last flush as this step's file."""
+        self._micro = 0
+        if not self._rows["step"]:
+            return None
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        table = pa.table({c: self._rows[c] for c in self.COLUMNS})
+        self._rows = {c: [] for c in self.COLUMNS}
+        self.directory.mkdir(parents=True, exist_ok=True)
+        path = self.directory / f"step-{step:06d}-r{self.process_index}.parquet"
+        tmp = path.with_name(f".{path.name}.tmp")
+        pq.write_table(table, tmp)
+        os.replace(tmp, path)
+        return path

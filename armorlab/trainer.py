@@ -1,0 +1,519 @@
+"""``ArmorLabConfig(GRPOConfig)`` and ``ArmorLabTrainer(GRPOTrainer)``: thin glue on TRL's hooks.
+
+TRL does the generation, rewards, advantages, batching and optimisation; this subclass only
+
+- ``_generate``: swaps one on-policy completion per group for a reference *anchor* (anchors.py)
+  before TRL scores it, so rewards and advantages see G−1 on-policy samples + 1 anchor;
+- ``_calculate_rewards``: remembers the rewards it returns (per-step ``train/reward``);
+- ``_generate_and_score_completions``: adds per-row tensors (first dim B, so they survive TRL's
+  shuffle/split over ``steps_per_generation``): ``ref_per_token_logps`` also at β = 0,
+  ``armorlab_is_anchor``, ``armorlab_keep`` (the gate), ``armorlab_group``, rewards, lengths;
+- ``_compute_loss``: ``armorlab.objectives.policy_loss`` (+ TRL's β·k3 KL term when β ≠ 0) and
+  the per-step telemetry;
+- ``_save_checkpoint`` / ``_load_optimizer_and_scheduler``: π_ref, the anchor cache and TRL's
+  generation buffer, so a resumed run continues exactly;
+- ``_get_train_sampler``: TRL's RepeatSampler with an epoch-seeded shuffle (exact resume in any epoch).
+
+Anchor rows and the importance ratio (``anchor_ratio``): on-policy rows keep the objective's own
+ratio (r_mix for ``armor``, π_θ/π_old otherwise); anchor rows use r_mix with α (``mixed``, the
+paper), π_θ/π_ref (``behavior``) or π_θ/π_old (``current``); see ``anchors.anchor_ratio_inputs``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import GenerationConfig, TrainerCallback
+from trl import GRPOConfig, GRPOTrainer
+from trl.data_utils import is_conversational
+from trl.models.utils import unwrap_model_for_generation
+from trl.trainer.utils import RepeatSampler, add_fused_lm_head, is_async_callable
+
+from armorlab import anchors as anc
+from armorlab.config import FIELDS, INERT_KEYS, _Invalid
+from armorlab.errors import ArmorLabError
+from armorlab.evaluation import Validator
+from armorlab.reference import ReferencePolicy, build_reference_model
+from armorlab.telemetry import StepStats, TokenDump, kl_k1, kl_k2, kl_k3, sequence_sum_mean
+
+STATE_FILE = "armorlab_state.json"
+
+
+class NonFiniteLossError(RuntimeError):
+    """The loss became NaN/inf; raised before the backward pass so the weights stay finite."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__(f"non-finite loss at step {step}")
+        self.step = step
+
+
+# --------------------------------------------------------------------------- config
+@dataclass
+class ArmorLabConfig(GRPOConfig):
+    """GRPOConfig plus armorlab's fields; each is validated by the same check as ``armorlab.config``.
+
+    ``objective`` replaces TRL's ``loss_type``/``importance_sampling_level``; ``epsilon`` and
+    ``epsilon_high`` are the clip bounds of every objective. A ``None`` in a field that
+    ``config.resolve`` nulls when inert (``alpha`` for dapo, anchor options with anchors off)
+    means "not used by this run" and takes the default.
+    """
+
+    objective: str = field(default=FIELDS["objective"].default, metadata={"help": FIELDS["objective"].doc})
+    alpha: float | None = field(default=FIELDS["alpha"].default, metadata={"help": FIELDS["alpha"].doc})
+    dual_clip: float | None = field(default=None, metadata={"help": FIELDS["dual_clip"].doc})
+    aggregation: str | None = field(default=None, metadata={"help": FIELDS["aggregation"].doc})
+    anchor: bool = field(default=FIELDS["anchor"].default, metadata={"help": FIELDS["anchor"].doc})
+    anchor_samples: int | None = field(default=FIELDS["anchor_samples"].default,
+                                       metadata={"help": FIELDS["anchor_samples"].doc})
+    anchor_filter: str | None = field(default=FIELDS["anchor_filter"].default,
+                                      metadata={"help": FIELDS["anchor_filter"].doc})
+    anchor_gate: bool = field(default=FIELDS["anchor_gate"].default, metadata={"help": FIELDS["anchor_gate"].doc})
+    anchor_ratio: str | None = field(default=FIELDS["anchor_ratio"].default,
+                                     metadata={"help": FIELDS["anchor_ratio"].doc})
+    anchor_reward_threshold: float | None = field(default=FIELDS["anchor_reward_threshold"].default,
+                                                  metadata={"help": FIELDS["anchor_reward_threshold"].doc})
+    ref_reset_steps: int = field(default=FIELDS["ref_reset_steps"].default,
+                                 metadata={"help": FIELDS["ref_reset_steps"].doc})
+    ref_reset_schedule: list[list[int]] | None = field(default=None,
+                                                       metadata={"help": FIELDS["ref_reset_schedule"].doc})
+    val_every: int = field(default=FIELDS["val_every"].default, metadata={"help": FIELDS["val_every"].doc})
+    val_samples: int = field(default=FIELDS["val_samples"].default, metadata={"help": FIELDS["val_samples"].doc})
+    val_temperature: float = field(default=FIELDS["val_temperature"].default,
+                                   metadata={"help": FIELDS["val_temperature"].doc})
+    kl_probe_prompts: int = field(default=FIELDS["kl_probe_prompts"].default,
+                                  metadata={"help": FIELDS["kl_probe_prompts"].doc})
+    token_sample_rate: float = field(default=FIELDS["token_sample_rate"].default,
+                                     metadata={"help": FIELDS["token_sample_rate"].doc})
+
+    def __post_init__(self) -> None:
+        for name, spec in FIELDS.items():
+            value = getattr(self, name)
+            if value is None and name in INERT_KEYS:
+                value = spec.default
+            try:
+                setattr(self, name, spec.check(value))
+            except _Invalid as exc:
+                raise ArmorLabError(str(exc), key=name, value=value) from None
+        unsupported = {
+            "sync_ref_model": (self.sync_ref_model, "use ref_reset_steps / ref_reset_schedule"),
+            "use_vllm": (self.use_vllm, "vLLM generation is not supported by ArmorLabTrainer yet"),
+            "top_entropy_quantile": (self.top_entropy_quantile < 1.0, "not applied by armorlab objectives"),
+            "off_policy_mask_threshold": (self.off_policy_mask_threshold is not None,
+                                          "not applied by armorlab objectives"),
+            "entropy_coef": (self.entropy_coef != 0.0 or self.use_adaptive_entropy,
+                             "the entropy bonus is not applied by armorlab objectives"),
+        }
+        for key, (bad, why) in unsupported.items():
+            if bad:
+                raise ArmorLabError(f"unsupported with ArmorLabTrainer: {why}", key=key, value=getattr(self, key))
+        super().__post_init__()
+
+
+# --------------------------------------------------------------------------- sampler
+class EpochSeededRepeatSampler(RepeatSampler):
+    """TRL's RepeatSampler whose shuffle depends only on (seed, epoch).
+
+    Stock RepeatSampler advances one generator across epochs, so a run resumed in epoch e
+    (which skips iterating epochs < e) would see another order; transformers calls
+    ``set_epoch`` on the sampler before each epoch.
+    """
+
+    epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def __iter__(self):
+        if self.shuffle:
+            self.generator = torch.Generator().manual_seed((self.seed or 0) + 7919 * self.epoch)
+        return super().__iter__()
+
+
+# --------------------------------------------------------------------------- trainer
+class ArmorLabTrainer(GRPOTrainer):
+    """GRPOTrainer training any armorlab objective, with anchors, reference resets and telemetry.
+
+    Extra keyword arguments: ``val_dataset`` / ``test_dataset`` (columns ``prompt`` + reward
+    kwargs) for ``val/*`` and ``test/*``; ``reference_sampler`` to replace the transformers
+    sampler of π_ref (the vLLM seam); ``tokens_dir`` for the token dump (default
+    ``<output_dir>/tokens``).
+    """
+
+    _tag_names = ["trl", "grpo", "armorlab"]
+
+    def __init__(self, model: Any, reward_funcs: Any, args: ArmorLabConfig, *, val_dataset: Any = None,
+                 test_dataset: Any = None, reference_sampler: anc.ReferenceSampler | None = None,
+                 tokens_dir: str | os.PathLike | None = None, **kwargs: Any) -> None:
+        if not isinstance(args, ArmorLabConfig):
+            raise TypeError("ArmorLabTrainer needs an ArmorLabConfig")
+        ref_model = build_reference_model(model, args)  # before TRL patches the policy's forward
+        super().__init__(model, reward_funcs, args=args, **kwargs)
+        self._check_reward_funcs(val_dataset is not None or test_dataset is not None)
+        self.reference = ReferencePolicy(self._prepare_reference(ref_model), ref_reset_steps=args.ref_reset_steps,
+                                         schedule=args.ref_reset_schedule)
+        self.ref_model = self.reference.model  # TRL's β·KL path uses it too
+        self.armorlab_generation_config = self._generation_config()
+        batch = args.generation_batch_size
+        self.reference_sampler = reference_sampler or anc.TransformersSampler(
+            self.ref_model, self._tokenizer, self.armorlab_generation_config, self.eos_token_ids, batch_size=batch)
+        self.anchor_rollout = None
+        if args.anchor or args.anchor_gate:
+            self.anchor_rollout = anc.AnchorRollout(
+                self.reference_sampler, self._score_groups, k=args.anchor_samples,
+                anchor_filter=args.anchor_filter, threshold=args.anchor_reward_threshold)
+        self.validator = Validator(self, {"val": val_dataset, "test": test_dataset}, k=args.val_samples,
+                                   temperature=args.val_temperature, threshold=args.anchor_reward_threshold,
+                                   probe_prompts=args.kl_probe_prompts, score=self._reward_values)
+        self.token_dump = TokenDump(tokens_dir or Path(args.output_dir) / "tokens", args.token_sample_rate,
+                                    seed=args.seed, process_index=self.accelerator.process_index)
+        self._rollout_inputs: list[dict] | None = None
+        self._rollout_marks: dict[str, Any] | None = None
+        self._rewards_gathered: torch.Tensor | None = None
+        self._ref_samples_pending = 0.0
+        self._last_logged_step = 0
+        self.add_callback(_ArmorLabCallback(self))
+
+    # ------------------------------------------------------------------ set-up helpers
+    def _check_reward_funcs(self, validating: bool) -> None:
+        if not (self.args.anchor or self.args.anchor_gate or validating):
+            return
+        for f in self.reward_funcs:
+            if isinstance(f, nn.Module) or is_async_callable(f):
+                raise ArmorLabError("anchors and validation score with plain (sync) reward functions; "
+                                    "reward models and async reward functions are not supported",
+                                    key="reward_funcs", value=getattr(f, "__name__", type(f).__name__))
+        custom_rollout = self.tools or self.rollout_func is not None or self.environment_factories is not None
+        if custom_rollout and (self.args.anchor or self.args.anchor_gate):
+            raise ArmorLabError("anchors are not supported with tools, rollout_func or environments",
+                                key="anchor", value=self.args.anchor)
+
+    def _prepare_reference(self, ref: nn.Module) -> nn.Module:
+        """What TRL does to its own reference model: fused LM head, then device placement/sharding."""
+        from trl.models.utils import prepare_deepspeed, prepare_fsdp
+
+        add_fused_lm_head(ref, temperature=self.temperature, cast_lm_head_to_fp32=self.args.cast_lm_head_to_fp32)
+        if self.is_deepspeed_enabled:
+            return prepare_deepspeed(ref, self.accelerator)
+        if self.is_fsdp_enabled:
+            return prepare_fsdp(ref, self.accelerator)
+        return self.accelerator.prepare_model(ref, evaluation_mode=True)
+
+    def _generation_config(self) -> GenerationConfig:
+        existing = getattr(self, "generation_config", None)
+        if existing is not None:
+            return existing
+        return GenerationConfig(max_new_tokens=self.max_completion_length, do_sample=True,
+                                pad_token_id=self._tokenizer.pad_token_id, eos_token_id=self.eos_token_ids,
+                                temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, min_p=self.min_p,
+                                repetition_penalty=self.repetition_penalty, disable_compile=True)
+
+    @contextlib.contextmanager
+    def unwrapped_policy(self):
+        """The policy ready for ``generate`` and plain forwards (ZeRO-3 params gathered)."""
+        with unwrap_model_for_generation(self.model_wrapped, self.accelerator,
+                                         gather_deepspeed3_params=self.args.ds3_gather_for_generation) as model:
+            yield model
+
+    def _get_train_sampler(self, dataset: Any = None) -> EpochSeededRepeatSampler:
+        dataset = self.train_dataset if dataset is None else dataset
+        return EpochSeededRepeatSampler(
+            data_source=dataset, mini_repeat_count=self.num_generations,
+            batch_size=self.args.generation_batch_size // self.num_generations,
+            repeat_count=self.num_iterations * self.args.steps_per_generation,
+            shuffle=self.shuffle_dataset, seed=self.args.seed)
+
+    # ------------------------------------------------------------------ rewards
+    def _as_completion(self, text: str, prompt: Any) -> Any:
+        return [{"role": "assistant", "content": text}] if is_conversational({"prompt": prompt}) else text
+
+    def _reward_values(self, prompts: list, completions: list[str], completion_ids: list[list[int]],
+                       rows: list[dict]) -> list[float]:
+        """Σ_i w_i·f_i over the (plain) reward functions, as TRL weighs them; unscorable → NaN."""
+        comps = [self._as_completion(c, p) for c, p in zip(completions, prompts, strict=True)]
+        keys = [k for k in (rows[0] if rows else {}) if k not in ("prompt", "completion", "completion_ids")]
+        kwargs = {k: [r[k] for r in rows] for k in keys}
+        total = torch.zeros(len(prompts))
+        scored = torch.zeros(len(prompts), dtype=torch.bool)
+        for weight, func in zip(self.reward_weights.tolist(), self.reward_funcs, strict=True):
+            out = func(prompts=prompts, completions=comps, completion_ids=completion_ids,
+                       trainer_state=self.state, log_extra=lambda *a, **k: None,
+                       log_metric=lambda *a, **k: None, **kwargs)
+            vals = torch.tensor([math.nan if v is None else float(v) for v in out])
+            scored |= ~vals.isnan()
+            total += weight * torch.nan_to_num(vals, nan=0.0)
+        return torch.where(scored, total, torch.tensor(math.nan)).tolist()
+
+    def _score_groups(self, requests, samples) -> list[list[float]]:
+        prompts, texts, ids, rows = [], [], [], []
+        for req, group in zip(requests, samples, strict=True):
+            for c in group:
+                prompts.append(req.prompt)
+                texts.append(c.text)
+                ids.append(list(c.ids))
+                rows.append(req.row)
+        flat = [0.0 if math.isnan(v) else v for v in self._reward_values(prompts, texts, ids, rows)]
+        out, i = [], 0
+        for group in samples:
+            out.append(flat[i:i + len(group)])
+            i += len(group)
+        return out
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._rewards_gathered = (rewards_per_func * self.reward_weights.to(rewards_per_func.device)).nansum(dim=1)
+        self._rewards_gathered[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
+        return rewards_per_func
+
+    # ------------------------------------------------------------------ rollout
+    def _generate(self, prompts: list):
+        out = super()._generate(prompts)
+        if not self.model.training:
+            return out
+        prompt_ids, completion_ids, tool_mask, completions, logprobs, extra, images, tool_images = out
+        n = len(prompts)
+        is_anchor = torch.zeros(n, dtype=torch.bool)
+        solvable = torch.full((n,), math.nan)
+        marks = {"groups": 0, "cached": 0, "generated": 0, "injected": 0}
+        if self.anchor_rollout is not None:
+            idx = anc.anchor_rows(n, self.accelerator.process_index, self.num_generations)
+            reqs = [anc.GroupRequest(prompts[i], prompt_ids[i], self._reward_row(self._rollout_inputs[i]))
+                    for i in idx]
+            outcomes, generated = self.anchor_rollout.run(reqs, seed=self.args.seed, step=self.state.global_step)
+            marks.update(groups=len(idx), cached=sum(o.cached for o in outcomes), generated=generated)
+            for i, o in zip(idx, outcomes, strict=True):
+                solvable[i] = float(o.solvable)
+                if self.args.anchor and o.anchor is not None:
+                    completion_ids[i] = list(o.anchor.ids)
+                    completions[i] = self._as_completion(o.anchor.text, prompts[i])
+                    if logprobs is not None:  # the sampler's log-probs do not describe π_ref's sample
+                        logprobs[i] = [None] * len(o.anchor.ids)
+                    is_anchor[i] = True
+                    marks["injected"] += 1
+        eos_and_pad = {*self.eos_token_ids, self._tokenizer.pad_token_id}
+        marks.update(
+            is_anchor=is_anchor, solvable=solvable,
+            lengths=torch.tensor([float(len(ids)) for ids in completion_ids]),
+            truncated=torch.tensor([float(not ids or ids[-1] not in eos_and_pad) for ids in completion_ids]),
+        )
+        self._rollout_marks = marks
+        return prompt_ids, completion_ids, tool_mask, completions, logprobs, extra, images, tool_images
+
+    @staticmethod
+    def _reward_row(row: dict) -> dict:
+        return {k: v for k, v in row.items() if k not in ("prompt", "completion", "completion_ids")}
+
+    def _generate_and_score_completions(self, inputs):
+        self._rollout_inputs, self._rollout_marks = inputs, None
+        try:
+            output = super()._generate_and_score_completions(inputs)
+        finally:
+            self._rollout_inputs = None
+        if not self.model.training:
+            return output
+        device = self.accelerator.device
+        marks, self._rollout_marks = self._rollout_marks, None
+        n = output["completion_ids"].size(0)
+        start = self.accelerator.process_index * n
+        if "ref_per_token_logps" not in output:
+            output["ref_per_token_logps"] = self._reference_logps(output)
+        output["armorlab_reward"] = self._rewards_gathered[start:start + n].to(device)
+        output["armorlab_length"] = marks["lengths"].to(device)
+        output["armorlab_truncated"] = marks["truncated"].to(device)
+        output["armorlab_is_anchor"] = marks["is_anchor"].to(device)
+        output["armorlab_group"] = torch.div(torch.arange(start, start + n, device=device), self.num_generations,
+                                             rounding_mode="floor")
+        keep = torch.ones(n, device=device)
+        if self.anchor_rollout is not None:
+            counts = torch.tensor([marks["groups"], marks["injected"], marks["cached"], marks["generated"]],
+                                  dtype=torch.float32, device=device)
+            if self.accelerator.num_processes > 1:
+                counts = self.accelerator.reduce(counts, reduction="sum")
+            groups, injected, cached, generated = counts.tolist()
+            dropped = 0.0
+            if self.args.anchor_gate:
+                solvable = self.accelerator.gather(marks["solvable"].to(device))
+                keep_all = anc.group_keep(solvable, self.num_generations)
+                keep = keep_all[start:start + n]
+                dropped = float((1.0 - keep_all).sum()) / self.num_generations
+            groups = max(groups, 1.0)
+            # 0-d tensors pass unchanged through TRL's shuffle/split: every step of this generation sees them
+            output["armorlab_anchor_rate"] = torch.tensor(injected / groups, device=device)
+            output["armorlab_gate_drop"] = torch.tensor(dropped / groups, device=device)
+            self._metrics["train"]["anchor/cache_hit"].append(cached / groups)
+            self._ref_samples_pending += generated
+        output["armorlab_keep"] = keep
+        return output
+
+    @torch.no_grad()
+    def _reference_logps(self, output: dict) -> torch.Tensor:
+        ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
+        att = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
+        logps, _, _ = self._get_per_token_logps_and_entropies(
+            self.ref_model, ids, att, output["completion_ids"].size(1),
+            batch_size=self.args.per_device_train_batch_size)
+        return logps
+
+    # ------------------------------------------------------------------ loss
+    def _compute_loss(self, model, inputs):
+        from armorlab.objectives import capacity_summary, policy_loss, probability_capacity
+
+        args = self.args
+        completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
+        ids = torch.cat([inputs["prompt_ids"], completion_ids], dim=1)
+        att = torch.cat([inputs["prompt_mask"], completion_mask], dim=1)
+        logp, entropy, aux_loss = self._get_per_token_logps_and_entropies(
+            model, ids, att, completion_ids.size(1), compute_entropy=True,
+            compute_aux_loss=self.aux_loss_enabled)
+        token_mask = completion_mask.float()
+        if "tool_mask" in inputs:
+            token_mask = token_mask * inputs["tool_mask"]
+        n = completion_ids.size(0)
+        keep = inputs.get("armorlab_keep", torch.ones(n, device=logp.device)).float()
+        mask = token_mask * keep.unsqueeze(1)
+        old = inputs.get("old_per_token_logps")
+        old = logp.detach() if old is None else old
+        ref = inputs.get("ref_per_token_logps")
+        is_anchor = inputs.get("armorlab_is_anchor", torch.zeros(n, dtype=torch.bool, device=logp.device))
+        adv = inputs["advantages"]
+        adv = adv.squeeze(1) if adv.dim() == 2 and adv.size(1) == 1 else adv
+        lp, olp, alpha = anc.anchor_ratio_inputs(args.objective, args.anchor_ratio if args.anchor else None,
+                                                 logp, old, ref, is_anchor, args.alpha)
+        out = policy_loss(args.objective, lp, olp, adv, mask, ref_logp=ref if args.objective == "armor" else None,
+                          alpha=alpha, eps_low=self.epsilon_low, eps_high=self.epsilon_high,
+                          dual_clip=args.dual_clip, aggregation=args.aggregation,
+                          max_len=self.max_completion_length)
+        loss = out.loss
+        stats = StepStats()
+        if self.beta != 0.0:
+            per_token_kl = kl_k3(ref - logp)
+            beta_kl = (per_token_kl * mask).sum() / mask.sum().clamp(min=1.0)
+            loss = loss + self.beta * beta_kl
+            stats.mean("obj/beta_kl", beta_kl)
+        if aux_loss is not None:
+            loss = loss + self.router_aux_loss_coef * aux_loss
+        training = self.model.training
+        if training:
+            loss = loss / self.current_gradient_accumulation_steps
+        if not torch.isfinite(loss):
+            raise NonFiniteLossError(self.state.global_step + 1)
+        if training:
+            self._record(stats, inputs, out, logp, olp, ref, adv, mask, token_mask, entropy, is_anchor, alpha,
+                         probability_capacity, capacity_summary)
+        return loss
+
+    @torch.no_grad()
+    def _record(self, stats, inputs, out, logp, olp, ref, adv, mask, token_mask, entropy, is_anchor, alpha,
+                probability_capacity, capacity_summary) -> None:
+        """Per-step telemetry, reduced over processes in one collective and handed to TRL's logger."""
+        args = self.args
+        on = (~is_anchor.bool()).float()
+        on_tok = token_mask * on.unsqueeze(1)
+        rewards = inputs["armorlab_reward"]
+        valid = on * (~rewards.isnan()).float()
+        stats.add("train/reward", torch.nan_to_num(rewards) @ valid, valid.sum())
+        stats.add("train/length", inputs["armorlab_length"] @ on, on.sum())
+        stats.add("train/truncated", inputs["armorlab_truncated"] @ on, on.sum())
+        stats.add("train/entropy", (entropy * on_tok).sum(), on_tok.sum())
+        for name, value in out.metrics.items():
+            stats.mean(name if name.startswith("obj/") else f"obj/{name}", value)
+        stats.mean("obj/policy_loss", out.loss)
+        if ref is not None:
+            reverse = ref - logp.detach()  # log(π_ref/π_θ) on samples of π_θ
+            for name, fn in (("k1", kl_k1), ("k2", kl_k2), ("k3", kl_k3)):
+                stats.add(f"kl/reverse_{name}", *sequence_sum_mean(fn(reverse), on_tok))
+            anchor_tok = token_mask * is_anchor.float().unsqueeze(1)
+            for name, fn in (("k1", kl_k1), ("k3", kl_k3)):  # anchors are samples of π_ref
+                stats.add(f"kl/forward_{name}", *sequence_sum_mean(fn(-reverse), anchor_tok))
+        cap = probability_capacity(args.objective, olp.detach(), adv, mask, ref_logp=ref, alpha=alpha,
+                                   eps_low=self.epsilon_low, eps_high=self.epsilon_high)
+        for name, value in capacity_summary(cap, olp.detach(), adv, mask).items():
+            stats.mean(f"cap/{name}", value)
+        if self.anchor_rollout is not None:
+            stats.mean("anchor/rate", inputs["armorlab_anchor_rate"])
+            stats.mean("anchor/gate_drop", inputs["armorlab_gate_drop"])
+            anchors = is_anchor.float()
+            stats.add("anchor/reward", torch.nan_to_num(rewards) @ anchors, anchors.sum())
+        stats.mean("ref/resets", float(self.reference.resets))
+        for name, value in stats.reduce(self.accelerator).items():
+            self._metrics["train"][name].append(value)
+        self.token_dump.record(self.state.global_step + 1, token_ids=inputs["completion_ids"], logp=logp,
+                               old_logp=olp, ref_logp=ref, advantages=adv, is_anchor=is_anchor, mask=mask)
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        if self.model.training and self.anchor_rollout is not None and "loss" in logs:
+            steps = max(1, self.state.global_step - self._last_logged_step)
+            logs["anchor/ref_samples"] = self._ref_samples_pending / steps
+            self._ref_samples_pending, self._last_logged_step = 0.0, self.state.global_step
+        super().log(logs, start_time)
+
+    # ------------------------------------------------------------------ checkpoints
+    def _save_checkpoint(self, model, trial):
+        # armorlab's state goes in FIRST: transformers writes trainer_state.json last, so a checkpoint
+        # with trainer_state.json is complete (launch resumes only from complete ones).
+        folder = Path(self._get_output_dir(trial=trial)) / f"checkpoint-{self.state.global_step}"
+        folder.mkdir(parents=True, exist_ok=True)
+        rank = self.accelerator.process_index
+        torch.save({"step": self._step, "buffer": self._buffered_inputs}, folder / f"armorlab_buffer_r{rank}.pt")
+        if self.anchor_rollout is not None:
+            from armorlab.fsutil import atomic_write_json
+
+            atomic_write_json(folder / f"anchor_cache_r{rank}.json", self.anchor_rollout.cache.state_dict())
+        if self.args.should_save:
+            self.reference.save(folder)
+            from armorlab.fsutil import atomic_write_json
+
+            atomic_write_json(folder / STATE_FILE, {"global_step": self.state.global_step,
+                                                    "world_size": self.accelerator.num_processes})
+        super()._save_checkpoint(model, trial)
+
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if checkpoint is None:
+            return
+        folder, rank = Path(checkpoint), self.accelerator.process_index
+        self.reference.load(folder)
+        buffer = folder / f"armorlab_buffer_r{rank}.pt"
+        if buffer.is_file():
+            state = torch.load(buffer, map_location=self.accelerator.device, weights_only=True)
+            self._step, self._buffered_inputs = int(state["step"]), state["buffer"]
+        cache = folder / f"anchor_cache_r{rank}.json"
+        if self.anchor_rollout is not None and cache.is_file():
+            self.anchor_rollout.cache.load_state_dict(json.loads(cache.read_text(encoding="utf-8")))
+
+
+class _ArmorLabCallback(TrainerCallback):
+    """Step-0 and periodic validation (before any reset, so the probe sees the step's π_ref),
+    reference resets, token-dump flushes."""
+
+    def __init__(self, trainer: ArmorLabTrainer) -> None:
+        self.trainer = trainer
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        tr = self.trainer
+        tr._last_logged_step = state.global_step
+        if state.global_step == 0 and args.val_every > 0 and tr.validator.enabled:
+            # transformers' own log: TRL's would fold in (and clear) pending training metrics
+            from transformers import Trainer
+
+            Trainer.log(tr, tr.validator.run(0))
+
+    def on_step_end(self, args, state, control, **kwargs):
+        tr, step = self.trainer, state.global_step
+        if args.val_every > 0 and step % args.val_every == 0 and tr.validator.enabled:
+            for name, value in tr.validator.run(step).items():
+                tr._metrics["train"][name].append(value)
+            control.should_log = True
+        if tr.reference.due(step):
+            tr.reference.reset_from(tr.accelerator.unwrap_model(tr.model), step)
+            if tr.anchor_rollout is not None:
+                tr.anchor_rollout.cache.clear()
+        tr.token_dump.flush(step)
+        return control
