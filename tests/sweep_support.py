@@ -1,0 +1,77 @@
+"""Helpers shared by tests/test_sweep*.py: the stand-in trainer, the Slurm cluster fixture, waits."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+STANDIN = Path(__file__).with_name("sweep_standin.py")
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_SLURM_CONF = Path(os.environ.get("ARMORLAB_SLURM_DIR", "/tmp/armorlab-slurm")) / "etc" / "slurm.conf"
+
+
+def standin_command() -> str:
+    return json.dumps([sys.executable, str(STANDIN)])
+
+
+def standin_metric(seed: int, step: int, salt: int) -> float:
+    """The stand-in's metric formula, restated here so tests do not trust the script's output."""
+    return ((seed * 7919 + step * 104729 + salt * 31) % 1000) / 1000.0
+
+
+def write_spec(path: Path, spec: dict) -> Path:
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+def run_cli(*args: str, env: dict | None = None, cwd: Path | None = None, timeout: float = 300):
+    return subprocess.run([sys.executable, "-m", "armorlab.cli", *args], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, cwd=cwd, timeout=timeout)
+
+
+def wait_for(predicate, timeout: float, what: str, interval: float = 0.5):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def wait_finished(sweep_dir: Path, timeout: float):
+    """Wait until no run of the sweep is queued or running; returns the final SweepStatus."""
+    from armorlab.sweeps.status import collect
+
+    box = {}
+
+    def done():
+        box["st"] = collect(sweep_dir)
+        return box["st"].finished
+
+    wait_for(done, timeout, f"sweep {sweep_dir} to finish", interval=1.0)
+    return box["st"]
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """The local cluster of slurm/local/start.sh. Skips when unreachable, unless
+    ARMORLAB_REQUIRE_SLURM=1 (set by .ci/run), where an unreachable cluster fails the test."""
+    from armorlab.sweeps import slurmctl
+
+    if not os.environ.get("SLURM_CONF") and DEFAULT_SLURM_CONF.is_file():
+        os.environ["SLURM_CONF"] = str(DEFAULT_SLURM_CONF)
+    if not slurmctl.reachable():
+        msg = "no Slurm cluster reachable (start one with: eval \"$(slurm/local/start.sh)\")"
+        if os.environ.get("ARMORLAB_REQUIRE_SLURM") == "1":
+            pytest.fail(msg + " but ARMORLAB_REQUIRE_SLURM=1")
+        pytest.skip(msg)
+    return os.environ["SLURM_CONF"]
