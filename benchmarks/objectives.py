@@ -1,0 +1,99 @@
+"""Forward+backward time of every objective relative to dapo, measured side by side in one run.
+
+    .venv/bin/python benchmarks/objectives.py [--batch 512] [--seq 4096] [--repeats 9]
+                                              [--threads 1] [--system-malloc]
+
+B×T float32 on CPU. Objectives are timed in a rotating order inside each repeat, so machine
+noise hits all of them alike; the ratio is median(objective) / median(dapo). Target: every
+ratio ≤ 1.5 (armor does more exp-like work; nothing is quadratic or loops in Python).
+The last line is ``max_ratio=<x>``.
+
+Two settings keep the comparison about the work each objective does:
+* one intra-op thread by default: on a shared 2-core machine a second thread mostly measures
+  waiting for the busy core;
+* glibc is told to keep freed memory (mallopt) so each 8 MB temporary is not returned to the
+  OS and page-faulted back in on every call; left alone, that page-fault cost swamps the
+  arithmetic and makes identical objectives differ by 50%. On a GPU the caching allocator
+  does the same. ``--system-malloc`` measures without it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import statistics
+import sys
+import time
+
+
+def keep_freed_memory() -> bool:
+    """glibc: serve big blocks from the heap and never trim it (M_MMAP_THRESHOLD, M_TRIM_THRESHOLD)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    return bool(libc.mallopt(-3, 2**30)) and bool(libc.mallopt(-1, 2**31 - 1))
+
+
+# Before torch allocates anything.
+KEPT = keep_freed_memory() if __name__ == "__main__" and "--system-malloc" not in sys.argv else False
+
+import torch  # noqa: E402
+
+from armorlab.objectives import OBJECTIVES, policy_loss  # noqa: E402
+
+
+def make_batch(batch: int, seq: int, seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    old = -torch.rand(batch, seq, generator=g) * 3.0
+    logp = (old + 0.1 * torch.randn(batch, seq, generator=g)).clamp(max=0.0)
+    ref = (old + 0.3 * torch.randn(batch, seq, generator=g)).clamp(max=0.0)
+    lengths = torch.randint(seq // 4, seq + 1, (batch,), generator=g)
+    mask = torch.arange(seq).unsqueeze(0) < lengths.unsqueeze(1)
+    adv = torch.randn(batch, generator=g)
+    return {"logp": logp, "old": old, "ref": ref, "mask": mask, "adv": adv}
+
+
+def time_once(objective: str, data: dict[str, torch.Tensor]) -> float:
+    logp = data["logp"].clone().requires_grad_(True)
+    start = time.perf_counter()
+    out = policy_loss(objective, logp, data["old"], data["adv"], data["mask"], ref_logp=data["ref"],
+                      alpha=0.8, max_len=logp.shape[1])
+    out.loss.backward()
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--batch", type=int, default=512)
+    parser.add_argument("--seq", type=int, default=4096)
+    parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--system-malloc", action="store_true", help="don't change glibc malloc settings")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    data = make_batch(args.batch, args.seq)
+    names = list(OBJECTIVES)
+    for name in names:  # warm-up: allocator, kernels
+        time_once(name, data)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for rep in range(args.repeats):
+        order = names[rep % len(names):] + names[:rep % len(names)]
+        for name in order:
+            times[name].append(time_once(name, data))
+
+    base = statistics.median(times["dapo"])
+    print(f"objectives forward+backward, B×T = {args.batch}×{args.seq} float32, "
+          f"{torch.get_num_threads()} thread(s), median of {args.repeats}, "
+          f"malloc {'keeps freed memory' if KEPT else 'system default'}")
+    ratios = {}
+    for name in names:
+        med = statistics.median(times[name])
+        ratios[name] = med / base
+        print(f"{name:>8}: {med * 1e3:8.1f} ms  ratio={ratios[name]:.2f}")
+    print(f"max_ratio={max(ratios.values()):.2f}")
+
+
+if __name__ == "__main__":
+    main()
