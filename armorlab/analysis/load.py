@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 
 CACHE_DIR = ".armorlab-cache"
 CACHE_FILE = "metrics.parquet"
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 META_COLUMNS = ("run_id", "sweep", "path", "state", "reason")
 _META_KEY = b"armorlab_cache"
 
@@ -171,13 +171,10 @@ def _read_cache(sweep_dir: Path) -> dict[str, _Entry]:
         log.info("ignoring unreadable analysis cache %s: %s", path, exc)
         return {}
     entries: dict[str, _Entry] = {}
-    names = df.pop("__run").to_numpy()
-    bounds = np.flatnonzero(np.r_[True, names[1:] != names[:-1], True]) if names.size else []
-    slices = {names[a]: (a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=True)}
     for name, info in meta["runs"].items():
-        a, b = slices.get(name, (0, 0))
-        frame = df.iloc[a:b][["step", *info["metrics"]]].reset_index(drop=True)
-        entries[name] = _Entry(frame, info["metrics_key"], info["config_key"], info["config"],
+        a, b = info["rows"]
+        # a view, not a copy; metrics a run never logged are all-NaN columns, i.e. absent
+        entries[name] = _Entry(df.iloc[a:b], info["metrics_key"], info["config_key"], info["config"],
                                info["warnings"])
     return entries
 
@@ -188,14 +185,15 @@ def _write_cache(sweep_dir: Path, entries: dict[str, _Entry]) -> None:
 
     frames = []
     meta_runs = {}
+    row = 0
     for name, e in entries.items():
-        metrics = [c for c in e.frame.columns if c != "step"]
         meta_runs[name] = {"metrics_key": e.metrics_key, "config_key": e.config_key,
-                           "config": e.config, "warnings": e.warnings, "metrics": metrics}
+                           "config": e.config, "warnings": e.warnings, "rows": [row, row + len(e.frame)]}
+        row += len(e.frame)
         if len(e.frame):
-            frames.append(e.frame.assign(__run=name))
-    df = pd.concat(frames, ignore_index=True, sort=False) if frames else pd.DataFrame(
-        {"__run": pd.Series([], dtype=str), "step": pd.Series([], dtype=np.int64)})
+            frames.append(e.frame)
+    df = (pd.concat(frames, ignore_index=True, sort=False) if frames
+          else pd.DataFrame({"step": pd.Series([], dtype=np.int64)}))
     table = pa.Table.from_pandas(df, preserve_index=False)
     meta = json.dumps({"version": CACHE_VERSION, "runs": meta_runs}).encode()
     table = table.replace_schema_metadata({**(table.schema.metadata or {}), _META_KEY: meta})
@@ -220,9 +218,12 @@ class RunSet:
     runs: pd.DataFrame
     wide: pd.DataFrame
     warnings: list[str] = field(default_factory=list)
+    slices: dict[str, tuple[int, int]] | None = None  # run_id → its rows of ``wide``, when known
 
     @cached_property
     def _slices(self) -> dict[str, tuple[int, int]]:
+        if self.slices is not None:
+            return self.slices
         ids = self.wide["run_id"].to_numpy()
         if ids.size == 0:
             return {}
@@ -242,15 +243,25 @@ class RunSet:
         steps, _ = self.curve(run_id, metric)
         return steps.size > 0
 
+    @cached_property
+    def _columns(self) -> dict[str, np.ndarray]:
+        # one numpy view per column: curve() is called thousands of times per report
+        return {c: self.wide[c].to_numpy() for c in self.wide.columns if c != "run_id"}
+
     def curve(self, run_id: str, metric: str) -> tuple[np.ndarray, np.ndarray]:
         """(steps, values) of one metric of one run, NaN rows dropped."""
-        if metric not in self.wide.columns or run_id not in self._slices:
+        cols = self._columns
+        if metric not in cols or metric == "step" or run_id not in self._slices:
             return np.empty(0, dtype=np.int64), np.empty(0)
         a, b = self._slices[run_id]
-        values = self.wide[metric].to_numpy()[a:b]
-        steps = self.wide["step"].to_numpy()[a:b]
+        values = cols[metric][a:b]
         keep = ~np.isnan(values)
-        return steps[keep], values[keep]
+        return cols["step"][a:b][keep], values[keep]
+
+    def last_step(self, run_id: str) -> int | None:
+        """The last logged step of a run (None when it logged nothing)."""
+        a_b = self._slices.get(run_id)
+        return None if a_b is None else int(self._columns["step"][a_b[1] - 1])
 
     def config_columns(self, varying_only: bool = False) -> list[str]:
         cols = [c for c in self.runs.columns if c not in META_COLUMNS]
@@ -264,7 +275,14 @@ class RunSet:
         metric_cols = self.metrics
         values = self.wide[metric_cols].to_numpy(dtype=np.float64)
         rows, cols = np.nonzero(~np.isnan(values))
-        run_codes = pd.Categorical(self.wide["run_id"].to_numpy()[rows], categories=self.run_ids)
+        position = {r: i for i, r in enumerate(self.run_ids)}
+        col = self.wide["run_id"]
+        if isinstance(col.dtype, pd.CategoricalDtype):
+            remap = np.array([position[c] for c in col.cat.categories], dtype=np.int64)
+            codes = remap[col.cat.codes.to_numpy()[rows]] if remap.size else np.empty(0, dtype=np.int64)
+        else:
+            codes = np.array([position[r] for r in col.to_numpy()[rows]], dtype=np.int64)
+        run_codes = pd.Categorical.from_codes(codes, categories=self.run_ids)
         out = pd.DataFrame({"run_id": run_codes})
         by_run = self.runs.set_index("run_id")
         for key in self.config_columns(varying_only=True):
@@ -362,7 +380,8 @@ def _unique_ids(run_dirs: list[RunDir]) -> list[str]:
 
 def _assemble(run_dirs: list[RunDir], entries: dict[Path, _Entry]) -> RunSet:
     warnings: list[str] = []
-    rows, frames = [], []
+    rows, frames, ids, slices = [], [], [], {}
+    start = 0
     for rid, rd in zip(_unique_ids(run_dirs), run_dirs, strict=True):
         e = entries[rd.path]
         status = rd.read_status()
@@ -374,15 +393,21 @@ def _assemble(run_dirs: list[RunDir], entries: dict[Path, _Entry]) -> RunSet:
         if len(e.frame) == 0:
             warnings.append(f"run {rid}: no metrics logged yet ({rd.metrics_path})")
             continue
-        frames.append(e.frame.assign(run_id=rid))
+        frames.append(e.frame)
+        ids.append(rid)
+        slices[rid] = (start, start + len(e.frame))
+        start += len(e.frame)
     runs = pd.DataFrame(rows)
     if frames:
         wide = pd.concat(frames, ignore_index=True, sort=False)
-        cols = ["run_id", "step", *sorted(c for c in wide.columns if c not in ("run_id", "step"))]
-        wide = wide[cols]
+        lengths = [b - a for a, b in slices.values()]
+        codes = np.repeat(np.arange(len(ids)), lengths)
+        wide.insert(0, "run_id", pd.Categorical.from_codes(codes, categories=ids))
+        metric_cols = sorted(c for c in wide.columns if c not in ("run_id", "step"))
+        wide = wide[["run_id", "step", *metric_cols]]
     else:
         wide = pd.DataFrame({"run_id": pd.Series([], dtype=object), "step": pd.Series([], dtype=np.int64)})
-    return RunSet(runs=runs, wide=wide, warnings=warnings)
+    return RunSet(runs=runs, wide=wide, warnings=warnings, slices=slices)
 
 
 def load_runs(paths: Iterable[str | os.PathLike], *, cache: bool = True) -> pd.DataFrame:

@@ -72,9 +72,10 @@ def matched_values(steps, values, matched_steps) -> list[ValueAt]:
     return [value_at(steps, values, m) for m in matched_steps]
 
 
-def default_matched_steps(eval_steps_per_run: list[np.ndarray], count: int = 3) -> list[int]:
-    """Matched steps when a recipe names none: ``count`` eval steps spread up to the last step
-    every run reached (¼, ½ and all of it by default), snapped to logged eval steps."""
+def default_matched_steps(eval_steps_per_run: list[np.ndarray],
+                          fractions: tuple[float, ...] = (0.25, 0.5, 1.0)) -> list[int]:
+    """Matched steps when a recipe names none: ¼, ½ and all of the last step every run reached,
+    each snapped to the nearest logged eval step (the earlier one on a tie)."""
     finals = [np.max(s) for s in eval_steps_per_run if len(s)]
     if not finals:
         return []
@@ -84,6 +85,6 @@ def default_matched_steps(eval_steps_per_run: list[np.ndarray], count: int = 3) 
     logged = logged[(logged > 0) & (logged <= last_common)]
     if logged.size == 0:
         return [int(last_common)]
-    targets = [last_common * (k + 1) / count for k in range(count)]
+    targets = [last_common * f for f in fractions]
     picked = sorted({int(logged[np.argmin(np.abs(logged - t))]) for t in targets})
     return picked

@@ -158,11 +158,12 @@ class CurveBand:
     n: np.ndarray
 
 
-def curve_band(aligned: AlignedCurves, *, max_points: int = 250, confidence: float = CONFIDENCE,
-               n_resamples: int = 1000, seed: int = SEED) -> CurveBand:
+def curve_band(aligned: AlignedCurves, *, max_points: int = 200, confidence: float = CONFIDENCE,
+               n_resamples: int = 500, seed: int = SEED) -> CurveBand:
     """Mean and percentile-bootstrap band per grid step (at most ``max_points`` evenly spaced
-    steps: a plot cannot show more, and the band costs a bootstrap per step). The band is NaN
-    where fewer than two seeds are present."""
+    steps: a plot cannot show more, and the band costs a bootstrap per step; 500 resamples put
+    the band's edges within a line width of their limit). The band is NaN where fewer than two
+    seeds are present."""
     grid, values = aligned.grid, aligned.values
     if grid.size > max_points:
         idx = np.unique(np.linspace(0, grid.size - 1, max_points).round().astype(int))

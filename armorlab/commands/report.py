@@ -1,9 +1,53 @@
-"""`armorlab report` (filled in by its issue)."""
+"""`armorlab report`: figures, tables and index.html comparing runs (armorlab.analysis.report)."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import typer
 
 
 def register(app: typer.Typer) -> None:
-    """Add this module's commands to app."""
+    @app.command("report")
+    def report(
+        inputs: list[str] = typer.Argument(..., metavar="RECIPE.yaml | RUN_OR_SWEEP_DIR...",
+                                           help="A recipe (analysis/*.yaml), or run/sweep dirs and globs."),
+        out: Path = typer.Option(None, "--out", help="Output dir (default: recipe `out:`, a run's or "
+                                 "sweep's report/, else reports/<recipe>)."),
+        group_by: list[str] = typer.Option([], "--group-by", help="Config keys to group on, e.g. "
+                                           "--group-by objective,alpha (default: the keys that tell runs "
+                                           "apart; seeds are always aggregated)."),
+        no_cache: bool = typer.Option(False, "--no-cache", help="Re-parse every metrics.jsonl; do not "
+                                      "read or write the parquet cache."),
+    ) -> None:
+        """Compare runs: seed statistics, collapse metrics, KL, capacity -> PNG, CSV/MD/LaTeX, HTML."""
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+        from armorlab.analysis.recipe import load_recipe, recipe_for_paths
+        from armorlab.errors import ArmorLabError
+
+        keys = [k.strip() for item in group_by for k in item.split(",") if k.strip()] or None
+        first = Path(inputs[0])
+        if len(inputs) == 1 and first.suffix in (".yaml", ".yml") and not first.is_dir():
+            if not first.is_file():
+                raise ArmorLabError("recipe file not found", key="recipe", value=str(first))
+            recipe = load_recipe(first)
+            if keys:
+                recipe.group_by = keys
+        else:
+            recipe = recipe_for_paths(inputs, group_by=keys)
+        from armorlab.analysis.report import build_report  # pandas, scipy, matplotlib: after the cheap checks
+
+        console = Console(stderr=True)
+        with Progress(TextColumn("reading runs"), BarColumn(), MofNCompleteColumn(), console=console,
+                      transient=True) as bar:
+            task = bar.add_task("runs", total=None)
+            result = build_report(recipe, out, cache=not no_cache,
+                                  progress=lambda done, total: bar.update(task, completed=done, total=total))
+        typer.echo(f"{result.index}  ({result.n_runs} runs, {result.n_groups} groups, "
+                   f"{len(result.plots)} plots, {len(result.warnings)} warnings)")
+        for w in result.warnings[:10]:
+            typer.echo(f"warning: {w}", err=True)
+        if len(result.warnings) > 10:
+            typer.echo(f"... {len(result.warnings) - 10} more warnings in {result.index}", err=True)

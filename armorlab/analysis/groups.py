@@ -1,0 +1,344 @@
+"""From loaded runs to the numbers a report shows: groups, per-run scores, seed aggregates,
+probability of improvement between groups, and the config keys that differ between groups.
+
+Per-run scores (columns of the per-run table; ``val`` = the recipe's select.metric, ``test`` =
+its select.report):
+
+    peak, peak_step, final, drop, drop_rel, collapse_step, auc, divergence_step,
+    entropy_collapse_step, length_blowup        collapse metrics of the val curve (collapse.py)
+    selected_step, selected_val, selected_test  (R1) best on val, reported on test (select.py)
+    val@S, test@S                               (R2) at each matched step S
+    tok_*                                       token-sample statistics (capacity_stats.py)
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from armorlab.analysis import collapse, select, stats
+from armorlab.analysis.load import META_COLUMNS, RunSet
+from armorlab.analysis.recipe import SEED_KEYS, Recipe
+from armorlab.errors import ArmorLabError
+
+log = logging.getLogger(__name__)
+
+# Headline scores by default: the honest test number, the matched-step test number, the val AUC.
+HEADLINE_DEFAULT = ("selected_test", "test@last", "auc")
+GROUP_SCORES = ("peak", "peak_step", "final", "drop", "collapse_step", "auc", "selected_val",
+                "selected_test")
+
+
+def _norm(v: Any) -> Any:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return None
+    if isinstance(v, (np.integer,)):
+        return int(v)
+    if isinstance(v, (np.floating,)):
+        return float(v)
+    if isinstance(v, (np.bool_,)):
+        return bool(v)
+    return v
+
+
+def fmt_value(v: Any) -> str:
+    v = _norm(v)
+    if isinstance(v, float):
+        return f"{v:g}"
+    return str(v)
+
+
+# --------------------------------------------------------------------------- grouping
+def varying_keys(runs: pd.DataFrame) -> list[str]:
+    """Config keys whose value differs between runs (seeds excluded)."""
+    out = []
+    for col in runs.columns:
+        if col in META_COLUMNS or col in SEED_KEYS:
+            continue
+        vals = {json.dumps(_norm(v), sort_keys=True, default=str) for v in runs[col].tolist()}
+        if len(vals) > 1:
+            out.append(col)
+    return out
+
+
+def _partition(runs: pd.DataFrame, keys: Sequence[str]) -> int:
+    if not keys:
+        return 1
+    return len({tuple(fmt_value(v) for v in row) for row in runs[list(keys)].itertuples(index=False)})
+
+
+def auto_group_by(runs: pd.DataFrame) -> list[str]:
+    """The fewest varying config keys that still tell all non-seed configs apart.
+
+    A sweep over ``objective`` changes many keys through presets (anchor, ref_reset_steps, ...);
+    grouping on all of them would be unreadable, so keys are added greedily — ``objective``
+    first, then whichever splits the runs most — until the groups are as fine as all varying
+    keys together make them.
+    """
+    keys = varying_keys(runs)
+    target = _partition(runs, keys)
+    chosen: list[str] = []
+    if "objective" in keys:
+        chosen.append("objective")
+    while _partition(runs, chosen) < target:
+        rest = [k for k in keys if k not in chosen]
+        best = max(rest, key=lambda k: (_partition(runs, [*chosen, k]), -runs[k].isna().sum(), -len(k)))
+        chosen.append(best)
+    return chosen
+
+
+def group_label(keys: Sequence[str], values: Sequence[Any]) -> str:
+    """"objective=armor, alpha=0.8"; keys whose value is null are left out."""
+    parts = [f"{k}={fmt_value(v)}" for k, v in zip(keys, values, strict=True) if _norm(v) is not None]
+    return ", ".join(parts) if parts else "all runs"
+
+
+@dataclass
+class Groups:
+    """Runs assigned to groups. ``table``: one row per group (label, keys..., n_runs), in display
+    order; ``of_run``: run_id → label."""
+    keys: list[str]
+    table: pd.DataFrame
+    of_run: dict[str, str]
+    members: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def labels(self) -> list[str]:
+        return self.table["group"].tolist()
+
+
+def _sort_key(v: Any) -> tuple:
+    v = _norm(v)
+    if v is None:
+        return (2, "")
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return (0, float(v))
+    return (1, str(v))
+
+
+def make_groups(runs: pd.DataFrame, keys: Sequence[str], *, file: str | None = None) -> Groups:
+    """Assign each run to the group of its values of ``keys`` (unknown key → ArmorLabError)."""
+    for k in keys:
+        if k not in runs.columns:
+            raise ArmorLabError(f"not a config key of these runs (varying keys: "
+                                f"{', '.join(varying_keys(runs)) or 'none'})", key="group_by", value=k,
+                                file=file)
+    combos: dict[tuple, list[str]] = {}
+    for rid, row in zip(runs["run_id"], runs[list(keys)].itertuples(index=False), strict=True):
+        combos.setdefault(tuple(_norm(v) for v in row), []).append(rid)
+    ordered = sorted(combos, key=lambda c: tuple(_sort_key(v) for v in c))
+    rows, of_run, members = [], {}, {}
+    for combo in ordered:
+        label = group_label(keys, combo)
+        rows.append({"group": label, **dict(zip(keys, combo, strict=True)), "n_runs": len(combos[combo])})
+        members[label] = combos[combo]
+        for rid in combos[combo]:
+            of_run[rid] = label
+    return Groups(list(keys), pd.DataFrame(rows), of_run, members)
+
+
+# --------------------------------------------------------------------------- per-run scores
+@dataclass
+class Notes:
+    """Warnings collected while scoring (shown in the report)."""
+    items: list[str] = field(default_factory=list)
+
+    def add(self, msg: str) -> None:
+        if msg not in self.items:
+            self.items.append(msg)
+
+
+def resolve_matched_steps(rs: RunSet, recipe: Recipe) -> list[int]:
+    if recipe.matched_steps is not None:
+        return list(recipe.matched_steps)
+    # runs still going or failed early would drag the default steps down: use completed ones
+    done = rs.runs.loc[rs.runs["state"] == "completed", "run_id"].tolist()
+    for ids in (done, rs.run_ids):
+        per_run = [rs.curve(r, recipe.select.metric)[0] for r in ids]
+        per_run = [s for s in per_run if s.size]
+        if per_run:
+            return select.default_matched_steps(per_run)
+    return []
+
+
+def run_scores(rs: RunSet, groups: Groups, recipe: Recipe, matched: Sequence[int],
+               notes: Notes, token_stats: Mapping[str, Mapping[str, float]] | None = None) -> pd.DataFrame:
+    """One row per run: identity, state, and every score (see the module docstring)."""
+    sel, col = recipe.select, recipe.collapse
+    rows = []
+    interp_sel, interp_matched, short = [], {}, {}
+    for run in rs.runs.itertuples(index=False):
+        rid = run.run_id
+        vs, vv = rs.curve(rid, sel.metric)
+        ts, tv = rs.curve(rid, sel.report)
+        row: dict[str, Any] = {"run_id": rid, "group": groups.of_run[rid], "seed": getattr(run, "seed", None),
+                               "state": run.state, "reason": run.reason,
+                               "last_step": rs.last_step(rid)}
+        # a minimised selection metric collapses upwards: negate so "drop" keeps its meaning
+        sign = 1.0 if sel.mode == "max" else -1.0
+        m = collapse.collapse_metrics(
+            vs, sign * vv,
+            train_steps=rs.curve(rid, col.train)[0], train_values=rs.curve(rid, col.train)[1],
+            entropy_steps=rs.curve(rid, col.entropy)[0], entropy_values=rs.curve(rid, col.entropy)[1],
+            length_steps=rs.curve(rid, col.length)[0], length_values=rs.curve(rid, col.length)[1],
+            delta=col.delta, patience=col.patience, window=col.window, entropy_frac=col.entropy_frac)
+        for k in ("peak", "final", "auc"):
+            m[k] = sign * m[k]
+        if not rs.curve(rid, col.train)[0].size:
+            m["divergence_step"] = None
+        if not rs.curve(rid, col.entropy)[0].size:
+            m["entropy_collapse_step"] = None
+        row.update(m)
+        chosen = select.select_best(vs, vv, ts, tv, mode=sel.mode)
+        row.update(selected_step=chosen.step, selected_val=chosen.selected_value,
+                   selected_test=chosen.reported_value)
+        if chosen.step is not None and ts.size and not chosen.reported_exact and math.isfinite(
+                chosen.reported_value):
+            interp_sel.append(rid)
+        for s in matched:
+            for prefix, (xs, xv) in (("val", (vs, vv)), ("test", (ts, tv))):
+                at = select.value_at(xs, xv, s)
+                row[f"{prefix}@{s}"] = at.value
+                if xs.size and not at.exact:
+                    (interp_matched if math.isfinite(at.value) else short).setdefault(s, set()).add(rid)
+        if token_stats and rid in token_stats:
+            row.update({f"tok_{k}": v for k, v in token_stats[rid].items()})
+        rows.append(row)
+    if interp_sel:
+        notes.add(f"{sel.report} was not logged at the val-selected step of {len(interp_sel)} run(s); "
+                  f"interpolated between neighbouring evals ({', '.join(sorted(interp_sel)[:5])})")
+    for s, rids in sorted(interp_matched.items()):
+        notes.add(f"matched step {s} was not an eval step for {len(rids)} run(s): values interpolated")
+    missed: dict[str, list[int]] = {}
+    for s, rids in sorted(short.items()):
+        for rid in rids:
+            missed.setdefault(rid, []).append(s)
+    for rid, steps in sorted(missed.items()):
+        notes.add(f"run {rid} did not reach matched step(s) {', '.join(map(str, steps))}: "
+                  f"left out of those columns")
+    return pd.DataFrame(rows)
+
+
+def score_columns(per_run: pd.DataFrame, matched: Sequence[int]) -> list[str]:
+    """The numeric score columns of the group table, in display order."""
+    cols = [c for c in GROUP_SCORES if c in per_run.columns]
+    for s in matched:
+        cols += [c for c in (f"val@{s}", f"test@{s}") if c in per_run.columns]
+    return cols
+
+
+def token_columns(per_run: pd.DataFrame) -> list[str]:
+    """Token-sample statistics (tokens/ parquet), aggregated like scores but shown apart."""
+    return [c for c in per_run.columns if c.startswith("tok_") and c != "tok_tokens"]
+
+
+def group_summary(per_run: pd.DataFrame, groups: Groups, cols: Sequence[str]) -> pd.DataFrame:
+    """One row per group: keys, n (runs), collapsed (runs with a collapse step), and per score
+    ``<score>_mean/_ci_low/_ci_high/_std/_iqm/_n`` (stats.summarise over seeds)."""
+    rows = []
+    for g in groups.table.to_dict("records"):
+        label = g["group"]
+        sub = per_run[per_run["group"] == label]
+        row: dict[str, Any] = {"group": label, **{k: g[k] for k in groups.keys}}
+        row["n"] = len(sub)
+        row["collapsed"] = int(sub["collapse_step"].notna().sum()) if "collapse_step" in sub else 0
+        for c in cols:
+            values = pd.to_numeric(sub[c], errors="coerce").to_numpy(dtype=np.float64)
+            row.update(stats.summarise(values).as_dict(f"{c}_"))
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def resolve_scores(recipe: Recipe, per_run: pd.DataFrame, matched: Sequence[int]) -> list[str]:
+    """The headline scores: the recipe's, or selected_test, test@<last matched step>, auc."""
+    last = f"test@{matched[-1]}" if matched else None
+    wanted = recipe.scores or [last if s == "test@last" else s for s in HEADLINE_DEFAULT]
+    out = []
+    for s in wanted:
+        if s is None:
+            continue
+        if s == "test@last":
+            s = last
+        if s not in per_run.columns:
+            if recipe.scores:
+                raise ArmorLabError(f"unknown score (known: {', '.join(score_columns(per_run, matched))})",
+                                    key="scores", value=s, file=str(recipe.path) if recipe.path else None)
+            continue
+        if per_run[s].notna().any():
+            out.append(s)
+    return out
+
+
+# --------------------------------------------------------------------------- comparisons
+def _matches(runs: pd.DataFrame, rids: list[str], selector: Mapping[str, Any]) -> bool:
+    sub = runs[runs["run_id"].isin(rids)]
+    return all(fmt_value(v) == fmt_value(want) for k, want in selector.items() for v in sub[k].tolist())
+
+
+def comparison_pairs(runs: pd.DataFrame, groups: Groups, recipe: Recipe) -> list[tuple[str, str]]:
+    """(X, Y) group pairs for P(X > Y): the recipe's baseline/pairs, else all pairs (≤ 6 groups)
+    or every group against the first one."""
+    labels = groups.labels
+    file = str(recipe.path) if recipe.path else None
+
+    def pick(selector: Mapping[str, Any], key: str) -> list[str]:
+        for k in selector:
+            if k not in runs.columns:
+                raise ArmorLabError("not a config key of these runs", key=key, value=k, file=file)
+        found = [g for g in labels if _matches(runs, groups.members[g], selector)]
+        if not found:
+            raise ArmorLabError("selects no group", key=key, value=dict(selector), file=file)
+        return found
+
+    cmp_ = recipe.compare
+    if cmp_.pairs:
+        out = []
+        for i, (a, b) in enumerate(cmp_.pairs):
+            out += [(x, y) for x in pick(a, f"compare.pairs[{i}][0]") for y in pick(b, f"compare.pairs[{i}][1]")
+                    if x != y]
+        return list(dict.fromkeys(out))
+    if cmp_.baseline:
+        base = pick(cmp_.baseline, "compare.baseline")
+        return [(x, y) for y in base for x in labels if x not in base]
+    if len(labels) <= 6:
+        return list(itertools.combinations(labels, 2))
+    return [(x, labels[0]) for x in labels[1:]]
+
+
+def improvement_table(per_run: pd.DataFrame, pairs: Sequence[tuple[str, str]],
+                      scores: Sequence[str]) -> pd.DataFrame:
+    """Probability of improvement P(X > Y) with a bootstrap CI, per pair and headline score."""
+    rows = []
+    for x, y in pairs:
+        xs = per_run[per_run["group"] == x]
+        ys = per_run[per_run["group"] == y]
+        for s in scores:
+            a = pd.to_numeric(xs[s], errors="coerce").to_numpy(dtype=np.float64)
+            b = pd.to_numeric(ys[s], errors="coerce").to_numpy(dtype=np.float64)
+            p, lo, hi = stats.poi_with_ci(a, b)
+            rows.append({"x": x, "y": y, "score": s, "p_improvement": p, "ci_low": lo, "ci_high": hi,
+                         "n_x": int(np.isfinite(a).sum()), "n_y": int(np.isfinite(b).sum())})
+    return pd.DataFrame(rows, columns=["x", "y", "score", "p_improvement", "ci_low", "ci_high", "n_x", "n_y"])
+
+
+def config_diff(runs: pd.DataFrame, groups: Groups) -> pd.DataFrame:
+    """Rows = groups, columns = config keys that differ between runs (seed excluded); a cell
+    holds the group's value, or ``mixed: a | b`` when the group's own runs disagree."""
+    keys = varying_keys(runs)
+    rows = []
+    for label in groups.labels:
+        sub = runs[runs["run_id"].isin(groups.members[label])]
+        row = {"group": label}
+        for k in keys:
+            vals = list(dict.fromkeys(fmt_value(v) for v in sub[k].tolist()))
+            row[k] = vals[0] if len(vals) == 1 else "mixed: " + " | ".join(vals)
+        rows.append(row)
+    return pd.DataFrame(rows, columns=["group", *keys])

@@ -1,0 +1,82 @@
+"""``index.html``: one self-contained page (inline CSS, no scripts, no network) with the tables,
+the figures (PNG files next to it, referenced by relative path so they can also go in a paper),
+the configs that differ between groups, and every warning."""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from armorlab.fsutil import atomic_write_text
+
+_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:2rem auto;max-width:1200px;
+     padding:0 1rem;color:#222;line-height:1.45}
+h1{font-size:1.6rem;margin-bottom:.2rem} h2{font-size:1.25rem;border-bottom:1px solid #ddd;padding-bottom:.2rem;
+     margin-top:2rem} .meta{color:#666;font-size:.9rem}
+table{border-collapse:collapse;font-size:.82rem;margin:.6rem 0;display:block;overflow-x:auto}
+th,td{border:1px solid #ddd;padding:.25rem .5rem;text-align:left;white-space:nowrap} th{background:#f5f5f5}
+tr:nth-child(even) td{background:#fafafa}
+.warn{background:#fff7e0;border-left:4px solid #e0a800;padding:.5rem 1rem}
+.warn li{margin:.15rem 0} figure{margin:1rem 0} figure img{max-width:100%;border:1px solid #eee}
+figcaption{color:#555;font-size:.85rem} code{background:#f3f3f3;padding:0 .2rem}
+"""
+
+
+@dataclass
+class Figure:
+    """A PNG (path relative to the report dir) and its caption."""
+    src: str
+    caption: str
+
+
+@dataclass
+class Section:
+    """One titled part of the page: free HTML (already escaped), then figures, then tables."""
+    title: str
+    intro: str = ""
+    figures: list[Figure] = field(default_factory=list)
+    tables: list[tuple[str, pd.DataFrame]] = field(default_factory=list)
+
+
+def esc(text: object) -> str:
+    return html.escape(str(text), quote=True)
+
+
+def table_html(df: pd.DataFrame) -> str:
+    return df.to_html(index=False, escape=True, na_rep="—", border=0)
+
+
+def render(title: str, meta: str, warnings: Sequence[str], sections: Sequence[Section]) -> str:
+    parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+             f"<title>{esc(title)}</title><style>{_CSS}</style></head><body>",
+             f"<h1>{esc(title)}</h1>", f'<p class="meta">{meta}</p>']
+    parts.append("<h2>Warnings</h2>")
+    if warnings:
+        parts.append('<div class="warn"><ul>' + "".join(f"<li>{esc(w)}</li>" for w in warnings) + "</ul></div>")
+    else:
+        parts.append("<p>None.</p>")
+    for s in sections:
+        parts.append(f"<h2>{esc(s.title)}</h2>")
+        if s.intro:
+            parts.append(s.intro)
+        for cap, df in s.tables:
+            if cap:
+                parts.append(f"<p><b>{esc(cap)}</b></p>")
+            parts.append(table_html(df))
+        for f in s.figures:
+            parts.append(f'<figure><img src="{esc(f.src)}" alt="{esc(f.caption)}">'
+                         f"<figcaption>{esc(f.caption)}</figcaption></figure>")
+    parts.append("</body></html>")
+    return "\n".join(parts) + "\n"
+
+
+def write_index(out_dir: Path, title: str, meta: str, warnings: Sequence[str],
+                sections: Sequence[Section]) -> Path:
+    path = out_dir / "index.html"
+    atomic_write_text(path, render(title, meta, warnings, sections))
+    return path

@@ -1,0 +1,242 @@
+"""Report figures (matplotlib, Agg backend). Each function takes prepared numbers, writes one PNG
+and returns its path; every figure has a title, axis labels with units and a legend titled with
+the group-by keys, and a group keeps its colour across figures."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # reports are written headless (clusters, CI); must precede pyplot
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from armorlab.analysis.stats import CurveBand  # noqa: E402
+
+DPI = 110
+STEP_LABEL = "step (optimizer steps)"
+_UNITS = {"acc": "accuracy, avg@k", "reward": "mean reward", "entropy": "nats/token",
+          "length": "tokens", "approx_kl": "nats/token", "rate": "fraction", "gate_drop": "fraction",
+          "pos_mean": "Δπ", "neg_mean": "Δπ", "pos_bound_frac": "fraction of A>0 tokens"}
+
+
+def metric_label(metric: str) -> str:
+    """Axis label with units: ``val/acc (accuracy, avg@k)``, ``kl/forward_k3 (nats/token)``."""
+    ns, _, name = metric.partition("/")
+    if ns == "kl":
+        unit = "nats/token"
+    elif name.startswith("pass@"):
+        unit = "fraction solved"
+    else:
+        unit = _UNITS.get(name)
+    return f"{metric} ({unit})" if unit else metric
+
+
+def group_colors(labels: Sequence[str]) -> dict[str, tuple]:
+    cmap = plt.get_cmap("tab10" if len(labels) <= 10 else "tab20")
+    return {g: cmap(i % cmap.N) for i, g in enumerate(labels)}
+
+
+def _finish(fig, ax_legend, path: Path, legend_title: str, *, extra_handles=()) -> Path:
+    handles, labels = ax_legend.get_legend_handles_labels()
+    handles, labels = [*handles, *[h for h, _ in extra_handles]], [*labels, *[n for _, n in extra_handles]]
+    if handles:
+        outside = len(handles) > 6
+        ax_legend.legend(handles, labels, title=legend_title, fontsize=8, title_fontsize=8,
+                         loc="upper left" if outside else "best",
+                         bbox_to_anchor=(1.01, 1.0) if outside else None, frameon=False)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=DPI, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def _band(ax, band: CurveBand, color, label: str | None, *, linestyle="-") -> None:
+    ax.plot(band.steps, band.mean, color=color, linestyle=linestyle, linewidth=1.6, label=label)
+    ok = np.isfinite(band.low) & np.isfinite(band.high)
+    if ok.any():
+        ax.fill_between(band.steps, np.where(ok, band.low, np.nan), np.where(ok, band.high, np.nan),
+                        color=color, alpha=0.18, linewidth=0)
+
+
+def plot_curves(bands: Mapping[str, CurveBand], metric: str, path: Path, *, legend_title: str,
+                colors: Mapping[str, tuple], markers: Mapping[str, Sequence[tuple[float, float]]] | None = None,
+                matched_steps: Sequence[int] = (), title: str | None = None) -> Path:
+    """One metric per group: mean over seeds with the 95 % bootstrap band; ▼ = a seed's collapse step."""
+    fig, ax = plt.subplots(figsize=(8, 4.6))
+    for g, band in bands.items():
+        _band(ax, band, colors[g], g)
+    extra = []
+    if markers:
+        for g, pts in markers.items():
+            if pts:
+                xs, ys = zip(*pts, strict=True)
+                ax.scatter(xs, ys, marker="v", s=46, color=colors[g], edgecolor="black", linewidth=0.6,
+                           zorder=5)
+        if any(markers.values()):
+            extra.append((plt.Line2D([], [], marker="v", linestyle="", color="gray", markeredgecolor="black"),
+                          "collapse step (one per seed)"))
+    for s in matched_steps:
+        ax.axvline(s, color="gray", linestyle=":", linewidth=0.9)
+    if matched_steps:
+        extra.append((plt.Line2D([], [], color="gray", linestyle=":"), "matched steps"))
+    ax.set_title(title or f"{metric} per group (mean over seeds, 95% bootstrap CI)")
+    ax.set_xlabel(STEP_LABEL)
+    ax.set_ylabel(metric_label(metric))
+    ax.grid(alpha=0.3)
+    return _finish(fig, ax, path, legend_title, extra_handles=extra)
+
+
+def plot_overoptimisation(train: Mapping[str, CurveBand], val: Mapping[str, CurveBand], train_metric: str,
+                          val_metric: str, path: Path, *, legend_title: str,
+                          colors: Mapping[str, tuple]) -> Path:
+    """Train reward (dashed) and validation (solid) on one axis: rising train reward over falling
+    validation is over-optimisation."""
+    fig, ax = plt.subplots(figsize=(8, 4.6))
+    for g in dict.fromkeys([*val, *train]):
+        if g in val:
+            _band(ax, val[g], colors[g], g)
+        if g in train:
+            _band(ax, train[g], colors[g], None if g in val else g, linestyle="--")
+    style = [(plt.Line2D([], [], color="gray"), val_metric),
+             (plt.Line2D([], [], color="gray", linestyle="--"), train_metric)]
+    ax.set_title(f"Over-optimisation: {train_metric} (dashed) vs {val_metric} (solid)")
+    ax.set_xlabel(STEP_LABEL)
+    ax.set_ylabel("reward / accuracy (fraction)")
+    ax.grid(alpha=0.3)
+    return _finish(fig, ax, path, legend_title, extra_handles=style)
+
+
+def plot_kl(panels: Mapping[str, Mapping[str, CurveBand]], path: Path, *, legend_title: str,
+            colors: Mapping[str, tuple]) -> Path:
+    """Forward and reverse KL over steps, one panel per KL metric (ARMOR Fig. 2b style)."""
+    n = len(panels)
+    fig, axes = plt.subplots(1, n, figsize=(5.2 * n, 4.2), squeeze=False)
+    titles = {"reverse": "reverse KL(π_θ‖π_ref)", "forward": "forward KL(π_ref‖π_θ)"}
+    for ax, (metric, bands) in zip(axes[0], panels.items(), strict=True):
+        for g, band in bands.items():
+            _band(ax, band, colors[g], g)
+        name = metric.split("/", 1)[-1]
+        kind = next((v for k, v in titles.items() if name.startswith(k) or name.startswith(f"exact_{k}")), metric)
+        ax.set_title(f"{kind}\n{metric}", fontsize=10)
+        ax.set_xlabel(STEP_LABEL)
+        ax.set_ylabel(metric_label(metric))
+        ax.grid(alpha=0.3)
+    fig.suptitle("KL to the reference policy (mean over seeds, 95% bootstrap CI)")
+    return _finish(fig, axes[0][-1], path, legend_title)
+
+
+def _ecdf(ax, x: np.ndarray, color, label: str, linestyle="-") -> None:
+    x = np.sort(np.asarray(x, dtype=np.float64))
+    if x.size == 0:
+        return
+    y = np.arange(1, x.size + 1) / x.size
+    ax.step(x, y, where="post", color=color, label=f"{label} (n={x.size:,})", linestyle=linestyle)
+
+
+def plot_capacity(per_group: Mapping[str, np.ndarray], counterfactual: Mapping[str, np.ndarray], path: Path,
+                  *, legend_title: str, colors: Mapping[str, tuple]) -> Path:
+    """ECDF of probability capacity of A > 0 tokens: left, each group under its own objective;
+    right, the same tokens under UP, clipped (DAPO) and ARMOR formulas."""
+    n = 1 + bool(counterfactual)
+    fig, axes = plt.subplots(1, n, figsize=(5.6 * n, 4.2), squeeze=False)
+    ax = axes[0][0]
+    for g, cap in per_group.items():
+        _ecdf(ax, cap, colors[g], g)
+    ax.set_title("Capacity of A>0 tokens, own objective")
+    ax.set_xlabel("probability capacity Δπ (UP Eq. 11)")
+    ax.set_ylabel("fraction of tokens ≤ x (ECDF)")
+    ax.grid(alpha=0.3)
+    ax.legend(title=legend_title, fontsize=7, title_fontsize=7, frameon=False, loc="lower right")
+    if counterfactual:
+        ax2 = axes[0][1]
+        names = {"up": "UP (unbounded)", "dapo": "clipped (DAPO)", "armor": "ARMOR (Eq. 6)"}
+        styles = {"up": ("tab:green", "-"), "dapo": ("tab:red", "--"), "armor": ("tab:blue", "-.")}
+        for obj, cap in counterfactual.items():
+            color, ls = styles.get(obj, ("gray", ":"))
+            _ecdf(ax2, cap, color, names.get(obj, obj), linestyle=ls)
+        ax2.set_title("Same tokens under each objective")
+        ax2.set_xlabel("probability capacity Δπ (UP Eq. 11)")
+        ax2.set_ylabel("fraction of tokens ≤ x (ECDF)")
+        ax2.grid(alpha=0.3)
+        ax2.legend(title="objective formula", fontsize=7, title_fontsize=7, frameon=False, loc="lower right")
+    fig.suptitle("Probability capacity distributions")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=DPI, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def plot_ablation(summary_rows: Sequence[Mapping], per_run: Mapping[str, Mapping[str, np.ndarray]],
+                  scores: Sequence[str], score_labels: Mapping[str, str], x_key: str, hue_keys: Sequence[str],
+                  path: Path, *, colors: Mapping[str, tuple]) -> Path:
+    """Bars over the swept key ``x_key`` (one bar per hue combination), mean with 95% CI error bars
+    and every seed as a dot, one panel per headline score."""
+    from armorlab.analysis.groups import fmt_value
+
+    xs = list(dict.fromkeys(fmt_value(r[x_key]) for r in summary_rows))
+    hues = list(dict.fromkeys(", ".join(f"{k}={fmt_value(r[k])}" for k in hue_keys) or "all"
+                              for r in summary_rows))
+    width = 0.8 / max(1, len(hues))
+    bars = len(xs) * len(hues)
+    # side by side while bars are few; stacked (one full-width row per score) when they are many
+    wide = bars <= 8
+    panel_w = min(9.0, max(4.2, 1.0 + 0.45 * bars))
+    shape = (1, len(scores)) if wide else (len(scores), 1)
+    fig, axes = plt.subplots(*shape, figsize=(panel_w * shape[1], 3.6 * shape[0]), squeeze=False)
+    for ax, score in zip(axes.ravel(), scores, strict=True):
+        seen_hues: set[str] = set()
+        for r in summary_rows:
+            hue = ", ".join(f"{k}={fmt_value(r[k])}" for k in hue_keys) or "all"
+            xi = xs.index(fmt_value(r[x_key])) + (hues.index(hue) - (len(hues) - 1) / 2) * width
+            mean, lo, hi = r[f"{score}_mean"], r[f"{score}_ci_low"], r[f"{score}_ci_high"]
+            color = colors[r["group"]]
+            label = hue if (len(hues) > 1 and hue not in seen_hues) else None
+            seen_hues.add(hue)
+            if np.isfinite(mean):
+                err = ([[mean - lo], [hi - mean]] if np.isfinite(lo) else None)
+                ax.bar(xi, mean, width=width * 0.92, color=color, alpha=0.75, yerr=err, capsize=3, label=label)
+            seeds = per_run.get(r["group"], {}).get(score, np.empty(0))
+            seeds = seeds[np.isfinite(seeds)]
+            if seeds.size:
+                jitter = np.linspace(-0.25, 0.25, seeds.size) * width if seeds.size > 1 else np.zeros(1)
+                ax.scatter(xi + jitter, seeds, s=12, color="black", zorder=5)
+        ax.set_xticks(range(len(xs)), xs)
+        ax.set_xlabel(x_key)
+        ax.set_ylabel(score_labels.get(score, score))
+        ax.set_title(score_labels.get(score, score), fontsize=10)
+        ax.grid(alpha=0.3, axis="y")
+    if len(hues) > 1:
+        axes.ravel()[0].legend(title=", ".join(hue_keys), fontsize=7, title_fontsize=7, frameon=False,
+                               loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.suptitle(f"Ablation over {x_key}: mean over seeds with 95% bootstrap CI (dots = seeds)")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=DPI, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def plot_curve_grid(panels: Mapping[str, Mapping[str, CurveBand]], path: Path, *, legend_title: str,
+                    colors: Mapping[str, tuple]) -> Path:
+    """Small multiples: every recipe curve, one panel per metric."""
+    n = len(panels)
+    cols = min(3, n)
+    rows = (n + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 3.4 * rows), squeeze=False)
+    flat = axes.ravel()
+    for ax, (metric, bands) in zip(flat, panels.items(), strict=False):
+        for g, band in bands.items():
+            _band(ax, band, colors[g], g)
+        ax.set_title(metric, fontsize=10)
+        ax.set_xlabel(STEP_LABEL, fontsize=8)
+        ax.set_ylabel(metric_label(metric), fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+    for ax in flat[n:]:
+        ax.axis("off")
+    fig.suptitle("Other curves (mean over seeds, 95% bootstrap CI)")
+    fig.tight_layout()
+    return _finish(fig, flat[min(n, len(flat)) - 1], path, legend_title)

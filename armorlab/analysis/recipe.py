@@ -1,0 +1,198 @@
+"""Report recipes (``analysis/*.yaml``): which runs to compare, how to group them, what to show.
+
+```yaml
+title: ARMOR vs DAPO                    # optional; default: the file name
+runs: [runs/armor_alpha, runs/dapo_*]   # run dirs, sweep dirs or globs (relative to the cwd)
+group_by: [objective, alpha]            # config keys (dotted ok); default: the keys that tell runs apart
+curves: [val/acc, train/reward, kl/forward_k3, kl/reverse_k3, cap/pos_mean, train/entropy]
+select: {metric: val/acc, mode: max, report: test/acc}   # (R1) best on val, reported on test
+matched_steps: [100, 200, 400]          # (R2); default: ¼, ½, 1 of the shortest run
+scores: [selected_test, test@400, auc]  # headline scores: probability of improvement + bar charts
+compare: {baseline: {objective: dapo}}  # or {pairs: [[{objective: armor}, {objective: dapo}]]}
+collapse: {delta: 0.05, patience: 3, window: 5, entropy_frac: 0.1,
+           train: train/reward, entropy: train/entropy, length: train/length}
+kl: [kl/reverse_k3, kl/forward_k3]      # the forward/reverse KL figure
+out: reports/armor_vs_dapo              # default: reports/<recipe name>
+```
+Every key but ``runs`` is optional; unknown keys and bad values are errors naming the key, the
+value and the file. Seeds are never a group key: they are what the statistics aggregate.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from armorlab.config import load_yaml_mapping
+from armorlab.errors import ArmorLabError
+
+DEFAULT_CURVES = ("val/acc", "train/reward", "kl/reverse_k3", "kl/forward_k3", "cap/pos_mean",
+                  "train/entropy", "val/length", "anchor/rate")
+DEFAULT_KL = ("kl/reverse_k3", "kl/forward_k3")
+SEED_KEYS = ("seed",)
+KEYS = ("title", "runs", "group_by", "curves", "select", "matched_steps", "scores", "compare",
+        "collapse", "kl", "out")
+
+
+@dataclass(frozen=True)
+class Select:
+    metric: str = "val/acc"
+    mode: str = "max"
+    report: str = "test/acc"
+
+
+@dataclass(frozen=True)
+class CollapseParams:
+    delta: float = 0.05
+    patience: int = 3
+    window: int = 5
+    entropy_frac: float = 0.1
+    train: str = "train/reward"
+    entropy: str = "train/entropy"
+    length: str = "train/length"
+
+
+@dataclass(frozen=True)
+class Compare:
+    """Pairs of group selectors for probability of improvement; both None = automatic."""
+    baseline: dict[str, Any] | None = None
+    pairs: list[tuple[dict[str, Any], dict[str, Any]]] | None = None
+
+
+@dataclass
+class Recipe:
+    runs: list[str]
+    title: str = "armorlab report"
+    group_by: list[str] | None = None
+    curves: list[str] | None = None
+    select: Select = field(default_factory=Select)
+    matched_steps: list[int] | None = None
+    scores: list[str] | None = None
+    compare: Compare = field(default_factory=Compare)
+    collapse: CollapseParams = field(default_factory=CollapseParams)
+    kl: list[str] = field(default_factory=lambda: list(DEFAULT_KL))
+    out: str | None = None
+    path: Path | None = None
+
+
+def _err(msg: str, key: str, value: Any, file: str | None) -> ArmorLabError:
+    return ArmorLabError(msg, key=key, value=value, file=file)
+
+
+def _str_list(raw: Any, key: str, file: str | None, *, allow_str: bool = True) -> list[str]:
+    if allow_str and isinstance(raw, str):
+        raw = [raw]
+    if not isinstance(raw, list) or not raw or not all(isinstance(x, str) and x for x in raw):
+        raise _err("must be a non-empty list of strings", key, raw, file)
+    return list(raw)
+
+
+def _mapping(raw: Any, key: str, file: str | None, known: tuple[str, ...]) -> dict[str, Any]:
+    if not isinstance(raw, Mapping):
+        raise _err("must be a mapping", key, raw, file)
+    for k in raw:
+        if k not in known:
+            raise _err(f"unknown key (known: {', '.join(known)})", f"{key}.{k}", raw[k], file)
+    return dict(raw)
+
+
+def _selector(raw: Any, key: str, file: str | None) -> dict[str, Any]:
+    if not isinstance(raw, Mapping) or not raw or not all(isinstance(k, str) for k in raw):
+        raise _err("a group selector is a mapping {config key: value}", key, raw, file)
+    return dict(raw)
+
+
+def parse_recipe(raw: Mapping[str, Any], *, file: str | None = None, name: str | None = None) -> Recipe:
+    """Validate a recipe mapping (see the module docstring)."""
+    if not isinstance(raw, Mapping):
+        raise _err("a recipe must be a mapping", "<root>", raw, file)
+    for k in raw:
+        if k not in KEYS:
+            raise _err(f"unknown recipe key (known: {', '.join(KEYS)})", str(k), raw[k], file)
+    if "runs" not in raw:
+        raise _err("a recipe needs `runs:` (run dirs, sweep dirs or globs)", "runs", None, file)
+    r = Recipe(runs=_str_list(raw["runs"], "runs", file))
+    r.title = raw.get("title") or name or r.title
+    if not isinstance(r.title, str):
+        raise _err("must be a string", "title", r.title, file)
+    if raw.get("group_by") is not None:
+        r.group_by = _str_list(raw["group_by"], "group_by", file)
+        for k in r.group_by:
+            if k in SEED_KEYS:
+                raise _err("seeds are aggregated, not grouped on", "group_by", k, file)
+    if raw.get("curves") is not None:
+        r.curves = _str_list(raw["curves"], "curves", file)
+    if raw.get("kl") is not None:
+        r.kl = _str_list(raw["kl"], "kl", file)
+    if raw.get("scores") is not None:
+        r.scores = _str_list(raw["scores"], "scores", file)
+    if raw.get("select") is not None:
+        sel = _mapping(raw["select"], "select", file, ("metric", "mode", "report"))
+        for k in ("metric", "report"):
+            if k in sel and (not isinstance(sel[k], str) or "/" not in sel[k]):
+                raise _err("must be a metric name such as val/acc", f"select.{k}", sel[k], file)
+        if sel.get("mode", "max") not in ("max", "min"):
+            raise _err("must be max or min", "select.mode", sel["mode"], file)
+        r.select = Select(**sel)
+    if raw.get("matched_steps") is not None:
+        steps = raw["matched_steps"]
+        if (not isinstance(steps, list) or not steps
+                or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in steps)):
+            raise _err("must be a non-empty list of step numbers ≥ 0", "matched_steps", steps, file)
+        r.matched_steps = sorted(set(steps))
+    if raw.get("collapse") is not None:
+        known = tuple(CollapseParams.__dataclass_fields__)
+        col = _mapping(raw["collapse"], "collapse", file, known)
+        checks = {"delta": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+                  and math.isfinite(v),
+                  "patience": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
+                  "window": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 2,
+                  "entropy_frac": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
+                  and 0 < v < 1}
+        hints = {"delta": "a number > 0", "patience": "an integer ≥ 1", "window": "an integer ≥ 2",
+                 "entropy_frac": "a number in (0, 1)"}
+        for k, v in col.items():
+            if k in checks and not checks[k](v):
+                raise _err(f"must be {hints[k]}", f"collapse.{k}", v, file)
+            if k not in checks and (not isinstance(v, str) or "/" not in v):
+                raise _err("must be a metric name", f"collapse.{k}", v, file)
+        r.collapse = CollapseParams(**col)
+    if raw.get("compare") is not None:
+        cmp_ = _mapping(raw["compare"], "compare", file, ("baseline", "pairs"))
+        if "baseline" in cmp_ and "pairs" in cmp_:
+            raise _err("give either baseline or pairs", "compare", cmp_, file)
+        baseline = _selector(cmp_["baseline"], "compare.baseline", file) if "baseline" in cmp_ else None
+        pairs = None
+        if "pairs" in cmp_:
+            if not isinstance(cmp_["pairs"], list) or not cmp_["pairs"]:
+                raise _err("must be a list of [selector, selector] pairs", "compare.pairs", cmp_["pairs"], file)
+            pairs = []
+            for i, pair in enumerate(cmp_["pairs"]):
+                if not isinstance(pair, list) or len(pair) != 2:
+                    raise _err("each pair is [selector, selector]", f"compare.pairs[{i}]", pair, file)
+                pairs.append((_selector(pair[0], f"compare.pairs[{i}][0]", file),
+                              _selector(pair[1], f"compare.pairs[{i}][1]", file)))
+        r.compare = Compare(baseline, pairs)
+    if raw.get("out") is not None:
+        if not isinstance(raw["out"], str) or not raw["out"]:
+            raise _err("must be a directory path", "out", raw["out"], file)
+        r.out = raw["out"]
+    return r
+
+
+def load_recipe(path: str | Path) -> Recipe:
+    """Read and validate ``analysis/<name>.yaml``."""
+    path = Path(path)
+    recipe = parse_recipe(load_yaml_mapping(path), file=str(path), name=path.stem)
+    recipe.path = path
+    return recipe
+
+
+def recipe_for_paths(paths: list[str], *, group_by: list[str] | None = None) -> Recipe:
+    """The recipe behind ``armorlab report DIR...``: every default, the given dirs as runs."""
+    names = [Path(p).name or str(p) for p in paths]
+    title = names[0] if len(names) == 1 else " vs ".join(names[:3]) + (" …" if len(names) > 3 else "")
+    return Recipe(runs=list(paths), title=title, group_by=group_by)

@@ -1,0 +1,346 @@
+"""``armorlab report``: recipe → loaded runs → scores and statistics → figures, tables, index.html.
+
+Output directory layout::
+
+    index.html                the page (tables inline, figures referenced from plots/)
+    plots/*.png               val curves, over-optimisation, KL, capacity, ablation bars, all curves
+    tables/groups.{csv,md,tex}        one row per group (CSV: numbers; md/tex: mean [95% CI])
+    tables/runs.csv                   one row per run, every score
+    tables/improvement.{csv,md,tex}   probability of improvement per compared pair
+    tables/configs.csv                config keys that differ between groups
+    recipe.yaml               the recipe as resolved (group keys, matched steps, scores)
+
+Extra sections: a directory made by ``armorlab tune`` (armorlab.tune.is_study_dir) gets its
+Optuna plots (armorlab.tune.write_study_plots) and best-trials table in an extra section;
+armorlab.tune is imported only when such a directory is among the inputs.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from armorlab.analysis import groups as G
+from armorlab.analysis import plots, select, stats, tables
+from armorlab.analysis.html import Figure, Section, esc, write_index
+from armorlab.analysis.load import RunSet, load
+from armorlab.analysis.recipe import DEFAULT_CURVES, Recipe
+from armorlab.fsutil import atomic_write_yaml
+from armorlab.runs import now_iso
+
+log = logging.getLogger(__name__)
+
+CAP_SAMPLE = 100_000  # A>0 tokens per run kept for the capacity ECDF (a plot needs no more)
+
+
+@dataclass
+class ReportResult:
+    out_dir: Path
+    index: Path
+    plots: list[Path] = field(default_factory=list)
+    tables: list[Path] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    n_runs: int = 0
+    n_groups: int = 0
+
+
+def default_out_dir(recipe: Recipe) -> Path:
+    """recipe ``out:``; else a single run's ``report/``; a single sweep's ``<sweep>/report``;
+    else ``reports/<recipe name>``."""
+    if recipe.out:
+        return Path(recipe.out)
+    if recipe.path is None and len(recipe.runs) == 1:
+        p = Path(recipe.runs[0])
+        if (p / "config.yaml").is_file() or p.is_dir():
+            return p / "report"
+    name = recipe.path.stem if recipe.path else "compare"
+    return Path("reports") / name
+
+
+def _curves(recipe: Recipe, rs: RunSet) -> list[str]:
+    present = set(rs.metrics)
+    if recipe.curves is not None:
+        wanted = list(recipe.curves)
+    else:
+        wanted = [m for m in DEFAULT_CURVES if m in present]
+        wanted += [m for m in recipe.kl if m in present]
+    for m in (recipe.select.metric, recipe.collapse.train):
+        if m in present and m not in wanted:
+            wanted.insert(0, m)
+    return list(dict.fromkeys(wanted))
+
+
+def _missing_metric_notes(rs: RunSet, metrics: Sequence[str], notes: G.Notes, explicit: set[str]) -> None:
+    n = len(rs.run_ids)
+    for m in metrics:
+        missing = [r for r in rs.run_ids if not rs.has_metric(r, m)]
+        if not missing:
+            continue
+        if len(missing) == n:
+            if m in explicit:
+                notes.add(f"metric {m} missing in all {n} runs (not logged by this trainer version?)")
+        else:
+            notes.add(f"metric {m} missing in {len(missing)}/{n} runs: {', '.join(missing[:6])}"
+                      + (" …" if len(missing) > 6 else ""))
+
+
+def _state_notes(rs: RunSet, notes: G.Notes) -> None:
+    for run in rs.runs.itertuples(index=False):
+        if run.state != "completed":
+            reason = f": {run.reason}" if isinstance(run.reason, str) and run.reason else ""
+            notes.add(f"run {run.run_id} is {run.state}{reason} (its curves end early)")
+        elif isinstance(run.reason, str) and run.reason.startswith("stopped"):
+            notes.add(f"run {run.run_id} {run.reason}")
+
+
+def _bands(rs: RunSet, groups: G.Groups, metric: str, notes: G.Notes) -> dict[str, stats.CurveBand]:
+    out = {}
+    for g in groups.labels:
+        curves = [rs.curve(r, metric) for r in groups.members[g]]
+        curves = [c for c in curves if c[0].size]
+        if not curves:
+            continue
+        aligned = stats.align_curves(curves)
+        if aligned.interpolated:
+            notes.add(f"group {g}: {metric} was logged at different steps across seeds; curves were "
+                      f"linearly interpolated onto the union of steps")
+        out[g] = stats.curve_band(aligned)
+    return out
+
+
+def _token_samples(rs: RunSet, groups: G.Groups, notes: G.Notes):
+    """Token-sample statistics per run, own-objective capacities per group, counterfactuals."""
+    from armorlab.analysis import capacity_stats as cs
+    from armorlab.runs import RunDir
+
+    per_run, per_group, cf_parts = {}, {}, {}
+    for run in rs.runs.to_dict("records"):
+        tokens = cs.read_tokens(run["path"])
+        if tokens is None:
+            continue
+        need = {"logp", "old_logp", "advantage"}
+        if not need <= set(tokens.columns):
+            notes.add(f"run {run['run_id']}: tokens/ lacks {', '.join(sorted(need - set(tokens.columns)))}")
+            continue
+        cfg = RunDir(run["path"]).read_config()
+        try:
+            per_run[run["run_id"]] = cs.token_stats(tokens, cfg)
+        except ValueError as exc:
+            notes.add(f"run {run['run_id']}: token statistics skipped ({exc})")
+            continue
+        params = cs.objective_params(cfg)
+        own = cs.counterfactual_capacity(tokens, cfg, objectives=(params["objective"],))
+        cap = next(iter(own.values()), np.empty(0))
+        per_group.setdefault(groups.of_run[run["run_id"]], []).append(cap[:CAP_SAMPLE])
+        for obj, arr in cs.counterfactual_capacity(tokens, cfg).items():
+            cf_parts.setdefault(obj, []).append(arr[:CAP_SAMPLE])
+    per_group = {g: np.concatenate(v) for g, v in per_group.items()}
+    cf = {o: np.concatenate(v) for o, v in cf_parts.items()}
+    return per_run, per_group, cf
+
+
+def _study_sections(recipe: Recipe, out_dir: Path, notes: G.Notes) -> list[Section]:
+    """Optuna sections for inputs that are `armorlab tune` study dirs (hook into armorlab.tune)."""
+    candidates = [Path(p) for p in recipe.runs if Path(p).is_dir()]
+    try:
+        from armorlab import tune
+    except ImportError:
+        return []
+    is_study = getattr(tune, "is_study_dir", None)
+    if is_study is None:
+        return []
+    sections = []
+    for d in candidates:
+        if not is_study(d):
+            continue
+        sec = Section(f"Optuna study {d.name}")
+        try:
+            status = tune.study_status(d)
+            head, cells = tune.status_table_rows(status)
+            sec.intro = f"<p>{esc(tune.best_value_summary(status))}</p>"
+            sec.tables.append(("best trials", pd.DataFrame(cells, columns=head)))
+            for p in tune.write_study_plots(d, out_dir / "plots" / f"study_{d.name}"):
+                sec.figures.append(Figure(str(p.relative_to(out_dir)), p.stem.replace("_", " ")))
+        except Exception as exc:  # a study the tune layer cannot read must not sink the run report
+            notes.add(f"study {d}: optuna section skipped ({exc})")
+            continue
+        sections.append(sec)
+    return sections
+
+
+def build_report(recipe: Recipe, out_dir: str | Path | None = None, *, cache: bool = True,
+                 progress: Callable[[int, int], None] | None = None) -> ReportResult:
+    """Write the whole report for ``recipe`` and return what was written."""
+    out = Path(out_dir) if out_dir is not None else default_out_dir(recipe)
+    file = str(recipe.path) if recipe.path else None
+    rs = load(recipe.runs, cache=cache, progress=progress)
+    notes = G.Notes(list(rs.warnings))
+    _state_notes(rs, notes)
+    keys = recipe.group_by if recipe.group_by is not None else G.auto_group_by(rs.runs)
+    groups = G.make_groups(rs.runs, keys, file=file)
+    legend = ", ".join(keys) if keys else "group"
+    sel = recipe.select
+
+    curves = _curves(recipe, rs)
+    explicit = set(recipe.curves or ()) | {sel.metric, sel.report}
+    _missing_metric_notes(rs, list(dict.fromkeys([sel.metric, sel.report, *curves])), notes, explicit)
+    for g in groups.labels:
+        if len(groups.members[g]) == 1:
+            notes.add(f"group {g} has a single seed: no confidence interval, read its numbers as anecdotes")
+    diff = G.config_diff(rs.runs, groups)
+    for row in diff.to_dict("records"):
+        mixed = [k for k, v in row.items() if isinstance(v, str) and v.startswith("mixed: ")]
+        if mixed:
+            notes.add(f"group {row['group']} mixes runs with different {', '.join(mixed)}: "
+                      f"add them to group_by to separate them")
+
+    tok_stats, cap_groups, cap_cf = _token_samples(rs, groups, notes)
+    matched = G.resolve_matched_steps(rs, recipe)
+    per_run = G.run_scores(rs, groups, recipe, matched, notes, tok_stats)
+    cols = G.score_columns(per_run, matched)
+    tok_cols = G.token_columns(per_run)
+    summary = G.group_summary(per_run, groups, cols + tok_cols)
+    scores = G.resolve_scores(recipe, per_run, matched)
+    pairs = G.comparison_pairs(rs.runs, groups, recipe)
+    poi = G.improvement_table(per_run, pairs, scores)
+
+    colors = plots.group_colors(groups.labels)
+    bands = {m: _bands(rs, groups, m, notes) for m in curves}
+    bands = {m: b for m, b in bands.items() if b}
+    label = {s: tables.score_label(s, sel.metric, sel.report) for s in cols + tok_cols}
+
+    plot_dir = out / "plots"
+    figs: list[tuple[str, Path, str]] = []   # (section, path, caption)
+    if sel.metric in bands:
+        markers = {}
+        for g in groups.labels:
+            pts = []
+            for r in per_run[per_run["group"] == g].to_dict("records"):
+                cs = r.get("collapse_step")
+                if cs is not None and not (isinstance(cs, float) and math.isnan(cs)):
+                    v = select.value_at(*rs.curve(r["run_id"], sel.metric), cs).value
+                    pts.append((cs, v))
+            markers[g] = pts
+        figs.append(("results", plots.plot_curves(bands[sel.metric], sel.metric, plot_dir / "val.png",
+                                                   legend_title=legend, colors=colors, markers=markers,
+                                                   matched_steps=matched),
+                     f"{sel.metric} per group: mean over seeds with 95% bootstrap CI; ▼ = a seed's collapse "
+                     f"step (δ={recipe.collapse.delta}, m={recipe.collapse.patience}); dotted = matched steps"))
+    if sel.metric in bands and recipe.collapse.train in bands:
+        figs.append(("results", plots.plot_overoptimisation(
+            bands[recipe.collapse.train], bands[sel.metric], recipe.collapse.train, sel.metric,
+            plot_dir / "overoptimisation.png", legend_title=legend, colors=colors),
+            f"{recipe.collapse.train} (dashed) against {sel.metric} (solid): the over-optimisation picture"))
+    kl_panels = {m: bands[m] for m in recipe.kl if m in bands}
+    if kl_panels:
+        figs.append(("kl", plots.plot_kl(kl_panels, plot_dir / "kl.png", legend_title=legend, colors=colors),
+                     "reverse KL(π_θ‖π_ref) and forward KL(π_ref‖π_θ) over steps"))
+    if cap_groups:
+        figs.append(("capacity", plots.plot_capacity(cap_groups, cap_cf, plot_dir / "capacity.png",
+                                                     legend_title=legend, colors=colors),
+                     "ECDF of probability capacity of A>0 tokens from tokens/ samples"))
+    varying = [k for k in keys if groups.table[k].map(G.fmt_value).nunique() > 1]
+    if scores and len(groups.labels) > 1 and varying:
+        x_key = varying[-1]
+        hue = [k for k in keys if k != x_key and k in varying]
+        seeds = {g: {s: pd.to_numeric(per_run.loc[per_run["group"] == g, s], errors="coerce").to_numpy(
+            dtype=np.float64) for s in scores} for g in groups.labels}
+        figs.append(("results", plots.plot_ablation(summary.to_dict("records"), seeds, scores, label, x_key,
+                                                    hue, plot_dir / "ablation.png", colors=colors),
+                     f"headline scores by {x_key}: mean with 95% bootstrap CI; dots are seeds"))
+    # the small multiples show only what no figure above shows: each extra figure costs a second
+    shown = {sel.metric, recipe.collapse.train, *kl_panels} if sel.metric in bands else set(kl_panels)
+    others = {m: b for m, b in bands.items() if m not in shown}
+    if others:
+        figs.append(("curves", plots.plot_curve_grid(others, plot_dir / "curves.png", legend_title=legend,
+                                                     colors=colors),
+                     "the recipe's other curves: mean over seeds with 95% bootstrap CI"))
+
+    tdir = out / "tables"
+    group_display = tables.display_group_table(summary, keys, cols, sel.metric, sel.report)
+    written = []
+    written += tables.write_table(summary, tdir / "groups", formats=("csv",))
+    written += tables.write_table(group_display, tdir / "groups", formats=("md", "tex"),
+                                  caption=f"{recipe.title}: mean [95% bootstrap CI] over seeds")
+    token_display = None
+    if tok_cols:
+        token_display = tables.display_group_table(summary, keys, tok_cols, sel.metric, sel.report,
+                                                   n_of=tok_cols[0])
+        written += tables.write_table(token_display, tdir / "tokens", formats=("md", "tex"),
+                                      caption="token-sample statistics: mean [95% bootstrap CI] over seeds")
+    written += tables.write_table(per_run, tdir / "runs", formats=("csv",))
+    poi_display = tables.display_improvement(poi, sel.metric, sel.report)
+    written += tables.write_table(poi, tdir / "improvement", formats=("csv",))
+    written += tables.write_table(poi_display, tdir / "improvement", formats=("md", "tex"),
+                                  caption="probability of improvement P(X > Y) over seeds")
+    written += tables.write_table(diff, tdir / "configs", formats=("csv",))
+
+    atomic_write_yaml(out / "recipe.yaml", {
+        "title": recipe.title, "runs": list(recipe.runs), "group_by": list(keys), "curves": curves,
+        "select": {"metric": sel.metric, "mode": sel.mode, "report": sel.report},
+        "matched_steps": list(matched), "scores": scores, "kl": list(recipe.kl),
+        "collapse": dict(vars(recipe.collapse))})
+
+    sections = _sections(recipe, out, figs, group_display, poi_display, diff, per_run, matched, token_display)
+    sections += _study_sections(recipe, out, notes)
+    meta = (f"{len(rs.run_ids)} runs in {len(groups.labels)} groups (group_by: {esc(legend)}) · "
+            f"selection on {esc(sel.metric)} ({sel.mode}), reported on {esc(sel.report)} · "
+            f"matched steps {esc(', '.join(map(str, matched)) or 'none')} · generated {esc(now_iso())}")
+    index = write_index(out, recipe.title, meta, notes.items, sections)
+    return ReportResult(out, index, [p for _, p, _ in figs], written, list(notes.items), len(rs.run_ids),
+                        len(groups.labels))
+
+
+def _sections(recipe: Recipe, out: Path, figs, group_display, poi_display, diff, per_run, matched,
+              token_display) -> list[Section]:
+    sel = recipe.select
+
+    def fig_list(kind):
+        return [Figure(str(p.relative_to(out)), cap) for k, p, cap in figs if k == kind]
+
+    results = Section("Results per group", intro=(
+        f"<p>Each cell is the mean over seeds with its 95% percentile-bootstrap CI; n = seeds. "
+        f"<b>{esc(sel.metric)} @ best step</b> and <b>{esc(sel.report)} @ val-best step</b> pick each run's "
+        f"best checkpoint on {esc(sel.metric)} (optimistic: validation noise picks a lucky step); "
+        f"the <b>@ step</b> columns read every run at the same pre-declared steps "
+        f"({esc(', '.join(map(str, matched)) or 'none')}) — no selection, so a collapse after the peak "
+        f"shows. Collapse step: first eval from which {esc(sel.metric)} stays ≥ δ={recipe.collapse.delta} "
+        f"below its running peak for {recipe.collapse.patience} evals. AUC: mean level over the run.</p>"),
+        tables=[("", group_display)], figures=fig_list("results"))
+    compare = Section("Probability of improvement", intro=(
+        "<p>P(X &gt; Y): the chance that a seed of X scores higher than a seed of Y (ties count ½); 0.5 = no "
+        "difference. CIs resample the seeds of X and Y independently (percentile bootstrap).</p>"),
+        tables=[("", poi_display)])
+    out_sections = [results, compare]
+    if fig_list("kl"):
+        out_sections.append(Section("KL to the reference", figures=fig_list("kl")))
+    if fig_list("capacity") or token_display is not None:
+        out_sections.append(Section("Probability capacity and token-level KL", intro=(
+            "<p>Capacity: how far a token's probability can move before the clip stops its gradient "
+            "(UP Eq. 11; ARMOR's region Eq. 6). pos_bound_frac: share of A&gt;0 tokens whose capacity the "
+            "clip binds; low_prob_limited: that share among A&gt;0 tokens with π_old &lt; 0.2. KL from the "
+            "tokens/ samples: reverse k1/k2/k3 on policy tokens, forward_is by importance weighting, "
+            "forward k1/k3 on anchor tokens (samples of π_ref). Right panel: the same A&gt;0 tokens under "
+            "each formula.</p>"),
+            tables=[("", token_display)] if token_display is not None else [], figures=fig_list("capacity")))
+    if fig_list("curves"):
+        out_sections.append(Section("Other curves", figures=fig_list("curves")))
+    out_sections.append(Section("Configs that differ between groups", intro=(
+        "<p>Config keys whose value is not the same in every run (seed excluded). A <code>mixed</code> cell "
+        "means a group holds runs with different values.</p>"), tables=[("", diff)]))
+    shown = ["run_id", "group", "seed", "state", "last_step", "peak", "peak_step", "final", "collapse_step",
+             "auc", "selected_step", "selected_val", "selected_test",
+             *[c for s in matched for c in (f"val@{s}", f"test@{s}")], "reason"]
+    runs_tbl = per_run[[c for c in shown if c in per_run.columns]].copy()
+    for c in runs_tbl.columns:
+        if runs_tbl[c].dtype.kind == "f":
+            runs_tbl[c] = runs_tbl[c].map(lambda v: "—" if pd.isna(v) else f"{v:.4g}")
+    out_sections.append(Section("Runs", intro="<p>Every score of every run: <code>tables/runs.csv</code>.</p>",
+                                tables=[("", runs_tbl)]))
+    return out_sections

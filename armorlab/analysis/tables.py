@@ -1,0 +1,104 @@
+"""Report tables: the per-group table as CSV (numbers), Markdown and LaTeX (booktabs) (formatted
+``mean [95% CI low, high]``), the per-run CSV, the probability-of-improvement table, the config
+diff. Writes go through armorlab.fsutil.atomic_write_text: a reader never sees half a table."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import pandas as pd
+
+from armorlab.analysis.groups import fmt_value
+from armorlab.fsutil import atomic_write_text
+
+STEP_SCORES = ("peak_step", "collapse_step", "selected_step", "divergence_step", "entropy_collapse_step")
+
+
+def score_label(score: str, val_metric: str, test_metric: str) -> str:
+    """Column header for a score: ``test/acc @ val-best step``, ``val/acc @ 200`` ..."""
+    fixed = {"peak": f"peak {val_metric}", "peak_step": "step of peak", "final": f"final {val_metric}",
+             "drop": "drop (peak − final)", "drop_rel": "relative drop", "collapse_step": "collapse step",
+             "auc": f"AUC {val_metric} (mean level)", "selected_val": f"{val_metric} @ best step",
+             "selected_test": f"{test_metric} @ val-best step", "selected_step": "val-best step",
+             "divergence_step": "divergence step", "entropy_collapse_step": "entropy-collapse step",
+             "length_blowup": "length blow-up (max/first)"}
+    if score in fixed:
+        return fixed[score]
+    if score.startswith("val@"):
+        return f"{val_metric} @ {score[4:]}"
+    if score.startswith("test@"):
+        return f"{test_metric} @ {score[5:]}"
+    if score.startswith("tok_"):
+        return f"tokens: {score[4:]}"
+    return score
+
+
+def fmt_ci(mean: float, lo: float, hi: float, *, step: bool = False) -> str:
+    """``0.512 [0.480, 0.550]``; a single seed shows the value alone; nothing shows ``—``."""
+    if mean is None or not math.isfinite(mean):
+        return "—"
+    f = (lambda v: f"{v:.0f}") if step else (lambda v: f"{v:.3f}")
+    if lo is None or hi is None or not (math.isfinite(lo) and math.isfinite(hi)):
+        return f(mean)
+    return f"{f(mean)} [{f(lo)}, {f(hi)}]"
+
+
+def display_group_table(summary: pd.DataFrame, keys: Sequence[str], scores: Sequence[str],
+                        val_metric: str, test_metric: str, *, n_of: str | None = None) -> pd.DataFrame:
+    """Formatted group table: group keys, n, then one ``mean [CI]`` column per score.
+
+    n counts the group's runs, or, with ``n_of``, the runs that have that score (e.g. the runs
+    with token samples)."""
+    rows = []
+    for r in summary.to_dict("records"):
+        row = {k: fmt_value(r[k]) for k in keys} if keys else {"group": r["group"]}
+        row["n"] = str(r["n"] if n_of is None else r[f"{n_of}_n"])
+        for s in scores:
+            cell = fmt_ci(r[f"{s}_mean"], r[f"{s}_ci_low"], r[f"{s}_ci_high"], step=s in STEP_SCORES)
+            if s == "collapse_step":
+                cell = f"{r['collapsed']}/{r['n']} runs" + (f" @ {cell}" if cell != "—" else "")
+            row[score_label(s, val_metric, test_metric)] = cell
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def to_markdown(df: pd.DataFrame) -> str:
+    """A GitHub pipe table (no extra dependency for something this small)."""
+    def cell(v) -> str:
+        return fmt_value(v).replace("|", "\\|").replace("\n", " ")
+    head = "| " + " | ".join(cell(c) for c in df.columns) + " |"
+    rule = "|" + "|".join("---" for _ in df.columns) + "|"
+    body = ["| " + " | ".join(cell(v) for v in row) + " |" for row in df.itertuples(index=False)]
+    return "\n".join([head, rule, *body]) + "\n"
+
+
+def to_latex(df: pd.DataFrame, caption: str | None = None) -> str:
+    """booktabs tabular (\\toprule/\\midrule/\\bottomrule), LaTeX special characters escaped."""
+    body = df.to_latex(index=False, escape=True)
+    if caption:
+        return f"% {caption}\n% needs \\usepackage{{booktabs}}\n{body}"
+    return body
+
+
+def display_improvement(poi: pd.DataFrame, val_metric: str, test_metric: str) -> pd.DataFrame:
+    rows = []
+    for r in poi.to_dict("records"):
+        rows.append({"X": r["x"], "Y": r["y"], "score": score_label(r["score"], val_metric, test_metric),
+                     "P(X > Y)": fmt_ci(r["p_improvement"], r["ci_low"], r["ci_high"]),
+                     "seeds X/Y": f"{r['n_x']}/{r['n_y']}"})
+    return pd.DataFrame(rows, columns=["X", "Y", "score", "P(X > Y)", "seeds X/Y"])
+
+
+def write_table(df: pd.DataFrame, stem: Path, *, formats=("csv", "md", "tex"), caption: str | None = None
+                ) -> list[Path]:
+    """Write ``stem.csv``/``.md``/``.tex``; returns the paths."""
+    out = []
+    for fmt in formats:
+        path = stem.with_suffix(f".{fmt}")
+        text = {"csv": lambda: df.to_csv(index=False), "md": lambda: to_markdown(df),
+                "tex": lambda: to_latex(df, caption)}[fmt]()
+        atomic_write_text(path, text)
+        out.append(path)
+    return out

@@ -1,0 +1,138 @@
+"""Analysis speed: (a) load + report over a large synthetic sweep, (b) the KL + capacity kernel.
+
+    .venv/bin/python benchmarks/analysis.py [--runs 200] [--steps 2000] [--metrics 20]
+                                            [--tokens 10000000] [--repeats 5] [--keep DIR]
+
+(a) writes ``runs`` run dirs (20 groups: ARMOR α × τ, seeds for the rest) of ``steps`` metric lines
+    with ``metrics`` metrics each, then times ``armorlab.analysis.report.build_report`` twice:
+    cold (no parquet cache: every metrics.jsonl parsed, cache written) and warm (cache valid).
+    Target: cold load + report ≤ 10 s for 200 × 2,000 × 20.
+(b) times ``capacity_stats.token_kernel`` (reverse KL k1/k2/k3, forward KL by importance
+    weighting, ARMOR capacity statistics, capacity-limited share) over ``tokens`` float32 tokens
+    against a plain numpy copy of the same four input arrays — the memory-bandwidth bound — in
+    alternating order, best of ``repeats``. Target: ≥ 100 M tokens/s.
+The last line is ``report_s=<cold load + report seconds>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from armorlab.analysis.capacity_stats import token_kernel
+from armorlab.analysis.recipe import Recipe, Select
+from armorlab.analysis.report import build_report
+from armorlab.config import resolve
+from armorlab.runs import RunDir
+
+ALPHAS = (0.5, 0.6, 0.7, 0.8, 0.9)
+TAUS = (0, 25, 50, 100)
+EVAL_METRICS = ("val/acc", "val/pass@4", "val/length", "test/acc")
+STEP_METRICS = ("train/reward", "train/length", "train/entropy", "train/truncation", "obj/clip_frac_low",
+                "obj/clip_frac_high", "obj/ratio_mean", "obj/approx_kl", "anchor/rate", "anchor/gate_drop",
+                "kl/reverse_k1", "kl/reverse_k3", "kl/forward_k1", "kl/forward_k3", "cap/pos_mean",
+                "cap/pos_bound_frac", "cap/neg_mean", "ref/resets")
+
+
+def write_sweep(root: Path, runs: int, steps: int, metrics: int, seed: int = 0) -> Path:
+    """Synthetic ARMOR α×τ sweep; every metric logged at every step (the worst case for parsing)."""
+    names = [*EVAL_METRICS, *STEP_METRICS][:metrics]
+    sweep = root / "bench"
+    rng = np.random.default_rng(seed)
+    template = "{" + '"step":%d,' + ",".join(f'"{n}":%.6g' for n in names) + "}\n"
+    t = np.arange(steps, dtype=np.float64)
+    for i in range(runs):
+        group, run_seed = i % 20, i // 20
+        alpha, tau = ALPHAS[group % len(ALPHAS)], TAUS[group // len(ALPHAS)]
+        cfg = resolve({"objective": "armor", "alpha": alpha, "ref_reset_steps": tau, "seed": run_seed,
+                       "max_steps": steps})
+        rd = RunDir.create(sweep, cfg)
+        peak_at = steps * (0.3 + 0.5 * alpha)
+        base = 0.6 * (1 - np.exp(-t / (steps / 8))) - 0.4 * np.clip((t - peak_at) / steps, 0, None)
+        cols = [base + rng.normal(0, 0.02, steps) for _ in names]
+        table = np.column_stack([t, *cols])
+        rd.metrics_path.write_text("".join(template % tuple(row) for row in table))
+        rd.write_status("completed")
+    return sweep
+
+
+def bench_report(runs: int, steps: int, metrics: int, keep: Path | None) -> float:
+    tmp = Path(tempfile.mkdtemp(prefix="armorlab-bench-")) if keep is None else keep
+    try:
+        t0 = time.perf_counter()
+        sweep = write_sweep(tmp, runs, steps, metrics)
+        size = sum(p.stat().st_size for p in sweep.glob("*/metrics.jsonl"))
+        print(f"wrote {runs} runs x {steps} steps x {metrics} metrics ({size / 1e6:.0f} MB of metrics.jsonl) "
+              f"in {time.perf_counter() - t0:.1f}s")
+        recipe = Recipe(runs=[str(sweep)], title="bench", group_by=["alpha", "ref_reset_steps"],
+                        curves=["val/acc", "train/reward", "kl/reverse_k3", "kl/forward_k3", "cap/pos_mean",
+                                "train/entropy"], select=Select("val/acc", "max", "test/acc"),
+                        matched_steps=[steps // 4, steps // 2, steps - 1])
+        timings = {}
+        for label in ("cold", "warm"):
+            t0 = time.perf_counter()
+            result = build_report(recipe, tmp / f"report-{label}")
+            timings[label] = time.perf_counter() - t0
+        print(f"load+report cold (parse every file, write parquet cache) = {timings['cold']:.2f}s  "
+              f"[target <= 10 s]  {runs * steps * metrics / timings['cold'] / 1e6:.1f} M values/s")
+        print(f"load+report warm (parquet cache valid)                   = {timings['warm']:.2f}s  "
+              f"cold/warm = {timings['cold'] / timings['warm']:.2f}x")
+        print(f"report: {result.n_runs} runs, {result.n_groups} groups, {len(result.plots)} plots, "
+              f"{len(result.warnings)} warnings -> {result.index}")
+        return timings["cold"]
+    finally:
+        if keep is None:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def bench_kernel(n: int, repeats: int) -> None:
+    rng = np.random.default_rng(0)
+    old = np.log(rng.uniform(0.01, 1.0, n)).astype(np.float32)
+    logp = (old + rng.normal(0, 0.05, n)).astype(np.float32)
+    ref = (old + rng.normal(0, 0.1, n)).astype(np.float32)
+    adv = rng.normal(0, 1, n).astype(np.float32)
+    arrays = (logp, old, ref, adv)
+
+    def kernel() -> None:
+        token_kernel(logp, old, ref, adv, objective="armor", alpha=0.8)
+
+    def copy() -> None:
+        for a in arrays:
+            a.copy()
+
+    best = {"kernel": float("inf"), "copy": float("inf")}
+    for _ in range(repeats):  # alternate so machine noise hits both alike
+        for name, fn in (("kernel", kernel), ("copy", copy)):
+            t0 = time.perf_counter()
+            fn()
+            best[name] = min(best[name], time.perf_counter() - t0)
+    k_rate, c_rate = n / best["kernel"], n / best["copy"]
+    print(f"kl+capacity kernel: {n / 1e6:.0f} M float32 tokens in {best['kernel'] * 1e3:.1f} ms = "
+          f"{k_rate / 1e6:.0f} M tokens/s  [target >= 100 M tokens/s]")
+    print(f"numpy copy of the same 4 arrays (bandwidth bound): {best['copy'] * 1e3:.1f} ms = "
+          f"{c_rate / 1e6:.0f} M tokens/s; kernel time / copy time = {best['kernel'] / best['copy']:.2f}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", type=int, default=200)
+    ap.add_argument("--steps", type=int, default=2000)
+    ap.add_argument("--metrics", type=int, default=20)
+    ap.add_argument("--tokens", type=int, default=10_000_000)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--keep", type=Path, default=None, help="write the sweep and reports here and keep them")
+    args = ap.parse_args()
+    if not 4 <= args.metrics <= len(EVAL_METRICS) + len(STEP_METRICS):
+        ap.error(f"--metrics must be in 4..{len(EVAL_METRICS) + len(STEP_METRICS)}")
+    bench_kernel(args.tokens, args.repeats)
+    report_s = bench_report(args.runs, args.steps, args.metrics, args.keep)
+    print(f"report_s={report_s:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,160 @@
+"""Loading run dirs: the vectorised parse follows RunDir's rules (torn lines, resumes), the parquet
+cache is used and invalidated per run, and the long/wide views agree."""
+
+import json
+import logging
+
+import numpy as np
+import pytest
+
+from armorlab.analysis import load as L
+from armorlab.config import resolve
+from armorlab.errors import ArmorLabError
+from armorlab.runs import RunDir
+
+
+def make_run(root, *, seed, objective="dapo", steps=range(0, 30, 10), value=lambda s: s / 100):
+    rd = RunDir.create(root, resolve({"objective": objective, "seed": seed}))
+    for s in steps:
+        rd.append_metrics(s, {"val/acc": value(s), "train/reward": 2 * value(s)})
+    rd.write_status("completed")
+    return rd
+
+
+def reference_rows(rd):
+    """RunDir.read_metrics as {step: {metric: value}} (the reference rule)."""
+    return {r["step"]: {k: v for k, v in r.items() if k != "step" and v is not None} for r in rd.read_metrics()}
+
+
+def loaded_rows(rs, run_id):
+    out = {}
+    for m in rs.metrics:
+        steps, values = rs.curve(run_id, m)
+        for s, v in zip(steps, values, strict=True):
+            out.setdefault(int(s), {})[m] = v
+    return out
+
+
+def test_torn_lines_and_resume_follow_rundir_rules(tmp_path, caplog):
+    sweep = tmp_path / "sw"
+    torn = make_run(sweep, seed=0)
+    with open(torn.metrics_path, "a") as fh:
+        fh.write('{"step": 30, "val/ac')                      # killed mid-line: torn last line
+    resumed = make_run(sweep, seed=1, steps=range(0, 40, 10))
+    with open(resumed.metrics_path, "a") as fh:
+        fh.write('{"step": 40, "val/acc": 0.9, "trai')        # killed mid-line ...
+    resumed.append_metrics(20, {"val/acc": 0.77})             # ... and the resumed attempt appends after it
+    resumed.append_metrics(30, {"val/acc": 0.88, "train/reward": 0.5})
+    rs = L.load([sweep], cache=False)
+    for rd in (torn, resumed):
+        assert loaded_rows(rs, rd.id) == reference_rows(rd)
+    # the fragment has no newline, so the first resumed line shares its line and is lost with it
+    assert loaded_rows(rs, resumed.id)[20] == {"val/acc": 0.2, "train/reward": 0.4}
+    # the next resumed line supersedes the first attempt's step 30, key by key
+    assert loaded_rows(rs, resumed.id)[30] == {"val/acc": 0.88, "train/reward": 0.5}
+    assert any("torn line 4" in w and torn.id in w for w in rs.warnings)
+    assert any("torn line 5" in w and resumed.id in w for w in rs.warnings)
+
+
+def test_odd_lines_are_ignored_like_rundir(tmp_path):
+    rd = make_run(tmp_path / "sw", seed=0)
+    with open(rd.metrics_path, "a") as fh:
+        fh.write('{"step": 1.5, "val/acc": 9}\n[1, 2]\n\n{"step": 50, "val/acc": 0.5, "note": "text"}\n')
+    rs = L.load([tmp_path / "sw"], cache=False)
+    rows = loaded_rows(rs, rd.id)
+    assert rows == reference_rows(rd) | {50: {"val/acc": 0.5}}
+    assert "note" not in rs.metrics
+
+
+def test_runs_table_and_missing_metrics(tmp_path):
+    sweep = tmp_path / "sw"
+    a = make_run(sweep, seed=0, objective="armor")
+    empty = RunDir.create(sweep, resolve({"seed": 5}))
+    empty.write_status("running")
+    rs = L.load([sweep], cache=False)
+    runs = rs.runs.set_index("run_id")
+    assert runs.loc[a.id, "objective"] == "armor" and runs.loc[a.id, "task.digits"] == 2
+    assert runs.loc[empty.id, "state"] == "running"
+    assert any(empty.id in w and "no metrics" in w for w in rs.warnings)
+    assert not rs.has_metric(empty.id, "val/acc") and rs.has_metric(a.id, "val/acc")
+    assert rs.last_step(a.id) == 20 and rs.last_step(empty.id) is None
+    steps, values = rs.curve(a.id, "val/acc")
+    np.testing.assert_array_equal(steps, [0, 10, 20])
+    np.testing.assert_allclose(values, [0.0, 0.1, 0.2])
+
+
+def test_long_view_matches_wide(tmp_path):
+    sweep = tmp_path / "sw"
+    a = make_run(sweep, seed=0, objective="armor")
+    b = make_run(sweep, seed=1, objective="dapo", value=lambda s: 1 - s / 100)
+    long = L.load_runs([sweep], cache=False)
+    assert {"run_id", "objective", "seed", "step", "metric", "value"} <= set(long.columns)
+    assert "task.digits" not in long.columns                  # constant config keys stay in the runs table
+    assert len(long) == 2 * 3 * 2
+    row = long[(long["run_id"] == b.id) & (long["metric"] == "train/reward") & (long["step"] == 10)]
+    assert row["value"].item() == pytest.approx(1.8) and row["objective"].item() == "dapo"
+    assert set(long.loc[long["run_id"] == a.id, "objective"]) == {"armor"}
+
+
+def test_cache_is_used_and_invalidated_per_run(tmp_path, monkeypatch):
+    sweep = tmp_path / "sw"
+    a = make_run(sweep, seed=0)
+    b = make_run(sweep, seed=1)
+    with open(b.metrics_path, "a") as fh:
+        fh.write('{"step": 99, "val')                          # torn line: its warning must survive caching
+    first = L.load([sweep])
+    cache = sweep / L.CACHE_DIR / L.CACHE_FILE
+    assert cache.is_file()
+    parsed = []
+    real = L.parse_metrics_file
+    monkeypatch.setattr(L, "parse_metrics_file", lambda p: parsed.append(p) or real(p))
+    second = L.load([sweep])
+    assert parsed == []                                        # everything came from the cache
+    assert second.warnings == first.warnings
+    for rid in (a.id, b.id):
+        assert loaded_rows(second, rid) == loaded_rows(first, rid)
+    a.append_metrics(30, {"val/acc": 0.3})                     # a changes, b does not
+    third = L.load([sweep])
+    assert [p.parent.name for p in parsed] == [a.id]
+    assert third.curve(a.id, "val/acc")[0].tolist() == [0, 10, 20, 30]
+    assert any("torn line" in w for w in third.warnings)
+    # run discovery skips the hidden cache dir
+    assert sorted(third.run_ids) == sorted([a.id, b.id])
+
+
+def test_unwritable_cache_is_only_a_warning(tmp_path, monkeypatch, caplog):
+    make_run(tmp_path / "sw", seed=0)
+
+    def boom(*_a, **_k):
+        raise OSError("read-only file system")
+
+    monkeypatch.setattr(L, "_write_cache", boom)
+    with caplog.at_level(logging.WARNING):
+        rs = L.load([tmp_path / "sw"])
+    assert len(rs.run_ids) == 1 and "could not write analysis cache" in caplog.text
+
+
+def test_corrupt_cache_is_ignored(tmp_path):
+    rd = make_run(tmp_path / "sw", seed=0)
+    L.load([tmp_path / "sw"])
+    (tmp_path / "sw" / L.CACHE_DIR / L.CACHE_FILE).write_bytes(b"not parquet")
+    rs = L.load([tmp_path / "sw"])
+    assert loaded_rows(rs, rd.id) == reference_rows(rd)
+
+
+def test_globs_and_errors(tmp_path):
+    make_run(tmp_path / "sw_a", seed=0)
+    make_run(tmp_path / "sw_b", seed=0)                        # same config → same id in two sweeps
+    rs = L.load([str(tmp_path / "sw_*")], cache=False)
+    assert sorted(rs.run_ids) == sorted(f"{s}/{rs.runs['path'].map(lambda p: p.split('/')[-1]).iloc[0]}"
+                                        for s in ("sw_a", "sw_b"))
+    with pytest.raises(ArmorLabError, match="glob matches nothing"):
+        L.load([str(tmp_path / "nope_*")])
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ArmorLabError, match="'runs'"):
+        L.load([tmp_path / "empty"])
+
+
+def test_flatten_config():
+    flat = L.flatten_config({"a": 1, "task": {"name": "x", "d": {"e": 2}}, "s": [[10, 2]]})
+    assert flat == {"a": 1, "task.name": "x", "task.d.e": 2, "s": json.dumps([[10, 2]])}

@@ -1,0 +1,54 @@
+"""Report recipes: defaults, and bad input named by key, value and file."""
+
+import pytest
+
+from armorlab.analysis.recipe import Compare, Select, load_recipe, parse_recipe, recipe_for_paths
+from armorlab.errors import ArmorLabError
+
+
+def test_design_example_parses(tmp_path):
+    path = tmp_path / "armor.yaml"
+    path.write_text("""
+runs: [runs/armor_alpha, runs/dapo_baseline]
+group_by: [objective, alpha]
+curves: [val/acc, train/reward, kl/forward_k3, kl/reverse_k3, cap/pos_mean, train/entropy]
+select: {metric: val/acc, mode: max, report: test/acc}
+matched_steps: [400, 100, 200]
+compare: {pairs: [[{objective: armor}, {objective: dapo}]]}
+collapse: {delta: 0.1, patience: 2}
+""")
+    r = load_recipe(path)
+    assert r.title == "armor" and r.path == path
+    assert r.group_by == ["objective", "alpha"] and r.matched_steps == [100, 200, 400]
+    assert r.select == Select("val/acc", "max", "test/acc")
+    assert r.compare == Compare(None, [({"objective": "armor"}, {"objective": "dapo"})])
+    assert (r.collapse.delta, r.collapse.patience, r.collapse.window) == (0.1, 2, 5)
+
+
+def test_defaults_for_directories():
+    r = recipe_for_paths(["runs/a"], group_by=["alpha"])
+    assert r.runs == ["runs/a"] and r.group_by == ["alpha"] and r.title == "a"
+    assert r.curves is None and r.matched_steps is None and r.select.report == "test/acc"
+
+
+@pytest.mark.parametrize("raw, key", [
+    ({"group_by": ["objective"]}, "runs"),
+    ({"runs": ["x"], "colour": "red"}, "colour"),
+    ({"runs": []}, "runs"),
+    ({"runs": ["x"], "group_by": ["seed"]}, "group_by"),
+    ({"runs": ["x"], "select": {"metric": "acc"}}, "select.metric"),
+    ({"runs": ["x"], "select": {"mode": "best"}}, "select.mode"),
+    ({"runs": ["x"], "select": {"metrc": "val/acc"}}, "select.metrc"),
+    ({"runs": ["x"], "matched_steps": [100, -5]}, "matched_steps"),
+    ({"runs": ["x"], "matched_steps": [1.5]}, "matched_steps"),
+    ({"runs": ["x"], "collapse": {"delta": 0}}, "collapse.delta"),
+    ({"runs": ["x"], "collapse": {"patience": 0}}, "collapse.patience"),
+    ({"runs": ["x"], "collapse": {"train": 3}}, "collapse.train"),
+    ({"runs": ["x"], "compare": {"baseline": {"objective": "dapo"}, "pairs": []}}, "compare"),
+    ({"runs": ["x"], "compare": {"pairs": [[{"objective": "armor"}]]}}, "compare.pairs[0]"),
+    ({"runs": ["x"], "compare": {"baseline": "dapo"}}, "compare.baseline"),
+])
+def test_bad_recipes_name_key_value_and_file(raw, key):
+    with pytest.raises(ArmorLabError) as exc:
+        parse_recipe(raw, file="analysis/x.yaml")
+    assert f"'{key}'" in str(exc.value) and "analysis/x.yaml" in str(exc.value)

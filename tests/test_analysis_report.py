@@ -1,0 +1,242 @@
+"""`armorlab report` end to end on synthetic run dirs whose table values are worked out by hand."""
+
+import subprocess
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from armorlab.analysis import report as R
+from armorlab.analysis.recipe import Compare, Recipe, Select, load_recipe
+from armorlab.config import resolve
+from armorlab.runs import RunDir
+
+EVAL = [0, 10, 20, 30, 40, 50]
+
+
+def dapo_val(k):   # peaks at step 20 (0.5, 0.6, 0.7), then collapses to 0.2
+    return [0.1, 0.3, 0.5 + 0.1 * k, 0.2, 0.2, 0.2]
+
+
+def armor_val(k):  # keeps rising to 0.6, 0.7, 0.8
+    return [0.1, 0.2, 0.3, 0.4, 0.5, 0.6 + 0.1 * k]
+
+
+def write_run(root, objective, seed, val, test_offset, *, state="completed", reason=None, upto=50):
+    rd = RunDir.create(root, resolve({"objective": objective, "seed": seed, "max_steps": 50}))
+    vals = dict(zip(EVAL, val, strict=True))
+    for s in range(upto + 1):
+        m = {"train/reward": s / 50 if objective == "dapo" else s / 100, "train/entropy": 1.0 - s / 100}
+        if s in vals:
+            m.update({"val/acc": vals[s], "test/acc": vals[s] - test_offset,
+                      "kl/reverse_k3": s / 500, "kl/forward_k3": s / 1000})
+        rd.append_metrics(s, m)
+    rd.write_status(state, reason=reason)
+    return rd
+
+
+def write_tokens(rd, seed=0, n=300):
+    rng = np.random.default_rng(seed)
+    old = np.log(rng.uniform(0.05, 1.0, n))
+    rd.tokens_dir.mkdir(exist_ok=True)
+    pd.DataFrame({"logp": old + rng.normal(0, 0.05, n), "old_logp": old, "ref_logp": old + rng.normal(0, 0.2, n),
+                  "advantage": rng.normal(size=n), "is_anchor": np.arange(n) % 8 == 0,
+                  "step": np.zeros(n, dtype=int)}).to_parquet(rd.tokens_dir / "s0.parquet")
+
+
+@pytest.fixture(scope="module")
+def clean_sweep(tmp_path_factory):
+    root = tmp_path_factory.mktemp("clean") / "sw"
+    for k in range(3):
+        rd = write_run(root, "dapo", k, dapo_val(k), 0.05)
+        if k == 0:
+            write_tokens(rd)
+        write_run(root, "armor", k, armor_val(k), 0.1)
+    return root
+
+
+@pytest.fixture(scope="module")
+def clean_report(clean_sweep, tmp_path_factory):
+    recipe = Recipe(runs=[str(clean_sweep)], title="known curves", matched_steps=[20, 50],
+                    select=Select("val/acc", "max", "test/acc"), compare=Compare(baseline={"objective": "dapo"}))
+    out = tmp_path_factory.mktemp("out") / "report"
+    return R.build_report(recipe, out)
+
+
+def group_row(result, objective):
+    df = pd.read_csv(result.out_dir / "tables" / "groups.csv")
+    return df[df["objective"] == objective].iloc[0]
+
+
+def test_known_curves_give_known_table_values(clean_report):
+    assert clean_report.n_runs == 6 and clean_report.n_groups == 2
+    dapo, armor = group_row(clean_report, "dapo"), group_row(clean_report, "armor")
+    assert dapo["n"] == 3 and armor["n"] == 3
+    expect = {
+        # dapo: peaks 0.5/0.6/0.7 at step 20, final 0.2, collapses at 30 (0.2 ≤ peak − 0.05 for 3 evals)
+        ("dapo", "peak"): 0.6, ("dapo", "peak_step"): 20, ("dapo", "final"): 0.2, ("dapo", "drop"): 0.4,
+        ("dapo", "collapse_step"): 30,
+        # AUC seed k: [(0.1+0.3)/2 + (0.8+0.1k)/2 + (0.7+0.1k)/2 + 0.2 + 0.2]·10/50 = 0.27 + 0.02k
+        ("dapo", "auc"): 0.29,
+        ("dapo", "selected_val"): 0.6, ("dapo", "selected_test"): 0.55,     # test = val − 0.05 at step 20
+        ("dapo", "val@20"): 0.6, ("dapo", "test@20"): 0.55, ("dapo", "val@50"): 0.2, ("dapo", "test@50"): 0.15,
+        # armor: rises to 0.6/0.7/0.8 at step 50; AUC seed k = 0.35 + 0.01k
+        ("armor", "peak"): 0.7, ("armor", "peak_step"): 50, ("armor", "drop"): 0.0, ("armor", "auc"): 0.36,
+        ("armor", "selected_test"): 0.6, ("armor", "val@20"): 0.3, ("armor", "test@50"): 0.6,
+    }
+    for (obj, score), value in expect.items():
+        row = dapo if obj == "dapo" else armor
+        assert row[f"{score}_mean"] == pytest.approx(value, abs=1e-9), (obj, score)
+    assert dapo["collapsed"] == 3 and armor["collapsed"] == 0
+    assert np.isnan(armor["collapse_step_mean"])
+    # bootstrap CI of the three dapo peaks lies within their range and around the mean
+    assert 0.5 <= dapo["peak_ci_low"] < 0.6 < dapo["peak_ci_high"] <= 0.7
+    assert dapo["peak_std"] == pytest.approx(0.1)
+
+
+def test_probability_of_improvement_against_baseline(clean_report):
+    poi = pd.read_csv(clean_report.out_dir / "tables" / "improvement.csv")
+    assert set(poi["x"]) == {"objective=armor"} and set(poi["y"]) == {"objective=dapo"}
+    by_score = poi.set_index("score")["p_improvement"]
+    assert by_score["test@50"] == 1.0                       # every armor seed beats every dapo seed
+    # selected test: armor 0.5/0.6/0.7 vs dapo 0.45/0.55/0.65 → 1 + 2 + 3 wins of 9
+    assert by_score["selected_test"] == pytest.approx(6 / 9)
+    assert by_score["auc"] == 1.0
+
+
+def test_tables_in_every_format(clean_report):
+    t = clean_report.out_dir / "tables"
+    md = (t / "groups.md").read_text()
+    assert md.splitlines()[0].startswith("| objective | n | peak val/acc")
+    assert "| dapo | 3 | 0.600 [" in md and "3/3 runs @ 30 [30, 30]" in md
+    tex = (t / "groups.tex").read_text()
+    assert all(rule in tex for rule in ("\\toprule", "\\midrule", "\\bottomrule"))
+    assert "val/acc @ 20" in tex
+    runs = pd.read_csv(t / "runs.csv")
+    assert len(runs) == 6 and {"run_id", "group", "seed", "state", "selected_test", "val@50"} <= set(runs.columns)
+    assert sorted(runs.loc[runs["group"] == "objective=dapo", "peak"].round(9)) == [0.5, 0.6, 0.7]
+    assert "tok_pos_mean" in runs.columns and runs["tok_pos_mean"].notna().sum() == 1
+    assert (t / "tokens.md").is_file() and (t / "improvement.tex").is_file()
+    configs = pd.read_csv(t / "configs.csv")
+    assert "objective" in configs.columns and "seed" not in configs.columns
+
+
+class _Images(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.src = []
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "img":
+            self.src.append(dict(attrs)["src"])
+
+
+def test_html_references_only_existing_images(clean_report):
+    parser = _Images()
+    html = clean_report.index.read_text()
+    parser.feed(html)
+    assert {"plots/val.png", "plots/overoptimisation.png", "plots/kl.png", "plots/capacity.png",
+            "plots/ablation.png"} <= set(parser.src)
+    for src in parser.src:
+        assert (clean_report.out_dir / src).is_file(), src
+        assert (clean_report.out_dir / src).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "Configs that differ between groups" in html and "Probability of improvement" in html
+    assert "@ val-best step" in html and "val/acc @ 50" in html
+
+
+def test_report_over_failed_running_and_torn_runs_completes_and_warns(tmp_path):
+    root = tmp_path / "sw"
+    write_run(root, "dapo", 0, dapo_val(0), 0.05)
+    write_run(root, "dapo", 1, dapo_val(1), 0.05, state="failed", reason="non-finite loss at step 21", upto=20)
+    running = write_run(root, "armor", 0, armor_val(0), 0.1, state="running", upto=30)
+    with open(running.metrics_path, "a") as fh:
+        fh.write('{"step": 31, "train/rew')
+    old_trainer = RunDir.create(root, resolve({"objective": "armor", "seed": 1, "max_steps": 50}))
+    for s in EVAL:   # an older trainer: no test/, no kl/
+        old_trainer.append_metrics(s, {"val/acc": armor_val(1)[EVAL.index(s)]})
+    old_trainer.write_status("completed")
+    result = R.build_report(Recipe(runs=[str(root)], title="messy"), tmp_path / "out")
+    text = "\n".join(result.warnings)
+    assert "is failed: non-finite loss at step 21" in text
+    assert f"run {running.id} is running" in text
+    assert "torn line" in text
+    assert "metric test/acc missing in 1/4 runs" in text and "kl/forward_k3 missing" in text
+    assert "did not reach matched step" in text
+    html = result.index.read_text()
+    assert "non-finite loss at step 21" in html and "torn line" in html
+    runs = pd.read_csv(result.out_dir / "tables" / "runs.csv")
+    assert set(runs["state"]) == {"completed", "failed", "running"}
+
+
+def test_single_seed_and_mixed_groups_warn(tmp_path):
+    root = tmp_path / "sw"
+    write_run(root, "dapo", 0, dapo_val(0), 0.05)
+    write_run(root, "armor", 0, armor_val(0), 0.1)
+    result = R.build_report(Recipe(runs=[str(root)], group_by=[]), tmp_path / "out")
+    text = "\n".join(result.warnings)
+    assert "group all runs mixes runs with different" in text and "objective" in text
+    result = R.build_report(Recipe(runs=[str(root)], group_by=["objective"]), tmp_path / "out2")
+    assert any("single seed" in w for w in result.warnings)
+
+
+def test_study_dirs_get_an_optuna_section(clean_sweep, tmp_path, monkeypatch):
+    """The hook: a dir armorlab.tune recognises as a study gets its plots and best-trials table."""
+    from armorlab import tune
+
+    def fake_plots(study_dir, out_dir):
+        import matplotlib.pyplot as plt
+
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        fig = plt.figure()
+        path = Path(out_dir) / "optuna_history.png"
+        fig.savefig(path)
+        plt.close(fig)
+        return [path]
+
+    monkeypatch.setattr(tune, "is_study_dir", lambda p: Path(p) == clean_sweep)
+    monkeypatch.setattr(tune, "study_status", lambda d: {"best": []})
+    monkeypatch.setattr(tune, "status_table_rows", lambda s: (["#", "val/acc"], [["0", "0.7"]]))
+    monkeypatch.setattr(tune, "best_value_summary", lambda s: "3/3 finished")
+    monkeypatch.setattr(tune, "write_study_plots", fake_plots)
+    result = R.build_report(Recipe(runs=[str(clean_sweep)]), tmp_path / "out")
+    html = result.index.read_text()
+    assert f"Optuna study {clean_sweep.name}" in html and "3/3 finished" in html
+    parser = _Images()
+    parser.feed(html)
+    assert f"plots/study_{clean_sweep.name}/optuna_history.png" in parser.src
+    assert all((result.out_dir / s).is_file() for s in parser.src)
+
+
+def test_default_out_dirs(tmp_path):
+    assert R.default_out_dir(Recipe(runs=[str(tmp_path)])) == tmp_path / "report"
+    assert R.default_out_dir(Recipe(runs=["a", "b"])) == Path("reports/compare")
+    assert R.default_out_dir(Recipe(runs=["a"], out="x/y")) == Path("x/y")
+
+
+def cli(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "armorlab.cli", *args], capture_output=True, text=True, cwd=cwd)
+
+
+def test_cli_report_dirs_and_errors(clean_sweep, tmp_path):
+    out = cli("report", str(clean_sweep), "--out", str(tmp_path / "rep"), "--group-by", "objective")
+    assert out.returncode == 0, out.stderr
+    assert str(tmp_path / "rep" / "index.html") in out.stdout and "2 groups" in out.stdout
+    bad = cli("report", str(clean_sweep), "--out", str(tmp_path / "rep2"), "--group-by", "nope")
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert "'group_by'" in bad.stderr and "'nope'" in bad.stderr
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"runs: [{clean_sweep}]\nselct: {{metric: val/acc}}\n")
+    bad = cli("report", str(recipe))
+    assert bad.returncode == 2 and "'selct'" in bad.stderr and "r.yaml" in bad.stderr
+    missing = cli("report", str(tmp_path / "none.yaml"))
+    assert missing.returncode == 2 and "recipe file not found" in missing.stderr
+
+
+@pytest.mark.parametrize("path", sorted(Path(__file__).resolve().parents[1].glob("analysis/*.yaml")),
+                         ids=lambda p: p.name)
+def test_shipped_recipes_parse(path):
+    recipe = load_recipe(path)
+    assert recipe.runs and recipe.select.metric == "val/acc"

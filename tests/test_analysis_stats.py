@@ -1,0 +1,88 @@
+"""Seed statistics: IQM, probability of improvement, bootstrap CIs, curve alignment and bands."""
+
+import math
+
+import numpy as np
+import pytest
+
+from armorlab.analysis import stats
+
+
+def test_iqm_by_hand():
+    assert stats.iqm([1, 2, 3, 4, 5, 6, 7, 8]) == pytest.approx(4.5)     # mean of 3, 4, 5, 6
+    assert stats.iqm([0, 0, 0, 100]) == pytest.approx(0.0)               # one wild seed is trimmed
+    assert stats.iqm([1.0, 2.0, 3.0]) == pytest.approx(2.0)              # n < 4: nothing to trim
+
+
+def test_probability_of_improvement_by_hand():
+    assert stats.probability_of_improvement([1, 2, 3], [0, 0, 0]) == 1.0
+    assert stats.probability_of_improvement([0, 0], [1, 2, 3]) == 0.0
+    assert stats.probability_of_improvement([1, 1], [1, 1]) == 0.5       # ties count ½
+    assert stats.probability_of_improvement([1, 3], [2, 2]) == 0.5
+    # pairs (1,2) (1,3) (2,2) (2,3): 0 + 0 + ½ + 0 over 4
+    assert stats.probability_of_improvement([1, 2], [2, 3]) == 0.125
+    assert stats.probability_of_improvement([1, np.nan], [0]) == 1.0     # NaN (missing run) dropped
+    assert math.isnan(stats.probability_of_improvement([], [1.0]))
+
+
+def test_poi_ci_brackets_the_estimate():
+    x, y = [0.6, 0.62, 0.58, 0.7], [0.5, 0.61, 0.55, 0.52]
+    p, lo, hi = stats.poi_with_ci(x, y)
+    # 16 pairs: 0.6 beats 3, 0.62 beats 4, 0.58 beats 3, 0.7 beats 4 → 14/16
+    assert p == pytest.approx(14 / 16)
+    assert 0.0 <= lo <= p <= hi <= 1.0
+    assert stats.poi_with_ci(x, y) == (p, lo, hi)                        # seeded: reproducible
+    p1, lo1, hi1 = stats.poi_with_ci([0.5], y)
+    assert p1 == pytest.approx(0.125)                                   # ties 0.5 once, loses to the rest
+    assert math.isnan(lo1) and math.isnan(hi1)
+
+
+def test_summarise_by_hand_and_degenerate_cases():
+    s = stats.summarise([1.0, 2.0, 3.0, 4.0])
+    assert s.n == 4 and s.mean == 2.5
+    assert s.std == pytest.approx(math.sqrt(5 / 3))                       # sample std (ddof 1)
+    assert 1.0 <= s.ci_low < 2.5 < s.ci_high <= 4.0
+    one = stats.summarise([0.7])
+    assert (one.n, one.mean, one.iqm) == (1, 0.7, 0.7) and math.isnan(one.ci_low) and math.isnan(one.std)
+    same = stats.summarise([0.3, 0.3, 0.3])
+    assert same.ci_low == same.ci_high == 0.3
+    assert stats.summarise([1.0, np.nan, 3.0]).n == 2
+    assert stats.summarise([]).n == 0 and math.isnan(stats.summarise([]).mean)
+
+
+def test_bootstrap_ci_width_matches_normal_theory():
+    """For 400 normal draws, the percentile-bootstrap CI of the mean ≈ mean ± 1.96·σ/√n."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(5.0, 2.0, 400)
+    lo, hi = stats.bootstrap_ci(x, n_resamples=4000)
+    half = 1.96 * x.std(ddof=1) / math.sqrt(x.size)
+    assert (hi - lo) / 2 == pytest.approx(half, rel=0.15)
+    assert lo < x.mean() < hi
+
+
+def test_align_curves_interpolates_and_reports_it():
+    a = (np.array([0, 10, 20]), np.array([0.0, 1.0, 2.0]))
+    b = (np.array([0, 5, 10]), np.array([0.0, 1.0, 2.0]))
+    al = stats.align_curves([a, b])
+    np.testing.assert_array_equal(al.grid, [0, 5, 10, 20])
+    np.testing.assert_allclose(al.values[0], [0.0, 0.5, 1.0, 2.0])
+    np.testing.assert_allclose(al.values[1, :3], [0.0, 1.0, 2.0])
+    assert math.isnan(al.values[1, 3])                                  # b never reached step 20
+    assert al.interpolated
+    same = stats.align_curves([a, (a[0], a[1] + 1)])
+    assert not same.interpolated
+
+
+def test_curve_band_mean_band_and_counts():
+    grid = np.array([0.0, 10.0, 20.0])
+    values = np.array([[0.0, 1.0, 2.0],
+                       [2.0, 1.0, np.nan],
+                       [1.0, 1.0, np.nan]])
+    band = stats.curve_band(stats.AlignedCurves(grid, values, False))
+    np.testing.assert_allclose(band.mean, [1.0, 1.0, 2.0])
+    np.testing.assert_array_equal(band.n, [3, 3, 1])
+    assert band.low[0] <= 1.0 <= band.high[0] and band.low[0] >= 0.0 and band.high[0] <= 2.0
+    assert band.low[1] == band.high[1] == 1.0                          # identical seeds: no spread
+    assert math.isnan(band.low[2])                                      # one seed: no band
+    long = stats.AlignedCurves(np.arange(5000.0), np.random.default_rng(0).random((4, 5000)), False)
+    assert stats.curve_band(long, max_points=100).steps.size == 100
