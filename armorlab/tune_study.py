@@ -41,6 +41,12 @@ TUNE_DIR = ".tune"
 JOURNAL = "journal.log"
 HEARTBEAT_INTERVAL_S = 60
 HEARTBEAT_GRACE_S = 180
+# The journal's stand-in for heartbeats, used only for owners reconcile cannot check directly
+# (another host, no Slurm): the worker touches .tune/beats/<trial> every BEAT_INTERVAL_S; a trial
+# whose beat file is older than BEAT_GRACE_S is taken for dead.
+BEATS = "beats"
+BEAT_INTERVAL_S = 30
+BEAT_GRACE_S = 600
 # File systems on which journal files and SQLite are known to corrupt or dead-lock (no reliable
 # POSIX locks / rename atomicity across clients).
 NETWORK_FS = frozenset({"nfs", "nfs4", "cifs", "smb3", "smbfs", "fuse.sshfs", "afs", "9p", "fuse.glusterfs"})
@@ -337,10 +343,36 @@ def fail_and_requeue(study: optuna.Study, trial: FrozenTrial, reason: str, max_r
     return True
 
 
-def reconcile(study: optuna.Study, me: Mapping[str, Any], max_retries: int) -> list[int]:
+def beat_path(study_dir: Path, number: int) -> Path:
+    return Path(study_dir) / TUNE_DIR / BEATS / str(number)
+
+
+def touch_beat(study_dir: Path, number: int) -> None:
+    path = beat_path(study_dir, number)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.touch()
+
+
+def beat_age_s(study_dir: Path, trial: FrozenTrial) -> float | None:
+    """Seconds since the trial's worker last touched its beat file (or since the trial started)."""
+    import time
+
+    try:
+        last = beat_path(study_dir, trial.number).stat().st_mtime
+    except OSError:
+        if trial.datetime_start is None:
+            return None
+        last = trial.datetime_start.timestamp()
+    return time.time() - last
+
+
+def reconcile(study: optuna.Study, me: Mapping[str, Any], max_retries: int, *,
+              study_dir: Path | None = None, beat_grace_s: float = BEAT_GRACE_S) -> list[int]:
     """Fail and re-enqueue RUNNING trials whose worker is dead. Call under ``study_lock``.
 
     With an RDB storage, Optuna's heartbeat does this (and would double-enqueue if we did it too).
+    With the journal, owners that cannot be checked from here fall back to the beat files in
+    ``study_dir`` (when given).
     """
     if storage_has_heartbeat(study._storage):
         with quiet_optuna():
@@ -355,8 +387,14 @@ def reconcile(study: optuna.Study, me: Mapping[str, Any], max_retries: int) -> l
             fail_and_requeue(study, trial, f"worker died ({where})", max_retries)
             failed.append(trial.number)
         elif alive is None:
-            log.info("trial %d runs on %s (pid %s): cannot check that worker from here", trial.number,
-                     owner.get("host"), owner.get("pid"))
+            age = beat_age_s(study_dir, trial) if study_dir is not None else None
+            if age is not None and age > beat_grace_s:
+                fail_and_requeue(study, trial, f"worker on {owner.get('host')} silent for {age:.0f}s",
+                                 max_retries)
+                failed.append(trial.number)
+            else:
+                log.info("trial %d runs on %s (pid %s): cannot check that worker from here", trial.number,
+                         owner.get("host"), owner.get("pid"))
     return failed
 
 

@@ -46,6 +46,7 @@ from armorlab.fsutil import atomic_write_json
 from armorlab.runs import RunDir
 from armorlab.tune_space import ObjectiveSpec, SearchSpec, parse_search, suggest_params, trial_config
 from armorlab.tune_study import (
+    BEAT_INTERVAL_S,
     TUNE_DIR,
     fail_and_requeue,
     open_storage,
@@ -55,6 +56,7 @@ from armorlab.tune_study import (
     state_counts,
     storage_has_heartbeat,
     study_lock,
+    touch_beat,
     worker_identity,
 )
 
@@ -216,25 +218,32 @@ class _MetricsTail:
 
 
 class _Heartbeat:
-    """RDB heartbeat for a trial run by ask/tell (study.optimize would start it for us)."""
+    """Keep a trial visibly alive while it runs: Optuna's RDB heartbeat (study.optimize would
+    start it for us; ask/tell does not), or the journal's beat file (tune_study.BEATS)."""
 
-    def __init__(self, storage: Any, trial_id: int) -> None:
-        self.storage, self.trial_id = storage, trial_id
+    def __init__(self, storage: Any, trial: optuna.Trial, study_dir: Path) -> None:
+        self.storage, self.trial, self.study_dir = storage, trial, study_dir
         self.stop = threading.Event()
         self.thread: threading.Thread | None = None
 
-    def __enter__(self) -> _Heartbeat:
+    def _beat(self) -> None:
         if storage_has_heartbeat(self.storage):
-            interval = self.storage.get_heartbeat_interval()
-            self.storage.record_heartbeat(self.trial_id)
+            self.storage.record_heartbeat(self.trial._trial_id)
+        else:
+            touch_beat(self.study_dir, self.trial.number)
 
-            def beat() -> None:
-                while not self.stop.wait(interval):
-                    with contextlib.suppress(Exception):
-                        self.storage.record_heartbeat(self.trial_id)
+    def __enter__(self) -> _Heartbeat:
+        interval = (self.storage.get_heartbeat_interval() if storage_has_heartbeat(self.storage)
+                    else BEAT_INTERVAL_S)
+        self._beat()
 
-            self.thread = threading.Thread(target=beat, daemon=True, name="tune-heartbeat")
-            self.thread.start()
+        def beat() -> None:
+            while not self.stop.wait(interval):
+                with contextlib.suppress(Exception):
+                    self._beat()
+
+        self.thread = threading.Thread(target=beat, daemon=True, name="tune-heartbeat")
+        self.thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -314,7 +323,7 @@ class Worker:
         while not self.interrupted:
             trial = None
             with study_lock(ctx.study_dir):
-                reconcile(study, me, search.max_retries)
+                reconcile(study, me, search.max_retries, study_dir=ctx.study_dir)
                 counts = state_counts(study)
                 if counts["finished"] >= search.n_trials:
                     break
@@ -322,6 +331,10 @@ class Worker:
                     with quiet_optuna():
                         trial = study.ask()
                     trial.set_user_attr("worker", me)
+                    if storage_has_heartbeat(storage):  # stale-checkable from the first moment
+                        storage.record_heartbeat(trial._trial_id)
+                    else:
+                        touch_beat(ctx.study_dir, trial.number)
             if trial is None:
                 time.sleep(self.poll_s)
                 continue
@@ -353,7 +366,7 @@ class Worker:
             report = not search.multi_objective
             outcome = RunOutcome("completed")
             kinds = []
-            with _Heartbeat(study._storage, trial._trial_id):
+            with _Heartbeat(study._storage, trial, self.study_dir):
                 for i, rd in enumerate(run_dirs):
                     outcome = self._train_or_reuse(ctx, trial, rd, report=report and i == 0)
                     kinds.append(outcome.kind)

@@ -300,6 +300,40 @@ def test_reconcile_fails_dead_owners_only_and_respects_max_retries(tmp_path):
         live.wait()
 
 
+def test_unverifiable_owner_is_judged_by_its_beat_file(tmp_path):
+    from armorlab.tune_study import (
+        beat_path,
+        open_storage,
+        reconcile,
+        study_lock,
+        touch_beat,
+        worker_identity,
+    )
+
+    p = spec(tmp_path, "beat", """
+        space:
+          alpha: {type: float, low: 0.5, high: 1.0}
+        n_trials: 5
+    """)
+    ctx = prepare_study(p, root=tmp_path / "runs")
+    study = optuna.load_study(study_name="beat", storage=open_storage(ctx.study_dir, None))
+    me = worker_identity()
+    elsewhere = {"host": "node-17", "pid": 4242, "start": 1, "job": None, "index": 0}
+    dist = {"alpha": optuna.distributions.FloatDistribution(0.5, 1.0)}
+    silent, beating = study.ask(dist), study.ask(dist)
+    for t in (silent, beating):
+        t.set_user_attr("worker", elsewhere)
+        touch_beat(ctx.study_dir, t.number)
+    old = time.time() - 700
+    os.utime(beat_path(ctx.study_dir, silent.number), (old, old))
+    with study_lock(ctx.study_dir):
+        assert reconcile(study, me, 2) == []  # without beat files: cannot tell, leave both alone
+        assert reconcile(study, me, 2, study_dir=ctx.study_dir, beat_grace_s=600) == [silent.number]
+    states = {t.number: t.state for t in study.get_trials(deepcopy=False)}
+    assert states[silent.number] == TrialState.FAIL and states[beating.number] == TrialState.RUNNING
+    assert "silent" in study.trials[silent.number].user_attrs["fail_reason"]
+
+
 def test_rdb_storage_runs_a_study_and_heartbeats_retry_stale_trials(tmp_path):
     from armorlab.tune_study import open_storage, reconcile, worker_identity
 

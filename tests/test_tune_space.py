@@ -278,3 +278,26 @@ def test_tune_modules_stay_out_of_cli_startup():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ})
     assert out.stdout.strip() == ""
+
+
+@pytest.mark.parametrize("kind", ["tpe", "gp", "cmaes", "random", "grid", "bruteforce"])
+def test_every_sampler_type_samples_inside_the_space(kind):
+    import optuna
+
+    from armorlab.tune_space import suggest_params
+    from armorlab.tune_study import make_sampler
+
+    s = parse_search({"space": {"alpha": {"type": "float", "low": 0.5, "high": 0.9, "step": 0.1},
+                                "ref_reset_steps": [0, 40]},
+                      "sampler": {"type": kind, "seed": 0, **({"n_startup_trials": 1} if kind in ("tpe", "gp", "cmaes") else {})},
+                      "n_trials": 4}, BASE)
+    study = optuna.create_study(sampler=make_sampler(s, 0), direction="maximize")
+    seen = []
+    for _ in range(4):
+        trial = study.ask()
+        params = suggest_params(trial, s)
+        assert 0.5 - 1e-9 <= params["alpha"] <= 0.9 + 1e-9 and params["ref_reset_steps"] in (0, 40)
+        study.tell(trial, -abs(params["alpha"] - 0.7))
+        seen.append((round(params["alpha"], 6), params["ref_reset_steps"]))
+    if kind in ("grid", "bruteforce"):
+        assert len(set(seen)) == 4  # exhaustive samplers never repeat a point

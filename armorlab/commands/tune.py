@@ -43,6 +43,9 @@ def register(app: typer.Typer) -> None:
         wait: bool = typer.Option(False, "--wait/--no-wait", help="Slurm: wait for the workers to end."),
     ) -> None:
         """Search hyperparameters with Optuna; every trial is an ordinary run dir (resumable)."""
+        import logging
+
+        import optuna
         from rich.console import Console
 
         from armorlab.errors import ArmorLabError
@@ -56,6 +59,9 @@ def register(app: typer.Typer) -> None:
             wait_slurm,
         )
 
+        # Optuna logs every trial at INFO to stderr; the progress bar and table say it better.
+        if not logging.getLogger().isEnabledFor(logging.INFO):
+            optuna.logging.set_verbosity(optuna.logging.WARNING)
         console = Console()
         if status:
             sweep, _ = load_study_spec(spec)
