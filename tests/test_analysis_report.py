@@ -120,6 +120,13 @@ def test_tables_in_every_format(clean_report):
     assert sorted(runs.loc[runs["group"] == "objective=dapo", "peak"].round(9)) == [0.5, 0.6, 0.7]
     assert "tok_pos_mean" in runs.columns and runs["tok_pos_mean"].notna().sum() == 1
     assert (t / "tokens.md").is_file() and (t / "improvement.tex").is_file()
+    headline = (t / "headline.md").read_text().splitlines()
+    header = [c.strip() for c in headline[0].strip("|").split("|")]
+    dapo = dict(zip(header, [c.strip() for c in headline[3].strip("|").split("|")], strict=True))
+    assert dapo["objective"] == "dapo"
+    # dapo's selected test scores 0.45, 0.55, 0.65: three seeds, nothing trimmed, IQM = mean
+    assert dapo["test/acc @ val-best step: IQM"] == "0.550" and dapo["test/acc @ val-best step: n"] == "3"
+    assert dapo["test/acc @ val-best step: std"] == "0.100"
     configs = pd.read_csv(t / "configs.csv")
     assert "objective" in configs.columns and "seed" not in configs.columns
 
@@ -143,7 +150,8 @@ def test_html_references_only_existing_images(clean_report):
     for src in parser.src:
         assert (clean_report.out_dir / src).is_file(), src
         assert (clean_report.out_dir / src).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "Configs that differ between groups" in html and "Probability of improvement" in html
+    assert "Configs that differ between groups" in html and "probability of improvement" in html
+    assert "IQM" in html
     assert "@ val-best step" in html and "val/acc @ 50" in html
 
 

@@ -113,7 +113,7 @@ def plot_kl(panels: Mapping[str, Mapping[str, CurveBand]], path: Path, *, legend
             colors: Mapping[str, tuple]) -> Path:
     """Forward and reverse KL over steps, one panel per KL metric (ARMOR Fig. 2b style)."""
     n = len(panels)
-    fig, axes = plt.subplots(1, n, figsize=(5.2 * n, 4.2), squeeze=False)
+    fig, axes = plt.subplots(1, n, figsize=(5.2 * n, 4.4), squeeze=False, layout="constrained")
     titles = {"reverse": "reverse KL(π_θ‖π_ref)", "forward": "forward KL(π_ref‖π_θ)"}
     for ax, (metric, bands) in zip(axes[0], panels.items(), strict=True):
         for g, band in bands.items():
@@ -141,7 +141,7 @@ def plot_capacity(per_group: Mapping[str, np.ndarray], counterfactual: Mapping[s
     """ECDF of probability capacity of A > 0 tokens: left, each group under its own objective;
     right, the same tokens under UP, clipped (DAPO) and ARMOR formulas."""
     n = 1 + bool(counterfactual)
-    fig, axes = plt.subplots(1, n, figsize=(5.6 * n, 4.2), squeeze=False)
+    fig, axes = plt.subplots(1, n, figsize=(5.6 * n, 4.4), squeeze=False, layout="constrained")
     ax = axes[0][0]
     for g, cap in per_group.items():
         _ecdf(ax, cap, colors[g], g)
@@ -172,32 +172,42 @@ def plot_capacity(per_group: Mapping[str, np.ndarray], counterfactual: Mapping[s
 def plot_ablation(summary_rows: Sequence[Mapping], per_run: Mapping[str, Mapping[str, np.ndarray]],
                   scores: Sequence[str], score_labels: Mapping[str, str], x_key: str, hue_keys: Sequence[str],
                   path: Path, *, colors: Mapping[str, tuple]) -> Path:
-    """Bars over the swept key ``x_key`` (one bar per hue combination), mean with 95% CI error bars
-    and every seed as a dot, one panel per headline score."""
+    """Bars over the swept key ``x_key``, one bar per combination of the other group keys (the
+    hue, named in the legend), mean with 95% CI error bars and every seed as a dot; one panel
+    per headline score. Without other keys, bars keep their group colours."""
     from armorlab.analysis.groups import fmt_value
 
-    xs = list(dict.fromkeys(fmt_value(r[x_key]) for r in summary_rows))
-    hues = list(dict.fromkeys(", ".join(f"{k}={fmt_value(r[k])}" for k in hue_keys) or "all"
-                              for r in summary_rows))
-    width = 0.8 / max(1, len(hues))
-    bars = len(xs) * len(hues)
+    def tick(v) -> str:
+        return "none" if fmt_value(v) == "None" else fmt_value(v)
+
+    def hue_of(r) -> str:
+        return ", ".join(f"{k}={fmt_value(r[k])}" for k in hue_keys) or "all"
+
+    xs = list(dict.fromkeys(tick(r[x_key]) for r in summary_rows))
+    hues = list(dict.fromkeys(hue_of(r) for r in summary_rows))
+    cmap = plt.get_cmap("tab10" if len(hues) <= 10 else "tab20")
+    hue_color = {h: cmap(i % cmap.N) for i, h in enumerate(hues)}
+    # at each x only the hues that exist there, centred: no gaps for combinations never run
+    at_x = {x: [h for h in hues if any(tick(r[x_key]) == x and hue_of(r) == h for r in summary_rows)]
+            for x in xs}
+    width = 0.8 / max(len(v) for v in at_x.values())
+    bars = sum(len(v) for v in at_x.values())
     # side by side while bars are few; stacked (one full-width row per score) when they are many
-    wide = bars <= 8
-    panel_w = min(9.0, max(4.2, 1.0 + 0.45 * bars))
-    shape = (1, len(scores)) if wide else (len(scores), 1)
-    fig, axes = plt.subplots(*shape, figsize=(panel_w * shape[1], 3.6 * shape[0]), squeeze=False)
+    shape = (1, len(scores)) if bars <= 8 else (len(scores), 1)
+    panel_w = min(12.0, max(6.0 if shape[0] > 1 else 4.6, 1.2 + 0.45 * bars))
+    fig, axes = plt.subplots(*shape, figsize=(panel_w * shape[1], 3.8 * shape[0]), squeeze=False,
+                             layout="constrained")
     for ax, score in zip(axes.ravel(), scores, strict=True):
-        seen_hues: set[str] = set()
         for r in summary_rows:
-            hue = ", ".join(f"{k}={fmt_value(r[k])}" for k in hue_keys) or "all"
-            xi = xs.index(fmt_value(r[x_key])) + (hues.index(hue) - (len(hues) - 1) / 2) * width
+            hue = hue_of(r)
+            here = at_x[tick(r[x_key])]
+            xi = xs.index(tick(r[x_key])) + (here.index(hue) - (len(here) - 1) / 2) * width
             mean, lo, hi = r[f"{score}_mean"], r[f"{score}_ci_low"], r[f"{score}_ci_high"]
-            color = colors[r["group"]]
-            label = hue if (len(hues) > 1 and hue not in seen_hues) else None
-            seen_hues.add(hue)
+            color = hue_color[hue] if hue_keys else colors[r["group"]]
             if np.isfinite(mean):
-                err = ([[mean - lo], [hi - mean]] if np.isfinite(lo) else None)
-                ax.bar(xi, mean, width=width * 0.92, color=color, alpha=0.75, yerr=err, capsize=3, label=label)
+                err = [[mean - lo], [hi - mean]] if np.isfinite(lo) and np.isfinite(hi) else None
+                ax.bar(xi, mean, width=width * 0.9, color=color, alpha=0.8, yerr=err, capsize=3,
+                       ecolor="black")
             seeds = per_run.get(r["group"], {}).get(score, np.empty(0))
             seeds = seeds[np.isfinite(seeds)]
             if seeds.size:
@@ -208,11 +218,11 @@ def plot_ablation(summary_rows: Sequence[Mapping], per_run: Mapping[str, Mapping
         ax.set_ylabel(score_labels.get(score, score))
         ax.set_title(score_labels.get(score, score), fontsize=10)
         ax.grid(alpha=0.3, axis="y")
-    if len(hues) > 1:
-        axes.ravel()[0].legend(title=", ".join(hue_keys), fontsize=7, title_fontsize=7, frameon=False,
-                               loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    if hue_keys:
+        handles = [plt.Rectangle((0, 0), 1, 1, color=hue_color[h], alpha=0.8) for h in hues]
+        fig.legend(handles, hues, title=", ".join(hue_keys), fontsize=8, title_fontsize=8, frameon=False,
+                   loc="outside lower center", ncols=min(3, len(hues)))
     fig.suptitle(f"Ablation over {x_key}: mean over seeds with 95% bootstrap CI (dots = seeds)")
-    fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=DPI, bbox_inches="tight")
     plt.close(fig)
@@ -225,7 +235,7 @@ def plot_curve_grid(panels: Mapping[str, Mapping[str, CurveBand]], path: Path, *
     n = len(panels)
     cols = min(3, n)
     rows = (n + cols - 1) // cols
-    fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 3.4 * rows), squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 3.5 * rows), squeeze=False, layout="constrained")
     flat = axes.ravel()
     for ax, (metric, bands) in zip(flat, panels.items(), strict=False):
         for g, band in bands.items():
@@ -238,5 +248,4 @@ def plot_curve_grid(panels: Mapping[str, Mapping[str, CurveBand]], path: Path, *
     for ax in flat[n:]:
         ax.axis("off")
     fig.suptitle("Other curves (mean over seeds, 95% bootstrap CI)")
-    fig.tight_layout()
     return _finish(fig, flat[min(n, len(flat)) - 1], path, legend_title)

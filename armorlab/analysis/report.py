@@ -275,6 +275,9 @@ def build_report(recipe: Recipe, out_dir: str | Path | None = None, *, cache: bo
         written += tables.write_table(token_display, tdir / "tokens", formats=("md", "tex"),
                                       caption="token-sample statistics: mean [95% bootstrap CI] over seeds")
     written += tables.write_table(per_run, tdir / "runs", formats=("csv",))
+    headline = tables.display_headline(summary, keys, scores, sel.metric, sel.report)
+    written += tables.write_table(headline, tdir / "headline", formats=("md", "tex"),
+                                  caption="headline scores: mean [95% bootstrap CI], IQM, std, n over seeds")
     poi_display = tables.display_improvement(poi, sel.metric, sel.report)
     written += tables.write_table(poi, tdir / "improvement", formats=("csv",))
     written += tables.write_table(poi_display, tdir / "improvement", formats=("md", "tex"),
@@ -287,7 +290,8 @@ def build_report(recipe: Recipe, out_dir: str | Path | None = None, *, cache: bo
         "matched_steps": list(matched), "scores": scores, "kl": list(recipe.kl),
         "collapse": dict(vars(recipe.collapse))})
 
-    sections = _sections(recipe, out, figs, group_display, poi_display, diff, per_run, matched, token_display)
+    sections = _sections(recipe, out, figs, group_display, headline, poi_display, diff, per_run, matched,
+                         token_display)
     sections += _study_sections(recipe, out, notes)
     meta = (f"{len(rs.run_ids)} runs in {len(groups.labels)} groups (group_by: {esc(legend)}) · "
             f"selection on {esc(sel.metric)} ({sel.mode}), reported on {esc(sel.report)} · "
@@ -297,7 +301,7 @@ def build_report(recipe: Recipe, out_dir: str | Path | None = None, *, cache: bo
                         len(groups.labels))
 
 
-def _sections(recipe: Recipe, out: Path, figs, group_display, poi_display, diff, per_run, matched,
+def _sections(recipe: Recipe, out: Path, figs, group_display, headline, poi_display, diff, per_run, matched,
               token_display) -> list[Section]:
     sel = recipe.select
 
@@ -313,10 +317,11 @@ def _sections(recipe: Recipe, out: Path, figs, group_display, poi_display, diff,
         f"shows. Collapse step: first eval from which {esc(sel.metric)} stays ≥ δ={recipe.collapse.delta} "
         f"below its running peak for {recipe.collapse.patience} evals. AUC: mean level over the run.</p>"),
         tables=[("", group_display)], figures=fig_list("results"))
-    compare = Section("Probability of improvement", intro=(
-        "<p>P(X &gt; Y): the chance that a seed of X scores higher than a seed of Y (ties count ½); 0.5 = no "
+    compare = Section("Headline scores and probability of improvement", intro=(
+        "<p>IQM: mean of the middle 50% of seeds (robust to one lucky or crashed seed). "
+        "P(X &gt; Y): the chance that a seed of X scores higher than a seed of Y (ties count ½); 0.5 = no "
         "difference. CIs resample the seeds of X and Y independently (percentile bootstrap).</p>"),
-        tables=[("", poi_display)])
+        tables=[("headline scores per group", headline), ("probability of improvement", poi_display)])
     out_sections = [results, compare]
     if fig_list("kl"):
         out_sections.append(Section("KL to the reference", figures=fig_list("kl")))

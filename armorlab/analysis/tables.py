@@ -64,6 +64,22 @@ def display_group_table(summary: pd.DataFrame, keys: Sequence[str], scores: Sequ
     return pd.DataFrame(rows)
 
 
+def display_headline(summary: pd.DataFrame, keys: Sequence[str], scores: Sequence[str], val_metric: str,
+                     test_metric: str) -> pd.DataFrame:
+    """Headline scores with every seed statistic: mean [CI], IQM, std and n per group."""
+    rows = []
+    for r in summary.to_dict("records"):
+        row = {k: fmt_value(r[k]) for k in keys} if keys else {"group": r["group"]}
+        for s in scores:
+            label = score_label(s, val_metric, test_metric)
+            row[label] = fmt_ci(r[f"{s}_mean"], r[f"{s}_ci_low"], r[f"{s}_ci_high"])
+            row[f"{label}: IQM"] = fmt_ci(r[f"{s}_iqm"], None, None)
+            row[f"{label}: std"] = fmt_ci(r[f"{s}_std"], None, None)
+            row[f"{label}: n"] = str(r[f"{s}_n"])
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
 def to_markdown(df: pd.DataFrame) -> str:
     """A GitHub pipe table (no extra dependency for something this small)."""
     def cell(v) -> str:
