@@ -32,7 +32,9 @@ def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
 
 
 def atomic_write_yaml(path: str | os.PathLike, obj: Any) -> None:
-    atomic_write_text(path, yaml.safe_dump(obj, sort_keys=True, default_flow_style=False))
+    # libyaml's emitter when present: same text as safe_dump, ~4x faster (a sweep writes 1000s)
+    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+    atomic_write_text(path, yaml.dump(obj, Dumper=dumper, sort_keys=True, default_flow_style=False))
 
 
 def append_line(path: str | os.PathLike, line: str) -> None:

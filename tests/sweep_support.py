@@ -48,14 +48,16 @@ def wait_for(predicate, timeout: float, what: str, interval: float = 0.5):
 
 
 def wait_finished(sweep_dir: Path, timeout: float):
-    """Wait until no run of the sweep is queued or running; returns the final SweepStatus."""
+    """Wait until no run of the sweep is queued or running and its Slurm jobs have ended too;
+    returns the final SweepStatus."""
+    from armorlab.sweeps import slurmctl
     from armorlab.sweeps.status import collect
 
     box = {}
 
     def done():
-        box["st"] = collect(sweep_dir)
-        return box["st"].finished
+        box["st"] = st = collect(sweep_dir)
+        return st.finished and not any(slurmctl.is_active(r.slurm_state) for r in st.rows)
 
     wait_for(done, timeout, f"sweep {sweep_dir} to finish", interval=1.0)
     return box["st"]

@@ -14,6 +14,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from armorlab.config import resolve
 from armorlab.errors import ArmorLabError
 from armorlab.runs import run_id
 from armorlab.sweeps.spec import expand, load_spec, parse_spec
@@ -153,6 +154,14 @@ def test_expansion_size_formula(data):
     expected = (product_size - excluded + len(data["include"]) - duplicates) * len(seeds)
     plans = expand(parse_spec(data))
     assert len(plans) == expected
+    for p in plans:  # each config is exactly what the training config's own resolution gives
+        raw = {"objective": "armor", "task": {}}
+        for key, value in p.point.items():
+            if key.startswith("task."):
+                raw["task"][key[5:]] = value
+            else:
+                raw[key] = value
+        assert p.config == resolve(raw)
     assert len({p.run_id for p in plans}) == len(plans)
     # stable order: first occurrence of each identity, seeds innermost
     order = list(dict.fromkeys(identities))

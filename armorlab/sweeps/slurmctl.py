@@ -127,8 +127,8 @@ def sacct_states(job_ids: Iterable[str]) -> dict[str, str] | None:
 
 
 def job_states(job_ids: Iterable[str]) -> dict[str, str]:
-    """Best knowledge of each job's state: sacct's history, overridden by squeue's live view.
-    Jobs neither knows about are absent. Works without sacct."""
+    """Best knowledge of each job's state: squeue's live view, else sacct's history, else "ENDED".
+    Works without sacct."""
     job_ids = list(job_ids)
     history = sacct_states(job_ids) or {}
     live = squeue_states(job_ids)
@@ -136,9 +136,11 @@ def job_states(job_ids: Iterable[str]) -> dict[str, str]:
     for j in job_ids:
         if j in live:
             states[j] = live[j]
-        elif j in history:
-            # accounting lags the controller: a job squeue no longer lists is not active anymore
-            states[j] = history[j] if not is_active(history[j]) else "ENDED"
+        elif j in history and not is_active(history[j]):
+            states[j] = history[j]
+        else:
+            # squeue no longer lists it, and accounting is missing or lags behind: it has ended
+            states[j] = "ENDED"
     return states
 
 

@@ -59,6 +59,7 @@ if alive munged && alive mariadbd && alive slurmdbd && alive slurmctld && alive 
 fi
 
 # ---------------------------------------------------------------- packages
+mkdir -p "$(dirname "$D")"
 need=()
 for pair in munged:munge slurmctld:slurmctld slurmd:slurmd sbatch:slurm-client \
             slurmdbd:slurmdbd mariadbd:mariadb-server; do
@@ -68,14 +69,18 @@ if (( ${#need[@]} )); then
     say "installing ${need[*]}"
     export DEBIAN_FRONTEND=noninteractive
     # policy-rc.d keeps the packages' init scripts from starting system-wide daemons.
-    printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d
+    own_policy=0
+    if [[ ! -e /usr/sbin/policy-rc.d ]]; then
+        printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d
+        own_policy=1
+    fi
     if ! apt-get install -y -qq --no-install-recommends munge slurmctld slurmd slurm-client \
             slurmdbd mariadb-server >"$D.apt.log" 2>&1; then
         apt-get update -qq >>"$D.apt.log" 2>&1
         apt-get install -y -qq --no-install-recommends munge slurmctld slurmd slurm-client \
             slurmdbd mariadb-server >>"$D.apt.log" 2>&1 || die "apt-get install failed, see $D.apt.log"
     fi
-    rm -f /usr/sbin/policy-rc.d
+    if (( own_policy )); then rm -f /usr/sbin/policy-rc.d; fi
 fi
 PATH="/usr/sbin:/sbin:$PATH"
 

@@ -1,0 +1,232 @@
+"""The sweep layer against a real one-node Slurm cluster (slurm/local/start.sh).
+
+Skipped when no cluster is reachable; with ARMORLAB_REQUIRE_SLURM=1 (.ci/run) that fails instead.
+The acceptance tests run real `armorlab train` jobs on a tiny model; the others use the stand-in
+trainer (tests/sweep_standin.py) to test the layer itself: arrays, chunking, safety, cancel.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+from sweep_support import (
+    run_cli,
+    slurm_cluster,  # noqa: F401 - a fixture
+    standin_command,
+    standin_metric,
+    wait_finished,
+    wait_for,
+    write_spec,
+)
+
+from armorlab.runs import RunDir
+from armorlab.sweeps.jobs import ENV_COMMAND
+from armorlab.sweeps.manifest import load_manifest
+from armorlab.sweeps.status import collect
+from armorlab.sweeps.submit import ACTIVE, plan_sweep
+
+pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
+
+# Small enough to train in seconds on a CPU, big enough to exercise the trainer's whole loop.
+TINY = {"max_steps": 4, "val_every": 2, "save_steps": 2, "val_samples": 2, "kl_probe_prompts": 0,
+        "per_device_train_batch_size": 8, "num_generations": 4,
+        "task": {"name": "arithmetic", "digits": 1, "train_size": 32, "val_size": 8, "test_size": 8},
+        "model": {"name": "tiny", "hidden_size": 64, "num_layers": 1, "num_heads": 2, "warm_start_steps": 30}}
+
+
+@pytest.fixture
+def profile(tmp_path):
+    path = tmp_path / "profile.yaml"
+    path.write_text("executor: slurm\ncpus_per_task: 1\ntime_min: 20\narray_parallelism: 2\n")
+    return path
+
+
+@pytest.fixture
+def standin(monkeypatch):
+    monkeypatch.setenv(ENV_COMMAND, standin_command())  # sbatch passes the environment to the jobs
+    monkeypatch.setenv("ARMORLAB_STANDIN_STEP_S", "0.01")
+
+
+@pytest.fixture(scope="module")
+def model_cache(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("armorlab-cache"))
+
+
+def _sweep(*args, **env):
+    out = run_cli("sweep", *args, env=env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out
+
+
+def _submitted_arrays(sweep_dir):
+    return [s["slurm_job_ids"] for s in load_manifest(sweep_dir).submissions]
+
+
+# --------------------------------------------------------------------------- the layer (stand-in)
+def test_arrays_are_chunked_and_a_rerun_submits_nothing(tmp_path, profile, standin, monkeypatch):
+    profile.write_text(profile.read_text() + "max_array_size: 2\n")
+    spec = write_spec(tmp_path / "chunks.yaml", {"name": "chunks", "base": {"max_steps": 3, "val_every": 1},
+                                                 "grid": {"seed": [0, 1, 2, 3, 4]}})
+    root = tmp_path / "runs"
+    _sweep(str(spec), "--root", str(root), "--profile", str(profile))
+    sweep_dir = root / "chunks"
+    arrays = _submitted_arrays(sweep_dir)
+    assert len(arrays) == 3 and len({a[0] for a in arrays}) == 3  # 5 runs, arrays of ≤ 2: three sbatch calls
+    jobs = load_manifest(sweep_dir).jobs
+    assert sorted(len(v) for v in jobs.values()) == [1] * 5
+    # while they are queued or running, the same sweep submits nothing
+    plan = plan_sweep(spec, root=root, profile=profile)
+    assert set(plan.actions.values()) <= {ACTIVE, "completed"}
+    again = _sweep(str(spec), "--root", str(root), "--profile", str(profile))
+    assert "nothing to submit" in again.stdout
+    st = wait_finished(sweep_dir, 120)
+    assert [r.state for r in st.rows] == ["completed"] * 5
+    # accounting may lag the controller by a moment
+    wait_for(lambda: {r.slurm_state for r in collect(sweep_dir).rows} == {"COMPLETED"}, 30, "sacct")
+    for r in st.rows:
+        seed = RunDir(sweep_dir / r.run_id).read_config()["seed"]
+        assert r.val_acc == standin_metric(seed, 3, 1) and r.last_step == 3
+    again = _sweep(str(spec), "--root", str(root), "--profile", str(profile))
+    assert "nothing to submit" in again.stdout and len(_submitted_arrays(sweep_dir)) == 3
+
+    # without accounting (no sacct), status falls back to squeue + status.json
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "sacct").write_text("#!/bin/sh\necho 'sacct: error: Slurm accounting storage is disabled' >&2\n"
+                                "exit 1\n")
+    (fake / "sacct").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
+    st = collect(sweep_dir)
+    assert [r.state for r in st.rows] == ["completed"] * 5 and st.warning is None
+    assert {r.slurm_state for r in st.rows} == {"ENDED"}
+
+
+def test_values_never_reach_a_shell_on_slurm(tmp_path, profile, standin):
+    marks = [tmp_path / f"pwned{i}" for i in range(3)]
+    evil = [f"$(touch {marks[0]})", f"`touch {marks[1]}`", f"'\"; touch {marks[2]}\n"]
+    spec = write_spec(tmp_path / "evil.yaml", {"name": "evil", "base": {"max_steps": 2}, "grid": {"model": evil}})
+    root = tmp_path / "runs"
+    _sweep(str(spec), "--root", str(root), "--profile", str(profile))
+    st = wait_finished(root / "evil", 120)
+    assert [r.state for r in st.rows] == ["failed"] * 3
+    assert all(r.reason.startswith("cannot load model") for r in st.rows)
+    for script in (root / "evil" / ".submitit").glob("*submission*.sh"):
+        assert "touch" not in script.read_text()
+    assert not any(m.exists() for m in marks)
+
+
+def test_preempted_job_requeues_and_resumes(tmp_path, profile, monkeypatch):
+    import submitit
+
+    monkeypatch.setenv(ENV_COMMAND, standin_command())
+    monkeypatch.setenv("ARMORLAB_STANDIN_STEP_S", "0.2")
+    spec = write_spec(tmp_path / "pre.yaml", {"name": "pre", "base": {"max_steps": 20, "val_every": 5,
+                                                                       "save_steps": 100, "seed": 7}})
+    root = tmp_path / "runs"
+    _sweep(str(spec), "--root", str(root), "--profile", str(profile))
+    sweep_dir = root / "pre"
+    run_id = load_manifest(sweep_dir).runs[0]
+    rd = RunDir(sweep_dir / run_id)
+    wait_for(lambda: (rd.last_step() or 0) >= 3, 90, "the job to train 3 steps")
+    job_id = load_manifest(sweep_dir).last_job(run_id)
+    # preemption as submitit simulates it: SIGTERM, then the checkpoint signal (USR2)
+    submitit.SlurmJob(folder=sweep_dir / ".submitit", job_id=job_id)._interrupt()
+    wait_for(lambda: rd.read_status()["attempt"] == 2, 90, "the requeued job to start")
+    st = wait_finished(sweep_dir, 120)
+    assert st.rows[0].state == "completed" and st.rows[0].attempts == 2
+    assert load_manifest(sweep_dir).jobs[run_id] == [job_id]  # requeued in place, not resubmitted
+    rows = rd.read_metrics()
+    assert [r["step"] for r in rows] == list(range(21))
+    assert [r["train/reward"] for r in rows[1:]] == [standin_metric(7, s, 0) for s in range(1, 21)]
+
+
+def test_cancel_checkpoints_running_jobs_and_the_sweep_resumes(tmp_path, profile, monkeypatch):
+    monkeypatch.setenv(ENV_COMMAND, standin_command())
+    spec = write_spec(tmp_path / "c.yaml", {"name": "c", "base": {"max_steps": 200, "save_steps": 1000},
+                                            "grid": {"seed": [0, 1, 2]}})
+    root = tmp_path / "runs"
+    _sweep(str(spec), "--root", str(root), "--profile", str(profile), ARMORLAB_STANDIN_STEP_S="0.2")
+    sweep_dir = root / "c"
+    rds = [RunDir(sweep_dir / r) for r in load_manifest(sweep_dir).runs]
+    wait_for(lambda: sum((rd.last_step() or 0) >= 2 for rd in rds) == 2, 90, "two jobs to be training")
+    out = run_cli("cancel", str(sweep_dir))
+    assert out.returncode == 0 and "cancelled 3 job(s)" in out.stdout
+    st = wait_finished(sweep_dir, 90)
+    states = sorted((r.state, (r.reason or "").split(" at ")[0]) for r in st.rows)
+    assert states == [("pending", ""), ("pending", "preempted"), ("pending", "preempted")]  # one never started
+    assert {r.slurm_state for r in st.rows} == {"CANCELLED"}
+    _sweep(str(spec), "--root", str(root), "--profile", str(profile), ARMORLAB_STANDIN_STEP_S="0.001")
+    st = wait_finished(sweep_dir, 120)
+    assert [r.state for r in st.rows] == ["completed"] * 3
+    for rd in rds:
+        assert [r["step"] for r in rd.read_metrics()] == list(range(201))
+
+
+# --------------------------------------------------------------------------- acceptance (real trainer)
+def test_real_sweep_of_six_runs_completes_and_a_rerun_submits_nothing(tmp_path, profile, model_cache):
+    spec = write_spec(tmp_path / "six.yaml", {"name": "six", "base": TINY, "grid": {"objective": ["dapo", "up"]},
+                                              "seeds": [0, 1, 2]})
+    root = tmp_path / "runs"
+    _sweep(str(spec), "--root", str(root), "--profile", str(profile), ARMORLAB_CACHE=model_cache)
+    sweep_dir = root / "six"
+    st = wait_finished(sweep_dir, 900)
+    assert [r.state for r in st.rows] == ["completed"] * 6, [(r.state, r.reason) for r in st.rows]
+    for r in st.rows:
+        rows = RunDir(sweep_dir / r.run_id).read_metrics()
+        assert [row["step"] for row in rows] == [0, 1, 2, 3, 4]
+        assert all(0.0 <= row["val/acc"] <= 1.0 for row in rows if row["step"] % 2 == 0)
+        assert all(math.isfinite(row["train/reward"]) for row in rows[1:])
+        assert r.attempts == 1
+    wait_for(lambda: {r.slurm_state for r in collect(sweep_dir).rows} == {"COMPLETED"}, 30, "sacct")
+    n_arrays = len(_submitted_arrays(sweep_dir))
+    again = _sweep(str(spec), "--root", str(root), "--profile", str(profile))
+    assert "nothing to submit" in again.stdout and "6 completed" in again.stdout
+    assert len(_submitted_arrays(sweep_dir)) == n_arrays
+    status = run_cli("status", str(sweep_dir), env={"COLUMNS": "200"})
+    assert status.returncode == 0 and status.stdout.count("completed") >= 6
+
+
+def test_real_failed_run_is_reported_with_its_reason(tmp_path, profile, model_cache):
+    spec = write_spec(tmp_path / "bad.yaml", {"name": "bad", "base": {**TINY, "model": "/no/such/model"}})
+    root = tmp_path / "runs"
+    _sweep(str(spec), "--root", str(root), "--profile", str(profile), ARMORLAB_CACHE=model_cache)
+    st = wait_finished(root / "bad", 300)
+    row = st.rows[0]
+    assert row.state == "failed"
+    wait_for(lambda: collect(root / "bad").rows[0].slurm_state == "FAILED", 30, "sacct")
+    assert row.reason and "/no/such/model" in row.reason
+    out = run_cli("status", str(root / "bad"), env={"COLUMNS": "250"})
+    assert "failed" in out.stdout and "/no/such/model" in out.stdout
+    again = _sweep(str(spec), "--root", str(root), "--profile", str(profile))
+    assert "1 failed (use --retry failed)" in again.stdout and "nothing to submit" in again.stdout
+
+
+def test_real_preempted_run_ends_with_the_metrics_of_an_uninterrupted_one(tmp_path, profile, model_cache):
+    import submitit
+
+    base = {**TINY, "max_steps": 6, "save_steps": 100, "objective": "up"}
+    root = tmp_path / "runs"
+    for name in ("interrupted", "reference"):  # same config, two sweep dirs
+        _sweep(str(write_spec(tmp_path / f"{name}.yaml", {"name": name, "base": base})), "--root", str(root),
+               "--profile", str(profile), ARMORLAB_CACHE=model_cache)
+    sweep_dir = root / "interrupted"
+    run_id = load_manifest(sweep_dir).runs[0]
+    rd = RunDir(sweep_dir / run_id)
+    wait_for(lambda: (rd.last_step() or 0) >= 1, 600, "the job to train a step")
+    # what Slurm does before a time limit (--signal=USR2@...): the checkpoint signal only
+    submitit.SlurmJob(folder=sweep_dir / ".submitit", job_id=load_manifest(sweep_dir).last_job(run_id)) \
+        ._interrupt(timeout=True)
+    wait_for(lambda: rd.read_status()["attempt"] == 2, 300, "the requeued job to start")
+    wait_finished(sweep_dir, 600)
+    wait_finished(root / "reference", 600)
+    status = rd.read_status()
+    assert status["state"] == "completed" and status["attempt"] == 2
+    assert rd.last_checkpoint() is not None
+    got, want = rd.read_metrics(), RunDir(root / "reference" / run_id).read_metrics()
+    assert [r["step"] for r in got] == [r["step"] for r in want] == list(range(7))  # no line lost
+    for g, w in zip(got, want, strict=True):
+        keys = {k for k in w if not any(t in k for t in ("time", "runtime", "per_second"))}
+        assert keys <= set(g)
+        assert {k: g[k] for k in keys} == pytest.approx({k: w[k] for k in keys}, rel=1e-5, abs=1e-6)
