@@ -4,9 +4,9 @@
                                             [--tokens 10000000] [--repeats 5] [--keep DIR]
 
 (a) writes ``runs`` run dirs (20 groups: ARMOR α × τ, seeds for the rest) of ``steps`` metric lines
-    with ``metrics`` metrics each, then times ``armorlab.analysis.report.build_report`` twice:
-    cold (no parquet cache: every metrics.jsonl parsed, cache written) and warm (cache valid).
-    Target: cold load + report ≤ 10 s for 200 × 2,000 × 20.
+    with ``metrics`` metrics each, then times the command ``armorlab report RECIPE`` (a fresh
+    process: start-up and imports included) twice: cold (no parquet cache: every metrics.jsonl
+    parsed, cache written) and warm (cache valid). Target: cold ≤ 10 s for 200 × 2,000 × 20.
 (b) times ``capacity_stats.token_kernel`` (reverse KL k1/k2/k3, forward KL by importance
     weighting, ARMOR capacity statistics, capacity-limited share) over ``tokens`` float32 tokens
     against a plain numpy copy of the same four input arrays — the memory-bandwidth bound — in
@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -25,8 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from armorlab.analysis.capacity_stats import token_kernel
-from armorlab.analysis.recipe import Recipe, Select
-from armorlab.analysis.report import build_report
+from armorlab.analysis.load import CACHE_DIR
 from armorlab.config import resolve
 from armorlab.runs import RunDir
 
@@ -61,7 +62,18 @@ def write_sweep(root: Path, runs: int, steps: int, metrics: int, seed: int = 0) 
     return sweep
 
 
+RECIPE = """title: bench
+runs: [{sweep}]
+group_by: [alpha, ref_reset_steps]
+curves: [val/acc, train/reward, kl/reverse_k3, kl/forward_k3, cap/pos_mean, train/entropy]
+select: {{metric: val/acc, mode: max, report: test/acc}}
+matched_steps: [{q}, {h}, {last}]
+"""
+
+
 def bench_report(runs: int, steps: int, metrics: int, keep: Path | None) -> float:
+    """Times the real command, ``armorlab report RECIPE`` in a fresh interpreter (imports and
+    start-up included), cold then warm."""
     tmp = Path(tempfile.mkdtemp(prefix="armorlab-bench-")) if keep is None else keep
     try:
         t0 = time.perf_counter()
@@ -69,21 +81,26 @@ def bench_report(runs: int, steps: int, metrics: int, keep: Path | None) -> floa
         size = sum(p.stat().st_size for p in sweep.glob("*/metrics.jsonl"))
         print(f"wrote {runs} runs x {steps} steps x {metrics} metrics ({size / 1e6:.0f} MB of metrics.jsonl) "
               f"in {time.perf_counter() - t0:.1f}s")
-        recipe = Recipe(runs=[str(sweep)], title="bench", group_by=["alpha", "ref_reset_steps"],
-                        curves=["val/acc", "train/reward", "kl/reverse_k3", "kl/forward_k3", "cap/pos_mean",
-                                "train/entropy"], select=Select("val/acc", "max", "test/acc"),
-                        matched_steps=[steps // 4, steps // 2, steps - 1])
+        recipe = tmp / "bench.yaml"
+        recipe.write_text(RECIPE.format(sweep=sweep, q=steps // 4, h=steps // 2, last=steps - 1))
+        shutil.rmtree(sweep / CACHE_DIR, ignore_errors=True)
         timings = {}
         for label in ("cold", "warm"):
             t0 = time.perf_counter()
-            result = build_report(recipe, tmp / f"report-{label}")
+            out = subprocess.run([sys.executable, "-m", "armorlab.cli", "report", str(recipe), "--out",
+                                  str(tmp / f"report-{label}")], capture_output=True, text=True)
             timings[label] = time.perf_counter() - t0
-        print(f"load+report cold (parse every file, write parquet cache) = {timings['cold']:.2f}s  "
+            if out.returncode != 0:
+                raise SystemExit(f"armorlab report failed:\n{out.stderr}")
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "import armorlab.analysis.report"], check=True)
+        imports = time.perf_counter() - t0
+        print(f"armorlab report, cold (parse every file, write parquet cache) = {timings['cold']:.2f}s  "
               f"[target <= 10 s]  {runs * steps * metrics / timings['cold'] / 1e6:.1f} M values/s")
-        print(f"load+report warm (parquet cache valid)                   = {timings['warm']:.2f}s  "
+        print(f"armorlab report, warm (parquet cache valid)                   = {timings['warm']:.2f}s  "
               f"cold/warm = {timings['cold'] / timings['warm']:.2f}x")
-        print(f"report: {result.n_runs} runs, {result.n_groups} groups, {len(result.plots)} plots, "
-              f"{len(result.warnings)} warnings -> {result.index}")
+        print(f"  of which interpreter start + imports (pandas, scipy, matplotlib) = {imports:.2f}s; "
+              f"{out.stdout.strip()}")
         return timings["cold"]
     finally:
         if keep is None:

@@ -184,18 +184,13 @@ def run_scores(rs: RunSet, groups: Groups, recipe: Recipe, matched: Sequence[int
                                "last_step": rs.last_step(rid)}
         # a minimised selection metric collapses upwards: negate so "drop" keeps its meaning
         sign = 1.0 if sel.mode == "max" else -1.0
+        (trs, trv), (ens, env), (les, lev) = (rs.curve(rid, m) for m in (col.train, col.entropy, col.length))
         m = collapse.collapse_metrics(
-            vs, sign * vv,
-            train_steps=rs.curve(rid, col.train)[0], train_values=rs.curve(rid, col.train)[1],
-            entropy_steps=rs.curve(rid, col.entropy)[0], entropy_values=rs.curve(rid, col.entropy)[1],
-            length_steps=rs.curve(rid, col.length)[0], length_values=rs.curve(rid, col.length)[1],
-            delta=col.delta, patience=col.patience, window=col.window, entropy_frac=col.entropy_frac)
+            vs, sign * vv, train_steps=trs, train_values=trv, entropy_steps=ens, entropy_values=env,
+            length_steps=les, length_values=lev, delta=col.delta, patience=col.patience, window=col.window,
+            entropy_frac=col.entropy_frac)
         for k in ("peak", "final", "auc"):
             m[k] = sign * m[k]
-        if not rs.curve(rid, col.train)[0].size:
-            m["divergence_step"] = None
-        if not rs.curve(rid, col.entropy)[0].size:
-            m["entropy_collapse_step"] = None
         row.update(m)
         chosen = select.select_best(vs, vv, ts, tv, mode=sel.mode)
         row.update(selected_step=chosen.step, selected_val=chosen.selected_value,

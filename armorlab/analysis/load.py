@@ -187,6 +187,8 @@ def _write_cache(sweep_dir: Path, entries: dict[str, _Entry]) -> None:
     meta_runs = {}
     row = 0
     for name, e in entries.items():
+        if not (sweep_dir / name).is_dir():  # the run dir was deleted: forget it
+            continue
         meta_runs[name] = {"metrics_key": e.metrics_key, "config_key": e.config_key,
                            "config": e.config, "warnings": e.warnings, "rows": [row, row + len(e.frame)]}
         row += len(e.frame)
