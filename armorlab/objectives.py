@@ -10,7 +10,7 @@ Conventions (shapes: logp, old_logp, ref_logp, mask are (B, T); advantages is (B
   is −A·min(r, 1+ε_high), for A < 0 −A·max(r, 1−ε_low)), plus verl's dual clip as an upper bound
   c for A < 0, plus UP's unbounded positive branch as infinite bounds. ``torch.clamp`` passes no
   gradient where a bound binds, so "zero gradient exactly where a clip binds" holds by
-  construction, and every objective costs about the same as dapo.
+  construction, and no objective pays for a min over two surrogates.
 * Masked positions are replaced by 0 with ``torch.where`` *before* any exp/logaddexp, so NaN or
   ±inf there can influence neither the loss nor the gradient (``x·0`` would give NaN for inf,
   and NaN gradients leak through ``where`` unless its input is already clean).
@@ -71,30 +71,51 @@ def up_denominator(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch
     return torch.where(advantages > 0, logp.detach(), old_logp)
 
 
+# Below this, every plain ratio r and the weight w are represented well enough in float32 for
+# w·r + (1 − w) to be as exact as the log-space form (see mixed_ratio).
+LINEAR_MIX_LIMIT = 1e26
+
+
 def mixed_ratio(logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.Tensor,
-                alpha: float | torch.Tensor) -> torch.Tensor:
+                alpha: float | torch.Tensor, *, plain_ratio: torch.Tensor | None = None) -> torch.Tensor:
     """ARMOR's mixed importance ratio (the r_mix whose r_mix = 1 ± ε solution is Eq. 6):
 
     r_mix = (α·π_θ + (1−α)·π_ref) / (α·π_old + (1−α)·π_ref)
-          = w·(π_θ/π_old) + (1 − w),   w = α·π_old / (α·π_old + (1−α)·π_ref).
+          = w·(π_θ/π_old) + (1 − w),   w = α·π_old / (α·π_old + (1−α)·π_ref)   (ARMOR §4.2).
 
-    Computed in log space as exp(log π_θ − log D) + (1 − w) with
-    log D = log(π_old + (1−α)/α·π_ref) = logaddexp(log π_old, log π_ref + log((1−α)/α)) and
-    1 − w = sigmoid(log π_ref + log((1−α)/α) − log π_old), which is the issue's
-    logaddexp(log α + log π_θ, log(1−α) + log π_ref) − logaddexp(log α + log π_old, ...) rearranged
-    so that the gradient path costs one exp, like the plain ratio, and no logaddexp backward.
-    No big log-probs are subtracted from each other, so it stays finite and accurate for
-    log-probs down to −1e4 (where π underflows to 0 and a linear-space ratio is 0/0). At α = 1,
-    log((1−α)/α) = −inf: log D = log π_old and 1 − w = 0, so the result is bit-for-bit π_θ/π_old.
-    The gradient, w·r·∇log π_θ (w on-policy: ARMOR §4.2's Δmix = α·Δθ when π_ref = π_old),
-    flows only through π_θ.
+    w is the sigmoid of the log-odds log(α·π_old) − log((1−α)·π_ref), so it is never 0/0 however
+    small the probabilities. The gradient, w·r·∇log π_θ (w on policy: Δmix = α·Δθ when
+    π_ref = π_old), flows only through π_θ.
+
+    Two evaluations of the same equation:
+    * log space (always correct): exp(log π_θ − log D) + (1 − w), with
+      log D = log(π_old + (1−α)/α·π_ref) = logaddexp(log π_old, log π_ref + log((1−α)/α)) —
+      the issue's logaddexp(log α + log π_θ, log(1−α) + log π_ref) − logaddexp(... π_old ...)
+      with the constant log α moved out. Finite for log-probs down to −1e4, where π underflows.
+    * linear, given ``plain_ratio`` = exp(log π_θ − log π_old) carrying the gradient:
+      w·r + (1 − w) in one fused op. It reuses the plain ratio the caller has (and needs for its
+      metrics) instead of a logaddexp and a second exp, and is used only while every
+      r < LINEAR_MIX_LIMIT: nothing overflows then, and where w is too small for float32 to
+      store it precisely (< 1.2e-38) its term w·r < 1e-12 does not matter; 1 − w is taken as
+      1 − w (absolute error ≤ 6e-8). A batch with a bigger or non-finite ratio uses log space.
+    At α = 1, w = 1 exactly and 1 − w = 0, so both give the plain ratio bit for bit.
     """
     alpha = torch.as_tensor(alpha, dtype=logp.dtype, device=logp.device)
+    log_odds_alpha = torch.log(alpha) - torch.log1p(-alpha)  # log(α/(1−α)), +inf at α = 1
     with torch.no_grad():
-        ref_term = ref_logp + (torch.log1p(-alpha) - torch.log(alpha))  # log((1−α)/α·π_ref)
-        log_den = torch.logaddexp(old_logp, ref_term)
-        # In place on our own temporary: this runs on every token of the batch.
-        ref_share = ref_term.sub_(old_logp).sigmoid_()  # 1 − w
+        if plain_ratio is not None and bool(plain_ratio.detach().sum() < LINEAR_MIX_LIMIT):
+            # In place on our own temporaries: these passes run on every token of the batch.
+            weight = (old_logp - ref_logp).add_(log_odds_alpha).sigmoid_()   # w
+            ref_share = torch.neg(weight).add_(1.0)                          # 1 − w, ±6e-8
+            linear = True
+        else:
+            ref_term = ref_logp - log_odds_alpha                  # log((1−α)/α·π_ref)
+            log_den = torch.logaddexp(old_logp, ref_term)
+            ref_share = ref_term.sub_(old_logp).sigmoid_()        # 1 − w
+            linear = False
+    if linear:
+        assert plain_ratio is not None
+        return torch.addcmul(ref_share, plain_ratio, weight)
     return torch.exp(logp - log_den) + ref_share
 
 
@@ -192,32 +213,36 @@ class _Surrogate:
     ratio: torch.Tensor         # the ratio the objective clips, shaped like per_token
     lo: torch.Tensor            # (B, 1) bounds from clip_bounds
     hi: torch.Tensor
-    plain_log_ratio: torch.Tensor | None  # log π_θ − log π_old when already computed
+    plain_log_ratio: torch.Tensor | None  # log π_θ − log π_old (B, T), when already computed
+    plain_ratio: torch.Tensor | None      # its exp, when already computed
 
 
 def _clipped(b: _Batch, ratio: torch.Tensor, *, unbounded_positive: bool = False,
-             plain_log_ratio: torch.Tensor | None = None) -> _Surrogate:
+             plain_log_ratio: torch.Tensor | None = None, plain_ratio: torch.Tensor | None = None) -> _Surrogate:
     lo, hi = clip_bounds(b.adv, eps_low=b.eps_low, eps_high=b.eps_high, dual_clip=b.dual_clip,
                          unbounded_positive=unbounded_positive)
-    return _Surrogate(clipped_surrogate(ratio, b.adv, lo, hi), ratio, lo, hi, plain_log_ratio)
+    return _Surrogate(clipped_surrogate(ratio, b.adv, lo, hi), ratio, lo, hi, plain_log_ratio, plain_ratio)
 
 
 def _grpo(b: _Batch) -> _Surrogate:
     """GRPO (Shao et al. 2024, Eq. 3): −min(r_t·A, clip(r_t, 1−ε, 1+ε)·A) per token; seq-mean-token-mean."""
     log_r = token_log_ratio(b.logp, b.old_logp)
-    return _clipped(b, torch.exp(log_r), plain_log_ratio=log_r)
+    ratio = torch.exp(log_r)
+    return _clipped(b, ratio, plain_log_ratio=log_r, plain_ratio=ratio)
 
 
 def _dapo(b: _Batch) -> _Surrogate:
     """DAPO (Yu et al. 2025): the same surrogate with decoupled ε_low/ε_high; token-mean."""
     log_r = token_log_ratio(b.logp, b.old_logp)
-    return _clipped(b, torch.exp(log_r), plain_log_ratio=log_r)
+    ratio = torch.exp(log_r)
+    return _clipped(b, ratio, plain_log_ratio=log_r, plain_ratio=ratio)
 
 
 def _dr_grpo(b: _Batch) -> _Surrogate:
     """Dr. GRPO (Liu et al. 2025): the same surrogate; sum per sequence / L_max (seq-mean-token-sum-norm)."""
     log_r = token_log_ratio(b.logp, b.old_logp)
-    return _clipped(b, torch.exp(log_r), plain_log_ratio=log_r)
+    ratio = torch.exp(log_r)
+    return _clipped(b, ratio, plain_log_ratio=log_r, plain_ratio=ratio)
 
 
 def _gspo(b: _Batch) -> _Surrogate:
@@ -241,7 +266,10 @@ def _up_gspo(b: _Batch) -> _Surrogate:
 def _armor(b: _Batch) -> _Surrogate:
     """ARMOR (arXiv 2607.10481): PPO Eq. 7 with DAPO's clip on r_mix (``mixed_ratio``)."""
     assert b.ref_logp is not None  # validated in policy_loss
-    return _clipped(b, mixed_ratio(b.logp, b.old_logp, b.ref_logp, b.alpha))
+    log_r = token_log_ratio(b.logp, b.old_logp)
+    ratio = torch.exp(log_r)
+    r_mix = mixed_ratio(b.logp, b.old_logp, b.ref_logp, b.alpha, plain_ratio=ratio)
+    return _clipped(b, r_mix, plain_log_ratio=log_r, plain_ratio=ratio)
 
 
 OBJECTIVES: dict[str, Callable[[_Batch], _Surrogate]] = {
@@ -380,23 +408,29 @@ def _metrics(objective: str, b: _Batch, s: _Surrogate) -> dict[str, float]:
     counts = [_count(below, neg, neg_tok, b), _count(above, pos, pos_tok, b),
               _count(above, neg, neg_tok, b) if b.dual_clip is not None else n.new_zeros(())]
     names = ["clip_frac_low", "clip_frac_high", "dual_clip_frac"]
+    flat_mask = b.mask_f.flatten()
     if s.plain_log_ratio is not None:
         log_r = s.plain_log_ratio.detach()
-        plain = ratio if ratio.shape == log_r.shape else torch.exp(log_r)
+        kl_sum = -log_r.sum()
+        plain = s.plain_ratio.detach() if s.plain_ratio is not None else torch.exp(log_r)
     else:
         log_r = token_log_ratio(b.logp, b.old_logp)
-        plain = torch.exp(log_r)
-    flat_mask = b.mask_f.flatten()
+        kl_sum = -log_r.sum()
+        plain = log_r.exp_()  # our own temporary, no longer needed as a log
     # log_r is exactly 0 at masked positions, so its plain sum is the masked sum.
-    counts += [torch.dot(plain.flatten(), flat_mask), -log_r.sum()]
+    counts += [torch.dot(plain.flatten(), flat_mask), kl_sum]
     names += ["ratio_mean", "approx_kl"]
     if objective == "armor":
         # r_mix lies between 1 and r, so "r_mix inside the clip range while r is clipped" is
-        # "the plain ratio's clip binds" minus "the mixed ratio's clip binds" (same bounds).
-        signed, signed_tok = pos | neg, pos_tok | neg_tok
-        plain_out = _count((plain > s.hi) | (plain < s.lo), signed, signed_tok, b)
-        mix_out = _count(above | below, signed, signed_tok, b)
-        counts += [torch.dot(ratio.flatten(), flat_mask), plain_out - mix_out]
+        # "the plain ratio's clip binds" minus "the mixed ratio's clip binds" (same bounds,
+        # the latter already counted above). Multiplying by sign(A) turns both sides into one
+        # comparison: A > 0 binds at r > hi, A < 0 at −r > −lo (and at r > c with a dual clip).
+        sign = torch.sign(b.adv)
+        threshold = torch.where(pos, s.hi, torch.where(neg, -s.lo, s.lo.new_tensor(math.inf)))
+        plain_binds = _count((plain * sign) > threshold, pos | neg, pos_tok | neg_tok, b)
+        if b.dual_clip is not None:
+            plain_binds = plain_binds + _count(plain > s.hi, neg, neg_tok, b)
+        counts += [torch.dot(ratio.flatten(), flat_mask), plain_binds - counts[0] - counts[1] - counts[2]]
         names += ["mix_ratio_mean", "widened_frac"]
     values = (torch.stack([x.to(n.dtype) for x in counts]) / n).tolist()
     out = dict(zip(names, values, strict=True))

@@ -8,9 +8,10 @@ noise hits all of them alike; the ratio is median(objective) / median(dapo). Tar
 ratio ≤ 1.5 (armor does more exp-like work; nothing is quadratic or loops in Python).
 The last line is ``max_ratio=<x>``.
 
-Two settings keep the comparison about the work each objective does:
-* one intra-op thread by default: on a shared 2-core machine a second thread mostly measures
-  waiting for the busy core;
+Three settings keep the comparison about the work each objective does:
+* the clock is the thread's CPU time (``time.thread_time``) with one intra-op thread, so time
+  the scheduler gives to other processes on a shared machine is not counted (``--wall`` uses
+  wall-clock time instead, which is what to use with ``--threads`` > 1);
 * glibc is told to keep freed memory (mallopt) so each 8 MB temporary is not returned to the
   OS and page-faulted back in on every call; left alone, that page-fault cost swamps the
   arithmetic and makes identical objectives differ by 50%. On a GPU the caching allocator
@@ -54,13 +55,13 @@ def make_batch(batch: int, seq: int, seed: int = 0) -> dict[str, torch.Tensor]:
     return {"logp": logp, "old": old, "ref": ref, "mask": mask, "adv": adv}
 
 
-def time_once(objective: str, data: dict[str, torch.Tensor]) -> float:
+def time_once(objective: str, data: dict[str, torch.Tensor], clock=time.thread_time) -> float:
     logp = data["logp"].clone().requires_grad_(True)
-    start = time.perf_counter()
+    start = clock()
     out = policy_loss(objective, logp, data["old"], data["adv"], data["mask"], ref_logp=data["ref"],
                       alpha=0.8, max_len=logp.shape[1])
     out.loss.backward()
-    return time.perf_counter() - start
+    return clock() - start
 
 
 def main() -> None:
@@ -70,22 +71,27 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--system-malloc", action="store_true", help="don't change glibc malloc settings")
+    parser.add_argument("--wall", action="store_true", help="wall-clock time instead of thread CPU time")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.threads > 1 and not args.wall:
+        parser.error("thread CPU time only sees the main thread: use --wall with --threads > 1")
+    clock = time.perf_counter if args.wall else time.thread_time
 
     data = make_batch(args.batch, args.seq)
     names = list(OBJECTIVES)
     for name in names:  # warm-up: allocator, kernels
-        time_once(name, data)
+        time_once(name, data, clock)
     times: dict[str, list[float]] = {name: [] for name in names}
     for rep in range(args.repeats):
         order = names[rep % len(names):] + names[:rep % len(names)]
         for name in order:
-            times[name].append(time_once(name, data))
+            times[name].append(time_once(name, data, clock))
 
     base = statistics.median(times["dapo"])
     print(f"objectives forward+backward, B×T = {args.batch}×{args.seq} float32, "
-          f"{torch.get_num_threads()} thread(s), median of {args.repeats}, "
+          f"{torch.get_num_threads()} thread(s), {'wall' if args.wall else 'thread CPU'} time, "
+          f"median of {args.repeats}, "
           f"malloc {'keeps freed memory' if KEPT else 'system default'}")
     ratios = {}
     for name in names:

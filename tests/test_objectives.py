@@ -194,8 +194,9 @@ def test_armor_ref_equal_old_mixes_linearly():
     logp, old, _, adv, mask = batch(seed=7, spread=0.6)
     alpha = 0.35
     r = torch.exp(logp - old)
-    got = mixed_ratio(logp, old, old, alpha)
-    torch.testing.assert_close(got, alpha * r + (1 - alpha), rtol=1e-6, atol=1e-6)
+    for plain in (None, r):  # log-space and linear evaluation
+        got = mixed_ratio(logp, old, old, alpha, plain_ratio=plain)
+        torch.testing.assert_close(got, alpha * r + (1 - alpha), rtol=1e-6, atol=1e-6)
     # and through the loss: with a clip range too wide to bind, per-token = −A·(α·r + 1 − α)
     out, _ = run("armor", logp, old, adv, mask, ref_logp=old, alpha=alpha, eps_low=1.0, eps_high=100.0)
     torch.testing.assert_close(out.per_token, -adv[:, None] * (alpha * r + 1 - alpha) * mask,
@@ -217,6 +218,32 @@ def test_armor_finite_for_extreme_log_probs():
     assert torch.isfinite(logp.grad).all()
     # ∂r_mix/∂logπ = 0.8π/D: t0 0.8e⁻¹/0.2e⁻¹ = 4, t1 0, t2 0, t3 1; times −A/N = 1/4
     torch.testing.assert_close(logp.grad, torch.tensor([[1.0, 0.0, 0.0, 0.25]]))
+
+
+@pytest.mark.parametrize("alpha", [0.05, 0.5, 0.95, 1.0])
+def test_mixed_ratio_linear_and_log_space_agree(alpha):
+    # Against an independent float64 evaluation of (απ + (1−α)π_ref)/(απ_old + (1−α)π_ref),
+    # both evaluations, values and gradients, including π_ref ≫ π_old (anchor-like tokens).
+    logp, old, ref, _, _ = batch(b=5, t=7, seed=15, spread=1.5)
+    ref = ref.clone()
+    ref[0] = old[0] + 30.0
+    p, po, pr = (np.exp(x.double().numpy()) for x in (logp, old, ref))
+    want = (alpha * p + (1 - alpha) * pr) / (alpha * po + (1 - alpha) * pr)
+    want_grad = alpha * p / (alpha * po + (1 - alpha) * pr)  # ∂r_mix/∂log π
+    for linear in (False, True):
+        x = logp.clone().requires_grad_(True)
+        plain = torch.exp(x - old) if linear else None
+        got = mixed_ratio(x, old, ref, alpha, plain_ratio=plain)
+        got.sum().backward()
+        np.testing.assert_allclose(got.detach().numpy(), want, rtol=2e-6, atol=2e-7)
+        np.testing.assert_allclose(x.grad.numpy(), want_grad, rtol=2e-6, atol=1e-12)
+
+
+def test_mixed_ratio_falls_back_to_log_space_for_huge_ratios():
+    # r = e^100 overflows float32; the linear form would give inf, log space gives the true 5.
+    logp, old, ref = torch.tensor([[-1.0]]), torch.tensor([[-101.0]]), torch.tensor([[-1.0]])
+    got = mixed_ratio(logp, old, ref, 0.8, plain_ratio=torch.exp(logp - old))
+    torch.testing.assert_close(got, torch.tensor([[5.0]]))
 
 
 def test_armor_per_row_alpha_tensor():
@@ -343,3 +370,14 @@ def test_alpha_none_is_fine_for_objectives_that_ignore_it():
     kw = _args(alpha=None)
     out = policy_loss(kw.pop("objective"), **kw)
     assert torch.isfinite(out.loss)
+
+
+def test_names_match_the_config_layer():
+    # config.py validates run configs without torch; both must list the same names.
+    from armorlab import config
+    from armorlab.objectives import SEQUENCE_OBJECTIVES
+
+    assert tuple(OBJECTIVES) == config.OBJECTIVES
+    assert tuple(AGGREGATORS) == config.AGGREGATIONS
+    assert SEQUENCE_OBJECTIVES == config.SEQUENCE_OBJECTIVES
+    assert set(DEFAULT_AGGREGATION) == set(OBJECTIVES)
