@@ -361,6 +361,12 @@ def _prepare(objective: str, logp: torch.Tensor, old_logp: torch.Tensor, advanta
     if dual_clip is not None and (isinstance(dual_clip, bool) or not isinstance(dual_clip, (int, float))
                                   or not dual_clip > 1.0):
         raise _fail("must be > 1 (or None to disable)", "dual_clip", dual_clip)
+    if not logp.is_floating_point():
+        raise _fail("must be a floating-point tensor", "logp", str(logp.dtype))
+    # Half-precision log-probs (bf16 models) are computed on in float32: bf16 cannot even count
+    # tokens past 256 exactly. The cast is differentiable, so the gradient comes back in bf16.
+    if torch.finfo(logp.dtype).bits < 32:
+        logp = logp.float()
     alpha_t = _alpha_tensor(alpha, objective, shape, logp)
 
     m = mask if mask.dtype == torch.bool else mask != 0

@@ -355,6 +355,8 @@ def _args(**over):
     ({"objective": "dr_grpo"}, "max_len", "None"),
     ({"aggregation": "seq-mean-token-sum-norm"}, "max_len", "None"),
     ({"aggregation": "mean"}, "aggregation", "'mean'"),
+    ({"logp": torch.zeros(3, 4, dtype=torch.long)}, "logp", "torch.int64"),
+    ({"logp": torch.zeros(12)}, "logp", "(12,)"),
 ])
 def test_bad_input_names_argument_and_value(over, key, value):
     kw = _args(**over)
@@ -381,3 +383,42 @@ def test_names_match_the_config_layer():
     assert tuple(AGGREGATORS) == config.AGGREGATIONS
     assert SEQUENCE_OBJECTIVES == config.SEQUENCE_OBJECTIVES
     assert set(DEFAULT_AGGREGATION) == set(OBJECTIVES)
+
+
+@pytest.mark.parametrize("objective", ["dapo", "gspo", "armor"])
+def test_half_precision_inputs_are_computed_in_float32(objective):
+    # 300 tokens in a row: bf16 itself could not even count them (integers are exact only to 256).
+    logp, old, ref, adv, mask = batch(b=3, t=300, seed=16, spread=0.3, lengths=[300, 257, 100])
+    low = [x.to(torch.bfloat16) for x in (logp, old, ref)]
+    out, grad = run(objective, low[0], low[1], adv, mask, ref_logp=low[2], alpha=0.7)
+    ref_out, ref_grad = run(objective, *(x.float() for x in low[:2]), adv, mask, ref_logp=low[2].float(),
+                            alpha=0.7)
+    assert out.loss.dtype == torch.float32 and grad.dtype == torch.bfloat16
+    assert torch.equal(out.loss, ref_out.loss)
+    torch.testing.assert_close(grad, ref_grad.to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("dual_clip", [None, 1.4])
+def test_armor_clip_and_widened_fractions_match_numpy(dual_clip):
+    logp, old, ref, adv, mask = batch(b=24, t=16, seed=17, spread=0.6)
+    out, _ = run("armor", logp, old, adv, mask, ref_logp=ref, alpha=0.6, dual_clip=dual_clip)
+    lp, lo, lr, m = (x.double().numpy() for x in (logp, old, ref, mask))
+    a = adv.double().numpy()[:, None]
+    r = np.exp(lp - lo)
+    r_mix = (0.6 * np.exp(lp) + 0.4 * np.exp(lr)) / (0.6 * np.exp(lo) + 0.4 * np.exp(lr))
+    live = m > 0
+    c = dual_clip or np.inf
+
+    def binds(x):
+        return ((a > 0) & (x > 1.28)) | ((a < 0) & ((x < 0.8) | (x > c)))
+
+    n = live.sum()
+    mix, plain = binds(r_mix) & live, binds(r) & live
+    assert (plain & ~mix).sum() > 0
+    assert dual_clip is None or ((a < 0) & (r > c) & ~((a < 0) & (r_mix > c)) & live).sum() > 0
+    assert out.metrics["widened_frac"] == pytest.approx((plain & ~mix).sum() / n)
+    assert out.metrics["clip_frac"] == pytest.approx(mix.sum() / n)
+    assert out.metrics["clip_frac_low"] == pytest.approx(((a < 0) & (r_mix < 0.8) & live).sum() / n)
+    assert out.metrics["dual_clip_frac"] == pytest.approx(((a < 0) & (r_mix > c) & live).sum() / n)
+    assert out.metrics["ratio_mean"] == pytest.approx((r * m).sum() / n, rel=1e-5)
+    assert out.metrics["mix_ratio_mean"] == pytest.approx((r_mix * m).sum() / n, rel=1e-5)
