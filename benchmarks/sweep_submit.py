@@ -83,6 +83,7 @@ def main() -> None:
         dry = [cli("sweep", str(spec), "--root", str(root), "--profile", str(profile), "--dry-run", env=env)[0]
                for _ in range(3)]
         dry_run_s = statistics.median(dry)
+        startup_s = statistics.median(cli("--help", env=env)[0] for _ in range(3))
         calls_before = len(counter.read_text().splitlines()) if counter.exists() else 0
         submit_s, out = cli("sweep", str(spec), "--root", str(root), "--profile", str(profile), env=env)
         sbatch_calls = len(counter.read_text().splitlines()) - calls_before
@@ -96,6 +97,8 @@ def main() -> None:
         print(f"expand_s={expand_s:.3f}  (in-process, median of 3)")
         print(f"dry_run_s={dry_run_s:.3f}  target {DRY_RUN_TARGET_S:.1f}s  ratio={dry_run_s / DRY_RUN_TARGET_S:.2f}"
               "  (fresh `armorlab sweep --dry-run` process, median of 3)")
+        print(f"cli_startup_s={startup_s:.3f}  (`armorlab --help`, the floor under both; dry_run/startup="
+              f"{dry_run_s / startup_s:.1f}x)")
         print(f"sbatch_calls={sbatch_calls}")
         print(f"submit_ratio={submit_s / SUBMIT_TARGET_S:.2f}  target {SUBMIT_TARGET_S:.1f}s "
               "(fresh `armorlab sweep` process: run dirs + pickles + sbatch + manifest)")

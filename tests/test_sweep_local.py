@@ -54,6 +54,8 @@ def test_local_sweep_runs_reruns_nothing_and_retries_failed(tmp_path, standin):
     jobs_before = load_manifest(sweep_dir).jobs
     assert all(len(v) == 1 for v in jobs_before.values())
 
+    watch = run_cli("status", str(sweep_dir), "--watch", "--interval", "0.2", timeout=30)
+    assert watch.returncode == 0 and "6/6" in watch.stdout  # all finished: the watch ends at once
     again = run_cli("sweep", str(spec), "--root", str(root))
     assert again.returncode == 0 and "nothing to run" in again.stderr
     assert "2 failed (use --retry failed)" in again.stderr

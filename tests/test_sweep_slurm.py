@@ -108,7 +108,9 @@ def test_values_never_reach_a_shell_on_slurm(tmp_path, profile, standin):
     evil = [f"$(touch {marks[0]})", f"`touch {marks[1]}`", f"'\"; touch {marks[2]}\n"]
     spec = write_spec(tmp_path / "evil.yaml", {"name": "evil", "base": {"max_steps": 2}, "grid": {"model": evil}})
     root = tmp_path / "runs"
-    _sweep(str(spec), "--root", str(root), "--profile", str(profile))
+    out = _sweep(str(spec), "--root", str(root), "--profile", str(profile), "--wait")
+    assert "finished" in out.stdout  # --wait stayed with a progress view until the jobs ended
+    assert all(r.state == "failed" for r in collect(root / "evil").rows)
     st = wait_finished(root / "evil", 120)
     assert [r.state for r in st.rows] == ["failed"] * 3
     assert all(r.reason.startswith("cannot load model") for r in st.rows)
