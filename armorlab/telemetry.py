@@ -112,10 +112,17 @@ class StepStats:
 
 # --------------------------------------------------------------------------- names
 def design_names(logs: Mapping[str, Any]) -> dict[str, float]:
-    """Map one transformers/TRL log dict to metrics.jsonl names; drops None and non-numbers."""
+    """Map one transformers/TRL log dict to metrics.jsonl names.
+
+    None (TRL's "no valid value this step", e.g. ``cap/pos_mean`` without positive advantages)
+    becomes NaN, which metrics.jsonl stores as null: the key is there, its value undefined.
+    Non-numbers are dropped.
+    """
     out: dict[str, float] = {}
     for key, value in logs.items():
-        if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+        if value is None:
+            value = math.nan
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
             continue
         if key.startswith(NAMESPACES):
             name = key

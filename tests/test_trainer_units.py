@@ -1,0 +1,280 @@
+"""Trainer building blocks without a model: schedule, anchors, cache, gate, ratios, telemetry, config."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+
+from armorlab import anchors as anc
+from armorlab.errors import ArmorLabError
+from armorlab.reference import reset_due, reset_interval
+from armorlab.telemetry import (
+    StepStats,
+    TokenDump,
+    design_names,
+    exact_kl,
+    kl_k1,
+    kl_k2,
+    kl_k3,
+    sequence_sum_mean,
+)
+
+
+# --------------------------------------------------------------------------- reset schedule
+def test_static_and_periodic_resets():
+    assert [s for s in range(1, 13) if reset_due(s, 0, None)] == []
+    assert [s for s in range(1, 13) if reset_due(s, 4, None)] == [4, 8, 12]
+
+
+def test_two_stage_schedule_tau_1_then_static():
+    # "τ = 1 for the first 5 steps, then static": reset while step < 5
+    sched = [[5, 1]]
+    assert [reset_interval(s, 0, sched) for s in (1, 4, 5, 9)] == [1, 1, 0, 0]
+    assert [s for s in range(1, 10) if reset_due(s, 0, sched)] == [1, 2, 3, 4]
+
+
+def test_schedule_segments_then_fallback():
+    sched = [[4, 1], [10, 3]]
+    assert [s for s in range(1, 20) if reset_due(s, 5, sched)] == [1, 2, 3, 6, 9, 10, 15]
+
+
+# --------------------------------------------------------------------------- anchors
+class CountingSampler:
+    """A reference that answers with fixed texts; counts the prompts it was asked for."""
+
+    def __init__(self, texts):
+        self.texts = texts
+        self.prompts = []
+
+    def sample(self, prompt_ids, k):
+        self.prompts.extend(tuple(p) for p in prompt_ids)
+        return [[anc.Completion((i, 99), self.texts[i % len(self.texts)]) for i in range(k)] for _ in prompt_ids]
+
+
+def exact_score(requests, samples):
+    return [[1.0 if c.text == r.row["answer"] else 0.0 for c in group] for r, group in zip(requests, samples, strict=True)]
+
+
+def req(prompt, answer):
+    return anc.GroupRequest(prompt, [ord(c) for c in prompt], {"answer": answer})
+
+
+def test_fresh_draw_keeps_first_correct_and_counts_samples():
+    sampler = CountingSampler(["1", "2", "3", "2"])  # sample 1 and 3 are "2"
+    rollout = anc.AnchorRollout(sampler, exact_score, k=4, anchor_filter="correct", threshold=1.0)
+    outcomes, generated = rollout.run([req("a", "2"), req("b", "7")], seed=0, step=0)
+    assert generated == 8
+    assert outcomes[0].anchor.ids == (1, 99) and outcomes[0].reward == 1.0 and outcomes[0].solvable
+    assert outcomes[1].anchor is None and not outcomes[1].solvable
+    assert not outcomes[0].cached and not outcomes[1].cached
+
+
+def test_cache_reuse_within_window_and_resample_after_clear():
+    sampler = CountingSampler(["1", "2", "3", "2"])
+    rollout = anc.AnchorRollout(sampler, exact_score, k=4, anchor_filter="correct", threshold=1.0)
+    rollout.run([req("a", "2")], seed=0, step=0)
+    # the same prompt twice in one batch and again later: no new samples
+    outcomes, generated = rollout.run([req("a", "2"), req("a", "2")], seed=0, step=1)
+    assert generated == 0 and all(o.cached for o in outcomes)
+    assert all(o.anchor.text == "2" for o in outcomes)  # a random CORRECT one
+    assert len(sampler.prompts) == 1
+    rollout.cache.clear()  # what a reference reset does
+    _, generated = rollout.run([req("a", "2")], seed=0, step=2)
+    assert generated == 4 and len(sampler.prompts) == 2
+
+
+def test_duplicate_prompts_in_one_batch_are_sampled_once():
+    sampler = CountingSampler(["x"])
+    rollout = anc.AnchorRollout(sampler, exact_score, k=3, anchor_filter="any", threshold=1.0)
+    outcomes, generated = rollout.run([req("a", "1"), req("a", "1")], seed=0, step=0)
+    assert generated == 3 and len(sampler.prompts) == 1
+    assert [o.cached for o in outcomes] == [False, True]
+
+
+def test_filter_any_injects_the_first_sample_even_when_wrong():
+    rollout = anc.AnchorRollout(CountingSampler(["9", "8"]), exact_score, k=2, anchor_filter="any", threshold=1.0)
+    (o,), _ = rollout.run([req("a", "1")], seed=0, step=0)
+    assert o.anchor.text == "9" and o.reward == 0.0 and not o.solvable
+
+
+def test_pick_anchor_on_reuse_chooses_uniformly_among_correct():
+    draw = anc.ReferenceDraw([anc.Completion((i,), str(i)) for i in range(4)], [1.0, 0.0, 1.0, 1.0])
+    picks = {anc.pick_anchor(draw, anchor_filter="correct", threshold=1.0, fresh=False, rng=random.Random(s))
+             for s in range(200)}
+    assert picks == {0, 2, 3}
+    assert anc.pick_anchor(draw, anchor_filter="correct", threshold=1.0, fresh=True, rng=random.Random(0)) == 0
+    assert anc.pick_anchor(draw, anchor_filter="correct", threshold=2.0, fresh=True, rng=random.Random(0)) is None
+
+
+def test_cache_state_round_trip():
+    cache = anc.AnchorCache()
+    cache.put(anc.prompt_key("p"), anc.ReferenceDraw([anc.Completion((1, 2), "ab")], [1.0]))
+    other = anc.AnchorCache()
+    other.load_state_dict(cache.state_dict())
+    assert other.get(anc.prompt_key("p")) == cache.get(anc.prompt_key("p"))
+    assert anc.prompt_key("p") != anc.prompt_key("q")
+    assert anc.prompt_key([{"role": "user", "content": "p"}]) == anc.prompt_key([{"content": "p", "role": "user"}])
+
+
+def test_anchor_rows_is_the_last_row_of_each_group_across_processes():
+    # G = 2, 3 rows per process: global rows 0..5 → groups {0,1} {2,3} {4,5}; last rows 1, 3, 5
+    assert anc.anchor_rows(3, 0, 2) == [1]          # global 0,1,2
+    assert anc.anchor_rows(3, 1, 2) == [0, 2]       # global 3,4,5
+    assert anc.anchor_rows(8, 0, 4) == [3, 7]
+
+
+def test_group_keep_masks_whole_groups():
+    nan = math.nan
+    solvable = torch.tensor([nan, 1.0, nan, 0.0, nan, nan, nan, 1.0])  # G = 2 → groups 1, 0, ?, 1
+    keep = anc.group_keep(solvable, 2)
+    assert keep.tolist() == [1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0]
+
+
+def test_cut_at_eos_keeps_the_eos():
+    assert anc.cut_at_eos([5, 6, 2, 7, 2], [2]) == [5, 6, 2]
+    assert anc.cut_at_eos([5, 6], [2]) == [5, 6]
+
+
+# --------------------------------------------------------------------------- anchor ratio rules
+def _probs():
+    p = torch.tensor([[0.5, 0.2], [0.3, 0.6]])
+    p_old = torch.tensor([[0.4, 0.25], [0.3, 0.5]])
+    p_ref = torch.tensor([[0.1, 0.7], [0.2, 0.9]])
+    return p, p_old, p_ref
+
+
+def test_mixed_on_non_armor_gives_r_mix_on_anchor_rows_only():
+    p, p_old, p_ref = _probs()
+    is_anchor = torch.tensor([False, True])
+    lp, olp, alpha = anc.anchor_ratio_inputs("dapo", "mixed", p.log(), p_old.log(), p_ref.log(), is_anchor, 0.7)
+    ratio = (lp - olp).exp()
+    r_mix = (0.7 * p[1] + 0.3 * p_ref[1]) / (0.7 * p_old[1] + 0.3 * p_ref[1])
+    torch.testing.assert_close(ratio[1], r_mix)
+    torch.testing.assert_close(ratio[0], p[0] / p_old[0])
+    assert alpha == 1.0
+
+
+def test_behavior_uses_pi_over_pi_ref_and_current_the_plain_ratio():
+    p, p_old, p_ref = _probs()
+    is_anchor = torch.tensor([True, False])
+    lp, olp, _ = anc.anchor_ratio_inputs("up", "behavior", p.log(), p_old.log(), p_ref.log(), is_anchor, 0.7)
+    torch.testing.assert_close((lp - olp).exp()[0], p[0] / p_ref[0])
+    torch.testing.assert_close((lp - olp).exp()[1], p[1] / p_old[1])
+    lp, olp, _ = anc.anchor_ratio_inputs("dapo", "current", p.log(), p_old.log(), p_ref.log(), is_anchor, 0.7)
+    torch.testing.assert_close((lp - olp).exp(), p / p_old)
+
+
+def test_armor_gets_per_row_alpha():
+    p, p_old, p_ref = _probs()
+    is_anchor = torch.tensor([True, False])
+    _, olp, alpha = anc.anchor_ratio_inputs("armor", "behavior", p.log(), p_old.log(), p_ref.log(), is_anchor, 0.6)
+    assert alpha.shape == (2, 1) and alpha[:, 0].tolist() == pytest.approx([1.0, 0.6])
+    torch.testing.assert_close(olp[0], p_ref[0].log())  # the anchor's behaviour policy
+    _, _, alpha = anc.anchor_ratio_inputs("armor", "mixed", p.log(), p_old.log(), p_ref.log(), is_anchor, 0.6)
+    assert alpha[:, 0].tolist() == pytest.approx([0.6, 0.6])
+    _, _, alpha = anc.anchor_ratio_inputs("armor", "current", p.log(), p_old.log(), p_ref.log(), is_anchor, 0.6)
+    assert alpha[:, 0].tolist() == pytest.approx([1.0, 0.6])
+    # no anchors in the batch: the scalar α
+    _, _, alpha = anc.anchor_ratio_inputs("armor", "mixed", p.log(), p_old.log(), p_ref.log(),
+                                          torch.tensor([False, False]), 0.6)
+    assert alpha == 0.6
+
+
+# --------------------------------------------------------------------------- telemetry
+def test_kl_estimators_by_hand():
+    log_r = torch.tensor([math.log(2.0), 0.0, math.log(0.5)])
+    assert kl_k1(log_r).tolist() == pytest.approx([-math.log(2), 0.0, math.log(2)])
+    assert kl_k2(log_r).tolist() == pytest.approx([0.5 * math.log(2) ** 2, 0.0, 0.5 * math.log(2) ** 2])
+    assert kl_k3(log_r).tolist() == pytest.approx([1.0 - math.log(2), 0.0, -0.5 + math.log(2)])
+
+
+def test_k_estimators_are_unbiased_where_they_should_be():
+    # p = Bernoulli-like over 3 symbols, q another; E_p[k1] = E_p[k3] = KL(p‖q) exactly
+    p = torch.tensor([0.5, 0.3, 0.2])
+    q = torch.tensor([0.2, 0.5, 0.3])
+    kl = float((p * (p / q).log()).sum())
+    log_r = (q / p).log()
+    assert float((p * kl_k1(log_r)).sum()) == pytest.approx(kl)
+    assert float((p * kl_k3(log_r)).sum()) == pytest.approx(kl)
+
+
+def test_exact_kl_matches_hand_computation():
+    logits_p = torch.log(torch.tensor([[[0.5, 0.5]]]))
+    logits_q = torch.log(torch.tensor([[[0.25, 0.75]]]))
+    expected = 0.5 * math.log(0.5 / 0.25) + 0.5 * math.log(0.5 / 0.75)
+    assert float(exact_kl(logits_p, logits_q)) == pytest.approx(expected)
+
+
+def test_sequence_sum_mean_ignores_empty_rows():
+    per_token = torch.tensor([[1.0, 2.0, 5.0], [3.0, 0.0, 0.0], [9.0, 9.0, 9.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    total, count = sequence_sum_mean(per_token, mask)
+    assert float(total) == 6.0 and float(count) == 2.0
+
+
+def test_step_stats_weighted_means_and_empty_names():
+    stats = StepStats()
+    stats.add("a", 3.0, 2.0)
+    stats.add("a", 1.0, 2.0)
+    stats.add("empty", 0.0, 0.0)
+    stats.mean("b", torch.tensor(0.25))
+    assert stats.reduce() == {"a": 1.0, "b": 0.25}
+
+
+def test_design_names_maps_and_namespaces():
+    out = design_names({"loss": 0.5, "val/acc": 0.1, "reward": 0.2, "completions/mean_length": 4,
+                        "cap/pos_mean": None, "epoch": 1.0, "flag": True})
+    assert math.isnan(out.pop("cap/pos_mean"))  # undefined this step: written as null
+    assert out == {"train/loss": 0.5, "val/acc": 0.1, "trl/reward": 0.2, "trl/completions/mean_length": 4.0,
+                   "train/epoch": 1.0}
+
+
+def test_token_dump_writes_a_share_of_masked_tokens(tmp_path):
+    import pyarrow.parquet as pq
+
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    t = torch.zeros(2, 3)
+    dump = TokenDump(tmp_path, 1.0, seed=0)
+    dump.record(7, token_ids=torch.ones(2, 3, dtype=torch.long), logp=t - 1, old_logp=t - 2, ref_logp=t - 3,
+                advantages=torch.tensor([0.5, -0.5]), is_anchor=torch.tensor([True, False]), mask=mask)
+    path = dump.flush(7)
+    table = pq.read_table(path).to_pydict()
+    assert path.name == "step-000007-r0.parquet"
+    assert sorted(zip(table["row"], table["position"], strict=True)) == [(0, 0), (0, 1), (1, 0)]
+    assert set(table["logp"]) == {-1.0} and set(table["ref_logp"]) == {-3.0}
+    assert [a for r, a in sorted(zip(table["row"], table["is_anchor"], strict=True))] == [True, True, False]
+    assert dump.flush(8) is None  # nothing recorded since
+    off = TokenDump(tmp_path / "off", 0.0, seed=0)
+    off.record(1, token_ids=torch.ones(2, 3, dtype=torch.long), logp=t, old_logp=t, ref_logp=t,
+               advantages=torch.zeros(2), is_anchor=None, mask=mask)
+    assert off.flush(1) is None and not (tmp_path / "off").exists()
+
+
+# --------------------------------------------------------------------------- config
+def _config(**kw):
+    from armorlab.trainer import ArmorLabConfig
+
+    base = {"output_dir": "/tmp/unused-armorlab", "use_cpu": True, "bf16": False, "report_to": [],
+            "per_device_train_batch_size": 4, "num_generations": 2}
+    return ArmorLabConfig(**{**base, **kw})
+
+
+def test_config_validates_with_the_shared_checks():
+    with pytest.raises(ArmorLabError) as err:
+        _config(objective="ppo")
+    assert "'objective'" in str(err.value) and "'ppo'" in str(err.value)
+    with pytest.raises(ArmorLabError, match="'alpha'"):
+        _config(objective="armor", alpha=1.5)
+    with pytest.raises(ArmorLabError, match="'ref_reset_schedule'"):
+        _config(ref_reset_schedule=[[5, 1], [3, 0]])
+    with pytest.raises(ArmorLabError, match="'sync_ref_model'"):
+        _config(sync_ref_model=True, beta=0.1)
+
+
+def test_config_inert_nulls_take_defaults_and_gate_only_is_valid():
+    args = _config(objective="dapo", alpha=None, anchor=False, anchor_gate=True, anchor_filter=None,
+                   anchor_ratio=None)
+    assert args.alpha == 0.8 and args.anchor_filter == "correct" and args.anchor_gate and not args.anchor
