@@ -289,6 +289,10 @@ def study_status(study_dir: str | os.PathLike, *, top: int = 10) -> dict[str, An
     else:
         sign = -1.0 if search.directions[0] == "maximize" else 1.0
         best = sorted(complete, key=lambda t: (sign * t.values[0], t.number))
+    pruned = [{"number": t.number, "params": dict(t.params), "step": t.last_step,
+               "outcome": t.user_attrs.get("outcome"),
+               "reason": t.user_attrs.get("prune_reason")}
+              for t in study.get_trials(deepcopy=False, states=(TrialState.PRUNED,))][-top:]
     rows = []
     for t in best[:top]:
         dur = t.duration.total_seconds() if t.duration is not None else None
@@ -299,7 +303,7 @@ def study_status(study_dir: str | os.PathLike, *, top: int = 10) -> dict[str, An
             "storage": ctx.storage_url or str(ctx.tune_dir / "journal.log"),
             "n_trials": search.n_trials, "counts": counts, "directions": list(search.directions),
             "objectives": [o.label for o in search.objectives], "params": list(search.space),
-            "best": rows}
+            "best": rows, "pruned": pruned}
 
 
 def status_table_rows(status: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
@@ -342,7 +346,7 @@ def write_study_plots(study_dir: str | os.PathLike, out_dir: str | os.PathLike) 
     n_params = len(ctx.search.space)
     written: list[Path] = []
 
-    def save(name: str, make: Callable[[], Any]) -> None:
+    def save(name: str, make: Callable[[], Any], size: tuple[float, float] = (7, 5)) -> None:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -353,7 +357,7 @@ def write_study_plots(study_dir: str | os.PathLike, out_dir: str | os.PathLike) 
             plt.close("all")
             return
         fig = ax.flat[0].figure if hasattr(ax, "flat") else ax.figure
-        fig.set_size_inches(max(fig.get_size_inches()[0], 7), max(fig.get_size_inches()[1], 5))
+        fig.set_size_inches(max(fig.get_size_inches()[0], size[0]), max(fig.get_size_inches()[1], size[1]))
         path = out / f"{name}.png"
         fig.savefig(path, dpi=110, bbox_inches="tight")
         plt.close(fig)
@@ -369,7 +373,8 @@ def write_study_plots(study_dir: str | os.PathLike, out_dir: str | os.PathLike) 
         else:
             log.info("skipping parameter importances: needs ≥ 2 complete trials (have %d)", len(complete))
         if len(complete) >= 2 and n_params >= 2:
-            save(f"optuna_contour{suffix}", lambda kw=kw: ovm.plot_contour(study, **kw))
+            side = min(4.0 * n_params, 16.0)  # one readable panel per parameter pair
+            save(f"optuna_contour{suffix}", lambda kw=kw: ovm.plot_contour(study, **kw), (side + 1, side))
     if not ctx.search.multi_objective and any(t.intermediate_values for t in study.get_trials(deepcopy=False)):
         save("optuna_intermediate", lambda: ovm.plot_intermediate_values(study))
     return written

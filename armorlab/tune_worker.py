@@ -184,7 +184,7 @@ def trial_values(run_dirs: Sequence[RunDir], search: SearchSpec) -> list[float]:
 # --------------------------------------------------------------------------- one run
 @dataclass
 class RunOutcome:
-    kind: str  # completed | reused | pruned | diverged | crashed | config_error | interrupted
+    kind: str  # completed | reused | pruned | diverged | crashed | config_error | interrupted | preempted
     reason: str | None = None
     step: int | None = None
 
@@ -358,9 +358,12 @@ class Worker:
         search = ctx.search
         self.current = trial
         try:
-            params = suggest_params(trial, search)
-            run_dirs = [RunDir.create(ctx.study_dir, trial_config(ctx.base, params, seed, file=ctx.spec_file))
-                        for seed in ctx.seeds]
+            try:
+                params = suggest_params(trial, search)
+                run_dirs = [RunDir.create(ctx.study_dir, trial_config(ctx.base, params, seed, file=ctx.spec_file))
+                            for seed in ctx.seeds]
+            except ValueError as exc:  # ArmorLabError: e.g. a re-queued point the edited space no longer allows
+                return self._tell(study, trial, [], RunOutcome("config_error", str(exc)), [])
             trial.set_user_attr("runs", [rd.id for rd in run_dirs])
             log.info("trial %d: %s → runs %s", trial.number, params, ", ".join(rd.id for rd in run_dirs))
             report = not search.multi_objective
@@ -373,6 +376,13 @@ class Worker:
                     if outcome.kind not in ("completed", "reused"):
                         break
             return self._tell(study, trial, run_dirs, outcome, kinds)
+        except Exception as exc:
+            # a bug or an I/O error in this worker: leave the study consistent, then die loudly
+            frozen = study._storage.get_trial(trial._trial_id)
+            if frozen.state == TrialState.RUNNING:
+                with study_lock(self.study_dir):
+                    fail_and_requeue(study, frozen, f"worker error: {exc!r}", search.max_retries)
+            raise
         finally:
             self.current = None
 
@@ -410,7 +420,7 @@ class Worker:
             else:
                 trial.set_user_attr("outcome", outcome.kind)
                 fail_and_requeue(study, frozen, outcome.reason or outcome.kind, self.ctx.search.max_retries,
-                                 count_retry=outcome.kind != "interrupted")
+                                 count_retry=outcome.kind not in ("interrupted", "preempted"))
         return outcome
 
     def _lock_path(self, rd: RunDir) -> Path:
@@ -520,7 +530,9 @@ class Worker:
                 return RunOutcome("pruned", f"pruned by optuna at step {pruned_at}", pruned_at)
             return RunOutcome("completed", reason or None, rd.last_step())
         if rc == EXIT_PREEMPTED:
-            kind = "interrupted" if self.interrupted else "crashed"
+            # our own interrupt, or a signal that reached the trainer directly (scancel signals
+            # every process of the job): not the trial's fault, re-queued without counting
+            kind = "interrupted" if self.interrupted else "preempted"
             return RunOutcome(kind, f"trainer preempted ({reason or 'exit 75'})")
         if rc == 2:
             return RunOutcome("config_error", f"config error: {reason or 'exit 2'} (log {log_path})")

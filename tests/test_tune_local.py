@@ -379,3 +379,28 @@ def test_worker_env_is_not_polluted():
 
     assert json.loads(os.environ[ENV_COMMAND]) == STANDIN
     assert train_argv("/x")[-2:] == ["--run-dir", "/x"]
+
+
+def test_crashing_trainer_is_retried_then_the_worker_gives_up(tmp_path, monkeypatch):
+    monkeypatch.setenv("ARMORLAB_TRAIN_COMMAND", json.dumps([sys.executable, "-c", "raise SystemExit(1)"]))
+    p = spec(tmp_path, "crash", """
+        space:
+          alpha: {type: categorical, choices: [0.5, 0.7]}
+        sampler: {type: grid}
+        max_retries: 1
+    """)
+    ctx = prepare_study(p, root=tmp_path / "runs")
+    result = run_local(ctx, 1, poll_s=0.2, worker_poll_s=0.1)
+    assert result["counts"]["finished"] == 0
+    ts = trials(ctx.study_dir)
+    # three failures in a row stop the worker: trial 0, its one retry, then the next point
+    failed = [t for t in ts if t.state == TrialState.FAIL]
+    assert len(failed) == 3
+    assert failed[1].user_attrs["retry_of"] == failed[0].number and failed[1].params == failed[0].params
+    assert all("exit code 1" in t.user_attrs["fail_reason"] for t in failed)
+    # the run dir says why, as a sweep job would
+    rd = RunDir(ctx.study_dir / failed[0].user_attrs["runs"][0])
+    assert rd.read_status()["state"] == "failed" and "exit code 1" in rd.read_status()["reason"]
+    out = subprocess.run([sys.executable, "-m", "armorlab.cli", "tune", str(p), "--root", str(tmp_path / "runs")],
+                         capture_output=True, text=True, env={**os.environ})
+    assert out.returncode == 1 and "stopped before 2 trials finished" in out.stdout.replace("\n", " ")

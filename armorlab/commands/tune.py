@@ -25,6 +25,9 @@ def _print_status(status: dict, console) -> None:
         console.print(table)
     else:
         console.print("no complete trials yet")
+    if status.get("pruned"):
+        console.print("pruned: " + "; ".join(
+            f"#{p['number']} at step {p['step']} ({p['outcome']})" for p in status["pruned"]))
 
 
 def register(app: typer.Typer) -> None:
@@ -62,7 +65,10 @@ def register(app: typer.Typer) -> None:
         # Optuna logs every trial at INFO to stderr; the progress bar and table say it better.
         if not logging.getLogger().isEnabledFor(logging.INFO):
             optuna.logging.set_verbosity(optuna.logging.WARNING)
-        console = Console()
+        import sys
+
+        # piped or logged output gets rich's 80-column default: too narrow for params + run ids
+        console = Console() if sys.stdout.isatty() else Console(width=160)
         if status:
             sweep, _ = load_study_spec(spec)
             study_dir = root / sweep.name
