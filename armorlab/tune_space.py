@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -407,12 +407,3 @@ def parse_search(raw: Any, base: Mapping[str, Any], *, file: str | None = None) 
 def suggest_params(trial: Any, search: SearchSpec) -> dict[str, Any]:
     """Ask the trial for every parameter of the space (define-by-run, in spec order)."""
     return {name: p.suggest(trial) for name, p in search.space.items()}
-
-
-def distributions(search: SearchSpec) -> dict[str, Any]:
-    return {name: p.distribution() for name, p in search.space.items()}
-
-
-def params_key(params: Mapping[str, Any], names: Sequence[str]) -> tuple:
-    """Hashable identity of a point, for spotting repeats."""
-    return tuple((n, params.get(n)) for n in names)

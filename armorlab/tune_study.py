@@ -166,7 +166,8 @@ def make_sampler(search: SearchSpec, seed: int | None) -> optuna.samplers.BaseSa
     if kind == "grid":
         return _GridSampler(search.grid(), seed=seed)
     if kind == "bruteforce":
-        return optuna.samplers.BruteForceSampler(seed=seed)
+        with quiet_optuna():  # "experimental" since Optuna 3.1
+            return optuna.samplers.BruteForceSampler(seed=seed)
     raise AssertionError(kind)  # parse_search rejects other types
 
 

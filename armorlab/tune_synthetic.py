@@ -10,8 +10,9 @@ The curves are a closed-form function of the config, so a search's right answer 
 quality q = exp(−Σ ((x − x*)/w)²) over the keys below; val/acc(step) = q·(1 − e^(−step/20)); a
 learning rate above ``COLLAPSE_LR`` makes val/acc collapse after 30 % of the run (while the
 train reward keeps rising: the over-optimisation signature), and one at or above
-``DIVERGE_LR`` ends in a non-finite loss half-way. Used by the tune tests through the private
-``ARMORLAB_TUNE_TRAIN_CMD`` hook (``armorlab.tune_worker``); it never imports torch.
+``DIVERGE_LR`` ends in a non-finite loss half-way. The tune tests select it through the sweep
+layer's stand-in hook, ``ARMORLAB_TRAIN_COMMAND='["python", "-m", "armorlab.tune_synthetic"]'``
+(armorlab.sweeps.jobs.train_argv); it never imports torch.
 """
 
 from __future__ import annotations

@@ -412,6 +412,8 @@ class Worker:
             return outcome
         # failures: re-queue what may succeed on a second try (crash, preemption), not config errors
         frozen = study._storage.get_trial(trial._trial_id)
+        if frozen.state != TrialState.RUNNING:
+            return outcome  # already failed and re-queued (abandon_current on a checkpoint signal)
         with study_lock(self.study_dir):
             if outcome.kind == "config_error":
                 trial.set_user_attr("fail_reason", outcome.reason)

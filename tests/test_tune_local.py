@@ -335,7 +335,7 @@ def test_unverifiable_owner_is_judged_by_its_beat_file(tmp_path):
 
 
 def test_rdb_storage_runs_a_study_and_heartbeats_retry_stale_trials(tmp_path):
-    from armorlab.tune_study import open_storage, reconcile, worker_identity
+    from armorlab.tune_study import open_storage, quiet_optuna, reconcile, worker_identity
 
     url = f"sqlite:///{tmp_path / 'study.db'}"
     p = spec(tmp_path, "rdb", """
@@ -352,7 +352,8 @@ def test_rdb_storage_runs_a_study_and_heartbeats_retry_stale_trials(tmp_path):
     # a trial whose worker stops beating is failed and re-queued by Optuna's heartbeat machinery
     storage = open_storage(ctx.study_dir, url, max_retries=2, heartbeat_interval=1, grace_period=1)
     study = optuna.create_study(study_name="beats", storage=storage)
-    trial = study.ask({"alpha": optuna.distributions.FloatDistribution(0.5, 1.0)})
+    with quiet_optuna():  # Optuna warns about heartbeats outside study.optimize
+        trial = study.ask({"alpha": optuna.distributions.FloatDistribution(0.5, 1.0)})
     storage.record_heartbeat(trial._trial_id)
     time.sleep(2.5)
     reconcile(study, worker_identity(), max_retries=2)
@@ -404,3 +405,99 @@ def test_crashing_trainer_is_retried_then_the_worker_gives_up(tmp_path, monkeypa
     out = subprocess.run([sys.executable, "-m", "armorlab.cli", "tune", str(p), "--root", str(tmp_path / "runs")],
                          capture_output=True, text=True, env={**os.environ})
     assert out.returncode == 1 and "stopped before 2 trials finished" in out.stdout.replace("\n", " ")
+
+
+def test_slurm_checkpoint_requeues_the_trial_and_the_worker(tmp_path, monkeypatch):
+    """What submitit does on the preemption signal, without a cluster: call checkpoint() while
+    the worker's trial trains; the trial is re-queued (no retry counted) and the worker resubmitted."""
+    import pickle
+    import threading
+
+    from armorlab.tune import TuneWorkerJob
+
+    monkeypatch.setenv("ARMORLAB_SYNTHETIC_STEP_S", "0.05")
+    p = spec(tmp_path, "ckpt", """
+        space:
+          alpha: {type: categorical, choices: [0.5, 0.7]}
+        sampler: {type: grid}
+    """, base="{objective: armor, max_steps: 40, val_every: 5}")
+    ctx = prepare_study(p, root=tmp_path / "runs")
+    job = TuneWorkerJob(ctx.study_dir, 1, {"launcher": "python"}, poll_s=0.1)
+    box = {}
+
+    def preempt():
+        wait_for_running(ctx.study_dir)
+        box["resubmission"] = job.checkpoint()
+
+    helper = threading.Thread(target=preempt)
+    helper.start()
+    old = signal.getsignal(signal.SIGTERM)
+    try:
+        summary = job()
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    helper.join(timeout=60)
+    assert summary["stop_reason"] == "interrupted"
+    ts = trials(ctx.study_dir)
+    failed = [t for t in ts if t.state == TrialState.FAIL]
+    waiting = [t for t in ts if t.state == TrialState.WAITING]
+    # (checkpoint() runs in a helper thread here, so the worker may see its trainer exit first)
+    assert len(failed) == 1 and "preempted" in failed[0].user_attrs["fail_reason"]
+    assert len(waiting) == 1 and waiting[0].user_attrs["retries"] == 0
+    rd = RunDir(ctx.study_dir / failed[0].user_attrs["runs"][0])
+    assert rd.read_status()["state"] == "pending"  # the trainer checkpointed before the worker left
+    again = pickle.loads(pickle.dumps(box["resubmission"].function))
+    assert isinstance(again, TuneWorkerJob) and again.study_dir == job.study_dir and again.index == 1
+
+
+def wait_for_running(study_dir, timeout=60):
+    deadline = time.monotonic() + timeout
+    while True:
+        for t in trials(study_dir):
+            if t.state == TrialState.RUNNING and t.user_attrs.get("runs"):
+                rd = RunDir(study_dir / t.user_attrs["runs"][0])
+                if (rd.last_step() or 0) >= 3:
+                    return t
+        assert time.monotonic() < deadline, "no trial started"
+        time.sleep(0.05)
+
+
+def test_multi_objective_study_reports_a_pareto_front_and_young_studies_plot(tmp_path):
+    p = spec(tmp_path, "multi", """
+        space:
+          alpha: {type: categorical, choices: [0.5, 0.7, 0.9]}
+        objective:
+          - {metric: val/acc, summary: test-at-val-best}
+          - {metric: train/reward, summary: final}
+        direction: [maximize, minimize]
+        sampler: {type: grid}
+    """)
+    ctx = prepare_study(p, root=tmp_path / "runs")
+    run_local(ctx, 1, poll_s=0.2, worker_poll_s=0.1)
+    status = study_status(ctx.study_dir)
+    assert status["objectives"] == ["test/acc@best(val/acc)", "final(train/reward)"]
+    assert status["counts"]["complete"] == 3
+    # the stand-in's train reward rises with quality, like val: no point dominates another
+    assert {r["number"] for r in status["best"]} == {0, 1, 2}
+    for r in status["best"]:
+        rd = RunDir(ctx.study_dir / r["runs"][0])
+        rows = rd.read_metrics()
+        evals = [row for row in rows if "val/acc" in row]  # sorted by step
+        best_val = max(row["val/acc"] for row in evals)
+        at_best = next(row for row in evals if row["val/acc"] == best_val)  # earliest on ties
+        assert r["values"][0] == pytest.approx(at_best["test/acc"])
+        assert r["values"][1] == pytest.approx(rows[-1]["train/reward"])
+    plots = {q.name for q in write_study_plots(ctx.study_dir, tmp_path / "plots")}
+    assert {"optuna_history_obj0.png", "optuna_history_obj1.png"} <= plots
+
+    # a study with a single complete trial still plots what it can, without error
+    p = spec(tmp_path, "young", """
+        space:
+          alpha: {type: categorical, choices: [0.5, 0.7]}
+        sampler: {type: grid}
+        n_trials: 1
+    """)
+    ctx = prepare_study(p, root=tmp_path / "runs")
+    run_local(ctx, 1, poll_s=0.2, worker_poll_s=0.1)
+    plots = {q.name for q in write_study_plots(ctx.study_dir, tmp_path / "plots_young")}
+    assert "optuna_history.png" in plots and "optuna_importances.png" not in plots
