@@ -203,7 +203,7 @@ def _write_cache(sweep_dir: Path, entries: dict[str, _Entry]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{CACHE_FILE}.{os.getpid()}.tmp")
     try:
-        pq.write_table(table, tmp, compression="zstd")
+        pq.write_table(table, tmp, compression="snappy")  # noisy floats barely compress: favour speed
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
@@ -405,8 +405,9 @@ def _assemble(run_dirs: list[RunDir], entries: dict[Path, _Entry]) -> RunSet:
         lengths = [b - a for a, b in slices.values()]
         codes = np.repeat(np.arange(len(ids)), lengths)
         wide.insert(0, "run_id", pd.Categorical.from_codes(codes, categories=ids))
-        metric_cols = sorted(c for c in wide.columns if c not in ("run_id", "step"))
-        wide = wide[["run_id", "step", *metric_cols]]
+        metric_cols = [c for c in wide.columns if c not in ("run_id", "step")]
+        if metric_cols != sorted(metric_cols):  # reordering copies every column: only when needed
+            wide = wide[["run_id", "step", *sorted(metric_cols)]]
     else:
         wide = pd.DataFrame({"run_id": pd.Series([], dtype=object), "step": pd.Series([], dtype=np.int64)})
     return RunSet(runs=runs, wide=wide, warnings=warnings, slices=slices)
