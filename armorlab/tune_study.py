@@ -85,14 +85,19 @@ def fs_type(path: str | os.PathLike, mounts: str = "/proc/mounts") -> str | None
     return best_type
 
 
+_warned: set[str] = set()
+
+
 def warn_if_network_fs(path: str | os.PathLike, what: str, mounts: str = "/proc/mounts") -> str | None:
-    """Log a warning (and return it) when ``path`` lives on a network file system."""
+    """Log a warning (once per path and process) and return it when ``path`` is on a network FS."""
     kind = fs_type(path, mounts)
     if kind in NETWORK_FS:
         msg = (f"{what} {path} is on a network file system ({kind}): journal files and SQLite "
                "databases on NFS are known to corrupt or lock up; use --storage postgresql://... "
                "for a cluster")
-        log.warning(msg)
+        if msg not in _warned:
+            _warned.add(msg)
+            log.warning(msg)
         return msg
     return None
 

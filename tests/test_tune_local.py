@@ -85,6 +85,11 @@ def test_six_trial_study_finds_the_optimum_with_two_workers(tmp_path):
     assert "6/6 finished" in out.stdout and "auc(val/acc)" in out.stdout
     best_line = next(ln for ln in out.stdout.splitlines() if f"│ {status['best'][0]['number']} " in ln)
     assert "0.7" in best_line and "80" in best_line
+    # running it again resumes the study, which has nothing left to do
+    again = subprocess.run([sys.executable, "-m", "armorlab.cli", "tune", str(p), "--root", str(tmp_path / "runs")],
+                           capture_output=True, text=True)
+    assert again.returncode == 0 and "already has 6 finished trials" in again.stdout
+    assert len(trials(ctx.study_dir)) == 6
     plots = write_study_plots(ctx.study_dir, tmp_path / "plots")
     names = {q.name for q in plots}
     assert {"optuna_history.png", "optuna_importances.png", "optuna_slice.png", "optuna_contour.png"} <= names

@@ -33,7 +33,8 @@ def _print_status(status: dict, console) -> None:
 def register(app: typer.Typer) -> None:
     @app.command("tune")
     def tune(
-        spec: Path = typer.Argument(..., help="Study spec: a sweep spec with a `search:` section."),
+        spec: Path = typer.Argument(..., help="Study spec: a sweep spec with a `search:` section (with "
+                                    "--status, a study dir works too)."),
         executor: str = typer.Option(None, "--executor", help="local | slurm (default: the profile's)."),
         workers: int = typer.Option(None, "--workers", "-w", help="Parallel workers (local processes or "
                                     "Slurm array tasks); default: the profile's `workers`."),
@@ -70,8 +71,11 @@ def register(app: typer.Typer) -> None:
         # piped or logged output gets rich's 80-column default: too narrow for params + run ids
         console = Console() if sys.stdout.isatty() else Console(width=160)
         if status:
-            sweep, _ = load_study_spec(spec)
-            study_dir = root / sweep.name
+            if spec.is_dir():
+                study_dir = spec
+            else:
+                sweep, _ = load_study_spec(spec)
+                study_dir = root / sweep.name
             if not is_study_dir(study_dir):
                 raise ArmorLabError("no study here yet: run `armorlab tune SPEC` first", key="study_dir",
                                     value=str(study_dir), file=str(spec))
@@ -96,6 +100,12 @@ def register(app: typer.Typer) -> None:
                           "on NFS prefer --storage postgresql://...", style="yellow")
 
         n_trials = ctx.search.n_trials
+        current = study_status(ctx.study_dir)
+        if current["counts"]["finished"] >= n_trials:
+            _print_status(current, console)
+            console.print(f"the study already has {n_trials} finished trials; raise search.n_trials to "
+                          "continue it")
+            return
         if kind == "local":
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
