@@ -506,3 +506,30 @@ def test_multi_objective_study_reports_a_pareto_front_and_young_studies_plot(tmp
     run_local(ctx, 1, poll_s=0.2, worker_poll_s=0.1)
     plots = {q.name for q in write_study_plots(ctx.study_dir, tmp_path / "plots_young")}
     assert "optuna_history.png" in plots and "optuna_importances.png" not in plots
+
+
+def test_a_trial_trains_every_seed_and_scores_their_mean(tmp_path):
+    import numpy as np
+
+    p = spec(tmp_path, "seeds", """
+        space:
+          alpha: {type: categorical, choices: [0.6, 0.8]}
+        sampler: {type: grid}
+    """, seeds="[0, 1]")
+    ctx = prepare_study(p, root=tmp_path / "runs")
+    run_local(ctx, 1, poll_s=0.2, worker_poll_s=0.1)
+    for t in trials(ctx.study_dir):
+        assert t.state == TrialState.COMPLETE and len(t.user_attrs["runs"]) == 2
+        aucs = []
+        for rid, seed in zip(t.user_attrs["runs"], (0, 1), strict=True):
+            rd = RunDir(ctx.study_dir / rid)
+            assert rd.read_config()["seed"] == seed and rd.read_config()["alpha"] == t.params["alpha"]
+            pts = [(r["step"], r["val/acc"]) for r in rd.read_metrics() if "val/acc" in r]
+            s, v = np.array(pts).T
+            aucs.append(np.sum((v[1:] + v[:-1]) / 2 * np.diff(s)) / (s[-1] - s[0]))
+        assert aucs[0] != aucs[1]  # the seeds' noise differs, so the mean is a real average
+        assert t.values[0] == pytest.approx(np.mean(aucs))
+        # pruning follows the first seed: its curve is the one reported
+        first = RunDir(ctx.study_dir / t.user_attrs["runs"][0])
+        assert t.intermediate_values == pytest.approx(
+            {r["step"]: r["val/acc"] for r in first.read_metrics() if "val/acc" in r})
