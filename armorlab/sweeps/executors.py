@@ -86,10 +86,17 @@ class LocalExecutor:
             log.warning("stopping: asking %d running trainer(s) to checkpoint", len(active))
             with lock:
                 stopping.set()
-                jobs = list(active.values())
-            for job in jobs:
-                job.interrupt(signal.SIGTERM)
-            pool.shutdown(wait=True, cancel_futures=True)
+            signalled: set[str] = set()
+            running = [f for f in futures if not f.cancel()]
+            while running:
+                # a job may have been between its start and its Popen: look again until all are done
+                with lock:
+                    jobs = [(rid, job) for rid, job in active.items() if rid not in signalled]
+                for rid, job in jobs:
+                    if job.interrupt(signal.SIGTERM):
+                        signalled.add(rid)
+                _, not_done = wait(running, timeout=0.5)
+                running = list(not_done)
             raise
         finally:
             pool.shutdown(wait=True)
