@@ -91,6 +91,12 @@ def test_known_curves_give_known_table_values(clean_report):
         row = dapo if obj == "dapo" else armor
         assert row[f"{score}_mean"] == pytest.approx(value, abs=1e-9), (obj, score)
     assert dapo["collapsed"] == 3 and armor["collapsed"] == 0
+    assert dapo["drop_rel_mean"] == pytest.approx((0.3 / 0.5 + 0.4 / 0.6 + 0.5 / 0.7) / 3)
+    # window of 5 evals over steps 10..50: val (0.3, 0.5+0.1k, 0.2, 0.2, 0.2) falls while the train
+    # reward rises; over 0..40 val still rises (Σ x·y = −2 − 3 + 0 + 2 + 4 > 0 with x centred)
+    assert dapo["divergence_step_mean"] == 50 and armor["divergence_step_n"] == 0
+    # entropy 1 − s/100 never falls below 10% of its start within 50 steps
+    assert np.isnan(dapo["entropy_collapse_step_mean"]) and dapo["entropy_collapse_step_n"] == 0
     assert np.isnan(armor["collapse_step_mean"])
     # bootstrap CI of the three dapo peaks lies within their range and around the mean
     assert 0.5 <= dapo["peak_ci_low"] < 0.6 < dapo["peak_ci_high"] <= 0.7

@@ -230,6 +230,12 @@ def score_columns(per_run: pd.DataFrame, matched: Sequence[int]) -> list[str]:
     return cols
 
 
+def extra_columns(per_run: pd.DataFrame) -> list[str]:
+    """Scores aggregated into groups.csv but left out of the (already wide) display tables."""
+    return [c for c in ("drop_rel", "divergence_step", "entropy_collapse_step", "length_blowup")
+            if c in per_run.columns]
+
+
 def token_columns(per_run: pd.DataFrame) -> list[str]:
     """Token-sample statistics (tokens/ parquet), aggregated like scores but shown apart."""
     return [c for c in per_run.columns if c.startswith("tok_") and c != "tok_tokens"]
