@@ -40,7 +40,6 @@ log = logging.getLogger(__name__)
 
 TUNE_DIR = ".tune"  # == tune_study.TUNE_DIR (not imported: that module imports optuna)
 STUDY_FILE = "study.json"
-WORKER_EXIT_PREEMPTED = 75
 
 
 def is_study_dir(path: str | os.PathLike) -> bool:

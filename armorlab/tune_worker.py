@@ -135,10 +135,6 @@ class StudyContext:
                    spec_file=data.get("spec_file"), extra={k: v for k, v in data.items() if k not in known})
 
 
-def is_study_dir(path: str | os.PathLike) -> bool:
-    return (Path(path) / TUNE_DIR / STUDY_FILE).is_file()
-
-
 # --------------------------------------------------------------------------- objective values
 def _series(rows: Sequence[Mapping[str, Any]], metric: str) -> tuple[np.ndarray, np.ndarray]:
     pts = [(r["step"], float(r[metric])) for r in rows if r.get(metric) is not None]
