@@ -301,3 +301,20 @@ def test_every_sampler_type_samples_inside_the_space(kind):
         seen.append((round(params["alpha"], 6), params["ref_reset_steps"]))
     if kind in ("grid", "bruteforce"):
         assert len(set(seen)) == 4  # exhaustive samplers never repeat a point
+
+
+def test_pruner_defaults_follow_the_run_config():
+    import optuna
+
+    from armorlab.config import resolve
+    from armorlab.tune_study import CollapsePruner, make_pruner
+
+    base = resolve(BASE)
+    hb = make_pruner(search(pruner={"type": "hyperband"}), base)
+    assert isinstance(hb, optuna.pruners.HyperbandPruner)
+    assert (hb._min_resource, hb._max_resource) == (5, 40)  # first validation step, max_steps
+    med = make_pruner(search(pruner={"type": "median", "warmup_steps": 20}), base)
+    assert isinstance(med, optuna.pruners.MedianPruner) and med._n_warmup_steps == 20
+    col = make_pruner(search(pruner={"type": "collapse", "patience": 2}, direction="minimize"), base)
+    assert isinstance(col, CollapsePruner) and col.sign == -1.0 and col.kwargs == {"patience": 2}
+    assert isinstance(make_pruner(search(), base), optuna.pruners.NopPruner)
