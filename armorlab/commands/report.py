@@ -10,7 +10,7 @@ import typer
 def register(app: typer.Typer) -> None:
     @app.command("report")
     def report(
-        inputs: list[str] = typer.Argument(..., metavar="RECIPE.yaml | RUN_OR_SWEEP_DIR...",
+        inputs: list[str] = typer.Argument(..., metavar="RECIPE.yaml|RUN_OR_SWEEP_DIR",
                                            help="A recipe (analysis/*.yaml), or run/sweep dirs and globs."),
         out: Path = typer.Option(None, "--out", help="Output dir (default: recipe `out:`, a run's or "
                                  "sweep's report/, else reports/<recipe>)."),
