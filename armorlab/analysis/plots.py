@@ -34,6 +34,14 @@ def metric_label(metric: str) -> str:
     return f"{metric} ({unit})" if unit else metric
 
 
+def _step_axis(ax, fontsize=None) -> None:
+    """x axis in optimizer steps, integer ticks only (a short run must not show step 2.5)."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.set_xlabel(STEP_LABEL, fontsize=fontsize)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
 def group_colors(labels: Sequence[str]) -> dict[str, tuple]:
     cmap = plt.get_cmap("tab10" if len(labels) <= 10 else "tab20")
     return {g: cmap(i % cmap.N) for i, g in enumerate(labels)}
@@ -83,7 +91,7 @@ def plot_curves(bands: Mapping[str, CurveBand], metric: str, path: Path, *, lege
     if matched_steps:
         extra.append((plt.Line2D([], [], color="gray", linestyle=":"), "matched steps"))
     ax.set_title(title or f"{metric} per group (mean over seeds, 95% bootstrap CI)")
-    ax.set_xlabel(STEP_LABEL)
+    _step_axis(ax)
     ax.set_ylabel(metric_label(metric))
     ax.grid(alpha=0.3)
     return _finish(fig, ax, path, legend_title, extra_handles=extra)
@@ -103,7 +111,7 @@ def plot_overoptimisation(train: Mapping[str, CurveBand], val: Mapping[str, Curv
     style = [(plt.Line2D([], [], color="gray"), val_metric),
              (plt.Line2D([], [], color="gray", linestyle="--"), train_metric)]
     ax.set_title(f"Over-optimisation: {train_metric} (dashed) vs {val_metric} (solid)")
-    ax.set_xlabel(STEP_LABEL)
+    _step_axis(ax)
     ax.set_ylabel("reward / accuracy (fraction)")
     ax.grid(alpha=0.3)
     return _finish(fig, ax, path, legend_title, extra_handles=style)
@@ -113,19 +121,23 @@ def plot_kl(panels: Mapping[str, Mapping[str, CurveBand]], path: Path, *, legend
             colors: Mapping[str, tuple]) -> Path:
     """Forward and reverse KL over steps, one panel per KL metric (ARMOR Fig. 2b style)."""
     n = len(panels)
-    fig, axes = plt.subplots(1, n, figsize=(5.2 * n, 4.4), squeeze=False, layout="constrained")
+    cols = min(2, n)
+    rows = (n + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 4.0 * rows), squeeze=False, layout="constrained")
     titles = {"reverse": "reverse KL(π_θ‖π_ref)", "forward": "forward KL(π_ref‖π_θ)"}
-    for ax, (metric, bands) in zip(axes[0], panels.items(), strict=True):
+    for ax, (metric, bands) in zip(axes.ravel(), panels.items(), strict=False):
         for g, band in bands.items():
             _band(ax, band, colors[g], g)
         name = metric.split("/", 1)[-1]
         kind = next((v for k, v in titles.items() if name.startswith(k) or name.startswith(f"exact_{k}")), metric)
         ax.set_title(f"{kind}\n{metric}", fontsize=10)
-        ax.set_xlabel(STEP_LABEL)
+        _step_axis(ax)
         ax.set_ylabel(metric_label(metric))
         ax.grid(alpha=0.3)
+    for ax in axes.ravel()[n:]:
+        ax.axis("off")
     fig.suptitle("KL to the reference policy (mean over seeds, 95% bootstrap CI)")
-    return _finish(fig, axes[0][-1], path, legend_title)
+    return _finish(fig, axes.ravel()[n - 1], path, legend_title)
 
 
 def _ecdf(ax, x: np.ndarray, color, label: str, linestyle="-") -> None:
@@ -241,7 +253,7 @@ def plot_curve_grid(panels: Mapping[str, Mapping[str, CurveBand]], path: Path, *
         for g, band in bands.items():
             _band(ax, band, colors[g], g)
         ax.set_title(metric, fontsize=10)
-        ax.set_xlabel(STEP_LABEL, fontsize=8)
+        _step_axis(ax, fontsize=8)
         ax.set_ylabel(metric_label(metric), fontsize=8)
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)

@@ -11,7 +11,7 @@ scores: [selected_test, test@400, auc]  # headline scores: probability of improv
 compare: {baseline: {objective: dapo}}  # or {pairs: [[{objective: armor}, {objective: dapo}]]}
 collapse: {delta: 0.05, patience: 3, window: 5, entropy_frac: 0.1,
            train: train/reward, entropy: train/entropy, length: train/length}
-kl: [kl/reverse_k3, kl/forward_k3]      # the forward/reverse KL figure
+kl: [kl/reverse_k3, kl/forward_k3]      # the KL figure (default: these and kl/exact_*, if logged)
 out: reports/armor_vs_dapo              # default: reports/<recipe name>
 ```
 Every key but ``runs`` is optional; unknown keys and bad values are errors naming the key, the
@@ -31,7 +31,7 @@ from armorlab.errors import ArmorLabError
 
 DEFAULT_CURVES = ("val/acc", "train/reward", "kl/reverse_k3", "kl/forward_k3", "cap/pos_mean",
                   "train/entropy", "val/length", "anchor/rate")
-DEFAULT_KL = ("kl/reverse_k3", "kl/forward_k3")
+DEFAULT_KL = ("kl/reverse_k3", "kl/forward_k3", "kl/exact_reverse", "kl/exact_forward")
 SEED_KEYS = ("seed",)
 KEYS = ("title", "runs", "group_by", "curves", "select", "matched_steps", "scores", "compare",
         "collapse", "kl", "out")
