@@ -190,9 +190,12 @@ def build_report(recipe: Recipe, out_dir: str | Path | None = None, *, cache: bo
     curves = _curves(recipe, rs)
     explicit = set(recipe.curves or ()) | {sel.metric, sel.report}
     _missing_metric_notes(rs, list(dict.fromkeys([sel.metric, sel.report, *curves])), notes, explicit)
-    for g in groups.labels:
-        if len(groups.members[g]) == 1:
-            notes.add(f"group {g} has a single seed: no confidence interval, read its numbers as anecdotes")
+    single = [g for g in groups.labels if len(groups.members[g]) == 1]
+    if len(single) == 1:
+        notes.add(f"group {single[0]} has a single seed: no confidence interval, read its numbers as anecdotes")
+    elif single:
+        notes.add(f"{len(single)} of {len(groups.labels)} groups have a single seed (no confidence interval, "
+                  f"read their numbers as anecdotes): {'; '.join(single[:6])}" + (" …" if len(single) > 6 else ""))
     diff = G.config_diff(rs.runs, groups)
     for row in diff.to_dict("records"):
         mixed = [k for k, v in row.items() if isinstance(v, str) and v.startswith("mixed: ")]
