@@ -20,8 +20,8 @@ log = logging.getLogger(__name__)
 # End-of-sequence markers of common tokenizers. TRL decodes with skip_special_tokens=True so
 # these are normally gone; a caller decoding without that still gets the text before them.
 EOS_MARKERS = ("</s>", "<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<eos>", "<|end|>")
-# math-verify's extraction is regex + sympy; a huge completion could stall it. The boxed final
-# answer sits at the end, so only the tail is parsed.
+# math-verify's extraction is regex + sympy; a huge completion could stall it, and off the main
+# thread there is no timeout. The boxed final answer sits at the end, so only the tail is parsed.
 MATH_TAIL_CHARS = 4000
 MATH_TIMEOUT_S = 5
 
@@ -110,7 +110,11 @@ def parse_gold(answer: str) -> list[Any]:
 
 
 def math_verify_score(completion: Any, answer: Any) -> float:
-    """1.0 if the completion's last boxed answer is mathematically equal to ``answer``, else 0.0."""
+    """1.0 if the completion's boxed answer is mathematically equal to ``answer``, else 0.0.
+
+    Several boxed answers count as one set (math-verify's ``boxed="all"``), so hedging with
+    two candidates does not match a single reference answer.
+    """
     text = completion_text(completion)
     if not text or not isinstance(answer, str) or not answer.strip():
         return 0.0
