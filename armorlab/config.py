@@ -212,7 +212,10 @@ MODEL_FIELDS_TINY: dict[str, Field] = {
     "hidden_size": Field(128, _int(32), "hidden width"),
     "num_layers": Field(3, _int(1), "transformer layers"),
     "num_heads": Field(4, _int(1), "attention heads (head_dim = hidden/heads ≥ 32)"),
-    "warm_start_steps": Field(300, _int(0), "supervised warm-start steps on the train split"),
+    "warm_start_steps": Field(1000, _int(0), "max supervised warm-start steps on the task's train pool"),
+    "warm_start_target": Field(0.6, _optional(_float(0.0, 1.0, lo_open=True)),
+                               "stop the warm start at this greedy accuracy on a dev slice of the "
+                               "pool (null = run all warm_start_steps)"),
     "warm_start_seed": Field(0, _int(0), "seed of the tiny model's init and warm start"),
 }
 
