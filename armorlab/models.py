@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 
 # Bump when the architecture, tokenizer or warm-start recipe changes: old cache entries then
 # stop matching instead of being reused with a different meaning.
-MODEL_VERSION = 2
+MODEL_VERSION = 3
 METADATA = "armorlab_model.json"
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)
@@ -79,13 +79,17 @@ def _file_digest(path: str) -> str:
 def warm_start_settings(task_cfg: Mapping[str, Any]) -> dict[str, Any]:
     """The task settings a tiny model's warm start depends on (part of its cache key).
 
-    Arithmetic warms up on the whole non-held-out pool, so ``train_size`` is left out: every
-    train_size shares one base model. Math warms up on its train split, keyed by the file's
-    content rather than its path.
+    Arithmetic warms up on the pool from ``warm_start_offset`` on, so neither ``train_size`` nor
+    (within the reserve) ``val_size``/``test_size`` is part of the key: those runs share one base
+    model. Math warms up on its train split, keyed by the file's content rather than its path.
     """
     cfg = dict(task_cfg)
     if cfg["name"] == "arithmetic":
-        cfg.pop("train_size", None)
+        from armorlab.tasks.arithmetic import warm_start_offset
+
+        cfg["warm_start_offset"] = warm_start_offset(cfg)
+        for key in ("train_size", "val_size", "test_size"):
+            cfg.pop(key)
     elif cfg["name"] == "math":
         cfg["path"] = _file_digest(cfg["path"])
     return cfg

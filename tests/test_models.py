@@ -124,7 +124,9 @@ def test_cache_reuse_does_not_rebuild(tmp_path):
 def test_cache_key_covers_warm_start_settings(tmp_path):
     key = models.model_key
     m, t = resolve({"model": SMALL})["model"], resolve({"task": SMALL_TASK})["task"]
-    assert key(m, t) == key(m, {**t, "train_size": 999})  # arithmetic warms up on the whole pool
+    assert key(m, t) == key(m, {**t, "train_size": 999})  # the warm-start pool ignores train_size
+    assert key(m, t) == key(m, {**t, "val_size": 4})  # and held-out sizes within the reserve (25 of 100)
+    assert key(m, t) != key(m, {**t, "val_size": 30})  # 38 held out > reserve: the pool starts later
     assert key(m, t) != key(m, {**t, "digits": 2})
     assert key(m, t) != key(m, {**t, "split_seed": 1})  # held-out set changes the pool
     assert key(m, t) != key({**m, "hidden_size": 96}, t)

@@ -73,17 +73,19 @@ def test_answer_format_by_hand():
 
 
 def test_splits_deterministic_disjoint_and_seeded():
-    a, b = arith(split_seed=3), arith(split_seed=3)
-    for split in ("train", "val", "test"):
+    a, b = arith(split_seed=3, train_size=None), arith(split_seed=3, train_size=None)
+    for split in ("train", "val", "test", "warm_start"):
         assert getattr(a, split)["prompt"] == getattr(b, split)["prompt"]
     c = arith(split_seed=4)
     assert c.val["prompt"] != a.val["prompt"]
-    pool, val, test = set(a.warm_start["prompt"]), set(a.val["prompt"]), set(a.test["prompt"])
+    pool, val, test = set(a.train["prompt"]), set(a.val["prompt"]), set(a.test["prompt"])
     assert not (pool & val) and not (pool & test) and not (val & test)
     assert len(val) == 64 and len(test) == 64  # no duplicates inside a split either
-    assert set(a.train["prompt"]) <= pool
     # the whole 10^4-problem space is split: pool = everything not held out
     assert len(pool) == 10_000 - 128
+    # the warm start reads the pool from position 1024 of the seeded order on
+    warm = set(a.warm_start["prompt"])
+    assert warm <= pool and len(warm) == 10_000 - 1024
 
 
 def test_train_size_changes_train_only():
@@ -93,6 +95,8 @@ def test_train_size_changes_train_only():
     assert big.train["prompt"][:16] == list(small.train["prompt"])
     assert len(pool.train) == 10_000 - 128
     assert pool.warm_start["prompt"] == small.warm_start["prompt"]
+    # fewer held-out prompts: same warm-start pool (one shared base model)
+    assert arith(val_size=16, test_size=16).warm_start["prompt"] == small.warm_start["prompt"]
 
 
 def test_huge_space_is_sampled_without_repeats():

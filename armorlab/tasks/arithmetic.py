@@ -15,7 +15,9 @@ Splits: every problem is an index into the space of all ``(10^digits)^operands Â
 val (first ``val_size``), test (next ``test_size``) and then the train pool, so the splits never
 overlap and val/test stay identical whatever ``train_size`` is. ``train_size`` = the first
 prompts of the pool (the fixed small set of the over-optimisation setting); null = the whole
-pool (capped at ``POOL_CAP``), i.e. fresh prompts at every step.
+pool (capped at ``POOL_CAP``), i.e. fresh prompts at every step. The tiny model's supervised
+warm start reads the pool from ``warm_start_offset`` on, which depends on neither train_size
+nor (up to ``WARM_START_RESERVE``) val/test sizes, so all those runs share one base model.
 """
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ from armorlab.tasks.base import Task
 from armorlab.tasks.rewards import exact_match_reward
 
 POOL_CAP = 100_000
+# The tiny model's warm start reads the pool from this position of the seeded order on (or
+# from val+test when more is held out), so val_size/test_size changes up to it keep one base model.
+WARM_START_RESERVE = 1024
 # Below this space size the split is a full permutation; above, order-preserving rejection
 # sampling (the space can be 10^24 problems). The method depends on the space only, never on
 # the requested sizes, so growing train_size never changes val/test.
@@ -106,6 +111,12 @@ def split_indices(space: int, count: int, seed: int) -> list[int]:
     return list(seen)
 
 
+def warm_start_offset(cfg: Mapping[str, Any]) -> int:
+    """Position in the seeded order where the warm-start pool begins (â‰¥ val_size + test_size)."""
+    space = space_size(cfg["digits"], cfg["operands"], cfg["operators"])
+    return max(cfg["val_size"] + cfg["test_size"], min(WARM_START_RESERVE, space // 4))
+
+
 def build(cfg: Mapping[str, Any]) -> Task:
     """Arithmetic task from the resolved ``task`` section (config.TASK_FIELDS["arithmetic"])."""
     from datasets import Dataset
@@ -128,8 +139,9 @@ def build(cfg: Mapping[str, Any]) -> Task:
 
     val_end = cfg["val_size"]
     test_end = val_end + cfg["test_size"]
-    warm = rows(order[test_end:])
-    train = warm if cfg["train_size"] is None else warm.select(range(cfg["train_size"]))
+    pool_rows = rows(order[test_end:])
+    train = pool_rows if cfg["train_size"] is None else pool_rows.select(range(cfg["train_size"]))
+    warm = pool_rows.select(range(warm_start_offset(cfg) - test_end, len(pool_rows)))
     width = len(format_answer(0, digits, operands, operators))
     return Task(name="arithmetic", train=train, val=rows(order[:val_end]), test=rows(order[val_end:test_end]),
                 reward_funcs=[exact_match_reward], warm_start=warm, target_completion=str,
