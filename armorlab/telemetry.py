@@ -56,11 +56,11 @@ def kl_k3(log_ratio: torch.Tensor) -> torch.Tensor:
 def sequence_sum_mean(per_token: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(Σ over sequences of the per-sequence token sum, number of sequences): a sequence-level KL.
 
-    Returned as sum and count so callers can reduce across processes before dividing.
+    Returned as sum and count so callers can reduce across processes before dividing. Leading
+    dimensions of ``per_token`` beyond (B, T) are kept: (E, B, T) gives E sums at once.
     """
-    rows = mask.sum(-1) > 0
-    per_seq = (per_token * mask).sum(-1)
-    return per_seq[rows].sum(), rows.sum().to(per_token.dtype)
+    rows = (mask.sum(-1) > 0).to(per_token.dtype)
+    return (per_token * mask).sum(-1) @ rows, rows.sum()
 
 
 def exact_kl(logits_p: torch.Tensor, logits_q: torch.Tensor) -> torch.Tensor:
@@ -74,40 +74,44 @@ def exact_kl(logits_p: torch.Tensor, logits_q: torch.Tensor) -> torch.Tensor:
 class StepStats:
     """Collect (name → sum, count) pairs and reduce them across processes in ONE collective.
 
-    A name whose global count is 0 is not logged (e.g. ``kl/forward_*`` on a step without anchors).
+    Values stay tensors (no device sync) until ``reduce``, which stacks them and reads them back
+    once. A name whose global count is 0 is not logged (e.g. ``kl/forward_*`` on a step without
+    anchors).
     """
 
     def __init__(self) -> None:
-        self._sums: dict[str, torch.Tensor] = {}
-        self._counts: dict[str, torch.Tensor] = {}
+        self._names: list[str] = []
+        self._values: list[Any] = []  # total, count, total, count, ... (tensors or numbers)
 
     def add(self, name: str, total: torch.Tensor | float, count: torch.Tensor | float) -> None:
-        total = torch.as_tensor(total, dtype=torch.float32).detach().float().reshape(())
-        count = torch.as_tensor(count, dtype=torch.float32).detach().float().reshape(())
-        if name in self._sums:
-            self._sums[name] = self._sums[name] + total.to(self._sums[name].device)
-            self._counts[name] = self._counts[name] + count.to(self._counts[name].device)
-        else:
-            self._sums[name], self._counts[name] = total, count
+        self._names.append(name)
+        self._values += [total, count]
 
     def mean(self, name: str, value: torch.Tensor | float) -> None:
         """A value that is already a mean: averaged over processes (count 1 each)."""
         self.add(name, value, 1.0)
 
     def reduce(self, accelerator: Any = None) -> dict[str, float]:
-        if not self._sums:
+        if not self._names:
             return {}
-        names = list(self._sums)
-        device = getattr(accelerator, "device", None) or torch.device("cpu")
-        stacked = torch.stack([torch.stack([self._sums[n].to(device), self._counts[n].to(device)])
-                               for n in names])
+        flat = [None if torch.is_tensor(v) else float(v) for v in self._values]
+        tensor_at = [i for i, v in enumerate(flat) if v is None]
+        if tensor_at:  # one stack, one read-back
+            tensors = [self._values[i] for i in tensor_at]
+            try:
+                read = torch.stack(tensors).detach().float().tolist()
+            except RuntimeError:  # mixed dtypes or shapes: normalise each first
+                read = torch.stack([t.detach().reshape(()).float() for t in tensors]).tolist()
+            for i, value in zip(tensor_at, read, strict=True):
+                flat[i] = value
         if accelerator is not None and getattr(accelerator, "num_processes", 1) > 1:
-            stacked = accelerator.reduce(stacked, reduction="sum")
-        out = {}
-        for name, (total, count) in zip(names, stacked.tolist(), strict=True):
-            if count > 0:
-                out[name] = total / count
-        return out
+            flat = accelerator.reduce(torch.tensor(flat, device=accelerator.device), reduction="sum").tolist()
+        sums: dict[str, list[float]] = {}
+        for i, name in enumerate(self._names):  # a name added twice accumulates
+            acc = sums.setdefault(name, [0.0, 0.0])
+            acc[0] += flat[2 * i]
+            acc[1] += flat[2 * i + 1]
+        return {name: total / count for name, (total, count) in sums.items() if count > 0}
 
 
 # --------------------------------------------------------------------------- names

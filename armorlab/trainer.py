@@ -316,14 +316,14 @@ class ArmorLabTrainer(GRPOTrainer):
             output = super()._generate_and_score_completions(inputs)
         finally:
             self._rollout_inputs = None
-        if not self.model.training:
+        if "ref_per_token_logps" not in output:  # TRL computes them only when beta != 0
+            output["ref_per_token_logps"] = self._reference_logps(output)
+        if not self.model.training:  # TRL's own evaluation: no anchors, no gate, no telemetry
             return output
         device = self.accelerator.device
         marks, self._rollout_marks = self._rollout_marks, None
         n = output["completion_ids"].size(0)
         start = self.accelerator.process_index * n
-        if "ref_per_token_logps" not in output:
-            output["ref_per_token_logps"] = self._reference_logps(output)
         output["armorlab_reward"] = self._rewards_gathered[start:start + n].to(device)
         output["armorlab_length"] = marks["lengths"].to(device)
         output["armorlab_truncated"] = marks["truncated"].to(device)
@@ -356,9 +356,9 @@ class ArmorLabTrainer(GRPOTrainer):
     def _reference_logps(self, output: dict) -> torch.Tensor:
         ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
         att = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
+        batch = self.args.per_device_train_batch_size if self.model.training else self.args.per_device_eval_batch_size
         logps, _, _ = self._get_per_token_logps_and_entropies(
-            self.ref_model, ids, att, output["completion_ids"].size(1),
-            batch_size=self.args.per_device_train_batch_size)
+            self.ref_model, ids, att, output["completion_ids"].size(1), batch_size=batch)
         return logps
 
     # ------------------------------------------------------------------ loss
@@ -427,11 +427,14 @@ class ArmorLabTrainer(GRPOTrainer):
         stats.mean("obj/policy_loss", out.loss)
         if ref is not None:
             reverse = ref - logp.detach()  # log(π_ref/π_θ) on samples of π_θ
-            for name, fn in (("k1", kl_k1), ("k2", kl_k2), ("k3", kl_k3)):
-                stats.add(f"kl/reverse_{name}", *sequence_sum_mean(fn(reverse), on_tok))
-            anchor_tok = token_mask * is_anchor.float().unsqueeze(1)
-            for name, fn in (("k1", kl_k1), ("k3", kl_k3)):  # anchors are samples of π_ref
-                stats.add(f"kl/forward_{name}", *sequence_sum_mean(fn(-reverse), anchor_tok))
+            totals, count = sequence_sum_mean(torch.stack([kl_k1(reverse), kl_k2(reverse), kl_k3(reverse)]), on_tok)
+            for i, name in enumerate(("k1", "k2", "k3")):
+                stats.add(f"kl/reverse_{name}", totals[i], count)
+            if self.args.anchor:  # anchors are samples of π_ref: forward KL estimates
+                anchor_tok = token_mask * is_anchor.float().unsqueeze(1)
+                totals, count = sequence_sum_mean(torch.stack([kl_k1(-reverse), kl_k3(-reverse)]), anchor_tok)
+                stats.add("kl/forward_k1", totals[0], count)
+                stats.add("kl/forward_k3", totals[1], count)
         cap = probability_capacity(args.objective, olp.detach(), adv, mask, ref_logp=ref, alpha=alpha,
                                    eps_low=self.epsilon_low, eps_high=self.epsilon_high)
         for name, value in capacity_summary(cap, olp.detach(), adv, mask).items():

@@ -215,6 +215,16 @@ def test_unknown_trl_key_is_named(tmp_path):
     assert "'not_a_grpo_field'" in str(err.value)
 
 
+def test_yaml_exponent_strings_are_numbers_for_numeric_trl_fields(tmp_path):
+    # YAML 1.1 reads "1e-5" (no dot) as a string; TrainingArguments would crash in the optimizer
+    args = make_args({**resolved(), "learning_rate": "1e-5", "warmup_steps": "3"}, RunDir(tmp_path))
+    assert args.learning_rate == 1e-5 and args.warmup_steps == 3
+    with pytest.raises(ArmorLabError, match="must be a number") as err:
+        make_args({**resolved(), "learning_rate": "fast"}, RunDir(tmp_path))
+    assert "'learning_rate'" in str(err.value)
+    assert make_args({**resolved(), "lr_scheduler_type": "cosine"}, RunDir(tmp_path)).lr_scheduler_type == "cosine"
+
+
 def test_not_a_run_dir_is_a_user_error(tmp_path):
     with pytest.raises(ArmorLabError, match="no config.yaml"):
         train_run_dir(tmp_path)

@@ -1,0 +1,184 @@
+"""Step-time overhead of ArmorLabTrainer over stock TRL, and the anchor-rollout cost with/without cache.
+
+    .venv/bin/python benchmarks/step_overhead.py [--steps 24] [--rounds 5] [--wall]
+
+Part 1: stock ``GRPOTrainer(loss_type="dapo", beta=0.001)`` against ``ArmorLabTrainer`` with
+objective dapo, up and armor (anchors off; β = 0 there, and the stock side's β = 0.001 makes
+both compute reference log-probs), on the same tiny model, batch, task and seed. The variants
+run in alternating order at learning rate 0 (identical completions everywhere, see below), ``--rounds`` times each, ``--steps`` optimizer steps per run (the
+first generation cycle is warm-up and dropped). Each generation cycle (``steps_per_generation``
+steps: one generation + its updates) is one sample; ratio = median(variant) / median(stock).
+The ArmorLab side runs with its metrics.jsonl writer on (a real run's cost). Target ≤ 1.05.
+
+The clock is the main thread's CPU time (``time.thread_time``) with one intra-op thread, so
+time the scheduler gives other processes on a shared machine is not counted; ``--wall`` uses
+wall-clock time.
+
+Part 2: anchor rollout (ARMOR, gate on) on 4 prompts that recur 4× per reference window
+(one generation batch = the 4 prompts, τ = 8 steps = 4 generations): reference samples per
+step and cycle time with the per-window cache and with it disabled.
+
+Last line: ``overhead_max=<x>`` (the largest part-1 ratio).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=24, help="optimizer steps per run")
+    parser.add_argument("--rounds", type=int, default=5, help="runs per variant, alternated")
+    parser.add_argument("--wall", action="store_true", help="wall-clock instead of thread CPU time")
+    opts = parser.parse_args()
+
+    import logging
+
+    import torch
+    import transformers
+    from transformers import TrainerCallback
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from armorlab.config import resolve
+    from armorlab.launch import make_args
+    from armorlab.models import prepare_model
+    from armorlab.runs import RunDir
+    from armorlab.tasks import build_task
+    from armorlab.telemetry import RunDirLogger
+    from armorlab.trainer import ArmorLabTrainer
+
+    torch.set_num_threads(1)
+    transformers.logging.set_verbosity_error()
+    logging.getLogger("armorlab").setLevel(logging.WARNING)
+    clock = time.perf_counter if opts.wall else time.thread_time
+    work = Path(tempfile.mkdtemp(prefix="armorlab-bench-"))
+
+    class CycleTimer(TrainerCallback):
+        """Clock time per generation cycle (steps_per_generation optimizer steps)."""
+
+        def __init__(self, spg: int) -> None:
+            self.spg, self.cycles, self._start, self._acc, self._n = spg, [], None, 0.0, 0
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            self._start = clock()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            self._acc += clock() - self._start
+            self._n += 1
+            if self._n == self.spg:
+                self.cycles.append(self._acc)
+                self._acc, self._n = 0.0, 0
+
+    base = {"task": {"name": "arithmetic"}, "seed": 0, "max_steps": opts.steps, "val_every": 0,
+            "kl_probe_prompts": 0, "save_steps": 10_000, "logging_steps": 1}
+    # Part 1 trains at learning rate 0: every variant then generates the very same completions
+    # (same seed, same weights), so the comparison is the per-step work and not how long the
+    # completions of diverging policies happen to be. All of that work still runs.
+    frozen = {"learning_rate": 0.0}
+    cfg0 = resolve(base)
+    task = build_task(cfg0["task"])
+    model_path = str(prepare_model(cfg0["model"], cfg0["task"]))
+    spg = cfg0["steps_per_generation"]
+
+    def quiet(trainer):
+        trainer.remove_callback(ProgressCallback)
+        trainer.remove_callback(PrinterCallback)
+        return trainer
+
+    def stock(out: Path):
+        trl_keys = {k: v for k, v in cfg0.items() if k not in ("task", "model") and k in
+                    {f for f in GRPOConfig.__dataclass_fields__}}
+        args = GRPOConfig(output_dir=str(out), use_cpu=True, bf16=False, report_to=[], loss_type="dapo",
+                          **{**trl_keys, **frozen, "beta": 0.001}, save_strategy="no", disable_tqdm=True)
+        return quiet(GRPOTrainer(model_path, task.reward_funcs, args=args, train_dataset=task.train))
+
+    def armorlab(objective: str, **extra):
+        def make(out: Path):
+            cfg = resolve({**base, "objective": objective, **extra})
+            rd = RunDir.create(out, cfg)
+            args = make_args(cfg, rd)
+            args.save_strategy, args.disable_tqdm = "no", True
+            own = build_task(cfg["task"])
+            return quiet(ArmorLabTrainer(model_path, own.reward_funcs, args, train_dataset=own.train,
+                                         tokens_dir=rd.tokens_dir, callbacks=[RunDirLogger(rd)]))
+        return make
+
+    def run(make, out: Path, prepare=None) -> tuple[list[float], object]:
+        shutil.rmtree(out, ignore_errors=True)
+        trainer = make(out)
+        if prepare is not None:
+            prepare(trainer)
+        timer = CycleTimer(spg)
+        trainer.add_callback(timer)
+        trainer.train()
+        return timer.cycles[1:], trainer  # the first cycle warms up allocators and caches
+
+    # ---------------------------------------------------------------- part 1
+    variants = {"stock dapo (beta=0.001)": stock, "armorlab dapo": armorlab("dapo", **frozen),
+                "armorlab up": armorlab("up", **frozen),
+                "armorlab armor (anchor off)": armorlab("armor", anchor=False, anchor_gate=False, **frozen)}
+    cycles: dict[str, list[float]] = {name: [] for name in variants}
+    names = list(variants)
+    for r in range(opts.rounds):
+        order = names[r % len(names):] + names[:r % len(names)]  # rotate who goes first
+        for name in order:
+            times, _ = run(variants[name], work / name.split()[1])
+            cycles[name].extend(times)
+    ref = statistics.median(cycles[names[0]])
+    unit = "wall" if opts.wall else "cpu"
+    print(f"step overhead: {opts.rounds} rounds × {opts.steps} steps, median {unit} time per "
+          f"generation cycle ({spg} steps)")
+    ratios = {}
+    for name in names:
+        med = statistics.median(cycles[name])
+        ratios[name] = med / ref
+        print(f"  {name:30s} {1000 * med:8.1f} ms/cycle  ratio {ratios[name]:.3f}  (n={len(cycles[name])})")
+
+    # ---------------------------------------------------------------- part 2
+    tau = 8
+    anchor_base = {"task": {"name": "arithmetic", "train_size": 4}, "anchor": True, "anchor_gate": True,
+                   "ref_reset_steps": tau, "max_steps": 2 * tau}
+
+    def forget(trainer):
+        rollout = trainer.anchor_rollout
+        original = rollout.run
+
+        def run_without_cache(*args, **kwargs):
+            rollout.cache.clear()
+            return original(*args, **kwargs)
+
+        rollout.run = run_without_cache
+
+    print(f"anchor rollout: 4 prompts, each recurring 4× per reference window (τ={tau} steps), k=4")
+    results = {}
+    for label, prepare in (("with cache", None), ("without cache", forget)):
+        samples, times = [], []
+        for _ in range(max(1, opts.rounds // 2)):
+            t, trainer = run(armorlab("armor", **anchor_base), work / "anchor", prepare)
+            times.extend(t)
+            logged = [h["anchor/ref_samples"] for h in trainer.state.log_history if "anchor/ref_samples" in h]
+            samples.append(sum(logged) / len(logged))
+        results[label] = (statistics.mean(samples), statistics.median(times))
+    for label, (per_step, cycle) in results.items():
+        print(f"  {label:14s} reference samples/step {per_step:6.2f}   {1000 * cycle:8.1f} ms/cycle")
+    saved = results["without cache"][0] / max(results["with cache"][0], 1e-9)
+    print(f"  cache cuts reference sampling {saved:.1f}× "
+          f"(cycle time ratio {results['with cache'][1] / results['without cache'][1]:.3f})")
+    shutil.rmtree(work, ignore_errors=True)
+    print(f"overhead_max={max(r for n, r in ratios.items() if n != names[0]):.3f}")
+
+
+if __name__ == "__main__":
+    main()
