@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from armorlab.config import TINY_MODEL, resolve
+from armorlab.errors import ArmorLabError
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerFast
@@ -184,8 +185,8 @@ def accuracy(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, task: T
     enc = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left")
     was_training = model.training
     model.eval()
-    torch.manual_seed(seed)
-    with torch.no_grad():
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        torch.manual_seed(seed)
         out = model.generate(**enc, do_sample=not greedy, temperature=None if greedy else temperature,
                              top_k=None, top_p=None, max_new_tokens=max_new_tokens, num_return_sequences=n,
                              pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
@@ -252,17 +253,20 @@ def _build(model_cfg: Mapping[str, Any], task_cfg: Mapping[str, Any], target: Pa
     task = build_task(task_cfg)
     tokenizer = build_tokenizer()
     threads = torch.get_num_threads()
-    # One thread: the build is then bit-identical on any machine and does not fight other jobs
-    # for cores; the model is too small for a second thread to pay off.
+    # One thread: the build then does not depend on the core count (reduction order) and does
+    # not fight other jobs for cores; the model is too small for a second thread to pay off.
     torch.set_num_threads(1)
+    # fork_rng: building must not shift the caller's RNG, or a run that finds the model cached
+    # and one that builds it would sample differently.
     try:
-        model = build_model(model_cfg, tokenizer)
-        ws = warm_start(model, tokenizer, task, max_steps=model_cfg["warm_start_steps"],
-                        seed=model_cfg["warm_start_seed"], target=model_cfg["warm_start_target"])
-        val = (list(task.val["prompt"]), list(task.val["answer"]))
-        val_t1 = accuracy(model, tokenizer, task, *val, samples=WS_EVAL_SAMPLES, temperature=1.0,
-                          seed=model_cfg["warm_start_seed"])
-        val_greedy = accuracy(model, tokenizer, task, *val)
+        with torch.random.fork_rng(devices=[]):
+            model = build_model(model_cfg, tokenizer)
+            ws = warm_start(model, tokenizer, task, max_steps=model_cfg["warm_start_steps"],
+                            seed=model_cfg["warm_start_seed"], target=model_cfg["warm_start_target"])
+            val = (list(task.val["prompt"]), list(task.val["answer"]))
+            val_t1 = accuracy(model, tokenizer, task, *val, samples=WS_EVAL_SAMPLES, temperature=1.0,
+                              seed=model_cfg["warm_start_seed"])
+            val_greedy = accuracy(model, tokenizer, task, *val)
     finally:
         torch.set_num_threads(threads)
     # TRL reloads the reference model from config._name_or_path when beta != 0.
@@ -271,6 +275,7 @@ def _build(model_cfg: Mapping[str, Any], task_cfg: Mapping[str, Any], target: Pa
     tokenizer.save_pretrained(target)
     builds += 1
     meta = {
+        # task = the settings of the run that built it; the cache key uses warm_start_settings(task)
         "version": MODEL_VERSION, "model": dict(model_cfg), "task": dict(task_cfg),
         "parameters": sum(p.numel() for p in model.parameters()),
         "warm_start": ws, "val_acc_t1": val_t1, "val_acc_greedy": val_greedy,
@@ -301,7 +306,12 @@ def prepare_model(model_cfg: Mapping[str, Any], task_cfg: Mapping[str, Any], *,
     final = models_dir / f"tiny-{key}"
     if (final / METADATA).is_file():
         return final.resolve()
-    models_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        models_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ArmorLabError(f"cannot create the tiny-model cache: {exc.strerror or exc}",
+                            key="ARMORLAB_CACHE" if cache_dir is None else "cache_dir",
+                            value=str(models_dir.parent)) from None
     lock = FileLock(str(models_dir / f"tiny-{key}.lock"))
     try:
         lock.acquire(timeout=0)

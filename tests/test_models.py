@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from armorlab import models
 from armorlab.config import resolve
+from armorlab.errors import ArmorLabError
 from armorlab.tasks import build_task
 
 DEFAULT = resolve({})
@@ -121,6 +122,16 @@ def test_cache_reuse_does_not_rebuild(tmp_path):
     assert not [p for p in tmp_path.joinpath("models").iterdir() if p.name.startswith(".tiny-")]
 
 
+def test_building_leaves_the_callers_rng_alone(tmp_path):
+    import torch
+
+    torch.manual_seed(7)
+    expected = torch.rand(3)
+    torch.manual_seed(7)
+    models.prepare_model(SMALL, SMALL_TASK, cache_dir=tmp_path)
+    assert torch.equal(torch.rand(3), expected)
+
+
 def test_cache_key_covers_warm_start_settings(tmp_path):
     key = models.model_key
     m, t = resolve({"model": SMALL})["model"], resolve({"task": SMALL_TASK})["task"]
@@ -203,6 +214,14 @@ def test_other_model_names_pass_through(tmp_path, monkeypatch):
     assert str(models.prepare_model({"name": "Qwen/Qwen2.5-0.5B"}, {"name": "arithmetic"})) == "Qwen/Qwen2.5-0.5B"
     assert models.prepare_model(str(tmp_path), "arithmetic") == tmp_path
     assert not (tmp_path / "cache").exists()  # nothing built, nothing cached
+
+
+def test_unusable_cache_dir_is_a_clear_error(tmp_path, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv("ARMORLAB_CACHE", str(blocker / "cache"))
+    with pytest.raises(ArmorLabError, match=r"cannot create the tiny-model cache.*ARMORLAB_CACHE"):
+        models.prepare_model(SMALL, SMALL_TASK)
 
 
 def test_cache_root_from_env(tmp_path, monkeypatch):
