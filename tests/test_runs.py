@@ -75,3 +75,15 @@ def test_find_run_dirs(tmp_path):
     assert [r.id for r in find_run_dirs([a.path])] == [a.id]
     with pytest.raises(ArmorLabError, match="not a run or sweep"):
         find_run_dirs([tmp_path / "nope"])
+
+
+def test_atomic_writes_get_normal_file_permissions(tmp_path):
+    import os
+
+    from armorlab.fsutil import atomic_write_text
+
+    mask = os.umask(0o022)
+    os.umask(mask)
+    target = tmp_path / "x.json"
+    atomic_write_text(target, "{}")
+    assert target.stat().st_mode & 0o777 == 0o666 & ~mask
