@@ -209,7 +209,7 @@ def coerce_number(key: str, value: Any, annotation: Any, file: str | None = None
 
 
 def build_trainer(cfg: dict[str, Any], run_dir: RunDir, callbacks: Iterable[Any] = ()) -> Any:
-    from transformers.trainer_callback import ProgressCallback
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
     from armorlab.models import prepare_model
     from armorlab.tasks import build_task
@@ -223,8 +223,9 @@ def build_trainer(cfg: dict[str, Any], run_dir: RunDir, callbacks: Iterable[Any]
                               val_dataset=task.val, test_dataset=task.test, tokens_dir=run_dir.tokens_dir,
                               callbacks=[RunDirLogger(run_dir), *callbacks])
     # keep the progress bar, drop transformers' printing of every log dict (metrics.jsonl has them)
-    trainer.remove_callback(ProgressCallback)
-    trainer.add_callback(_QuietProgress())
+    trainer.remove_callback(PrinterCallback)
+    if trainer.pop_callback(ProgressCallback) is not None:
+        trainer.add_callback(_QuietProgress())
     return trainer
 
 
