@@ -229,6 +229,15 @@ def build_trainer(cfg: dict[str, Any], run_dir: RunDir, callbacks: Iterable[Any]
     return trainer
 
 
+def _close_progress(trainer: Any) -> None:
+    """A run that died mid-training leaves its progress bar open (on_train_end never ran)."""
+    for cb in getattr(getattr(trainer, "callback_handler", None), "callbacks", []):
+        bar = getattr(cb, "training_bar", None)
+        if bar is not None:
+            bar.close()
+            cb.training_bar = None
+
+
 def _QuietProgress() -> Any:  # noqa: N802 - a factory standing in for a class defined lazily
     from transformers.trainer_callback import ProgressCallback
 
@@ -284,6 +293,7 @@ def train_run_dir(path: str | os.PathLike, *, callbacks: Iterable[Any] = ()) -> 
             log.exception("training failed in %s", run_dir.path)
             reason = one_line(exc)
         run_dir.write_status("failed", reason=reason)
+        _close_progress(trainer)
         return Outcome(run_dir.path, "failed", reason, EXIT_FAILED)
     step = trainer.state.global_step
     if control.preempted and step < trainer.state.max_steps:

@@ -162,7 +162,7 @@ class TokenDump:
     the training RNG.
     """
 
-    COLUMNS = ("step", "row", "position", "token_id", "logp", "old_logp", "ref_logp", "advantage", "is_anchor")
+    COLUMNS = ("step", "group", "position", "token_id", "logp", "old_logp", "ref_logp", "advantage", "is_anchor")
 
     def __init__(self, directory: str | os.PathLike, rate: float, *, seed: int, process_index: int = 0) -> None:
         self.directory = Path(directory)
@@ -174,7 +174,9 @@ class TokenDump:
 
     def record(self, step: int, *, token_ids: torch.Tensor, logp: torch.Tensor, old_logp: torch.Tensor,
                ref_logp: torch.Tensor | None, advantages: torch.Tensor, is_anchor: torch.Tensor | None,
-               mask: torch.Tensor) -> None:
+               mask: torch.Tensor, groups: torch.Tensor | None = None) -> None:
+        """One micro-batch: ``groups`` (B,) are the prompt-group ids (``armorlab_group``); the
+        log-probs are the raw π_θ, π_old and π_ref of each token."""
         if self.rate <= 0:
             return
         gen = torch.Generator().manual_seed(self.seed * 1_000_003 + step * 1_009 + self._micro)
@@ -187,7 +189,7 @@ class TokenDump:
         nan = torch.full(mask.shape, math.nan)
         cols_data = {
             "step": [step] * rows.numel(),
-            "row": rows.tolist(),
+            "group": (rows if groups is None else groups.detach().cpu()[rows]).tolist(),
             "position": cols.tolist(),
             "token_id": token_ids.detach().cpu()[rows, cols].tolist(),
             "logp": logp.detach().float().cpu()[rows, cols].tolist(),

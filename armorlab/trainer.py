@@ -328,8 +328,11 @@ class ArmorLabTrainer(GRPOTrainer):
         output["armorlab_length"] = marks["lengths"].to(device)
         output["armorlab_truncated"] = marks["truncated"].to(device)
         output["armorlab_is_anchor"] = marks["is_anchor"].to(device)
-        output["armorlab_group"] = torch.div(torch.arange(start, start + n, device=device), self.num_generations,
-                                             rounding_mode="floor")
+        # unique over the run: generation index × groups per generation + group within the batch
+        generation = self.state.global_step // (self.args.steps_per_generation * self.num_iterations)
+        first = generation * self.args.generation_batch_size  # global rows per generation
+        output["armorlab_group"] = torch.div(torch.arange(first + start, first + start + n, device=device),
+                                             self.num_generations, rounding_mode="floor")
         keep = torch.ones(n, device=device)
         if self.anchor_rollout is not None:
             counts = torch.tensor([marks["groups"], marks["injected"], marks["cached"], marks["generated"]],
@@ -405,12 +408,12 @@ class ArmorLabTrainer(GRPOTrainer):
         if not torch.isfinite(loss):
             raise NonFiniteLossError(self.state.global_step + 1)
         if training:
-            self._record(stats, inputs, out, logp, olp, ref, adv, mask, token_mask, entropy, is_anchor, alpha,
+            self._record(stats, inputs, out, logp, old, olp, ref, adv, mask, token_mask, entropy, is_anchor, alpha,
                          probability_capacity, capacity_summary)
         return loss
 
     @torch.no_grad()
-    def _record(self, stats, inputs, out, logp, olp, ref, adv, mask, token_mask, entropy, is_anchor, alpha,
+    def _record(self, stats, inputs, out, logp, old, olp, ref, adv, mask, token_mask, entropy, is_anchor, alpha,
                 probability_capacity, capacity_summary) -> None:
         """Per-step telemetry, reduced over processes in one collective and handed to TRL's logger."""
         args = self.args
@@ -448,7 +451,8 @@ class ArmorLabTrainer(GRPOTrainer):
         for name, value in stats.reduce(self.accelerator).items():
             self._metrics["train"][name].append(value)
         self.token_dump.record(self.state.global_step + 1, token_ids=inputs["completion_ids"], logp=logp,
-                               old_logp=olp, ref_logp=ref, advantages=adv, is_anchor=is_anchor, mask=mask)
+                               old_logp=old, ref_logp=ref, advantages=adv, is_anchor=is_anchor, mask=mask,
+                               groups=inputs.get("armorlab_group"))
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if self.model.training and self.anchor_rollout is not None and "loss" in logs:

@@ -85,6 +85,16 @@ def test_run_dir_status_metrics_tokens_and_checkpoints(tmp_path, monkeypatch):
     assert rows[0]["kl/exact_reverse"] == pytest.approx(0.0, abs=1e-6)  # π_θ = π_ref at step 0
     assert rows[4]["kl/exact_reverse"] > 0.0
     assert sorted(p.name for p in rd.tokens_dir.iterdir()) == [f"step-{s:06d}-r0.parquet" for s in (1, 2, 3, 4)]
+    import pyarrow.parquet as pq
+
+    tokens = pq.read_table(rd.tokens_dir / "step-000003-r0.parquet").to_pydict()
+    assert set(tokens) == {"step", "group", "position", "token_id", "logp", "old_logp", "ref_logp", "advantage",
+                           "is_anchor"}
+    n = len(tokens["step"])
+    assert 0 < n < 16 * 8 and set(tokens["step"]) == {3}
+    assert all(x <= 0 for x in tokens["logp"] + tokens["old_logp"] + tokens["ref_logp"])
+    # a generation = 2 steps × 16 rows = 4 groups of 8; step 3 trains on the second one (groups 4-7)
+    assert set(tokens["group"]) <= {4, 5, 6, 7}
     assert [p.name for p in rd.checkpoints()] == ["checkpoint-2", "checkpoint-4"]
     # started again: a completed run is not trained twice
     again = train_run_dir(rd.path)

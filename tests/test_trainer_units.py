@@ -243,9 +243,9 @@ def test_token_dump_writes_a_share_of_masked_tokens(tmp_path):
     path = dump.flush(7)
     table = pq.read_table(path).to_pydict()
     assert path.name == "step-000007-r0.parquet"
-    assert sorted(zip(table["row"], table["position"], strict=True)) == [(0, 0), (0, 1), (1, 0)]
+    assert sorted(zip(table["group"], table["position"], strict=True)) == [(0, 0), (0, 1), (1, 0)]
     assert set(table["logp"]) == {-1.0} and set(table["ref_logp"]) == {-3.0}
-    assert [a for r, a in sorted(zip(table["row"], table["is_anchor"], strict=True))] == [True, True, False]
+    assert [a for r, a in sorted(zip(table["group"], table["is_anchor"], strict=True))] == [True, True, False]
     assert dump.flush(8) is None  # nothing recorded since
     off = TokenDump(tmp_path / "off", 0.0, seed=0)
     off.record(1, token_ids=torch.ones(2, 3, dtype=torch.long), logp=t, old_logp=t, ref_logp=t,
