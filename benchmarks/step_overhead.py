@@ -14,8 +14,8 @@ The clock is the main thread's CPU time (``time.thread_time``) with one intra-op
 time the scheduler gives other processes on a shared machine is not counted; ``--wall`` uses
 wall-clock time.
 
-Part 2: anchor rollout (ARMOR, gate on) on 4 prompts that recur 4× per reference window
-(one generation batch = the 4 prompts, τ = 8 steps = 4 generations): reference samples per
+Part 2: anchor rollout (ARMOR, gate on) on a train set of exactly one generation batch of
+prompts, so each recurs 4× per reference window (τ = 4 generations): reference samples per
 step and cycle time with the per-window cache and with it disabled.
 
 Last line: ``overhead_max=<x>`` (the largest part-1 ratio).
@@ -147,9 +147,12 @@ def main() -> None:
         print(f"  {name:30s} {1000 * med:8.1f} ms/cycle  ratio {ratios[name]:.3f}  (n={len(cycles[name])})")
 
     # ---------------------------------------------------------------- part 2
-    tau = 8
-    anchor_base = {"task": {"name": "arithmetic", "train_size": 4}, "anchor": True, "anchor_gate": True,
-                   "ref_reset_steps": tau, "max_steps": 2 * tau}
+    # the train set is exactly one generation batch, so every prompt recurs once per generation
+    # and 4 times per reference window of 4 generations
+    per_generation = cfg0["per_device_train_batch_size"] * spg // cfg0["num_generations"]
+    tau = 4 * spg
+    anchor_base = {"task": {"name": "arithmetic", "train_size": per_generation}, "anchor": True,
+                   "anchor_gate": True, "ref_reset_steps": tau, "max_steps": 2 * tau}
 
     def forget(trainer):
         rollout = trainer.anchor_rollout
@@ -161,7 +164,8 @@ def main() -> None:
 
         rollout.run = run_without_cache
 
-    print(f"anchor rollout: 4 prompts, each recurring 4× per reference window (τ={tau} steps), k=4")
+    print(f"anchor rollout: {per_generation} prompts, each recurring 4× per reference window (τ={tau} steps), "
+          f"k={cfg0['anchor_samples'] or 4}")
     results = {}
     for label, prepare in (("with cache", None), ("without cache", forget)):
         samples, times = [], []
