@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from accelerate.utils import is_peft_model
 from torch import nn
 from transformers import GenerationConfig, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
@@ -156,7 +157,7 @@ class ArmorLabTrainer(GRPOTrainer):
             raise TypeError("ArmorLabTrainer needs an ArmorLabConfig")
         ref_model = build_reference_model(model, args)  # before TRL patches the policy's forward
         super().__init__(model, reward_funcs, args=args, **kwargs)
-        self._check_reward_funcs(val_dataset is not None or test_dataset is not None)
+        self._check_supported(val_dataset is not None or test_dataset is not None)
         self.reference = ReferencePolicy(self._prepare_reference(ref_model), ref_reset_steps=args.ref_reset_steps,
                                          schedule=args.ref_reset_schedule)
         self.ref_model = self.reference.model  # TRL's β·KL path uses it too
@@ -182,14 +183,17 @@ class ArmorLabTrainer(GRPOTrainer):
         self.add_callback(_ArmorLabCallback(self))
 
     # ------------------------------------------------------------------ set-up helpers
-    def _check_reward_funcs(self, validating: bool) -> None:
-        if not (self.args.anchor or self.args.anchor_gate or validating):
-            return
-        for f in self.reward_funcs:
+    def _check_supported(self, validating: bool) -> None:
+        for f in self.reward_funcs if (self.args.anchor or self.args.anchor_gate or validating) else ():
             if isinstance(f, nn.Module) or is_async_callable(f):
                 raise ArmorLabError("anchors and validation score with plain (sync) reward functions; "
                                     "reward models and async reward functions are not supported",
                                     key="reward_funcs", value=getattr(f, "__name__", type(f).__name__))
+        resets = self.args.ref_reset_steps or self.args.ref_reset_schedule
+        if resets and is_peft_model(self.model):
+            # π_ref is the base model; copying an adapter-wrapped state into it is not defined
+            raise ArmorLabError("reference resets are not supported with a PEFT adapter",
+                                key="ref_reset_steps", value=self.args.ref_reset_steps)
         custom_rollout = self.tools or self.rollout_func is not None or self.environment_factories is not None
         if custom_rollout and (self.args.anchor or self.args.anchor_gate):
             raise ArmorLabError("anchors are not supported with tools, rollout_func or environments",
