@@ -230,3 +230,18 @@ def test_status_and_dry_run_start_light(tmp_path, standin):
                              text=True, check=True)
         loaded = set(filter(None, out.stdout.rsplit("MODULES:", 1)[1].strip().split(",")))
         assert loaded <= allowed, (args, loaded)
+
+
+def test_local_workers_share_the_cores_unless_the_user_set_threads(monkeypatch, tmp_path):
+    import os
+
+    from armorlab.sweeps.executors import LocalExecutor
+    from armorlab.sweeps.profile import load_profile
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    profile = load_profile(None)
+    assert LocalExecutor(tmp_path, profile, workers=2).thread_env() == {"OMP_NUM_THREADS": "4"}
+    assert LocalExecutor(tmp_path, profile, workers=16).thread_env() == {"OMP_NUM_THREADS": "1"}
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert LocalExecutor(tmp_path, profile, workers=2).thread_env() == {}

@@ -21,9 +21,6 @@ def register(app: typer.Typer) -> None:
                                       "read or write the parquet cache."),
     ) -> None:
         """Compare runs: seed statistics, collapse metrics, KL, capacity -> PNG, CSV/MD/LaTeX, HTML."""
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-
         from armorlab.analysis.recipe import load_recipe, recipe_for_paths
         from armorlab.errors import ArmorLabError
 
@@ -37,17 +34,25 @@ def register(app: typer.Typer) -> None:
                 recipe.group_by = keys
         else:
             recipe = recipe_for_paths(inputs, group_by=keys)
-        from armorlab.analysis.report import build_report  # pandas, scipy, matplotlib: after the cheap checks
+        write_report(recipe, out, cache=not no_cache)
 
-        console = Console(stderr=True)
-        with Progress(TextColumn("reading runs"), BarColumn(), MofNCompleteColumn(), console=console,
-                      transient=True) as bar:
-            task = bar.add_task("runs", total=None)
-            result = build_report(recipe, out, cache=not no_cache,
-                                  progress=lambda done, total: bar.update(task, completed=done, total=total))
-        typer.echo(f"{result.index}  ({result.n_runs} runs, {result.n_groups} groups, "
-                   f"{len(result.plots)} plots, {len(result.warnings)} warnings)")
-        for w in result.warnings[:10]:
-            typer.echo(f"warning: {w}", err=True)
-        if len(result.warnings) > 10:
-            typer.echo(f"... {len(result.warnings) - 10} more warnings in {result.index}", err=True)
+
+def write_report(recipe, out: Path | None, *, cache: bool = True) -> None:
+    """Build the report with a progress bar and print where it is (also used by `armorlab demo`)."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    from armorlab.analysis.report import build_report  # pandas, scipy, matplotlib: after the cheap checks
+
+    console = Console(stderr=True)
+    with Progress(TextColumn("reading runs"), BarColumn(), MofNCompleteColumn(), console=console,
+                  transient=True) as bar:
+        task = bar.add_task("runs", total=None)
+        result = build_report(recipe, out, cache=cache,
+                              progress=lambda done, total: bar.update(task, completed=done, total=total))
+    typer.echo(f"{result.index}  ({result.n_runs} runs, {result.n_groups} groups, "
+               f"{len(result.plots)} plots, {len(result.warnings)} warnings)")
+    for w in result.warnings[:10]:
+        typer.echo(f"warning: {w}", err=True)
+    if len(result.warnings) > 10:
+        typer.echo(f"... {len(result.warnings) - 10} more warnings in {result.index}", err=True)

@@ -42,7 +42,7 @@ def register(app: typer.Typer) -> None:
         if plan.executor == "slurm":
             _submit_slurm(plan, wait)
         else:
-            _run_local(plan, workers)
+            run_plan_locally(plan, workers)
 
     @app.command("status")
     def status(
@@ -119,7 +119,8 @@ def _submit_slurm(plan, wait: bool) -> None:
         _watch(plan.sweep_dir, 5.0)
 
 
-def _run_local(plan, workers: int | None) -> None:
+def run_plan_locally(plan, workers: int | None) -> None:
+    """Train a plan's runs here with a progress bar (also used by `armorlab demo`)."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 

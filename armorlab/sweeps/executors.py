@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import signal
 import threading
 from collections.abc import Callable, Sequence
@@ -44,6 +45,13 @@ class LocalExecutor:
         if self.workers < 1:
             raise ArmorLabError("need at least one worker", key="--workers", value=self.workers)
 
+    def thread_env(self) -> dict[str, str]:
+        """Split the cores between the workers: N trainers each using every core run slower than
+        N trainers on a share each. A thread count the user exported wins."""
+        if "OMP_NUM_THREADS" in os.environ:
+            return {}
+        return {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // self.workers))}
+
     def run(self, run_dirs: Sequence[Path], job_ids: Sequence[str], *,
             on_event: OnEvent | None = None) -> dict[str, JobOutcome]:
         """Train every run dir, ``workers`` at a time; returns each run's outcome by run id."""
@@ -61,7 +69,7 @@ class LocalExecutor:
                 active[rid] = job
             on_event("start", rid, job_id)
             try:
-                outcome = job.run(env={"ARMORLAB_JOB_ID": job_id},
+                outcome = job.run(env={"ARMORLAB_JOB_ID": job_id, **self.thread_env()},
                                   log_path=self.sweep_dir / LOGS_DIR / f"{rid}.log")
             finally:
                 with lock:
