@@ -222,16 +222,47 @@ MODEL_FIELDS_TINY: dict[str, Field] = {
 }
 
 
-# --------------------------------------------------------------------------- TRL field names
+# --------------------------------------------------------------------------- TRL fields
 @lru_cache(maxsize=1)
-def grpo_field_names() -> frozenset[str]:
-    """GRPOConfig's field names, shipped as JSON so checking a spec never imports TRL.
-
-    tests/test_config.py compares this list to the installed GRPOConfig; the trainer checks
+def grpo_field_kinds() -> dict[str, str]:
+    """GRPOConfig's fields → value kind (``float``, ``int``, ``bool``, ``str``, ``any``; ``?`` when
+    null is allowed), shipped as JSON (tools/gen_grpo_fields.py) so checking a spec never imports
+    TRL. tests/test_config.py compares it to the installed GRPOConfig; the trainer checks names
     again against the real class when a job starts.
     """
     text = resources.files("armorlab").joinpath("grpo_fields.json").read_text()
-    return frozenset(json.loads(text))
+    return json.loads(text)
+
+
+def grpo_field_names() -> frozenset[str]:
+    return frozenset(grpo_field_kinds())
+
+
+def _check_trl_value(kind: str, value: Any) -> Any:
+    """Numbers become numbers — a YAML ``1e-5`` (a string in YAML 1.1) and ``1.0e-5`` must give one
+    run id, and TrainingArguments would not convert the string — and booleans must be booleans."""
+    base, optional = kind.rstrip("?"), kind.endswith("?")
+    if value is None:
+        if optional or base in ("any", "str"):
+            return None
+        raise _Invalid("must not be null")
+    if base == "float":
+        if isinstance(value, str):
+            try:
+                value = float(value)
+            except ValueError:
+                raise _Invalid("must be a number") from None
+        return _float()(value)
+    if base == "int":
+        if isinstance(value, str):
+            try:
+                value = int(value)
+            except ValueError:
+                raise _Invalid("must be an integer") from None
+        return _int()(value)
+    if base == "bool":
+        return _bool(value)
+    return value
 
 
 def known_keys() -> frozenset[str]:
@@ -376,8 +407,8 @@ def _resolve_model(raw: Any, file: str | None) -> dict[str, Any]:
 def resolve(raw: Mapping[str, Any], *, file: str | None = None) -> dict[str, Any]:
     """Validate ``raw`` and return the fully resolved config (all armorlab defaults filled).
 
-    TRL keys are checked by name here (cheap); their values are checked by GRPOConfig itself
-    when the job starts.
+    TRL keys are checked here by name and, for numbers and booleans, by kind (cheap); the rest
+    of their values is checked by GRPOConfig itself when the job starts.
     """
     if not isinstance(raw, Mapping):
         raise ArmorLabError("config must be a mapping", key="<root>", value=raw, file=file)
@@ -412,6 +443,13 @@ def resolve(raw: Mapping[str, Any], *, file: str | None = None) -> dict[str, Any
     for key, value in raw.items():
         if key not in out and key not in ("task", "model"):
             out[key] = copy.deepcopy(value)
+    kinds = grpo_field_kinds()
+    for key in out:
+        if key in kinds and key not in FIELDS:
+            try:
+                out[key] = _check_trl_value(kinds[key], out[key])
+            except _Invalid as exc:
+                raise ArmorLabError(f"GRPOConfig field {exc}", key=key, value=out[key], file=file) from None
     for key in ("epsilon", "epsilon_high"):
         try:
             out[key] = _float(0.0)(out[key])

@@ -27,7 +27,6 @@ import logging
 import os
 import signal
 import threading
-import typing
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -170,10 +169,9 @@ def make_args(cfg: dict[str, Any], run_dir: RunDir) -> Any:
     kwargs = {**trl_kwargs, **{k: v for k, v in ours.items() if k in FIELDS}}
     types = {f.name: f.type for f in dataclasses.fields(ArmorLabConfig)}
     file = str(run_dir.config_path)
-    for key in sorted(kwargs):
+    for key in sorted(kwargs):  # names were checked against the shipped list; TRL may differ here
         if key not in types:
             raise ArmorLabError("not a field of the installed GRPOConfig", key=key, value=kwargs[key], file=file)
-        kwargs[key] = coerce_number(key, kwargs[key], types[key], file)
     kwargs["output_dir"] = str(run_dir.checkpoints_dir)
     if not torch.cuda.is_available():
         kwargs.setdefault("use_cpu", True)
@@ -184,28 +182,6 @@ def make_args(cfg: dict[str, Any], run_dir: RunDir) -> Any:
         raise ArmorLabError(str(exc).split(" [")[0], key=exc.key, value=exc.value, file=file) from None
     except (TypeError, ValueError) as exc:
         raise ArmorLabError(f"GRPOConfig rejected the config: {exc}", file=file) from None
-
-
-def coerce_number(key: str, value: Any, annotation: Any, file: str | None = None) -> Any:
-    """A string given for a numeric GRPOConfig field, parsed as HfArgumentParser would.
-
-    YAML 1.1 reads ``1e-5`` (no dot) as a string; TrainingArguments does not convert it and
-    training would crash in the optimizer. Fields that also take strings are left alone.
-    """
-    if not isinstance(value, str):
-        return value
-    kinds = set(typing.get_args(annotation)) or {annotation}
-    if str in kinds or any(isinstance(k, type) and issubclass(k, str) for k in kinds):
-        return value
-    for kind in (int, float):
-        if kind in kinds:
-            try:
-                return kind(value)
-            except ValueError:
-                continue
-    if kinds & {int, float}:
-        raise ArmorLabError("must be a number", key=key, value=value, file=file)
-    return value
 
 
 def build_trainer(cfg: dict[str, Any], run_dir: RunDir, callbacks: Iterable[Any] = ()) -> Any:

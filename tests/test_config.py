@@ -88,3 +88,47 @@ def test_load_config_file_and_overrides(tmp_path):
         load_config(bad)
     with pytest.raises(ArmorLabError, match="override must look like"):
         load_config(path, ["alpha"])
+
+
+def test_shipped_grpo_field_kinds_match_installed_trl():
+    import typing
+
+    from trl import GRPOConfig
+
+    from armorlab.config import grpo_field_kinds
+
+    kinds = grpo_field_kinds()
+    for f in dataclasses.fields(GRPOConfig):
+        args = set(typing.get_args(f.type)) or {f.type}
+        if kinds[f.name].startswith("float"):
+            assert float in args, f.name
+        if kinds[f.name].startswith("int"):
+            assert int in args and float not in args and str not in args, f.name
+        if kinds[f.name].startswith("bool"):
+            assert args - {type(None)} == {bool}, f.name
+        assert kinds[f.name].endswith("?") == (type(None) in args and kinds[f.name] != "any"), f.name
+
+
+def test_trl_numbers_are_normalised_so_equal_values_share_a_run_id():
+    from armorlab.runs import run_id
+
+    a = resolve({"learning_rate": "1e-5", "dataloader_num_workers": "3", "epsilon_high": 1})
+    b = resolve({"learning_rate": 1.0e-5, "dataloader_num_workers": 3, "epsilon_high": 1.0})
+    assert a == b and run_id(a) == run_id(b)
+    assert a["learning_rate"] == 1e-5 and a["dataloader_num_workers"] == 3
+    assert isinstance(a["dataloader_num_workers"], int) and isinstance(a["epsilon_high"], float)
+
+
+@pytest.mark.parametrize(
+    "raw, key, value",
+    [
+        ({"learning_rate": "fast"}, "learning_rate", "fast"),
+        ({"dataloader_num_workers": 2.5}, "dataloader_num_workers", 2.5),
+        ({"bf16": "yes"}, "bf16", "yes"),
+        ({"adam_beta1": None}, "adam_beta1", None),
+    ],
+)
+def test_bad_trl_values_name_key_value_and_file(raw, key, value):
+    with pytest.raises(ArmorLabError) as err:
+        resolve(raw, file="spec.yaml")
+    assert f"'{key}'" in str(err.value) and repr(value) in str(err.value) and "spec.yaml" in str(err.value)

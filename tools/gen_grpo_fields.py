@@ -1,0 +1,33 @@
+#!/usr/bin/env python
+"""Regenerate armorlab/grpo_fields.json from the installed TRL: {field: kind}.
+
+    .venv/bin/python tools/gen_grpo_fields.py > armorlab/grpo_fields.json
+
+kind: str / float / int / bool, "?" when null is allowed, "any" for other types. armorlab.config
+checks TRL values by kind without importing TRL; tests/test_config.py checks the file is current.
+"""
+import dataclasses
+import json
+import sys
+import typing
+
+from trl import GRPOConfig
+
+
+def kind(annotation):
+    args = set(typing.get_args(annotation)) or {annotation}
+    optional = type(None) in args
+    args.discard(type(None))
+    if str in args or any(isinstance(a, type) and issubclass(a, str) for a in args):
+        k = "str"
+    elif float in args:
+        k = "float"
+    elif int in args and bool not in args:
+        k = "int"
+    elif args == {bool}:
+        k = "bool"
+    else:
+        k = "any"
+    return k + ("?" if optional and k != "any" else "")
+
+json.dump({f.name: kind(f.type) for f in dataclasses.fields(GRPOConfig)}, sys.stdout, indent=0, sort_keys=True)
