@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
@@ -23,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from armorlab.checks import Invalid, boolean, choice, integer, number, optional, text
 from armorlab.errors import ArmorLabError
 
 OBJECTIVES = ("grpo", "dapo", "dr_grpo", "gspo", "up", "up_gspo", "armor")
@@ -33,74 +33,13 @@ TASKS = ("arithmetic", "math")
 TINY_MODEL = "tiny"
 
 
-class _Invalid(Exception):
-    """Raised by a field check; turned into ArmorLabError with key, value and file."""
-
-
 # --------------------------------------------------------------------------- value checks
-def _bool(v: Any) -> bool:
-    if isinstance(v, bool):
-        return v
-    raise _Invalid("must be true or false")
-
-
-def _int(lo: int | None = None, hi: int | None = None) -> Callable[[Any], int]:
-    def check(v: Any) -> int:
-        if isinstance(v, bool) or not isinstance(v, int):
-            if isinstance(v, float) and v.is_integer():
-                v = int(v)
-            else:
-                raise _Invalid("must be an integer")
-        if lo is not None and v < lo:
-            raise _Invalid(f"must be ≥ {lo}")
-        if hi is not None and v > hi:
-            raise _Invalid(f"must be ≤ {hi}")
-        return v
-    return check
-
-
-def _float(lo: float | None = None, hi: float | None = None, *, lo_open: bool = False,
-           hi_open: bool = False) -> Callable[[Any], float]:
-    def check(v: Any) -> float:
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise _Invalid("must be a number")
-        v = float(v)
-        if not math.isfinite(v):
-            raise _Invalid("must be finite")
-        if lo is not None and (v <= lo if lo_open else v < lo):
-            raise _Invalid(f"must be {'>' if lo_open else '≥'} {lo}")
-        if hi is not None and (v >= hi if hi_open else v > hi):
-            raise _Invalid(f"must be {'<' if hi_open else '≤'} {hi}")
-        return v
-    return check
-
-
-def _choice(*choices: str) -> Callable[[Any], str]:
-    def check(v: Any) -> str:
-        if v not in choices:
-            raise _Invalid(f"must be one of {', '.join(choices)}")
-        return v
-    return check
-
-
-def _optional(inner: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    def check(v: Any) -> Any:
-        return None if v is None else inner(v)
-    return check
-
-
-def _str(v: Any) -> str:
-    if not isinstance(v, str) or not v:
-        raise _Invalid("must be a non-empty string")
-    return v
-
-
 def _dual_clip(v: Any) -> float | None:
     if v is None:
         return None
-    v = _float()(v)
+    v = number()(v)
     if v <= 1.0:
-        raise _Invalid("must be > 1 (or null to disable)")
+        raise Invalid("must be > 1 (or null to disable)")
     return v
 
 
@@ -109,14 +48,14 @@ def _schedule(v: Any) -> list[list[int]] | None:
     if v is None:
         return None
     if not isinstance(v, list) or not v:
-        raise _Invalid("must be a non-empty list of [until_step, tau] pairs")
+        raise Invalid("must be a non-empty list of [until_step, tau] pairs")
     out, last = [], 0
     for pair in v:
         if not isinstance(pair, (list, tuple)) or len(pair) != 2:
-            raise _Invalid("each entry must be a pair [until_step, tau]")
-        until, tau = _int(1)(pair[0]), _int(0)(pair[1])
+            raise Invalid("each entry must be a pair [until_step, tau]")
+        until, tau = integer(1)(pair[0]), integer(0)(pair[1])
         if until <= last:
-            raise _Invalid("until_step values must increase")
+            raise Invalid("until_step values must increase")
         out.append([until, tau])
         last = until
     return out
@@ -124,7 +63,7 @@ def _schedule(v: Any) -> list[list[int]] | None:
 
 def _operators(v: Any) -> str:
     if not isinstance(v, str) or not v or any(c not in "+-*" for c in v) or len(set(v)) != len(v):
-        raise _Invalid("must be a non-empty string of distinct operators from '+-*'")
+        raise Invalid("must be a non-empty string of distinct operators from '+-*'")
     return v
 
 
@@ -137,23 +76,23 @@ class Field:
 
 # --------------------------------------------------------------------------- armorlab's fields
 FIELDS: dict[str, Field] = {
-    "objective": Field("dapo", _choice(*OBJECTIVES), "policy objective"),
-    "alpha": Field(0.8, _float(0.0, 1.0, lo_open=True), "ARMOR mixing weight α in (0, 1]"),
+    "objective": Field("dapo", choice(*OBJECTIVES), "policy objective"),
+    "alpha": Field(0.8, number(0.0, 1.0, lo_open=True), "ARMOR mixing weight α in (0, 1]"),
     "dual_clip": Field(None, _dual_clip, "dual-clip constant c > 1 for A < 0 (verl), null = off"),
-    "aggregation": Field(None, _optional(_choice(*AGGREGATIONS)), "loss aggregation; null = objective's"),
-    "anchor": Field(False, _bool, "inject one reference-policy sample per group (ARMOR Eq. 3)"),
-    "anchor_samples": Field(4, _int(1), "k: reference samples per prompt for the anchor"),
-    "anchor_filter": Field("correct", _choice("correct", "any"), "keep a correct anchor, or the first"),
-    "anchor_gate": Field(False, _bool, "drop groups whose reference found no correct sample"),
-    "anchor_ratio": Field("mixed", _choice("mixed", "behavior", "current"), "ratio on anchor rows"),
-    "anchor_reward_threshold": Field(1.0, _float(), "reward at or above which an anchor is correct"),
-    "ref_reset_steps": Field(0, _int(0), "τ: reset π_ref ← π_θ every τ steps; 0 = static"),
+    "aggregation": Field(None, optional(choice(*AGGREGATIONS)), "loss aggregation; null = objective's"),
+    "anchor": Field(False, boolean, "inject one reference-policy sample per group (ARMOR Eq. 3)"),
+    "anchor_samples": Field(4, integer(1), "k: reference samples per prompt for the anchor"),
+    "anchor_filter": Field("correct", choice("correct", "any"), "keep a correct anchor, or the first"),
+    "anchor_gate": Field(False, boolean, "drop groups whose reference found no correct sample"),
+    "anchor_ratio": Field("mixed", choice("mixed", "behavior", "current"), "ratio on anchor rows"),
+    "anchor_reward_threshold": Field(1.0, number(), "reward at or above which an anchor is correct"),
+    "ref_reset_steps": Field(0, integer(0), "τ: reset π_ref ← π_θ every τ steps; 0 = static"),
     "ref_reset_schedule": Field(None, _schedule, "[[until_step, τ], ...] overriding τ before until_step"),
-    "val_every": Field(10, _int(0), "validate every N steps (and at step 0); 0 = never"),
-    "val_samples": Field(4, _int(1), "k of avg@k / pass@k"),
-    "val_temperature": Field(1.0, _float(0.0), "sampling temperature for validation"),
-    "kl_probe_prompts": Field(8, _int(0), "prompts in the exact-KL probe; 0 = off"),
-    "token_sample_rate": Field(0.0, _float(0.0, 1.0), "share of tokens dumped to tokens/ parquet"),
+    "val_every": Field(10, integer(0), "validate every N steps (and at step 0); 0 = never"),
+    "val_samples": Field(4, integer(1), "k of avg@k / pass@k"),
+    "val_temperature": Field(1.0, number(0.0), "sampling temperature for validation"),
+    "kl_probe_prompts": Field(8, integer(0), "prompts in the exact-KL probe; 0 = off"),
+    "token_sample_rate": Field(0.0, number(0.0, 1.0), "share of tokens dumped to tokens/ parquet"),
 }
 
 # Defaults armorlab sets on TRL fields: sized for the tiny model on a CPU; any of them can be
@@ -191,34 +130,34 @@ MANAGED_KEYS = frozenset({"output_dir", "resume_from_checkpoint", "overwrite_out
 
 TASK_FIELDS: dict[str, dict[str, Field]] = {
     "arithmetic": {
-        "digits": Field(2, _int(1, 6), "digits per operand (zero-padded)"),
-        "operands": Field(2, _int(2, 4), "operands per problem"),
+        "digits": Field(2, integer(1, 6), "digits per operand (zero-padded)"),
+        "operands": Field(2, integer(2, 4), "operands per problem"),
         "operators": Field("+", _operators, "operators drawn from '+-*'"),
-        "train_size": Field(256, _optional(_int(1)), "fixed train prompts; null = fresh every time"),
-        "val_size": Field(64, _int(1), "held-out validation prompts"),
-        "test_size": Field(64, _int(1), "held-out test prompts"),
-        "split_seed": Field(0, _int(0), "seed of the train/val/test split (independent of `seed`)"),
+        "train_size": Field(256, optional(integer(1)), "fixed train prompts; null = fresh every time"),
+        "val_size": Field(64, integer(1), "held-out validation prompts"),
+        "test_size": Field(64, integer(1), "held-out test prompts"),
+        "split_seed": Field(0, integer(0), "seed of the train/val/test split (independent of `seed`)"),
     },
     "math": {
-        "path": Field(None, _str, "local JSONL or parquet file of {problem, answer}"),
-        "problem_key": Field("problem", _str, "column holding the problem text"),
-        "answer_key": Field("answer", _str, "column holding the reference answer"),
-        "val_size": Field(64, _int(1), "rows held out for validation"),
-        "test_size": Field(64, _int(1), "rows held out for test"),
-        "train_size": Field(None, _optional(_int(1)), "cap on training rows; null = all the rest"),
-        "split_seed": Field(0, _int(0), "seed of the split"),
+        "path": Field(None, text, "local JSONL or parquet file of {problem, answer}"),
+        "problem_key": Field("problem", text, "column holding the problem text"),
+        "answer_key": Field("answer", text, "column holding the reference answer"),
+        "val_size": Field(64, integer(1), "rows held out for validation"),
+        "test_size": Field(64, integer(1), "rows held out for test"),
+        "train_size": Field(None, optional(integer(1)), "cap on training rows; null = all the rest"),
+        "split_seed": Field(0, integer(0), "seed of the split"),
     },
 }
 
 MODEL_FIELDS_TINY: dict[str, Field] = {
-    "hidden_size": Field(128, _int(32), "hidden width"),
-    "num_layers": Field(3, _int(1), "transformer layers"),
-    "num_heads": Field(4, _int(1), "attention heads (head_dim = hidden/heads ≥ 32)"),
-    "warm_start_steps": Field(1000, _int(0), "max supervised warm-start steps on the task's train pool"),
-    "warm_start_target": Field(0.6, _optional(_float(0.0, 1.0, lo_open=True)),
+    "hidden_size": Field(128, integer(32), "hidden width"),
+    "num_layers": Field(3, integer(1), "transformer layers"),
+    "num_heads": Field(4, integer(1), "attention heads (head_dim = hidden/heads ≥ 32)"),
+    "warm_start_steps": Field(1000, integer(0), "max supervised warm-start steps on the task's train pool"),
+    "warm_start_target": Field(0.6, optional(number(0.0, 1.0, lo_open=True)),
                                "stop the warm start at this greedy accuracy on a dev slice of the "
                                "pool (null = run all warm_start_steps)"),
-    "warm_start_seed": Field(0, _int(0), "seed of the tiny model's init and warm start"),
+    "warm_start_seed": Field(0, integer(0), "seed of the tiny model's init and warm start"),
 }
 
 
@@ -230,8 +169,7 @@ def grpo_field_kinds() -> dict[str, str]:
     TRL. tests/test_config.py compares it to the installed GRPOConfig; the trainer checks names
     again against the real class when a job starts.
     """
-    text = resources.files("armorlab").joinpath("grpo_fields.json").read_text()
-    return json.loads(text)
+    return json.loads(resources.files("armorlab").joinpath("grpo_fields.json").read_text())
 
 
 def grpo_field_names() -> frozenset[str]:
@@ -245,23 +183,23 @@ def _check_trl_value(kind: str, value: Any) -> Any:
     if value is None:
         if optional or base in ("any", "str"):
             return None
-        raise _Invalid("must not be null")
+        raise Invalid("must not be null")
     if base == "float":
         if isinstance(value, str):
             try:
                 value = float(value)
             except ValueError:
-                raise _Invalid("must be a number") from None
-        return _float()(value)
+                raise Invalid("must be a number") from None
+        return number()(value)
     if base == "int":
         if isinstance(value, str):
             try:
                 value = int(value)
             except ValueError:
-                raise _Invalid("must be an integer") from None
-        return _int()(value)
+                raise Invalid("must be an integer") from None
+        return integer()(value)
     if base == "bool":
-        return _bool(value)
+        return boolean(value)
     return value
 
 
@@ -330,11 +268,11 @@ def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, An
 def load_yaml_mapping(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        content = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ArmorLabError(f"cannot read file: {exc.strerror}", file=str(path)) from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.safe_load(content)
     except yaml.YAMLError as exc:
         raise ArmorLabError(f"invalid YAML: {exc}", file=str(path)) from None
     if data is None:
@@ -359,7 +297,7 @@ def _check_section(fields: Mapping[str, Field], raw: Mapping[str, Any], prefix: 
         value = raw.get(key, field.default)
         try:
             out[key] = field.check(value)
-        except _Invalid as exc:
+        except Invalid as exc:
             raise ArmorLabError(str(exc), key=f"{prefix}.{key}", value=value, file=file) from None
     return out
 
@@ -388,8 +326,8 @@ def _resolve_model(raw: Any, file: str | None) -> dict[str, Any]:
                             file=file)
     name = raw.get("name", TINY_MODEL)
     try:
-        _str(name)
-    except _Invalid as exc:
+        text(name)
+    except Invalid as exc:
         raise ArmorLabError(str(exc), key="model.name", value=name, file=file) from None
     if name == TINY_MODEL:
         out = {"name": name, **_check_section(MODEL_FIELDS_TINY, raw, "model", file)}
@@ -425,7 +363,7 @@ def resolve(raw: Mapping[str, Any], *, file: str | None = None) -> dict[str, Any
     objective = raw.get("objective", FIELDS["objective"].default)
     try:
         objective = FIELDS["objective"].check(objective)
-    except _Invalid as exc:
+    except Invalid as exc:
         raise ArmorLabError(str(exc), key="objective", value=objective, file=file) from None
     defaults = {**{k: f.default for k, f in FIELDS.items()}, **TRL_DEFAULTS, **DEFAULT_EPS,
                 **PRESETS.get(objective, {})}
@@ -437,7 +375,7 @@ def resolve(raw: Mapping[str, Any], *, file: str | None = None) -> dict[str, Any
         if key in FIELDS:
             try:
                 value = FIELDS[key].check(value)
-            except _Invalid as exc:
+            except Invalid as exc:
                 raise ArmorLabError(str(exc), key=key, value=value, file=file) from None
         out[key] = copy.deepcopy(value)
     for key, value in raw.items():
@@ -448,17 +386,17 @@ def resolve(raw: Mapping[str, Any], *, file: str | None = None) -> dict[str, Any
         if key in kinds and key not in FIELDS:
             try:
                 out[key] = _check_trl_value(kinds[key], out[key])
-            except _Invalid as exc:
+            except Invalid as exc:
                 raise ArmorLabError(f"GRPOConfig field {exc}", key=key, value=out[key], file=file) from None
     for key in ("epsilon", "epsilon_high"):
         try:
-            out[key] = _float(0.0)(out[key])
-        except _Invalid as exc:
+            out[key] = number(0.0)(out[key])
+        except Invalid as exc:
             raise ArmorLabError(str(exc), key=key, value=out[key], file=file) from None
     for key in ("seed", "max_steps", "num_generations", "per_device_train_batch_size"):
         try:
-            out[key] = _int(0 if key == "seed" else 1)(out[key])
-        except _Invalid as exc:
+            out[key] = integer(0 if key == "seed" else 1)(out[key])
+        except Invalid as exc:
             raise ArmorLabError(str(exc), key=key, value=out[key], file=file) from None
     if out["num_generations"] < 2:
         raise ArmorLabError("GRPO needs at least 2 generations per prompt", key="num_generations",

@@ -224,25 +224,27 @@ def _clipped(b: _Batch, ratio: torch.Tensor, *, unbounded_positive: bool = False
     return _Surrogate(clipped_surrogate(ratio, b.adv, lo, hi), ratio, lo, hi, plain_log_ratio, plain_ratio)
 
 
-def _grpo(b: _Batch) -> _Surrogate:
-    """GRPO (Shao et al. 2024, Eq. 3): −min(r_t·A, clip(r_t, 1−ε, 1+ε)·A) per token; seq-mean-token-mean."""
+def _token_clipped(b: _Batch) -> _Surrogate:
+    """The PPO clipped surrogate on the token ratio r_t; the three objectives below differ only in
+    ε defaults and aggregation."""
     log_r = token_log_ratio(b.logp, b.old_logp)
     ratio = torch.exp(log_r)
     return _clipped(b, ratio, plain_log_ratio=log_r, plain_ratio=ratio)
+
+
+def _grpo(b: _Batch) -> _Surrogate:
+    """GRPO (Shao et al. 2024, Eq. 3): −min(r_t·A, clip(r_t, 1−ε, 1+ε)·A) per token; seq-mean-token-mean."""
+    return _token_clipped(b)
 
 
 def _dapo(b: _Batch) -> _Surrogate:
     """DAPO (Yu et al. 2025): the same surrogate with decoupled ε_low/ε_high; token-mean."""
-    log_r = token_log_ratio(b.logp, b.old_logp)
-    ratio = torch.exp(log_r)
-    return _clipped(b, ratio, plain_log_ratio=log_r, plain_ratio=ratio)
+    return _token_clipped(b)
 
 
 def _dr_grpo(b: _Batch) -> _Surrogate:
     """Dr. GRPO (Liu et al. 2025): the same surrogate; sum per sequence / L_max (seq-mean-token-sum-norm)."""
-    log_r = token_log_ratio(b.logp, b.old_logp)
-    ratio = torch.exp(log_r)
-    return _clipped(b, ratio, plain_log_ratio=log_r, plain_ratio=ratio)
+    return _token_clipped(b)
 
 
 def _gspo(b: _Batch) -> _Surrogate:

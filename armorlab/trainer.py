@@ -39,7 +39,8 @@ from trl.models.utils import unwrap_model_for_generation
 from trl.trainer.utils import RepeatSampler, add_fused_lm_head, is_async_callable
 
 from armorlab import anchors as anc
-from armorlab.config import FIELDS, INERT_KEYS, _Invalid
+from armorlab.checks import Invalid
+from armorlab.config import FIELDS, INERT_KEYS
 from armorlab.errors import ArmorLabError
 from armorlab.evaluation import Validator
 from armorlab.reference import ReferencePolicy, build_reference_model
@@ -101,7 +102,7 @@ class ArmorLabConfig(GRPOConfig):
                 value = spec.default
             try:
                 setattr(self, name, spec.check(value))
-            except _Invalid as exc:
+            except Invalid as exc:
                 raise ArmorLabError(str(exc), key=name, value=value) from None
         unsupported = {
             "sync_ref_model": (self.sync_ref_model, "use ref_reset_steps / ref_reset_schedule"),

@@ -34,6 +34,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from armorlab import checks
+from armorlab.checks import Invalid, choice, integer, text
 from armorlab.config import load_yaml_mapping
 from armorlab.errors import ArmorLabError
 
@@ -42,47 +44,24 @@ LAUNCHERS = ("python", "accelerate")
 _SBATCH_KEY = re.compile(r"^[a-z][a-z0-9_-]*$")
 
 
-class _Bad(Exception):
-    pass
-
-
-def _opt_str(v: Any) -> str | None:
-    if v is None or (isinstance(v, str) and v):
-        return v
-    raise _Bad("must be a non-empty string or null")
-
-
 def _int_at_least(lo: int, *, optional: bool = False) -> Callable[[Any], int | None]:
-    def check(v: Any) -> int | None:
-        if v is None and optional:
-            return None
-        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-            raise _Bad(f"must be an integer ≥ {lo}" + (" or null" if optional else ""))
-        return v
-    return check
+    check = integer(lo)
+    return checks.optional(check) if optional else check
 
 
 def _mem(v: Any) -> float | None:
     if v is None:
         return None
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
-        raise _Bad("must be a positive number of GB or null")
+        raise Invalid("must be a positive number of GB or null")
     return v
-
-
-def _choice(*options: str) -> Callable[[Any], str]:
-    def check(v: Any) -> str:
-        if v not in options:
-            raise _Bad(f"must be one of {', '.join(options)}")
-        return v
-    return check
 
 
 def _lines(v: Any) -> list[str]:
     if v is None:
         return []
     if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
-        raise _Bad("must be a list of shell lines")
+        raise Invalid("must be a list of shell lines")
     return list(v)
 
 
@@ -90,21 +69,21 @@ def _sbatch(v: Any) -> dict[str, Any]:
     if v is None:
         return {}
     if not isinstance(v, Mapping):
-        raise _Bad("must map sbatch option names to values")
+        raise Invalid("must map sbatch option names to values")
     for key, value in v.items():
         if not isinstance(key, str) or not _SBATCH_KEY.match(key):
-            raise _Bad(f"option name {key!r} must look like an sbatch long option (e.g. constraint)")
+            raise Invalid(f"option name {key!r} must look like an sbatch long option (e.g. constraint)")
         if not isinstance(value, (str, int, float, bool)):
-            raise _Bad(f"option {key!r} needs a scalar value")
+            raise Invalid(f"option {key!r} needs a scalar value")
     return dict(v)
 
 
 _CHECKS: dict[str, Callable[[Any], Any]] = {
-    "executor": _choice(*EXECUTORS),
+    "executor": choice(*EXECUTORS),
     "workers": _int_at_least(1),
-    "partition": _opt_str,
-    "account": _opt_str,
-    "qos": _opt_str,
+    "partition": checks.optional(text),
+    "account": checks.optional(text),
+    "qos": checks.optional(text),
     "nodes": _int_at_least(1),
     "gpus_per_node": _int_at_least(0),
     "cpus_per_task": _int_at_least(1, optional=True),
@@ -115,9 +94,9 @@ _CHECKS: dict[str, Callable[[Any], Any]] = {
     "max_num_timeout": _int_at_least(0),
     "max_array_size": _int_at_least(1, optional=True),
     "setup": _lines,
-    "launcher": _choice(*LAUNCHERS),
-    "accelerate_config": _opt_str,
-    "python": _opt_str,
+    "launcher": choice(*LAUNCHERS),
+    "accelerate_config": checks.optional(text),
+    "python": checks.optional(text),
     "sbatch": _sbatch,
 }
 
@@ -185,7 +164,7 @@ def parse_profile(data: Mapping[str, Any], *, path: Path | None = None) -> Profi
                                 value=raw, file=file)
         try:
             values[key] = _CHECKS[key](raw)
-        except _Bad as exc:
+        except Invalid as exc:
             raise ArmorLabError(str(exc), key=key, value=raw, file=file) from None
     if values.get("launcher") == "accelerate":
         cfg = values.get("accelerate_config")

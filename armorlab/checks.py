@@ -1,0 +1,72 @@
+"""Value checks shared by every validated file (run configs, sweep specs, profiles).
+
+Each check returns the normalised value or raises ``Invalid`` with what is wrong; the caller,
+who knows the key and the file, turns it into an ArmorLabError.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+
+class Invalid(Exception):
+    """Raised by a check; turned into ArmorLabError with key, value and file by its caller."""
+
+
+def boolean(v: Any) -> bool:
+    if isinstance(v, bool):
+        return v
+    raise Invalid("must be true or false")
+
+
+def integer(lo: int | None = None, hi: int | None = None) -> Callable[[Any], int]:
+    def check(v: Any) -> int:
+        if isinstance(v, bool) or not isinstance(v, int):
+            if isinstance(v, float) and v.is_integer():
+                v = int(v)
+            else:
+                raise Invalid("must be an integer")
+        if lo is not None and v < lo:
+            raise Invalid(f"must be ≥ {lo}")
+        if hi is not None and v > hi:
+            raise Invalid(f"must be ≤ {hi}")
+        return v
+    return check
+
+
+def number(lo: float | None = None, hi: float | None = None, *, lo_open: bool = False,
+           hi_open: bool = False) -> Callable[[Any], float]:
+    def check(v: Any) -> float:
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise Invalid("must be a number")
+        v = float(v)
+        if not math.isfinite(v):
+            raise Invalid("must be finite")
+        if lo is not None and (v <= lo if lo_open else v < lo):
+            raise Invalid(f"must be {'>' if lo_open else '≥'} {lo}")
+        if hi is not None and (v >= hi if hi_open else v > hi):
+            raise Invalid(f"must be {'<' if hi_open else '≤'} {hi}")
+        return v
+    return check
+
+
+def choice(*choices: str) -> Callable[[Any], str]:
+    def check(v: Any) -> str:
+        if v not in choices:
+            raise Invalid(f"must be one of {', '.join(choices)}")
+        return v
+    return check
+
+
+def optional(inner: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    def check(v: Any) -> Any:
+        return None if v is None else inner(v)
+    return check
+
+
+def text(v: Any) -> str:
+    if not isinstance(v, str) or not v:
+        raise Invalid("must be a non-empty string")
+    return v
