@@ -165,8 +165,10 @@ def _status_table(st):
 
     table = Table(title=f"{st.sweep_dir}  " + "  ".join(f"{k}: {v}" for k, v in sorted(st.counts.items())),
                   title_justify="left")
-    for col in ("run", "config", "state", "step", "val/acc", "job", "attempts", "reason"):
-        table.add_column(col, overflow="fold", no_wrap=col in ("run", "state", "step"))
+    for col in ("run", "config", "state", "step", "val/acc", "job", "att.", "reason"):
+        # narrow terminals squeeze config/job/reason, never the short columns
+        table.add_column(col, overflow="fold", no_wrap=col in ("run", "state", "step", "val/acc", "att."),
+                         min_width=14 if col == "config" else None)
     colour = {"completed": "green", "failed": "red", "running": "cyan", "queued": "blue", "lost": "magenta"}
     for r in st.rows:
         step = "-" if r.last_step is None else f"{r.last_step}/{r.max_steps if r.max_steps else '?'}"
@@ -181,6 +183,9 @@ def _print_status(st) -> None:
 
     console = Console()
     console.print(_status_table(st))
+    for r in st.rows:  # in full: a narrow table folds the reason column
+        if r.state == "failed" and r.reason:
+            console.print(f"[red]failed[/] {r.run_id}: {r.reason}", soft_wrap=True)
     if st.warning:
         console.print(f"[yellow]{st.warning}[/]")
 
