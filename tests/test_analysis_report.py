@@ -185,6 +185,28 @@ def test_report_over_failed_running_and_torn_runs_completes_and_warns(tmp_path):
     assert set(runs["state"]) == {"completed", "failed", "running"}
 
 
+def test_metrics_a_config_never_logs_are_not_reported_missing(tmp_path):
+    root = tmp_path / "sw"
+    for seed in (0, 1):
+        dapo = RunDir.create(root, resolve({"objective": "dapo", "seed": seed, "max_steps": 50}))
+        armor = RunDir.create(root, resolve({"objective": "armor", "seed": seed, "max_steps": 50}))
+        for s in EVAL:
+            dapo.append_metrics(s, {"val/acc": 0.5, "kl/reverse_k3": 0.1})
+            # the first armor run lacks anchor/rate although it has anchors on: a real gap
+            extra = {"anchor/rate": 0.9} if seed == 1 else {}
+            armor.append_metrics(s, {"val/acc": 0.5, "kl/reverse_k3": 0.1, "kl/forward_k3": 0.2, **extra})
+        for rd in (dapo, armor):
+            rd.write_status("completed")
+    result = R.build_report(Recipe(runs=[str(root)], curves=["val/acc", "anchor/rate", "kl/forward_k3"],
+                                   title="applicable"), tmp_path / "out")
+    text = "\n".join(result.warnings)
+    assert "kl/forward_k3 missing" not in text  # anchor-free dapo runs cannot log forward KL
+    assert "metric anchor/rate missing in 1/2 runs" in text  # only the armor runs are expected to
+    assert R.logged_under("anchor/gate_drop", {"anchor": False, "anchor_gate": True})
+    assert not R.logged_under("kl/forward_k1", {"anchor": False, "anchor_gate": True})
+    assert R.logged_under("kl/forward_k1", {})  # an older config without the key: assume logged
+
+
 def test_single_seed_and_mixed_groups_warn(tmp_path):
     root = tmp_path / "sw"
     write_run(root, "dapo", 0, dapo_val(0), 0.05)

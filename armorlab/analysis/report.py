@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -76,10 +77,27 @@ def _curves(recipe: Recipe, rs: RunSet) -> list[str]:
     return list(dict.fromkeys(wanted))
 
 
+def logged_under(metric: str, config: Mapping[str, Any]) -> bool:
+    """Whether the trainer logs ``metric`` for a run with this config (design.md's metric list):
+    ``anchor/*`` only with anchors or the gate on, ``kl/forward_*`` (samples of π_ref) only with
+    anchors on. A metric that cannot exist in a run is not reported as missing from it."""
+    def on(key: str) -> bool:  # a config without the key (older run dirs): assume it is logged
+        value = config.get(key)
+        return not isinstance(value, (bool, np.bool_)) or bool(value)
+
+    if metric.startswith("anchor/"):
+        return on("anchor") or on("anchor_gate")
+    if metric.startswith("kl/forward_"):
+        return on("anchor")
+    return True
+
+
 def _missing_metric_notes(rs: RunSet, metrics: Sequence[str], notes: G.Notes, explicit: set[str]) -> None:
-    n = len(rs.run_ids)
+    configs = {r["run_id"]: r for r in rs.runs.to_dict("records")}
     for m in metrics:
-        missing = [r for r in rs.run_ids if not rs.has_metric(r, m)]
+        expected = [r for r in rs.run_ids if logged_under(m, configs[r])]
+        n = len(expected)
+        missing = [r for r in expected if not rs.has_metric(r, m)]
         if not missing:
             continue
         if len(missing) == n:
