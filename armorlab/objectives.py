@@ -345,16 +345,23 @@ def _check_tensor(name: str, t: Any, shape: torch.Size | None) -> None:
         raise _fail(f"shape mismatch: expected {tuple(shape)}", name, tuple(t.shape))
 
 
-def _prepare(objective: str, logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
-             mask: torch.Tensor, ref_logp: torch.Tensor | None, alpha: Any, eps_low: float,
-             eps_high: float, dual_clip: float | None) -> _Batch:
-    _check_tensor("logp", logp, None)
-    if logp.dim() != 2:
-        raise _fail("must be 2-D (B, T)", "logp", tuple(logp.shape))
-    shape = logp.shape
+def _check_batch(name: str, lead: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
+                 mask: torch.Tensor) -> torch.Size:
+    """``lead`` (B, T) sets the shape old_logp and mask must have, and advantages must be (B,)."""
+    _check_tensor(name, lead, None)
+    if lead.dim() != 2:
+        raise _fail("must be 2-D (B, T)", name, tuple(lead.shape))
+    shape = lead.shape
     _check_tensor("old_logp", old_logp, shape)
     _check_tensor("mask", mask, shape)
     _check_tensor("advantages", advantages, torch.Size([shape[0]]))
+    return shape
+
+
+def _prepare(objective: str, logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
+             mask: torch.Tensor, ref_logp: torch.Tensor | None, alpha: Any, eps_low: float,
+             eps_high: float, dual_clip: float | None) -> _Batch:
+    shape = _check_batch("logp", logp, old_logp, advantages, mask)
     if objective == "armor" and ref_logp is None:
         raise _fail("armor needs ref_logp (the reference policy's log-probs)", "ref_logp", None)
     if ref_logp is not None:
@@ -493,13 +500,7 @@ def probability_capacity(objective: str, old_logp: torch.Tensor, advantages: tor
 def capacity_summary(capacity: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
                      mask: torch.Tensor) -> dict[str, float]:
     """``pos_mean``, ``pos_bound_frac``, ``neg_mean`` over unmasked tokens (NaN when a side is empty)."""
-    _check_tensor("capacity", capacity, None)
-    if capacity.dim() != 2:
-        raise _fail("must be 2-D (B, T)", "capacity", tuple(capacity.shape))
-    shape = capacity.shape
-    _check_tensor("old_logp", old_logp, shape)
-    _check_tensor("mask", mask, shape)
-    _check_tensor("advantages", advantages, torch.Size([shape[0]]))
+    shape = _check_batch("capacity", capacity, old_logp, advantages, mask)
     with torch.no_grad():
         m = mask if mask.dtype == torch.bool else mask != 0
         p_old = torch.exp(torch.where(m, old_logp.detach(), old_logp.new_zeros(())))
