@@ -139,6 +139,7 @@ def run_local(ctx: Any, workers: int = 1, *, launch: dict[str, Any] | None = Non
     """
     import optuna
 
+    from armorlab.sweeps.executors import local_thread_env
     from armorlab.tune_study import open_storage
 
     if workers < 1:
@@ -164,6 +165,7 @@ def run_local(ctx: Any, workers: int = 1, *, launch: dict[str, Any] | None = Non
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "armorlab.tune_worker", str(ctx.study_dir), "--index", str(i),
                  "--poll", str(worker_poll_s), *launch_args], stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env={**os.environ, **local_thread_env(workers)},
                 start_new_session=True))  # Ctrl-C reaches this launcher only; it forwards SIGTERM
             fh.close()
         while any(p.poll() is None for p in procs):

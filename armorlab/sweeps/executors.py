@@ -35,6 +35,14 @@ class Interrupted(KeyboardInterrupt):
     """The local sweep was asked to stop (Ctrl-C, SIGTERM from `armorlab cancel`)."""
 
 
+def local_thread_env(workers: int) -> dict[str, str]:
+    """Split this machine's cores between ``workers`` local trainers: N trainers each using every
+    core run slower than N trainers on a share each. A thread count the user exported wins."""
+    if "OMP_NUM_THREADS" in os.environ:
+        return {}
+    return {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // workers))}
+
+
 class LocalExecutor:
     name = "local"
 
@@ -46,11 +54,7 @@ class LocalExecutor:
             raise ArmorLabError("need at least one worker", key="--workers", value=self.workers)
 
     def thread_env(self) -> dict[str, str]:
-        """Split the cores between the workers: N trainers each using every core run slower than
-        N trainers on a share each. A thread count the user exported wins."""
-        if "OMP_NUM_THREADS" in os.environ:
-            return {}
-        return {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // self.workers))}
+        return local_thread_env(self.workers)
 
     def run(self, run_dirs: Sequence[Path], job_ids: Sequence[str], *,
             on_event: OnEvent | None = None) -> dict[str, JobOutcome]:
