@@ -18,9 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import shutil
 import socket
-import subprocess
 import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -33,6 +31,7 @@ from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock, Jou
 from optuna.trial import FrozenTrial, TrialState
 
 from armorlab.errors import ArmorLabError
+from armorlab.sweeps import slurmctl
 from armorlab.tune_space import SearchSpec
 
 log = logging.getLogger(__name__)
@@ -50,9 +49,6 @@ BEAT_GRACE_S = 600
 # File systems on which journal files and SQLite are known to corrupt or dead-lock (no reliable
 # POSIX locks / rename atomicity across clients).
 NETWORK_FS = frozenset({"nfs", "nfs4", "cifs", "smb3", "smbfs", "fuse.sshfs", "afs", "9p", "fuse.glusterfs"})
-# squeue states of a job that may still be running our worker
-_SLURM_ALIVE = frozenset({"RUNNING", "PENDING", "CONFIGURING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD",
-                          "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT", "SUSPENDED", "STOPPED"})
 
 
 @contextlib.contextmanager
@@ -282,19 +278,12 @@ def worker_identity(index: int = 0) -> dict[str, Any]:
 
 
 def slurm_job_alive(job: str) -> bool | None:
-    """True/False from squeue; None when squeue is missing or does not answer."""
-    if shutil.which("squeue") is None:
-        return None
+    """True/False from squeue (the sweep layer's view of live jobs); None when Slurm cannot answer."""
     try:
-        out = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True,
-                             timeout=20)
-    except (OSError, subprocess.TimeoutExpired):
+        states = slurmctl.squeue_states([job])
+    except slurmctl.SlurmUnavailable:
         return None
-    if out.returncode != 0:
-        # "Invalid job id specified": the job has left the queue
-        return False if "invalid job id" in out.stderr.lower() else None
-    states = {s.strip() for s in out.stdout.split()}
-    return bool(states & _SLURM_ALIVE)
+    return slurmctl.is_active(states.get(job))
 
 
 def owner_alive(owner: Mapping[str, Any] | None, me: Mapping[str, Any]) -> bool | None:
