@@ -18,6 +18,8 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
+from armorlab.fsutil import atomic_file
+
 log = logging.getLogger(__name__)
 
 NAMESPACES = ("train/", "val/", "test/", "obj/", "anchor/", "kl/", "cap/", "ref/")
@@ -212,9 +214,7 @@ class TokenDump:
 
         table = pa.table({c: self._rows[c] for c in self.COLUMNS})
         self._rows = {c: [] for c in self.COLUMNS}
-        self.directory.mkdir(parents=True, exist_ok=True)
         path = self.directory / f"step-{step:06d}-r{self.process_index}.parquet"
-        tmp = path.with_name(f".{path.name}.tmp")
-        pq.write_table(table, tmp)
-        os.replace(tmp, path)
+        with atomic_file(path) as tmp:
+            pq.write_table(table, tmp)
         return path

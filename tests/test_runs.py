@@ -87,3 +87,17 @@ def test_atomic_writes_get_normal_file_permissions(tmp_path):
     target = tmp_path / "x.json"
     atomic_write_text(target, "{}")
     assert target.stat().st_mode & 0o777 == 0o666 & ~mask
+
+
+def test_atomic_file_replaces_on_success_and_leaves_the_old_file_on_failure(tmp_path):
+    from armorlab.fsutil import atomic_file
+
+    target = tmp_path / "t.parquet"
+    target.write_text("old")
+    with pytest.raises(RuntimeError), atomic_file(target) as tmp:
+        tmp.write_text("half")
+        raise RuntimeError("writer crashed")
+    assert target.read_text() == "old" and list(tmp_path.iterdir()) == [target]
+    with atomic_file(target) as tmp:
+        tmp.write_text("new")
+    assert target.read_text() == "new" and list(tmp_path.iterdir()) == [target]

@@ -37,7 +37,7 @@ import numpy as np
 import pandas as pd
 
 from armorlab.errors import ArmorLabError
-from armorlab.fsutil import atomic_write_text
+from armorlab.fsutil import atomic_file, atomic_write_text
 from armorlab.runs import RunDir, find_run_dirs
 
 log = logging.getLogger(__name__)
@@ -200,13 +200,8 @@ def _write_cache(sweep_dir: Path, entries: dict[str, _Entry]) -> None:
     meta = json.dumps({"version": CACHE_VERSION, "runs": meta_runs}).encode()
     table = table.replace_schema_metadata({**(table.schema.metadata or {}), _META_KEY: meta})
     path = sweep_dir / CACHE_DIR / CACHE_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{CACHE_FILE}.{os.getpid()}.tmp")
-    try:
+    with atomic_file(path) as tmp:
         pq.write_table(table, tmp, compression="snappy")  # noisy floats barely compress: favour speed
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
     gitignore = path.parent / ".gitignore"
     if not gitignore.exists():
         atomic_write_text(gitignore, "*\n")
