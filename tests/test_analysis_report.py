@@ -276,3 +276,13 @@ def test_cli_report_dirs_and_errors(clean_sweep, tmp_path):
 def test_shipped_recipes_parse(path):
     recipe = load_recipe(path)
     assert recipe.runs and recipe.select.metric == "val/acc"
+
+
+def test_axis_labels_carry_the_units_the_trainer_logs_in():
+    from armorlab.analysis.plots import metric_label
+
+    # kl/* are per-sequence sums averaged over sequences (trainer README), not per-token values
+    assert metric_label("kl/forward_k3") == "kl/forward_k3 (nats/sequence)"
+    assert metric_label("kl/exact_reverse") == "kl/exact_reverse (nats/sequence)"
+    assert metric_label("train/entropy") == "train/entropy (nats/token)"
+    assert metric_label("val/pass@4") == "val/pass@4 (fraction solved)"

@@ -23,10 +23,13 @@ _UNITS = {"acc": "accuracy, avg@k", "reward": "mean reward", "entropy": "nats/to
 
 
 def metric_label(metric: str) -> str:
-    """Axis label with units: ``val/acc (accuracy, avg@k)``, ``kl/forward_k3 (nats/token)``."""
+    """Axis label with units: ``val/acc (accuracy, avg@k)``, ``kl/forward_k3 (nats/sequence)``.
+
+    The trainer logs every ``kl/*`` value as a per-sequence sum of the per-token estimate,
+    averaged over sequences (README, "Train a run"), so KL is in nats per sequence."""
     ns, _, name = metric.partition("/")
     if ns == "kl":
-        unit = "nats/token"
+        unit = "nats/sequence"
     elif name.startswith("pass@"):
         unit = "fraction solved"
     else:
@@ -117,15 +120,25 @@ def plot_overoptimisation(train: Mapping[str, CurveBand], val: Mapping[str, Curv
     return _finish(fig, ax, path, legend_title, extra_handles=style)
 
 
+def _panel_grid(n: int, *, max_cols: int, panel_size: tuple[float, float]):
+    """Small multiples for ``n`` panels: the figure and its axes in reading order, spare ones hidden."""
+    cols = min(max_cols, n)
+    rows = (n + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(panel_size[0] * cols, panel_size[1] * rows), squeeze=False,
+                             layout="constrained")
+    flat = axes.ravel()
+    for ax in flat[n:]:
+        ax.axis("off")
+    return fig, flat
+
+
 def plot_kl(panels: Mapping[str, Mapping[str, CurveBand]], path: Path, *, legend_title: str,
             colors: Mapping[str, tuple]) -> Path:
     """Forward and reverse KL over steps, one panel per KL metric (ARMOR Fig. 2b style)."""
     n = len(panels)
-    cols = min(2, n)
-    rows = (n + cols - 1) // cols
-    fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 4.0 * rows), squeeze=False, layout="constrained")
+    fig, flat = _panel_grid(n, max_cols=2, panel_size=(5.2, 4.0))
     titles = {"reverse": "reverse KL(π_θ‖π_ref)", "forward": "forward KL(π_ref‖π_θ)"}
-    for ax, (metric, bands) in zip(axes.ravel(), panels.items(), strict=False):
+    for ax, (metric, bands) in zip(flat, panels.items(), strict=False):
         for g, band in bands.items():
             _band(ax, band, colors[g], g)
         name = metric.split("/", 1)[-1]
@@ -134,10 +147,8 @@ def plot_kl(panels: Mapping[str, Mapping[str, CurveBand]], path: Path, *, legend
         _step_axis(ax)
         ax.set_ylabel(metric_label(metric))
         ax.grid(alpha=0.3)
-    for ax in axes.ravel()[n:]:
-        ax.axis("off")
     fig.suptitle("KL to the reference policy (mean over seeds, 95% bootstrap CI)")
-    return _finish(fig, axes.ravel()[n - 1], path, legend_title)
+    return _finish(fig, flat[n - 1], path, legend_title)
 
 
 def _ecdf(ax, x: np.ndarray, color, label: str, linestyle="-") -> None:
@@ -245,10 +256,7 @@ def plot_curve_grid(panels: Mapping[str, Mapping[str, CurveBand]], path: Path, *
                     colors: Mapping[str, tuple]) -> Path:
     """Small multiples: every recipe curve, one panel per metric."""
     n = len(panels)
-    cols = min(3, n)
-    rows = (n + cols - 1) // cols
-    fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 3.5 * rows), squeeze=False, layout="constrained")
-    flat = axes.ravel()
+    fig, flat = _panel_grid(n, max_cols=3, panel_size=(4.6, 3.5))
     for ax, (metric, bands) in zip(flat, panels.items(), strict=False):
         for g, band in bands.items():
             _band(ax, band, colors[g], g)
@@ -257,7 +265,5 @@ def plot_curve_grid(panels: Mapping[str, Mapping[str, CurveBand]], path: Path, *
         ax.set_ylabel(metric_label(metric), fontsize=8)
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)
-    for ax in flat[n:]:
-        ax.axis("off")
     fig.suptitle("Other curves (mean over seeds, 95% bootstrap CI)")
     return _finish(fig, flat[min(n, len(flat)) - 1], path, legend_title)
