@@ -34,7 +34,7 @@ from typing import Any
 
 from armorlab.config import FIELDS, load_config, resolve, split_config
 from armorlab.errors import ArmorLabError
-from armorlab.runs import RunDir
+from armorlab.runs import RunDir, slurm_job_id
 
 log = logging.getLogger(__name__)
 
@@ -52,10 +52,9 @@ class Outcome:
 
 
 def job_id_from_env(env: dict[str, str] | None = None) -> str | None:
+    """The Slurm job running this process, else the local executor's ``$ARMORLAB_JOB_ID``."""
     env = os.environ if env is None else env
-    if env.get("SLURM_ARRAY_JOB_ID") and env.get("SLURM_ARRAY_TASK_ID"):
-        return f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"
-    return env.get("SLURM_JOB_ID") or env.get("ARMORLAB_JOB_ID") or None
+    return slurm_job_id(env) or env.get("ARMORLAB_JOB_ID") or None
 
 
 def read_stop_request(run_dir: RunDir) -> str | None:

@@ -51,6 +51,15 @@ def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
+def slurm_job_id(env: Mapping[str, str] | None = None) -> str | None:
+    """Slurm's id of the job running this process as status.json records it: ``"123_4"`` for
+    array task 4 of job 123, ``"123"`` for a plain job, None outside Slurm."""
+    env = os.environ if env is None else env
+    if env.get("SLURM_ARRAY_JOB_ID") and env.get("SLURM_ARRAY_TASK_ID"):
+        return f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"
+    return env.get("SLURM_JOB_ID") or None
+
+
 class RunDir:
     """One run directory. Writers: the training job. Readers: sweeps, status, analysis."""
 

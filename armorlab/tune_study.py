@@ -31,6 +31,7 @@ from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock, Jou
 from optuna.trial import FrozenTrial, TrialState
 
 from armorlab.errors import ArmorLabError
+from armorlab.runs import slurm_job_id
 from armorlab.sweeps import slurmctl
 from armorlab.tune_space import SearchSpec
 
@@ -262,13 +263,6 @@ def process_start_time(pid: int) -> int | None:
         return int(fields[19])  # field 22 overall
     except (IndexError, ValueError):
         return None
-
-
-def slurm_job_id(env: Mapping[str, str] | None = None) -> str | None:
-    env = os.environ if env is None else env
-    if env.get("SLURM_ARRAY_JOB_ID") and env.get("SLURM_ARRAY_TASK_ID"):
-        return f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"
-    return env.get("SLURM_JOB_ID") or None
 
 
 def worker_identity(index: int = 0) -> dict[str, Any]:
