@@ -219,8 +219,10 @@ def test_single_seed_and_mixed_groups_warn(tmp_path):
 
 
 def test_study_dirs_get_an_optuna_section(clean_sweep, tmp_path, monkeypatch):
-    """The hook: a dir armorlab.tune recognises as a study gets its plots and best-trials table."""
-    from armorlab import tune
+    """The report command composes it: a dir armorlab.tune.study recognises as a study gets its
+    plots and best-trials table (analysis itself never imports tune)."""
+    from armorlab.commands.report import compose_report
+    from armorlab.tune import study as tune
 
     def fake_plots(study_dir, out_dir):
         import matplotlib.pyplot as plt
@@ -237,7 +239,7 @@ def test_study_dirs_get_an_optuna_section(clean_sweep, tmp_path, monkeypatch):
     monkeypatch.setattr(tune, "status_table_rows", lambda s: (["#", "val/acc"], [["0", "0.7"]]))
     monkeypatch.setattr(tune, "best_value_summary", lambda s: "3/3 finished")
     monkeypatch.setattr(tune, "write_study_plots", fake_plots)
-    result = R.build_report(Recipe(runs=[str(clean_sweep)]), tmp_path / "out")
+    result = compose_report(Recipe(runs=[str(clean_sweep)]), tmp_path / "out")
     html = result.index.read_text()
     assert f"Optuna study {clean_sweep.name}" in html and "3/3 finished" in html
     parser = _Images()
@@ -286,3 +288,19 @@ def test_axis_labels_carry_the_units_the_trainer_logs_in():
     assert metric_label("kl/exact_reverse") == "kl/exact_reverse (nats/sequence)"
     assert metric_label("train/entropy") == "train/entropy (nats/token)"
     assert metric_label("val/pass@4") == "val/pass@4 (fraction solved)"
+
+
+def test_analysis_never_imports_tune():
+    """design.md layers: tune may use analysis, never the reverse (the report command composes them)."""
+    import ast
+
+    pkg = Path(R.__file__).parent
+    offenders = []
+    for path in sorted(pkg.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            if isinstance(node, ast.ImportFrom) and node.module == "armorlab":
+                names = [f"armorlab.{a.name}" for a in node.names]
+            offenders += [f"{path.name}: {n}" for n in names if n == "armorlab.tune" or n.startswith("armorlab.tune.")]
+    assert offenders == []

@@ -1,5 +1,5 @@
 """Studies run end to end by local worker processes, with the stand-in trainer
-(armorlab.tune_synthetic: the run-dir contract with a closed-form val curve of known optimum)."""
+(armorlab.tune.synthetic_trainer: the run-dir contract with a closed-form val curve of known optimum)."""
 
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ optuna = pytest.importorskip("optuna")
 from optuna.trial import TrialState  # noqa: E402
 
 from armorlab.runs import RunDir  # noqa: E402
-from armorlab.tune import load_study, prepare_study, run_local, study_status, write_study_plots  # noqa: E402
+from armorlab.tune.study import load_study, prepare_study, run_local, study_status, write_study_plots  # noqa: E402
 
-STANDIN = [sys.executable, "-m", "armorlab.tune_synthetic"]
+STANDIN = [sys.executable, "-m", "armorlab.tune.synthetic_trainer"]
 # quality 1 at the optimum; learning_rate is left at 1e-4 (its optimum) unless searched
 BASE = "{objective: armor, max_steps: 30, val_every: 5, learning_rate: 1.0e-4, epsilon_high: 0.3}"
 
@@ -63,7 +63,7 @@ def test_six_trial_study_finds_the_optimum_with_two_workers(tmp_path):
     assert result["worker_exit_codes"] == [0, 0]
     ts = trials(ctx.study_dir)
     assert len(ts) == 6 and all(t.state == TrialState.COMPLETE for t in ts)
-    # the synthetic optimum: alpha 0.7, tau 80 (see armorlab.tune_synthetic.OPTIMUM)
+    # the synthetic optimum: alpha 0.7, tau 80 (see armorlab.tune.synthetic_trainer.OPTIMUM)
     status = study_status(ctx.study_dir)
     assert status["best"][0]["params"] == {"alpha": 0.7, "ref_reset_steps": 80}
     assert status["counts"]["finished"] == 6
@@ -132,7 +132,7 @@ def test_repeated_points_reuse_runs_and_a_second_start_resumes(tmp_path):
 def expected_collapse_prune_step(cfg, delta=0.05, patience=3):
     """Independent check of the collapse rule on the stand-in's curve: the step at which the
     `patience`-th consecutive eval ≥ delta below the running peak is reported."""
-    from armorlab.tune_synthetic import val_acc
+    from armorlab.tune.synthetic_trainer import val_acc
 
     peak, streak = -1.0, 0
     for step in range(0, cfg["max_steps"] + 1, cfg["val_every"]):
@@ -187,7 +187,7 @@ def test_killed_worker_leaves_a_consistent_study_and_its_trial_is_retried(tmp_pa
     ctx = prepare_study(p, root=tmp_path / "runs")
     logs = ctx.tune_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    workers = [subprocess.Popen([sys.executable, "-m", "armorlab.tune_worker", str(ctx.study_dir), "--index", str(i),
+    workers = [subprocess.Popen([sys.executable, "-m", "armorlab.tune.worker", str(ctx.study_dir), "--index", str(i),
                                  "--poll", "0.1"], stdout=open(logs / f"w{i}.log", "ab"),  # noqa: SIM115
                                 stderr=subprocess.STDOUT)
                for i in range(2)]
@@ -241,7 +241,7 @@ def test_sigterm_requeues_the_running_trial_without_counting_a_retry(tmp_path, m
         sampler: {type: grid}
     """, base="{objective: armor, max_steps: 40, val_every: 5}")
     ctx = prepare_study(p, root=tmp_path / "runs")
-    w = subprocess.Popen([sys.executable, "-m", "armorlab.tune_worker", str(ctx.study_dir), "--poll", "0.1"],
+    w = subprocess.Popen([sys.executable, "-m", "armorlab.tune.worker", str(ctx.study_dir), "--poll", "0.1"],
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
     while not any(t.state == TrialState.RUNNING and t.user_attrs.get("runs") for t in trials(ctx.study_dir)):
@@ -265,7 +265,7 @@ def test_sigterm_requeues_the_running_trial_without_counting_a_retry(tmp_path, m
 
 
 def test_reconcile_fails_dead_owners_only_and_respects_max_retries(tmp_path):
-    from armorlab.tune_study import open_storage, reconcile, study_lock, worker_identity
+    from armorlab.tune.backend import open_storage, reconcile, study_lock, worker_identity
 
     p = spec(tmp_path, "rec", """
         space:
@@ -281,7 +281,7 @@ def test_reconcile_fails_dead_owners_only_and_respects_max_retries(tmp_path):
     dead = {**me, "pid": dead_proc.pid, "start": 1}
     live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
-        from armorlab.tune_study import process_start_time
+        from armorlab.tune.backend import process_start_time
 
         alive = {**me, "pid": live.pid, "start": process_start_time(live.pid)}
         t_dead = study.ask({"alpha": optuna.distributions.FloatDistribution(0.5, 1.0)})
@@ -306,7 +306,7 @@ def test_reconcile_fails_dead_owners_only_and_respects_max_retries(tmp_path):
 
 
 def test_unverifiable_owner_is_judged_by_its_beat_file(tmp_path):
-    from armorlab.tune_study import (
+    from armorlab.tune.backend import (
         beat_path,
         open_storage,
         reconcile,
@@ -340,7 +340,7 @@ def test_unverifiable_owner_is_judged_by_its_beat_file(tmp_path):
 
 
 def test_rdb_storage_runs_a_study_and_heartbeats_retry_stale_trials(tmp_path):
-    from armorlab.tune_study import open_storage, quiet_optuna, reconcile, worker_identity
+    from armorlab.tune.backend import open_storage, quiet_optuna, reconcile, worker_identity
 
     url = f"sqlite:///{tmp_path / 'study.db'}"
     p = spec(tmp_path, "rdb", """
@@ -418,7 +418,7 @@ def test_slurm_checkpoint_requeues_the_trial_and_the_worker(tmp_path, monkeypatc
     import pickle
     import threading
 
-    from armorlab.tune import TuneWorkerJob
+    from armorlab.tune.study import TuneWorkerJob
 
     monkeypatch.setenv("ARMORLAB_SYNTHETIC_STEP_S", "0.05")
     p = spec(tmp_path, "ckpt", """

@@ -17,7 +17,7 @@ def test_four_trial_study_with_two_array_workers(tmp_path, slurm_cluster, monkey
     from optuna.trial import TrialState
 
     from armorlab.runs import RunDir
-    from armorlab.tune import load_study
+    from armorlab.tune.study import load_study
 
     spec = tmp_path / "slurm_study.yaml"
     spec.write_text(
@@ -28,7 +28,7 @@ def test_four_trial_study_with_two_array_workers(tmp_path, slurm_cluster, monkey
         "  space: {alpha: {type: categorical, choices: [0.5, 0.6, 0.7, 0.9]}}\n"
         "  sampler: {type: grid}\n"
         "  n_trials: 4\n")
-    env = {"ARMORLAB_TRAIN_COMMAND": json.dumps([sys.executable, "-m", "armorlab.tune_synthetic"]),
+    env = {"ARMORLAB_TRAIN_COMMAND": json.dumps([sys.executable, "-m", "armorlab.tune.synthetic_trainer"]),
            "ARMORLAB_SYNTHETIC_STEP_S": "0.05", "SLURM_CONF": slurm_cluster}
     root = tmp_path / "runs"
     out = run_cli("tune", str(spec), "--executor", "slurm", "--workers", "2", "--profile",

@@ -12,7 +12,7 @@ import textwrap
 import pytest
 
 from armorlab.errors import ArmorLabError
-from armorlab.tune_space import parse_search, trial_config
+from armorlab.tune.space import parse_search, trial_config
 
 BASE = {"objective": "armor", "max_steps": 40, "val_every": 5}
 SPACE = {"alpha": {"type": "float", "low": 0.5, "high": 1.0}}
@@ -124,7 +124,7 @@ def write(tmp_path, text, name="study.yaml"):
 
 
 def test_load_study_spec_rejects_grid_and_missing_validation(tmp_path):
-    from armorlab.tune import load_study_spec
+    from armorlab.tune.study import load_study_spec
 
     p = write(tmp_path, """
         name: s
@@ -162,7 +162,7 @@ def test_cli_bad_spec_exits_2_without_traceback(tmp_path):
 def test_ready_study_spec_in_repo_validates():
     from pathlib import Path
 
-    from armorlab.tune import load_study_spec
+    from armorlab.tune.study import load_study_spec
 
     spec, s = load_study_spec(Path(__file__).parent.parent / "sweeps" / "armor_search.yaml")
     assert spec.name == "armor_search" and set(s.space) >= {"alpha", "ref_reset_steps", "learning_rate"}
@@ -189,16 +189,16 @@ ROWS = [  # merged metric rows as RunDir.read_metrics returns them
     ("test-at-val-best", "minimize", 0.1),
 ])
 def test_summaries(summary, direction, expected):
-    from armorlab.tune_space import ObjectiveSpec
-    from armorlab.tune_worker import summarize
+    from armorlab.tune.space import ObjectiveSpec
+    from armorlab.tune.worker import summarize
 
     obj = ObjectiveSpec("val/acc", summary, "test/acc" if summary == "test-at-val-best" else None)
     assert summarize(ROWS, obj, direction) == pytest.approx(expected)
 
 
 def test_summary_of_a_missing_metric_is_an_error():
-    from armorlab.tune_space import ObjectiveSpec
-    from armorlab.tune_worker import summarize
+    from armorlab.tune.space import ObjectiveSpec
+    from armorlab.tune.worker import summarize
 
     with pytest.raises(ValueError, match="val/length"):
         summarize(ROWS, ObjectiveSpec("val/length", "final"), "maximize")
@@ -206,7 +206,7 @@ def test_summary_of_a_missing_metric_is_an_error():
 
 # --------------------------------------------------------------------------- collapse pruner
 def test_collapse_pruner_prunes_only_a_curve_that_stays_down():
-    from armorlab.tune_study import CollapsePruner
+    from armorlab.tune.pruners import CollapsePruner
 
     p = CollapsePruner(delta=0.05, patience=3)
     rising = {0: 0.1, 10: 0.3, 20: 0.5, 30: 0.6}
@@ -223,7 +223,7 @@ def test_collapse_pruner_prunes_only_a_curve_that_stays_down():
 
 # --------------------------------------------------------------------------- storage safety
 def test_nfs_is_detected_from_the_mount_table(tmp_path):
-    from armorlab.tune_study import fs_type, warn_if_network_fs
+    from armorlab.tune.backend import fs_type, warn_if_network_fs
 
     mounts = tmp_path / "mounts"
     mounts.write_text("/dev/vda / ext4 rw 0 0\nserver:/export /shared nfs4 rw 0 0\n"
@@ -237,7 +237,7 @@ def test_nfs_is_detected_from_the_mount_table(tmp_path):
 
 
 def test_owner_liveness():
-    from armorlab.tune_study import owner_alive, process_start_time, worker_identity
+    from armorlab.tune.backend import owner_alive, process_start_time, worker_identity
 
     me = worker_identity()
     assert owner_alive(me, me) is True
@@ -258,14 +258,14 @@ def test_owner_liveness():
 
 
 def test_slurm_job_id_prefers_the_array_task():
-    from armorlab.tune_study import slurm_job_id
+    from armorlab.tune.backend import slurm_job_id
 
     assert slurm_job_id({"SLURM_ARRAY_JOB_ID": "5", "SLURM_ARRAY_TASK_ID": "2", "SLURM_JOB_ID": "7"}) == "5_2"
     assert slurm_job_id({"SLURM_JOB_ID": "7"}) == "7" and slurm_job_id({}) is None
 
 
 def test_synthetic_objective_has_its_optimum_where_documented():
-    from armorlab.tune_synthetic import OPTIMUM, quality
+    from armorlab.tune.synthetic_trainer import OPTIMUM, quality
 
     best = {k: (10 ** v if k == "learning_rate" else v) for k, (v, _) in OPTIMUM.items()}
     assert quality(best) == pytest.approx(1.0)
@@ -273,7 +273,7 @@ def test_synthetic_objective_has_its_optimum_where_documented():
 
 
 def test_tune_modules_stay_out_of_cli_startup():
-    code = ("import sys\nfrom armorlab.cli import app\nimport armorlab.tune\n"
+    code = ("import sys\nfrom armorlab.cli import app\nimport armorlab.tune.study, armorlab.tune.space\n"
             "print(','.join(m for m in ('optuna', 'torch', 'submitit') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ})
@@ -284,8 +284,8 @@ def test_tune_modules_stay_out_of_cli_startup():
 def test_every_sampler_type_samples_inside_the_space(kind):
     import optuna
 
-    from armorlab.tune_space import suggest_params
-    from armorlab.tune_study import make_sampler
+    from armorlab.tune.backend import make_sampler
+    from armorlab.tune.space import suggest_params
 
     s = parse_search({"space": {"alpha": {"type": "float", "low": 0.5, "high": 0.9, "step": 0.1},
                                 "ref_reset_steps": [0, 40]},
@@ -307,7 +307,7 @@ def test_pruner_defaults_follow_the_run_config():
     import optuna
 
     from armorlab.config import resolve
-    from armorlab.tune_study import CollapsePruner, make_pruner
+    from armorlab.tune.pruners import CollapsePruner, make_pruner
 
     base = resolve(BASE)
     hb = make_pruner(search(pruner={"type": "hyperband"}), base)

@@ -10,9 +10,9 @@ Output directory layout::
     tables/configs.csv                config keys that differ between groups
     recipe.yaml               the recipe as resolved (group keys, matched steps, scores)
 
-Extra sections: a directory made by ``armorlab tune`` (armorlab.tune.is_study_dir) gets its
-Optuna plots (armorlab.tune.write_study_plots) and best-trials table in an extra section;
-armorlab.tune is imported only when such a directory is among the inputs.
+Extra sections: the caller may add its own (``extra_sections``); the report command adds the
+Optuna section of study dirs that way (armorlab.tune.study.report_sections), so analysis never
+imports tune.
 """
 
 from __future__ import annotations
@@ -163,38 +163,14 @@ def _token_samples(rs: RunSet, groups: G.Groups, notes: G.Notes):
     return per_run, per_group, cf
 
 
-def _study_sections(recipe: Recipe, out_dir: Path, notes: G.Notes) -> list[Section]:
-    """Optuna sections for inputs that are `armorlab tune` study dirs (hook into armorlab.tune)."""
-    candidates = [Path(p) for p in recipe.runs if Path(p).is_dir()]
-    try:
-        from armorlab import tune
-    except ImportError:
-        return []
-    is_study = getattr(tune, "is_study_dir", None)
-    if is_study is None:
-        return []
-    sections = []
-    for d in candidates:
-        if not is_study(d):
-            continue
-        sec = Section(f"Optuna study {d.name}")
-        try:
-            status = tune.study_status(d)
-            head, cells = tune.status_table_rows(status)
-            sec.intro = f"<p>{esc(tune.best_value_summary(status))}</p>"
-            sec.tables.append(("best trials", pd.DataFrame(cells, columns=head)))
-            for p in tune.write_study_plots(d, out_dir / "plots" / f"study_{d.name}"):
-                sec.figures.append(Figure(str(p.relative_to(out_dir)), p.stem.replace("_", " ")))
-        except Exception as exc:  # a study the tune layer cannot read must not sink the run report
-            notes.add(f"study {d}: optuna section skipped ({exc})")
-            continue
-        sections.append(sec)
-    return sections
-
-
 def build_report(recipe: Recipe, out_dir: str | Path | None = None, *, cache: bool = True,
-                 progress: Callable[[int, int], None] | None = None) -> ReportResult:
-    """Write the whole report for ``recipe`` and return what was written."""
+                 progress: Callable[[int, int], None] | None = None,
+                 extra_sections: Callable[[Path, Callable[[str], None]], list[Section]] | None = None,
+                 ) -> ReportResult:
+    """Write the whole report for ``recipe`` and return what was written.
+
+    ``extra_sections(out_dir, warn)`` returns sections appended after the run report's; ``warn``
+    adds a note to the report's warnings."""
     out = Path(out_dir) if out_dir is not None else default_out_dir(recipe)
     file = str(recipe.path) if recipe.path else None
     rs = load(recipe.runs, cache=cache, progress=progress)
@@ -313,7 +289,8 @@ def build_report(recipe: Recipe, out_dir: str | Path | None = None, *, cache: bo
 
     sections = _sections(recipe, out, figs, group_display, headline, poi_display, diff, per_run, matched,
                          token_display)
-    sections += _study_sections(recipe, out, notes)
+    if extra_sections is not None:
+        sections += extra_sections(out, notes.add)
     meta = (f"{len(rs.run_ids)} runs in {len(groups.labels)} groups (group_by: {esc(legend)}) · "
             f"selection on {esc(sel.metric)} ({sel.mode}), reported on {esc(sel.report)} · "
             f"matched steps {esc(', '.join(map(str, matched)) or 'none')} · generated {esc(now_iso())}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import typer
@@ -37,19 +38,32 @@ def register(app: typer.Typer) -> None:
         write_report(recipe, out, cache=not no_cache)
 
 
+def compose_report(recipe, out: Path | None, *, cache: bool = True, progress=None):
+    """The run report (armorlab.analysis.report) plus an Optuna section per study dir among the
+    inputs (armorlab.tune.study): composed here so that analysis never imports tune."""
+    from armorlab.analysis.report import build_report  # pandas, scipy, matplotlib: after the cheap checks
+    from armorlab.tune.study import is_study_dir  # light: optuna only inside the section builder
+
+    studies = [p for p in recipe.runs if Path(p).is_dir() and is_study_dir(p)]
+    extra = None
+    if studies:
+        from armorlab.tune.study import report_sections
+
+        extra = functools.partial(report_sections, studies)
+    return build_report(recipe, out, cache=cache, progress=progress, extra_sections=extra)
+
+
 def write_report(recipe, out: Path | None, *, cache: bool = True) -> None:
     """Build the report with a progress bar and print where it is (also used by `armorlab demo`)."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-    from armorlab.analysis.report import build_report  # pandas, scipy, matplotlib: after the cheap checks
-
     console = Console(stderr=True)
     with Progress(TextColumn("reading runs"), BarColumn(), MofNCompleteColumn(), console=console,
                   transient=True) as bar:
         task = bar.add_task("runs", total=None)
-        result = build_report(recipe, out, cache=cache,
-                              progress=lambda done, total: bar.update(task, completed=done, total=total))
+        result = compose_report(recipe, out, cache=cache,
+                                progress=lambda done, total: bar.update(task, completed=done, total=total))
     typer.echo(f"{result.index}  ({result.n_runs} runs, {result.n_groups} groups, "
                f"{len(result.plots)} plots, {len(result.warnings)} warnings)")
     for w in result.warnings[:10]:

@@ -10,7 +10,7 @@ import typer
 def _print_status(status: dict, console) -> None:
     from rich.table import Table
 
-    from armorlab.tune import best_value_summary, status_table_rows
+    from armorlab.tune.study import best_value_summary, status_table_rows
 
     header, cells = status_table_rows(status)
     title = "Pareto front" if len(status["directions"]) > 1 else f"best trials ({status['directions'][0]})"
@@ -53,7 +53,7 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
 
         from armorlab.errors import ArmorLabError
-        from armorlab.tune import (
+        from armorlab.tune.study import (
             is_study_dir,
             load_study_spec,
             prepare_study,
@@ -94,7 +94,7 @@ def register(app: typer.Typer) -> None:
         if n_workers < 1:
             raise ArmorLabError("must be ≥ 1", key="--workers", value=n_workers)
         if kind == "slurm" and ctx.storage_url is None:
-            from armorlab.tune_study import fs_type
+            from armorlab.tune.backend import fs_type
 
             console.print(f"note: journal storage in {ctx.tune_dir} (file system {fs_type(ctx.tune_dir)}); "
                           "on NFS prefer --storage postgresql://...", style="yellow")

@@ -1,6 +1,6 @@
 """A stand-in trainer with a known optimum, for testing searches without training a model.
 
-``python -m armorlab.tune_synthetic --run-dir DIR`` honours the trainer's process contract (C3):
+``python -m armorlab.tune.synthetic_trainer --run-dir DIR`` honours the trainer's process contract (C3):
 status.json running → completed/failed/pending, metrics.jsonl rows (``train/reward`` every step,
 ``val/acc`` and ``test/acc`` at step 0 and every ``val_every`` steps), a resume that continues
 after the last logged step, ``stop_request`` → "stopped at step N: <reason>" exit 0, SIGTERM or
@@ -11,7 +11,7 @@ quality q = exp(−Σ ((x − x*)/w)²) over the keys below; val/acc(step) = q·
 learning rate above ``COLLAPSE_LR`` makes val/acc collapse after 30 % of the run (while the
 train reward keeps rising: the over-optimisation signature), and one at or above
 ``DIVERGE_LR`` ends in a non-finite loss half-way. The tune tests select it through the sweep
-layer's stand-in hook, ``ARMORLAB_TRAIN_COMMAND='["python", "-m", "armorlab.tune_synthetic"]'``
+layer's stand-in hook, ``ARMORLAB_TRAIN_COMMAND='["python", "-m", "armorlab.tune.synthetic_trainer"]'``
 (armorlab.sweeps.jobs.train_argv); it never imports torch.
 """
 
@@ -119,7 +119,7 @@ def train(run_dir: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m armorlab.tune_synthetic")
+    parser = argparse.ArgumentParser(prog="python -m armorlab.tune.synthetic_trainer")
     parser.add_argument("--run-dir", required=True)
     args = parser.parse_args(argv)
     return train(args.run_dir)

@@ -44,8 +44,7 @@ from optuna.trial import TrialState
 
 from armorlab.fsutil import atomic_write_json
 from armorlab.runs import RunDir
-from armorlab.tune_space import ObjectiveSpec, SearchSpec, parse_search, suggest_params, trial_config
-from armorlab.tune_study import (
+from armorlab.tune.backend import (
     BEAT_INTERVAL_S,
     TUNE_DIR,
     fail_and_requeue,
@@ -59,6 +58,7 @@ from armorlab.tune_study import (
     touch_beat,
     worker_identity,
 )
+from armorlab.tune.space import ObjectiveSpec, SearchSpec, parse_search, suggest_params, trial_config
 
 log = logging.getLogger(__name__)
 
@@ -215,7 +215,7 @@ class _MetricsTail:
 
 class _Heartbeat:
     """Keep a trial visibly alive while it runs: Optuna's RDB heartbeat (study.optimize would
-    start it for us; ask/tell does not), or the journal's beat file (tune_study.BEATS)."""
+    start it for us; ask/tell does not), or the journal's beat file (backend.BEATS)."""
 
     def __init__(self, storage: Any, trial: optuna.Trial, study_dir: Path) -> None:
         self.storage, self.trial, self.study_dir = storage, trial, study_dir
@@ -553,7 +553,7 @@ def run_worker(study_dir: str | os.PathLike, *, index: int = 0, launcher: str = 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m armorlab.tune_worker", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m armorlab.tune.worker", description=__doc__.split("\n")[0])
     parser.add_argument("study_dir")
     parser.add_argument("--index", type=int, default=0)
     parser.add_argument("--poll", type=float, default=0.5)

@@ -1,6 +1,6 @@
 """Optuna studies whose trials are runs: ``armorlab tune`` and what reports need from a study.
 
-A study spec is a sweep spec with a ``search:`` section (armorlab.tune_space). Its study dir is
+A study spec is a sweep spec with a ``search:`` section (armorlab.tune.space). Its study dir is
 ``<root>/<name>/``: one run dir per trial seed (ordinary runs: ``armorlab status`` and ``armorlab
 report`` work on them) plus ``.tune/`` (study.json, spec copy, journal storage, locks, logs) and
 ``.submitit/`` for Slurm workers. Hidden dirs are skipped by run-dir discovery.
@@ -38,7 +38,7 @@ from armorlab.fsutil import atomic_write_json, atomic_write_yaml
 
 log = logging.getLogger(__name__)
 
-TUNE_DIR = ".tune"  # == tune_study.TUNE_DIR (not imported: that module imports optuna)
+TUNE_DIR = ".tune"  # == backend.TUNE_DIR (not imported: that module imports optuna)
 STUDY_FILE = "study.json"
 
 
@@ -52,7 +52,7 @@ def load_study_spec(path: str | os.PathLike) -> tuple[Any, Any]:
     """Read a study spec: the sweep spec part (armorlab.sweeps.spec) plus its validated search."""
     from armorlab.config import resolve
     from armorlab.sweeps.spec import load_spec
-    from armorlab.tune_space import parse_search
+    from armorlab.tune.space import parse_search
 
     spec = load_spec(path)
     if spec.search is None:
@@ -79,8 +79,8 @@ def prepare_study(spec_path: str | os.PathLike, *, root: str | os.PathLike = "ru
     Storage precedence: ``storage`` (--storage) > the spec's ``search.storage`` > the storage
     this study dir was created with > the journal file. Running it again resumes the study.
     """
-    from armorlab.tune_study import open_storage, open_study
-    from armorlab.tune_worker import StudyContext
+    from armorlab.tune.backend import open_storage, open_study
+    from armorlab.tune.worker import StudyContext
 
     spec, search = load_study_spec(spec_path)
     study_dir = Path(root) / spec.name
@@ -109,8 +109,8 @@ def load_study(study_dir: str | os.PathLike) -> tuple[Any, Any]:
     """(StudyContext, optuna.Study) of an existing study dir, for status and reports."""
     import optuna
 
-    from armorlab.tune_study import open_storage
-    from armorlab.tune_worker import StudyContext
+    from armorlab.tune.backend import open_storage
+    from armorlab.tune.worker import StudyContext
 
     ctx = StudyContext.load(study_dir)
     storage = open_storage(ctx.study_dir, ctx.storage_url, max_retries=ctx.search.max_retries)
@@ -123,7 +123,7 @@ def load_study(study_dir: str | os.PathLike) -> tuple[Any, Any]:
 
 
 def counts_of(study: Any) -> dict[str, int]:
-    from armorlab.tune_study import state_counts
+    from armorlab.tune.backend import state_counts
 
     return state_counts(study)
 
@@ -140,7 +140,7 @@ def run_local(ctx: Any, workers: int = 1, *, launch: dict[str, Any] | None = Non
     import optuna
 
     from armorlab.sweeps.executors import local_thread_env
-    from armorlab.tune_study import open_storage
+    from armorlab.tune.backend import open_storage
 
     if workers < 1:
         raise ArmorLabError("must be ≥ 1", key="--workers", value=workers)
@@ -163,7 +163,7 @@ def run_local(ctx: Any, workers: int = 1, *, launch: dict[str, Any] | None = Non
         for i in range(workers):
             fh = open(log_dir / f"worker-{i}.log", "ab")  # noqa: SIM115 (lives as long as the worker)
             procs.append(subprocess.Popen(
-                [sys.executable, "-m", "armorlab.tune_worker", str(ctx.study_dir), "--index", str(i),
+                [sys.executable, "-m", "armorlab.tune.worker", str(ctx.study_dir), "--index", str(i),
                  "--poll", str(worker_poll_s), *launch_args], stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env={**os.environ, **local_thread_env(workers)},
                 start_new_session=True))  # Ctrl-C reaches this launcher only; it forwards SIGTERM
@@ -217,7 +217,7 @@ class TuneWorkerJob:
         self._worker = None
 
     def __call__(self) -> dict[str, Any]:
-        from armorlab.tune_worker import Worker
+        from armorlab.tune.worker import Worker
 
         logging.basicConfig(level=logging.INFO, format=f"%(asctime)s w{self.index} %(levelname)s %(message)s")
         self._worker = Worker(self.study_dir, index=self.index, poll_s=self.poll_s, **self.launch)
@@ -393,3 +393,34 @@ def best_value_summary(status: dict[str, Any]) -> str:
         if not math.isnan(v):
             parts.append(f"best {status['objectives'][0]} = {v:.4g} (trial {status['best'][0]['number']})")
     return ", ".join(parts)
+
+
+# --------------------------------------------------------------------------- report section
+def report_sections(dirs: Sequence[str | os.PathLike], out_dir: str | os.PathLike,
+                    warn: Callable[[str], None]) -> list[Any]:
+    """One ``armorlab report`` section per study dir among ``dirs``: best-trials table and Optuna
+    plots under ``out_dir/plots/study_<name>/``. The report command composes it with the run report
+    (armorlab.commands.report), so analysis never imports tune. A study this layer cannot read is
+    a warning, never the end of the report."""
+    import pandas as pd
+
+    from armorlab.analysis.html import Figure, Section, esc
+
+    out = Path(out_dir)
+    sections = []
+    for d in (Path(p) for p in dirs):
+        if not (d.is_dir() and is_study_dir(d)):
+            continue
+        sec = Section(f"Optuna study {d.name}")
+        try:
+            status = study_status(d)
+            head, cells = status_table_rows(status)
+            sec.intro = f"<p>{esc(best_value_summary(status))}</p>"
+            sec.tables.append(("best trials", pd.DataFrame(cells, columns=head)))
+            for p in write_study_plots(d, out / "plots" / f"study_{d.name}"):
+                sec.figures.append(Figure(str(p.relative_to(out)), p.stem.replace("_", " ")))
+        except Exception as exc:  # noqa: BLE001 - a damaged study must not sink the run report
+            warn(f"study {d}: optuna section skipped ({exc})")
+            continue
+        sections.append(sec)
+    return sections
