@@ -25,6 +25,7 @@ from armorlab.sweeps import slurmctl
 from armorlab.sweeps.jobs import JobOutcome, TrainJob
 from armorlab.sweeps.manifest import LOGS_DIR, SUBMITIT_DIR
 from armorlab.sweeps.profile import Profile
+from armorlab.sweeps.sbatch import checked_executor
 
 log = logging.getLogger(__name__)
 
@@ -145,21 +146,7 @@ class SlurmSubmitter:
         return max(1, size)
 
     def _executor(self, *, dry_run: bool = False) -> Any:
-        import submitit
-
-        cls = _DryRunSlurmExecutor() if dry_run else submitit.SlurmExecutor
-        try:
-            ex = cls(folder=self.folder, max_num_timeout=self.profile.max_num_timeout,
-                     python=self.profile.python)
-        except RuntimeError as exc:  # submitit: no srun on this machine
-            raise ArmorLabError(f"Slurm is not available here ({exc}); use --executor local",
-                                key="--executor", value="slurm") from None
-        try:
-            ex.update_parameters(**self.profile.submitit_parameters(job_name=self.job_name))
-        except ValueError as exc:
-            raise ArmorLabError(f"profile does not translate to sbatch options: {exc}",
-                                file=str(self.profile.path) if self.profile.path else None) from None
-        return ex
+        return checked_executor(self.folder, self.profile, job_name=self.job_name, dry_run=dry_run)
 
     def sbatch_text(self, n_runs: int) -> str:
         """The sbatch script submitit writes for an array of ``n_runs`` (what --dry-run shows)."""
@@ -196,19 +183,3 @@ class SlurmSubmitter:
 
 def n_arrays(n_runs: int, chunk: int) -> int:
     return math.ceil(n_runs / chunk) if n_runs else 0
-
-
-def _DryRunSlurmExecutor() -> Any:  # noqa: N802 - a class factory, so submitit loads lazily
-    import submitit
-
-    class DryRunSlurmExecutor(submitit.SlurmExecutor):
-        """Renders sbatch scripts on machines without Slurm; never submits."""
-
-        @classmethod
-        def affinity(cls) -> int:
-            return 1
-
-        def _submit_command(self, command: str) -> Any:
-            raise RuntimeError("dry run: nothing is submitted")
-
-    return DryRunSlurmExecutor

@@ -22,7 +22,9 @@ python: null                # python command on the nodes (default: this interpr
 sbatch: {constraint: a100}  # any other sbatch option, passed through (values are shell-quoted)
 ```
 ``setup`` and ``python`` are shell text written by the profile's author; nothing from a sweep
-spec ever reaches the job script (a job finds its config in its run directory).
+spec ever reaches the job script (a job finds its config in its run directory). No value that
+reaches the script may hold a control character (a newline would end its ``#SBATCH`` line and
+run the rest as shell code); the rendered script is checked line by line (armorlab.sweeps.sbatch).
 """
 
 from __future__ import annotations
@@ -38,10 +40,11 @@ from armorlab import checks
 from armorlab.checks import Invalid, choice, integer, text
 from armorlab.config import load_yaml_mapping
 from armorlab.errors import ArmorLabError
+from armorlab.sweeps.sbatch import script_value
 
 EXECUTORS = ("local", "slurm")
 LAUNCHERS = ("python", "accelerate")
-_SBATCH_KEY = re.compile(r"^[a-z][a-z0-9_-]*$")
+_SBATCH_KEY = re.compile(r"[a-z][a-z0-9_-]*")  # fullmatch: `$` would allow a final newline
 
 
 def _int_at_least(lo: int, *, optional: bool = False) -> Callable[[Any], int | None]:
@@ -62,7 +65,11 @@ def _lines(v: Any) -> list[str]:
         return []
     if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
         raise Invalid("must be a list of shell lines")
-    return list(v)
+    return [script_value(x) for x in v]  # one item = one line: a newline would hide a second one
+
+
+def _script_text(v: Any) -> str:
+    return script_value(text(v))
 
 
 def _sbatch(v: Any) -> dict[str, Any]:
@@ -71,19 +78,23 @@ def _sbatch(v: Any) -> dict[str, Any]:
     if not isinstance(v, Mapping):
         raise Invalid("must map sbatch option names to values")
     for key, value in v.items():
-        if not isinstance(key, str) or not _SBATCH_KEY.match(key):
+        if not isinstance(key, str) or not _SBATCH_KEY.fullmatch(key):
             raise Invalid(f"option name {key!r} must look like an sbatch long option (e.g. constraint)")
         if not isinstance(value, (str, int, float, bool)):
             raise Invalid(f"option {key!r} needs a scalar value")
+        try:
+            script_value(value)
+        except Invalid as exc:
+            raise Invalid(f"option {key!r} {exc}") from None
     return dict(v)
 
 
 _CHECKS: dict[str, Callable[[Any], Any]] = {
     "executor": choice(*EXECUTORS),
     "workers": _int_at_least(1),
-    "partition": checks.optional(text),
-    "account": checks.optional(text),
-    "qos": checks.optional(text),
+    "partition": checks.optional(_script_text),
+    "account": checks.optional(_script_text),
+    "qos": checks.optional(_script_text),
     "nodes": _int_at_least(1),
     "gpus_per_node": _int_at_least(0),
     "cpus_per_task": _int_at_least(1, optional=True),
@@ -95,8 +106,8 @@ _CHECKS: dict[str, Callable[[Any], Any]] = {
     "max_array_size": _int_at_least(1, optional=True),
     "setup": _lines,
     "launcher": choice(*LAUNCHERS),
-    "accelerate_config": checks.optional(text),
-    "python": checks.optional(text),
+    "accelerate_config": checks.optional(_script_text),
+    "python": checks.optional(_script_text),
     "sbatch": _sbatch,
 }
 

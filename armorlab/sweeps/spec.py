@@ -39,7 +39,7 @@ from armorlab.runs import canonical_json, run_id
 
 SPEC_KEYS = ("name", "description", "base", "grid", "seeds", "include", "exclude", "profile", "search")
 # Sweep names become directory names and Slurm job names: keep them to a shell- and path-safe set.
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")  # fullmatch: `$` would allow a final newline
 _SUBKEYS = {
     "task": frozenset({"name"}).union(*(set(f) for f in TASK_FIELDS.values())),
     "model": frozenset({"name"}) | frozenset(MODEL_FIELDS_TINY),
@@ -131,7 +131,7 @@ def parse_spec(data: Mapping[str, Any], *, path: str | Path | None = None) -> Sw
             raise ArmorLabError(f"unknown sweep spec key (known: {', '.join(SPEC_KEYS)})", key=str(key),
                                 value=data[key], file=file)
     name = data.get("name", path.stem if path is not None else None)
-    if not isinstance(name, str) or not NAME_RE.match(name):
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
         raise ArmorLabError("sweep name must be 1-100 characters from letters, digits, '_', '.', '-' "
                             "(it names a directory and the Slurm jobs)", key="name", value=name, file=file)
     description = data.get("description")

@@ -236,15 +236,11 @@ class TuneWorkerJob:
 
 def submit_slurm(ctx: Any, workers: int, profile: Any) -> list[Any]:
     """Submit ``workers`` tune workers as one Slurm job array (submitit, the sweep profile)."""
-    import submitit
+    from armorlab.sweeps.sbatch import checked_executor
 
     if workers < 1:
         raise ArmorLabError("must be ≥ 1", key="--workers", value=workers)
-    folder = ctx.study_dir / ".submitit"
-    executor = submitit.SlurmExecutor(folder=str(folder), max_num_timeout=profile.max_num_timeout,
-                                      python=profile.python)
-    params = profile.submitit_parameters(job_name=f"tune-{ctx.name}")
-    executor.update_parameters(**params)
+    executor = checked_executor(ctx.study_dir / ".submitit", profile, job_name=f"tune-{ctx.name}")
     with executor.batch():
         jobs = [executor.submit(TuneWorkerJob(ctx.study_dir, i, profile.launch_options()))
                 for i in range(workers)]

@@ -1,0 +1,99 @@
+"""The sbatch script: built by submitit, checked here before anything reaches ``sbatch``.
+
+A ``#SBATCH`` line is a comment to bash: ``shlex.quote`` keeps a value in one shell word but not
+in one *line*. A newline in a partition, an sbatch option or the sweep's path would end the
+comment and run the rest as shell code when the job starts. Two defences, both needed:
+
+1. every value that reaches the script (profile fields, sbatch options, the sweep dir's path, the
+   job name, the python command) is refused when it holds a control character (``script_value``);
+2. the rendered script is checked line by line against the shape submitit writes
+   (``check_script``): shebang, ``# Parameters`` + only ``#SBATCH --opt[=value]`` lines, the
+   profile's setup lines verbatim, then exactly one command line. Anything else refuses the submit.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from armorlab.checks import Invalid
+from armorlab.errors import ArmorLabError
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f\x85\u2028\u2029]")
+_SBATCH_LINE = re.compile(r"#SBATCH --[A-Za-z0-9][A-Za-z0-9_-]*(=\S.*)?")
+
+
+def script_value(v: Any) -> Any:
+    """A check (armorlab.checks style): ``v`` unchanged, unless its text holds a control character
+    (newline, CR, NUL, tab, …), which could end a ``#SBATCH`` line or a shell line."""
+    m = _CONTROL.search(str(v))
+    if m:
+        raise Invalid(f"must not contain control characters (found {m.group()!r}): it would end a line "
+                      "of the sbatch script")
+    return v
+
+
+def check_script(text: str, setup: Sequence[str] = ()) -> None:
+    """Refuse a rendered sbatch script whose lines are not the shape submitit writes."""
+    def bad(why: str, line: str | None = None) -> ArmorLabError:
+        return ArmorLabError(f"refusing to submit: the sbatch script {why}", key="sbatch script line",
+                             value=line)
+
+    stray = _CONTROL.search(text.replace("\n", ""))
+    if stray:
+        raise bad(f"contains the control character {stray.group()!r}")
+    lines = text.split("\n")
+    if lines[:3] != ["#!/bin/bash", "", "# Parameters"]:
+        raise bad("does not start with submitit's header", "\n".join(lines[:3]))
+    i = 3
+    while i < len(lines) and lines[i] != "":
+        if not _SBATCH_LINE.fullmatch(lines[i]):
+            raise bad("has a line in its #SBATCH block that is not an #SBATCH option", lines[i])
+        i += 1
+    tail = lines[i:]
+    head = ["", "# setup", *setup] if setup else []
+    if tail[:len(head)] != head:
+        raise bad("setup block differs from the profile's setup lines", "\n".join(tail[:len(head)]))
+    tail = tail[len(head):]
+    if len(tail) != 5 or tail[:3] != ["", "# command", "export SUBMITIT_EXECUTOR=slurm"] or tail[4] != "":
+        raise bad("command block is not one command line", "\n".join(tail))
+
+
+def checked_executor(folder: Path, profile: Any, *, job_name: str, dry_run: bool = False) -> Any:
+    """A submitit SlurmExecutor for ``profile`` whose every rendered script passes ``check_script``
+    (also in ``--dry-run``, which renders without submitting)."""
+    import submitit
+
+    where = str(profile.path) if getattr(profile, "path", None) else None
+    for key, value in (("--root (the sweep dir's path)", Path(folder).absolute()), ("name", job_name)):
+        try:
+            script_value(value)
+        except Invalid as exc:
+            raise ArmorLabError(str(exc), key=key, value=str(value)) from None
+
+    class CheckedSlurmExecutor(submitit.SlurmExecutor):
+        def _make_submission_file_text(self, command: str, uid: str) -> str:
+            text = super()._make_submission_file_text(command, uid)
+            check_script(text, profile.setup)
+            return text
+
+        if dry_run:
+            @classmethod
+            def affinity(cls) -> int:
+                return 1
+
+            def _submit_command(self, command: str) -> Any:
+                raise RuntimeError("dry run: nothing is submitted")
+
+    try:
+        ex = CheckedSlurmExecutor(folder=folder, max_num_timeout=profile.max_num_timeout, python=profile.python)
+    except RuntimeError as exc:  # submitit: no srun on this machine
+        raise ArmorLabError(f"Slurm is not available here ({exc}); use --executor local",
+                            key="--executor", value="slurm") from None
+    try:
+        ex.update_parameters(**profile.submitit_parameters(job_name=job_name))
+    except ValueError as exc:
+        raise ArmorLabError(f"profile does not translate to sbatch options: {exc}", file=where) from None
+    return ex
