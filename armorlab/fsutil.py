@@ -66,7 +66,45 @@ def atomic_write_yaml(path: str | os.PathLike, obj: Any) -> None:
 
 
 def append_line(path: str | os.PathLike, line: str) -> None:
-    """Append one line and flush it to the OS, so a crash loses at most the line being written."""
-    with open(path, "a", encoding="utf-8") as fh:
-        fh.write(line.rstrip("\n") + "\n")
+    """Append one line and flush it to the OS, so a crash loses at most the line being written.
+
+    A file that does not end in a newline was torn by a crash mid-write; appending to it would
+    glue this line onto the torn one and lose both. Its tail is mended first (``mend_torn_tail``).
+    """
+    with open(path, "a+b") as fh:
+        mend_torn_tail(fh)
+        fh.write(line.rstrip("\n").encode("utf-8") + b"\n")
         fh.flush()
+
+
+def mend_torn_tail(fh: Any, chunk: int = 1 << 16) -> None:
+    """Make a line-oriented file opened ``a+b`` end in a newline: an unterminated last line that
+    still parses as one JSON value (only its newline was lost) is terminated; anything else is a
+    half-written line and is truncated away (the resumed writer logs that step again)."""
+    end = fh.seek(0, os.SEEK_END)
+    if end == 0:
+        return
+    fh.seek(end - 1)
+    if fh.read(1) == b"\n":
+        return
+    start = end
+    while start > 0:  # find the start of the torn line: just after the previous newline
+        lo = max(0, start - chunk)
+        fh.seek(lo)
+        nl = fh.read(start - lo).rfind(b"\n")
+        if nl >= 0:
+            start = lo + nl + 1
+            break
+        start = lo
+    fh.seek(start)
+    tail = fh.read(end - start)
+    try:
+        json.loads(tail.decode("utf-8"))
+        complete = True
+    except ValueError:  # UnicodeDecodeError is a ValueError
+        complete = False
+    if complete:
+        fh.write(b"\n")
+    else:
+        fh.truncate(start)
+    fh.flush()

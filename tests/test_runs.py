@@ -101,3 +101,33 @@ def test_atomic_file_replaces_on_success_and_leaves_the_old_file_on_failure(tmp_
     with atomic_file(target) as tmp:
         tmp.write_text("new")
     assert target.read_text() == "new" and list(tmp_path.iterdir()) == [target]
+
+
+def _rows(steps):
+    # 45 keys per step like a real trainer line, non-ASCII included (a cut may split a UTF-8 char)
+    return [{"step": s, "val/acc": 0.5 + s / 100, "note/π": s, **{f"train/k{i}": s * i + 0.25 for i in range(42)}}
+            for s in steps]
+
+
+def test_a_torn_last_line_is_never_glued_to_the_resumed_one(tmp_path):
+    """Issue 13 §3: a crash mid-write of step 3's line at every cut position, then a resume that
+    re-logs from step 3: the run ends with exactly the uninterrupted metrics, every line parses."""
+    want = _rows(range(6))
+    full = tmp_path / "full"
+    full.mkdir()
+    ref = RunDir(full)
+    for row in want:
+        ref.append_metrics(row["step"], {k: v for k, v in row.items() if k != "step"})
+    lines = ref.metrics_path.read_bytes().splitlines(keepends=True)
+    head, torn = b"".join(lines[:3]), lines[3]
+    for cut in range(len(torn) + 1):
+        rd = RunDir(tmp_path / f"cut{cut}")
+        rd.path.mkdir()
+        rd.metrics_path.write_bytes(head + torn[:cut])
+        for row in want[3:]:  # the resumed attempt logs step 3 again (its checkpoint is older)
+            rd.append_metrics(row["step"], {k: v for k, v in row.items() if k != "step"})
+        text = rd.metrics_path.read_text(encoding="utf-8")
+        assert all(isinstance(json.loads(line), dict) for line in text.splitlines()), cut
+        assert rd.read_metrics() == want, cut
+        # only the cut that lost just the newline keeps the (complete) torn line, terminated
+        assert text.count('"step":3,') == (2 if cut == len(torn) - 1 or cut == len(torn) else 1), cut
