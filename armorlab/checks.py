@@ -41,7 +41,10 @@ def number(lo: float | None = None, hi: float | None = None, *, lo_open: bool = 
     def check(v: Any) -> float:
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise Invalid("must be a number")
-        v = float(v)
+        try:
+            v = float(v)
+        except OverflowError:  # an int with hundreds of digits
+            raise Invalid("must be a finite number (this one overflows a float)") from None
         if not math.isfinite(v):
             raise Invalid("must be finite")
         if lo is not None and (v <= lo if lo_open else v < lo):
@@ -70,3 +73,27 @@ def text(v: Any) -> str:
     if not isinstance(v, str) or not v:
         raise Invalid("must be a non-empty string")
     return v
+
+
+def json_value(v: Any, where: str = "") -> Any:
+    """``v`` unchanged if it is plain JSON data (what a run id is hashed from): strings, finite
+    numbers, booleans, null, lists and string-keyed mappings of them. YAML also yields dates,
+    NaN/inf, binary and non-string keys, which no run config can mean."""
+    if v is None or isinstance(v, (str, bool, int)):
+        return v
+    if isinstance(v, float):
+        if not math.isfinite(v):
+            raise Invalid(f"must be a finite number{where}")
+        return v
+    if isinstance(v, (list, tuple)):
+        for i, x in enumerate(v):
+            json_value(x, f"{where}[{i}]" if where else f" (item {i})")
+        return v
+    if isinstance(v, dict):
+        for k, x in v.items():
+            if not isinstance(k, str):
+                raise Invalid(f"mapping keys must be strings, not {type(k).__name__} {k!r}")
+            json_value(x, where)
+        return v
+    raise Invalid(f"must be plain data (a string, number, boolean, list or mapping), not a "
+                  f"{type(v).__name__}{where}")

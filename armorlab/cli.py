@@ -40,10 +40,11 @@ for module in (train, sweep, tune, report, demo):
     module.register(app)
 
 
-def main() -> None:
-    """Entry point: user errors print one line to stderr and exit 2, without a traceback."""
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: user errors print one line to stderr and exit 2, without a traceback; usage
+    errors print the usage line too (exit 2). ``argv`` defaults to ``sys.argv[1:]``."""
     try:
-        rc = app(standalone_mode=False)
+        rc = app(args=argv, prog_name="armorlab", standalone_mode=False)
     except ArmorLabError as exc:
         typer.echo(f"error: {exc}", err=True)
         sys.exit(2)
@@ -54,14 +55,24 @@ def main() -> None:
         sys.exit(130)
     except KeyboardInterrupt:
         sys.exit(130)
-    except Exception as exc:  # click usage errors arrive here in standalone_mode=False
+    except _click_exceptions() as exc:  # usage errors arrive here in standalone_mode=False
+        exc.show()  # the usage line and the error; UsageError's exit code is 2
+        sys.exit(exc.exit_code)
+    sys.exit(rc if isinstance(rc, int) else 0)
+
+
+def _click_exceptions() -> tuple[type[BaseException], ...]:
+    """The ClickException class(es) that Typer raises. Typer ≥ 0.29 bundles its own click
+    (``typer._click``), older ones use the ``click`` package; take the class from the MRO of
+    ``typer.BadParameter`` (public in both) and add ``click``'s when it is installed."""
+    found = [c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException"]
+    try:
         import click
 
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            sys.exit(exc.exit_code)
-        raise
-    sys.exit(rc if isinstance(rc, int) else 0)
+        found.append(click.ClickException)
+    except ImportError:
+        pass
+    return tuple(dict.fromkeys(found))
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from armorlab.checks import Invalid, boolean, choice, integer, number, optional, text
+from armorlab.checks import Invalid, boolean, choice, integer, json_value, number, optional, text
 from armorlab.errors import ArmorLabError
 
 OBJECTIVES = ("grpo", "dapo", "dr_grpo", "gspo", "up", "up_gspo", "armor")
@@ -200,7 +200,48 @@ def _check_trl_value(kind: str, value: Any) -> Any:
         return integer()(value)
     if base == "bool":
         return boolean(value)
+    if base == "str" and not (isinstance(value, str) or (  # report_to also takes a list of names
+            isinstance(value, list) and all(isinstance(x, str) for x in value))):
+        raise Invalid("must be a string")
     return value
+
+
+# Ranges of TRL/transformers fields where one is obvious (the kind check comes first). Seeds go
+# to numpy, which takes < 2**32.
+SEED_MAX = 2**32 - 1
+TRL_RANGES: dict[str, Callable[[Any], Any]] = {
+    "seed": integer(0, SEED_MAX),
+    "data_seed": optional(integer(0, SEED_MAX)),
+    "learning_rate": number(0.0),
+    "beta": number(0.0),
+    "temperature": number(0.0, lo_open=True),
+    "top_p": number(0.0, 1.0, lo_open=True),
+    "top_k": optional(integer(0)),
+    "min_p": optional(number(0.0, 1.0)),
+    "repetition_penalty": number(0.0, lo_open=True),
+    "max_steps": integer(1),
+    "num_train_epochs": number(0.0),
+    "save_steps": number(0.0, lo_open=True),
+    "logging_steps": number(0.0, lo_open=True),
+    "eval_steps": optional(number(0.0, lo_open=True)),
+    "warmup_steps": number(0.0),
+    "steps_per_generation": optional(integer(1)),
+    "generation_batch_size": optional(integer(1)),
+    "max_completion_length": optional(integer(1)),
+    "num_iterations": integer(1),
+    "num_generations": integer(2),
+    "per_device_train_batch_size": integer(1),
+    "per_device_eval_batch_size": integer(1),
+    "gradient_accumulation_steps": integer(1),
+    "weight_decay": number(0.0),
+    "max_grad_norm": number(0.0),
+    "adam_beta1": number(0.0, 1.0, hi_open=True),
+    "adam_beta2": number(0.0, 1.0, hi_open=True),
+    "adam_epsilon": number(0.0),
+    "epsilon": number(0.0),
+    "epsilon_high": optional(number(0.0)),
+    "dataloader_num_workers": integer(0),
+}
 
 
 def known_keys() -> frozenset[str]:
@@ -265,14 +306,38 @@ def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, An
     return out
 
 
+class UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, except that a key given twice in one mapping is an error (PyYAML
+    silently keeps the last one: ``alpha: 0.9`` then ``alpha: 0.5`` would train 0.5)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, Any] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # keys a merge (<<) brings may be overridden
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                first = seen.setdefault(key, key_node)
+            except TypeError:  # unhashable key: the base class reports it
+                break
+            if first is not key_node:
+                raise yaml.constructor.ConstructorError(
+                    "while constructing a mapping", node.start_mark,
+                    f"found duplicate key {key!r} (first at line {first.start_mark.line + 1})",
+                    key_node.start_mark)
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_yaml_mapping(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     try:
         content = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ArmorLabError(f"cannot read file: {exc.strerror}", file=str(path)) from None
+    except UnicodeDecodeError as exc:
+        raise ArmorLabError(f"not UTF-8 text (byte {exc.start}: {exc.reason})", file=str(path)) from None
     try:
-        data = yaml.safe_load(content)
+        data = yaml.load(content, Loader=UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
         raise ArmorLabError(f"invalid YAML: {exc}", file=str(path)) from None
     if data is None:
@@ -388,19 +453,19 @@ def resolve(raw: Mapping[str, Any], *, file: str | None = None) -> dict[str, Any
                 out[key] = _check_trl_value(kinds[key], out[key])
             except Invalid as exc:
                 raise ArmorLabError(f"GRPOConfig field {exc}", key=key, value=out[key], file=file) from None
-    for key in ("epsilon", "epsilon_high"):
+    for key, check in TRL_RANGES.items():
+        if key in out:
+            try:
+                out[key] = check(out[key])
+            except Invalid as exc:
+                if key == "num_generations":
+                    exc = Invalid(f"GRPO needs at least 2 generations per prompt ({exc})")
+                raise ArmorLabError(str(exc), key=key, value=out[key], file=file) from None
+    for key, value in out.items():  # dates, NaN, binary, ... cannot be hashed into a run id
         try:
-            out[key] = number(0.0)(out[key])
+            json_value(value)
         except Invalid as exc:
-            raise ArmorLabError(str(exc), key=key, value=out[key], file=file) from None
-    for key in ("seed", "max_steps", "num_generations", "per_device_train_batch_size"):
-        try:
-            out[key] = integer(0 if key == "seed" else 1)(out[key])
-        except Invalid as exc:
-            raise ArmorLabError(str(exc), key=key, value=out[key], file=file) from None
-    if out["num_generations"] < 2:
-        raise ArmorLabError("GRPO needs at least 2 generations per prompt", key="num_generations",
-                            value=out["num_generations"], file=file)
+            raise ArmorLabError(str(exc), key=key, value=value, file=file) from None
     out["task"] = _resolve_task(raw.get("task"), file)
     out["model"] = _resolve_model(raw.get("model"), file)
     _normalise_inert(out)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+MAX_VALUE_CHARS = 160
+
 
 class ArmorLabError(ValueError):
     """A user-fixable error. The message names the key, the value and the file when known.
@@ -18,7 +20,10 @@ class ArmorLabError(ValueError):
         parts = []
         if key is not None:
             parts.append(f"key '{key}'")
-            parts.append(f"value {value!r}")
+            shown = repr(value)
+            if len(shown) > MAX_VALUE_CHARS:  # a 400-digit number or a pasted file: say what, not all
+                shown = f"{shown[:MAX_VALUE_CHARS // 2]}…{shown[-20:]} ({len(shown)} chars)"
+            parts.append(f"value {shown}")
         if file is not None:
             parts.append(f"in {file}")
         where = (" [" + ", ".join(parts) + "]") if parts else ""

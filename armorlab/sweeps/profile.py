@@ -55,8 +55,8 @@ def _int_at_least(lo: int, *, optional: bool = False) -> Callable[[Any], int | N
 def _mem(v: Any) -> float | None:
     if v is None:
         return None
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
-        raise Invalid("must be a positive number of GB or null")
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < float("inf"):
+        raise Invalid("must be a positive finite number of GB or null")
     return v
 
 
