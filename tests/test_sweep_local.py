@@ -182,6 +182,24 @@ def test_a_trainer_killed_without_a_word_is_marked_failed(tmp_path, monkeypatch)
     assert rd.read_status()["reason"] == "training process ended with signal SIGKILL"
 
 
+def test_a_stop_signal_during_trainer_start_up_is_a_preemption(tmp_path, monkeypatch):
+    """Issue 13 §5: Ctrl-C / cancel lands before the trainer installed its handler (it dies of the
+    SIGTERM we sent): the run is pending (resumable), not failed."""
+    slow_start = ("import pathlib, sys, time; pathlib.Path(sys.argv[-1], 'started').write_text('1'); "
+                  "time.sleep(120)")
+    monkeypatch.setenv(ENV_COMMAND, json.dumps([sys.executable, "-c", slow_start]))
+    plan = plan_sweep(write_spec(tmp_path / "e.yaml", {"name": "e"}), root=tmp_path / "runs")
+    rd = RunDir.create(tmp_path / "runs" / "e", plan.runs[0].config)
+    job, result = TrainJob(rd.path), {}
+    t = threading.Thread(target=lambda: result.update(outcome=job.run()))
+    t.start()
+    wait_for(lambda: (rd.path / "started").exists(), 60, "the trainer to start")
+    assert job.interrupt(signal.SIGTERM)
+    t.join(60)
+    assert result["outcome"].returncode == 75 and result["outcome"].state == "pending"
+    assert rd.read_status()["state"] == "pending" and "preempted" in rd.read_status()["reason"]
+
+
 def test_lost_runs_are_shown_and_resubmitted(tmp_path, standin):
     spec = _spec(tmp_path, grid={"objective": ["dapo"]}, seeds=[0])
     root = tmp_path / "runs"

@@ -243,13 +243,15 @@ def test_sigterm_requeues_the_running_trial_without_counting_a_retry(tmp_path, m
     ctx = prepare_study(p, root=tmp_path / "runs")
     w = subprocess.Popen([sys.executable, "-m", "armorlab.tune.worker", str(ctx.study_dir), "--poll", "0.1"],
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 60
-    while not any(t.state == TrialState.RUNNING and t.user_attrs.get("runs") for t in trials(ctx.study_dir)):
-        assert time.monotonic() < deadline
+    # Synchronise on what the stand-in does, not on time: its first metrics line comes after its
+    # SIGTERM handler is installed, so the signal lands mid-training (a busy machine once made a
+    # fixed sleep too short: the trainer died of SIGTERM while starting, counted as a crash).
+    deadline = time.monotonic() + 120
+    while not any(p.stat().st_size for p in ctx.study_dir.glob("*/metrics.jsonl")):
+        assert time.monotonic() < deadline and w.poll() is None
         time.sleep(0.05)
-    time.sleep(0.3)
     w.send_signal(signal.SIGTERM)
-    assert w.wait(timeout=30) == 75
+    assert w.wait(timeout=60) == 75
     ts = trials(ctx.study_dir)
     failed = [t for t in ts if t.state == TrialState.FAIL]
     waiting = [t for t in ts if t.state == TrialState.WAITING]
@@ -262,6 +264,35 @@ def test_sigterm_requeues_the_running_trial_without_counting_a_retry(tmp_path, m
     ts = trials(ctx.study_dir)
     assert Counter(t.state for t in ts)[TrialState.COMPLETE] == 2
     assert rd.read_status()["state"] == "completed" and rd.read_status()["attempt"] == 2
+
+
+def test_sigterm_while_the_trainer_starts_is_a_preemption_not_a_crash(tmp_path, monkeypatch):
+    """Issue 13 §5, the race itself, made deterministic: the trainer is alive but has no SIGTERM
+    handler yet (still importing), so the worker's forwarded SIGTERM kills it. That is still the
+    worker's interruption: re-queued without counting a retry, the run pending, not failed."""
+    slow_start = ("import pathlib, sys, time; pathlib.Path(sys.argv[-1], 'started').write_text('1'); "
+                  "time.sleep(120)")
+    monkeypatch.setenv("ARMORLAB_TRAIN_COMMAND", json.dumps([sys.executable, "-c", slow_start]))
+    p = spec(tmp_path, "early", """
+        space:
+          alpha: {type: categorical, choices: [0.5, 0.7]}
+        sampler: {type: grid}
+    """)
+    ctx = prepare_study(p, root=tmp_path / "runs")
+    w = subprocess.Popen([sys.executable, "-m", "armorlab.tune.worker", str(ctx.study_dir), "--poll", "0.1"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not list(ctx.study_dir.glob("*/started")):
+        assert time.monotonic() < deadline and w.poll() is None
+        time.sleep(0.05)
+    w.send_signal(signal.SIGTERM)
+    assert w.wait(timeout=60) == 75
+    ts = trials(ctx.study_dir)
+    failed = [t for t in ts if t.state == TrialState.FAIL]
+    waiting = [t for t in ts if t.state == TrialState.WAITING]
+    assert len(failed) == 1 and len(waiting) == 1 and waiting[0].user_attrs["retries"] == 0
+    status = RunDir(ctx.study_dir / failed[0].user_attrs["runs"][0]).read_status()
+    assert status["state"] == "pending" and "preempted" in status["reason"]
 
 
 def test_reconcile_fails_dead_owners_only_and_respects_max_retries(tmp_path):

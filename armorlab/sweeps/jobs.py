@@ -123,6 +123,7 @@ class TrainJob(Checkpointable):
         self.accelerate_config = accelerate_config
         self._proc: subprocess.Popen | None = None
         self._done = threading.Event()
+        self._asked: set[int] = set()  # stop signals sent to this attempt's trainer
 
     def __repr__(self) -> str:
         return f"TrainJob({self.run_dir!r}, launcher={self.launcher!r})"
@@ -163,6 +164,7 @@ class TrainJob(Checkpointable):
             out = open(log_path, "ab")  # noqa: SIM115 - closed below, after the child exits
         try:
             self._done.clear()
+            self._asked = set()
             self._proc = subprocess.Popen(
                 argv, cwd=os.getcwd(), env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL,
                 stdout=out, stderr=subprocess.STDOUT if out is not None else None,
@@ -181,6 +183,12 @@ class TrainJob(Checkpointable):
                 out.close()
         rc = self._proc.returncode
         status = rd.read_status()
+        if rc < 0 and -rc in self._asked and status["state"] in ("running", "pending"):
+            # the stop signal we sent came before the trainer had its handler up (still
+            # importing): a preemption with nothing to checkpoint yet, not a failed run
+            status = rd.write_status("pending", reason=f"preempted during start-up ({describe_exit(rc)} "
+                                     "before the trainer could checkpoint)")
+            rc = EXIT_PREEMPTED
         if rc not in (EXIT_COMPLETED, EXIT_PREEMPTED) and status["state"] in ("running", "pending"):
             # the trainer died without recording why (killed, out of memory, crashed on start)
             status = rd.write_status("failed", reason=f"training process ended with {describe_exit(rc)}")
@@ -196,6 +204,7 @@ class TrainJob(Checkpointable):
         proc = self._proc
         if proc is None or proc.returncode is not None:
             return False
+        self._asked.add(sig)
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:

@@ -517,6 +517,12 @@ class Worker:
                 time.sleep(self.poll_s)
         self.proc = None
         status = rd.read_status()
+        if self.interrupted and rc == -signal.SIGTERM and status["state"] in ("running", "pending"):
+            # our SIGTERM came before the trainer had its handler up (still starting): a
+            # preemption like any other, not a crash of the trial; nothing to checkpoint yet
+            status = rd.write_status("pending", reason="preempted during start-up (SIGTERM before the "
+                                     "trainer could checkpoint)")
+            rc = EXIT_PREEMPTED
         if rc not in (0, EXIT_PREEMPTED) and status["state"] in ("running", "pending"):
             # killed, out of memory, crashed on start: say so in the run dir as a sweep job would
             from armorlab.sweeps.jobs import describe_exit
