@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -96,6 +97,24 @@ def cut_at_eos(ids: list[int], eos_token_ids: Sequence[int]) -> list[int]:
         if tok in eos_token_ids:
             return ids[:i + 1]
     return ids
+
+
+def pack_rows(rows: Sequence[tuple[Sequence[int], Sequence[int]]], pad_token_id: int,
+              device: Any = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(input_ids, attention_mask, completion_mask) for (prompt ids, completion ids) pairs.
+
+    Left-padded prompt + right-padded completion: the layout TRL scores log-probs with, so
+    teacher-forced passes over reference draws see the same conditionals as the policy's rows.
+    The completion occupies the last ``completion_mask.size(1)`` columns.
+    """
+    width_p = max(len(p) for p, _ in rows)
+    width_c = max(len(c) for _, c in rows)
+    ids = torch.tensor([[pad_token_id] * (width_p - len(p)) + list(p) + list(c) + [pad_token_id] * (width_c - len(c))
+                        for p, c in rows], device=device)
+    att = torch.tensor([[0] * (width_p - len(p)) + [1] * (len(p) + len(c)) + [0] * (width_c - len(c))
+                        for p, c in rows], device=device)
+    comp_mask = torch.tensor([[1] * len(c) + [0] * (width_c - len(c)) for _, c in rows], device=device)
+    return ids, att, comp_mask
 
 
 # --------------------------------------------------------------------------- cache
@@ -184,6 +203,7 @@ class GroupOutcome:
     reward: float | None        # its reward
     solvable: bool              # the reference found at least one correct sample
     cached: bool                # the draw came from the cache
+    fresh: tuple[Completion, ...] = ()  # all k draws when sampled now (unconditioned π_ref samples), else ()
 
 
 # score(requests, completions) -> rewards, completions[i] holding the k samples of requests[i]
@@ -227,8 +247,42 @@ class AnchorRollout:
                 reward=None if idx is None else draw.rewards[idx],
                 solvable=bool(draw.correct(self.threshold)),
                 cached=not fresh,
+                fresh=tuple(draw.samples) if fresh else (),
             ))
         return outcomes, generated
+
+
+def forward_kl_rows(requests: Sequence[GroupRequest], outcomes: Sequence[GroupOutcome], limit: int,
+                    rng: random.Random) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, completion ids) of reference draws to estimate KL(π_ref‖π_θ) on, at most ``limit``.
+
+    Only FRESH draws, and all k of them (before the rejection): those are unconditioned samples
+    of π_ref, independent of π_θ. A cached draw is not: the policy has since trained on the
+    anchor picked from it, which raises log π_θ on exactly that sample and would bias the
+    estimate down. Anchors themselves are reward-filtered samples (π_ref | correct), so they
+    estimate neither direction. A uniform subsample keeps the estimate unbiased.
+    """
+    rows = [(list(req.prompt_ids), list(c.ids)) for req, out in zip(requests, outcomes, strict=True)
+            for c in out.fresh if c.ids]
+    if len(rows) > limit:
+        rows = [rows[i] for i in sorted(rng.sample(range(len(rows)), limit))]
+    return rows
+
+
+def gate_success(rewards: torch.Tensor, is_anchor: torch.Tensor, solvable: torch.Tensor, group_size: int,
+                 threshold: float) -> dict[str, tuple[float, float]]:
+    """How hard the gate's dropped queries are for the policy: (successes, rows) on each side.
+
+    Over the gathered generation batch (N,): the policy's own on-policy rows (anchors excluded,
+    unscored rows too) with reward ≥ ``threshold``, split by whether the reference solved the
+    group (kept by the gate) or not (dropped, or dropped if the gate were on). ``solvable`` is
+    laid out as for :func:`group_keep`.
+    """
+    keep = group_keep(solvable, group_size)
+    scored = (~is_anchor.bool() & ~rewards.isnan()).float()
+    success = (torch.nan_to_num(rewards, nan=-math.inf) >= threshold).float()
+    return {"anchor/gate_keep_success": (float(success @ (scored * keep)), float(scored @ keep)),
+            "anchor/gate_drop_success": (float(success @ (scored * (1 - keep))), float(scored @ (1 - keep)))}
 
 
 # --------------------------------------------------------------------------- groups across processes

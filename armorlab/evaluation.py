@@ -9,6 +9,8 @@
   sequence and averaged over sequences, at the training temperature, on a fixed set of probe
   prompts (the first ``kl_probe_prompts`` validation prompts). The ``kl/reverse_k*`` and
   ``kl/forward_k*`` estimators are logged on the same sequence-sum scale, so the probe checks them.
+- ``val/n`` / ``test/n``: how many scored completions stand behind ``acc`` (prompts × k, summed
+  over processes), so analysis knows the binomial noise of each eval.
 
 Sampling runs under a forked RNG seeded by (seed, step): validation is reproducible and never
 moves the training RNG, so ``val_every`` cannot change a run's training trajectory.
@@ -24,7 +26,7 @@ from typing import Any
 
 import torch
 
-from armorlab.anchors import Completion, TransformersSampler
+from armorlab.anchors import Completion, TransformersSampler, pack_rows
 from armorlab.telemetry import StepStats, exact_kl
 
 log = logging.getLogger(__name__)
@@ -64,16 +66,9 @@ def sequence_exact_kl(model_p: Any, model_q: Any, prompt_ids: Sequence[Sequence[
     total = 0.0
     device = next(model_p.parameters()).device
     for start in range(0, len(rows), batch_size):
-        chunk = rows[start:start + batch_size]
-        width_p = max(len(p) for p, _ in chunk)
-        width_c = max(len(c) for _, c in chunk)
-        ids = torch.tensor([[pad_token_id] * (width_p - len(p)) + p + c + [pad_token_id] * (width_c - len(c))
-                            for p, c in chunk], device=device)
-        att = torch.tensor([[0] * (width_p - len(p)) + [1] * (len(p) + len(c)) + [0] * (width_c - len(c))
-                            for p, c in chunk], device=device)
-        comp_mask = torch.tensor([[1] * len(c) + [0] * (width_c - len(c)) for _, c in chunk], device=device)
-        # logits at position i predict token i+1: the completion is predicted by [width_p-1, width_p+width_c-1)
-        sl = slice(width_p - 1, width_p + width_c - 1)
+        ids, att, comp_mask = pack_rows(rows[start:start + batch_size], pad_token_id, device)
+        # logits at position i predict token i+1: the T completion tokens by the T positions before the last
+        sl = slice(ids.size(1) - comp_mask.size(1) - 1, ids.size(1) - 1)
         logits_p = model_p(input_ids=ids, attention_mask=att).logits[:, sl] / temperature
         logits_q = model_q(input_ids=ids, attention_mask=att).logits[:, sl] / temperature
         total += float((exact_kl(logits_p, logits_q) * comp_mask).sum())
@@ -111,6 +106,17 @@ class Validator:
                 policy.train(was_training)
         return stats.reduce(tr.accelerator)
 
+    def reference_accuracy(self, step: int) -> float | None:
+        """avg@k of π_ref on the val split (``ref/val_acc``): the quality of the anchor source."""
+        if "val" not in self.splits:
+            return None
+        tr = self.trainer
+        stats = StepStats()
+        with forked_rng(tr.args.seed * 100_003 + step):
+            self._split(stats, "val", self.splits["val"], tr.accelerator.process_index, tr.accelerator.num_processes,
+                        tr.ref_model)
+        return stats.reduce(tr.accelerator).get("val/acc")
+
     def _sampler(self, model: Any, temperature: float) -> TransformersSampler:
         tr = self.trainer
         cfg = copy.deepcopy(tr.armorlab_generation_config)
@@ -135,6 +141,7 @@ class Validator:
             parts = {"acc": (0.0, 0.0), "pass@k": (0.0, 0.0), "length": (0.0, 0.0)}
         for key, (total, count) in parts.items():
             stats.add(f"{name}/{key}", total, count)
+        stats.total(f"{name}/n", parts["acc"][1])
 
     def _probe(self, stats: StepStats, ds: Any, rank: int, world: int, policy: Any) -> None:
         tr = self.trainer

@@ -55,6 +55,22 @@ def kl_k3(log_ratio: torch.Tensor) -> torch.Tensor:
     return torch.expm1(log_ratio) - log_ratio
 
 
+def sequence_kl_estimates(sample_logp: torch.Tensor, other_logp: torch.Tensor, mask: torch.Tensor,
+                          names: tuple[str, ...] = ("k1", "k2", "k3")) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sequence-level KL(p‖q) estimates from sequences y ~ p: (Σ_y Σ_t k(log r_t) per estimator, #sequences).
+
+    log r_t = log q(y_t|y<t) − log p(y_t|y<t), with ``sample_logp`` = log p (the distribution the
+    sequences were SAMPLED from) and ``other_logp`` = log q. By the chain rule
+    E_{y~p}[Σ_t k1] = E_{y~p}[Σ_t k3] = KL(p‖q) over whole sequences; k2 is biased. Reverse KL
+    KL(π_θ‖π_ref) takes π_θ's samples (sample = π_θ, other = π_ref); forward KL(π_ref‖π_θ) takes
+    unconditioned π_ref samples (sample = π_ref, other = π_θ). Returned as totals (E,) and a
+    count so callers can reduce across processes before dividing.
+    """
+    estimators = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
+    log_r = other_logp.detach().float() - sample_logp.detach().float()
+    return sequence_sum_mean(torch.stack([estimators[n](log_r) for n in names]), mask.float())
+
+
 def sequence_sum_mean(per_token: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(Σ over sequences of the per-sequence token sum, number of sequences): a sequence-level KL.
 
@@ -77,13 +93,14 @@ class StepStats:
     """Collect (name → sum, count) pairs and reduce them across processes in ONE collective.
 
     Values stay tensors (no device sync) until ``reduce``, which stacks them and reads them back
-    once. A name whose global count is 0 is not logged (e.g. ``kl/forward_*`` on a step without
-    anchors).
+    once. A name whose global count is 0 is not logged (e.g. ``kl/forward_*`` on a generation
+    without fresh reference draws).
     """
 
     def __init__(self) -> None:
         self._names: list[str] = []
         self._values: list[Any] = []  # total, count, total, count, ... (tensors or numbers)
+        self._sums: set[str] = set()
 
     def add(self, name: str, total: torch.Tensor | float, count: torch.Tensor | float) -> None:
         self._names.append(name)
@@ -91,6 +108,11 @@ class StepStats:
 
     def mean(self, name: str, value: torch.Tensor | float) -> None:
         """A value that is already a mean: averaged over processes (count 1 each)."""
+        self.add(name, value, 1.0)
+
+    def total(self, name: str, value: torch.Tensor | float) -> None:
+        """A count summed over processes and logged as the sum (e.g. ``val/n``), not averaged."""
+        self._sums.add(name)
         self.add(name, value, 1.0)
 
     def reduce(self, accelerator: Any = None) -> dict[str, float]:
@@ -113,7 +135,8 @@ class StepStats:
             acc = sums.setdefault(name, [0.0, 0.0])
             acc[0] += flat[2 * i]
             acc[1] += flat[2 * i + 1]
-        return {name: total / count for name, (total, count) in sums.items() if count > 0}
+        return {name: total if name in self._sums else total / count
+                for name, (total, count) in sums.items() if count > 0}
 
 
 # --------------------------------------------------------------------------- names

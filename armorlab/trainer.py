@@ -7,7 +7,9 @@ TRL does the generation, rewards, advantages, batching and optimisation; this su
 - ``_calculate_rewards``: remembers the rewards it returns (per-step ``train/reward``);
 - ``_generate_and_score_completions``: adds per-row tensors (first dim B, so they survive TRL's
   shuffle/split over ``steps_per_generation``): ``ref_per_token_logps`` also at β = 0,
-  ``armorlab_is_anchor``, ``armorlab_keep`` (the gate), ``armorlab_group``, rewards, lengths;
+  ``armorlab_is_anchor``, ``armorlab_keep`` (the gate), ``armorlab_group``, rewards, lengths, and
+  per-generation metrics as 0-d tensors: ``kl/forward_*`` on the unconditioned reference draws
+  behind the anchors (``anchors.forward_kl_rows``) and the gate's kept/dropped success rates;
 - ``_compute_loss``: ``armorlab.objectives.policy_loss`` (+ TRL's β·k3 KL term when β ≠ 0) and
   the per-step telemetry;
 - ``_save_checkpoint`` / ``_load_optimizer_and_scheduler``: π_ref, the anchor cache and TRL's
@@ -25,6 +27,7 @@ import contextlib
 import json
 import math
 import os
+import random
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,7 +38,7 @@ from torch import nn
 from transformers import GenerationConfig, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 from trl.data_utils import is_conversational
-from trl.models.utils import unwrap_model_for_generation
+from trl.models.utils import disable_gradient_checkpointing, unwrap_model_for_generation
 from trl.trainer.utils import RepeatSampler, add_fused_lm_head, is_async_callable
 
 from armorlab import anchors as anc
@@ -44,9 +47,12 @@ from armorlab.config import FIELDS, INERT_KEYS
 from armorlab.errors import ArmorLabError
 from armorlab.evaluation import Validator
 from armorlab.reference import ReferencePolicy, build_reference_model
-from armorlab.telemetry import StepStats, TokenDump, kl_k1, kl_k2, kl_k3, sequence_sum_mean
+from armorlab.telemetry import StepStats, TokenDump, kl_k3, sequence_kl_estimates
 
 STATE_FILE = "armorlab_state.json"
+# Per-generation metrics ride in the batch as 0-d tensors "<prefix><name>:total" / ":count", which
+# TRL's shuffle/split hands unchanged to every step of the generation.
+GENERATION_STAT = "armorlab_gen:"
 
 
 class NonFiniteLossError(RuntimeError):
@@ -150,6 +156,9 @@ class ArmorLabTrainer(GRPOTrainer):
     """
 
     _tag_names = ["trl", "grpo", "armorlab"]
+    # reference draws per process and generation scored for kl/forward_* (benchmarks/step_overhead.py
+    # sizes it; 0 turns the estimate off)
+    forward_kl_rows = 16
 
     def __init__(self, model: Any, reward_funcs: Any, args: ArmorLabConfig, *, val_dataset: Any = None,
                  test_dataset: Any = None, reference_sampler: anc.ReferenceSampler | None = None,
@@ -293,6 +302,8 @@ class ArmorLabTrainer(GRPOTrainer):
                     for i in idx]
             outcomes, generated = self.anchor_rollout.run(reqs, seed=self.args.seed, step=self.state.global_step)
             marks.update(groups=len(idx), cached=sum(o.cached for o in outcomes), generated=generated)
+            rng = random.Random(f"{self.args.seed}:{self.state.global_step}:{self.accelerator.process_index}")
+            marks["forward_rows"] = anc.forward_kl_rows(reqs, outcomes, self.forward_kl_rows, rng)
             for i, o in zip(idx, outcomes, strict=True):
                 solvable[i] = float(o.solvable)
                 if self.args.anchor and o.anchor is not None:
@@ -346,11 +357,18 @@ class ArmorLabTrainer(GRPOTrainer):
                 counts = self.accelerator.reduce(counts, reduction="sum")
             groups, injected, cached, generated = counts.tolist()
             dropped = 0.0
+            solvable = self.accelerator.gather(marks["solvable"].to(device))
             if self.args.anchor_gate:
-                solvable = self.accelerator.gather(marks["solvable"].to(device))
                 keep_all = anc.group_keep(solvable, self.num_generations)
                 keep = keep_all[start:start + n]
                 dropped = float((1.0 - keep_all).sum()) / self.num_generations
+            per_generation = anc.gate_success(
+                self._rewards_gathered.to(device), self.accelerator.gather(marks["is_anchor"].to(device)),
+                solvable, self.num_generations, self.args.anchor_reward_threshold)
+            per_generation.update(self._forward_kl(marks.get("forward_rows", [])))
+            for name, (total, count) in per_generation.items():
+                output[f"{GENERATION_STAT}{name}:total"] = torch.as_tensor(total, dtype=torch.float32, device=device)
+                output[f"{GENERATION_STAT}{name}:count"] = torch.as_tensor(count, dtype=torch.float32, device=device)
             groups = max(groups, 1.0)
             # 0-d tensors pass unchanged through TRL's shuffle/split: every step of this generation sees them
             output["armorlab_anchor_rate"] = torch.tensor(injected / groups, device=device)
@@ -359,6 +377,27 @@ class ArmorLabTrainer(GRPOTrainer):
             self._ref_samples_pending += generated
         output["armorlab_keep"] = keep
         return output
+
+    @torch.no_grad()
+    def _forward_kl(self, rows: list) -> dict[str, tuple[Any, Any]]:
+        """KL(π_ref‖π_θ) estimates (k1, k3) on unconditioned reference draws: (sum, sequences).
+
+        π_θ is the policy that generated this batch, scored teacher-forced like TRL's rows. Every
+        process scores the same number of rows (the fewest any has), so the forwards of a
+        wrapped or sharded model stay collective.
+        """
+        count = len(rows)
+        if self.accelerator.num_processes > 1:
+            count = int(self.accelerator.gather(torch.tensor([count], device=self.accelerator.device)).min())
+        if count == 0:
+            return {}
+        ids, att, mask = anc.pack_rows(rows[:count], self._tokenizer.pad_token_id, self.accelerator.device)
+        width, batch = mask.size(1), self.args.per_device_train_batch_size
+        with disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
+            logp, _, _ = self._get_per_token_logps_and_entropies(self.model, ids, att, width, batch_size=batch)
+        ref, _, _ = self._get_per_token_logps_and_entropies(self.ref_model, ids, att, width, batch_size=batch)
+        totals, sequences = sequence_kl_estimates(ref, logp, mask, names=("k1", "k3"))
+        return {"kl/forward_k1": (totals[0], sequences), "kl/forward_k3": (totals[1], sequences)}
 
     @torch.no_grad()
     def _reference_logps(self, output: dict) -> torch.Tensor:
@@ -434,15 +473,14 @@ class ArmorLabTrainer(GRPOTrainer):
             stats.mean(name if name.startswith("obj/") else f"obj/{name}", value)
         stats.mean("obj/policy_loss", out.loss)
         if ref is not None:
-            reverse = ref - logp.detach()  # log(π_ref/π_θ) on samples of π_θ
-            totals, count = sequence_sum_mean(torch.stack([kl_k1(reverse), kl_k2(reverse), kl_k3(reverse)]), on_tok)
+            totals, count = sequence_kl_estimates(logp, ref, on_tok)  # samples of π_θ: KL(π_θ‖π_ref)
             for i, name in enumerate(("k1", "k2", "k3")):
                 stats.add(f"kl/reverse_{name}", totals[i], count)
-            if self.args.anchor:  # anchors are samples of π_ref: forward KL estimates
+            if self.args.anchor:  # reward-filtered π_ref samples: neither direction, logged as such
                 anchor_tok = token_mask * is_anchor.float().unsqueeze(1)
-                totals, count = sequence_sum_mean(torch.stack([kl_k1(-reverse), kl_k3(-reverse)]), anchor_tok)
-                stats.add("kl/forward_k1", totals[0], count)
-                stats.add("kl/forward_k3", totals[1], count)
+                totals, count = sequence_kl_estimates(ref, logp, anchor_tok, names=("k1", "k3"))
+                stats.add("anchor/kl_k1", totals[0], count)
+                stats.add("anchor/kl_k3", totals[1], count)
         cap = probability_capacity(args.objective, olp.detach(), adv, mask, ref_logp=ref, alpha=alpha,
                                    eps_low=self.epsilon_low, eps_high=self.epsilon_high)
         for name, value in capacity_summary(cap, olp.detach(), adv, mask).items():
@@ -452,6 +490,12 @@ class ArmorLabTrainer(GRPOTrainer):
             stats.mean("anchor/gate_drop", inputs["armorlab_gate_drop"])
             anchors = is_anchor.float()
             stats.add("anchor/reward", torch.nan_to_num(rewards) @ anchors, anchors.sum())
+            stats.add("anchor/adv_mean", (adv if adv.dim() == 1 else adv.mean(1)) @ anchors, anchors.sum())
+            stats.add("anchor/share", (mask * anchors.unsqueeze(1)).sum(), mask.sum())
+            for key in inputs:  # per-generation (total, count): equal on every step and micro-batch
+                if key.startswith(GENERATION_STAT) and key.endswith(":total"):
+                    name = key[len(GENERATION_STAT):-len(":total")]
+                    stats.add(name, inputs[key], inputs[f"{GENERATION_STAT}{name}:count"])
         stats.mean("ref/resets", float(self.reference.resets))
         for name, value in stats.reduce(self.accelerator).items():
             self._metrics["train"][name].append(value)
@@ -515,17 +559,29 @@ class _ArmorLabCallback(TrainerCallback):
             # transformers' own log: TRL's would fold in (and clear) pending training metrics
             from transformers import Trainer
 
-            Trainer.log(tr, tr.validator.run(0))
+            logs = tr.validator.run(0)
+            if "val/acc" in logs:  # the initial π_ref is the initial policy
+                logs["ref/val_acc"] = logs["val/acc"]
+            Trainer.log(tr, logs)
 
     def on_step_end(self, args, state, control, **kwargs):
         tr, step = self.trainer, state.global_step
+        validated: dict[str, float] = {}
         if args.val_every > 0 and step % args.val_every == 0 and tr.validator.enabled:
-            for name, value in tr.validator.run(step).items():
+            validated = tr.validator.run(step)
+            for name, value in validated.items():
                 tr._metrics["train"][name].append(value)
             control.should_log = True
         if tr.reference.due(step):
             tr.reference.reset_from(tr.accelerator.unwrap_model(tr.model), step)
             if tr.anchor_rollout is not None:
                 tr.anchor_rollout.cache.clear()
+            if args.val_every > 0:
+                # the new π_ref is this step's policy: its val/acc when validated now (same weights,
+                # same seeded samples), else a validation pass of π_ref itself
+                acc = validated["val/acc"] if "val/acc" in validated else tr.validator.reference_accuracy(step)
+                if acc is not None:
+                    tr._metrics["train"]["ref/val_acc"].append(acc)
+                    control.should_log = True
         tr.token_dump.flush(step)
         return control
