@@ -156,9 +156,10 @@ class ArmorLabTrainer(GRPOTrainer):
     """
 
     _tag_names = ["trl", "grpo", "armorlab"]
-    # reference draws per process and generation scored for kl/forward_* (benchmarks/step_overhead.py
-    # sizes it; 0 turns the estimate off)
-    forward_kl_rows = 16
+    # reference draws scored for kl/forward_* per generation, as a share of the process's generation
+    # rows: two no-grad forwards on n/8 rows against generating and training n rows keeps the step
+    # overhead near 5 % at any batch size (benchmarks/step_overhead.py part 3); 0 turns it off
+    forward_kl_share = 0.125
 
     def __init__(self, model: Any, reward_funcs: Any, args: ArmorLabConfig, *, val_dataset: Any = None,
                  test_dataset: Any = None, reference_sampler: anc.ReferenceSampler | None = None,
@@ -303,7 +304,8 @@ class ArmorLabTrainer(GRPOTrainer):
             outcomes, generated = self.anchor_rollout.run(reqs, seed=self.args.seed, step=self.state.global_step)
             marks.update(groups=len(idx), cached=sum(o.cached for o in outcomes), generated=generated)
             rng = random.Random(f"{self.args.seed}:{self.state.global_step}:{self.accelerator.process_index}")
-            marks["forward_rows"] = anc.forward_kl_rows(reqs, outcomes, self.forward_kl_rows, rng)
+            limit = max(1, int(n * self.forward_kl_share)) if self.forward_kl_share > 0 else 0
+            marks["forward_rows"] = anc.forward_kl_rows(reqs, outcomes, limit, rng)
             for i, o in zip(idx, outcomes, strict=True):
                 solvable[i] = float(o.solvable)
                 if self.args.anchor and o.anchor is not None:

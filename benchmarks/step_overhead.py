@@ -18,7 +18,13 @@ Part 2: anchor rollout (ARMOR, gate on) on a train set of exactly one generation
 prompts, so each recurs 4× per reference window (τ = 4 generations): reference samples per
 step and cycle time with the per-window cache and with it disabled.
 
-Last line: ``overhead_max=<x>`` (the largest part-1 ratio).
+Part 3: the forward-KL estimate (``kl/forward_*`` on the unconditioned reference draws behind
+the anchors, ``ArmorLabTrainer.forward_kl_share`` of the generation's rows) against the same
+ARMOR run with it off (``forward_kl_share = 0``), anchors and gate on, learning rate 0, alternated;
+``forward_kl_overhead=`` is median(on) / median(off). Target ≤ 1.10.
+
+``--parts 3`` runs only part 3. Last line: ``overhead_max=<x>`` (the largest part-1 ratio) when
+part 1 runs, else ``forward_kl_overhead=<x>``.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=24, help="optimizer steps per run")
     parser.add_argument("--rounds", type=int, default=5, help="runs per variant, alternated")
     parser.add_argument("--wall", action="store_true", help="wall-clock instead of thread CPU time")
+    parser.add_argument("--parts", default="1,2,3", help="which parts to run, e.g. 3 or 1,3")
     opts = parser.parse_args()
 
     import logging
@@ -104,15 +111,15 @@ def main() -> None:
                           **{**trl_keys, **frozen, "beta": 0.001}, save_strategy="no", disable_tqdm=True)
         return quiet(GRPOTrainer(model_path, task.reward_funcs, args=args, train_dataset=task.train))
 
-    def armorlab(objective: str, **extra):
+    def armorlab(objective: str, trainer_cls=ArmorLabTrainer, **extra):
         def make(out: Path):
             cfg = resolve({**base, "objective": objective, **extra})
             rd = RunDir.create(out, cfg)
             args = make_args(cfg, rd)
             args.save_strategy, args.disable_tqdm = "no", True
             own = build_task(cfg["task"])
-            return quiet(ArmorLabTrainer(model_path, own.reward_funcs, args, train_dataset=own.train,
-                                         tokens_dir=rd.tokens_dir, callbacks=[RunDirLogger(rd)]))
+            return quiet(trainer_cls(model_path, own.reward_funcs, args, train_dataset=own.train,
+                                     tokens_dir=rd.tokens_dir, callbacks=[RunDirLogger(rd)]))
         return make
 
     def run(make, out: Path, prepare=None) -> tuple[list[float], object]:
@@ -125,63 +132,87 @@ def main() -> None:
         trainer.train()
         return timer.cycles[1:], trainer  # the first cycle warms up allocators and caches
 
-    # ---------------------------------------------------------------- part 1
-    variants = {"stock dapo (beta=0.001)": stock, "armorlab dapo": armorlab("dapo", **frozen),
-                "armorlab up": armorlab("up", **frozen),
-                "armorlab armor (anchor off)": armorlab("armor", anchor=False, anchor_gate=False, **frozen)}
-    cycles: dict[str, list[float]] = {name: [] for name in variants}
-    names = list(variants)
-    for r in range(opts.rounds):
-        order = names[r % len(names):] + names[:r % len(names)]  # rotate who goes first
-        for name in order:
-            times, _ = run(variants[name], work / name.split()[1])
-            cycles[name].extend(times)
-    ref = statistics.median(cycles[names[0]])
-    unit = "wall" if opts.wall else "cpu"
-    print(f"step overhead: {opts.rounds} rounds × {opts.steps} steps, median {unit} time per "
-          f"generation cycle ({spg} steps)")
+    parts = {int(p) for p in opts.parts.split(",")}
     ratios = {}
-    for name in names:
-        med = statistics.median(cycles[name])
-        ratios[name] = med / ref
-        print(f"  {name:30s} {1000 * med:8.1f} ms/cycle  ratio {ratios[name]:.3f}  (n={len(cycles[name])})")
+    if 1 in parts:
+        # ---------------------------------------------------------------- part 1
+        variants = {"stock dapo (beta=0.001)": stock, "armorlab dapo": armorlab("dapo", **frozen),
+                    "armorlab up": armorlab("up", **frozen),
+                    "armorlab armor (anchor off)": armorlab("armor", anchor=False, anchor_gate=False, **frozen)}
+        cycles: dict[str, list[float]] = {name: [] for name in variants}
+        names = list(variants)
+        for r in range(opts.rounds):
+            order = names[r % len(names):] + names[:r % len(names)]  # rotate who goes first
+            for name in order:
+                times, _ = run(variants[name], work / name.split()[1])
+                cycles[name].extend(times)
+        ref = statistics.median(cycles[names[0]])
+        unit = "wall" if opts.wall else "cpu"
+        print(f"step overhead: {opts.rounds} rounds × {opts.steps} steps, median {unit} time per "
+              f"generation cycle ({spg} steps)")
+        for name in names:
+            med = statistics.median(cycles[name])
+            ratios[name] = med / ref
+            print(f"  {name:30s} {1000 * med:8.1f} ms/cycle  ratio {ratios[name]:.3f}  (n={len(cycles[name])})")
 
-    # ---------------------------------------------------------------- part 2
-    # the train set is exactly one generation batch, so every prompt recurs once per generation
-    # and 4 times per reference window of 4 generations
-    per_generation = cfg0["per_device_train_batch_size"] * spg // cfg0["num_generations"]
-    tau = 4 * spg
-    anchor_base = {"task": {"name": "arithmetic", "train_size": per_generation}, "anchor": True,
-                   "anchor_gate": True, "ref_reset_steps": tau, "max_steps": 2 * tau}
+    if 2 in parts:
+        # ---------------------------------------------------------------- part 2
+        # the train set is exactly one generation batch, so every prompt recurs once per generation
+        # and 4 times per reference window of 4 generations
+        per_generation = cfg0["per_device_train_batch_size"] * spg // cfg0["num_generations"]
+        tau = 4 * spg
+        anchor_base = {"task": {"name": "arithmetic", "train_size": per_generation}, "anchor": True,
+                       "anchor_gate": True, "ref_reset_steps": tau, "max_steps": 2 * tau}
 
-    def forget(trainer):
-        rollout = trainer.anchor_rollout
-        original = rollout.run
+        def forget(trainer):
+            rollout = trainer.anchor_rollout
+            original = rollout.run
 
-        def run_without_cache(*args, **kwargs):
-            rollout.cache.clear()
-            return original(*args, **kwargs)
+            def run_without_cache(*args, **kwargs):
+                rollout.cache.clear()
+                return original(*args, **kwargs)
 
-        rollout.run = run_without_cache
+            rollout.run = run_without_cache
 
-    print(f"anchor rollout: {per_generation} prompts, each recurring 4× per reference window (τ={tau} steps), "
-          f"k={cfg0['anchor_samples'] or 4}")
-    results = {}
-    for label, prepare in (("with cache", None), ("without cache", forget)):
-        samples, times = [], []
-        for _ in range(max(1, opts.rounds // 2)):
-            t, trainer = run(armorlab("armor", **anchor_base), work / "anchor", prepare)
-            times.extend(t)
-            logged = [h["anchor/ref_samples"] for h in trainer.state.log_history if "anchor/ref_samples" in h]
-            samples.append(sum(logged) / len(logged))
-        results[label] = (statistics.mean(samples), statistics.median(times))
-    for label, (per_step, cycle) in results.items():
-        print(f"  {label:14s} reference samples/step {per_step:6.2f}   {1000 * cycle:8.1f} ms/cycle")
-    saved = results["without cache"][0] / max(results["with cache"][0], 1e-9)
-    print(f"  cache cuts reference sampling {saved:.1f}× "
-          f"(cycle time ratio {results['with cache'][1] / results['without cache'][1]:.3f})")
+        print(f"anchor rollout: {per_generation} prompts, each recurring 4× per reference window (τ={tau} steps), "
+              f"k={cfg0['anchor_samples'] or 4}")
+        results = {}
+        for label, prepare in (("with cache", None), ("without cache", forget)):
+            samples, times = [], []
+            for _ in range(max(1, opts.rounds // 2)):
+                t, trainer = run(armorlab("armor", **anchor_base), work / "anchor", prepare)
+                times.extend(t)
+                logged = [h["anchor/ref_samples"] for h in trainer.state.log_history if "anchor/ref_samples" in h]
+                samples.append(sum(logged) / len(logged))
+            results[label] = (statistics.mean(samples), statistics.median(times))
+        for label, (per_step, cycle) in results.items():
+            print(f"  {label:14s} reference samples/step {per_step:6.2f}   {1000 * cycle:8.1f} ms/cycle")
+        saved = results["without cache"][0] / max(results["with cache"][0], 1e-9)
+        print(f"  cache cuts reference sampling {saved:.1f}× "
+              f"(cycle time ratio {results['with cache'][1] / results['without cache'][1]:.3f})")
+    fwd_ratio = None
+    if 3 in parts:
+        # ---------------------------------------------------------------- part 3
+        class NoForwardKL(ArmorLabTrainer):
+            forward_kl_share = 0.0
+
+        fwd = {"forward KL on": armorlab("armor", **frozen),
+               "forward KL off": armorlab("armor", trainer_cls=NoForwardKL, **frozen)}
+        fwd_cycles: dict[str, list[float]] = {name: [] for name in fwd}
+        for r in range(opts.rounds):
+            for name in (list(fwd) if r % 2 == 0 else list(fwd)[::-1]):
+                times, _ = run(fwd[name], work / "fwd")
+                fwd_cycles[name].extend(times)
+        med = {name: statistics.median(c) for name, c in fwd_cycles.items()}
+        fwd_ratio = med["forward KL on"] / med["forward KL off"]
+        rows = int(cfg0["per_device_train_batch_size"] * spg * ArmorLabTrainer.forward_kl_share)
+        print(f"forward KL: armor (anchors + gate on), {rows} reference draws scored per generation")
+        for name, m in med.items():
+            print(f"  {name:15s} {1000 * m:8.1f} ms/cycle  (n={len(fwd_cycles[name])})")
+        print(f"forward_kl_overhead={fwd_ratio:.3f}")
     shutil.rmtree(work, ignore_errors=True)
-    print(f"overhead_max={max(r for n, r in ratios.items() if n != names[0]):.3f}")
+    if ratios:
+        print(f"overhead_max={max(r for n, r in ratios.items() if n != names[0]):.3f}")
 
 
 if __name__ == "__main__":

@@ -50,7 +50,7 @@ def test_gate_success_splits_policy_rows_by_reference_solvability():
 class ForwardCheck(ArmorLabTrainer):
     """Recomputes each generation's forward-KL sums with plain forwards on the same rows."""
 
-    forward_kl_rows = 1000
+    forward_kl_share = 1.0
 
     def _forward_kl(self, rows):
         out = super()._forward_kl(rows)
