@@ -1,4 +1,5 @@
-"""Collapse metrics on curves with answers worked out by hand: noisy, flat, monotone, empty."""
+"""Collapse metrics on curves with answers worked out by hand (and the null threshold against the
+normal quantile): noisy, flat, monotone, empty."""
 
 import math
 
@@ -18,47 +19,91 @@ def test_auc_is_trapezoid_over_step_span():
     assert math.isnan(collapse.curve_auc([], []))
 
 
-def test_collapse_step_needs_m_consecutive_evals_below_running_peak():
-    steps = np.arange(0, 100, 10)
-    # running peak 1.0 at step 30; δ = 0.25: step 40 is 0.75 (≤ 0.75, counts), 50 recovers to 0.875,
-    # then 60, 70, 80 stay at or below 0.75 → collapse at 60 with m = 3
-    values = [0.25, 0.5, 0.75, 1.0, 0.75, 0.875, 0.5, 0.625, 0.75, 0.5]
-    assert collapse.collapse_step(steps, values, delta=0.25, patience=3) == 60
-    assert collapse.collapse_step(steps, values, delta=0.25, patience=1) == 40
-    assert collapse.collapse_step(steps, values, delta=0.5, patience=1) == 60   # 0.5 ≤ 1.0 − 0.5
-    assert collapse.collapse_step(steps, values, delta=0.625, patience=1) is None
+def test_null_threshold_matches_the_normal_quantile_where_it_has_one():
+    # m = 1, K = 2: the statistic is (x0 − x1)/√2 ~ N(0, 1), so z*_α = Φ⁻¹(1 − α)
+    from scipy.stats import norm
+    for alpha in (0.05, 0.2):
+        assert collapse.null_threshold(2, 1, alpha) == pytest.approx(norm.ppf(1 - alpha), abs=0.04)
+    # more evals = more chances for noise: the threshold grows; unknown σ costs more
+    assert collapse.null_threshold(40, 3, 0.05) > collapse.null_threshold(10, 3, 0.05)
+    assert collapse.null_threshold(10, 3, 0.05, "curve") > collapse.null_threshold(10, 3, 0.05)
+    assert collapse.null_threshold(5, 3, 0.05) == math.inf          # no two disjoint windows
 
 
-def test_collapse_step_monotone_flat_empty_short():
-    steps = [0, 10, 20, 30, 40]
-    assert collapse.collapse_step(steps, [0.1, 0.2, 0.3, 0.4, 0.5]) is None          # rising
-    assert collapse.collapse_step(steps, [0.4] * 5) is None                          # flat
-    assert collapse.collapse_step(steps, [1.0, 0.9, 0.8, 0.7, 0.6], 0.05, 3) == 10   # falling from the start
-    assert collapse.collapse_step([], []) is None
-    assert collapse.collapse_step([0, 10], [1.0, 0.0], 0.05, 3) is None              # fewer than m evals
-    # a dip still open at the end (2 < m evals) is not (yet) a collapse
-    assert collapse.collapse_step(steps, [0.5, 0.6, 0.7, 0.1, 0.1], 0.05, 3) is None
+def test_fall_z_is_the_pooled_two_proportion_test_of_levels():
+    # m = 2: levels 0.5, 0.4, 0.3; window 2 (0.3) against the peak window 0 (0.5), 200 completions
+    # each, pooled p̄ = 0.4: SE = sqrt(0.4·0.6·(1/200 + 1/200)) = 0.04899, z = 0.2/0.04899 = 4.0825
+    t = collapse.fall_test([0.5, 0.5, 0.3, 0.3], 100, patience=2)
+    assert t.window.tolist() == [2] and t.peak_at.tolist() == [0]
+    assert t.z[0] == pytest.approx(4.0825, abs=1e-4) and t.noise == "binomial"
+
+
+def test_noise_estimates_by_hand():
+    # second differences of 0,1,0,1,0,1 are ±2 → MAD 2 → σ̂ = 1.4826·2/√6
+    assert collapse.curve_noise([0, 1, 0, 1, 0, 1]) == pytest.approx(1.4826 * 2 / math.sqrt(6))
+    assert collapse.curve_noise([0.1, 0.2, 0.3, 0.4, 0.5, 0.6]) == pytest.approx(0.0)   # a trend is no noise
+    assert math.isnan(collapse.curve_noise([0.1, 0.2, 0.3]))
+    assert collapse.binomial_se([0.5, 0.0], 100) == pytest.approx([0.05, math.sqrt(0.005 * 0.995 / 100)])
+
+
+def test_collapse_step_reports_the_onset_of_a_clear_fall():
+    steps = np.arange(0, 120, 10)
+    values = [0.5] * 6 + [0.2] * 6
+    # window 4 (evals 4, 5, 6; mean 0.4) is the first below the peak; its first eval nearer 0.4 than
+    # 0.5 is eval 6 (0.2), the onset
+    assert collapse.collapse_step(steps, values, n=1000) == 60
+    assert collapse.collapse_step(steps, values) == 60                                 # noise from the curve
+    assert collapse.collapse_step(steps, values, n=1000, delta=0.35) is None          # the fall is < δ
+    assert collapse.collapse_step(steps, [0.5] * 12, n=1000) is None                   # flat
+    assert collapse.collapse_step(steps, np.linspace(0.1, 0.6, 12), n=1000) is None   # rising
+    assert collapse.collapse_step(steps[:5], values[:5], n=1000) is None              # < 2m evals
+    # 0.03 below the peak is within the noise of 64 completions (SE 0.0625), not of 100 000
+    dip = [0.5] * 6 + [0.47] * 6
+    assert collapse.collapse_step(steps, dip, n=64) is None
+    assert collapse.collapse_step(steps, dip, n=100_000, delta=0.01) == 60
     with pytest.raises(ValueError):
-        collapse.collapse_step(steps, [0.1] * 5, delta=0.0)
+        collapse.collapse_step(steps, values, delta=0.0)
+    with pytest.raises(ValueError):
+        collapse.collapse_step(steps, [1.5] * 12, n=100)                               # not a proportion
 
 
-def test_collapse_step_on_noisy_plateau_then_drop():
+def test_collapse_step_false_alarm_rate_on_flat_binomial_curves():
+    # the legacy rule fired on about half of these; the calibrated one on ≈ α = 4 % (benchmark: 3 %)
+    rng = np.random.default_rng(7)
+    steps = np.arange(21) * 10
+    alarms = sum(collapse.collapse_step(steps, rng.binomial(256, 0.5, 21) / 256, n=256) is not None
+                 for _ in range(400))
+    assert alarms / 400 < 0.09
+    fall = np.r_[np.full(10, 0.5), np.full(11, 0.5 - 4 * math.sqrt(0.25 / 256))]
+    hits = sum(collapse.collapse_step(steps, rng.binomial(256, fall) / 256, n=256) is not None
+               for _ in range(100))
+    assert hits / 100 > 0.85
+
+
+def test_peak_and_drop_are_levels():
+    steps = [0, 10, 20, 30, 40, 50]
+    # m = 2: levels 0.3, 0.5, 0.6, 0.45, 0.3 → peak 0.6 (window 2, middle eval 2), final 0.3;
+    # drop_z: the windows share nothing; per-eval variances 0.6·0.4/100 (×2) and 0.3·0.7/100 (×2)
+    # → SE = sqrt((0.48 + 0.42)/100)/2 = 0.047434, drop_z = 0.3/0.047434 = 6.3246
+    d = collapse.peak_and_drop(steps, [0.2, 0.4, 0.6, 0.6, 0.3, 0.3], n=100, patience=2)
+    assert d["peak"] == pytest.approx(0.6) and d["peak_step"] == 20 and d["final"] == pytest.approx(0.3)
+    assert d["drop"] == pytest.approx(0.3) and d["drop_rel"] == pytest.approx(0.5)
+    assert d["drop_z"] == pytest.approx(6.3246, abs=1e-4)
+    short = collapse.peak_and_drop([0, 10], [0.2, 0.4])           # fewer than m evals: one level
+    assert short["peak"] == pytest.approx(0.3) and short["drop"] == 0 and short["drop_z"] == 0
+
+
+def test_divergence_needs_a_significant_fall_while_train_rises():
+    steps = np.arange(0, 120, 10)
+    val = [0.5] * 6 + [0.2] * 6
+    ts = np.arange(0, 111)
     rng = np.random.default_rng(0)
-    steps = np.arange(0, 200, 10)
-    values = np.where(steps < 100, 0.5, 0.3) + rng.normal(0, 0.005, steps.size)
-    assert collapse.collapse_step(steps, values, delta=0.05, patience=3) == 100
-
-
-def test_divergence_step_train_up_val_down():
-    steps = np.arange(0, 110, 10)
-    val = np.where(steps <= 50, steps, 100 - steps).astype(float)   # peak at 50
-    train_steps = np.arange(0, 101)
-    train = train_steps / 100.0
-    # windows of 3 evals: [40,50,60] has slope 0; [50,60,70] is the first with a negative slope
-    assert collapse.divergence_step(steps, val, train_steps, train, window=3) == 70
-    assert collapse.divergence_step(steps, val, train_steps, np.full(101, 0.5), window=3) is None  # flat train
-    assert collapse.divergence_step(steps, val, train_steps, 1 - train, window=3) is None          # both fall
-    assert collapse.divergence_step(steps[:2], val[:2], train_steps, train, window=3) is None
+    rising = ts / 110 + rng.normal(0, 0.01, ts.size)
+    assert collapse.divergence_step(steps, val, ts, rising, n=1000) == 60
+    assert collapse.divergence_step(steps, val, ts, 1 - rising, n=1000) is None      # both fall
+    assert collapse.divergence_step(steps, val, ts, np.full(ts.size, 0.5), n=1000) is None   # flat train
+    assert collapse.divergence_step(steps, [0.5] * 12, ts, rising, n=1000) is None   # val flat
+    assert collapse.divergence_step(steps[:4], val[:4], ts, rising, n=1000) is None
 
 
 def test_entropy_collapse_and_length_blowup():
@@ -72,21 +117,19 @@ def test_entropy_collapse_and_length_blowup():
 
 
 def test_collapse_metrics_full_dict():
-    steps = [0, 10, 20, 30, 40, 50]
-    values = [0.25, 0.5, 1.0, 0.5, 0.5, 0.5]
-    m = collapse.collapse_metrics(steps, values, train_steps=steps, train_values=[0, 1, 2, 3, 4, 5],
-                                  entropy_steps=steps, entropy_values=[1, 1, 1, 1, 1, 0.05],
-                                  length_steps=steps, length_values=[4, 4, 8, 8, 8, 8],
-                                  delta=0.25, patience=3, window=3)
-    assert m["peak"] == 1.0 and m["peak_step"] == 20
-    assert m["final"] == 0.5 and m["drop"] == 0.5 and m["drop_rel"] == 0.5
-    assert m["collapse_step"] == 30
-    # trapezoid: (0.25+0.5)/2·10 + (0.5+1)/2·10 + (1+0.5)/2·10 + 0.5·10 + 0.5·10 = 3.75+7.5+7.5+5+5 = 28.75
-    assert m["auc"] == pytest.approx(28.75 / 50)
-    assert m["divergence_step"] == 40      # window [20,30,40]: val slope −0.025 < 0, train slope 0.1 > 0
-    assert m["entropy_collapse_step"] == 50
-    assert m["length_blowup"] == 2.0
-    assert m["n_evals"] == 6
+    steps = np.arange(0, 120, 10)
+    values = [0.5] * 6 + [0.2] * 6
+    m = collapse.collapse_metrics(steps, values, n=1000, train_steps=steps, train_values=np.arange(12.0),
+                                  entropy_steps=steps, entropy_values=[1] * 11 + [0.05],
+                                  length_steps=steps, length_values=[4] * 6 + [8] * 6)
+    assert m["peak"] == pytest.approx(0.5) and m["peak_step"] == 10 and m["final"] == pytest.approx(0.2)
+    assert m["drop"] == pytest.approx(0.3) and m["collapse_step"] == 60 and m["collapse_z"] > 5
+    assert m["noise"] == "binomial" and m["noise_se"] == pytest.approx(  # median of 6 SEs at 0.5, 6 at 0.2
+        (math.sqrt(0.25 / 1000) + math.sqrt(0.16 / 1000)) / 2)
+    # trapezoid: 0.5 over [0, 50], 0.35 on [50, 60], 0.2 over [60, 110] → (25 + 3.5 + 10)/110
+    assert m["auc"] == pytest.approx(38.5 / 110)
+    assert m["divergence_step"] == 60
+    assert m["entropy_collapse_step"] == 110 and m["length_blowup"] == 2.0 and m["n_evals"] == 12
 
 
 def test_collapse_metrics_on_empty_curve():

@@ -22,7 +22,7 @@ collapse: {delta: 0.1, patience: 2}
     assert r.group_by == ["objective", "alpha"] and r.matched_steps == [100, 200, 400]
     assert r.select == Select("val/acc", "max", "test/acc")
     assert r.compare == Compare(None, [({"objective": "armor"}, {"objective": "dapo"})])
-    assert (r.collapse.delta, r.collapse.patience, r.collapse.window) == (0.1, 2, 5)
+    assert (r.collapse.delta, r.collapse.patience, r.collapse.alpha) == (0.1, 2, 0.04)
 
 
 def test_defaults_for_directories():
@@ -43,6 +43,7 @@ def test_defaults_for_directories():
     ({"runs": ["x"], "matched_steps": [1.5]}, "matched_steps"),
     ({"runs": ["x"], "collapse": {"delta": 0}}, "collapse.delta"),
     ({"runs": ["x"], "collapse": {"patience": 0}}, "collapse.patience"),
+    ({"runs": ["x"], "collapse": {"alpha": 1.5}}, "collapse.alpha"),
     ({"runs": ["x"], "collapse": {"train": 3}}, "collapse.train"),
     ({"runs": ["x"], "compare": {"baseline": {"objective": "dapo"}, "pairs": []}}, "compare"),
     ({"runs": ["x"], "compare": {"pairs": [[{"objective": "armor"}]]}}, "compare.pairs[0]"),

@@ -31,7 +31,7 @@ def write_run(root, objective, seed, val, test_offset, *, state="completed", rea
     for s in range(upto + 1):
         m = {"train/reward": s / 50 if objective == "dapo" else s / 100, "train/entropy": 1.0 - s / 100}
         if s in vals:
-            m.update({"val/acc": vals[s], "test/acc": vals[s] - test_offset,
+            m.update({"val/acc": vals[s], "test/acc": vals[s] - test_offset, "val/n": 1000, "test/n": 1000,
                       "kl/reverse_k3": s / 500, "kl/forward_k3": s / 1000})
         rd.append_metrics(s, m)
     rd.write_status(state, reason=reason)
@@ -76,31 +76,36 @@ def test_known_curves_give_known_table_values(clean_report):
     dapo, armor = group_row(clean_report, "dapo"), group_row(clean_report, "armor")
     assert dapo["n"] == 3 and armor["n"] == 3
     expect = {
-        # dapo: peaks 0.5/0.6/0.7 at step 20, final 0.2, collapses at 30 (0.2 ≤ peak − 0.05 for 3 evals)
-        ("dapo", "peak"): 0.6, ("dapo", "peak_step"): 20, ("dapo", "final"): 0.2, ("dapo", "drop"): 0.4,
-        ("dapo", "collapse_step"): 30,
+        # dapo: levels of 3 evals (0.9+0.1k)/3, (1.0+0.1k)/3, (0.9+0.1k)/3, 0.2 → peak (1.0+0.1k)/3 (mean
+        # 1.1/3) around step 20, final 0.2; level 0.2 of evals 30..50 is (0.1+0.033k)/SE ≥ 8.9 SE below
+        # level 0 (binomial, 3000 completions each), its first eval (30) is the onset
+        ("dapo", "peak"): 1.1 / 3, ("dapo", "peak_step"): 20, ("dapo", "final"): 0.2,
+        ("dapo", "drop"): 1.1 / 3 - 0.2, ("dapo", "collapse_step"): 30,
         # AUC seed k: [(0.1+0.3)/2 + (0.8+0.1k)/2 + (0.7+0.1k)/2 + 0.2 + 0.2]·10/50 = 0.27 + 0.02k
         ("dapo", "auc"): 0.29,
         ("dapo", "selected_val"): 0.6, ("dapo", "selected_test"): 0.55,     # test = val − 0.05 at step 20
         ("dapo", "val@20"): 0.6, ("dapo", "test@20"): 0.55, ("dapo", "val@50"): 0.2, ("dapo", "test@50"): 0.15,
-        # armor: rises to 0.6/0.7/0.8 at step 50; AUC seed k = 0.35 + 0.01k
-        ("armor", "peak"): 0.7, ("armor", "peak_step"): 50, ("armor", "drop"): 0.0, ("armor", "auc"): 0.36,
+        # armor: rises to 0.6/0.7/0.8 at step 50: last level (1.5+0.1k)/3 around step 40; AUC 0.35 + 0.01k
+        ("armor", "peak"): 1.6 / 3, ("armor", "peak_step"): 40, ("armor", "drop"): 0.0, ("armor", "auc"): 0.36,
         ("armor", "selected_test"): 0.6, ("armor", "val@20"): 0.3, ("armor", "test@50"): 0.6,
     }
     for (obj, score), value in expect.items():
         row = dapo if obj == "dapo" else armor
         assert row[f"{score}_mean"] == pytest.approx(value, abs=1e-9), (obj, score)
     assert dapo["collapsed"] == 3 and armor["collapsed"] == 0
-    assert dapo["drop_rel_mean"] == pytest.approx((0.3 / 0.5 + 0.4 / 0.6 + 0.5 / 0.7) / 3)
-    # window of 5 evals over steps 10..50: val (0.3, 0.5+0.1k, 0.2, 0.2, 0.2) falls while the train
-    # reward rises; over 0..40 val still rises (Σ x·y = −2 − 3 + 0 + 2 + 4 > 0 with x centred)
-    assert dapo["divergence_step_mean"] == 50 and armor["divergence_step_n"] == 0
+    peaks = np.array([1.0, 1.1, 1.2]) / 3
+    assert dapo["drop_rel_mean"] == pytest.approx(np.mean((peaks - 0.2) / peaks))
+    assert dapo["collapse_z_mean"] > 8 and dapo["drop_z_n"] == 3
+    # the collapse at 30 spans steps 0..50, where the train reward s/50 rises: divergence at 30 too
+    assert dapo["divergence_step_mean"] == 30 and armor["divergence_step_n"] == 0
     # entropy 1 − s/100 never falls below 10% of its start within 50 steps
     assert np.isnan(dapo["entropy_collapse_step_mean"]) and dapo["entropy_collapse_step_n"] == 0
     assert np.isnan(armor["collapse_step_mean"])
-    # bootstrap CI of the three dapo peaks lies within their range and around the mean
-    assert 0.5 <= dapo["peak_ci_low"] < 0.6 < dapo["peak_ci_high"] <= 0.7
-    assert dapo["peak_std"] == pytest.approx(0.1)
+    # 3 seeds: Student-t CI, mean ± t(0.975, 2)·s/√3 = 1.1/3 ± 4.3027·(0.1/3)/√3
+    half = 4.302653 * (0.1 / 3) / np.sqrt(3)
+    assert dapo["peak_ci_low"] == pytest.approx(1.1 / 3 - half)
+    assert dapo["peak_ci_high"] == pytest.approx(1.1 / 3 + half)
+    assert dapo["peak_std"] == pytest.approx(0.1 / 3) and dapo["peak_ci_method"] == "t"
 
 
 def test_probability_of_improvement_against_baseline(clean_report):
@@ -117,13 +122,14 @@ def test_tables_in_every_format(clean_report):
     t = clean_report.out_dir / "tables"
     md = (t / "groups.md").read_text()
     assert md.splitlines()[0].startswith("| objective | n | peak val/acc")
-    assert "| dapo | 3 | 0.600 [" in md and "3/3 runs @ 30 [30, 30]" in md
+    assert "| dapo | 3 | 0.367 [" in md and "3/3 runs @ 30 [30, 30]" in md
     tex = (t / "groups.tex").read_text()
     assert all(rule in tex for rule in ("\\toprule", "\\midrule", "\\bottomrule"))
     assert "val/acc @ 20" in tex
     runs = pd.read_csv(t / "runs.csv")
     assert len(runs) == 6 and {"run_id", "group", "seed", "state", "selected_test", "val@50"} <= set(runs.columns)
-    assert sorted(runs.loc[runs["group"] == "objective=dapo", "peak"].round(9)) == [0.5, 0.6, 0.7]
+    assert sorted(runs.loc[runs["group"] == "objective=dapo", "peak"].round(9)) == list(
+        (np.array([1.0, 1.1, 1.2]) / 3).round(9))
     assert "tok_pos_mean" in runs.columns and runs["tok_pos_mean"].notna().sum() == 1
     assert (t / "tokens.md").is_file() and (t / "improvement.tex").is_file()
     headline = (t / "headline.md").read_text().splitlines()

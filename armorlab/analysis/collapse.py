@@ -1,40 +1,81 @@
-"""Collapse metrics of one learning curve: pure functions over 1-D arrays (steps, values).
+"""Collapse metrics of one learning curve: pure functions over 1-D arrays (steps, values[, n]).
 
 A curve is two equal-length arrays; NaN values are dropped and points are sorted by step, so a
 curve read straight from a metrics table (NaN where a metric was not logged) can be passed as is.
 Step-valued results are ``int`` or ``None`` (undefined / never happened); value results are floats
 (NaN when undefined, e.g. on an empty curve).
 
-Definitions (defaults chosen for accuracies in [0, 1] evaluated every few steps):
+Every eval is noisy: ``val/acc`` is a mean over ``val/n`` scored completions, so two evals of the
+same checkpoint differ by a few standard errors (SE). The running maximum of a noisy curve is
+biased upwards, and "δ below the running peak for m evals" fires on about half of all flat
+curves at 64 prompts × 4 samples. So every decision here is a test against the eval noise,
+calibrated to a false-alarm rate α on flat curves (benchmarks/collapse_calibration.py measures
+it with binomial noise, and the power to find a fall of 4 SE).
 
-    peak, peak_step   max value and the first step reaching it
-    final             last value;  drop = peak − final;  drop_rel = drop / |peak|
-    collapse_step     (C1) first eval step i (after the running peak was set) with
-                      v_j ≤ max(v_0..v_j) − δ for all j in i..i+m−1: the value stays at least δ
-                      below the running peak for m consecutive evals. Defaults δ = 0.05 (five
-                      accuracy points: about 1.5 standard errors of avg@4 on 64 prompts) and
-                      m = 3 evals, so one unlucky eval is not a collapse. A dip that is still
-                      open at the last eval (< m evals) is not (yet) a collapse.
-    auc               (C2) ∫ v d(step) / (last step − first step), trapezoid rule: the curve's
-                      mean level, comparable across runs of different length
-    divergence_step   (C3) first val eval step s where the least-squares slope of the train reward
-                      over the window's step span is > 0 while val's slope over the last w evals
-                      (w = 5) is < 0: the over-optimisation signature
+Noise of one eval (its SE), one of two ways:
+
+    (N1) binomial, when the eval size n is known (``val/n`` = prompts × samples; values in [0, 1]):
+         SE² = p(1 − p)/n. For a mean of rewards in [0, 1] this is an upper bound (a [0, 1]
+         variable of mean p has variance ≤ p(1 − p)), exact for 0/1 rewards when every prompt
+         has the same success rate, conservative on a fixed val set whose prompts differ.
+    (N2) from the curve itself, otherwise: σ̂ = 1.4826 · MAD(Δ²v) / √6, the median absolute
+         deviation of second differences (Δ²v_i = v_{i+1} − 2v_i + v_{i−1} has variance 6σ² for
+         independent noise). Second differences cancel a linear trend and the MAD ignores the
+         few kinks where the trend bends, so a rise or a fall is not mistaken for noise.
+
+Definitions, with m = ``patience`` evals per level (default 3) and K evals:
+
+    (C1) level       L_i = mean(v_i, …, v_{i+m−1}), i = 0 … K−m: the curve averaged over m evals
+    (C2) peak        max_i L_i (a level, so its upward noise bias is √m smaller than the raw
+                     maximum's); peak_step = the middle eval of that window; final = L_{K−m}, the
+                     level of the last m evals; drop = peak − final; drop_rel = drop / |peak|;
+                     drop_z = drop / SE(peak − final), the drop in standard errors; the SE sums
+                     the per-eval variances of the evals only one of the two windows holds
+    (C3) fall z      for a window j and the highest level P_j = L_a among the windows a that end
+                     before j starts (a ≤ j − m): z_j = (P_j − L_j) / SE(L_a − L_j), where
+                     (N1) SE² = p̄(1 − p̄)(1/N_a + 1/N_j), the pooled two-proportion test
+                          (N = completions in the window, p̄ their pooled mean), or
+                     (N2) SE² = 2σ̂²/m
+    (C4) threshold   z*_α(K, m) = the (1 − α) quantile of max_j z_j on K evals of pure Gaussian
+                     noise (σ known for N1; σ̂ re-estimated from each noise draw for N2, so the
+                     threshold also pays for not knowing σ). Monte Carlo, 20 000 seeded draws,
+                     cached per (K, m, α, noise). Taking the maximum over every window and every
+                     earlier peak is what makes α the false-alarm rate of the whole curve.
+    (C5) collapse    the first window j with z_j ≥ z*_α and P_j − L_j ≥ δ: significantly below the
+                     earlier peak (noise) and by at least δ (a drop that matters; defaults α =
+                     0.04, δ = 0.03). collapse_step = the step of the first eval in window j that
+                     lies nearer the low level than the peak (v_i ≤ (P_j + L_j)/2): the onset,
+                     not the detection. collapse_z = z_j.
+                     Online (the tune pruner) the threshold uses ``horizon`` = the number of evals
+                     the whole run will have: the statistic of a prefix never exceeds the whole
+                     curve's, so checking after every eval keeps the false-alarm rate at α.
+    (C6) auc         ∫ v d(step) / (last step − first step), trapezoid rule: the curve's mean
+                     level, comparable across runs of different length
+    (C7) divergence  a collapse (C5) during which the train reward rose: the first window j that
+                     passes (C5) and over whose span [first step of the peak window a, last step
+                     of window j] the least-squares slope of the train reward is > 0 with a
+                     one-sided t-test at level α (scipy.stats.linregress): the over-optimisation
+                     signature. divergence_step = the collapse onset of that window.
     entropy_collapse_step  first step with entropy < threshold (default: 10 % of its first value)
     length_blowup     max length / first length
 """
 
 from __future__ import annotations
 
+import functools
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from scipy import stats as sps
 
-DELTA = 0.05
+DELTA = 0.03
 PATIENCE = 3
-WINDOW = 5
+ALPHA = 0.04
 ENTROPY_FRAC = 0.1
+NULL_DRAWS = 20_000
+_MAD_SCALE = 1.4826  # MAD → σ for Gaussian noise
 
 
 def clean_curve(steps, values) -> tuple[np.ndarray, np.ndarray]:
@@ -49,12 +90,188 @@ def clean_curve(steps, values) -> tuple[np.ndarray, np.ndarray]:
     return steps[order], values[order]
 
 
+def _clean_with_n(steps, values, n) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """clean_curve that keeps an eval-size array (or scalar) aligned with the points."""
+    s = np.asarray(steps, dtype=np.float64).ravel()
+    v = np.asarray(values, dtype=np.float64).ravel()
+    if n is None:
+        s, v = clean_curve(s, v)
+        return s, v, None
+    n = np.broadcast_to(np.asarray(n, dtype=np.float64).ravel(), v.shape) if np.ndim(n) == 0 or np.size(n) == 1 \
+        else np.asarray(n, dtype=np.float64).ravel()
+    if n.shape != v.shape:
+        raise ValueError(f"eval sizes and values differ in length: {n.size} vs {v.size}")
+    keep = np.isfinite(s) & np.isfinite(v)
+    if np.any(~np.isfinite(n[keep]) | (n[keep] <= 0)):
+        raise ValueError("eval sizes n must be finite and > 0")
+    s, v, n = s[keep], v[keep], n[keep]
+    if np.any((v < 0) | (v > 1)):
+        raise ValueError("binomial noise (eval sizes given) needs values in [0, 1]")
+    order = np.argsort(s, kind="stable")
+    return s[order], v[order], n[order]
+
+
 def _step(x: float) -> int | float:
     return int(x) if float(x).is_integer() else float(x)
 
 
+# --------------------------------------------------------------------------- noise
+def binomial_se(values, n) -> np.ndarray:
+    """(N1) SE of each eval, sqrt(v(1 − v)/n), with v clipped to [½/n, 1 − ½/n] so that an
+    eval at 0 or 1 still shows the noise it could have had."""
+    v = np.asarray(values, dtype=np.float64)
+    n = np.asarray(n, dtype=np.float64)
+    p = np.clip(v, 0.5 / n, 1 - 0.5 / n)
+    return np.sqrt(p * (1 - p) / n)
+
+
+def curve_noise(values) -> float:
+    """(N2) σ̂ = 1.4826 · MAD(Δ²v)/√6 from the curve itself; NaN with fewer than 3 second
+    differences (5 evals)."""
+    v = np.asarray(values, dtype=np.float64)
+    return float(_curve_noise_rows(v[None, :])[0]) if v.size >= 5 else math.nan
+
+
+def _curve_noise_rows(x: np.ndarray) -> np.ndarray:
+    d2 = np.diff(x, 2, axis=-1)
+    mad = np.median(np.abs(d2 - np.median(d2, axis=-1, keepdims=True)), axis=-1)
+    return _MAD_SCALE * mad / math.sqrt(6.0)
+
+
+def eval_se(values, n=None) -> np.ndarray:
+    """Per-eval SE for a noise band: (N1) when eval sizes are given, else (N2) for every eval."""
+    v = np.asarray(values, dtype=np.float64)
+    if n is not None:
+        return binomial_se(v, np.broadcast_to(np.asarray(n, dtype=np.float64), v.shape))
+    return np.full(v.shape, curve_noise(v))
+
+
+# --------------------------------------------------------------------------- levels and the fall test
+def _levels(v: np.ndarray, m: int) -> np.ndarray:
+    """(C1) means of m consecutive evals (along the last axis)."""
+    c = np.concatenate([np.zeros(v.shape[:-1] + (1,)), np.cumsum(v, axis=-1)], axis=-1)
+    return (c[..., m:] - c[..., :-m]) / m
+
+
+def _running_peak(levels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Running maximum of the levels and the first index where each running maximum was set."""
+    peak = np.maximum.accumulate(levels)
+    idx = np.arange(levels.size)
+    new = np.concatenate([[True], levels[1:] > peak[:-1]])
+    return peak, np.maximum.accumulate(np.where(new, idx, 0))
+
+
+@dataclass(frozen=True)
+class FallTest:
+    """(C3) for every window j = m … K−m: ``peak`` = P_j, ``peak_at`` = a (its window index),
+    ``level`` = L_j, ``z`` = z_j; ``z_star`` = (C4); ``noise`` = "binomial" or "curve"."""
+    window: np.ndarray
+    peak: np.ndarray
+    peak_at: np.ndarray
+    level: np.ndarray
+    z: np.ndarray
+    z_star: float
+    noise: str
+
+
+def _diff_se(L: np.ndarray, N: np.ndarray | None, sigma: float, m: int, a, b) -> np.ndarray:
+    """SE of L_a − L_b: (N1) pooled two-proportion, or (N2) σ̂·sqrt(2/m)."""
+    if N is None:
+        return np.full(np.shape(a), sigma * math.sqrt(2.0 / m))
+    pbar = (N[a] * L[a] + N[b] * L[b]) / (N[a] + N[b])
+    return np.sqrt(pbar * (1 - pbar) * (1 / N[a] + 1 / N[b]))
+
+
+def fall_test(values, n=None, *, patience: int = PATIENCE, alpha: float = ALPHA,
+              horizon: int | None = None) -> FallTest | None:
+    """(C3)/(C4) on a clean curve (sorted, finite); None when there is no window pair (K < 2m)
+    or, for (N2), too few evals to estimate the noise (K < 5)."""
+    v = np.asarray(values, dtype=np.float64)
+    m, k = patience, v.size
+    if k < 2 * m or (n is None and k < 5):
+        return None
+    L = _levels(v, m)
+    peak, at = _running_peak(L)
+    j = np.arange(m, L.size)
+    a = at[j - m]
+    if n is None:
+        N, sigma, noise = None, curve_noise(v), "curve"
+    else:
+        n = np.broadcast_to(np.asarray(n, dtype=np.float64), v.shape)
+        N, sigma, noise = _levels(n, m) * m, math.nan, "binomial"
+    se = _diff_se(L, N, sigma, m, a, j)
+    gap = peak[j - m] - L[j]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        z = np.where(se > 0, gap / se, np.where(gap > 0, np.inf, 0.0))
+    z_star = null_threshold(max(k, horizon or k), m, alpha, noise)
+    return FallTest(j, peak[j - m], a, L[j], z, z_star, noise)
+
+
+@functools.lru_cache(maxsize=512)
+def null_threshold(n_evals: int, patience: int, alpha: float, noise: str = "binomial") -> float:
+    """(C4) z*_α: the (1 − α) quantile of max_j z_j over ``n_evals`` evals of Gaussian noise.
+
+    Seeded Monte Carlo (NULL_DRAWS draws, in chunks so long curves stay small in memory);
+    ``noise`` = "binomial" (σ known) or "curve" (σ̂ (N2) from each draw).
+    """
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha must be in (0, 1), got {alpha}")
+    m, k = patience, n_evals
+    if k < 2 * m:
+        return math.inf
+    rng = np.random.default_rng(20_261_130)
+    chunk = max(1, min(NULL_DRAWS, 2_000_000 // k))
+    out = []
+    for start in range(0, NULL_DRAWS, chunk):
+        x = rng.standard_normal((min(chunk, NULL_DRAWS - start), k))
+        L = _levels(x, m)
+        gap = (np.maximum.accumulate(L, axis=1)[:, :-m] - L[:, m:]).max(axis=1)
+        sigma = _curve_noise_rows(x) if noise == "curve" else 1.0
+        with np.errstate(divide="ignore", invalid="ignore"):
+            out.append(gap / (sigma * math.sqrt(2.0 / m)))
+    return float(np.quantile(np.concatenate(out), 1 - alpha))
+
+
+def _check(delta: float, patience: int) -> None:
+    if not delta > 0:
+        raise ValueError(f"delta must be > 0, got {delta}")
+    if patience < 1:
+        raise ValueError(f"patience must be ≥ 1, got {patience}")
+
+
+def _onsets(v: np.ndarray, t: FallTest, delta: float, m: int) -> tuple[np.ndarray, np.ndarray]:
+    """(C5) windows that pass, and the onset eval of each."""
+    ok = np.flatnonzero((t.z >= t.z_star) & (t.peak - t.level >= delta))
+    mid = (t.peak[ok] + t.level[ok]) / 2
+    onset = np.array([j + int(np.flatnonzero(v[j:j + m] <= c)[0]) for j, c in zip(t.window[ok], mid,
+                                                                                   strict=True)], dtype=np.int64)
+    return ok, onset
+
+
+def collapse_step(steps, values, delta: float = DELTA, patience: int = PATIENCE, *, n=None,
+                  alpha: float = ALPHA, horizon: int | None = None) -> int | None:
+    """(C5) Onset step of the first significant fall below the earlier peak level; None if never.
+
+    ``n``: eval sizes (scalar or one per eval) for (N1); without it the noise is (N2).
+    ``horizon``: evals the whole run will have, for decisions on a growing curve (C5).
+    """
+    return _collapse(steps, values, delta, patience, n, alpha, horizon)[0]
+
+
+def _collapse(steps, values, delta, patience, n, alpha, horizon):
+    _check(delta, patience)
+    s, v, n = _clean_with_n(steps, values, n)
+    t = fall_test(v, n, patience=patience, alpha=alpha, horizon=horizon)
+    if t is None:
+        return None, math.nan, None
+    ok, onset = _onsets(v, t, delta, patience)
+    if not ok.size:
+        return None, math.nan, t
+    return _step(s[onset[0]]), float(t.z[ok[0]]), t
+
+
 def curve_auc(steps, values) -> float:
-    """(C2) Trapezoid area under the curve divided by the step span: the curve's mean level.
+    """(C6) Trapezoid area under the curve divided by the step span: the curve's mean level.
 
     One point gives its value; an empty curve gives NaN.
     """
@@ -66,61 +283,68 @@ def curve_auc(steps, values) -> float:
     return float(np.trapezoid(v, s) / (s[-1] - s[0]))
 
 
-def collapse_step(steps, values, delta: float = DELTA, patience: int = PATIENCE) -> int | None:
-    """(C1) First eval step from which the value stays ≥ ``delta`` below the running peak for
-    ``patience`` consecutive evals; None if that never happens."""
-    if delta <= 0:
-        raise ValueError(f"delta must be > 0, got {delta}")
-    if patience < 1:
-        raise ValueError(f"patience must be ≥ 1, got {patience}")
-    s, v = clean_curve(steps, values)
-    if v.size < patience:
-        return None
-    below = v <= np.maximum.accumulate(v) - delta
-    # runs of `patience` consecutive Trues: a sliding-window sum equal to patience
-    windows = np.convolve(below.astype(np.int64), np.ones(patience, dtype=np.int64), mode="valid")
-    hits = np.flatnonzero(windows == patience)
-    return _step(s[hits[0]]) if hits.size else None
+def _train_rises(ts: np.ndarray, tv: np.ndarray, lo: float, hi: float, alpha: float) -> bool:
+    """(C7) one-sided t-test that the least-squares slope of the train reward on [lo, hi] is > 0."""
+    inside = (ts >= lo) & (ts <= hi)
+    x, y = ts[inside], tv[inside]
+    if x.size < 3 or np.ptp(x) == 0:
+        return False
+    fit = sps.linregress(x, y)
+    if not fit.slope > 0:
+        return False
+    if fit.stderr == 0:
+        return True
+    return bool(fit.slope / fit.stderr >= sps.t.ppf(1 - alpha, x.size - 2))
 
 
-def _windowed_slopes(x: np.ndarray, y: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """Least-squares slope of y on x over index ranges [lo, hi) (vectorised via prefix sums)."""
-    def prefix(a):
-        return np.concatenate([[0.0], np.cumsum(a)])
-    n = (hi - lo).astype(np.float64)
-    sx, sy = prefix(x), prefix(y)
-    sxx, sxy = prefix(x * x), prefix(x * y)
-    Sx, Sy = sx[hi] - sx[lo], sy[hi] - sy[lo]
-    Sxx, Sxy = sxx[hi] - sxx[lo], sxy[hi] - sxy[lo]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        den = n * Sxx - Sx * Sx
-        slope = (n * Sxy - Sx * Sy) / den
-    return np.where((n >= 2) & (den > 0), slope, np.nan)
-
-
-def divergence_step(steps, values, train_steps, train_values, window: int = WINDOW) -> int | None:
-    """(C3) First val eval step where train reward rises (slope > 0) while val falls (slope < 0).
-
-    Val's slope is fitted over the last ``window`` evals ending at that step; the train reward's
-    slope over the train points in the same step span. None if never (or if either curve is
-    too short).
-    """
-    if window < 2:
-        raise ValueError(f"window must be ≥ 2, got {window}")
-    s, v = clean_curve(steps, values)
+def divergence_step(steps, values, train_steps, train_values, delta: float = DELTA,
+                    patience: int = PATIENCE, *, n=None, alpha: float = ALPHA,
+                    horizon: int | None = None) -> int | None:
+    """(C7) Onset step of the first significant val fall (C5) while the train reward rose
+    significantly over the same span; None if never (or if either curve is too short)."""
+    _check(delta, patience)
+    s, v, n = _clean_with_n(steps, values, n)
     ts, tv = clean_curve(train_steps, train_values)
-    if v.size < window or tv.size < 2:
+    t = fall_test(v, n, patience=patience, alpha=alpha, horizon=horizon)
+    if t is None or ts.size < 3:
         return None
-    # centre x before the prefix sums: keeps the sums well conditioned for long runs
-    centre = float(np.median(s))
-    ends = np.arange(window, v.size + 1)
-    starts = ends - window
-    val_slope = _windowed_slopes(s - centre, v, starts, ends)
-    t_lo = np.searchsorted(ts, s[starts], side="left")
-    t_hi = np.searchsorted(ts, s[ends - 1], side="right")
-    train_slope = _windowed_slopes(ts - centre, tv, t_lo, t_hi)
-    hits = np.flatnonzero((train_slope > 0) & (val_slope < 0))
-    return _step(s[ends[hits[0]] - 1]) if hits.size else None
+    ok, onset = _onsets(v, t, delta, patience)
+    for k, i in zip(ok, onset, strict=True):
+        lo, hi = s[t.peak_at[k]], s[t.window[k] + patience - 1]
+        if _train_rises(ts, tv, lo, hi, alpha):
+            return _step(s[i])
+    return None
+
+
+def peak_and_drop(steps, values, n=None, patience: int = PATIENCE) -> dict[str, Any]:
+    """(C2) peak, peak_step, final, drop, drop_rel, drop_z of the levels (C1).
+
+    With fewer than m evals the level is the mean of all of them (peak = final, drop = 0).
+    drop_z uses the per-eval SEs of the evals the peak and final windows do not share (N1, or
+    N2 when ≥ 5 evals; else NaN)."""
+    s, v, n = _clean_with_n(steps, values, n)
+    if v.size == 0:
+        return dict(peak=math.nan, peak_step=None, final=math.nan, drop=math.nan, drop_rel=math.nan,
+                    drop_z=math.nan)
+    m = min(patience, v.size)
+    L = _levels(v, m)
+    i, last = int(np.argmax(L)), L.size - 1
+    peak, final = float(L[i]), float(L[last])
+    drop = peak - final
+    # SE of L_i − L_last from the evals the two windows do not share (they may overlap)
+    se = eval_se(v, n)
+    only = np.zeros(v.size)
+    only[i:i + m] += 1
+    only[last:last + m] -= 1
+    var = float(np.sum(se[only != 0] ** 2)) / m ** 2
+    if i == last:
+        drop_z = 0.0
+    elif not math.isfinite(var):
+        drop_z = math.nan
+    else:
+        drop_z = drop / math.sqrt(var) if var > 0 else (math.inf if drop > 0 else 0.0)
+    return dict(peak=peak, peak_step=_step(s[i + (m - 1) // 2]), final=final, drop=drop,
+                drop_rel=drop / abs(peak) if peak != 0 else math.nan, drop_z=drop_z)
 
 
 def entropy_collapse_step(steps, entropy, threshold: float | None = None,
@@ -142,29 +366,29 @@ def length_blowup(steps, lengths) -> float:
     return float(n.max() / n[0])
 
 
-def collapse_metrics(steps, values, *, train_steps=None, train_values=None, entropy_steps=None,
+def collapse_metrics(steps, values, *, n=None, train_steps=None, train_values=None, entropy_steps=None,
                      entropy_values=None, length_steps=None, length_values=None, delta: float = DELTA,
-                     patience: int = PATIENCE, window: int = WINDOW,
+                     patience: int = PATIENCE, alpha: float = ALPHA,
                      entropy_threshold: float | None = None,
                      entropy_frac: float = ENTROPY_FRAC) -> dict[str, Any]:
     """All collapse metrics of a validation curve (plus train reward / entropy / length curves).
 
-    Returns peak, peak_step, final, drop, drop_rel, collapse_step, auc, divergence_step,
-    entropy_collapse_step, length_blowup, n_evals. Curves that are not given yield None/NaN.
+    Returns peak, peak_step, final, drop, drop_rel, drop_z, collapse_step, collapse_z, noise
+    ("binomial" with ``n``, "curve" without), noise_se (median per-eval SE), auc,
+    divergence_step, entropy_collapse_step, length_blowup, n_evals. Curves that are not given
+    yield None/NaN.
     """
-    s, v = clean_curve(steps, values)
+    s, v, n = _clean_with_n(steps, values, n)
     out: dict[str, Any] = {"n_evals": int(v.size)}
-    if v.size:
-        i = int(np.argmax(v))
-        peak, final = float(v[i]), float(v[-1])
-        out.update(peak=peak, peak_step=_step(s[i]), final=final, drop=peak - final,
-                   drop_rel=(peak - final) / abs(peak) if peak != 0 else math.nan)
-    else:
-        out.update(peak=math.nan, peak_step=None, final=math.nan, drop=math.nan, drop_rel=math.nan)
-    out["collapse_step"] = collapse_step(s, v, delta, patience)
+    out.update(peak_and_drop(s, v, n, patience))
+    step, z, _ = _collapse(s, v, delta, patience, n, alpha, None)
+    out.update(collapse_step=step, collapse_z=z, noise="binomial" if n is not None else "curve")
+    se = eval_se(v, n) if v.size else np.empty(0)
+    out["noise_se"] = float(np.median(se)) if se.size and np.isfinite(se).any() else math.nan
     out["auc"] = curve_auc(s, v)
-    out["divergence_step"] = (divergence_step(s, v, train_steps, train_values, window)
-                              if train_steps is not None and train_values is not None else None)
+    out["divergence_step"] = (
+        divergence_step(s, v, train_steps, train_values, delta, patience, n=n, alpha=alpha)
+        if train_steps is not None and train_values is not None else None)
     out["entropy_collapse_step"] = (
         entropy_collapse_step(entropy_steps, entropy_values, entropy_threshold, entropy_frac)
         if entropy_steps is not None and entropy_values is not None else None)

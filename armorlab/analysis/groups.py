@@ -4,8 +4,11 @@ probability of improvement between groups, and the config keys that differ betwe
 Per-run scores (columns of the per-run table; ``val`` = the recipe's select.metric, ``test`` =
 its select.report):
 
-    peak, peak_step, final, drop, drop_rel, collapse_step, auc, divergence_step,
-    entropy_collapse_step, length_blowup        collapse metrics of the val curve (collapse.py)
+    peak, peak_step, final, drop, drop_rel, drop_z, collapse_step, collapse_z, noise, noise_se,
+    auc, divergence_step, entropy_collapse_step, length_blowup
+                                                collapse metrics of the val curve (collapse.py);
+                                                binomial noise from ``<split>/n`` when the
+                                                selection metric is ``<split>/acc`` (eval_sizes)
     selected_step, selected_val, selected_test  (R1) best on val, reported on test (select.py)
     val@S, test@S                               (R2) at each matched step S
     tok_*                                       token-sample statistics (capacity_stats.py)
@@ -169,6 +172,21 @@ def resolve_matched_steps(rs: RunSet, recipe: Recipe) -> list[int]:
     return []
 
 
+def eval_sizes(rs: RunSet, run_id: str, metric: str, steps: np.ndarray) -> np.ndarray | None:
+    """Completions behind each eval of ``metric`` (``val/n`` for ``val/acc``), aligned with
+    ``steps``; None when the metric is not an ``acc`` (avg@k) or ``n`` is missing at any of its
+    steps (older runs): the collapse test then estimates the noise from the curve."""
+    ns, _, name = metric.rpartition("/")
+    if name != "acc" or not ns:
+        return None
+    n_steps, n_values = rs.curve(run_id, f"{ns}/n")
+    if not n_steps.size:
+        return None
+    by_step = dict(zip(n_steps.tolist(), n_values.tolist(), strict=True))
+    out = np.array([by_step.get(s, math.nan) for s in np.asarray(steps).tolist()], dtype=np.float64)
+    return out if out.size and np.all(np.isfinite(out) & (out > 0)) else None
+
+
 def run_scores(rs: RunSet, groups: Groups, recipe: Recipe, matched: Sequence[int],
                notes: Notes, token_stats: Mapping[str, Mapping[str, float]] | None = None) -> pd.DataFrame:
     """One row per run: identity, state, and every score (see the module docstring)."""
@@ -185,9 +203,12 @@ def run_scores(rs: RunSet, groups: Groups, recipe: Recipe, matched: Sequence[int
         # a minimised selection metric collapses upwards: negate so "drop" keeps its meaning
         sign = 1.0 if sel.mode == "max" else -1.0
         (trs, trv), (ens, env), (les, lev) = (rs.curve(rid, m) for m in (col.train, col.entropy, col.length))
+        n = eval_sizes(rs, rid, sel.metric, vs) if sign > 0 else None
+        if n is not None and np.any((vv < 0) | (vv > 1)):
+            n = None  # rewards outside [0, 1]: the binomial bound does not hold
         m = collapse.collapse_metrics(
-            vs, sign * vv, train_steps=trs, train_values=trv, entropy_steps=ens, entropy_values=env,
-            length_steps=les, length_values=lev, delta=col.delta, patience=col.patience, window=col.window,
+            vs, sign * vv, n=n, train_steps=trs, train_values=trv, entropy_steps=ens, entropy_values=env,
+            length_steps=les, length_values=lev, delta=col.delta, patience=col.patience, alpha=col.alpha,
             entropy_frac=col.entropy_frac)
         for k in ("peak", "final", "auc"):
             m[k] = sign * m[k]
@@ -232,7 +253,8 @@ def score_columns(per_run: pd.DataFrame, matched: Sequence[int]) -> list[str]:
 
 def extra_columns(per_run: pd.DataFrame) -> list[str]:
     """Scores aggregated into groups.csv but left out of the (already wide) display tables."""
-    return [c for c in ("drop_rel", "divergence_step", "entropy_collapse_step", "length_blowup")
+    return [c for c in ("drop_rel", "drop_z", "collapse_z", "divergence_step", "entropy_collapse_step",
+                        "length_blowup")
             if c in per_run.columns]
 
 

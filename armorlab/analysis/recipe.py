@@ -9,7 +9,7 @@ select: {metric: val/acc, mode: max, report: test/acc}   # (R1) best on val, rep
 matched_steps: [100, 200, 400]          # (R2); default: ¼, ½, 1 of the shortest run
 scores: [selected_test, test@400, auc]  # headline scores: probability of improvement + bar charts
 compare: {baseline: {objective: dapo}}  # or {pairs: [[{objective: armor}, {objective: dapo}]]}
-collapse: {delta: 0.05, patience: 3, window: 5, entropy_frac: 0.1,
+collapse: {delta: 0.03, patience: 3, alpha: 0.04, entropy_frac: 0.1,   # collapse.py (C1)–(C7)
            train: train/reward, entropy: train/entropy, length: train/length}
 kl: [kl/reverse_k3, kl/forward_k3]      # the KL figure (default: these and kl/exact_*, if logged)
 out: reports/armor_vs_dapo              # default: reports/<recipe name>
@@ -46,9 +46,9 @@ class Select:
 
 @dataclass(frozen=True)
 class CollapseParams:
-    delta: float = 0.05
-    patience: int = 3
-    window: int = 5
+    delta: float = 0.03      # the smallest fall that matters (collapse.py C5)
+    patience: int = 3        # evals per level (C1)
+    alpha: float = 0.04      # false-alarm rate on a flat curve (C4)
     entropy_frac: float = 0.1
     train: str = "train/reward"
     entropy: str = "train/entropy"
@@ -149,10 +149,10 @@ def parse_recipe(raw: Mapping[str, Any], *, file: str | None = None, name: str |
         checks = {"delta": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
                   and math.isfinite(v),
                   "patience": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
-                  "window": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 2,
+                  "alpha": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < 1,
                   "entropy_frac": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
                   and 0 < v < 1}
-        hints = {"delta": "a number > 0", "patience": "an integer ≥ 1", "window": "an integer ≥ 2",
+        hints = {"delta": "a number > 0", "patience": "an integer ≥ 1", "alpha": "a number in (0, 1)",
                  "entropy_frac": "a number in (0, 1)"}
         for k, v in col.items():
             if k in checks and not checks[k](v):
