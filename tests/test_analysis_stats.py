@@ -12,6 +12,7 @@ def test_iqm_by_hand():
     assert stats.iqm([1, 2, 3, 4, 5, 6, 7, 8]) == pytest.approx(4.5)     # mean of 3, 4, 5, 6
     assert stats.iqm([0, 0, 0, 100]) == pytest.approx(0.0)               # one wild seed is trimmed
     assert stats.iqm([1.0, 2.0, 3.0]) == pytest.approx(2.0)              # n < 4: nothing to trim
+    assert stats.iqm([0, 1, 2, 3, 100]) == pytest.approx(2.0)            # ⌊5/4⌋ = 1 dropped per end
 
 
 def test_probability_of_improvement_by_hand():
@@ -41,7 +42,9 @@ def test_summarise_by_hand_and_degenerate_cases():
     s = stats.summarise([1.0, 2.0, 3.0, 4.0])
     assert s.n == 4 and s.mean == 2.5
     assert s.std == pytest.approx(math.sqrt(5 / 3))                       # sample std (ddof 1)
-    assert 1.0 <= s.ci_low < 2.5 < s.ci_high <= 4.0
+    # 4 seeds: Student-t, 2.5 ± t(0.975, 3)·s/√4 = 2.5 ± 3.182446·1.290994/2 (reaches past [min, max])
+    assert s.ci_method == "t"
+    assert (s.ci_low, s.ci_high) == pytest.approx((2.5 - 2.05426, 2.5 + 2.05426), abs=1e-5)
     one = stats.summarise([0.7])
     assert (one.n, one.mean, one.iqm) == (1, 0.7, 0.7) and math.isnan(one.ci_low) and math.isnan(one.std)
     same = stats.summarise([0.3, 0.3, 0.3])
@@ -81,8 +84,36 @@ def test_curve_band_mean_band_and_counts():
     band = stats.curve_band(stats.AlignedCurves(grid, values, False))
     np.testing.assert_allclose(band.mean, [1.0, 1.0, 2.0])
     np.testing.assert_array_equal(band.n, [3, 3, 1])
-    assert band.low[0] <= 1.0 <= band.high[0] and band.low[0] >= 0.0 and band.high[0] <= 2.0
+    # 3 seeds (0, 2, 1): Student-t, 1 ± t(0.975, 2)·1/√3 = 1 ± 2.484138
+    assert (band.low[0], band.high[0]) == pytest.approx((1 - 2.484138, 1 + 2.484138), abs=1e-6)
     assert band.low[1] == band.high[1] == 1.0                          # identical seeds: no spread
     assert math.isnan(band.low[2])                                      # one seed: no band
     long = stats.AlignedCurves(np.arange(5000.0), np.random.default_rng(0).random((4, 5000)), False)
     assert stats.curve_band(long, max_points=100).steps.size == 100
+
+
+def test_ci_method_by_seed_count():
+    assert [stats.ci_method(n) for n in (0, 1, 2, 9, 10, 50)] == ["", "", "t", "t", "bca", "bca"]
+    rng = np.random.default_rng(3)
+    lo, hi, method = stats.mean_ci(rng.gamma(2.0, size=30))
+    assert method == "bca" and lo < hi
+
+
+def test_mean_ci_coverage_at_three_seeds():
+    # the percentile bootstrap covered the true mean ~75 % of the time at 3 seeds; Student-t ≈ 95 %
+    rng = np.random.default_rng(11)
+    normal = np.mean([lo <= 0 <= hi for lo, hi, _ in (stats.mean_ci(rng.normal(size=3)) for _ in range(600))])
+    boot = np.mean([lo <= 0 <= hi for lo, hi in (stats.bootstrap_ci(rng.normal(size=3), n_resamples=200)
+                                                 for _ in range(300))])
+    assert normal > 0.92 and boot < 0.85
+
+
+def test_poi_that_few_seeds_cannot_resolve_has_no_interval():
+    # complete separation: exact two-sided Mann–Whitney p = 2/C(4, 2) = 1/3 at 2 vs 2, 2/C(6, 3) = 0.1
+    # at 3 vs 3, 2/C(8, 4) = 0.0286 at 4 vs 4
+    assert not stats.poi_resolvable(2, 2) and not stats.poi_resolvable(3, 3)
+    assert stats.poi_resolvable(4, 4) and not stats.poi_resolvable(3, 4)   # 2/35 = 0.057
+    p, lo, hi = stats.poi_with_ci([0.9, 0.8], [0.1, 0.2])
+    assert p == 1.0 and math.isnan(lo) and math.isnan(hi)
+    assert stats.mann_whitney_p([5, 6, 7, 8], [1, 2, 3, 4]) == pytest.approx(2 / 70)
+    assert stats.mann_whitney_p([0.9, 0.8], [0.1, 0.2]) == pytest.approx(1 / 3)
