@@ -71,7 +71,8 @@ def test_kernel_matches_reference_functions(dtype, objective):
                                                     abs=2 / n if dtype == np.float32 else 1e-12)
     for est in ("k1", "k2", "k3"):
         assert got[f"reverse_{est}"] == pytest.approx(kl.reverse_kl(lp, r, estimator_name=est), rel=tol, abs=1e-7)
-    assert got["forward_is"] == pytest.approx(kl.forward_kl_is_tokens(lp, r).mean(), rel=tol, abs=1e-7)
+    assert got["forward_next_token_on_policy"] == pytest.approx(kl.next_token_forward_kl_is_tokens(lp, r).mean(),
+                                                                rel=tol, abs=1e-7)
     assert got["tokens"] == n
 
 
@@ -99,7 +100,7 @@ def test_run_token_sample(tmp_path):
     assert len(tokens) == n
     got = cs.token_stats(tokens, rd.read_config())
     anchors, policy = df[df["is_anchor"]], df[~df["is_anchor"]]
-    assert got["forward_k3"] == pytest.approx(kl.forward_kl(anchors["logp"], anchors["ref_logp"]))
+    assert got["anchor_kl_k3"] == pytest.approx(kl.forward_kl(anchors["logp"], anchors["ref_logp"]))
     assert got["reverse_k3"] == pytest.approx(kl.reverse_kl(policy["logp"], policy["ref_logp"]))
     assert got["tokens"] == len(policy)
     cf = cs.counterfactual_capacity(tokens, rd.read_config())

@@ -68,11 +68,12 @@ def test_forward_kl_is_unbiased_on_categorical(estimator):
     _mc_check(tokens, float(kl.exact_kl(ref, theta)))            # KL(π_ref‖π_θ)
 
 
-def test_forward_kl_by_importance_weighting_from_policy_samples():
+def test_next_token_forward_kl_by_importance_weighting_from_policy_samples():
+    # one prefix (a single categorical): the next-token forward KL is KL(π_ref‖π_θ) there
     theta, ref = _pair(seed=5)
     rng = np.random.default_rng(12)
     x = rng.choice(theta.size, size=200_000, p=theta)
-    tokens = kl.forward_kl_is_tokens(np.log(theta[x]), np.log(ref[x]))
+    tokens = kl.next_token_forward_kl_is_tokens(np.log(theta[x]), np.log(ref[x]))
     assert (tokens >= -1e-12).all()
     _mc_check(tokens, float(kl.exact_kl(ref, theta)))
 

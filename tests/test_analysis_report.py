@@ -209,7 +209,9 @@ def test_metrics_a_config_never_logs_are_not_reported_missing(tmp_path):
     assert "kl/forward_k3 missing" not in text  # anchor-free dapo runs cannot log forward KL
     assert "metric anchor/rate missing in 1/2 runs" in text  # only the armor runs are expected to
     assert R.logged_under("anchor/gate_drop", {"anchor": False, "anchor_gate": True})
-    assert not R.logged_under("kl/forward_k1", {"anchor": False, "anchor_gate": True})
+    # forward KL is computed on the reference draws the anchor rollout makes: with anchors or the gate
+    assert R.logged_under("kl/forward_k1", {"anchor": False, "anchor_gate": True})
+    assert not R.logged_under("kl/forward_k1", {"anchor": False, "anchor_gate": False})
     assert R.logged_under("kl/forward_k1", {})  # an older config without the key: assume logged
 
 

@@ -5,7 +5,8 @@ trainer's ``armorlab.objectives.probability_capacity`` runs on torch tensors —
 arrays. This module adds what only offline analysis needs:
 
 * ``token_kernel``: one streaming pass over millions of tokens giving the KL estimates
-  (armorlab.analysis.kl: reverse k1/k2/k3, forward by importance weighting) and the capacity
+  (armorlab.analysis.kl: reverse k1/k2/k3, and K4's next-token forward KL at the policy's own
+  prefixes — not the sequence-level forward KL, see kl.K4) and the capacity
   statistics of capacity.capacity_stats (pos_mean, pos_bound_frac, neg_mean) plus the
   capacity-limited share below. It works in cache-sized chunks with sums instead of masks and
   boolean indexing, so it runs near memory bandwidth; tests check it against kl.* and
@@ -50,7 +51,8 @@ def token_kernel(logp, old_logp, ref_logp, advantage, *, objective: str, alpha: 
 
     Arrays are 1-D, one entry per real token (no padding). ``ref_logp`` may be None (no KL, and
     no ARMOR capacity). ``alpha`` is a scalar or a per-token array. Returns ``tokens``,
-    ``reverse_k1``, ``reverse_k2``, ``reverse_k3``, ``forward_is`` (kl.K4), ``pos_mean``,
+    ``reverse_k1``, ``reverse_k2``, ``reverse_k3``, ``forward_next_token_on_policy`` (kl.K4:
+    the next-token KL(π_ref‖π_θ) averaged over the policy's own prefixes), ``pos_mean``,
     ``pos_bound_frac``, ``neg_mean`` and ``low_prob_limited`` (CL); NaN where undefined.
     """
     logp = np.asarray(logp)
@@ -106,9 +108,9 @@ def token_kernel(logp, old_logp, ref_logp, advantage, *, objective: str, alpha: 
     out = {"tokens": float(n_all)}
     if ref is not None and n_all:
         out.update(reverse_k1=-s_l / n_all, reverse_k2=0.5 * s_ll / n_all, reverse_k3=(s_e - s_l) / n_all,
-                   forward_is=(s_el + s_l - s_e) / n_all)
+                   forward_next_token_on_policy=(s_el + s_l - s_e) / n_all)
     else:
-        out.update(reverse_k1=nan, reverse_k2=nan, reverse_k3=nan, forward_is=nan)
+        out.update(reverse_k1=nan, reverse_k2=nan, reverse_k3=nan, forward_next_token_on_policy=nan)
     out.update(pos_mean=pos_sum / n_pos if n_pos else nan,
                pos_bound_frac=n_bound / n_pos if n_pos else nan,
                neg_mean=neg_sum / n_neg if n_neg else nan,
@@ -116,15 +118,18 @@ def token_kernel(logp, old_logp, ref_logp, advantage, *, objective: str, alpha: 
     return out
 
 
-def anchor_forward_kl(logp, ref_logp) -> dict[str, float]:
-    """Forward KL(π_ref‖π_θ) from anchor tokens (samples of π_ref): k1 and k3 means (kl.K1, K3)."""
+def anchor_kl(logp, ref_logp) -> dict[str, float]:
+    """k1 and k3 means (kl.K1, K3, log r = log π_θ − log π_ref) on anchor tokens, as the trainer's
+    ``anchor/kl_k*``. Anchors are samples of π_ref *conditioned on a correct reward*, so this
+    estimates neither KL direction: it is how far π_θ has moved on the reference's correct
+    answers (the unconditioned forward KL is the trainer's ``kl/forward_k*``)."""
     from armorlab.analysis import kl
 
     logp, ref_logp = np.asarray(logp), np.asarray(ref_logp)
     if logp.size == 0:
-        return {"forward_k1": math.nan, "forward_k3": math.nan}
-    return {"forward_k1": kl.forward_kl(logp, ref_logp, estimator_name="k1"),
-            "forward_k3": kl.forward_kl(logp, ref_logp, estimator_name="k3")}
+        return {"anchor_kl_k1": math.nan, "anchor_kl_k3": math.nan}
+    return {"anchor_kl_k1": kl.forward_kl(logp, ref_logp, estimator_name="k1"),
+            "anchor_kl_k3": kl.forward_kl(logp, ref_logp, estimator_name="k3")}
 
 
 # --------------------------------------------------------------------------- tokens/ parquet
@@ -159,7 +164,7 @@ def objective_params(config: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def token_stats(tokens, config: Mapping[str, Any], *, p_low: float = P_LOW) -> dict[str, float]:
-    """token_kernel over a run's token sample with the run's own objective, plus forward KL from
+    """token_kernel over a run's token sample with the run's own objective, plus anchor_kl on the
     anchor rows when the sample marks them (``is_anchor``)."""
     params = objective_params(config)
     has_ref = "ref_logp" in tokens.columns and tokens["ref_logp"].notna().all()
@@ -174,9 +179,9 @@ def token_stats(tokens, config: Mapping[str, Any], *, p_low: float = P_LOW) -> d
                        policy["advantage"].to_numpy(), p_low=p_low, **params)
     if has_ref and is_anchor.any():
         anchors = tokens[is_anchor]
-        out.update(anchor_forward_kl(anchors["logp"].to_numpy(), anchors["ref_logp"].to_numpy()))
+        out.update(anchor_kl(anchors["logp"].to_numpy(), anchors["ref_logp"].to_numpy()))
     else:
-        out.update(forward_k1=math.nan, forward_k3=math.nan)
+        out.update(anchor_kl_k1=math.nan, anchor_kl_k3=math.nan)
     return out
 
 

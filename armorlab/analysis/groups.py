@@ -338,7 +338,9 @@ def comparison_pairs(runs: pd.DataFrame, groups: Groups, recipe: Recipe) -> list
 
 def improvement_table(per_run: pd.DataFrame, pairs: Sequence[tuple[str, str]],
                       scores: Sequence[str]) -> pd.DataFrame:
-    """Probability of improvement P(X > Y) with a bootstrap CI, per pair and headline score."""
+    """Probability of improvement P(X > Y) per pair and headline score, with its bootstrap CI
+    (NaN where the seeds cannot resolve it: ``resolvable`` false, stats S4) and the exact
+    two-sided Mann–Whitney p-value ``mw_p``."""
     rows = []
     for x, y in pairs:
         xs = per_run[per_run["group"] == x]
@@ -347,9 +349,12 @@ def improvement_table(per_run: pd.DataFrame, pairs: Sequence[tuple[str, str]],
             a = pd.to_numeric(xs[s], errors="coerce").to_numpy(dtype=np.float64)
             b = pd.to_numeric(ys[s], errors="coerce").to_numpy(dtype=np.float64)
             p, lo, hi = stats.poi_with_ci(a, b)
+            n_x, n_y = int(np.isfinite(a).sum()), int(np.isfinite(b).sum())
             rows.append({"x": x, "y": y, "score": s, "p_improvement": p, "ci_low": lo, "ci_high": hi,
-                         "n_x": int(np.isfinite(a).sum()), "n_y": int(np.isfinite(b).sum())})
-    return pd.DataFrame(rows, columns=["x", "y", "score", "p_improvement", "ci_low", "ci_high", "n_x", "n_y"])
+                         "n_x": n_x, "n_y": n_y, "resolvable": stats.poi_resolvable(n_x, n_y),
+                         "mw_p": stats.mann_whitney_p(a, b)})
+    return pd.DataFrame(rows, columns=["x", "y", "score", "p_improvement", "ci_low", "ci_high", "n_x", "n_y",
+                                       "resolvable", "mw_p"])
 
 
 def config_diff(runs: pd.DataFrame, groups: Groups) -> pd.DataFrame:

@@ -15,9 +15,15 @@ Which direction a sample estimates depends only on who drew the samples:
 (ARMOR, arXiv 2607.10481, Fig. 2b plots both: forward KL measures how much of the reference's
 mass the policy has dropped, reverse KL how far the policy's own samples moved.)
 
-(K4)  forward KL from policy samples by importance weighting: with x ~ π_θ and
-      w = π_ref(x)/π_θ(x), KL(π_ref‖π_θ) = E_θ[w log w] = E_θ[w log w − w + 1]; the second form
-      (used here) is ≥ 0 elementwise and has lower variance, since E_θ[w] = 1.
+(K4)  next-token forward KL at the policy's own prefixes, by importance weighting: at a prefix
+      y<t with the token x ~ π_θ(·|y<t) and w = π_ref(x|y<t)/π_θ(x|y<t),
+      KL(π_ref(·|y<t) ‖ π_θ(·|y<t)) = E_θ[w log w] = E_θ[w log w − w + 1]; the second form (used
+      here) is ≥ 0 elementwise and has lower variance, since E_θ[w] = 1. Averaged over a policy
+      token sample it estimates E_{y~π_θ}[mean_t KL(π_ref(·|y<t) ‖ π_θ(·|y<t))]: the forward KL of
+      the next-token conditionals along π_θ's trajectories. That is NOT the sequence-level
+      KL(π_ref‖π_θ) = E_{y~π_ref}[Σ_t KL(π_ref(·|y<t) ‖ π_θ(·|y<t))], whose prefixes come from
+      π_ref (the trainer's ``kl/forward_k*`` estimate that one on unconditioned draws of π_ref);
+      the two agree only for one-token outputs or where the prefixes of both policies coincide.
 
 (K5)  exact categorical KL: KL(p‖q) = Σ_i p_i (log p_i − log q_i), with 0·log 0 = 0 and +∞ where
       q_i = 0 < p_i.
@@ -101,8 +107,9 @@ def forward_kl(logp, ref_logp, mask=None, estimator_name: str = "k3") -> float:
     return masked_mean(forward_kl_tokens(logp, ref_logp, estimator_name), mask)
 
 
-def forward_kl_is_tokens(logp: np.ndarray, ref_logp: np.ndarray) -> np.ndarray:
-    """(K4) Per-token w·log w − w + 1 with w = π_ref/π_θ, x ~ π_θ: forward KL from policy samples."""
+def next_token_forward_kl_is_tokens(logp: np.ndarray, ref_logp: np.ndarray) -> np.ndarray:
+    """(K4) Per-token w·log w − w + 1 with w = π_ref/π_θ, x ~ π_θ: each token's estimate of the
+    next-token KL(π_ref(·|prefix) ‖ π_θ(·|prefix)) at the prefix π_θ produced."""
     log_w = np.subtract(ref_logp, logp)
     w = np.exp(log_w)
     out = w * log_w

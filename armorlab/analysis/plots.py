@@ -73,27 +73,40 @@ def _band(ax, band: CurveBand, color, label: str | None, *, linestyle="-") -> No
 
 
 def plot_curves(bands: Mapping[str, CurveBand], metric: str, path: Path, *, legend_title: str,
-                colors: Mapping[str, tuple], markers: Mapping[str, Sequence[tuple[float, float]]] | None = None,
-                matched_steps: Sequence[int] = (), title: str | None = None) -> Path:
-    """One metric per group: mean over seeds with the 95 % bootstrap band; ▼ = a seed's collapse step."""
+                colors: Mapping[str, tuple], markers: Mapping[str, Sequence[tuple]] | None = None,
+                matched_steps: Sequence[int] = (), title: str | None = None,
+                noise: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None) -> Path:
+    """One metric per group: mean over seeds with its 95 % CI band; ▼ = a seed's collapse step,
+    labelled with its text when a marker is (step, value, text); ``noise`` = {group: (steps, SE)}
+    draws the eval-noise band mean ± 1 SE as dotted lines."""
     fig, ax = plt.subplots(figsize=(8, 4.6))
     for g, band in bands.items():
         _band(ax, band, colors[g], g)
+        if noise and g in noise and noise[g][0].size:
+            se = np.interp(band.steps, *noise[g], left=np.nan, right=np.nan)
+            for sign in (-1, 1):
+                ax.plot(band.steps, band.mean + sign * se, color=colors[g], linestyle=":", linewidth=0.9)
     extra = []
+    if noise and any(s.size for s, _ in noise.values()):
+        extra.append((plt.Line2D([], [], color="gray", linestyle=":"), "±1 SE eval noise"))
     if markers:
         for g, pts in markers.items():
             if pts:
-                xs, ys = zip(*pts, strict=True)
+                xs, ys = [p[0] for p in pts], [p[1] for p in pts]
                 ax.scatter(xs, ys, marker="v", s=46, color=colors[g], edgecolor="black", linewidth=0.6,
                            zorder=5)
+                for p in pts:
+                    if len(p) > 2 and p[2]:
+                        ax.annotate(p[2], (p[0], p[1]), textcoords="offset points", xytext=(4, -11),
+                                    fontsize=7, color=colors[g])
         if any(markers.values()):
             extra.append((plt.Line2D([], [], marker="v", linestyle="", color="gray", markeredgecolor="black"),
-                          "collapse step (one per seed)"))
+                          "collapse onset (one per seed; fall in SE)"))
     for s in matched_steps:
         ax.axvline(s, color="gray", linestyle=":", linewidth=0.9)
     if matched_steps:
         extra.append((plt.Line2D([], [], color="gray", linestyle=":"), "matched steps"))
-    ax.set_title(title or f"{metric} per group (mean over seeds, 95% bootstrap CI)")
+    ax.set_title(title or f"{metric} per group (mean over seeds, 95% CI)")
     _step_axis(ax)
     ax.set_ylabel(metric_label(metric))
     ax.grid(alpha=0.3)
@@ -147,7 +160,7 @@ def plot_kl(panels: Mapping[str, Mapping[str, CurveBand]], path: Path, *, legend
         _step_axis(ax)
         ax.set_ylabel(metric_label(metric))
         ax.grid(alpha=0.3)
-    fig.suptitle("KL to the reference policy (mean over seeds, 95% bootstrap CI)")
+    fig.suptitle("KL to the reference policy (mean over seeds, 95% CI)")
     return _finish(fig, flat[n - 1], path, legend_title)
 
 
@@ -245,7 +258,7 @@ def plot_ablation(summary_rows: Sequence[Mapping], per_run: Mapping[str, Mapping
         handles = [plt.Rectangle((0, 0), 1, 1, color=hue_color[h], alpha=0.8) for h in hues]
         fig.legend(handles, hues, title=", ".join(hue_keys), fontsize=8, title_fontsize=8, frameon=False,
                    loc="outside lower center", ncols=min(3, len(hues)))
-    fig.suptitle(f"Ablation over {x_key}: mean over seeds with 95% bootstrap CI (dots = seeds)")
+    fig.suptitle(f"Ablation over {x_key}: mean over seeds with 95% CI (dots = seeds)")
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=DPI, bbox_inches="tight")
     plt.close(fig)
@@ -265,5 +278,5 @@ def plot_curve_grid(panels: Mapping[str, Mapping[str, CurveBand]], path: Path, *
         ax.set_ylabel(metric_label(metric), fontsize=8)
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)
-    fig.suptitle("Other curves (mean over seeds, 95% bootstrap CI)")
+    fig.suptitle("Other curves (mean over seeds, 95% CI)")
     return _finish(fig, flat[min(n, len(flat)) - 1], path, legend_title)

@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from armorlab.analysis import collapse, plots, select, stats, tables
 from armorlab.analysis import groups as G
-from armorlab.analysis import plots, select, stats, tables
 from armorlab.analysis.html import Figure, Section, esc, write_index
 from armorlab.analysis.load import RunSet, load
 from armorlab.analysis.recipe import DEFAULT_CURVES, Recipe
@@ -79,16 +79,14 @@ def _curves(recipe: Recipe, rs: RunSet) -> list[str]:
 
 def logged_under(metric: str, config: Mapping[str, Any]) -> bool:
     """Whether the trainer logs ``metric`` for a run with this config (design.md's metric list):
-    ``anchor/*`` only with anchors or the gate on, ``kl/forward_*`` (samples of π_ref) only with
-    anchors on. A metric that cannot exist in a run is not reported as missing from it."""
+    ``anchor/*`` and ``kl/forward_*`` (unconditioned draws of π_ref) only with anchors or the gate
+    on. A metric that cannot exist in a run is not reported as missing from it."""
     def on(key: str) -> bool:  # a config without the key (older run dirs): assume it is logged
         value = config.get(key)
         return not isinstance(value, (bool, np.bool_)) or bool(value)
 
-    if metric.startswith("anchor/"):
+    if metric.startswith(("anchor/", "kl/forward_")):
         return on("anchor") or on("anchor_gate")
-    if metric.startswith("kl/forward_"):
-        return on("anchor")
     return True
 
 
@@ -130,6 +128,56 @@ def _bands(rs: RunSet, groups: G.Groups, metric: str, notes: G.Notes) -> dict[st
                       f"linearly interpolated onto the union of steps")
         out[g] = stats.curve_band(aligned)
     return out
+
+
+def _noise_bands(rs: RunSet, groups: G.Groups, metric: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Eval noise of each group's mean curve: SE(step) = sqrt(Σ_r SE_r²)/R over the R seeds that
+    logged that step, SE_r from collapse.eval_se (binomial from ``<split>/n``, else from the curve)."""
+    out = {}
+    for g in groups.labels:
+        curves = []
+        for r in groups.members[g]:
+            s, v = rs.curve(r, metric)
+            if s.size:
+                se = collapse.eval_se(v, G.eval_sizes(rs, r, metric, s))
+                curves.append((s, se ** 2))
+        aligned = stats.align_curves(curves) if curves else None
+        if aligned is None or not aligned.grid.size:
+            continue
+        var = aligned.values
+        count = np.isfinite(var).sum(axis=0)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            se = np.sqrt(np.nansum(var, axis=0)) / count
+        se[count == 0] = np.nan
+        if np.isfinite(se).any():
+            out[g] = (aligned.grid, se)
+    return out
+
+
+def _anchor_table(rs: RunSet, groups: G.Groups) -> pd.DataFrame | None:
+    """ARMOR review points 1 and 4, per group (mean over seeds of each run's mean over steps):
+    the policy's success on queries the gate drops vs keeps, the anchors' share and advantage,
+    and π_ref's validation accuracy at each reset (mean over seeds per reset step)."""
+    cols = {"anchor/gate_drop_success": "success on gate-dropped queries",
+            "anchor/gate_keep_success": "success on kept queries", "anchor/share": "anchor share of loss tokens",
+            "anchor/adv_mean": "anchor advantage (mean)"}
+    if not any(m in rs.metrics for m in [*cols, "ref/val_acc"]):
+        return None
+    rows = []
+    for g in groups.labels:
+        row: dict[str, Any] = {"group": g}
+        for m, label in cols.items():
+            per_run = [float(np.mean(v)) for r in groups.members[g] for _, v in [rs.curve(r, m)] if v.size]
+            s = stats.summarise(per_run)
+            row[label] = tables.fmt_ci(s.mean, s.ci_low, s.ci_high)
+        resets: dict[float, list[float]] = {}
+        for r in groups.members[g]:
+            for step, v in zip(*rs.curve(r, "ref/val_acc"), strict=True):
+                resets.setdefault(float(step), []).append(float(v))
+        row["ref/val_acc at resets (step: mean over seeds)"] = ", ".join(
+            f"{step:g}: {np.mean(v):.3f}" for step, v in sorted(resets.items())) or "—"
+        rows.append(row)
+    return pd.DataFrame(rows)
 
 
 def _token_samples(rs: RunSet, groups: G.Groups, notes: G.Notes):
@@ -190,6 +238,11 @@ def build_report(recipe: Recipe, out_dir: str | Path | None = None, *, cache: bo
     elif single:
         notes.add(f"{len(single)} of {len(groups.labels)} groups have a single seed (no confidence interval, "
                   f"read their numbers as anecdotes): {'; '.join(single[:6])}" + (" …" if len(single) > 6 else ""))
+    weak = [g for g in groups.labels if 1 < len(groups.members[g]) <= stats.LOW_POWER_N]
+    if weak:
+        notes.add(f"low-powered: {len(weak)} group(s) with 2–{stats.LOW_POWER_N} seeds ({'; '.join(weak[:6])}"
+                  + (" …" if len(weak) > 6 else "") + "); their Student-t intervals are wide and a "
+                  "probability of improvement between so few seeds cannot be resolved")
     diff = G.config_diff(rs.runs, groups)
     for row in diff.to_dict("records"):
         mixed = [k for k, v in row.items() if isinstance(v, str) and v.startswith("mixed: ")]
@@ -222,13 +275,19 @@ def build_report(recipe: Recipe, out_dir: str | Path | None = None, *, cache: bo
                 cs = r.get("collapse_step")
                 if cs is not None and not (isinstance(cs, float) and math.isnan(cs)):
                     v = select.value_at(*rs.curve(r["run_id"], sel.metric), cs).value
-                    pts.append((cs, v))
+                    z = r.get("collapse_z", math.nan)
+                    pts.append((cs, v, f"−{z:.1f} SE" if math.isfinite(z) else "−∞ SE" if z == math.inf else ""))
             markers[g] = pts
+        col = recipe.collapse
         figs.append(("results", plots.plot_curves(bands[sel.metric], sel.metric, plot_dir / "val.png",
                                                    legend_title=legend, colors=colors, markers=markers,
-                                                   matched_steps=matched),
-                     f"{sel.metric} per group: mean over seeds with 95% bootstrap CI; ▼ = a seed's collapse "
-                     f"step (δ={recipe.collapse.delta}, m={recipe.collapse.patience}); dotted = matched steps"))
+                                                   matched_steps=matched,
+                                                   noise=_noise_bands(rs, groups, sel.metric)),
+                     f"{sel.metric} per group: mean over seeds with its 95% CI (shaded); dotted lines: ±1 SE of "
+                     f"eval noise (binomial from val/n where logged, else estimated from the curve); ▼ = a seed's "
+                     f"collapse onset, labelled with how many SEs its level fell below the earlier peak "
+                     f"(m={col.patience} evals per level, α={col.alpha}, δ={col.delta}); vertical dotted = "
+                     f"matched steps"))
     if sel.metric in bands and recipe.collapse.train in bands:
         figs.append(("results", plots.plot_overoptimisation(
             bands[recipe.collapse.train], bands[sel.metric], recipe.collapse.train, sel.metric,
@@ -250,36 +309,40 @@ def build_report(recipe: Recipe, out_dir: str | Path | None = None, *, cache: bo
             dtype=np.float64) for s in scores} for g in groups.labels}
         figs.append(("results", plots.plot_ablation(summary.to_dict("records"), seeds, scores, label, x_key,
                                                     hue, plot_dir / "ablation.png", colors=colors),
-                     f"headline scores by {x_key}: mean with 95% bootstrap CI; dots are seeds"))
+                     f"headline scores by {x_key}: mean with 95% CI (Student-t below 10 seeds); dots are seeds"))
     # the small multiples show only what no figure above shows: each extra figure costs a second
     shown = {sel.metric, recipe.collapse.train, *kl_panels} if sel.metric in bands else set(kl_panels)
     others = {m: b for m, b in bands.items() if m not in shown}
     if others:
         figs.append(("curves", plots.plot_curve_grid(others, plot_dir / "curves.png", legend_title=legend,
                                                      colors=colors),
-                     "the recipe's other curves: mean over seeds with 95% bootstrap CI"))
+                     "the recipe's other curves: mean over seeds with 95% CI (Student-t below 10 seeds, "
+                     "BCa bootstrap from 10)"))
 
     tdir = out / "tables"
     group_display = tables.display_group_table(summary, keys, cols, sel.metric, sel.report)
     written = []
     written += tables.write_table(summary, tdir / "groups", formats=("csv",))
     written += tables.write_table(group_display, tdir / "groups", formats=("md", "tex"),
-                                  caption=f"{recipe.title}: mean [95% bootstrap CI] over seeds")
+                                  caption=f"{recipe.title}: mean [95% CI] over seeds (method per row)")
     token_display = None
     if tok_cols:
         token_display = tables.display_group_table(summary, keys, tok_cols, sel.metric, sel.report,
                                                    n_of=tok_cols[0])
         written += tables.write_table(token_display, tdir / "tokens", formats=("md", "tex"),
-                                      caption="token-sample statistics: mean [95% bootstrap CI] over seeds")
+                                      caption="token-sample statistics: mean [95% CI] over seeds")
     written += tables.write_table(per_run, tdir / "runs", formats=("csv",))
     headline = tables.display_headline(summary, keys, scores, sel.metric, sel.report)
     written += tables.write_table(headline, tdir / "headline", formats=("md", "tex"),
-                                  caption="headline scores: mean [95% bootstrap CI], IQM, std, n over seeds")
+                                  caption="headline scores: mean [95% CI], IQM, std, n over seeds")
     poi_display = tables.display_improvement(poi, sel.metric, sel.report)
     written += tables.write_table(poi, tdir / "improvement", formats=("csv",))
     written += tables.write_table(poi_display, tdir / "improvement", formats=("md", "tex"),
                                   caption="probability of improvement P(X > Y) over seeds")
     written += tables.write_table(diff, tdir / "configs", formats=("csv",))
+    anchors = _anchor_table(rs, groups)
+    if anchors is not None:
+        written += tables.write_table(anchors, tdir / "anchors", formats=("csv", "md"))
 
     atomic_write_yaml(out / "recipe.yaml", {
         "title": recipe.title, "runs": list(recipe.runs), "group_by": list(keys), "curves": curves,
@@ -288,7 +351,7 @@ def build_report(recipe: Recipe, out_dir: str | Path | None = None, *, cache: bo
         "collapse": dict(vars(recipe.collapse))})
 
     sections = _sections(recipe, out, figs, group_display, headline, poi_display, diff, per_run, matched,
-                         token_display)
+                         token_display, anchors)
     if extra_sections is not None:
         sections += extra_sections(out, notes.add)
     meta = (f"{len(rs.run_ids)} runs in {len(groups.labels)} groups (group_by: {esc(legend)}) · "
@@ -300,25 +363,34 @@ def build_report(recipe: Recipe, out_dir: str | Path | None = None, *, cache: bo
 
 
 def _sections(recipe: Recipe, out: Path, figs, group_display, headline, poi_display, diff, per_run, matched,
-              token_display) -> list[Section]:
+              token_display, anchors=None) -> list[Section]:
     sel = recipe.select
 
     def fig_list(kind):
         return [Figure(str(p.relative_to(out)), cap) for k, p, cap in figs if k == kind]
 
     results = Section("Results per group", intro=(
-        f"<p>Each cell is the mean over seeds with its 95% percentile-bootstrap CI; n = seeds. "
+        f"<p>Each cell is the mean over seeds with its 95% CI; n = seeds. The CI is Student-t below 10 seeds "
+        f"(the percentile bootstrap covers the mean only ~75% of the time at 3 seeds) and a BCa bootstrap from "
+        f"10; the <b>95% CI</b> column names it and flags groups of ≤ {stats.LOW_POWER_N} seeds as low-powered. "
         f"<b>{esc(sel.metric)} @ best step</b> and <b>{esc(sel.report)} @ val-best step</b> pick each run's "
         f"best checkpoint on {esc(sel.metric)} (optimistic: validation noise picks a lucky step); "
         f"the <b>@ step</b> columns read every run at the same pre-declared steps "
         f"({esc(', '.join(map(str, matched)) or 'none')}) — no selection, so a collapse after the peak "
-        f"shows. Collapse step: first eval from which {esc(sel.metric)} stays ≥ δ={recipe.collapse.delta} "
-        f"below its running peak for {recipe.collapse.patience} evals. AUC: mean level over the run.</p>"),
+        f"shows. Peak and final are levels (means of {recipe.collapse.patience} evals), so the peak is not the "
+        f"maximum of noise. Collapse step: the onset of the first fall of the level below the earlier peak that "
+        f"is larger than the eval noise allows (z above a threshold calibrated to a {recipe.collapse.alpha:.0%} "
+        f"false-alarm rate per flat curve; binomial SE from val/n where logged) and ≥ δ={recipe.collapse.delta}; "
+        f"drop (SE) and fall at collapse (SE) say by how many standard errors. AUC: mean level over the run.</p>"),
         tables=[("", group_display)], figures=fig_list("results"))
     compare = Section("Headline scores and probability of improvement", intro=(
-        "<p>IQM: mean of the middle 50% of seeds (robust to one lucky or crashed seed). "
-        "P(X &gt; Y): the chance that a seed of X scores higher than a seed of Y (ties count ½); 0.5 = no "
-        "difference. CIs resample the seeds of X and Y independently (percentile bootstrap).</p>"),
+        "<p>IQM: scipy's trim_mean(x, 0.25), which drops ⌊n/4⌋ seeds at each end (none at n ≤ 3, where it "
+        "is the mean; one per end at 4–7 seeds) and averages the rest. Mean CIs: Student-t below 10 seeds, BCa "
+        "bootstrap from 10. P(X &gt; Y): the chance that a seed of X scores higher than a seed of Y (ties count "
+        "½); 0.5 = no difference. Its CI resamples the seeds of X and Y independently (percentile bootstrap); "
+        "where even complete separation would not be significant (exact two-sided Mann–Whitney p = 2/C(n+m, n) "
+        "&gt; 0.05: 2 vs 2, 3 vs 3, 3 vs 4 seeds) the table says it cannot be resolved instead of giving an "
+        "interval. Mann–Whitney p: the exact two-sided test of X against Y.</p>"),
         tables=[("headline scores per group", headline), ("probability of improvement", poi_display)])
     out_sections = [results, compare]
     if fig_list("kl"):
@@ -328,10 +400,21 @@ def _sections(recipe: Recipe, out: Path, figs, group_display, headline, poi_disp
             "<p>Capacity: how far a token's probability can move before the clip stops its gradient "
             "(UP Eq. 11; ARMOR's region Eq. 6). pos_bound_frac: share of A&gt;0 tokens whose capacity the "
             "clip binds; low_prob_limited: that share among A&gt;0 tokens with π_old &lt; 0.2. KL from the "
-            "tokens/ samples: reverse k1/k2/k3 on policy tokens, forward_is by importance weighting, "
-            "forward k1/k3 on anchor tokens (samples of π_ref). Right panel: the same A&gt;0 tokens under "
+            "tokens/ samples: reverse k1/k2/k3 on policy tokens; forward_next_token_on_policy: the next-token "
+            "KL(π_ref‖π_θ) at the policy's own prefixes, by importance weighting (not the sequence-level forward "
+            "KL, whose prefixes come from π_ref: that is kl/forward_k*); "
+            "anchor_kl_k1/k3 on anchor tokens: samples of π_ref conditioned on a correct reward, so neither KL "
+            "direction (as the trainer's anchor/kl_k*). Right panel: the same A&gt;0 tokens under "
             "each formula.</p>"),
             tables=[("", token_display)] if token_display is not None else [], figures=fig_list("capacity")))
+    if anchors is not None:
+        out_sections.append(Section("Anchor diagnostics", intro=(
+            "<p>ARMOR review points 1 and 4. The gate drops queries the reference could not solve: the "
+            "policy's own group success rate on dropped vs kept queries shows how hard the dropped ones are "
+            "(<code>anchor/gate_drop_success</code>, <code>anchor/gate_keep_success</code>; mean over steps, "
+            "then over seeds). The anchors' share of the loss tokens and their mean advantage. "
+            "<code>ref/val_acc</code>: π_ref's validation accuracy at step 0 and at each reset — whether "
+            "anchors came from a healthy or a collapsed checkpoint.</p>"), tables=[("", anchors)]))
     if fig_list("curves"):
         out_sections.append(Section("Other curves", figures=fig_list("curves")))
     out_sections.append(Section("Configs that differ between groups", intro=(

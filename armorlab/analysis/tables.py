@@ -1,6 +1,7 @@
 """Report tables: the per-group table as CSV (numbers), Markdown and LaTeX (booktabs) (formatted
-``mean [95% CI low, high]``), the per-run CSV, the probability-of-improvement table, the config
-diff. Writes go through armorlab.fsutil.atomic_write_text: a reader never sees half a table."""
+``mean [95% CI low, high]``, with a ``95% CI`` column naming the interval's method and flagging
+groups of ≤ 3 seeds as low-powered), the per-run CSV, the probability-of-improvement table, the
+config diff. Writes go through armorlab.fsutil.atomic_write_text: a reader never sees half a table."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from armorlab.analysis.groups import fmt_value
+from armorlab.analysis.stats import CI_METHOD_NAMES, LOW_POWER_N, ci_method
 from armorlab.fsutil import atomic_write_text
 
 STEP_SCORES = ("peak_step", "collapse_step", "selected_step", "divergence_step", "entropy_collapse_step")
@@ -23,6 +25,7 @@ def score_label(score: str, val_metric: str, test_metric: str) -> str:
              "auc": f"AUC {val_metric} (mean level)", "selected_val": f"{val_metric} @ best step",
              "selected_test": f"{test_metric} @ val-best step", "selected_step": "val-best step",
              "divergence_step": "divergence step", "entropy_collapse_step": "entropy-collapse step",
+             "drop_z": "drop (SE)", "collapse_z": "fall at collapse (SE)",
              "length_blowup": "length blow-up (max/first)"}
     if score in fixed:
         return fixed[score]
@@ -45,6 +48,16 @@ def fmt_ci(mean: float, lo: float, hi: float, *, step: bool = False) -> str:
     return f"{f(mean)} [{f(lo)}, {f(hi)}]"
 
 
+def ci_note(n: int) -> str:
+    """Which interval a group's cells carry (stats S3), flagged low-powered at n ≤ LOW_POWER_N:
+    ``Student-t · low-powered (n=3)``, ``BCa bootstrap``, ``none (n=1)``."""
+    n = int(n)
+    name = CI_METHOD_NAMES[ci_method(n)]
+    if n <= LOW_POWER_N:
+        return f"{name} · low-powered (n={n})"
+    return name
+
+
 def display_group_table(summary: pd.DataFrame, keys: Sequence[str], scores: Sequence[str],
                         val_metric: str, test_metric: str, *, n_of: str | None = None) -> pd.DataFrame:
     """Formatted group table: group keys, n, then one ``mean [CI]`` column per score.
@@ -60,6 +73,7 @@ def display_group_table(summary: pd.DataFrame, keys: Sequence[str], scores: Sequ
             if s == "collapse_step":
                 cell = f"{r['collapsed']}/{r['n']} runs" + (f" @ {cell}" if cell != "—" else "")
             row[score_label(s, val_metric, test_metric)] = cell
+        row["95% CI"] = ci_note(row["n"])
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -76,6 +90,8 @@ def display_headline(summary: pd.DataFrame, keys: Sequence[str], scores: Sequenc
             row[f"{label}: IQM"] = fmt_ci(r[f"{s}_iqm"], None, None)
             row[f"{label}: std"] = fmt_ci(r[f"{s}_std"], None, None)
             row[f"{label}: n"] = str(r[f"{s}_n"])
+        if scores:
+            row["95% CI"] = ci_note(r[f"{scores[0]}_n"])
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -99,12 +115,18 @@ def to_latex(df: pd.DataFrame, caption: str | None = None) -> str:
 
 
 def display_improvement(poi: pd.DataFrame, val_metric: str, test_metric: str) -> pd.DataFrame:
+    """P(X > Y) with its bootstrap CI, or, where the seeds cannot resolve it (stats S4), the point
+    estimate and that statement instead of an interval; plus the exact Mann–Whitney p-value."""
     rows = []
     for r in poi.to_dict("records"):
+        cell = fmt_ci(r["p_improvement"], r["ci_low"], r["ci_high"])
+        if not r.get("resolvable", True) and cell != "—":
+            cell += f" (cannot be resolved with {r['n_x']} vs {r['n_y']} seeds)"
+        mw = r.get("mw_p", math.nan)
         rows.append({"X": r["x"], "Y": r["y"], "score": score_label(r["score"], val_metric, test_metric),
-                     "P(X > Y)": fmt_ci(r["p_improvement"], r["ci_low"], r["ci_high"]),
+                     "P(X > Y)": cell, "Mann–Whitney p": "—" if not math.isfinite(mw) else f"{mw:.3g}",
                      "seeds X/Y": f"{r['n_x']}/{r['n_y']}"})
-    return pd.DataFrame(rows, columns=["X", "Y", "score", "P(X > Y)", "seeds X/Y"])
+    return pd.DataFrame(rows, columns=["X", "Y", "score", "P(X > Y)", "Mann–Whitney p", "seeds X/Y"])
 
 
 def write_table(df: pd.DataFrame, stem: Path, *, formats=("csv", "md", "tex"), caption: str | None = None
