@@ -30,6 +30,10 @@ def write_run(root, objective, seed, val, test_offset, *, state="completed", rea
     vals = dict(zip(EVAL, val, strict=True))
     for s in range(upto + 1):
         m = {"train/reward": s / 50 if objective == "dapo" else s / 100, "train/entropy": 1.0 - s / 100}
+        if objective == "armor":   # anchor diagnostics: dropped queries are harder than kept ones
+            m.update({"anchor/gate_drop_success": 0.1 + 0.1 * seed, "anchor/gate_keep_success": 0.6})
+            if s == 0:
+                m["ref/val_acc"] = val[0]
         if s in vals:
             m.update({"val/acc": vals[s], "test/acc": vals[s] - test_offset, "val/n": 1000, "test/n": 1000,
                       "kl/reverse_k3": s / 500, "kl/forward_k3": s / 1000})
@@ -141,6 +145,39 @@ def test_tables_in_every_format(clean_report):
     assert dapo["test/acc @ val-best step: std"] == "0.100"
     configs = pd.read_csv(t / "configs.csv")
     assert "objective" in configs.columns and "seed" not in configs.columns
+
+
+def test_ci_methods_low_power_and_unresolvable_improvement(clean_report):
+    t = clean_report.out_dir / "tables"
+    groups_md = (t / "groups.md").read_text()
+    assert "95% CI" in groups_md.splitlines()[0] and "Student-t · low-powered (n=3)" in groups_md
+    assert any(w.startswith("low-powered: 2 group(s)") for w in clean_report.warnings)
+    # 3 vs 3 seeds: even complete separation has exact Mann–Whitney p = 2/C(6, 3) = 0.1
+    poi = pd.read_csv(t / "improvement.csv").set_index("score")
+    assert not poi.loc["test@50", "resolvable"] and np.isnan(poi.loc["test@50", "ci_low"])
+    assert poi.loc["test@50", "mw_p"] == pytest.approx(0.1)
+    assert "1.000 (cannot be resolved with 3 vs 3 seeds)" in (t / "improvement.md").read_text()
+
+
+def test_anchor_diagnostics_table(clean_report):
+    anchors = pd.read_csv(clean_report.out_dir / "tables" / "anchors.csv").set_index("group")
+    # per seed the mean over steps is 0.1 + 0.1k; over seeds 0.2 ± t(0.975, 2)·0.1/√3 = 0.2 ± 0.248414
+    assert anchors.loc["objective=armor", "success on gate-dropped queries"] == "0.200 [-0.048, 0.448]"
+    assert anchors.loc["objective=armor", "success on kept queries"] == "0.600 [0.600, 0.600]"
+    assert anchors.loc["objective=armor", "ref/val_acc at resets (step: mean over seeds)"] == "0: 0.100"
+    assert anchors.loc["objective=dapo", "success on kept queries"] == "—"
+    assert "Anchor diagnostics" in clean_report.index.read_text()
+
+
+def test_noise_band_is_the_eval_noise_of_the_seed_mean(clean_sweep):
+    from armorlab.analysis import groups as G
+    from armorlab.analysis.load import load
+
+    rs = load([str(clean_sweep)], cache=False)
+    groups = G.make_groups(rs.runs, ["objective"])
+    steps, se = R._noise_bands(rs, groups, "val/acc")["objective=dapo"]
+    # step 0: three seeds at 0.1 with val/n = 1000 → SE_r² = 0.09/1000, SE of their mean = sqrt(3·SE_r²)/3
+    assert steps[0] == 0 and se[0] == pytest.approx(np.sqrt(3 * 0.09 / 1000) / 3)
 
 
 class _Images(HTMLParser):

@@ -130,17 +130,17 @@ def test_repeated_points_reuse_runs_and_a_second_start_resumes(tmp_path):
 
 # --------------------------------------------------------------------------- pruning
 def expected_collapse_prune_step(cfg, delta=0.05, patience=3):
-    """Independent check of the collapse rule on the stand-in's curve: the step at which the
-    `patience`-th consecutive eval ≥ delta below the running peak is reported."""
+    """The eval step at which the collapse rule (armorlab.analysis.collapse, tested on its own)
+    first fires on the stand-in's curve as the evals arrive, with the whole trial's threshold:
+    the worker must prune exactly there."""
+    from armorlab.analysis.collapse import collapse_step
     from armorlab.tune.synthetic_trainer import val_acc
 
-    peak, streak = -1.0, 0
-    for step in range(0, cfg["max_steps"] + 1, cfg["val_every"]):
-        v = val_acc(cfg, step)
-        peak = max(peak, v)
-        streak = streak + 1 if v <= peak - delta else 0
-        if streak == patience:
-            return step
+    steps = list(range(0, cfg["max_steps"] + 1, cfg["val_every"]))
+    values = [val_acc(cfg, s) for s in steps]
+    for k in range(1, len(steps) + 1):
+        if collapse_step(steps[:k], values[:k], delta, patience, horizon=len(steps)) is not None:
+            return steps[k - 1]
     return None
 
 

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 
 from armorlab.errors import ArmorLabError
@@ -206,19 +207,52 @@ def test_summary_of_a_missing_metric_is_an_error():
 
 # --------------------------------------------------------------------------- collapse pruner
 def test_collapse_pruner_prunes_only_a_curve_that_stays_down():
-    from armorlab.tune.pruners import CollapsePruner
+    import optuna
+
+    from armorlab.tune.pruners import EVAL_N_ATTR, CollapsePruner, planned_evals
 
     p = CollapsePruner(delta=0.05, patience=3)
-    rising = {0: 0.1, 10: 0.3, 20: 0.5, 30: 0.6}
-    dip = {0: 0.1, 10: 0.5, 20: 0.4, 30: 0.52, 40: 0.4}            # never 3 evals in a row ≥ 0.05 down
-    fallen = {0: 0.1, 10: 0.5, 20: 0.44, 30: 0.3, 40: 0.2}          # 3 in a row from step 20
-    assert p.collapse_step(rising) is None and p.collapse_step(dip) is None
-    assert p.collapse_step(fallen) == 20
-    # a minimised metric collapses upwards
-    assert CollapsePruner(direction="minimize", delta=0.05, patience=2).collapse_step(
-        {0: 1.0, 10: 0.5, 20: 0.6, 30: 0.7}) == 20
+    steps = range(0, 120, 10)
+    rising = {s: 0.1 + s / 200 for s in steps}
+    dip = {s: 0.4 if s == 60 else 0.5 for s in steps}                # one bad eval is no collapse
+    fallen = {s: 0.5 if s < 60 else 0.2 for s in steps}             # levels fall from step 40; onset 60
+    for n in (None, 1000):                                           # noise from the curve / binomial
+        assert p.collapse_step(rising, n) is None and p.collapse_step(dip, n) is None
+        assert p.collapse_step(fallen, n) == 60
+    # the eval size reaches the pruner as a trial attribute the worker sets from val/n
+    trial = optuna.trial.create_trial(state=optuna.trial.TrialState.RUNNING, intermediate_values=fallen,
+                                      user_attrs={EVAL_N_ATTR: 1000.0})
+    assert p.prune(None, trial)
+    # a minimised metric collapses upwards (eval sizes ignored: binomial noise is for accuracies)
+    assert CollapsePruner(direction="minimize").collapse_step({s: 1 - v for s, v in fallen.items()}, 1000) == 60
     # nothing is judged before warmup
-    assert CollapsePruner(delta=0.05, patience=3, warmup_steps=50).collapse_step(fallen) is None
+    assert CollapsePruner(warmup_steps=200).collapse_step(fallen) is None
+    # evals a trial will have: 0, 10, ..., 200 → 21; 0, 10, ..., 100 and the last step 105 → 12
+    assert planned_evals({"max_steps": 200, "val_every": 10}) == 21
+    assert planned_evals({"max_steps": 105, "val_every": 10}) == 12
+    assert planned_evals({"max_steps": 100, "val_every": 0}) is None
+
+
+def test_collapse_pruner_false_prune_rate_on_flat_trials():
+    """Flat synthetic trials (true val/acc 0.5, 256 completions per eval, 21 evals) checked after every
+    eval as Optuna does: the legacy rule (0.05 below the running maximum for 3 evals) pruned about
+    half of them; the calibrated one prunes ≈ α = 4 % (threshold of the whole trial, `horizon`)."""
+    from armorlab.tune.pruners import CollapsePruner
+
+    rng = np.random.default_rng(5)
+    pruner = CollapsePruner(horizon=21)
+    pruned = {None: 0, 256: 0}
+    trials = 150
+    for _ in range(trials):
+        values = rng.binomial(256, 0.5, 21) / 256
+        for n in pruned:
+            seen = {}
+            for k, v in enumerate(values):
+                seen[10 * k] = float(v)
+                if pruner.collapse_step(seen, n) is not None:
+                    pruned[n] += 1
+                    break
+    assert pruned[256] / trials < 0.1 and pruned[None] / trials < 0.1
 
 
 # --------------------------------------------------------------------------- storage safety

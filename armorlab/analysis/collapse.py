@@ -48,7 +48,9 @@ Definitions, with m = ``patience`` evals per level (default 3) and K evals:
                      not the detection. collapse_z = z_j.
                      Online (the tune pruner) the threshold uses ``horizon`` = the number of evals
                      the whole run will have: the statistic of a prefix never exceeds the whole
-                     curve's, so checking after every eval keeps the false-alarm rate at α.
+                     curve's, so checking after every eval keeps the false-alarm rate at α. With
+                     (N2) σ̂ is re-estimated on each prefix, so the threshold is the quantile of the
+                     maximum over all prefixes (``sequential``).
     (C6) auc         ∫ v d(step) / (last step − first step), trapezoid rule: the curve's mean
                      level, comparable across runs of different length
     (C7) divergence  a collapse (C5) during which the train reward rose: the first window j that
@@ -203,16 +205,20 @@ def fall_test(values, n=None, *, patience: int = PATIENCE, alpha: float = ALPHA,
     gap = peak[j - m] - L[j]
     with np.errstate(divide="ignore", invalid="ignore"):
         z = np.where(se > 0, gap / se, np.where(gap > 0, np.inf, 0.0))
-    z_star = null_threshold(max(k, horizon or k), m, alpha, noise)
+    z_star = null_threshold(max(k, horizon or k), m, alpha, noise, sequential=bool(horizon) and noise == "curve")
     return FallTest(j, peak[j - m], a, L[j], z, z_star, noise)
 
 
 @functools.lru_cache(maxsize=512)
-def null_threshold(n_evals: int, patience: int, alpha: float, noise: str = "binomial") -> float:
+def null_threshold(n_evals: int, patience: int, alpha: float, noise: str = "binomial", *,
+                   sequential: bool = False) -> float:
     """(C4) z*_α: the (1 − α) quantile of max_j z_j over ``n_evals`` evals of Gaussian noise.
 
     Seeded Monte Carlo (NULL_DRAWS draws, in chunks so long curves stay small in memory);
-    ``noise`` = "binomial" (σ known) or "curve" (σ̂ (N2) from each draw).
+    ``noise`` = "binomial" (σ known) or "curve" (σ̂ (N2) from each draw). ``sequential``: the
+    curve is tested after every eval with σ̂ from the evals so far (the pruner), so the statistic
+    is the maximum over every prefix of ≥ max(2m, 5) evals — with σ known that equals the whole
+    curve's, but an early σ̂ from a few evals is noisy and needs its own threshold.
     """
     if not 0 < alpha < 1:
         raise ValueError(f"alpha must be in (0, 1), got {alpha}")
@@ -225,10 +231,20 @@ def null_threshold(n_evals: int, patience: int, alpha: float, noise: str = "bino
     for start in range(0, NULL_DRAWS, chunk):
         x = rng.standard_normal((min(chunk, NULL_DRAWS - start), k))
         L = _levels(x, m)
-        gap = (np.maximum.accumulate(L, axis=1)[:, :-m] - L[:, m:]).max(axis=1)
-        sigma = _curve_noise_rows(x) if noise == "curve" else 1.0
+        # gap of window j (evals j..j+m−1) below the best window ending before it; running max over j
+        gaps = np.maximum.accumulate(np.maximum.accumulate(L, axis=1)[:, :-m] - L[:, m:], axis=1)
         with np.errstate(divide="ignore", invalid="ignore"):
-            out.append(gap / (sigma * math.sqrt(2.0 / m)))
+            if noise != "curve":
+                stat = gaps[:, -1] / math.sqrt(2.0 / m)
+            elif not sequential:
+                stat = gaps[:, -1] / (_curve_noise_rows(x) * math.sqrt(2.0 / m))
+            else:
+                first = max(2 * m, 5)
+                stat = np.full(x.shape[0], -np.inf)
+                for end in range(first, k + 1):   # prefix of `end` evals: its last window starts at end − m
+                    z = gaps[:, end - 2 * m] / (_curve_noise_rows(x[:, :end]) * math.sqrt(2.0 / m))
+                    stat = np.fmax(stat, z)
+        out.append(stat)
     return float(np.quantile(np.concatenate(out), 1 - alpha))
 
 

@@ -48,7 +48,7 @@ PRUNER_OPTIONS: dict[str, dict[str, str]] = {
     "median": {"warmup_steps": "int≥0", "n_startup_trials": "int≥0", "n_min_trials": "int≥1",
                "interval_steps": "int≥1"},
     "hyperband": {"min_resource": "int≥1", "max_resource": "int≥1", "reduction_factor": "int≥2"},
-    "collapse": {"delta": "float>0", "patience": "int≥1", "warmup_steps": "int≥0"},
+    "collapse": {"delta": "float>0", "patience": "int≥1", "alpha": "float(0,1)", "warmup_steps": "int≥0"},
 }
 EXHAUSTIVE_SAMPLERS = ("grid", "bruteforce")
 # Keys the search cannot own: the run directory decides these, and seeds come from `seeds:`.
@@ -177,6 +177,8 @@ def _option(kind: str, v: Any, key: str, file: str | None) -> Any:
     v = _number(v, key, file)
     if v <= 0:
         raise _err("must be > 0", key, v, file)
+    if kind == "float(0,1)" and v >= 1:
+        raise _err("must be < 1", key, v, file)
     return float(v)
 
 

@@ -58,6 +58,7 @@ from armorlab.tune.backend import (
     touch_beat,
     worker_identity,
 )
+from armorlab.tune.pruners import EVAL_N_ATTR
 from armorlab.tune.space import ObjectiveSpec, SearchSpec, parse_search, suggest_params, trial_config
 
 log = logging.getLogger(__name__)
@@ -488,6 +489,9 @@ class Worker:
         log_dir.mkdir(parents=True, exist_ok=True)
         log_path = log_dir / f"{rd.id}.log"
         metric = self.ctx.search.objectives[0].metric
+        # completions behind each eval of an avg@k objective: the collapse pruner's binomial noise
+        ns, _, name = metric.rpartition("/")
+        n_key = f"{ns}/n" if name == "acc" and ns else None
         tail = _MetricsTail(rd.metrics_path)
         reported: set[int] = set()
         pruned_at: int | None = None
@@ -507,6 +511,8 @@ class Worker:
                     if not report or value is None or step in reported:
                         continue
                     reported.add(step)
+                    if n_key and row.get(n_key) and EVAL_N_ATTR not in trial.user_attrs:
+                        trial.set_user_attr(EVAL_N_ATTR, float(row[n_key]))
                     trial.report(float(value), step)
                     if pruned_at is None and trial.should_prune():
                         pruned_at = step
