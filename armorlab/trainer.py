@@ -365,7 +365,7 @@ class ArmorLabTrainer(GRPOTrainer):
                 keep = keep_all[start:start + n]
                 dropped = float((1.0 - keep_all).sum()) / self.num_generations
             per_generation = anc.gate_success(
-                self._rewards_gathered.to(device), self.accelerator.gather(marks["is_anchor"].to(device)),
+                self._rewards_gathered.to(device), self.accelerator.gather(marks["is_anchor"].float().to(device)),
                 solvable, self.num_generations, self.args.anchor_reward_threshold)
             per_generation.update(self._forward_kl(marks.get("forward_rows", [])))
             for name, (total, count) in per_generation.items():

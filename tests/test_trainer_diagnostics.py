@@ -161,19 +161,22 @@ class PolicyAccuracy(TrainerCallback):
 
 
 def test_eval_rows_say_their_size_and_resets_log_the_reference_accuracy(tmp_path):
-    cfg = resolved(objective="dapo", max_steps=4, val_every=3, ref_reset_steps=2, kl_probe_prompts=0,
-                   learning_rate=1e-3, task=TASK)
+    # resets at 2 (τ = 2 before step 3) and 3 (τ = 3); validation at 0, 2, 4: step 2 resets where a
+    # validation runs, step 3 where none does
+    cfg = resolved(objective="dapo", max_steps=4, val_every=2, ref_reset_steps=3, ref_reset_schedule=[[3, 2]],
+                   kl_probe_prompts=0, learning_rate=1e-3, task=TASK)
     trainer = build(tmp_path, cfg, with_eval=True)
     probe = PolicyAccuracy(trainer)
     trainer.add_callback(probe)
     trainer.train()
     n = cfg["task"]["val_size"] * cfg["val_samples"]
-    assert _logged(trainer, "val/n") == {0: n, 3: n}
-    assert _logged(trainer, "test/n") == {0: cfg["task"]["test_size"] * cfg["val_samples"], 3: n}
+    assert _logged(trainer, "val/n") == {0: n, 2: n, 4: n}
+    assert _logged(trainer, "test/n") == {s: cfg["task"]["test_size"] * cfg["val_samples"] for s in (0, 2, 4)}
     ref_acc, val_acc = _logged(trainer, "ref/val_acc"), _logged(trainer, "val/acc")
-    assert set(ref_acc) == {0, 2, 4}  # the initial reference and each reset, not step 3
-    assert ref_acc[0] == val_acc[0]
+    assert set(ref_acc) == {0, 2, 3}  # the initial reference and each reset, not step 4
+    assert ref_acc[0] == val_acc[0] and ref_acc[2] == val_acc[2]
     # a reset π_ref is the policy of that step: a pass of π_ref gives the policy's val/acc
-    assert probe.acc.keys() == {2, 4}
-    for step in (2, 4):
+    assert probe.acc.keys() == {2, 3}
+    for step in (2, 3):
         assert ref_acc[step] == pytest.approx(probe.acc[step])
+    assert len(set(ref_acc.values())) > 1 or len(set(probe.acc.values())) > 1  # not one constant
