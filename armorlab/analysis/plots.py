@@ -78,17 +78,17 @@ def plot_curves(bands: Mapping[str, CurveBand], metric: str, path: Path, *, lege
                 noise: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None) -> Path:
     """One metric per group: mean over seeds with its 95 % CI band; ▼ = a seed's collapse step,
     labelled with its text when a marker is (step, value, text); ``noise`` = {group: (steps, SE)}
-    draws the eval-noise band mean ± 1 SE as dotted lines."""
+    draws the eval-noise band mean ± 1 SE as thin dashed lines."""
     fig, ax = plt.subplots(figsize=(8, 4.6))
     for g, band in bands.items():
         _band(ax, band, colors[g], g)
         if noise and g in noise and noise[g][0].size:
             se = np.interp(band.steps, *noise[g], left=np.nan, right=np.nan)
             for sign in (-1, 1):
-                ax.plot(band.steps, band.mean + sign * se, color=colors[g], linestyle=":", linewidth=0.9)
+                ax.plot(band.steps, band.mean + sign * se, color=colors[g], linestyle="--", linewidth=0.7)
     extra = []
     if noise and any(s.size for s, _ in noise.values()):
-        extra.append((plt.Line2D([], [], color="gray", linestyle=":"), "±1 SE eval noise"))
+        extra.append((plt.Line2D([], [], color="gray", linestyle="--", linewidth=0.7), "±1 SE eval noise"))
     if markers:
         for g, pts in markers.items():
             if pts:

@@ -30,7 +30,8 @@ from armorlab.config import load_yaml_mapping
 from armorlab.errors import ArmorLabError
 
 DEFAULT_CURVES = ("val/acc", "train/reward", "kl/reverse_k3", "kl/forward_k3", "cap/pos_mean",
-                  "train/entropy", "val/length", "anchor/rate")
+                  "train/entropy", "val/length", "anchor/rate", "anchor/gate_drop_success",
+                  "anchor/gate_keep_success")
 DEFAULT_KL = ("kl/reverse_k3", "kl/forward_k3", "kl/exact_reverse", "kl/exact_forward")
 SEED_KEYS = ("seed",)
 KEYS = ("title", "runs", "group_by", "curves", "select", "matched_steps", "scores", "compare",

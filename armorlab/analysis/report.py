@@ -283,7 +283,7 @@ def build_report(recipe: Recipe, out_dir: str | Path | None = None, *, cache: bo
                                                    legend_title=legend, colors=colors, markers=markers,
                                                    matched_steps=matched,
                                                    noise=_noise_bands(rs, groups, sel.metric)),
-                     f"{sel.metric} per group: mean over seeds with its 95% CI (shaded); dotted lines: ±1 SE of "
+                     f"{sel.metric} per group: mean over seeds with its 95% CI (shaded); thin dashed lines: ±1 SE of "
                      f"eval noise (binomial from val/n where logged, else estimated from the curve); ▼ = a seed's "
                      f"collapse onset, labelled with how many SEs its level fell below the earlier peak "
                      f"(m={col.patience} evals per level, α={col.alpha}, δ={col.delta}); vertical dotted = "
