@@ -7,6 +7,7 @@ who knows the key and the file, turns it into an ArmorLabError.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -97,3 +98,33 @@ def json_value(v: Any, where: str = "") -> Any:
         return v
     raise Invalid(f"must be plain data (a string, number, boolean, list or mapping), not a "
                   f"{type(v).__name__}{where}")
+
+
+# Points a sweep grid or an exhaustive search space may expand to. Counted before anything is
+# expanded, so a 10^10-point grid is refused in microseconds instead of filling memory.
+MAX_POINTS_ENV = "ARMORLAB_MAX_POINTS"
+DEFAULT_MAX_POINTS = 100_000
+
+
+def max_points() -> int:
+    """The limit: ``$ARMORLAB_MAX_POINTS`` when set to a positive integer, else 100,000."""
+    raw = os.environ.get(MAX_POINTS_ENV, "")
+    try:
+        value = int(raw)
+    except ValueError:
+        return DEFAULT_MAX_POINTS
+    return value if value > 0 else DEFAULT_MAX_POINTS
+
+
+def within_max_points(n: int, what: str) -> int:
+    """``n`` unless it exceeds ``max_points()``; raises Invalid saying how to override."""
+    limit = max_points()
+    if n > limit:
+        raise Invalid(f"{what} has {count_text(n)} points, more than the limit of {limit:,} (set "
+                      f"{MAX_POINTS_ENV} to allow more)")
+    return n
+
+
+def count_text(n: int) -> str:
+    """``12,345`` or ``about 10^40`` (an int too large for a float is still printable)."""
+    return f"{n:,}" if n < 10**7 else f"about 10^{len(str(int(n))) - 1}"

@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import copy
 import itertools
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from armorlab.checks import Invalid, within_max_points
 from armorlab.config import (
     MODEL_FIELDS_TINY,
     TASK_FIELDS,
@@ -237,8 +239,20 @@ def points(spec: SweepSpec) -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
+def count_points(spec: SweepSpec) -> int:
+    """Runs the spec expands to before deduplication, counted without expanding it."""
+    n_seeds = len(spec.seeds) if spec.seeds is not None else 1
+    return (math.prod(len(v) for v in spec.grid.values()) + len(spec.include)) * n_seeds
+
+
 def expand(spec: SweepSpec) -> list[RunPlan]:
-    """All runs of the spec: resolved configs, deduplicated by run id, in a stable order."""
+    """All runs of the spec: resolved configs, deduplicated by run id, in a stable order.
+    Refuses (before expanding) a spec of more than ``checks.max_points()`` runs."""
+    try:
+        within_max_points(count_points(spec), "the grid × seeds")
+    except Invalid as exc:
+        raise ArmorLabError(str(exc), key="grid", value={k: len(v) for k, v in spec.grid.items()},
+                            file=spec.file) from None
     seeds: list[int | None] = list(spec.seeds) if spec.seeds is not None else [None]
     plans: list[RunPlan] = []
     seen: set[str] = set()

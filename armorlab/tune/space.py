@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from armorlab import config as cfgmod
+from armorlab.checks import Invalid, count_text, within_max_points
 from armorlab.errors import ArmorLabError
 
 PARAM_TYPES = ("float", "int", "categorical")
@@ -91,8 +92,23 @@ class ParamSpec:
             return list(self.choices)
         return [self.low, self.high] if self.low != self.high else [self.low]
 
+    def n_values(self) -> int | None:
+        """How many values ``grid_values`` lists, counted without listing them; None when infinite."""
+        if self.type == "categorical":
+            return len(self.choices)
+        if self.type == "int":
+            return (int(self.high) - int(self.low)) // int(self.step or 1) + 1
+        if self.step is None:
+            return None
+        q = (self.high - self.low) / self.step  # inf for a denormal step: cap, it is refused anyway
+        return int(math.floor(min(q, 1e18) + 1e-9)) + 1
+
     def grid_values(self) -> list[Any] | None:
-        """Every value of a finite space (categorical, int, stepped float); None when infinite."""
+        """Every value of a finite space (categorical, int, stepped float); None when infinite.
+        Refuses (before listing) more than ``checks.max_points()`` values."""
+        n = self.n_values()
+        if n is not None:
+            within_max_points(n, f"search.space.{self.name}")
         if self.type == "categorical":
             return list(self.choices)
         if self.type == "int":
@@ -377,13 +393,18 @@ def parse_search(raw: Any, base: Mapping[str, Any], *, file: str | None = None) 
         raise _err("cmaes handles a single objective only", "search.sampler.type", "cmaes", file)
     grid_size = None
     if sampler["type"] in EXHAUSTIVE_SAMPLERS or sampler["type"] == "cmaes":
-        values = {n: p.grid_values() for n, p in space.items()}
+        sizes = {n: p.n_values() for n, p in space.items()}
         if sampler["type"] in EXHAUSTIVE_SAMPLERS:
-            for name, vals in values.items():
-                if vals is None:
+            for name, size in sizes.items():
+                if size is None:
                     raise _err(f"{sampler['type']} needs a finite space: give this float a step",
                                f"search.space.{name}", space_raw[name], file)
-            grid_size = math.prod(len(v) for v in values.values())
+            grid_size = math.prod(sizes.values())
+            try:  # the sampler lists every point: count them first
+                within_max_points(grid_size, f"the {sampler['type']} sampler's space")
+            except Invalid as exc:
+                raise _err(str(exc), "search.space", {n: f"{count_text(s)} values" for n, s in sizes.items()},
+                           file) from None
         elif all(p.type == "categorical" for p in space.values()):
             raise _err("cmaes needs at least one float or int parameter", "search.sampler.type", "cmaes", file)
 
