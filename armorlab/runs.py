@@ -60,6 +60,15 @@ def slurm_job_id(env: Mapping[str, str] | None = None) -> str | None:
     return env.get("SLURM_JOB_ID") or None
 
 
+def valid_step(step: Any) -> bool:
+    """A logged step: an int (not a bool) that fits the int64 columns readers put it in."""
+    return isinstance(step, int) and not isinstance(step, bool) and 0 <= step < 2**63
+
+
+def _optional_str(v: Any) -> bool:
+    return v is None or isinstance(v, str)
+
+
 class RunDir:
     """One run directory. Writers: the training job. Readers: sweeps, status, analysis."""
 
@@ -125,6 +134,9 @@ class RunDir:
         except OSError as exc:
             raise ArmorLabError(f"cannot read run config: {exc.strerror}", file=str(self.config_path)) \
                 from None
+        except UnicodeDecodeError as exc:
+            raise ArmorLabError(f"run config is not UTF-8 text ({exc.reason})", file=str(self.config_path)) \
+                from None
         except yaml.YAMLError as exc:
             raise ArmorLabError(f"invalid YAML: {exc}", file=str(self.config_path)) from None
         if not isinstance(data, dict):
@@ -133,15 +145,28 @@ class RunDir:
 
     # ---------------------------------------------------------------- status
     def read_status(self) -> dict[str, Any]:
-        """The status dict, or a synthetic pending one when the file is missing or unreadable."""
+        """The status dict, or a synthetic pending one when the file is missing or unreadable.
+        A damaged field (``"attempt": "x"``, a non-string reason) is replaced by its empty value
+        with a warning naming the file, so readers can trust the types."""
+        empty = {"state": "pending", "reason": None, "attempt": 0, "job_id": None,
+                 "started": None, "ended": None}
         try:
             data = json.loads(self.status_path.read_text(encoding="utf-8"))
-            if isinstance(data, dict) and data.get("state") in STATES:
-                return data
-        except (OSError, ValueError):
-            pass
-        return {"state": "pending", "reason": None, "attempt": 0, "job_id": None,
-                "started": None, "ended": None}
+        except FileNotFoundError:
+            return empty
+        except (OSError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
+            log.warning("ignoring unreadable %s: %s", self.status_path, exc)
+            return empty
+        if not isinstance(data, dict) or data.get("state") not in STATES:
+            log.warning("ignoring %s: no valid state", self.status_path)
+            return empty
+        for key, ok in (("attempt", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0),
+                        ("reason", _optional_str), ("job_id", _optional_str), ("started", _optional_str),
+                        ("ended", _optional_str)):
+            if key in data and not ok(data[key]):
+                log.warning("ignoring damaged field %r = %.60r in %s", key, data[key], self.status_path)
+                data[key] = empty[key]
+        return data
 
     def write_status(self, state: str, *, reason: str | None = None, job_id: str | None = None,
                      attempt: int | None = None) -> dict[str, Any]:
@@ -172,20 +197,29 @@ class RunDir:
         append_line(self.metrics_path, json.dumps(row, separators=(",", ":")))
 
     def iter_metrics(self) -> Iterator[dict[str, Any]]:
-        """Yield the parsed lines in file order; a torn (unparseable) line is skipped with a warning."""
-        if not self.metrics_path.exists():
+        """Yield the parsed lines in file order; a torn (unparseable) line, or one whose step is not
+        an integer in [0, 2^63), is skipped with a warning; an unreadable file yields nothing."""
+        try:
+            fh = open(self.metrics_path, encoding="utf-8", errors="replace")  # noqa: SIM115
+        except FileNotFoundError:
             return
-        with open(self.metrics_path, encoding="utf-8") as fh:
-            for lineno, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except ValueError:
-                    log.warning("skipping torn line %d of %s", lineno, self.metrics_path)
-                    continue
-                if isinstance(row, dict) and isinstance(row.get("step"), int):
-                    yield row
+        except OSError as exc:
+            log.warning("cannot read %s: %s", self.metrics_path, exc)
+            return
+        with fh:
+            try:
+                for lineno, line in enumerate(fh, 1):
+                    if not line.strip():
+                        continue
+                    try:
+                        row = json.loads(line)
+                    except ValueError:
+                        log.warning("skipping torn line %d of %s", lineno, self.metrics_path)
+                        continue
+                    if isinstance(row, dict) and valid_step(row.get("step")):
+                        yield row
+            except OSError as exc:  # e.g. a directory named metrics.jsonl
+                log.warning("cannot read %s: %s", self.metrics_path, exc)
 
     def read_metrics(self) -> list[dict[str, Any]]:
         """One merged row per step, sorted by step; after a resume the later line wins per key."""

@@ -48,12 +48,13 @@ def test_torn_lines_and_resume_follow_rundir_rules(tmp_path, caplog):
     rs = L.load([sweep], cache=False)
     for rd in (torn, resumed):
         assert loaded_rows(rs, rd.id) == reference_rows(rd)
-    # the fragment has no newline, so the first resumed line shares its line and is lost with it
-    assert loaded_rows(rs, resumed.id)[20] == {"val/acc": 0.2, "train/reward": 0.4}
-    # the next resumed line supersedes the first attempt's step 30, key by key
+    # the resumed attempt's first append removed the fragment (issue 13 §3): its step-20 line is not
+    # glued onto it and lost, but supersedes the first attempt's step 20, key by key
+    assert loaded_rows(rs, resumed.id)[20] == {"val/acc": 0.77, "train/reward": 0.4}
+    assert 40 not in loaded_rows(rs, resumed.id)
     assert loaded_rows(rs, resumed.id)[30] == {"val/acc": 0.88, "train/reward": 0.5}
-    assert any("torn line 4" in w and torn.id in w for w in rs.warnings)
-    assert any("torn line 5" in w and resumed.id in w for w in rs.warnings)
+    assert any("torn line 4" in w and torn.id in w for w in rs.warnings)  # no append after it: skipped
+    assert not any(resumed.id in w for w in rs.warnings)
 
 
 def test_odd_lines_are_ignored_like_rundir(tmp_path):

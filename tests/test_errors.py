@@ -101,3 +101,61 @@ def test_cli_bad_values_exit_2_without_traceback(tmp_path):
     for spec, says in [("s.yaml", "learning_rate"), ("u.yaml", "UTF-8"), ("d.yaml", "duplicate key")]:
         out = cli("sweep", spec, "--dry-run", "--root", str(tmp_path / "runs"), cwd=tmp_path)
         assert out.returncode == 2 and says in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+def test_damaged_run_dirs_are_warnings_and_the_rest_is_reported(tmp_path):
+    """The damaged files the issue names, all in one sweep: status and report exit 0, each damaged
+    file is named in a warning, and the healthy run is still reported."""
+    import json
+
+    from armorlab.runs import RunDir
+
+    cfg = resolve({"max_steps": 20, "val_every": 10})
+    sweep = tmp_path / "sw"
+    runs = [RunDir.create(sweep, {**cfg, "seed": s}) for s in range(5)]
+    for rd in runs:
+        for step in (0, 10, 20):
+            rd.append_metrics(step, {"val/acc": 0.5 + step / 100, "train/reward": step / 20})
+        rd.write_status("completed")
+    runs[1].status_path.write_text(json.dumps({"state": "running", "attempt": "x"}))
+    runs[2].metrics_path.write_text('{"step": 0, "val/acc": "0.5"}\n')
+    runs[3].metrics_path.write_bytes(b"\xff\xfe\x00binary\n\x80")
+    with open(runs[4].metrics_path, "a") as fh:
+        fh.write('{"step": 99999999999999999999, "val/acc": 0.1}\n')
+    status = cli("status", str(sweep))
+    assert status.returncode == 0 and "Traceback" not in status.stderr, status.stderr
+    assert str(runs[1].status_path) in status.stderr  # the damaged field is named with its file
+    report = cli("report", str(sweep), "--out", str(tmp_path / "rep"), "--no-cache")
+    assert report.returncode == 0 and "Traceback" not in report.stderr, report.stderr
+    assert (tmp_path / "rep" / "index.html").is_file()
+    html = (tmp_path / "rep" / "index.html").read_text()
+    assert runs[0].id in html and str(runs[4].metrics_path) in html  # the huge step: a warning naming the file
+
+
+def test_huge_grids_are_counted_and_refused_before_expansion(monkeypatch):
+    from armorlab.sweeps.spec import count_points, expand
+
+    spec = parse_spec({"name": "big", "grid": {k: list(range(1, 11)) for k in (
+        "max_steps", "val_every", "val_samples", "kl_probe_prompts", "save_steps", "logging_steps",
+        "num_iterations", "ref_reset_steps", "warmup_steps", "seed")}})
+    assert count_points(spec) == 10**10
+    with pytest.raises(ArmorLabError, match="ARMORLAB_MAX_POINTS"):
+        expand(spec)  # a 10^10-point grid: refused, not expanded (this used to never end)
+    small = parse_spec({"name": "s", "grid": {"alpha": [0.5, 0.7], "objective": ["armor"]}, "seeds": [0, 1, 2]})
+    monkeypatch.setenv("ARMORLAB_MAX_POINTS", "5")
+    with pytest.raises(ArmorLabError, match="6 points, more than the limit of 5"):
+        expand(small)
+    monkeypatch.setenv("ARMORLAB_MAX_POINTS", "6")
+    assert len(expand(small)) == 6  # the limit is overridable
+
+
+@pytest.mark.parametrize("param", [{"type": "float", "low": 0.1, "high": 1.0, "step": 1e-12},
+                                   {"type": "int", "low": 1, "high": 10**15},
+                                   {"type": "float", "low": 0.5, "high": 1.0, "step": 5e-301}])
+def test_huge_exhaustive_search_spaces_are_refused(param):
+    from armorlab.tune.space import parse_search
+
+    key = "max_steps" if param["type"] == "int" else "alpha"
+    with pytest.raises(ArmorLabError, match="ARMORLAB_MAX_POINTS") as err:
+        parse_search({"space": {key: param}, "sampler": {"type": "grid"}}, {"objective": "armor"}, file="t.yaml")
+    assert err.value.key == "search.space" and "t.yaml" in str(err.value)

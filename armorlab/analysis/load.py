@@ -38,7 +38,7 @@ import pandas as pd
 
 from armorlab.errors import ArmorLabError
 from armorlab.fsutil import atomic_file, atomic_write_text
-from armorlab.runs import RunDir, find_run_dirs
+from armorlab.runs import RunDir, find_run_dirs, valid_step
 
 log = logging.getLogger(__name__)
 
@@ -89,9 +89,11 @@ def parse_metrics_bytes(data: bytes, source: str = "metrics.jsonl") -> tuple[pd.
                                                                            block_size=1 << 24))
         if "step" in table.column_names:
             import pyarrow as pa
+            import pyarrow.compute as pc
 
             step = table.column("step")
-            if pa.types.is_integer(step.type) and step.null_count == 0:
+            if (pa.types.is_signed_integer(step.type) and step.null_count == 0
+                    and (len(step) == 0 or pc.min(step).as_py() >= 0)):
                 df = table.to_pandas()
     except Exception:  # ArrowInvalid on a torn/odd line: fall back to the line-by-line rules
         df = None
@@ -105,8 +107,11 @@ def parse_metrics_bytes(data: bytes, source: str = "metrics.jsonl") -> tuple[pd.
             except ValueError:
                 warnings.append(f"skipped torn line {lineno} of {source}")
                 continue
-            if isinstance(row, dict) and isinstance(row.get("step"), int):
+            if isinstance(row, dict) and valid_step(row.get("step")):
                 rows.append(row)
+            elif isinstance(row, dict) and "step" in row:
+                warnings.append(f"skipped line {lineno} of {source}: step {row['step']!r:.40} is not an "
+                                "integer in [0, 2^63)")
         df = pd.DataFrame.from_records(rows) if rows else pd.DataFrame({"step": []})
     return _merge_duplicate_steps(_numeric_frame(df)), warnings
 
@@ -118,6 +123,8 @@ def parse_metrics_file(path: str | os.PathLike) -> tuple[pd.DataFrame, list[str]
         data = path.read_bytes()
     except FileNotFoundError:
         data = b""
+    except OSError as exc:  # unreadable, or a directory: the rest of the report still gets written
+        return pd.DataFrame({"step": np.empty(0, dtype=np.int64)}), [f"cannot read {path}: {exc.strerror or exc}"]
     return parse_metrics_bytes(data, str(path))
 
 
@@ -130,7 +137,7 @@ def flatten_config(cfg: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
         if isinstance(value, Mapping):
             out.update(flatten_config(value, f"{name}."))
         elif isinstance(value, (list, tuple)):
-            out[name] = json.dumps(value)
+            out[name] = json.dumps(value, default=str)  # a damaged config may hold dates
         else:
             out[name] = value
     return out

@@ -127,7 +127,10 @@ def _slurm_states(job_ids: list[str]) -> tuple[dict[str, str], str | None]:
 def _read_config(path: Path) -> dict[str, Any]:
     try:
         data = yaml.load((path / "config.yaml").read_text(encoding="utf-8"), Loader=_Loader)
-    except (OSError, yaml.YAMLError):
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError, yaml.YAMLError) as exc:  # ValueError: not UTF-8
+        log.warning("ignoring unreadable %s: %s", path / "config.yaml", str(exc).splitlines()[0])
         return {}
     return data if isinstance(data, dict) else {}
 
@@ -137,8 +140,9 @@ def _progress(rd: RunDir) -> tuple[int | None, float | None]:
     for row in rd.iter_metrics():
         step = row["step"]
         last_step = step if last_step is None else max(last_step, step)
-        if row.get("val/acc") is not None and step >= val_step:
-            val_acc, val_step = row["val/acc"], step
+        acc = row.get("val/acc")
+        if isinstance(acc, (int, float)) and not isinstance(acc, bool) and step >= val_step:
+            val_acc, val_step = float(acc), step
     return last_step, val_acc
 
 
@@ -148,7 +152,10 @@ def _flatten(cfg: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
         if isinstance(value, Mapping):
             out.update(_flatten(value, f"{prefix}{key}."))
         else:
-            out[f"{prefix}{key}"] = value if isinstance(value, str) else canonical_json(value)
+            try:
+                out[f"{prefix}{key}"] = value if isinstance(value, str) else canonical_json(value)
+            except (TypeError, ValueError):  # a damaged config.yaml (dates, NaN): show, don't crash
+                out[f"{prefix}{key}"] = repr(value)
     return out
 
 

@@ -173,7 +173,11 @@ def _number(v: Any, key: str, file: str | None) -> float | int:
             v = float(v)
         except ValueError:
             raise _err("must be a number", key, v, file) from None
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+    try:
+        finite = not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
+    except OverflowError:  # an int with hundreds of digits
+        finite = False
+    if not finite:
         raise _err("must be a finite number", key, v, file)
     return v
 
@@ -277,6 +281,8 @@ def _parse_param(name: str, raw: Any, file: str | None) -> ParamSpec:
         if log and (kind == "float" or step != 1):
             raise _err("step cannot be combined with log: true", f"{key}.step", step, file)
         span = (high - low) / step
+        if not math.isfinite(span):
+            raise _err("step is too small for this range", f"{key}.step", step, file)
         if abs(span - round(span)) > 1e-9:
             raise _err(f"high - low must be a multiple of step ({low}..{high})", f"{key}.step", step, file)
     return ParamSpec(name, kind, low=low, high=high, log=log, step=step)

@@ -1,0 +1,267 @@
+"""Property-based fuzzing of every file a user hands armorlab (issue 13 §4), shared by
+tests/test_fuzz.py (a small sample in CI) and benchmarks/fuzz.py (≥ 10,000 cases).
+
+Each case writes generated files, runs the CLI in-process (``armorlab.cli.main``, exactly what
+the ``armorlab`` script runs) and records how it ended: exit 0, exit 2, or a traceback (any other
+exception, any other exit code, or "Traceback" on stderr). Inputs mix plausible values (known
+keys, sensible numbers) with hostile ones (huge ints, NaN, dates, control characters, binary,
+duplicate keys, torn lines), so most cases reach deep validation instead of failing at the door.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import io
+import json
+import shutil
+import tempfile
+import traceback
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import yaml
+from hypothesis import strategies as st
+
+from armorlab.config import FIELDS, MODEL_FIELDS_TINY, TASK_FIELDS, TRL_DEFAULTS
+from armorlab.sweeps.profile import PROFILE_FIELDS
+
+# --------------------------------------------------------------------------- running the CLI
+OK, USER_ERROR = 0, 2
+
+
+@contextlib.contextmanager
+def _no_scontrol():
+    """Dry runs with the slurm executor ask scontrol for MaxArraySize: answer without a cluster."""
+    from armorlab.sweeps import slurmctl
+
+    saved = slurmctl.max_array_size
+    slurmctl.max_array_size = lambda *a, **k: 1001
+    try:
+        yield
+    finally:
+        slurmctl.max_array_size = saved
+
+
+def run_cli(argv: list[str]) -> tuple[Any, str]:
+    """(exit code, or "traceback: ..." when it crashed; stderr)."""
+    from armorlab.cli import main
+
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err), _no_scontrol():
+            main(argv)
+        rc: Any = 0
+    except SystemExit as exc:
+        rc = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:  # noqa: BLE001 - the point: anything else is a traceback
+        rc = "traceback: " + traceback.format_exc(limit=-3)
+    text = err.getvalue()
+    if "Traceback" in text and not isinstance(rc, str):
+        rc = "traceback on stderr: " + text[-800:]
+    return rc, text
+
+
+class Tally:
+    """Counts outcomes; keeps the first few tracebacks with the case that caused them."""
+
+    def __init__(self) -> None:
+        self.counts: Counter = Counter()
+        self.tracebacks: list[str] = []
+
+    def add(self, kind: str, rc: Any, case: str) -> None:
+        ok = rc in (OK, USER_ERROR)
+        self.counts[(kind, rc if ok else "traceback")] += 1
+        if not ok and len(self.tracebacks) < 20:
+            self.tracebacks.append(f"[{kind}] {str(rc)[:1500]}\ncase: {case[:1500]}")
+
+    @property
+    def n(self) -> int:
+        return sum(self.counts.values())
+
+    @property
+    def n_tracebacks(self) -> int:
+        return sum(v for (_, rc), v in self.counts.items() if rc == "traceback")
+
+
+# --------------------------------------------------------------------------- values
+_CONTROL = st.sampled_from(["\n", "\r", "\x00", "\t", "\x1b", "\u2028", "\x7f"])
+hostile_text = st.one_of(
+    st.text(max_size=12),
+    st.builds(lambda a, c, b: a + c + b, st.text(max_size=5), _CONTROL, st.text(max_size=5)),
+    st.sampled_from(["$(touch PWNED)", "`id`", "a; rm -rf /", "x' #", "", " ", "..", "../..", "/", "~",
+                     "tiny", "arithmetic", "math", "dapo", "armor", "up", "val/acc", "1e-5", ".nan",
+                     "none", "null", "true", "0x10", "1_000", "é", "a" * 300]),
+)
+numbers = st.one_of(
+    st.integers(-3, 300), st.integers(), st.sampled_from([0, 1, 2, -1, 2**32, 2**63, 2**64, 10**400]),
+    st.floats(allow_nan=True, allow_infinity=True), st.floats(-2.0, 2.0),
+    st.sampled_from([0.0, 1e-12, 5e-5, 0.5, 1.0, 1e308]),
+)
+scalars = st.one_of(numbers, hostile_text, st.booleans(), st.none(),
+                    st.dates(min_value=datetime.date(1990, 1, 1), max_value=datetime.date(2100, 1, 1)),
+                    st.binary(max_size=6))
+values = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=4),
+                                                       st.dictionaries(hostile_text, inner, max_size=3)),
+                      max_leaves=8)
+
+TRL_KEYS = sorted(TRL_DEFAULTS) + ["epsilon", "epsilon_high", "report_to", "label_names", "run_name", "top_p",
+                                   "top_k", "num_iterations", "bf16", "use_cpu", "max_prompt_length",
+                                   "use_vllm", "loss_type", "lr_scheduler_type", "data_seed", "eval_steps"]
+CONFIG_KEYS = sorted(FIELDS) + TRL_KEYS + ["task", "model", "output_dir", "not_a_key", "task.digits"]
+
+
+def _plausible(key: str) -> st.SearchStrategy:
+    """Values near what the key takes, so validation goes deep; the generic ones cover the rest."""
+    if key in ("task",):
+        return st.one_of(st.sampled_from(["arithmetic", "math", "nope"]),
+                         st.fixed_dictionaries({}, optional={k: values for k in ["name", *TASK_FIELDS["arithmetic"]]}))
+    if key == "model":
+        return st.one_of(st.just("tiny"), hostile_text,
+                         st.fixed_dictionaries({}, optional={k: st.one_of(st.integers(-1, 300), values)
+                                                             for k in ["name", *MODEL_FIELDS_TINY]}))
+    return st.one_of(numbers, st.booleans(), st.none(), values)
+
+
+config_dicts = st.dictionaries(st.sampled_from(CONFIG_KEYS), st.none(), max_size=6).flatmap(
+    lambda keys: st.fixed_dictionaries({k: _plausible(k) for k in keys}))
+
+
+def yaml_text(data: Any, draw_bytes: bytes = b"") -> bytes:
+    """YAML of ``data`` (dates and binary included); sometimes damaged by the drawn bytes."""
+    try:
+        text = yaml.safe_dump(data, allow_unicode=True, sort_keys=False).encode("utf-8")
+    except (yaml.YAMLError, ValueError, UnicodeEncodeError):
+        text = repr(data).encode("utf-8", "replace")
+    if draw_bytes:
+        mode = draw_bytes[0] % 5
+        if mode == 0:          # a duplicate top-level key
+            first = text.split(b"\n", 1)[0]
+            text = text + first + b"\n"
+        elif mode == 1:        # random bytes spliced in
+            pos = draw_bytes[1] % (len(text) + 1) if len(draw_bytes) > 1 else 0
+            text = text[:pos] + draw_bytes[2:] + text[pos:]
+        elif mode == 2:        # truncated
+            text = text[: len(text) * (draw_bytes[-1] % 100) // 100]
+    return text
+
+
+mutations = st.one_of(st.just(b""), st.binary(min_size=1, max_size=8))
+
+
+# --------------------------------------------------------------------------- specs and profiles
+grid_dicts = st.dictionaries(st.sampled_from(["alpha", "learning_rate", "beta", "objective", "seed", "task.digits",
+                                              "model.hidden_size", "nope", "max_steps"]),
+                             st.one_of(st.lists(st.one_of(numbers, scalars), min_size=0, max_size=3), values),
+                             max_size=3)
+spec_dicts = st.fixed_dictionaries(
+    {"name": st.one_of(st.just("fz"), hostile_text)},
+    optional={"base": st.one_of(config_dicts, values), "grid": st.one_of(grid_dicts, values),
+              "seeds": st.one_of(st.lists(st.integers(-1, 2**33), max_size=3), values),
+              "include": st.one_of(st.lists(config_dicts, max_size=2), values),
+              "exclude": st.one_of(st.lists(config_dicts, max_size=2), values),
+              "description": values, "search": values, "bogus": values})
+profile_dicts = st.dictionaries(st.sampled_from([*PROFILE_FIELDS, "bogus"]), st.none(), max_size=6).flatmap(
+    lambda keys: st.fixed_dictionaries({k: (st.dictionaries(hostile_text, scalars, max_size=2)
+                                            if k == "sbatch" else st.lists(hostile_text, max_size=2)
+                                            if k == "setup" else st.sampled_from(["slurm", "local"])
+                                            if k == "executor" else st.one_of(numbers, hostile_text, scalars))
+                                        for k in keys}))
+recipe_dicts = st.fixed_dictionaries(
+    {"runs": st.one_of(st.just(["RUNS"]), st.just(["RUNS"]), st.just(["RUNS"]), values)},
+    optional={"title": st.one_of(st.text(max_size=20), values),
+                  "group_by": st.one_of(st.lists(st.sampled_from(["objective", "seed", "alpha", "nope"]), max_size=2),
+                                        values),
+                  "curves": st.one_of(st.lists(st.sampled_from(["val/acc", "train/reward", "x/y"]), max_size=2),
+                                      values),
+                  "select": st.one_of(st.fixed_dictionaries({}, optional={"metric": st.sampled_from(["val/acc", "x"]),
+                                                                          "mode": st.sampled_from(["max", "min", "x"]),
+                                                                          "report": values}), values),
+                  "matched_steps": st.one_of(st.lists(st.integers(-5, 10**20), max_size=3), values),
+                  "collapse": values, "kl": values, "scores": values, "compare": values, "bogus": values})
+
+
+# --------------------------------------------------------------------------- damaged run dirs
+def _status_damage() -> st.SearchStrategy:
+    fields = {"state": st.one_of(st.sampled_from(["pending", "running", "completed", "failed"]), values),
+              "attempt": st.one_of(st.integers(-1, 10**20), values), "reason": values, "job_id": values,
+              "started": values, "ended": values}
+    return st.one_of(st.fixed_dictionaries({}, optional=fields).map(lambda d: json.dumps(d, default=repr).encode()),
+                     st.binary(max_size=20))
+
+
+metric_rows = st.fixed_dictionaries(
+    {"step": st.one_of(st.integers(0, 50), st.integers(-5, 10**22), values)},
+    optional={"val/acc": st.one_of(st.floats(0, 1), values), "train/reward": st.one_of(st.floats(), values),
+              "test/acc": st.one_of(st.floats(0, 1), values)})
+metrics_damage = st.lists(st.one_of(metric_rows.map(lambda r: json.dumps(r, default=repr).encode()),
+                                    st.binary(max_size=12), st.just(b'{"step": 3, "val/ac')),
+                          max_size=8).map(b"\n".join)
+run_damage = st.fixed_dictionaries({}, optional={
+    "status.json": _status_damage(), "metrics.jsonl": metrics_damage,
+    "config.yaml": st.one_of(config_dicts.map(lambda d: yaml_text(d)), st.binary(max_size=20)),
+    "directory": st.sampled_from(["status.json", "metrics.jsonl", "config.yaml"])})
+
+
+# --------------------------------------------------------------------------- the cases
+class Workspace:
+    """A temp dir with a small healthy sweep (two runs) that cases copy and damage."""
+
+    def __init__(self) -> None:
+        from armorlab.config import resolve
+        from armorlab.runs import RunDir
+
+        self.root = Path(tempfile.mkdtemp(prefix="armorlab-fuzz-"))
+        self.sweep = self.root / "healthy" / "sw"
+        cfg = resolve({"max_steps": 20, "val_every": 10})
+        for seed, acc in ((0, 0.5), (1, 0.6)):
+            rd = RunDir.create(self.sweep, {**cfg, "seed": seed})
+            for step in (0, 10, 20):
+                rd.append_metrics(step, {"val/acc": acc + step / 100, "train/reward": step / 20, "test/acc": acc})
+            rd.write_status("completed")
+        self.n = 0
+
+    def fresh(self) -> Path:
+        self.n += 1
+        d = self.root / f"case{self.n}"
+        d.mkdir()
+        return d
+
+    def close(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def case_spec(ws: Workspace, spec: dict, mutation: bytes, profile: dict | None) -> tuple[list[str], str]:
+    d = ws.fresh()
+    (d / "spec.yaml").write_bytes(yaml_text(spec, mutation))
+    argv = ["sweep", str(d / "spec.yaml"), "--dry-run", "--root", str(d / "runs")]
+    if profile is not None:
+        (d / "profile.yaml").write_bytes(yaml_text(profile))
+        argv += ["--profile", str(d / "profile.yaml")]
+    return argv, f"spec={spec!r:.600} mutation={mutation!r} profile={profile!r:.400}"
+
+
+def case_recipe(ws: Workspace, recipe: dict, mutation: bytes) -> tuple[list[str], str]:
+    d = ws.fresh()
+    recipe = {**recipe, "out": str(d / "report")}
+    if recipe.get("runs") == ["RUNS"]:
+        recipe["runs"] = [str(ws.sweep)]
+    (d / "recipe.yaml").write_bytes(yaml_text(recipe, mutation))
+    return ["report", str(d / "recipe.yaml")], f"recipe={recipe!r:.800} mutation={mutation!r}"
+
+
+def case_run_dir(ws: Workspace, damage: dict, command: str) -> tuple[list[str], str]:
+    d = ws.fresh()
+    sweep = d / "sw"
+    shutil.copytree(ws.sweep, sweep)
+    victim = sorted(p for p in sweep.iterdir() if p.is_dir())[0]
+    for name, content in damage.items():
+        if name == "directory":
+            (victim / content).unlink(missing_ok=True)
+            (victim / content).mkdir(exist_ok=True)
+        elif (victim / name).is_file() or not (victim / name).exists():
+            (victim / name).write_bytes(content)
+    argv = ["status", str(sweep)] if command == "status" else ["report", str(sweep), "--out", str(d / "rep"),
+                                                               "--no-cache"]
+    return argv, f"{command} damage={damage!r:.1200}"
