@@ -309,15 +309,16 @@ def build_report(recipe: Recipe, out_dir: str | Path | None = None, *, cache: bo
             dtype=np.float64) for s in scores} for g in groups.labels}
         figs.append(("results", plots.plot_ablation(summary.to_dict("records"), seeds, scores, label, x_key,
                                                     hue, plot_dir / "ablation.png", colors=colors),
-                     f"headline scores by {x_key}: mean with 95% CI (Student-t below 10 seeds); dots are seeds"))
+                     f"headline scores by {x_key}: mean with 95% CI (Student-t below {stats.T_MIN_BOOTSTRAP} seeds); "
+                     "dots are seeds"))
     # the small multiples show only what no figure above shows: each extra figure costs a second
     shown = {sel.metric, recipe.collapse.train, *kl_panels} if sel.metric in bands else set(kl_panels)
     others = {m: b for m, b in bands.items() if m not in shown}
     if others:
         figs.append(("curves", plots.plot_curve_grid(others, plot_dir / "curves.png", legend_title=legend,
                                                      colors=colors),
-                     "the recipe's other curves: mean over seeds with 95% CI (Student-t below 10 seeds, "
-                     "BCa bootstrap from 10)"))
+                     f"the recipe's other curves: mean over seeds with 95% CI (Student-t below "
+                     f"{stats.T_MIN_BOOTSTRAP} seeds, BCa bootstrap from {stats.T_MIN_BOOTSTRAP})"))
 
     tdir = out / "tables"
     group_display = tables.display_group_table(summary, keys, cols, sel.metric, sel.report)
@@ -370,9 +371,9 @@ def _sections(recipe: Recipe, out: Path, figs, group_display, headline, poi_disp
         return [Figure(str(p.relative_to(out)), cap) for k, p, cap in figs if k == kind]
 
     results = Section("Results per group", intro=(
-        f"<p>Each cell is the mean over seeds with its 95% CI; n = seeds. The CI is Student-t below 10 seeds "
-        f"(the percentile bootstrap covers the mean only ~75% of the time at 3 seeds) and a BCa bootstrap from "
-        f"10; the <b>95% CI</b> column names it and flags groups of ≤ {stats.LOW_POWER_N} seeds as low-powered. "
+        f"<p>Each cell is the mean over seeds with its 95% CI; n = seeds. The CI is Student-t below "
+        f"{stats.T_MIN_BOOTSTRAP} seeds (the percentile bootstrap covers the mean only ~74% of the time at 3 "
+        f"seeds) and a BCa bootstrap from {stats.T_MIN_BOOTSTRAP}; the <b>95% CI</b> column names it and flags groups of ≤ {stats.LOW_POWER_N} seeds as low-powered. "
         f"<b>{esc(sel.metric)} @ best step</b> and <b>{esc(sel.report)} @ val-best step</b> pick each run's "
         f"best checkpoint on {esc(sel.metric)} (optimistic: validation noise picks a lucky step); "
         f"the <b>@ step</b> columns read every run at the same pre-declared steps "
@@ -385,8 +386,8 @@ def _sections(recipe: Recipe, out: Path, figs, group_display, headline, poi_disp
         tables=[("", group_display)], figures=fig_list("results"))
     compare = Section("Headline scores and probability of improvement", intro=(
         "<p>IQM: scipy's trim_mean(x, 0.25), which drops ⌊n/4⌋ seeds at each end (none at n ≤ 3, where it "
-        "is the mean; one per end at 4–7 seeds) and averages the rest. Mean CIs: Student-t below 10 seeds, BCa "
-        "bootstrap from 10. P(X &gt; Y): the chance that a seed of X scores higher than a seed of Y (ties count "
+        f"is the mean; one per end at 4–7 seeds) and averages the rest. Mean CIs: Student-t below "
+        f"{stats.T_MIN_BOOTSTRAP} seeds, BCa bootstrap from {stats.T_MIN_BOOTSTRAP}. P(X &gt; Y): the chance that a seed of X scores higher than a seed of Y (ties count "
         "½); 0.5 = no difference. Its CI resamples the seeds of X and Y independently (percentile bootstrap); "
         "where even complete separation would not be significant (exact two-sided Mann–Whitney p = 2/C(n+m, n) "
         "&gt; 0.05: 2 vs 2, 3 vs 3, 3 vs 4 seeds) the table says it cannot be resolved instead of giving an "

@@ -11,12 +11,13 @@ so reports are reproducible) and the statistics are small pure functions:
     (S2) P(X > Y) = (1/(n·m)) Σ_i Σ_j [x_i > y_j] + ½ [x_i = y_j]: the chance that a run of X beats
          a run of Y (the Mann–Whitney U statistic over n·m), 0.5 = no difference.
     (S3) CI of the mean, by n (seeds):
-         n < T_MIN_BOOTSTRAP (10): Student-t, x̄ ± t_{(1+c)/2, n−1} · s/√n. The percentile bootstrap
-              covers the true mean only 74–77 % of the time at 3 seeds (82 % at 5): it resamples
+         n < T_MIN_BOOTSTRAP (30): Student-t, x̄ ± t_{(1+c)/2, n−1} · s/√n. The percentile bootstrap
+              covers the true mean only 71–74 % of the time at 3 seeds (83 % at 5): it resamples
               from 3 values, so it never reaches past [min, max] and ignores that s itself is noisy.
-              Student-t pays for both: ≥ 90 % coverage at n = 3 and 5 on normal and gamma scores
-              (benchmarks/ci_coverage.py).
-         n ≥ 10: BCa bootstrap (scipy.stats.bootstrap's default), which corrects for skew.
+              Student-t pays for both: ≥ 90 % coverage at n = 3 and 5 on normal and gamma scores,
+              and it still beats the BCa bootstrap at 10 and 20 seeds, even on skewed scores
+              (benchmarks/ci_coverage.py: gamma(2) at n = 10, t 0.93 vs BCa 0.89).
+         n ≥ 30: BCa bootstrap (scipy.stats.bootstrap's default), which corrects for skew.
     (S4) P(X > Y) cannot be resolved with n vs m seeds when even complete separation would not be
          significant: the smallest two-sided exact Mann–Whitney p-value, 2 / C(n + m, n), exceeds
          1 − c (2 vs 2: 0.33; 3 vs 3: 0.10; 4 vs 4: 0.029). Its bootstrap CI would read [1, 1]
@@ -38,7 +39,7 @@ log = logging.getLogger(__name__)
 CONFIDENCE = 0.95
 N_RESAMPLES = 2000
 SEED = 0
-T_MIN_BOOTSTRAP = 10   # (S3) below this many seeds the mean's CI is Student-t
+T_MIN_BOOTSTRAP = 30   # (S3) below this many seeds the mean's CI is Student-t
 LOW_POWER_N = 3        # groups with n ≤ this are flagged low-powered in reports
 
 
@@ -225,7 +226,7 @@ def align_curves(curves: list[tuple[np.ndarray, np.ndarray]]) -> AlignedCurves:
 
 @dataclass(frozen=True)
 class CurveBand:
-    """Across-seed mean curve with a 95 % CI band (S3: Student-t below 10 seeds, else BCa
+    """Across-seed mean curve with a 95 % CI band (S3: Student-t below 30 seeds, else BCa
     bootstrap); ``n[j]`` = seeds present at ``steps[j]``."""
     steps: np.ndarray
     mean: np.ndarray
@@ -236,8 +237,8 @@ class CurveBand:
 
 def curve_band(aligned: AlignedCurves, *, max_points: int = 200, confidence: float = CONFIDENCE,
                n_resamples: int = 500, seed: int = SEED) -> CurveBand:
-    """Mean and CI band per grid step (S3: Student-t where fewer than 10 seeds are present, BCa
-    bootstrap from 10; at most ``max_points`` evenly spaced steps: a plot cannot show more, and the
+    """Mean and CI band per grid step (S3: Student-t where fewer than 30 seeds are present, BCa
+    bootstrap from 30; at most ``max_points`` evenly spaced steps: a plot cannot show more, and the
     band costs a bootstrap per step; 500 resamples put the band's edges within a line width of
     their limit). The band is NaN where fewer than two seeds are present."""
     grid, values = aligned.grid, aligned.values
