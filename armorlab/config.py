@@ -95,10 +95,15 @@ FIELDS: dict[str, Field] = {
     "token_sample_rate": Field(0.0, number(0.0, 1.0), "share of tokens dumped to tokens/ parquet"),
 }
 
-# Defaults armorlab sets on TRL fields: sized for the tiny model on a CPU; any of them can be
-# overridden, and any other GRPOConfig field can be given explicitly.
-TRL_DEFAULTS: dict[str, Any] = {
+# Defaults armorlab sets on TRL fields for every model.
+COMMON_DEFAULTS: dict[str, Any] = {
     "seed": 0,
+    "beta": 0.0,
+    "temperature": 1.0,
+    "logging_steps": 1,  # metrics.jsonl gets every step
+}
+# The toy defaults, for `model: tiny` only: sized for the tiny model on a CPU.
+TINY_DEFAULTS: dict[str, Any] = {
     "max_steps": 60,
     # measured with benchmarks/learning.py: 5e-4 (or 16 rows = 2 prompts/step) destroys the warm
     # start; 5e-5 with 4 prompts × 8 generations per step raises val/acc within 200 steps
@@ -110,13 +115,26 @@ TRL_DEFAULTS: dict[str, Any] = {
     "num_generations": 8,
     "steps_per_generation": 2,
     "max_completion_length": 8,
-    "temperature": 1.0,
-    "beta": 0.0,
-    "logging_steps": 1,
     "save_steps": 20,
     "save_total_limit": 2,
     "gradient_checkpointing": False,
 }
+# The real-model preset (a local checkpoint or hub id): the papers' RLVR settings — lr 1e-6
+# (TRL's default), G = 16 samples per prompt, a constant schedule, 1,024-token completions
+# (raise it for long reasoning); one prompt group per device and step. Every other GRPOConfig
+# field keeps TRL's default (bf16 and gradient checkpointing on a GPU).
+REAL_DEFAULTS: dict[str, Any] = {
+    "max_steps": 500,
+    "learning_rate": 1e-6,
+    "lr_scheduler_type": "constant",
+    "warmup_steps": 0,
+    "per_device_train_batch_size": 16,
+    "num_generations": 16,
+    "max_completion_length": 1024,
+    "save_steps": 50,
+    "save_total_limit": 2,
+}
+TRL_DEFAULTS: dict[str, Any] = {**COMMON_DEFAULTS, **TINY_DEFAULTS}  # the tiny model's, as before
 
 # Per-objective defaults, applied only where the user did not set the key.
 PRESETS: dict[str, dict[str, Any]] = {
@@ -127,6 +145,22 @@ PRESETS: dict[str, dict[str, Any]] = {
 DEFAULT_EPS = {"epsilon": 0.2, "epsilon_high": 0.28}
 # GRPOConfig fields the run directory decides (checkpoints/ is the output dir; resume is automatic).
 MANAGED_KEYS = frozenset({"output_dir", "resume_from_checkpoint", "overwrite_output_dir"})
+# GRPOConfig fields that change how a run is *logged*, not what it *is*: they stay in config.yaml
+# but not in the run id (runs.run_id) nor among the report's experimental factors.
+LOGGING_KEYS = frozenset({
+    "report_to", "logging_steps", "logging_strategy", "logging_first_step", "logging_nan_inf_filter",
+    "log_level", "log_level_replica", "log_on_each_node", "run_name", "disable_tqdm", "project",
+    "log_completions", "log_completions_hub_repo", "log_multimodal", "log_unique_prompts",
+    "num_completions_to_print", "trackio_bucket_id", "trackio_space_id", "trackio_static_space_id",
+})
+# report_to backend → (module to import, pip package).
+LOGGING_BACKENDS: dict[str, tuple[str, str]] = {
+    "tensorboard": ("tensorboard", "tensorboard"), "wandb": ("wandb", "wandb"), "mlflow": ("mlflow", "mlflow"),
+    "trackio": ("trackio", "trackio"), "comet_ml": ("comet_ml", "comet_ml"), "clearml": ("clearml", "clearml"),
+    "dvclive": ("dvclive", "dvclive"), "neptune": ("neptune", "neptune"), "swanlab": ("swanlab", "swanlab"),
+    "codecarbon": ("codecarbon", "codecarbon"), "azure_ml": ("azureml", "azureml-core"),
+}
+LOGGING_EXTRAS = ("tensorboard", "wandb", "mlflow", "trackio")  # pyproject's optional dependencies
 
 TASK_FIELDS: dict[str, dict[str, Field]] = {
     "arithmetic": {
@@ -139,9 +173,18 @@ TASK_FIELDS: dict[str, dict[str, Field]] = {
         "split_seed": Field(0, integer(0), "seed of the train/val/test split (independent of `seed`)"),
     },
     "math": {
-        "path": Field(None, text, "local JSONL or parquet file of {problem, answer}"),
-        "problem_key": Field("problem", text, "column holding the problem text"),
+        "path": Field(None, text, "JSONL/parquet file, save_to_disk directory or cached hub dataset id"),
+        "fingerprint": Field(None, optional(text), "filled in by armorlab: the data's content "
+                             "fingerprint (part of the run id); a given value is replaced"),
+        "split": Field("train", text, "split to read from a save_to_disk DatasetDict or a hub dataset"),
+        "problem_key": Field("problem", text, "column holding the problem: text, or a conversation "
+                             "(a list of {role, content} messages, TRL's format)"),
         "answer_key": Field("answer", text, "column holding the reference answer"),
+        "prompt_template": Field(None, optional(text), "text prompt around the problem; {problem} marks "
+                                 "its place (e.g. the boxed-answer instruction)"),
+        "system_prompt": Field(None, optional(text), "system message of chat prompts"),
+        "chat": Field(None, optional(boolean), "send chat prompts (the tokenizer's chat template, as TRL "
+                      "applies it); null = when the model's tokenizer has a chat template"),
         "val_size": Field(64, integer(1), "rows held out for validation"),
         "test_size": Field(64, integer(1), "rows held out for test"),
         "train_size": Field(None, optional(integer(1)), "cap on training rows; null = all the rest"),
@@ -378,7 +421,17 @@ def _resolve_task(raw: Any, file: str | None) -> dict[str, Any]:
     if name not in TASKS:
         raise ArmorLabError(f"unknown task (known: {', '.join(TASKS)})", key="task.name", value=name,
                             file=file)
-    return {"name": name, **_check_section(TASK_FIELDS[name], raw, "task", file)}
+    out = {"name": name, **_check_section(TASK_FIELDS[name], raw, "task", file)}
+    if name == "math":
+        from armorlab.identity import data_identity
+
+        ident = data_identity(out["path"], file=file)
+        out["path"], out["fingerprint"] = ident["path"], ident["fingerprint"]
+        template = out["prompt_template"]
+        if template is not None and "{problem}" not in template:
+            raise ArmorLabError("must contain {problem} where the problem goes", key="task.prompt_template",
+                                value=template, file=file)
+    return out
 
 
 def _resolve_model(raw: Any, file: str | None) -> dict[str, Any]:
@@ -400,11 +453,13 @@ def _resolve_model(raw: Any, file: str | None) -> dict[str, Any]:
             raise ArmorLabError("hidden_size must split into heads of ≥ 32 dims (vLLM CPU needs it)",
                                 key="model.num_heads", value=out["num_heads"], file=file)
         return out
-    extra = sorted(set(raw) - {"name"})
+    extra = sorted(set(raw) - {"name", "fingerprint"})
     if extra:
         raise ArmorLabError("a model path takes no other keys", key=f"model.{extra[0]}",
                             value=raw[extra[0]], file=file)
-    return {"name": name}
+    from armorlab.identity import model_identity
+
+    return model_identity(name, file=file)  # {name: absolute path or hub id, fingerprint}
 
 
 def resolve(raw: Mapping[str, Any], *, file: str | None = None) -> dict[str, Any]:
@@ -430,7 +485,8 @@ def resolve(raw: Mapping[str, Any], *, file: str | None = None) -> dict[str, Any
         objective = FIELDS["objective"].check(objective)
     except Invalid as exc:
         raise ArmorLabError(str(exc), key="objective", value=objective, file=file) from None
-    defaults = {**{k: f.default for k, f in FIELDS.items()}, **TRL_DEFAULTS, **DEFAULT_EPS,
+    sized = TINY_DEFAULTS if _model_name(raw.get("model")) == TINY_MODEL else REAL_DEFAULTS
+    defaults = {**{k: f.default for k, f in FIELDS.items()}, **COMMON_DEFAULTS, **sized, **DEFAULT_EPS,
                 **PRESETS.get(objective, {})}
     out: dict[str, Any] = {}
     for key, default in defaults.items():
@@ -466,10 +522,33 @@ def resolve(raw: Mapping[str, Any], *, file: str | None = None) -> dict[str, Any
             json_value(value)
         except Invalid as exc:
             raise ArmorLabError(str(exc), key=key, value=value, file=file) from None
+    _check_logging_backends(out.get("report_to"), file)
     out["task"] = _resolve_task(raw.get("task"), file)
     out["model"] = _resolve_model(raw.get("model"), file)
     _normalise_inert(out)
     return out
+
+
+def _model_name(raw: Any) -> Any:
+    if isinstance(raw, Mapping):
+        return raw.get("name", TINY_MODEL)
+    return TINY_MODEL if raw is None else raw
+
+
+def _check_logging_backends(report_to: Any, file: str | None) -> None:
+    """A ``report_to`` backend that is not installed fails here, before a run dir exists, instead
+    of in transformers' callback set-up inside the job."""
+    import importlib.util
+
+    names = [report_to] if isinstance(report_to, str) else list(report_to or [])
+    for name in names:
+        if name not in LOGGING_BACKENDS:
+            continue  # "none", "all" and unknown names: GRPOConfig checks them
+        module, package = LOGGING_BACKENDS[name]
+        if importlib.util.find_spec(module) is None:
+            how = f"'armorlab[{name}]'" if name in LOGGING_EXTRAS else package
+            raise ArmorLabError(f"the '{name}' logging backend is not installed: pip install {how}",
+                                key="report_to", value=report_to, file=file)
 
 
 INERT_KEYS = frozenset({"alpha", "anchor_filter", "anchor_ratio", "anchor_samples", "anchor_reward_threshold"})

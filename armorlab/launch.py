@@ -49,6 +49,8 @@ class Outcome:
     state: str
     reason: str | None
     exit_code: int
+    already_completed: bool = False  # nothing was trained: the run dir was completed before
+    warnings: tuple[str, ...] = ()  # armorlab.health's, as status.json records them
 
 
 def job_id_from_env(env: dict[str, str] | None = None) -> str | None:
@@ -155,6 +157,59 @@ def _any_process(flags: Sequence[bool]) -> list[bool]:
     return [bool(x) for x in t.tolist()]
 
 
+class HealthMonitor:
+    """Keeps status.json's ``warnings`` up to date from the metrics as they are logged."""
+
+    def __init__(self, run_dir: RunDir) -> None:
+        self.run_dir = run_dir
+        self.rows: list[dict[str, Any]] = []
+        self.warnings: list[str] = []
+
+    def callback(self) -> Any:
+        from transformers import TrainerCallback
+
+        from armorlab.telemetry import design_names
+
+        monitor = self
+
+        class _Callback(TrainerCallback):
+            def on_train_begin(self, args, state, control, **kwargs):
+                if state.is_world_process_zero:  # a resumed run: the steps up to its checkpoint
+                    monitor.rows = [r for r in monitor.run_dir.read_metrics() if r["step"] <= state.global_step]
+
+            def on_log(self, args, state, control, logs=None, **kwargs):
+                if state.is_world_process_zero and logs:
+                    monitor.rows.append({"step": state.global_step, **design_names(logs)})
+                    if len(monitor.rows) % 5 == 0:  # every check scans all rows: not on every log
+                        monitor.update(final=False)
+
+        return _Callback()
+
+    def update(self, *, final: bool) -> list[str]:
+        from armorlab.health import run_warnings
+
+        warnings = run_warnings(self.rows, final=final)
+        if warnings != self.warnings:
+            for w in warnings:
+                if w not in self.warnings:
+                    log.warning("%s: %s", self.run_dir.path, w)
+            self.warnings = warnings
+            self.run_dir.set_warnings(warnings)
+        return warnings
+
+
+def check_unchanged(stored: dict[str, Any], cfg: dict[str, Any], file: str) -> None:
+    """The model and data a run dir was created for are still what its paths hold."""
+    for section, what in (("model", "model"), ("task", "data")):
+        before = (stored.get(section) or {}).get("fingerprint") if isinstance(stored.get(section), dict) else None
+        after = cfg[section].get("fingerprint")
+        if before != after:
+            name = cfg[section].get("name" if section == "model" else "path")
+            raise ArmorLabError(f"the {what} changed since this run was created (fingerprint {before} → "
+                                f"{after}): train the config again for a new run", key=section,
+                                value=name, file=file)
+
+
 # --------------------------------------------------------------------------- building
 def make_args(cfg: dict[str, Any], run_dir: RunDir) -> Any:
     """ArmorLabConfig from a resolved config; TRL keys are checked against the real GRPOConfig."""
@@ -186,14 +241,14 @@ def make_args(cfg: dict[str, Any], run_dir: RunDir) -> Any:
 def build_trainer(cfg: dict[str, Any], run_dir: RunDir, callbacks: Iterable[Any] = ()) -> Any:
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
-    from armorlab.models import prepare_model
+    from armorlab.models import has_chat_template, prepare_model
     from armorlab.tasks import build_task
     from armorlab.telemetry import RunDirLogger
     from armorlab.trainer import ArmorLabTrainer
 
     args = make_args(cfg, run_dir)
-    task = build_task(cfg["task"])
     model = prepare_model(cfg["model"], cfg["task"])
+    task = build_task(cfg["task"], chat=has_chat_template(model))
     trainer = ArmorLabTrainer(str(model), task.reward_funcs, args, train_dataset=task.train,
                               val_dataset=task.val, test_dataset=task.test, tokens_dir=run_dir.tokens_dir,
                               callbacks=[RunDirLogger(run_dir), *callbacks])
@@ -240,14 +295,18 @@ def train_run_dir(path: str | os.PathLike, *, callbacks: Iterable[Any] = ()) -> 
     status = run_dir.read_status()
     if status["state"] == "completed":
         log.info("%s is already completed; nothing to do", run_dir.path)
-        return Outcome(run_dir.path, "completed", status.get("reason"), EXIT_OK)
+        return Outcome(run_dir.path, "completed", status.get("reason"), EXIT_OK, already_completed=True,
+                       warnings=tuple(status.get("warnings") or ()))
     run_dir.write_status("running", job_id=job_id_from_env())
     control = ProcessControl(run_dir)
+    health = HealthMonitor(run_dir)
     trainer = None
     try:
         with control.installed():
-            cfg = resolve(run_dir.read_config(), file=str(run_dir.config_path))
-            trainer = build_trainer(cfg, run_dir, [control.callback(), *callbacks])
+            stored = run_dir.read_config()
+            cfg = resolve(stored, file=str(run_dir.config_path))
+            check_unchanged(stored, cfg, str(run_dir.config_path))
+            trainer = build_trainer(cfg, run_dir, [control.callback(), health.callback(), *callbacks])
             checkpoint = complete_checkpoint(run_dir)
             if checkpoint is not None:
                 log.info("resuming %s from %s", run_dir.path, checkpoint.name)
@@ -275,6 +334,7 @@ def train_run_dir(path: str | os.PathLike, *, callbacks: Iterable[Any] = ()) -> 
         reason = f"preempted at step {step}"
         run_dir.write_status("pending", reason=reason)
         return Outcome(run_dir.path, "pending", reason, EXIT_PREEMPTED)
+    warnings = tuple(health.update(final=True)) if trainer.args.process_index == 0 else ()
     reason = None if control.stop_reason is None else f"stopped at step {step}: {control.stop_reason}"
     run_dir.write_status("completed", reason=reason)
-    return Outcome(run_dir.path, "completed", reason, EXIT_OK)
+    return Outcome(run_dir.path, "completed", reason, EXIT_OK, warnings=warnings)

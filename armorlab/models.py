@@ -286,6 +286,26 @@ def _build(model_cfg: Mapping[str, Any], task_cfg: Mapping[str, Any], target: Pa
              meta["parameters"], ws["steps"], val_t1, val_greedy, meta["build_seconds"])
 
 
+def has_chat_template(model: str | os.PathLike) -> bool:
+    """Whether the tokenizer saved with a model (a directory or a cached hub id) has a chat
+    template: in ``chat_template.jinja``/``.json`` or in ``tokenizer_config.json``. No tokenizer is loaded."""
+    path = Path(model)
+    if not path.is_dir():
+        from armorlab.identity import hub_snapshot
+
+        snapshot = hub_snapshot(str(model), "model")
+        if snapshot is None:
+            return False
+        path = snapshot
+    if (path / "chat_template.jinja").is_file() or (path / "chat_template.json").is_file():
+        return True
+    try:
+        config = json.loads((path / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and bool(config.get("chat_template"))
+
+
 def prepare_model(model_cfg: Mapping[str, Any], task_cfg: Mapping[str, Any], *,
                   cache_dir: str | os.PathLike | None = None) -> Path:
     """Directory (or hub id) to load the policy from; builds and caches the tiny model on first use.
@@ -300,7 +320,7 @@ def prepare_model(model_cfg: Mapping[str, Any], task_cfg: Mapping[str, Any], *,
     resolved = resolve({"model": model_cfg, "task": task_cfg})
     model_cfg, task_cfg = resolved["model"], resolved["task"]
     if model_cfg["name"] != TINY_MODEL:
-        return Path(model_cfg["name"]).expanduser()
+        return Path(model_cfg["name"])  # resolve() made it an absolute directory or a cached hub id
     key = model_key(model_cfg, task_cfg)
     models_dir = cache_root(cache_dir) / "models"
     final = models_dir / f"tiny-{key}"

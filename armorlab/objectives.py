@@ -448,6 +448,8 @@ def _metrics(objective: str, b: _Batch, s: _Surrogate) -> dict[str, float]:
         counts += [torch.dot(ratio.flatten(), flat_mask), plain_binds - counts[0] - counts[1] - counts[2]]
         names += ["mix_ratio_mean", "widened_frac"]
     values = (torch.stack([x.to(n.dtype) for x in counts]) / n).tolist()
+    if not bool(b.n_valid.sum() > 0):  # every token masked: token means are undefined, not 0
+        values = [math.nan] * len(values)
     out = dict(zip(names, values, strict=True))
     out["clip_frac"] = out["clip_frac_low"] + out["clip_frac_high"] + out["dual_clip_frac"]
     return out

@@ -2,7 +2,7 @@
 
 ```
 <root>/<sweep>/<run-id>/config.yaml    fully resolved config, written first
-                        status.json    state, reason, attempt, job_id, started, ended (atomic)
+                        status.json    state, reason, attempt, job_id, started, ended, warnings (atomic)
                         metrics.jsonl  {"step": int, "<ns>/<name>": float, ...} per line, append-only
                         tokens/        optional parquet token samples
                         checkpoints/   TRL/HF checkpoints (a run restarted here resumes)
@@ -42,9 +42,17 @@ def canonical_json(cfg: Mapping[str, Any]) -> str:
     return json.dumps(cfg, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
+def identity(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """The config without the keys that only change how a run is logged (config.LOGGING_KEYS)."""
+    from armorlab.config import LOGGING_KEYS
+
+    return {k: v for k, v in cfg.items() if k not in LOGGING_KEYS}
+
+
 def run_id(cfg: Mapping[str, Any]) -> str:
-    """First 12 hex digits of sha256(canonical JSON of the fully resolved config)."""
-    return hashlib.sha256(canonical_json(cfg).encode("utf-8")).hexdigest()[:12]
+    """First 12 hex digits of sha256(canonical JSON of the fully resolved config), logging
+    settings left out; the model and data fingerprints in it make the id follow what is trained."""
+    return hashlib.sha256(canonical_json(identity(cfg)).encode("utf-8")).hexdigest()[:12]
 
 
 def now_iso() -> str:
@@ -113,6 +121,7 @@ class RunDir:
         """Make ``root/<run_id(cfg)>`` with config.yaml (first) and a pending status.
 
         An existing dir with the same id keeps its files: same config ⇒ same run, to be resumed.
+        Its config.yaml takes the new logging settings when only those differ.
         """
         rd = cls(Path(root) / run_id(cfg))
         rd.path.mkdir(parents=True, exist_ok=True)
@@ -121,6 +130,8 @@ class RunDir:
             if run_id(existing) != rd.id:
                 raise ArmorLabError("run directory holds a different config (hash mismatch)",
                                     key="config", value=rd.id, file=str(rd.config_path))
+            if existing != dict(cfg):
+                atomic_write_yaml(rd.config_path, dict(cfg))
         else:
             atomic_write_yaml(rd.config_path, dict(cfg))
         if not rd.status_path.exists():
@@ -184,8 +195,18 @@ class RunDir:
             "started": now_iso() if state == "running" else (old or {}).get("started"),
             "ended": now_iso() if state in ("completed", "failed") else None,
         }
+        if (old or {}).get("warnings"):
+            status["warnings"] = old["warnings"]
         atomic_write_json(self.status_path, status)
         return status
+
+    def set_warnings(self, warnings: list[str]) -> None:
+        """Replace the status' ``warnings`` (armorlab.health: runs that train on nothing)."""
+        status = self.read_status()
+        if status.get("warnings", []) == warnings:
+            return
+        status["warnings"] = list(warnings)
+        atomic_write_json(self.status_path, status)
 
     # ---------------------------------------------------------------- metrics
     def append_metrics(self, step: int, metrics: Mapping[str, float]) -> None:

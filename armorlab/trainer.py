@@ -167,7 +167,17 @@ class ArmorLabTrainer(GRPOTrainer):
         if not isinstance(args, ArmorLabConfig):
             raise TypeError("ArmorLabTrainer needs an ArmorLabConfig")
         ref_model = build_reference_model(model, args)  # before TRL patches the policy's forward
-        super().__init__(model, reward_funcs, args=args, **kwargs)
+        # With β ≠ 0 TRL would load a reference of its own, which this one replaces: a third model
+        # in memory. TRL decides from args.beta alone (PEFT aside: it then uses a "ref" adapter).
+        beta = args.beta
+        own_reference_only = beta != 0.0 and kwargs.get("peft_config") is None and not is_peft_model(model)
+        if own_reference_only:
+            args.beta = 0.0
+        try:
+            super().__init__(model, reward_funcs, args=args, **kwargs)
+        finally:
+            args.beta = beta
+        self.beta = beta
         self._check_supported(val_dataset is not None or test_dataset is not None)
         self.reference = ReferencePolicy(self._prepare_reference(ref_model), ref_reset_steps=args.ref_reset_steps,
                                          schedule=args.ref_reset_schedule)
@@ -471,8 +481,12 @@ class ArmorLabTrainer(GRPOTrainer):
         stats.add("train/length", inputs["armorlab_length"] @ on, on.sum())
         stats.add("train/truncated", inputs["armorlab_truncated"] @ on, on.sum())
         stats.add("train/entropy", (entropy * on_tok).sum(), on_tok.sum())
+        obj_names = []
         for name, value in out.metrics.items():
-            stats.mean(name if name.startswith("obj/") else f"obj/{name}", value)
+            name = name if name.startswith("obj/") else f"obj/{name}"
+            obj_names.append(name)
+            defined = math.isfinite(value)  # NaN: every token masked on this process
+            stats.add(name, value if defined else 0.0, 1.0 if defined else 0.0)
         stats.mean("obj/policy_loss", out.loss)
         if ref is not None:
             totals, count = sequence_kl_estimates(logp, ref, on_tok)  # samples of π_θ: KL(π_θ‖π_ref)
@@ -499,7 +513,10 @@ class ArmorLabTrainer(GRPOTrainer):
                     name = key[len(GENERATION_STAT):-len(":total")]
                     stats.add(name, inputs[key], inputs[f"{GENERATION_STAT}{name}:count"])
         stats.mean("ref/resets", float(self.reference.resets))
-        for name, value in stats.reduce(self.accelerator).items():
+        reduced = stats.reduce(self.accelerator)
+        for name in obj_names:  # undefined on every process: logged, as null
+            reduced.setdefault(name, math.nan)
+        for name, value in reduced.items():
             self._metrics["train"][name].append(value)
         self.token_dump.record(self.state.global_step + 1, token_ids=inputs["completion_ids"], logp=logp,
                                old_logp=old, ref_logp=ref, advantages=adv, is_anchor=is_anchor, mask=mask,

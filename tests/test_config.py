@@ -39,12 +39,14 @@ def test_inert_keys_collapse_equivalent_points():
     assert gate_only["anchor_samples"] == 4 and gate_only["anchor_filter"] is None
 
 
-def test_short_and_dotted_sections():
+def test_short_and_dotted_sections(tmp_path):
     over = parse_overrides(["task.digits=3", "alpha=0.7", "model=tiny"])
     assert over == {"task": {"digits": 3}, "alpha": 0.7, "model": "tiny"}
     cfg = resolve({"objective": "armor", **over})
     assert cfg["task"]["digits"] == 3 and cfg["alpha"] == 0.7
-    assert resolve({"model": "/some/hf/dir"})["model"] == {"name": "/some/hf/dir"}
+    (tmp_path / "config.json").write_text("{}")
+    model = resolve({"model": str(tmp_path)})["model"]
+    assert model["name"] == str(tmp_path) and set(model) == {"name", "fingerprint"}
 
 
 @pytest.mark.parametrize(

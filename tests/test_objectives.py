@@ -422,3 +422,15 @@ def test_armor_clip_and_widened_fractions_match_numpy(dual_clip):
     assert out.metrics["dual_clip_frac"] == pytest.approx(((a < 0) & (r_mix > c) & live).sum() / n)
     assert out.metrics["ratio_mean"] == pytest.approx((r * m).sum() / n, rel=1e-5)
     assert out.metrics["mix_ratio_mean"] == pytest.approx((r_mix * m).sum() / n, rel=1e-5)
+
+
+@pytest.mark.parametrize("objective", ["dapo", "gspo", "armor"])
+def test_token_means_are_undefined_when_every_token_is_masked(objective):
+    logp, old, ref, adv, mask = batch(b=4, t=6, seed=3, spread=0.3)
+    out, _ = run(objective, logp, old, adv, torch.zeros_like(mask), ref_logp=ref if objective == "armor" else None,
+                 alpha=0.6)
+    assert out.loss.item() == 0.0
+    assert out.metrics and all(math.isnan(v) for v in out.metrics.values())
+    assert "ratio_mean" in out.metrics and (objective != "armor" or "mix_ratio_mean" in out.metrics)
+    partly, _ = run(objective, logp, old, adv, mask, ref_logp=ref if objective == "armor" else None, alpha=0.6)
+    assert not any(math.isnan(v) for v in partly.metrics.values())

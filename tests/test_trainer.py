@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from transformers import TrainerCallback
@@ -107,6 +109,8 @@ def test_never_correct_reference_gate_on_drops_every_group(tmp_path):
         assert out["armorlab_keep"].sum() == 0
     logged = [h for h in trainer.state.log_history if "anchor/gate_drop" in h]
     assert logged and all(h["anchor/gate_drop"] == 1.0 and h["loss"] == 0.0 for h in logged)
+    # every token masked: the token means are undefined (null in metrics.jsonl), not 0
+    assert all(math.isnan(h["obj/ratio_mean"]) and math.isnan(h["obj/clip_frac"]) for h in logged)
 
 
 def test_never_correct_reference_gate_off_injects_nothing(tmp_path):

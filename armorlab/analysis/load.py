@@ -36,8 +36,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from armorlab.config import LOGGING_KEYS
 from armorlab.errors import ArmorLabError
 from armorlab.fsutil import atomic_file, atomic_write_text
+from armorlab.health import WATCHED, series_warnings
 from armorlab.runs import RunDir, find_run_dirs, valid_step
 
 log = logging.getLogger(__name__)
@@ -382,6 +384,18 @@ def _unique_ids(run_dirs: list[RunDir]) -> list[str]:
     return [f"{rd.path.parent.name}/{rd.id}" if rd.id in dup else rd.id for rd in run_dirs]
 
 
+def _health(frame: pd.DataFrame, *, final: bool) -> list[str]:
+    """armorlab.health's warnings (runs that trained on nothing) from a run's metrics frame."""
+    steps = frame["step"].to_numpy()
+    series = {}
+    for name in WATCHED:
+        if name in frame:
+            values = frame[name].to_numpy(dtype=np.float64)
+            keep = np.isfinite(values) & (steps >= 1)
+            series[name] = list(zip(steps[keep].tolist(), values[keep].tolist(), strict=True))
+    return series_warnings(series, final=final)
+
+
 def _assemble(run_dirs: list[RunDir], entries: dict[Path, _Entry]) -> RunSet:
     warnings: list[str] = []
     rows, frames, ids, slices = [], [], [], {}
@@ -391,12 +405,16 @@ def _assemble(run_dirs: list[RunDir], entries: dict[Path, _Entry]) -> RunSet:
         status = rd.read_status()
         row = {"run_id": rid, "sweep": rd.path.parent.name, "path": str(rd.path),
                "state": status.get("state"), "reason": status.get("reason")}
-        row.update({k: v for k, v in flatten_config(e.config or {}).items() if k not in META_COLUMNS})
+        # how a run was logged is not an experimental factor
+        row.update({k: v for k, v in flatten_config(e.config or {}).items()
+                    if k not in META_COLUMNS and k not in LOGGING_KEYS})
         rows.append(row)
         warnings.extend(f"run {rid}: {w}" for w in e.warnings)
         if len(e.frame) == 0:
             warnings.append(f"run {rid}: no metrics logged yet ({rd.metrics_path})")
             continue
+        warnings.extend(f"run {rid}: {w}" for w in _health(e.frame, final=status.get("state") in ("completed",
+                                                                                                   "failed")))
         frames.append(e.frame)
         ids.append(rid)
         slices[rid] = (start, start + len(e.frame))

@@ -186,6 +186,8 @@ def _print_status(st) -> None:
     for r in st.rows:  # in full: a narrow table folds the reason column
         if r.state == "failed" and r.reason:
             console.print(f"[red]failed[/] {r.run_id}: {r.reason}", soft_wrap=True)
+        for w in r.warnings:
+            console.print(f"[yellow]warning[/] {r.run_id}: {w}", soft_wrap=True)
     if st.warning:
         console.print(f"[yellow]{st.warning}[/]")
 

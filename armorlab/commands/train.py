@@ -33,7 +33,12 @@ def register(app: typer.Typer) -> None:
         else:
             outcome = train_from_config(config, set_, out)
         typer.echo(str(outcome.path))
+        if outcome.already_completed:
+            typer.echo(f"already completed: {outcome.path} (nothing trained; delete the dir to train it "
+                       "again)", err=True)
         if outcome.state != "completed":
             typer.echo(f"{outcome.state}: {outcome.reason}", err=True)
+        for warning in outcome.warnings:
+            typer.echo(f"warning: {warning}", err=True)
         if outcome.exit_code:
             raise typer.Exit(outcome.exit_code)

@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from armorlab.config import LOGGING_KEYS
 from armorlab.errors import ArmorLabError
 from armorlab.runs import RunDir, canonical_json
 from armorlab.sweeps import slurmctl
@@ -42,6 +43,7 @@ class RunRow:
     reason: str | None
     job_id: str | None
     point: str = ""
+    warnings: list[str] = field(default_factory=list)  # status.json's (armorlab.health)
 
 
 @dataclass
@@ -98,7 +100,7 @@ def collect(sweep_dir: str | Path) -> SweepStatus:
             run_id=rid, state=_display_state(status["state"], job_state, active), last_step=last_step,
             max_steps=cfg.get("max_steps") if cfg else None, val_acc=val_acc, slurm_state=job_state,
             attempts=int(status.get("attempt") or 0), reason=status.get("reason"), job_id=job,
-            point=points.get(rid, "")))
+            point=points.get(rid, ""), warnings=list(status.get("warnings") or [])))
     return SweepStatus(sweep_dir=sweep_dir, manifest=manifest, rows=rows, warning=warning,
                        counts=Counter(r.state for r in rows))
 
@@ -149,6 +151,8 @@ def _progress(rd: RunDir) -> tuple[int | None, float | None]:
 def _flatten(cfg: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
     out = {}
     for key, value in cfg.items():
+        if not prefix and key in LOGGING_KEYS:
+            continue  # how a run logs is not what it is
         if isinstance(value, Mapping):
             out.update(_flatten(value, f"{prefix}{key}."))
         else:

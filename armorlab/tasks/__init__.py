@@ -1,7 +1,7 @@
 """Verifiable tasks: datasets with ``prompt``/``answer`` columns and TRL reward functions.
 
 ``build_task(config["task"])`` → :class:`Task` (contract C2). Two tasks: ``arithmetic``
-(synthetic, exact match, see arithmetic.py) and ``math`` (local JSONL/parquet, math-verify, see
+(synthetic, exact match, see arithmetic.py) and ``math`` (the user's data and prompts, math-verify, see
 mathfile.py). Importing this package is cheap; ``datasets`` loads when a task is built.
 """
 
@@ -17,8 +17,10 @@ from armorlab.tasks.rewards import exact_match_reward, math_verify_reward
 __all__ = ["Task", "build_task", "exact_match_reward", "math_verify_reward"]
 
 
-def build_task(task_cfg: Mapping[str, Any]) -> Task:
+def build_task(task_cfg: Mapping[str, Any], *, chat: bool = False) -> Task:
     """Build the task described by a *resolved* ``task`` section (config.resolve fills it).
+
+    ``chat``: whether the model has a chat template (the math task's default for ``task.chat``).
 
     A partial section (``{"name": "arithmetic", "digits": 3}`` or just ``"math"``) is resolved
     here too, so library users need not call config.resolve first.
@@ -30,8 +32,11 @@ def build_task(task_cfg: Mapping[str, Any]) -> Task:
     name = task_cfg["name"]
     if name == "arithmetic":
         from armorlab.tasks.arithmetic import build
-    elif name == "math":
+
+        return build(task_cfg)
+    if name == "math":
         from armorlab.tasks.mathfile import build
-    else:  # config validation lists the same names; this guards a hand-built dict
-        raise ArmorLabError("unknown task", key="task.name", value=name)
-    return build(task_cfg)
+
+        return build(task_cfg, chat=chat)
+    # config validation lists the same names; this guards a hand-built dict
+    raise ArmorLabError("unknown task", key="task.name", value=name)

@@ -1,9 +1,17 @@
-"""Math task from a local JSONL or parquet file of {problem, answer}, scored with math-verify.
+"""Math task from the user's data, scored with math-verify.
 
-The problem text is the prompt verbatim (put any instruction such as "put your final answer in
-\\boxed{}" in the file); the answer may be plain (``0.5``), LaTeX (``\\frac{1}{2}``) or boxed.
-Rows are shuffled with ``split_seed``: val = first ``val_size``, test = next ``test_size``,
-train = the rest (capped at ``train_size``). Nothing is downloaded.
+Data (``task.path``): a JSONL/parquet file, a directory written by ``datasets``' ``save_to_disk``
+(a Dataset, or a DatasetDict read at ``task.split``), or a hub dataset id the local Hugging Face
+cache holds (nothing is downloaded). Columns ``problem_key`` and ``answer_key``.
+
+Prompts: a text problem goes through ``prompt_template`` (``{problem}`` marks its place); a
+problem may also be a conversation in TRL's format (``[{"role": "user", "content": ...}]``).
+With ``chat`` (default: when the model's tokenizer has a chat template) every prompt is sent as a
+conversation — ``system_prompt`` first, then the user turn — and TRL applies the tokenizer's chat
+template; otherwise the prompt is plain text (``system_prompt`` + blank line + the problem).
+The answer may be plain (``0.5``), LaTeX (``\\frac{1}{2}``) or boxed; completions score when their
+``\\boxed{}`` answer equals it. Rows are shuffled with ``split_seed``: val = first ``val_size``,
+test = next ``test_size``, train = the rest (capped at ``train_size``).
 """
 
 from __future__ import annotations
@@ -73,36 +81,115 @@ def load_rows(path: str | Path) -> list[dict[str, Any]]:
     return rows
 
 
-def _column(rows: list[dict[str, Any]], key: str, field: str, path: Path) -> list[str]:
-    out = []
+def _pick_split(data: Any, split: str, where: str) -> Any:
+    from datasets import DatasetDict
+
+    if isinstance(data, DatasetDict):
+        if split not in data:
+            raise ArmorLabError(f"no split '{split}' (splits: {', '.join(data)})", key="task.split",
+                                value=split, file=where)
+        return data[split]
+    return data
+
+
+def load_records(path: str, split: str = "train") -> list[dict[str, Any]]:
+    """Records of a data file, a ``save_to_disk`` directory or a cached hub dataset id."""
+    local = Path(path).expanduser()
+    if local.is_file() or local.suffix.lower() in JSON_SUFFIXES + PARQUET_SUFFIXES:
+        return load_rows(local)
+    if local.is_dir():
+        from datasets import load_from_disk
+
+        try:
+            data = load_from_disk(str(local))
+        except (OSError, ValueError, FileNotFoundError) as exc:
+            raise ArmorLabError(f"cannot read the saved dataset: {exc}", key="task.path", value=path,
+                                file=path) from None
+        rows = _pick_split(data, split, path).to_list()
+    else:
+        from datasets import load_dataset
+
+        from armorlab.identity import hub_snapshot
+
+        snapshot = hub_snapshot(path, "dataset")
+        if snapshot is None:
+            raise ArmorLabError("not a file, a directory or a hub dataset in the local Hugging Face cache",
+                                key="task.path", value=path)
+        try:  # the snapshot is a local folder: datasets reads its files, offline
+            rows = _pick_split(load_dataset(str(snapshot)), split, path).to_list()
+        except (OSError, ValueError) as exc:
+            raise ArmorLabError(f"cannot read the cached hub dataset: {exc}", key="task.path", value=path,
+                                file=str(snapshot)) from None
+    if not rows:
+        raise ArmorLabError("the dataset holds no records", key="task.path", value=path, file=path)
+    return rows
+
+
+def _is_conversation(value: Any) -> bool:
+    return (isinstance(value, list) and bool(value)
+            and all(isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+                    for m in value))
+
+
+def _column(rows: list[dict[str, Any]], key: str, field: str, path: str, *,
+            conversations: bool = False) -> list[Any]:
+    """A column as strings; with ``conversations``, TRL-format message lists are kept as lists."""
+    out: list[Any] = []
     for number, row in enumerate(rows, 1):
         if key not in row:
             raise ArmorLabError(f"record {number} has no column '{key}' (columns: {', '.join(sorted(row))})",
-                                key=f"task.{field}", value=key, file=str(path))
+                                key=f"task.{field}", value=key, file=path)
         value = row[key]
+        if conversations and _is_conversation(value):
+            out.append([{"role": m["role"], "content": m["content"]} for m in value])
+            continue
         if isinstance(value, bool) or not isinstance(value, (str, int, float)) or str(value).strip() == "":
-            raise ArmorLabError(f"record {number}: column '{key}' must be a non-empty string or number, "
-                                f"got {value!r}", key=f"task.{field}", value=key, file=str(path))
+            kinds = "a non-empty string, a number" + (" or a list of {role, content} messages" if conversations
+                                                      else "")
+            raise ArmorLabError(f"record {number}: column '{key}' must be {kinds}, got {value!r}",
+                                key=f"task.{field}", value=key, file=path)
         out.append(str(value))
     return out
+
+
+def make_prompt(problem: str | list[dict[str, str]], *, template: str | None, system: str | None,
+                chat: bool) -> str | list[dict[str, str]]:
+    """One prompt as TRL takes it: plain text, or a conversation TRL renders with the chat template."""
+    if isinstance(problem, str):
+        text = template.replace("{problem}", problem) if template else problem
+        if not chat:
+            return f"{system}\n\n{text}" if system else text
+        messages = [{"role": "user", "content": text}]
+    else:
+        if not chat:
+            raise ArmorLabError("conversational problems need chat prompts (a model with a chat template, "
+                                "or chat: true)", key="task.chat", value=chat)
+        messages = list(problem)
+    if system and messages[0]["role"] != "system":
+        messages = [{"role": "system", "content": system}, *messages]
+    return messages
 
 
 def boxed(answer: str) -> str:
     return answer if "\\boxed" in answer else f"\\boxed{{{answer}}}"
 
 
-def build(cfg: Mapping[str, Any]) -> Task:
-    """Math task from the resolved ``task`` section (config.TASK_FIELDS["math"])."""
+def build(cfg: Mapping[str, Any], *, chat: bool = False) -> Task:
+    """Math task from the resolved ``task`` section (config.TASK_FIELDS["math"]); ``chat`` is the
+    default for ``cfg["chat"] is None`` (whether the model's tokenizer has a chat template)."""
     from datasets import Dataset
 
-    path = Path(cfg["path"]).expanduser()
-    rows = load_rows(path)
-    problems = _column(rows, cfg["problem_key"], "problem_key", path)
+    path = cfg["path"]
+    rows = load_records(path, cfg["split"])
+    problems = _column(rows, cfg["problem_key"], "problem_key", path, conversations=True)
     answers = _column(rows, cfg["answer_key"], "answer_key", path)
+    use_chat = chat if cfg["chat"] is None else cfg["chat"]
+    prompts = [make_prompt(p, template=cfg["prompt_template"], system=cfg["system_prompt"], chat=use_chat)
+               for p in problems]
     held = cfg["val_size"] + cfg["test_size"]
     if held >= len(rows):
         raise ArmorLabError(f"val_size + test_size = {held} leaves no training rows in a file of "
-                            f"{len(rows)}", key="task.val_size", value=cfg["val_size"], file=str(path))
+                            f"{len(rows)}", key="task.val_size", value=cfg["val_size"], file=path)
     unparsable = [a for a in answers if not parse_gold(a)]
     if unparsable:
         log.warning("%d of %d answers in %s cannot be parsed by math-verify and always score 0, e.g. %r",
@@ -114,9 +201,9 @@ def build(cfg: Mapping[str, Any]) -> Task:
         train_idx = train_idx[:cfg["train_size"]]
 
     def rows_at(idx: list[int]) -> Dataset:
-        return Dataset.from_dict({"prompt": [problems[i] for i in idx], "answer": [answers[i] for i in idx]})
+        return Dataset.from_dict({"prompt": [prompts[i] for i in idx], "answer": [answers[i] for i in idx]})
 
     train = rows_at(train_idx)
     return Task(name="math", train=train, val=rows_at(order[:val_end]), test=rows_at(order[val_end:test_end]),
                 reward_funcs=[math_verify_reward], warm_start=train, target_completion=boxed,
-                completion_chars=None, settings={**cfg, "path": str(path)})
+                completion_chars=None, settings={**cfg, "chat": use_chat})
