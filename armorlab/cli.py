@@ -8,7 +8,7 @@ import sys
 import typer
 
 from armorlab import __version__
-from armorlab.commands import demo, report, sweep, train, tune
+from armorlab.commands import check_task, demo, report, sweep, train, tune
 from armorlab.errors import ArmorLabError
 
 app = typer.Typer(
@@ -36,7 +36,7 @@ def _root(
                         format="%(levelname)s %(name)s: %(message)s")
 
 
-for module in (train, sweep, tune, report, demo):
+for module in (train, check_task, sweep, tune, report, demo):
     module.register(app)
 
 

@@ -107,5 +107,14 @@ def test_real_checkpoint_like_model_trains_end_to_end(tmp_path):
     assert any("max_completion_length" in w for w in status["warnings"])
     again = train()
     assert again.returncode == 0 and "already completed" in again.stderr
+    # check-task: the prompt as the model sees it (ChatML), the gold answer's and a sample's reward
+    from armorlab.commands.check_task import check_rows
+
+    shown = check_rows(resolve(cfg), rows=2, split="val", seed=0)
+    assert len(shown) == 2
+    for row in shown:
+        assert row["prompt"].startswith("<|im_start|>system\nPut the final answer in \\boxed{}.<|im_end|>\n")
+        assert row["prompt"].endswith("<|im_start|>assistant\n") and row["gold_reward"] == 1.0
+        assert row["gold_completion"] == f"\\boxed{{{row['answer']}}}" and row["reward"] in (0.0, 1.0)
     build_checkpoint(model, seed=1)  # new weights in the same place: a new run
     assert run_id(resolve(stored)) != rd.id
