@@ -210,9 +210,20 @@ def test_concurrent_builds_build_once(tmp_path):
 
 
 def test_other_model_names_pass_through(tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
     monkeypatch.setenv("ARMORLAB_CACHE", str(tmp_path / "cache"))
+    # a hub id the local HF cache holds (its layout: refs/main → snapshots/<commit>/)
+    repo, commit = tmp_path / "hub" / "models--Qwen--Qwen2.5-0.5B", "a" * 40
+    (repo / "snapshots" / commit).mkdir(parents=True)
+    (repo / "snapshots" / commit / "config.json").write_text("{}")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     assert str(models.prepare_model({"name": "Qwen/Qwen2.5-0.5B"}, {"name": "arithmetic"})) == "Qwen/Qwen2.5-0.5B"
-    assert models.prepare_model(str(tmp_path), "arithmetic") == tmp_path
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    assert models.prepare_model(str(tmp_path / "model"), "arithmetic") == tmp_path / "model"
     assert not (tmp_path / "cache").exists()  # nothing built, nothing cached
 
 
