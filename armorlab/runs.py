@@ -177,6 +177,10 @@ class RunDir:
             if key in data and not ok(data[key]):
                 log.warning("ignoring damaged field %r = %.60r in %s", key, data[key], self.status_path)
                 data[key] = empty[key]
+        warnings = data.get("warnings")
+        if warnings is not None and not (isinstance(warnings, list) and all(isinstance(w, str) for w in warnings)):
+            log.warning("ignoring damaged field 'warnings' = %.60r in %s", warnings, self.status_path)
+            del data["warnings"]
         return data
 
     def write_status(self, state: str, *, reason: str | None = None, job_id: str | None = None,

@@ -92,3 +92,15 @@ def test_status_and_report_show_the_warnings_and_ignore_logging_settings(tmp_pat
     assert rs.config_columns(varying_only=True) == ["seed"]
     assert [w for w in rs.warnings if "no gradient" in w] == \
         [f"run {r.run_id}: {r.warnings[0]}" for r in rows.values() if r.warnings]
+
+
+def test_damaged_warnings_field_is_ignored(tmp_path):
+    import json
+
+    from armorlab.runs import RunDir
+
+    rd = RunDir(tmp_path)
+    rd.status_path.write_text(json.dumps({"state": "completed", "warnings": [1, {"x": 2}]}))
+    assert "warnings" not in rd.read_status()
+    rd.set_warnings(["w"])
+    assert rd.read_status()["warnings"] == ["w"]
