@@ -13,6 +13,7 @@ matplotlib.use("Agg")  # reports are written headless (clusters, CI); must prece
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from armorlab.analysis.memo import rendered  # noqa: E402
 from armorlab.analysis.stats import CurveBand  # noqa: E402
 
 DPI = 110
@@ -59,7 +60,8 @@ def _finish(fig, ax_legend, path: Path, legend_title: str, *, extra_handles=()) 
                          loc="upper left" if outside else "best",
                          bbox_to_anchor=(1.01, 1.0) if outside else None, frameon=False)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=DPI, bbox_inches="tight")
+    # zlib level 1: a third of the encode time of the default 6, and the same size (few flat areas)
+    fig.savefig(path, dpi=DPI, bbox_inches="tight", pil_kwargs={"compress_level": 1})
     plt.close(fig)
     return path
 
@@ -72,6 +74,7 @@ def _band(ax, band: CurveBand, color, label: str | None, *, linestyle="-") -> No
                         color=color, alpha=0.18, linewidth=0)
 
 
+@rendered
 def plot_curves(bands: Mapping[str, CurveBand], metric: str, path: Path, *, legend_title: str,
                 colors: Mapping[str, tuple], markers: Mapping[str, Sequence[tuple]] | None = None,
                 matched_steps: Sequence[int] = (), title: str | None = None,
@@ -113,6 +116,7 @@ def plot_curves(bands: Mapping[str, CurveBand], metric: str, path: Path, *, lege
     return _finish(fig, ax, path, legend_title, extra_handles=extra)
 
 
+@rendered
 def plot_overoptimisation(train: Mapping[str, CurveBand], val: Mapping[str, CurveBand], train_metric: str,
                           val_metric: str, path: Path, *, legend_title: str,
                           colors: Mapping[str, tuple]) -> Path:
@@ -145,6 +149,7 @@ def _panel_grid(n: int, *, max_cols: int, panel_size: tuple[float, float]):
     return fig, flat
 
 
+@rendered
 def plot_kl(panels: Mapping[str, Mapping[str, CurveBand]], path: Path, *, legend_title: str,
             colors: Mapping[str, tuple]) -> Path:
     """Forward and reverse KL over steps, one panel per KL metric (ARMOR Fig. 2b style)."""
@@ -172,6 +177,7 @@ def _ecdf(ax, x: np.ndarray, color, label: str, linestyle="-") -> None:
     ax.step(x, y, where="post", color=color, label=f"{label} (n={x.size:,})", linestyle=linestyle)
 
 
+@rendered
 def plot_capacity(per_group: Mapping[str, np.ndarray], counterfactual: Mapping[str, np.ndarray], path: Path,
                   *, legend_title: str, colors: Mapping[str, tuple]) -> Path:
     """ECDF of probability capacity of A > 0 tokens: left, each group under its own objective;
@@ -200,11 +206,13 @@ def plot_capacity(per_group: Mapping[str, np.ndarray], counterfactual: Mapping[s
         ax2.legend(title="objective formula", fontsize=7, title_fontsize=7, frameon=False, loc="lower right")
     fig.suptitle("Probability capacity distributions")
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=DPI, bbox_inches="tight")
+    # zlib level 1: a third of the encode time of the default 6, and the same size (few flat areas)
+    fig.savefig(path, dpi=DPI, bbox_inches="tight", pil_kwargs={"compress_level": 1})
     plt.close(fig)
     return path
 
 
+@rendered
 def plot_ablation(summary_rows: Sequence[Mapping], per_run: Mapping[str, Mapping[str, np.ndarray]],
                   scores: Sequence[str], score_labels: Mapping[str, str], x_key: str, hue_keys: Sequence[str],
                   path: Path, *, colors: Mapping[str, tuple]) -> Path:
@@ -241,7 +249,9 @@ def plot_ablation(summary_rows: Sequence[Mapping], per_run: Mapping[str, Mapping
             mean, lo, hi = r[f"{score}_mean"], r[f"{score}_ci_low"], r[f"{score}_ci_high"]
             color = hue_color[hue] if hue_keys else colors[r["group"]]
             if np.isfinite(mean):
-                err = [[mean - lo], [hi - mean]] if np.isfinite(lo) and np.isfinite(hi) else None
+                # max(0, ·): a bootstrap mean can round an ulp past the sample mean (near-tied seeds)
+                err = ([[max(0.0, mean - lo)], [max(0.0, hi - mean)]] if np.isfinite(lo) and np.isfinite(hi)
+                       else None)
                 ax.bar(xi, mean, width=width * 0.9, color=color, alpha=0.8, yerr=err, capsize=3,
                        ecolor="black")
             seeds = per_run.get(r["group"], {}).get(score, np.empty(0))
@@ -260,11 +270,13 @@ def plot_ablation(summary_rows: Sequence[Mapping], per_run: Mapping[str, Mapping
                    loc="outside lower center", ncols=min(3, len(hues)))
     fig.suptitle(f"Ablation over {x_key}: mean over seeds with 95% CI (dots = seeds)")
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=DPI, bbox_inches="tight")
+    # zlib level 1: a third of the encode time of the default 6, and the same size (few flat areas)
+    fig.savefig(path, dpi=DPI, bbox_inches="tight", pil_kwargs={"compress_level": 1})
     plt.close(fig)
     return path
 
 
+@rendered
 def plot_curve_grid(panels: Mapping[str, Mapping[str, CurveBand]], path: Path, *, legend_title: str,
                     colors: Mapping[str, tuple]) -> Path:
     """Small multiples: every recipe curve, one panel per metric."""

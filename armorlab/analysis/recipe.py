@@ -197,3 +197,16 @@ def recipe_for_paths(paths: list[str], *, group_by: list[str] | None = None) -> 
     names = [Path(p).name or str(p) for p in paths]
     title = names[0] if len(names) == 1 else " vs ".join(names[:3]) + (" …" if len(names) > 3 else "")
     return Recipe(runs=list(paths), title=title, group_by=group_by)
+
+
+def default_out_dir(recipe: Recipe) -> Path:
+    """recipe ``out:``; else a single run's ``report/``; a single sweep's ``<sweep>/report``;
+    else ``reports/<recipe name>``."""
+    if recipe.out:
+        return Path(recipe.out)
+    if recipe.path is None and len(recipe.runs) == 1:
+        p = Path(recipe.runs[0])
+        if (p / "config.yaml").is_file() or p.is_dir():
+            return p / "report"
+    name = recipe.path.stem if recipe.path else "compare"
+    return Path("reports") / name

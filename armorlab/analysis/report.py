@@ -27,11 +27,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from armorlab.analysis import collapse, plots, select, stats, tables
+from armorlab.analysis import collapse, freshness, memo, plots, select, stats, tables
 from armorlab.analysis import groups as G
 from armorlab.analysis.html import Figure, Section, esc, write_index
 from armorlab.analysis.load import RunSet, load
-from armorlab.analysis.recipe import DEFAULT_CURVES, Recipe
+from armorlab.analysis.recipe import DEFAULT_CURVES, Recipe, default_out_dir  # noqa: F401 (re-export)
 from armorlab.fsutil import atomic_write_yaml
 from armorlab.runs import now_iso
 
@@ -49,19 +49,6 @@ class ReportResult:
     warnings: list[str] = field(default_factory=list)
     n_runs: int = 0
     n_groups: int = 0
-
-
-def default_out_dir(recipe: Recipe) -> Path:
-    """recipe ``out:``; else a single run's ``report/``; a single sweep's ``<sweep>/report``;
-    else ``reports/<recipe name>``."""
-    if recipe.out:
-        return Path(recipe.out)
-    if recipe.path is None and len(recipe.runs) == 1:
-        p = Path(recipe.runs[0])
-        if (p / "config.yaml").is_file() or p.is_dir():
-            return p / "report"
-    name = recipe.path.stem if recipe.path else "compare"
-    return Path("reports") / name
 
 
 def _curves(recipe: Recipe, rs: RunSet) -> list[str]:
@@ -211,6 +198,9 @@ def _token_samples(rs: RunSet, groups: G.Groups, notes: G.Notes):
     return per_run, per_group, cf
 
 
+MEMO = ".armorlab-cache/memo.pickle"  # in the output dir: bootstrap results, bands, drawn figures
+
+
 def build_report(recipe: Recipe, out_dir: str | Path | None = None, *, cache: bool = True,
                  progress: Callable[[int, int], None] | None = None,
                  extra_sections: Callable[[Path, Callable[[str], None]], list[Section]] | None = None,
@@ -218,9 +208,19 @@ def build_report(recipe: Recipe, out_dir: str | Path | None = None, *, cache: bo
     """Write the whole report for ``recipe`` and return what was written.
 
     ``extra_sections(out_dir, warn)`` returns sections appended after the run report's; ``warn``
-    adds a note to the report's warnings."""
+    adds a note to the report's warnings. With ``cache``, results of unchanged inputs come from
+    the last report in the same output dir (armorlab.analysis.memo)."""
     out = Path(out_dir) if out_dir is not None else default_out_dir(recipe)
+    with memo.using(out / MEMO, enabled=cache):
+        return _build_report(recipe, out, cache=cache, progress=progress, extra_sections=extra_sections)
+
+
+def _build_report(recipe: Recipe, out: Path, *, cache: bool, progress: Callable[[int, int], None] | None,
+                  extra_sections: Callable[[Path, Callable[[str], None]], list[Section]] | None,
+                  ) -> ReportResult:
     file = str(recipe.path) if recipe.path else None
+    key = freshness.input_key(recipe, out)  # before reading: a run growing meanwhile makes it stale
+    freshness.forget(out)
     rs = load(recipe.runs, cache=cache, progress=progress)
     notes = G.Notes(list(rs.warnings))
     _state_notes(rs, notes)
@@ -359,8 +359,21 @@ def build_report(recipe: Recipe, out_dir: str | Path | None = None, *, cache: bo
             f"selection on {esc(sel.metric)} ({sel.mode}), reported on {esc(sel.report)} · "
             f"matched steps {esc(', '.join(map(str, matched)) or 'none')} · generated {esc(now_iso())}")
     index = write_index(out, recipe.title, meta, notes.items, sections)
-    return ReportResult(out, index, [p for _, p, _ in figs], written, list(notes.items), len(rs.run_ids),
-                        len(groups.labels))
+    result = ReportResult(out, index, [p for _, p, _ in figs], written, list(notes.items), len(rs.run_ids),
+                          len(groups.labels))
+    # every figure under plots/, the extra sections' too (an Optuna study's)
+    figures = [p for p in (out / "plots").rglob("*") if p.is_file()] if (out / "plots").is_dir() else []
+    freshness.write_stamp(out, key, result_summary(result),
+                          [index, out / "recipe.yaml", *result.plots, *written, *figures])
+    return result
+
+
+def result_summary(result: ReportResult) -> dict[str, Any]:
+    """What the CLI prints about a report, as JSON (kept in the freshness stamp)."""
+    return {"index": str(result.index), "plots": [str(p) for p in result.plots],
+            "tables": [str(p) for p in result.tables], "warnings": list(result.warnings),
+            "n_runs": result.n_runs, "n_groups": result.n_groups}
+
 
 
 def _sections(recipe: Recipe, out: Path, figs, group_display, headline, poi_display, diff, per_run, matched,

@@ -34,6 +34,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats as sps
 
+from armorlab.analysis.memo import cached
+
 log = logging.getLogger(__name__)
 
 CONFIDENCE = 0.95
@@ -118,6 +120,7 @@ def mean_ci(x, *, confidence: float = CONFIDENCE, n_resamples: int = N_RESAMPLES
     return math.nan, math.nan, method
 
 
+@cached
 def summarise(values, *, confidence: float = CONFIDENCE, n_resamples: int = N_RESAMPLES,
               seed: int = SEED) -> Summary:
     """Aggregate one score over seeds (NaNs, i.e. missing runs, are dropped).
@@ -173,6 +176,7 @@ def mann_whitney_p(x, y) -> float:
     return float(sps.mannwhitneyu(x, y, alternative="two-sided", method=method).pvalue)
 
 
+@cached
 def poi_with_ci(x, y, *, confidence: float = CONFIDENCE, n_resamples: int = N_RESAMPLES,
                 seed: int = SEED) -> tuple[float, float, float]:
     """(S2) with a percentile-bootstrap CI, resampling the runs of X and Y independently; no CI
@@ -235,6 +239,7 @@ class CurveBand:
     n: np.ndarray
 
 
+@cached
 def curve_band(aligned: AlignedCurves, *, max_points: int = 200, confidence: float = CONFIDENCE,
                n_resamples: int = 500, seed: int = SEED) -> CurveBand:
     """Mean and CI band per grid step (S3: Student-t where fewer than 30 seeds are present, BCa

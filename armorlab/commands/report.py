@@ -54,19 +54,38 @@ def compose_report(recipe, out: Path | None, *, cache: bool = True, progress=Non
 
 
 def write_report(recipe, out: Path | None, *, cache: bool = True) -> None:
-    """Build the report with a progress bar and print where it is (also used by `armorlab demo`)."""
+    """Build the report with a progress bar and print where it is (also used by `armorlab demo`).
+
+    With the cache on, a report whose inputs, recipe and code are unchanged since it was written
+    (armorlab.analysis.freshness) is left as it is: no pandas, scipy or matplotlib is imported."""
+    from armorlab.analysis import freshness
+    from armorlab.analysis.recipe import default_out_dir
+
+    target = Path(out) if out is not None else default_out_dir(recipe)
+    summary = freshness.fresh_summary(recipe, target) if cache else None
+    if summary is not None:
+        _print_summary(summary, note="unchanged: inputs, recipe and code are as when it was written")
+        return
+
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    from armorlab.analysis.report import result_summary  # pandas, scipy, matplotlib
 
     console = Console(stderr=True)
     with Progress(TextColumn("reading runs"), BarColumn(), MofNCompleteColumn(), console=console,
                   transient=True) as bar:
         task = bar.add_task("runs", total=None)
-        result = compose_report(recipe, out, cache=cache,
+        result = compose_report(recipe, target, cache=cache,
                                 progress=lambda done, total: bar.update(task, completed=done, total=total))
-    typer.echo(f"{result.index}  ({result.n_runs} runs, {result.n_groups} groups, "
-               f"{len(result.plots)} plots, {len(result.warnings)} warnings)")
-    for w in result.warnings[:10]:
+    _print_summary(result_summary(result))
+
+
+def _print_summary(summary: dict, note: str | None = None) -> None:
+    warnings = summary["warnings"]
+    typer.echo(f"{summary['index']}  ({summary['n_runs']} runs, {summary['n_groups']} groups, "
+               f"{len(summary['plots'])} plots, {len(warnings)} warnings" + (f"; {note})" if note else ")"))
+    for w in warnings[:10]:
         typer.echo(f"warning: {w}", err=True)
-    if len(result.warnings) > 10:
-        typer.echo(f"... {len(result.warnings) - 10} more warnings in {result.index}", err=True)
+    if len(warnings) > 10:
+        typer.echo(f"... {len(warnings) - 10} more warnings in {summary['index']}", err=True)

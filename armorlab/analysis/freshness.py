@@ -1,0 +1,150 @@
+"""Is a written report still what ``armorlab report`` would write now? Stdlib only, so the answer
+costs a few hundred ``stat`` calls and no pandas/scipy/matplotlib import.
+
+A report's *input key* is the sha256 of: the recipe as resolved, the output dir, the armorlab
+version and the size + mtime_ns of the analysis code, and for every run dir found from the
+recipe's inputs the size + mtime_ns of config.yaml, status.json, metrics.jsonl and each file
+under tokens/ (plus the plain files directly in each input dir: a sweep's manifest, an Optuna
+study's storage). Writers only append to metrics.jsonl or rename files into place, both of
+which change size or mtime.
+
+``build_report`` computes the key *before* it reads anything (a run that grows while the report
+is written makes the stamp stale, never wrongly fresh) and, once every output is in place,
+writes ``<out>/.armorlab-report.json``: the key, the summary line's numbers and the size +
+mtime_ns of every output file. ``fresh_summary`` returns that summary when the key is unchanged
+and every output is still as written, else None.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import hashlib
+import json
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+STAMP = ".armorlab-report.json"
+STAMP_VERSION = 1
+_RUN_FILES = ("config.yaml", "status.json", "metrics.jsonl")
+_CODE_DIR = Path(__file__).resolve().parent
+
+
+def _stat(path: str | os.PathLike) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_size, st.st_mtime_ns
+
+
+def _plain_files(directory: str | os.PathLike) -> list[tuple[str, int, int]]:
+    """(name, size, mtime_ns) of the regular files directly in ``directory`` (hidden ones skipped:
+    the analysis cache and lock files are not inputs)."""
+    out = []
+    try:
+        with os.scandir(directory) as it:
+            for e in it:
+                if e.name.startswith(".") or not e.is_file(follow_symlinks=False):
+                    continue
+                st = e.stat(follow_symlinks=False)
+                out.append((e.name, st.st_size, st.st_mtime_ns))
+    except OSError:
+        return []
+    return sorted(out)
+
+
+def _tree_files(directory: Path) -> list[tuple[str, int, int]]:
+    out = []
+    for base, dirs, files in os.walk(directory):
+        dirs.sort()
+        for name in sorted(files):
+            p = os.path.join(base, name)
+            st = _stat(p)
+            if st is not None:
+                out.append((os.path.relpath(p, directory), *st))
+    return out
+
+
+def _expand(paths: Iterable[str]) -> list[Path]:
+    out: list[Path] = []
+    for p in paths:
+        if glob.has_magic(p):
+            out.extend(Path(m) for m in sorted(glob.glob(p)))
+        else:
+            out.append(Path(p))
+    return out
+
+
+def _code_state() -> list[Any]:
+    from armorlab import __version__
+
+    files = sorted(_CODE_DIR.glob("*.py")) + [_CODE_DIR.parent / "runs.py"]
+    return [__version__, [(f.name, _stat(f)) for f in files]]
+
+
+def input_key(recipe: Any, out_dir: str | os.PathLike) -> str | None:
+    """The report's input key (see the module docstring); None when the inputs cannot be listed
+    (a missing path: the report itself will say what is wrong)."""
+    from armorlab.errors import ArmorLabError
+    from armorlab.runs import find_run_dirs
+
+    recipe_state = {k: v for k, v in dataclasses.asdict(recipe).items() if k != "path"}
+    inputs = _expand([str(p) for p in recipe.runs])
+    try:
+        run_dirs = find_run_dirs(inputs)
+    except ArmorLabError:
+        return None
+    runs = []
+    for rd in run_dirs:
+        files = [(name, _stat(rd.path / name)) for name in _RUN_FILES]
+        tokens = rd.path / "tokens"
+        runs.append([str(rd.path.resolve()), files, _tree_files(tokens) if tokens.is_dir() else []])
+    dirs = [[str(p), _plain_files(p)] for p in inputs if p.is_dir()]
+    state = [STAMP_VERSION, recipe_state, str(Path(out_dir).resolve()), _code_state(), dirs, runs]
+    return hashlib.sha256(json.dumps(state, default=str, sort_keys=True).encode()).hexdigest()
+
+
+def _outputs_state(out_dir: Path, files: Iterable[str]) -> dict[str, Any]:
+    return {f: _stat(out_dir / f) for f in files}
+
+
+def write_stamp(out_dir: str | os.PathLike, key: str | None, summary: dict[str, Any],
+                outputs: Iterable[str | os.PathLike]) -> None:
+    """Record that ``out_dir`` holds the report of the inputs with ``key`` (no key: no stamp)."""
+    from armorlab.fsutil import atomic_write_json
+
+    out_dir = Path(out_dir)
+    path = out_dir / STAMP
+    if key is None:
+        path.unlink(missing_ok=True)
+        return
+    rel = sorted({str(Path(p).resolve().relative_to(out_dir.resolve())) for p in outputs})
+    atomic_write_json(path, {"version": STAMP_VERSION, "key": key, "summary": summary,
+                             "outputs": _outputs_state(out_dir, rel)})
+
+
+def fresh_summary(recipe: Any, out_dir: str | os.PathLike) -> dict[str, Any] | None:
+    """The stamped summary when ``out_dir`` already holds this recipe's report of unchanged
+    inputs, written by the same code, with no output file touched since; else None."""
+    out_dir = Path(out_dir)
+    try:
+        stamp = json.loads((out_dir / STAMP).read_text(encoding="utf-8"))
+        outputs = stamp["outputs"]
+        if stamp.get("version") != STAMP_VERSION or not outputs:
+            return None
+        current = _outputs_state(out_dir, outputs)
+        if any(current[f] is None or list(current[f]) != list(v or ()) for f, v in outputs.items()):
+            return None
+        if stamp["key"] != input_key(recipe, out_dir):
+            return None
+        return dict(stamp["summary"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def forget(out_dir: str | os.PathLike) -> None:
+    """Drop the stamp (before rewriting a report: a half-written one must not look fresh)."""
+    (Path(out_dir) / STAMP).unlink(missing_ok=True)
