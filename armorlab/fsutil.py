@@ -24,8 +24,12 @@ def _umask() -> int:
 _FILE_MODE = 0o666 & ~_umask()
 
 
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` to ``path`` via temp file + fsync + rename in the same directory."""
+def atomic_write_text(path: str | os.PathLike, text: str, *, durable: bool = True) -> None:
+    """Write ``text`` to ``path`` via temp file + fsync + rename in the same directory.
+
+    ``durable=False`` skips the fsync: readers still see the old file or the new one, but a
+    machine crash may leave an empty file. For files that something else makes crash-safe (run
+    dirs a sweep has not submitted yet: the manifest says to rewrite them)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -33,8 +37,9 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
         os.fchmod(fd, _FILE_MODE)
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
+            if durable:
+                fh.flush()
+                os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -55,14 +60,42 @@ def atomic_file(path: str | os.PathLike) -> Iterator[Path]:
         tmp.unlink(missing_ok=True)
 
 
-def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+def atomic_write_json(path: str | os.PathLike, obj: Any, *, durable: bool = True) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n", durable=durable)
 
 
-def atomic_write_yaml(path: str | os.PathLike, obj: Any) -> None:
-    # libyaml's emitter when present: same text as safe_dump, ~4x faster (a sweep writes 1000s)
-    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
-    atomic_write_text(path, yaml.dump(obj, Dumper=dumper, sort_keys=True, default_flow_style=False))
+# libyaml's emitter when present: same text as safe_dump, ~4x faster (a sweep writes 1000s)
+_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+_ENTRY_CACHE: dict[tuple[str, type, str], str] = {}
+
+
+def yaml_text(obj: Any) -> str:
+    """``yaml.safe_dump(obj, sort_keys=True)`` in block style. A mapping with string keys is
+    emitted entry by entry, each ``key: value`` block looked up by (key, type, repr) first: a
+    sweep's 1,000 configs share most entries, and PyYAML's representer (pure Python even with
+    libyaml) costs more than the rest of writing a run dir. The text is the same (a block
+    mapping is the concatenation of its entries), except that an object shared between two
+    entries is written twice instead of as an anchor and an alias."""
+    if not isinstance(obj, dict) or not all(isinstance(k, str) for k in obj):
+        return yaml.dump(obj, Dumper=_DUMPER, sort_keys=True, default_flow_style=False)
+    if not obj:
+        return "{}\n"
+    if len(_ENTRY_CACHE) > 50_000:
+        _ENTRY_CACHE.clear()
+    parts = []
+    for key in sorted(obj):
+        value = obj[key]
+        tag = (key, type(value), repr(value))
+        text = _ENTRY_CACHE.get(tag)
+        if text is None:
+            text = _ENTRY_CACHE[tag] = yaml.dump({key: value}, Dumper=_DUMPER, sort_keys=True,
+                                                 default_flow_style=False)
+        parts.append(text)
+    return "".join(parts)
+
+
+def atomic_write_yaml(path: str | os.PathLike, obj: Any, *, durable: bool = True) -> None:
+    atomic_write_text(path, yaml_text(obj), durable=durable)
 
 
 def append_line(path: str | os.PathLike, line: str) -> None:

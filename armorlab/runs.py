@@ -117,25 +117,32 @@ class RunDir:
 
     # ---------------------------------------------------------------- create
     @classmethod
-    def create(cls, root: str | os.PathLike, cfg: Mapping[str, Any]) -> RunDir:
+    def create(cls, root: str | os.PathLike, cfg: Mapping[str, Any], *, durable: bool = True) -> RunDir:
         """Make ``root/<run_id(cfg)>`` with config.yaml (first) and a pending status.
 
         An existing dir with the same id keeps its files: same config ⇒ same run, to be resumed.
         Its config.yaml takes the new logging settings when only those differ.
+        ``durable=False`` (a sweep's not yet submitted runs, which its manifest makes crash-safe)
+        writes without fsync, and rewrites a config.yaml or status.json that a crash left torn.
         """
         rd = cls(Path(root) / run_id(cfg))
         rd.path.mkdir(parents=True, exist_ok=True)
+        existing = None
         if rd.config_path.exists():
-            existing = rd.read_config()
-            if run_id(existing) != rd.id:
-                raise ArmorLabError("run directory holds a different config (hash mismatch)",
-                                    key="config", value=rd.id, file=str(rd.config_path))
-            if existing != dict(cfg):
-                atomic_write_yaml(rd.config_path, dict(cfg))
-        else:
-            atomic_write_yaml(rd.config_path, dict(cfg))
-        if not rd.status_path.exists():
-            rd.write_status("pending")
+            try:
+                existing = rd.read_config()
+            except ArmorLabError:
+                if durable:
+                    raise
+            if existing is not None and run_id(existing) != rd.id:
+                if durable:
+                    raise ArmorLabError("run directory holds a different config (hash mismatch)",
+                                        key="config", value=rd.id, file=str(rd.config_path))
+                existing = None  # a torn write that still parses: the name says what it must hold
+        if existing != dict(cfg):  # new, torn, or only the logging settings differ
+            atomic_write_yaml(rd.config_path, dict(cfg), durable=durable)
+        if not rd.status_path.exists() or (not durable and rd._stored_status() is None):
+            rd.write_status("pending", durable=durable)
         return rd
 
     # ---------------------------------------------------------------- config
@@ -155,6 +162,14 @@ class RunDir:
         return data
 
     # ---------------------------------------------------------------- status
+    def _stored_status(self) -> dict[str, Any] | None:
+        """status.json as stored when it is a readable status, else None (no warning)."""
+        try:
+            data = json.loads(self.status_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) and data.get("state") in STATES else None
+
     def read_status(self) -> dict[str, Any]:
         """The status dict, or a synthetic pending one when the file is missing or unreadable.
         A damaged field (``"attempt": "x"``, a non-string reason) is replaced by its empty value
@@ -184,7 +199,7 @@ class RunDir:
         return data
 
     def write_status(self, state: str, *, reason: str | None = None, job_id: str | None = None,
-                     attempt: int | None = None) -> dict[str, Any]:
+                     attempt: int | None = None, durable: bool = True) -> dict[str, Any]:
         """Atomically replace status.json. ``running`` bumps the attempt and stamps ``started``;
         ``completed``/``failed`` stamp ``ended``."""
         if state not in STATES:
@@ -201,7 +216,7 @@ class RunDir:
         }
         if (old or {}).get("warnings"):
             status["warnings"] = old["warnings"]
-        atomic_write_json(self.status_path, status)
+        atomic_write_json(self.status_path, status, durable=durable)
         return status
 
     def set_warnings(self, warnings: list[str]) -> None:

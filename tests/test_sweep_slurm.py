@@ -120,6 +120,64 @@ def test_values_never_reach_a_shell_on_slurm(tmp_path, profile, standin):
     assert not any(m.exists() for m in marks)
 
 
+CRASHING_SWEEP = """
+import os, sys
+from armorlab.runs import RunDir
+from armorlab.sweeps import manifest as M
+where, args = sys.argv[1], sys.argv[2:]
+if where == "run-dirs":  # the 3rd run dir is torn (a partial config.yaml) and the process dies
+    real, made = RunDir.create.__func__, []
+    def create(cls, root, cfg, **kw):
+        rd = real(cls, root, cfg, **kw)
+        made.append(rd)
+        if len(made) == 3:
+            text = rd.config_path.read_text()
+            rd.config_path.write_text(text[: len(text) // 2].rsplit(chr(10), 1)[0] + chr(10))
+            os._exit(9)
+        return rd
+    RunDir.create = classmethod(create)
+else:  # sbatch has queued the array and submitit has moved its pickles: die before the record
+    M.Manifest.record = lambda self, *a, **kw: os._exit(9)
+sys.argv = ["armorlab", "sweep", *args]
+from armorlab.cli import main
+main()
+"""
+
+
+def test_a_crash_mid_submit_is_completed_by_the_next_sweep_without_duplicates(tmp_path, profile, standin):
+    import subprocess
+    import sys
+
+    spec = write_spec(tmp_path / "crash.yaml", {"name": "crash", "base": {"max_steps": 3, "val_every": 1},
+                                                "grid": {"seed": [0, 1, 2, 3]}})
+    root = tmp_path / "runs"
+    args = [str(spec), "--root", str(root), "--profile", str(profile)]
+    sweep_dir = root / "crash"
+
+    def crash(where):
+        out = subprocess.run([sys.executable, "-c", CRASHING_SWEEP, where, *args], capture_output=True, text=True)
+        assert out.returncode == 9, out.stdout + out.stderr
+
+    crash("run-dirs")          # killed while writing run dirs: nothing queued, one config torn
+    manifest = load_manifest(sweep_dir)
+    assert len(manifest.runs) == 4 and manifest.jobs == {} and manifest.pending == []
+    crash("record")            # killed after sbatch, before the job ids reached the manifest
+    manifest = load_manifest(sweep_dir)
+    assert manifest.jobs == {} and sorted(manifest.pending) == sorted(manifest.runs)
+    for rid in manifest.runs:  # the torn config was rewritten before anything was queued
+        cfg = RunDir(sweep_dir / rid).read_config()
+        assert cfg["seed"] in (0, 1, 2, 3)
+    again = _sweep(*args)      # finds the queued array instead of queueing a second one
+    assert "nothing to submit" in again.stdout
+    manifest = load_manifest(sweep_dir)
+    assert manifest.pending == [] and sorted(len(v) for v in manifest.jobs.values()) == [1] * 4
+    assert len({j.split("_")[0] for v in manifest.jobs.values() for j in v}) == 1
+    assert [s.get("recovered") for s in manifest.submissions] == [True]
+    st = wait_finished(sweep_dir, 120)
+    assert [(r.state, r.attempts) for r in st.rows] == [("completed", 1)] * 4
+    assert "nothing to submit" in _sweep(*args).stdout
+
+
 def test_preempted_job_requeues_and_resumes(tmp_path, profile, monkeypatch):
     import submitit
 

@@ -156,9 +156,11 @@ class SlurmSubmitter:
         return ex._make_submission_file_text(ex._submitit_command_str, "dry-run")
 
     def submit(self, run_dirs: Sequence[Path], *, chunk: int,
-               on_array: Callable[[list[str], list[str]], None]) -> list[str]:
-        """Queue the run dirs as arrays of at most ``chunk``; ``on_array(run_ids, job_ids)`` is called
-        right after each sbatch so the manifest records it before the next one. Returns job ids."""
+               on_array: Callable[[list[str], list[str]], None],
+               before_array: Callable[[list[str]], None] | None = None) -> list[str]:
+        """Queue the run dirs as arrays of at most ``chunk``; ``before_array(run_ids)`` is called
+        before each sbatch and ``on_array(run_ids, job_ids)`` right after it, so the manifest
+        knows about each array before and after it is queued. Returns job ids."""
         import submitit
 
         ex = self._executor()
@@ -166,6 +168,8 @@ class SlurmSubmitter:
         for start in range(0, len(run_dirs), chunk):
             part = [Path(rd) for rd in run_dirs[start:start + chunk]]
             jobs = []
+            if before_array is not None:
+                before_array([rd.name for rd in part])
             try:
                 with ex.batch():
                     for rd in part:

@@ -9,7 +9,11 @@
               <run-id>/     run directories (runs.py)
 ```
 ``jobs`` maps each run id to the job ids of its submissions, oldest first; the last one is the
-job that may still be queued or running. Local jobs are named ``local:<host>:<pid>:<n>`` (pid =
+job that may still be queued or running. ``pending`` lists the runs of a submission in flight:
+saved (fsync'd) before sbatch, emptied when the job ids are recorded. It is what makes a sweep
+crash-safe without fsyncing every run dir: a crash leaves it non-empty, and the next `armorlab
+sweep` first recovers the jobs submitit had queued for those runs (their ``.submitit`` pickles
+name the run dir), then rewrites whatever run dirs are still unsubmitted. Local jobs are named ``local:<host>:<pid>:<n>`` (pid =
 the `armorlab sweep` process that runs them).
 """
 
@@ -43,6 +47,7 @@ class Manifest:
     labels: dict[str, str] = field(default_factory=dict)  # run id → its grid point, e.g. "alpha=0.7 seed=1"
     created: str = field(default_factory=now_iso)
     source: str | None = None
+    pending: list[str] = field(default_factory=list)  # runs of a submission not yet recorded
 
     @property
     def path(self) -> Path:
@@ -55,7 +60,8 @@ class Manifest:
     def to_dict(self) -> dict[str, Any]:
         return {"version": VERSION, "name": self.name, "created": self.created, "updated": now_iso(),
                 "source": self.source, "spec": SPEC_COPY, "submitit_folder": SUBMITIT_DIR,
-                "runs": self.runs, "labels": self.labels, "jobs": self.jobs, "submissions": self.submissions}
+                "runs": self.runs, "labels": self.labels, "jobs": self.jobs, "submissions": self.submissions,
+                "pending": self.pending}
 
     def save(self) -> None:
         atomic_write_json(self.path, self.to_dict())
@@ -64,7 +70,13 @@ class Manifest:
         ids = self.jobs.get(run_id)
         return ids[-1] if ids else None
 
-    def record(self, executor: str, run_ids: Sequence[str], job_ids: Sequence[str]) -> None:
+    def begin(self, run_ids: Sequence[str]) -> None:
+        """Before sbatch: save which runs are about to be queued (see ``pending``)."""
+        self.pending = list(dict.fromkeys([*self.pending, *run_ids]))
+        self.save()
+
+    def record(self, executor: str, run_ids: Sequence[str], job_ids: Sequence[str], *,
+               recovered: bool = False) -> None:
         """Remember one submission (one Slurm array, or one local batch) and save at once, so a
         crash right after submitting cannot lose track of queued jobs."""
         if len(run_ids) != len(job_ids):
@@ -72,8 +84,12 @@ class Manifest:
         for rid, jid in zip(run_ids, job_ids, strict=True):
             self.jobs.setdefault(rid, []).append(jid)
         array = sorted({jid.split("_", 1)[0] for jid in job_ids}) if executor == "slurm" else []
-        self.submissions.append({"executor": executor, "submitted": now_iso(), "n_runs": len(run_ids),
-                                 "slurm_job_ids": array})
+        entry = {"executor": executor, "submitted": now_iso(), "n_runs": len(run_ids), "slurm_job_ids": array}
+        if recovered:
+            entry["recovered"] = True  # found after a crash between sbatch and this record
+        self.submissions.append(entry)
+        done = set(run_ids)
+        self.pending = [r for r in self.pending if r not in done]
         self.save()
 
 
@@ -91,7 +107,8 @@ def load_manifest(sweep_dir: str | os.PathLike) -> Manifest | None:
                         labels=dict(data.get("labels", {})),
                         jobs={k: list(v) for k, v in data.get("jobs", {}).items()},
                         submissions=list(data.get("submissions", [])),
-                        created=data.get("created") or now_iso(), source=data.get("source"))
+                        created=data.get("created") or now_iso(), source=data.get("source"),
+                        pending=list(data.get("pending", [])))
     except (OSError, ValueError, TypeError, AttributeError) as exc:
         raise ArmorLabError(f"unreadable sweep manifest: {exc}", file=str(path)) from None
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -110,7 +109,12 @@ def _active_jobs(job_ids: list[str], *, executor: str) -> set[str]:
 
 
 def prepare(plan: SweepPlan) -> Manifest:
-    """Write the sweep dir: spec copy, manifest (planned run ids) and the run dirs to submit."""
+    """Write the sweep dir: spec copy, manifest (planned run ids) and the run dirs to submit.
+
+    The manifest is saved first. Run dirs that never had a job are written without fsync: until
+    a job for them is recorded nothing reads them, and a crash that tears one leaves the run
+    unsubmitted, so the next sweep rewrites it (RunDir.create(durable=False)). Run dirs that had
+    a job (retries, lost runs) keep their files and their fsync'd status updates."""
     plan.sweep_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_yaml(plan.sweep_dir / SPEC_COPY, plan.spec.to_dict())
     manifest = load_manifest(plan.sweep_dir) or Manifest(sweep_dir=plan.sweep_dir, name=plan.spec.name)
@@ -118,11 +122,42 @@ def prepare(plan: SweepPlan) -> Manifest:
     known = set(manifest.runs)
     manifest.runs += [r.run_id for r in plan.runs if r.run_id not in known]
     manifest.labels.update({r.run_id: describe_point(r.point) for r in plan.runs})
-    # Each run dir costs two fsync'd files; done in parallel, their fsyncs overlap.
-    with ThreadPoolExecutor(max_workers=16) as pool:
-        list(pool.map(lambda r: RunDir.create(plan.sweep_dir, r.config), plan.to_submit))
     manifest.save()
+    for r in plan.to_submit:
+        RunDir.create(plan.sweep_dir, r.config, durable=bool(manifest.jobs.get(r.run_id)))
     return manifest
+
+
+def recover_submitted(manifest: Manifest) -> int:
+    """After a crash between sbatch and the manifest's record: find the jobs submitit queued for
+    the manifest's ``pending`` runs (a ``.submitit/<job id>_submitted.pkl`` whose TrainJob names
+    the run dir and whose job id the manifest does not know) and record them, so the next sweep
+    sees them as queued instead of submitting the runs twice. Returns how many were found."""
+    if not manifest.pending:
+        return 0
+    from submitit.core.utils import DelayedSubmission
+
+    pending = set(manifest.pending)
+    known = {j for ids in manifest.jobs.values() for j in ids}
+    found: dict[str, str] = {}
+    suffix = "_submitted.pkl"
+    for pkl in sorted(manifest.submitit_folder.glob(f"*{suffix}")):
+        job_id = pkl.name[:-len(suffix)]
+        if job_id in known:
+            continue
+        try:
+            run_dir = Path(DelayedSubmission.load(pkl).function.run_dir)
+        except Exception as exc:  # not ours, or torn: it cannot have started a run of ours either
+            log.info("skipping unreadable submitit pickle %s: %s", pkl, exc)
+            continue
+        if run_dir.name in pending and run_dir.parent.resolve() == manifest.sweep_dir.resolve():
+            found[run_dir.name] = job_id
+    if found:
+        log.warning("recovered %d job(s) queued by an interrupted sweep", len(found))
+        manifest.record("slurm", list(found), list(found.values()), recovered=True)
+    manifest.pending = []
+    manifest.save()
+    return len(found)
 
 
 def submit_slurm(plan: SweepPlan) -> list[str]:
@@ -130,6 +165,9 @@ def submit_slurm(plan: SweepPlan) -> list[str]:
     from armorlab.sweeps.executors import SlurmSubmitter
 
     with locked(plan.sweep_dir):
+        manifest = load_manifest(plan.sweep_dir)
+        if manifest is not None:
+            recover_submitted(manifest)
         # decide again under the lock: another `armorlab sweep` may have queued runs meanwhile
         plan.actions = classify(plan.sweep_dir, plan.runs, retry_failed=plan.retry_failed, executor="slurm")
         manifest = prepare(plan)
@@ -139,7 +177,7 @@ def submit_slurm(plan: SweepPlan) -> list[str]:
         for rd in todo:
             _reset_failed(RunDir(rd))
         submitter = SlurmSubmitter(plan.sweep_dir, plan.profile, job_name=plan.spec.name)
-        return submitter.submit(todo, chunk=submitter.chunk_size(),
+        return submitter.submit(todo, chunk=submitter.chunk_size(), before_array=manifest.begin,
                                 on_array=lambda rids, jids: manifest.record("slurm", rids, jids))
 
 
