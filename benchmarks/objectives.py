@@ -89,15 +89,16 @@ def main() -> None:
             times[name].append(time_once(name, data, clock))
 
     base = statistics.median(times["dapo"])
-    print(f"objectives forward+backward, B×T = {args.batch}×{args.seq} float32, "
+    print(f"# objectives forward+backward, B×T = {args.batch}×{args.seq} float32, "
           f"{torch.get_num_threads()} thread(s), {'wall' if args.wall else 'thread CPU'} time, "
           f"median of {args.repeats}, "
-          f"malloc {'keeps freed memory' if KEPT else 'system default'}")
+          f"malloc {'keeps freed memory' if KEPT else 'system default'}; ratio = objective / dapo")
     ratios = {}
     for name in names:
         med = statistics.median(times[name])
         ratios[name] = med / base
-        print(f"{name:>8}: {med * 1e3:8.1f} ms  ratio={ratios[name]:.2f}")
+        print(f"{name}_ms={med * 1e3:.1f}")
+        print(f"{name}_ratio={ratios[name]:.2f}")
     print(f"max_ratio={max(ratios.values()):.2f}")
 
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import statistics
 import tempfile
@@ -148,12 +149,14 @@ def main() -> None:
                 cycles[name].extend(times)
         ref = statistics.median(cycles[names[0]])
         unit = "wall" if opts.wall else "cpu"
-        print(f"step overhead: {opts.rounds} rounds × {opts.steps} steps, median {unit} time per "
-              f"generation cycle ({spg} steps)")
+        print(f"# step overhead: {opts.rounds} rounds × {opts.steps} steps, median {unit} time per "
+              f"generation cycle ({spg} steps); ratio = variant / {names[0]}")
         for name in names:
             med = statistics.median(cycles[name])
             ratios[name] = med / ref
-            print(f"  {name:30s} {1000 * med:8.1f} ms/cycle  ratio {ratios[name]:.3f}  (n={len(cycles[name])})")
+            print(f"{slug(name)}_ms_per_cycle={1000 * med:.1f}")
+            print(f"{slug(name)}_cycles={len(cycles[name])}")
+            print(f"{slug(name)}_ratio={ratios[name]:.3f}")
 
     if 2 in parts:
         # ---------------------------------------------------------------- part 2
@@ -174,7 +177,7 @@ def main() -> None:
 
             rollout.run = run_without_cache
 
-        print(f"anchor rollout: {per_generation} prompts, each recurring 4× per reference window (τ={tau} steps), "
+        print(f"# anchor rollout: {per_generation} prompts, each recurring 4× per reference window (τ={tau} steps), "
               f"k={cfg0['anchor_samples'] or 4}")
         results = {}
         for label, prepare in (("with cache", None), ("without cache", forget)):
@@ -186,10 +189,11 @@ def main() -> None:
                 samples.append(sum(logged) / len(logged))
             results[label] = (statistics.mean(samples), statistics.median(times))
         for label, (per_step, cycle) in results.items():
-            print(f"  {label:14s} reference samples/step {per_step:6.2f}   {1000 * cycle:8.1f} ms/cycle")
+            print(f"anchor_{slug(label)}_ref_samples_per_step={per_step:.2f}")
+            print(f"anchor_{slug(label)}_ms_per_cycle={1000 * cycle:.1f}")
         saved = results["without cache"][0] / max(results["with cache"][0], 1e-9)
-        print(f"  cache cuts reference sampling {saved:.1f}× "
-              f"(cycle time ratio {results['with cache'][1] / results['without cache'][1]:.3f})")
+        print(f"anchor_cache_ref_sample_reduction={saved:.1f}")
+        print(f"anchor_cache_cycle_ratio={results['with cache'][1] / results['without cache'][1]:.3f}")
     fwd_ratio = None
     if 3 in parts:
         # ---------------------------------------------------------------- part 3
@@ -206,13 +210,19 @@ def main() -> None:
         med = {name: statistics.median(c) for name, c in fwd_cycles.items()}
         fwd_ratio = med["forward KL on"] / med["forward KL off"]
         rows = int(cfg0["per_device_train_batch_size"] * spg * ArmorLabTrainer.forward_kl_share)
-        print(f"forward KL: armor (anchors + gate on), {rows} reference draws scored per generation")
+        print(f"# forward KL: armor (anchors + gate on), {rows} reference draws scored per generation")
         for name, m in med.items():
-            print(f"  {name:15s} {1000 * m:8.1f} ms/cycle  (n={len(fwd_cycles[name])})")
+            print(f"{slug(name)}_ms_per_cycle={1000 * m:.1f}")
+            print(f"{slug(name)}_cycles={len(fwd_cycles[name])}")
         print(f"forward_kl_overhead={fwd_ratio:.3f}")
     shutil.rmtree(work, ignore_errors=True)
     if ratios:
         print(f"overhead_max={max(r for n, r in ratios.items() if n != names[0]):.3f}")
+
+
+def slug(name: str) -> str:
+    """``"armorlab armor (anchor off)"`` → ``armorlab_armor_anchor_off``: a name for ``name=value``."""
+    return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
 
 
 if __name__ == "__main__":

@@ -90,12 +90,15 @@ def token_kernel(logp, old_logp, ref_logp, advantage, *, objective: str, alpha: 
         al = alpha if alpha_arr is None else alpha_arr[a:b]
         cap = capacity.token_capacity(objective, po, sg, p_ref=pr, alpha=al, eps_low=eps_low,
                                       eps_high=eps_high)
-        pos, neg = sg > 0, sg < 0
-        n_pos += int(np.count_nonzero(pos))
-        n_neg += int(np.count_nonzero(neg))
-        # cap is 0 off its sign, so a dot with the sign mask sums one side (much faster than where=)
-        pos_sum += float(np.dot(cap, pos))
-        neg_sum += float(np.dot(cap, neg))
+        pos = sg > 0
+        # sg is ±1 or 0 and cap is 0 where sg is 0: Σ[A≠0] and Σsg give both counts, Σcap and
+        # Σcap·sg both side sums, with no boolean-to-float conversion and no mask for A < 0
+        n_sign, sign_sum = int(np.count_nonzero(sg)), float(sg.sum(dtype=np.float64))
+        n_pos += round((n_sign + sign_sum) / 2)
+        n_neg += round((n_sign - sign_sum) / 2)
+        c_sum, c_dot = float(cap.sum(dtype=np.float64)), float(np.dot(cap, sg))
+        pos_sum += (c_sum + c_dot) / 2
+        neg_sum += (c_sum - c_dot) / 2
         # same bound rule as capacity.capacity_stats: capacity < 1 − π_old on A > 0 tokens
         bound = np.less(cap, np.subtract(1.0, po, out=buf["tmp"][:n]))
         bound &= pos
