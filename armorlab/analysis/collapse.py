@@ -38,8 +38,8 @@ Definitions, with m = ``patience`` evals per level (default 3) and K evals:
                      (N2) SE² = 2σ̂²/m
     (C4) threshold   z*_α(K, m) = the (1 − α) quantile of max_j z_j on K evals of pure Gaussian
                      noise (σ known for N1; σ̂ re-estimated from each noise draw for N2, so the
-                     threshold also pays for not knowing σ). Monte Carlo, 20 000 seeded draws,
-                     cached per (K, m, α, noise). Taking the maximum over every window and every
+                     threshold also pays for not knowing σ). Monte Carlo, 20 000 seeded draws
+                     (≥ 2 000 for curves of over 100 evals), cached per (K, m, α, noise). Taking the maximum over every window and every
                      earlier peak is what makes α the false-alarm rate of the whole curve.
     (C5) collapse    the first window j with z_j ≥ z*_α and P_j − L_j ≥ δ: significantly below the
                      earlier peak (noise) and by at least δ (a drop that matters; defaults α =
@@ -50,7 +50,7 @@ Definitions, with m = ``patience`` evals per level (default 3) and K evals:
                      the whole run will have: the statistic of a prefix never exceeds the whole
                      curve's, so checking after every eval keeps the false-alarm rate at α. With
                      (N2) σ̂ is re-estimated on each prefix, so the threshold is the quantile of the
-                     maximum over all prefixes (``sequential``).
+                     maximum over all prefixes of ≥ 10 evals (``sequential``; none is judged sooner).
     (C6) auc         ∫ v d(step) / (last step − first step), trapezoid rule: the curve's mean
                      level, comparable across runs of different length
     (C7) divergence  a collapse (C5) during which the train reward rose: the first window j that
@@ -77,6 +77,9 @@ PATIENCE = 3
 ALPHA = 0.04
 ENTROPY_FRAC = 0.1
 NULL_DRAWS = 20_000
+NULL_BUDGET = 1_000_000  # simulated evals per threshold: long curves get fewer draws (≥ MIN_DRAWS)
+ONLINE_CURVE_MIN_EVALS = 10  # online with σ̂ (N2): no decision before this many evals
+MIN_DRAWS = 2_000        # the 96 % quantile of 2,000 draws is within ±0.5 % of its false-alarm rate
 _MAD_SCALE = 1.4826  # MAD → σ for Gaussian noise
 
 
@@ -187,10 +190,11 @@ def _diff_se(L: np.ndarray, N: np.ndarray | None, sigma: float, m: int, a, b) ->
 def fall_test(values, n=None, *, patience: int = PATIENCE, alpha: float = ALPHA,
               horizon: int | None = None) -> FallTest | None:
     """(C3)/(C4) on a clean curve (sorted, finite); None when there is no window pair (K < 2m)
-    or, for (N2), too few evals to estimate the noise (K < 5)."""
+    or, for (N2), too few evals to estimate the noise (K < 5; online, with ``horizon``, K < 10:
+    a σ̂ from a handful of evals would force a threshold of 7 SE on every later decision)."""
     v = np.asarray(values, dtype=np.float64)
     m, k = patience, v.size
-    if k < 2 * m or (n is None and k < 5):
+    if k < 2 * m or (n is None and k < (ONLINE_CURVE_MIN_EVALS if horizon else 5)):
         return None
     L = _levels(v, m)
     peak, at = _running_peak(L)
@@ -214,11 +218,13 @@ def null_threshold(n_evals: int, patience: int, alpha: float, noise: str = "bino
                    sequential: bool = False) -> float:
     """(C4) z*_α: the (1 − α) quantile of max_j z_j over ``n_evals`` evals of Gaussian noise.
 
-    Seeded Monte Carlo (NULL_DRAWS draws, in chunks so long curves stay small in memory);
+    Seeded Monte Carlo: NULL_DRAWS draws, fewer for long curves (NULL_BUDGET simulated evals,
+    at least MIN_DRAWS draws) so a report over 2,000-eval curves stays fast; in chunks so long
+    curves stay small in memory;
     ``noise`` = "binomial" (σ known) or "curve" (σ̂ (N2) from each draw). ``sequential``: the
     curve is tested after every eval with σ̂ from the evals so far (the pruner), so the statistic
-    is the maximum over every prefix of ≥ max(2m, 5) evals — with σ known that equals the whole
-    curve's, but an early σ̂ from a few evals is noisy and needs its own threshold.
+    is the maximum over every prefix of ≥ max(2m, 10) evals (_prefix_ends) — with σ known that
+    equals the whole curve's, but an early σ̂ from a few evals is noisy and needs its own threshold.
     """
     if not 0 < alpha < 1:
         raise ValueError(f"alpha must be in (0, 1), got {alpha}")
@@ -226,10 +232,13 @@ def null_threshold(n_evals: int, patience: int, alpha: float, noise: str = "bino
     if k < 2 * m:
         return math.inf
     rng = np.random.default_rng(20_261_130)
-    chunk = max(1, min(NULL_DRAWS, 2_000_000 // k))
+    draws = min(NULL_DRAWS, max(MIN_DRAWS, NULL_BUDGET // k))
+    if sequential and noise == "curve":
+        draws = min(draws, 2 * MIN_DRAWS)  # σ̂ of every prefix: cost grows as K², keep it small
+    chunk = max(1, min(draws, 1_000_000 // k))
     out = []
-    for start in range(0, NULL_DRAWS, chunk):
-        x = rng.standard_normal((min(chunk, NULL_DRAWS - start), k))
+    for start in range(0, draws, chunk):
+        x = rng.standard_normal((min(chunk, draws - start), k), dtype=np.float32)
         L = _levels(x, m)
         # gap of window j (evals j..j+m−1) below the best window ending before it; running max over j
         gaps = np.maximum.accumulate(np.maximum.accumulate(L, axis=1)[:, :-m] - L[:, m:], axis=1)
@@ -239,13 +248,25 @@ def null_threshold(n_evals: int, patience: int, alpha: float, noise: str = "bino
             elif not sequential:
                 stat = gaps[:, -1] / (_curve_noise_rows(x) * math.sqrt(2.0 / m))
             else:
-                first = max(2 * m, 5)
                 stat = np.full(x.shape[0], -np.inf)
-                for end in range(first, k + 1):   # prefix of `end` evals: its last window starts at end − m
+                for end in _prefix_ends(max(2 * m, ONLINE_CURVE_MIN_EVALS), k):  # prefix of `end` evals: last window at end − m
                     z = gaps[:, end - 2 * m] / (_curve_noise_rows(x[:, :end]) * math.sqrt(2.0 / m))
                     stat = np.fmax(stat, z)
         out.append(stat)
     return float(np.quantile(np.concatenate(out), 1 - alpha))
+
+
+def _prefix_ends(first: int, last: int) -> list[int]:
+    """Prefix lengths the sequential threshold checks: every one up to 40 evals, then steps of 5 %
+    (σ̂ of a long prefix barely moves between neighbours) and the last."""
+    ends = list(range(first, min(last, 40) + 1))
+    end = max(41, first)
+    while end < last:
+        ends.append(end)
+        end += max(1, end // 20)
+    if last > 40:
+        ends.append(last)
+    return ends
 
 
 def _check(delta: float, patience: int) -> None:
