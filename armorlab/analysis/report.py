@@ -435,7 +435,7 @@ def _sections(recipe: Recipe, out: Path, figs, group_display, headline, poi_disp
         "<p>Config keys whose value is not the same in every run (seed excluded). A <code>mixed</code> cell "
         "means a group holds runs with different values.</p>"), tables=[("", diff)]))
     shown = ["run_id", "group", "seed", "state", "last_step", "peak", "peak_step", "final", "collapse_step",
-             "auc", "selected_step", "selected_val", "selected_test",
+             "collapse_z", "noise", "auc", "selected_step", "selected_val", "selected_test",
              *[c for s in matched for c in (f"val@{s}", f"test@{s}")], "reason"]
     runs_tbl = per_run[[c for c in shown if c in per_run.columns]].copy()
     for c in runs_tbl.columns:
