@@ -22,10 +22,12 @@ from typing import Any
 
 import yaml
 
+from armorlab import trl_fields
 from armorlab.checks import Invalid, boolean, choice, integer, json_value, number, optional, text
 from armorlab.errors import ArmorLabError
 
 OBJECTIVES = ("grpo", "dapo", "dr_grpo", "gspo", "up", "up_gspo", "armor")
+ANCHOR_RATIOS = ("mixed", "behavior", "current")
 SEQUENCE_OBJECTIVES = ("gspo", "up_gspo")
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm",
                 "seq-mean")
@@ -43,21 +45,24 @@ def _dual_clip(v: Any) -> float | None:
     return v
 
 
-def _schedule(v: Any) -> list[list[int]] | None:
-    """[[until_step, tau], ...]: reset every tau steps while step < until_step; until_step increasing."""
+def _schedule(v: Any) -> list[list[int | None]] | None:
+    """[[until_step, tau], ...]: reset every tau steps for the steps ≤ until_step (until_step included);
+    until_step increases; a null until_step (last pair only) holds to the end of the run."""
     if v is None:
         return None
     if not isinstance(v, list) or not v:
         raise Invalid("must be a non-empty list of [until_step, tau] pairs")
     out, last = [], 0
-    for pair in v:
+    for i, pair in enumerate(v):
         if not isinstance(pair, (list, tuple)) or len(pair) != 2:
             raise Invalid("each entry must be a pair [until_step, tau]")
-        until, tau = integer(1)(pair[0]), integer(0)(pair[1])
-        if until <= last:
+        if pair[0] is None and i != len(v) - 1:
+            raise Invalid("only the last pair may have a null until_step (= to the end of the run)")
+        until, tau = (None if pair[0] is None else integer(1)(pair[0])), integer(0)(pair[1])
+        if until is not None and until <= last:
             raise Invalid("until_step values must increase")
         out.append([until, tau])
-        last = until
+        last = until or last
     return out
 
 
@@ -77,22 +82,29 @@ class Field:
 # --------------------------------------------------------------------------- armorlab's fields
 FIELDS: dict[str, Field] = {
     "objective": Field("dapo", choice(*OBJECTIVES), "policy objective"),
-    "alpha": Field(0.8, number(0.0, 1.0, lo_open=True), "ARMOR mixing weight α in (0, 1]"),
+    "alpha": Field(None, optional(number(0.0, 1.0, lo_open=True)),
+                   "ARMOR mixing weight α in (0, 1]; null = (G−1)/G of num_generations (0.875 at G = 8)"),
     "dual_clip": Field(None, _dual_clip, "dual-clip constant c > 1 for A < 0 (verl), null = off"),
     "aggregation": Field(None, optional(choice(*AGGREGATIONS)), "loss aggregation; null = objective's"),
     "anchor": Field(False, boolean, "inject one reference-policy sample per group (ARMOR Eq. 3)"),
     "anchor_samples": Field(4, integer(1), "k: reference samples per prompt for the anchor"),
     "anchor_filter": Field("correct", choice("correct", "any"), "keep a correct anchor, or the first"),
     "anchor_gate": Field(False, boolean, "drop groups whose reference found no correct sample"),
-    "anchor_ratio": Field("mixed", choice("mixed", "behavior", "current"), "ratio on anchor rows"),
+    "anchor_ratio": Field(None, optional(choice(*ANCHOR_RATIOS)),
+                          "ratio on anchor rows; null = the objective's own (armor: mixed, others: behavior)"),
     "anchor_reward_threshold": Field(1.0, number(), "reward at or above which an anchor is correct"),
     "ref_reset_steps": Field(0, integer(0), "τ: reset π_ref ← π_θ every τ steps; 0 = static"),
-    "ref_reset_schedule": Field(None, _schedule, "[[until_step, τ], ...] overriding τ before until_step"),
+    "ref_reset_schedule": Field(None, _schedule, "[[until_step, τ], ...]: τ for steps ≤ until_step "
+                                "(null until_step = to the end); later steps use ref_reset_steps"),
     "val_every": Field(10, integer(0), "validate every N steps (and at step 0); 0 = never"),
     "val_samples": Field(4, integer(1), "k of avg@k / pass@k"),
     "val_temperature": Field(1.0, number(0.0), "sampling temperature for validation"),
     "kl_probe_prompts": Field(8, integer(0), "prompts in the exact-KL probe; 0 = off"),
     "token_sample_rate": Field(0.0, number(0.0, 1.0), "share of tokens dumped to tokens/ parquet"),
+    "dynamic_sampling": Field(False, boolean, "DAPO: groups whose rewards are all equal leave the loss and "
+                              "its normaliser (train/zero_var_frac)"),
+    "dynamic_sampling_factor": Field(1, integer(1), "generate this many times the prompts and train on the "
+                                     "first groups with unequal rewards (verl's filter_groups); 1 = no refill"),
 }
 
 # Defaults armorlab sets on TRL fields for every model.
@@ -140,7 +152,12 @@ TRL_DEFAULTS: dict[str, Any] = {**COMMON_DEFAULTS, **TINY_DEFAULTS}  # the tiny 
 PRESETS: dict[str, dict[str, Any]] = {
     "gspo": {"epsilon": 3e-4, "epsilon_high": 4e-4},
     "up_gspo": {"epsilon": 3e-4, "epsilon_high": 4e-4},
-    "armor": {"anchor": True, "anchor_gate": True, "ref_reset_steps": 50},
+    # DAPO (Yu et al. 2025): clip-higher 0.2/0.28 (DEFAULT_EPS), token-level loss (its default
+    # aggregation), no KL (β = 0, armorlab's default) and dynamic sampling. Its overlong reward
+    # shaping is a reward function, not an objective setting: not part of the preset.
+    "dapo": {"dynamic_sampling": True},
+    # ARMOR's τ = 160 (the paper's); the shipped tiny sweeps set a scaled-down τ themselves.
+    "armor": {"anchor": True, "anchor_gate": True, "ref_reset_steps": 160},
 }
 DEFAULT_EPS = {"epsilon": 0.2, "epsilon_high": 0.28}
 # GRPOConfig fields the run directory decides (checkpoints/ is the output dir; resume is automatic).
@@ -480,6 +497,9 @@ def resolve(raw: Mapping[str, Any], *, file: str | None = None) -> dict[str, Any
         if key not in FIELDS and key not in known_trl and key not in ("task", "model"):
             raise ArmorLabError("unknown config key (not an armorlab field nor a GRPOConfig field)",
                                 key=key, value=raw[key], file=file)
+        problem = trl_fields.config_problem(key, raw[key]) if key not in FIELDS else None
+        if problem:
+            raise ArmorLabError(problem, key=key, value=raw[key], file=file)
     objective = raw.get("objective", FIELDS["objective"].default)
     try:
         objective = FIELDS["objective"].check(objective)
@@ -517,12 +537,15 @@ def resolve(raw: Mapping[str, Any], *, file: str | None = None) -> dict[str, Any
                 if key == "num_generations":
                     exc = Invalid(f"GRPO needs at least 2 generations per prompt ({exc})")
                 raise ArmorLabError(str(exc), key=key, value=out[key], file=file) from None
+    for key in [k for k in out if k not in FIELDS and trl_fields.is_inert_default(k, out[k])]:
+        del out[key]  # `use_vllm: false` and no use_vllm are one run
     for key, value in out.items():  # dates, NaN, binary, ... cannot be hashed into a run id
         try:
             json_value(value)
         except Invalid as exc:
             raise ArmorLabError(str(exc), key=key, value=value, file=file) from None
     _check_logging_backends(out.get("report_to"), file)
+    fill_objective_defaults(out)
     out["task"] = _resolve_task(raw.get("task"), file)
     out["model"] = _resolve_model(raw.get("model"), file)
     _normalise_inert(out)
@@ -551,7 +574,30 @@ def _check_logging_backends(report_to: Any, file: str | None) -> None:
                                 key="report_to", value=report_to, file=file)
 
 
-INERT_KEYS = frozenset({"alpha", "anchor_filter", "anchor_ratio", "anchor_samples", "anchor_reward_threshold"})
+INERT_KEYS = frozenset({"alpha", "anchor_filter", "anchor_ratio", "anchor_samples", "anchor_reward_threshold",
+                        "dynamic_sampling_factor"})
+
+
+def default_alpha(num_generations: int) -> float:
+    """α = (G−1)/G: the weight of the G−1 on-policy samples in a group that holds one anchor (ARMOR)."""
+    return (num_generations - 1) / num_generations
+
+
+def default_anchor_ratio(objective: str) -> str:
+    """The objective's own ratio for off-policy (anchor) rows: ARMOR's r_mix for armor; for the
+    others the importance ratio against the policy that sampled the row, π_θ/π_ref (``behavior``)."""
+    return "mixed" if objective == "armor" else "behavior"
+
+
+def fill_objective_defaults(cfg: Any) -> None:
+    """Defaults that depend on other keys (a dict or an ArmorLabConfig): α from G, anchor_ratio
+    from the objective. Shared by ``resolve`` and the trainer's config."""
+    get = cfg.get if isinstance(cfg, dict) else lambda k: getattr(cfg, k)
+    put = cfg.__setitem__ if isinstance(cfg, dict) else lambda k, v: setattr(cfg, k, v)
+    if get("alpha") is None:
+        put("alpha", default_alpha(int(get("num_generations"))))
+    if get("anchor_ratio") is None:
+        put("anchor_ratio", default_anchor_ratio(get("objective")))
 
 
 def _normalise_inert(cfg: dict[str, Any]) -> None:
@@ -565,6 +611,8 @@ def _normalise_inert(cfg: dict[str, Any]) -> None:
         cfg["anchor_reward_threshold"] = None
     if not (cfg["objective"] == "armor" or (anchor_on and cfg["anchor_ratio"] == "mixed")):
         cfg["alpha"] = None
+    if not cfg["dynamic_sampling"]:
+        cfg["dynamic_sampling_factor"] = None
 
 
 def split_config(cfg: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

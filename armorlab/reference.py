@@ -24,15 +24,17 @@ WEIGHTS_FILE = "reference.safetensors"
 
 
 # --------------------------------------------------------------------------- schedule (pure)
-def reset_interval(step: int, ref_reset_steps: int, schedule: Sequence[Sequence[int]] | None) -> int:
+def reset_interval(step: int, ref_reset_steps: int, schedule: Sequence[Sequence[int | None]] | None) -> int:
     """τ in force at optimizer step ``step`` (1-based).
 
     ``schedule`` is ``[[until_step, τ], ...]`` with increasing ``until_step`` (armorlab.config
-    validates it): the first pair with ``step < until_step`` gives τ; past the last pair,
-    ``ref_reset_steps`` does. τ = 0 means a static reference.
+    validates it): the first pair with ``step ≤ until_step`` gives τ — the boundary step belongs
+    to the pair that names it — and a null ``until_step`` (last pair only) covers every later
+    step; past the last pair, ``ref_reset_steps`` does. τ = 0 means a static reference. So
+    ``[[180, 1], [None, 0]]`` resets at steps 1, 2, ..., 180 and never after.
     """
     for until, tau in schedule or ():
-        if step < until:
+        if until is None or step <= until:
             return int(tau)
     return int(ref_reset_steps)
 
@@ -40,8 +42,8 @@ def reset_interval(step: int, ref_reset_steps: int, schedule: Sequence[Sequence[
 def reset_due(step: int, ref_reset_steps: int, schedule: Sequence[Sequence[int]] | None) -> bool:
     """True when π_ref ← π_θ happens at the end of optimizer step ``step``: ``step % τ == 0``, τ > 0.
 
-    Counting is global (not from the start of a schedule segment), so "τ = 10 until step 100"
-    resets at steps 10, 20, ..., 90.
+    Counting is global (not from the start of a schedule segment), so ``[[100, 10]]`` resets at
+    steps 10, 20, ..., 100.
     """
     tau = reset_interval(step, ref_reset_steps, schedule)
     return step > 0 and tau > 0 and step % tau == 0
@@ -76,7 +78,7 @@ class ReferencePolicy:
     """Holds π_ref and performs resets; ``resets`` counts them for the ``ref/resets`` metric."""
 
     def __init__(self, model: Any, *, ref_reset_steps: int = 0,
-                 schedule: Sequence[Sequence[int]] | None = None) -> None:
+                 schedule: Sequence[Sequence[int | None]] | None = None) -> None:
         self.model = model
         self.ref_reset_steps = int(ref_reset_steps)
         self.schedule = [list(p) for p in schedule] if schedule else None

@@ -7,9 +7,11 @@ TRL does the generation, rewards, advantages, batching and optimisation; this su
 - ``_calculate_rewards``: remembers the rewards it returns (per-step ``train/reward``);
 - ``_generate_and_score_completions``: adds per-row tensors (first dim B, so they survive TRL's
   shuffle/split over ``steps_per_generation``): ``ref_per_token_logps`` also at β = 0,
-  ``armorlab_is_anchor``, ``armorlab_keep`` (the gate), ``armorlab_group``, rewards, lengths, and
-  per-generation metrics as 0-d tensors: ``kl/forward_*`` on the unconditioned reference draws
-  behind the anchors (``anchors.forward_kl_rows``) and the gate's kept/dropped success rates;
+  ``armorlab_is_anchor``, ``armorlab_keep`` (the gate and dynamic sampling), ``armorlab_group``,
+  rewards, lengths, and per-generation metrics as 0-d tensors: ``kl/forward_*`` on the
+  unconditioned reference draws behind the anchors (``anchors.forward_kl_rows``), the gate's
+  kept/dropped success rates and ``train/zero_var_frac``; with ``dynamic_sampling_factor`` > 1 it
+  over-generates and keeps the first groups with reward spread (verl's filter_groups);
 - ``_compute_loss``: ``armorlab.objectives.policy_loss`` (+ TRL's β·k3 KL term when β ≠ 0) and
   the per-step telemetry;
 - ``_save_checkpoint`` / ``_load_optimizer_and_scheduler``: π_ref, the anchor cache and TRL's
@@ -42,8 +44,9 @@ from trl.models.utils import disable_gradient_checkpointing, unwrap_model_for_ge
 from trl.trainer.utils import RepeatSampler, add_fused_lm_head, is_async_callable
 
 from armorlab import anchors as anc
+from armorlab import trl_fields
 from armorlab.checks import Invalid
-from armorlab.config import FIELDS, INERT_KEYS
+from armorlab.config import FIELDS, INERT_KEYS, fill_objective_defaults
 from armorlab.errors import ArmorLabError
 from armorlab.evaluation import Validator
 from armorlab.reference import ReferencePolicy, build_reference_model
@@ -100,6 +103,10 @@ class ArmorLabConfig(GRPOConfig):
                                   metadata={"help": FIELDS["kl_probe_prompts"].doc})
     token_sample_rate: float = field(default=FIELDS["token_sample_rate"].default,
                                      metadata={"help": FIELDS["token_sample_rate"].doc})
+    dynamic_sampling: bool = field(default=FIELDS["dynamic_sampling"].default,
+                                   metadata={"help": FIELDS["dynamic_sampling"].doc})
+    dynamic_sampling_factor: int | None = field(default=FIELDS["dynamic_sampling_factor"].default,
+                                                metadata={"help": FIELDS["dynamic_sampling_factor"].doc})
 
     def __post_init__(self) -> None:
         for name, spec in FIELDS.items():
@@ -110,18 +117,11 @@ class ArmorLabConfig(GRPOConfig):
                 setattr(self, name, spec.check(value))
             except Invalid as exc:
                 raise ArmorLabError(str(exc), key=name, value=value) from None
-        unsupported = {
-            "sync_ref_model": (self.sync_ref_model, "use ref_reset_steps / ref_reset_schedule"),
-            "use_vllm": (self.use_vllm, "vLLM generation is not supported by ArmorLabTrainer yet"),
-            "top_entropy_quantile": (self.top_entropy_quantile < 1.0, "not applied by armorlab objectives"),
-            "off_policy_mask_threshold": (self.off_policy_mask_threshold is not None,
-                                          "not applied by armorlab objectives"),
-            "entropy_coef": (self.entropy_coef != 0.0 or self.use_adaptive_entropy,
-                             "the entropy bonus is not applied by armorlab objectives"),
-        }
-        for key, (bad, why) in unsupported.items():
-            if bad:
-                raise ArmorLabError(f"unsupported with ArmorLabTrainer: {why}", key=key, value=getattr(self, key))
+        fill_objective_defaults(self)
+        problems = trl_fields.args_problems(self)  # config.resolve refused these already; Python users too
+        if problems:
+            key, value, why = problems[0]
+            raise ArmorLabError(why, key=key, value=value)
         super().__post_init__()
 
 
@@ -216,6 +216,12 @@ class ArmorLabTrainer(GRPOTrainer):
             raise ArmorLabError("reference resets are not supported with a PEFT adapter",
                                 key="ref_reset_steps", value=self.args.ref_reset_steps)
         custom_rollout = self.tools or self.rollout_func is not None or self.environment_factories is not None
+        local = self.args.per_device_train_batch_size * self.args.steps_per_generation
+        if self.args.dynamic_sampling and self.args.dynamic_sampling_factor > 1 and local % self.num_generations:
+            raise ArmorLabError(f"the refill selects whole groups per process: per_device_train_batch_size × "
+                                f"steps_per_generation ({local}) must be a multiple of num_generations "
+                                f"({self.num_generations})", key="dynamic_sampling_factor",
+                                value=self.args.dynamic_sampling_factor)
         if custom_rollout and (self.args.anchor or self.args.anchor_gate):
             raise ArmorLabError("anchors are not supported with tools, rollout_func or environments",
                                 key="anchor", value=self.args.anchor)
@@ -339,6 +345,9 @@ class ArmorLabTrainer(GRPOTrainer):
         return {k: v for k, v in row.items() if k not in ("prompt", "completion", "completion_ids")}
 
     def _generate_and_score_completions(self, inputs):
+        target = len(inputs)
+        if self.model.training and self.args.dynamic_sampling and self.args.dynamic_sampling_factor > 1:
+            inputs = list(inputs) + self._extra_prompts(len(inputs) // self.num_generations)
         self._rollout_inputs, self._rollout_marks = inputs, None
         try:
             output = super()._generate_and_score_completions(inputs)
@@ -387,8 +396,29 @@ class ArmorLabTrainer(GRPOTrainer):
             output["armorlab_gate_drop"] = torch.tensor(dropped / groups, device=device)
             self._metrics["train"]["anchor/cache_hit"].append(cached / groups)
             self._ref_samples_pending += generated
+        if self.args.dynamic_sampling:  # DAPO: groups with equal rewards leave the loss and its normaliser
+            spread = anc.group_has_spread(self._rewards_gathered.to(device), self.num_generations)
+            keep = keep * spread[start:start + n]
+            groups_all = spread.numel() / self.num_generations
+            output[f"{GENERATION_STAT}train/zero_var_frac:total"] = torch.tensor(
+                float((1.0 - spread).sum()) / self.num_generations, device=device)
+            output[f"{GENERATION_STAT}train/zero_var_frac:count"] = torch.tensor(groups_all, device=device)
         output["armorlab_keep"] = keep
+        if n > target:  # over-generated: train on the first groups that train (spread, and past the gate)
+            rows = anc.refill_rows(keep, self.num_generations, target // self.num_generations)
+            output = {k: v[rows] if torch.is_tensor(v) and v.dim() and v.size(0) == n else v for k, v in output.items()}
+            mask = output["completion_mask"] * output.get("tool_mask", 1)
+            output["num_items_in_batch"] = self.accelerator.gather(mask.sum()).sum()
         return output
+
+    def _extra_prompts(self, groups: int) -> list[dict]:
+        """(factor − 1) × ``groups`` more prompt groups for dynamic sampling's refill, drawn from the
+        train set by a (seed, step, process) stream: reproducible and resume-safe."""
+        g = torch.Generator().manual_seed(
+            (self.args.seed * 1_000_003 + self.state.global_step) * 1009 + self.accelerator.process_index)
+        picks = torch.randint(len(self.train_dataset), ((self.args.dynamic_sampling_factor - 1) * groups,),
+                              generator=g).tolist()
+        return [self.train_dataset[i] for i in picks for _ in range(self.num_generations)]
 
     @torch.no_grad()
     def _forward_kl(self, rows: list) -> dict[str, tuple[Any, Any]]:
@@ -453,6 +483,8 @@ class ArmorLabTrainer(GRPOTrainer):
         stats = StepStats()
         if self.beta != 0.0:
             per_token_kl = kl_k3(ref - logp)
+            if args.use_bias_correction_kl:  # as TRL: π_old's samples reweighted to π_θ by the plain ratio
+                per_token_kl = per_token_kl * torch.exp(logp - old)
             beta_kl = (per_token_kl * mask).sum() / mask.sum().clamp(min=1.0)
             loss = loss + self.beta * beta_kl
             stats.mean("obj/beta_kl", beta_kl)
@@ -508,10 +540,10 @@ class ArmorLabTrainer(GRPOTrainer):
             stats.add("anchor/reward", torch.nan_to_num(rewards) @ anchors, anchors.sum())
             stats.add("anchor/adv_mean", (adv if adv.dim() == 1 else adv.mean(1)) @ anchors, anchors.sum())
             stats.add("anchor/share", (mask * anchors.unsqueeze(1)).sum(), mask.sum())
-            for key in inputs:  # per-generation (total, count): equal on every step and micro-batch
-                if key.startswith(GENERATION_STAT) and key.endswith(":total"):
-                    name = key[len(GENERATION_STAT):-len(":total")]
-                    stats.add(name, inputs[key], inputs[f"{GENERATION_STAT}{name}:count"])
+        for key in inputs:  # per-generation (total, count): equal on every step and micro-batch
+            if key.startswith(GENERATION_STAT) and key.endswith(":total"):
+                name = key[len(GENERATION_STAT):-len(":total")]
+                stats.add(name, inputs[key], inputs[f"{GENERATION_STAT}{name}:count"])
         stats.mean("ref/resets", float(self.reference.resets))
         reduced = stats.reduce(self.accelerator)
         for name in obj_names:  # undefined on every process: logged, as null

@@ -22,7 +22,7 @@ def test_shipped_grpo_field_names_match_installed_trl():
 def test_defaults_and_presets():
     cfg = resolve({"objective": "armor"})
     assert cfg["anchor"] is True and cfg["anchor_gate"] is True
-    assert cfg["alpha"] == 0.8 and cfg["epsilon"] == 0.2 and cfg["epsilon_high"] == 0.28
+    assert cfg["alpha"] == 0.875 and cfg["epsilon"] == 0.2 and cfg["epsilon_high"] == 0.28  # (8−1)/8
     assert cfg["task"]["name"] == "arithmetic" and cfg["model"]["name"] == "tiny"
     gspo = resolve({"objective": "gspo"})
     assert (gspo["epsilon"], gspo["epsilon_high"]) == (PRESETS["gspo"]["epsilon"], 4e-4)
@@ -34,7 +34,7 @@ def test_inert_keys_collapse_equivalent_points():
     a = resolve({"objective": "dapo", "alpha": 0.5})
     b = resolve({"objective": "dapo", "alpha": 0.9})
     assert a == b and a["alpha"] is None
-    assert resolve({"objective": "dapo", "anchor": True})["alpha"] == 0.8  # mixed anchors use α
+    assert resolve({"objective": "dapo", "anchor": True, "anchor_ratio": "mixed"})["alpha"] == 0.875
     gate_only = resolve({"objective": "dapo", "anchor_gate": True})
     assert gate_only["anchor_samples"] == 4 and gate_only["anchor_filter"] is None
 
@@ -60,6 +60,8 @@ def test_short_and_dotted_sections(tmp_path):
         ({"anchor": "yes"}, "anchor", "yes"),
         ({"anchor_samples": 0, "anchor": True}, "anchor_samples", 0),
         ({"ref_reset_schedule": [[180, 1], [100, 0]]}, "ref_reset_schedule", [[180, 1], [100, 0]]),
+        ({"ref_reset_schedule": [[None, 1], [100, 0]]}, "ref_reset_schedule", [[None, 1], [100, 0]]),
+        ({"dynamic_sampling": True, "dynamic_sampling_factor": 0}, "dynamic_sampling_factor", 0),
         ({"no_such_key": 1}, "no_such_key", 1),
         ({"task": {"name": "arithmetic", "digitz": 2}}, "task.digitz", 2),
         ({"task": {"operators": "+/"}}, "task.operators", "+/"),

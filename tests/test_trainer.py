@@ -78,7 +78,8 @@ def _groups(out):
 
 
 def _run_with_reference(tmp_path, answer_of, **overrides):
-    cfg = resolved(**{"objective": "dapo", "max_steps": 2, **overrides})
+    # the gate alone: dapo's preset dynamic sampling would mask groups too
+    cfg = resolved(**{"objective": "dapo", "max_steps": 2, "dynamic_sampling": False, **overrides})
     sampler = AnswerSampler(tokenizer_for(cfg), answer_of)
     trainer = build(tmp_path, cfg, trainer_cls=CaptureTrainer, sampler=sampler)
     trainer.captured = []
@@ -171,3 +172,78 @@ def test_reference_is_reset_to_the_policy_every_tau_steps(tmp_path):
     assert probe.equal == {1: False, 2: True, 3: False, 4: True}
     assert trainer.reference.resets == 2
     assert [h["ref/resets"] for h in trainer.state.log_history if "ref/resets" in h] == [0.0, 0.0, 1.0, 1.0]
+
+
+def test_dynamic_sampling_masks_groups_with_equal_rewards_and_logs_their_share(tmp_path):
+    cfg = resolved(objective="dapo", max_steps=4)  # the dapo preset turns dynamic sampling on
+    assert cfg["dynamic_sampling"] is True
+    trainer = build(tmp_path, cfg, trainer_cls=CaptureTrainer)
+    trainer.captured = []
+    trainer.train()
+    kept = dropped = 0
+    for out in trainer.captured:
+        shares = []
+        for rows in _groups(out).values():
+            rewards = [r for _, r, _ in rows]
+            spread = max(rewards) > min(rewards)           # by hand, from the rewards TRL scored
+            assert all(k == float(spread) for _, _, k in rows)
+            kept, dropped = kept + spread, dropped + (not spread)
+            shares.append(not spread)
+        zero_var = out["armorlab_gen:train/zero_var_frac:total"] / out["armorlab_gen:train/zero_var_frac:count"]
+        assert float(zero_var) == pytest.approx(sum(shares) / len(shares))
+    assert kept and dropped, "the check would be vacuous"
+    logged = [h for h in trainer.state.log_history if "train/zero_var_frac" in h and "frac_reward_zero_std" in h]
+    assert logged  # TRL's own count of zero-std groups is the independent reference
+    assert all(h["train/zero_var_frac"] == pytest.approx(h["frac_reward_zero_std"]) for h in logged)
+
+
+def test_dynamic_sampling_factor_refills_the_batch_with_groups_that_have_spread(tmp_path):
+    cfg = resolved(objective="dapo", max_steps=4, dynamic_sampling_factor=2)
+    trainer = build(tmp_path, cfg, trainer_cls=CaptureTrainer)
+    trainer.captured = []
+    trainer.train()
+    rows = cfg["per_device_train_batch_size"] * cfg["steps_per_generation"]  # one generation batch
+    groups = rows // cfg["num_generations"]
+    for out in trainer.captured:
+        assert out["completion_ids"].size(0) == rows                 # the batch keeps its shape
+        generated = 2 * groups                                        # factor 2 over-generates
+        assert float(out["armorlab_gen:train/zero_var_frac:count"]) == generated
+        with_spread = round(generated - float(out["armorlab_gen:train/zero_var_frac:total"]))
+        kept = 0
+        for g_rows in _groups(out).values():
+            rewards = [r for _, r, _ in g_rows]
+            spread = max(rewards) > min(rewards)
+            assert all(k == float(spread) for _, _, k in g_rows)
+            kept += spread
+        assert kept == min(groups, with_spread)                       # spread groups first, then masked fill
+        assert float(out["num_items_in_batch"]) == float(out["completion_mask"].sum())
+
+
+class BiasCorrectionProbe(ArmorLabTrainer):
+    """Runs each micro-batch with π_old := π_θ·e^−δ and the β·KL term with and without TRL's correction."""
+
+    delta = 0.5
+
+    def _compute_loss(self, model, inputs):
+        with torch.no_grad():
+            logp = _plain_logps(self.accelerator.unwrap_model(model), inputs, self.args.temperature)
+        inputs = {**inputs, "old_per_token_logps": logp - self.delta}
+        pair = []
+        for corrected in (False, True):
+            self.args.use_bias_correction_kl = corrected
+            loss = super()._compute_loss(model, inputs)
+            pair.append(self._metrics["train"]["obj/beta_kl"][-1])
+        self.pairs.append(tuple(pair))
+        return loss
+
+
+def test_beta_kl_follows_use_bias_correction_kl(tmp_path):
+    # TRL multiplies the k3 term by π_θ/π_old when use_bias_correction_kl (its default): with
+    # π_old = π_θ·e^−δ on every token that factor is e^δ, whatever the aggregation
+    cfg = resolved(objective="dapo", dynamic_sampling=False, beta=0.1, max_steps=2)
+    trainer = build(tmp_path, cfg, trainer_cls=BiasCorrectionProbe)
+    trainer.pairs = []
+    trainer.train()
+    assert trainer.pairs
+    for plain, corrected in trainer.pairs[1:]:  # step 1 has π_ref = π_θ: both are 0
+        assert plain > 0 and corrected == pytest.approx(math.exp(BiasCorrectionProbe.delta) * plain, rel=1e-4)

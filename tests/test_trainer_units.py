@@ -30,15 +30,23 @@ def test_static_and_periodic_resets():
 
 
 def test_two_stage_schedule_tau_1_then_static():
-    # "τ = 1 for the first 5 steps, then static": reset while step < 5
+    # "τ = 1 for the first 5 steps, then static": steps 1..5 reset, the boundary step 5 included
     sched = [[5, 1]]
-    assert [reset_interval(s, 0, sched) for s in (1, 4, 5, 9)] == [1, 1, 0, 0]
-    assert [s for s in range(1, 10) if reset_due(s, 0, sched)] == [1, 2, 3, 4]
+    assert [reset_interval(s, 0, sched) for s in (1, 4, 5, 6, 9)] == [1, 1, 1, 0, 0]
+    assert [s for s in range(1, 10) if reset_due(s, 0, sched)] == [1, 2, 3, 4, 5]
+
+
+def test_paper_schedule_in_one_line_ignores_the_fallback_tau():
+    # ARMOR's Qwen3 schedule: reset every step for the first 180 steps, then keep π_ref fixed,
+    # even under the armor preset's τ = 160 (the null until_step runs to the end)
+    sched = [[180, 1], [None, 0]]
+    assert [s for s in range(1, 1000) if reset_due(s, 160, sched)] == list(range(1, 181))
 
 
 def test_schedule_segments_then_fallback():
+    # τ 1 on steps 1-4, τ 3 on 5-10 (multiples of 3: 6, 9), then τ 5 (15; 10 is in the τ-3 segment)
     sched = [[4, 1], [10, 3]]
-    assert [s for s in range(1, 20) if reset_due(s, 5, sched)] == [1, 2, 3, 6, 9, 10, 15]
+    assert [s for s in range(1, 20) if reset_due(s, 5, sched)] == [1, 2, 3, 4, 6, 9, 15]
 
 
 # --------------------------------------------------------------------------- anchors
@@ -277,4 +285,17 @@ def test_config_validates_with_the_shared_checks():
 def test_config_inert_nulls_take_defaults_and_gate_only_is_valid():
     args = _config(objective="dapo", alpha=None, anchor=False, anchor_gate=True, anchor_filter=None,
                    anchor_ratio=None)
-    assert args.alpha == 0.8 and args.anchor_filter == "correct" and args.anchor_gate and not args.anchor
+    assert args.alpha == 0.5 and args.anchor_filter == "correct" and args.anchor_gate and not args.anchor  # (2−1)/2
+
+
+def test_group_has_spread_by_hand():
+    nan = float("nan")
+    rewards = torch.tensor([1.0, 1.0, 0.0, 1.0, 1.0, 1.0, nan, 1.0, nan, nan, 0.5, 0.5])
+    # groups of 3: [1,1,0] spread; [1,1,1] none; [nan,1,nan] one scored → none; [nan,.5,.5] none
+    assert anc.group_has_spread(rewards, 3).tolist() == [1.0] * 3 + [0.0] * 9
+
+
+def test_refill_rows_takes_training_groups_first_then_fills_in_order():
+    keep = torch.tensor([0, 0, 1, 1, 0, 0, 1, 1], dtype=torch.float32)  # groups of 2: kept = 1 and 3
+    assert anc.refill_rows(keep, 2, 2).tolist() == [2, 3, 6, 7]
+    assert anc.refill_rows(keep, 2, 3).tolist() == [2, 3, 6, 7, 0, 1]   # too few: group 0 fills, masked

@@ -1,0 +1,192 @@
+"""Every TRL ``GRPOConfig`` field, classified by what ``ArmorLabTrainer`` does with it (torch-free).
+
+- **honoured**: passed to ``GRPOConfig`` and applied by TRL/transformers code that armorlab
+  keeps (or by armorlab itself the same way, e.g. ``beta``, ``epsilon``, ``reward_weights``).
+- **mapped**: armorlab expresses the setting with its own key or decides it itself (the run
+  directory, its own validation, its objectives). Giving one in a run config is an error that
+  names the armorlab key to use instead, whatever its value.
+- **rejected**: a feature ``ArmorLabTrainer`` does not run. Its TRL default (the feature off) is
+  accepted and dropped from the resolved config; any other value is an error.
+
+``tests/test_config.py`` enumerates the installed ``GRPOConfig`` and fails on a field that is in
+none of the three sets, and checks the TRL defaults written here against the installed ones.
+The trainer re-checks the mapped and rejected fields by value when a job starts (Python users
+who build an ``ArmorLabConfig`` directly).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_EVAL = "armorlab validates on its own val/test sets: use val_every, val_samples, val_temperature"
+_PICK = "checkpoints are compared offline: `armorlab report` with select: {metric: val/acc, ...}"
+_REF = "use ref_reset_steps / ref_reset_schedule (π_ref ← π_θ, a full copy)"
+_VLLM = "only read with use_vllm, which ArmorLabTrainer does not support yet"
+_ENTROPY = "the entropy bonus is not applied by armorlab objectives"
+_LOSS = "TRL's {} loss is not an armorlab objective; use objective: grpo|dapo|dr_grpo|gspo|up|up_gspo|armor"
+
+# Applied as in stock GRPOTrainer (TRL or transformers reads them; armorlab's overrides keep them).
+HONOURED: frozenset[str] = frozenset({
+    # optimisation and schedule
+    "learning_rate", "lr_scheduler_type", "lr_scheduler_kwargs", "warmup_steps", "optim", "optim_args",
+    "optim_target_modules", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm",
+    "max_steps", "per_device_train_batch_size", "gradient_accumulation_steps", "auto_find_batch_size",
+    "seed", "full_determinism",
+    # precision, compilation, memory
+    "bf16", "fp16", "tf32", "use_cpu", "gradient_checkpointing", "gradient_checkpointing_kwargs",
+    "torch_compile", "torch_compile_backend", "torch_compile_mode", "torch_empty_cache_steps",
+    "use_liger_kernel", "liger_kernel_config", "use_cache", "neftune_noise_alpha", "cast_lm_head_to_fp32",
+    # distribution and data loading
+    "accelerator_config", "parallelism_config", "deepspeed", "fsdp", "fsdp_config", "ddp_backend",
+    "ddp_broadcast_buffers", "ddp_bucket_cap_mb", "ddp_find_unused_parameters", "ddp_static_graph",
+    "ddp_timeout", "ds3_gather_for_generation", "dataloader_drop_last", "dataloader_num_workers",
+    "dataloader_pin_memory", "dataloader_persistent_workers", "dataloader_prefetch_factor",
+    "dataloader_multiprocessing_context", "dataloader_in_order", "remove_unused_columns", "debug",
+    "skip_memory_metrics",
+    # logging, saving, hub (metrics.jsonl is written from TRL's log calls)
+    "logging_strategy", "logging_steps", "logging_first_step", "logging_nan_inf_filter", "log_level",
+    "log_level_replica", "log_on_each_node", "include_num_input_tokens_seen", "disable_tqdm", "report_to",
+    "run_name", "project", "trackio_space_id", "trackio_bucket_id", "trackio_static_space_id",
+    "save_strategy", "save_steps", "save_total_limit", "save_only_model", "save_on_each_node",
+    "enable_jit_checkpoint", "restore_callback_states_from_checkpoint", "ignore_data_skip", "push_to_hub",
+    "hub_token", "hub_private_repo", "hub_model_id", "hub_strategy", "hub_always_push", "hub_revision",
+    "log_completions", "log_multimodal", "num_completions_to_print", "log_unique_prompts",
+    "log_completions_hub_repo",
+    # model loading (the reference is loaded the same way)
+    "model_init_kwargs", "trust_remote_code", "disable_dropout", "router_aux_loss_coef",
+    # GRPO generation and scoring (the reference sampler shares the policy's generation config)
+    "num_generations", "generation_batch_size", "steps_per_generation", "num_iterations",
+    "max_completion_length", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
+    "generation_kwargs", "chat_template_kwargs", "cache_implementation", "pad_to_multiple_of",
+    "shuffle_dataset", "max_tool_calling_iterations", "use_transformers_continuous_batching",
+    "transformers_continuous_batching_config", "use_transformers_paged",
+    "reward_weights", "multi_objective_aggregation", "scale_rewards", "mask_truncated_completions",
+    # the loss: clip bounds of every objective, TRL's β·k3 KL (with its importance-ratio correction)
+    "epsilon", "epsilon_high", "beta", "use_bias_correction_kl",
+})
+
+# key → (TRL's default, what to use instead). Present in a run config at all → error.
+MAPPED: dict[str, tuple[Any, str]] = {
+    "output_dir": (None, "set by armorlab from the run directory (checkpoints/); remove it"),
+    "resume_from_checkpoint": (None, "a run resumes from its run directory's last complete checkpoint; remove it"),
+    "local_rank": (-1, "set by the launcher (torchrun / accelerate launch); remove it"),
+    "num_train_epochs": (3.0, "use max_steps (armorlab runs are counted in optimizer steps)"),
+    "loss_type": ("dapo", "use objective (grpo, dapo, dr_grpo, gspo, up, up_gspo, armor) and aggregation"),
+    "importance_sampling_level": ("token", "use objective: gspo or up_gspo for sequence-level ratios"),
+    "delta": (None, "use dual_clip: c > 1 caps the loss of A < 0 tokens at −A·c (verl's dual clip)"),
+    "sync_ref_model": (False, _REF),
+    "ref_model_sync_steps": (512, _REF),
+    "ref_model_mixup_alpha": (0.6, _REF),
+    "average_tokens_across_devices": (
+        True, "armorlab always divides the loss by the count of the whole generation batch over all processes"),
+    "do_train": (False, "`armorlab train` trains; remove it"),
+    "do_eval": (False, _EVAL),
+    "do_predict": (False, _EVAL),
+    "eval_strategy": ("no", _EVAL),
+    "eval_steps": (None, _EVAL),
+    "eval_delay": (0, _EVAL),
+    "eval_on_start": (False, _EVAL),
+    "eval_accumulation_steps": (None, _EVAL),
+    "eval_do_concat_batches": (True, _EVAL),
+    "eval_use_gather_object": (False, _EVAL),
+    "per_device_eval_batch_size": (8, _EVAL),
+    "num_generations_eval": (None, _EVAL),
+    "prediction_loss_only": (False, _EVAL),
+    "include_for_metrics": ([], _EVAL),
+    "batch_eval_metrics": (False, _EVAL),
+    "bf16_full_eval": (False, _EVAL),
+    "fp16_full_eval": (False, _EVAL),
+    "load_best_model_at_end": (False, _PICK),
+    "metric_for_best_model": (None, _PICK),
+    "greater_is_better": (None, _PICK),
+}
+
+# key → (TRL's default = the feature off, why it is not available). Another value → error.
+REJECTED: dict[str, tuple[Any, str]] = {
+    "use_vllm": (False, "vLLM generation is not supported by ArmorLabTrainer yet"),
+    "vllm_mode": ("colocate", _VLLM),
+    "vllm_model_impl": ("vllm", _VLLM),
+    "vllm_enable_sleep_mode": (False, _VLLM),
+    "vllm_structured_outputs_regex": (None, _VLLM),
+    "vllm_server_base_url": (None, _VLLM),
+    "vllm_server_host": ("0.0.0.0", _VLLM),
+    "vllm_server_port": (8000, _VLLM),
+    "vllm_server_timeout": (240.0, _VLLM),
+    "vllm_group_port": (51216, _VLLM),
+    "vllm_gpu_memory_utilization": (0.3, _VLLM),
+    "vllm_max_model_length": (None, _VLLM),
+    "vllm_tensor_parallel_size": (1, _VLLM),
+    "vllm_importance_sampling_correction": (True, _VLLM),
+    "vllm_importance_sampling_mode": ("sequence_mask", _VLLM),
+    "vllm_importance_sampling_clip_max": (3.0, _VLLM),
+    "vllm_importance_sampling_clip_min": (None, _VLLM),
+    "vllm_importance_sampling_cap": (None, _VLLM),
+    "top_entropy_quantile": (1.0, "not applied by armorlab objectives (every unmasked token trains)"),
+    "off_policy_mask_threshold": (None, "not applied by armorlab objectives"),
+    "entropy_coef": (0.0, _ENTROPY),
+    "use_adaptive_entropy": (False, _ENTROPY),
+    "entropy_coef_min": (0.0, _ENTROPY),
+    "entropy_coef_max": (1.0, _ENTROPY),
+    "entropy_coef_delta": (0.005, _ENTROPY),
+    "entropy_target": (0.2, _ENTROPY),
+    "sapo_temperature_neg": (1.05, _LOSS.format("sapo")),
+    "sapo_temperature_pos": (1.0, _LOSS.format("sapo")),
+    "vespo_k_pos": (2.0, _LOSS.format("vespo")),
+    "vespo_lambda_pos": (3.0, _LOSS.format("vespo")),
+    "vespo_k_neg": (3.0, _LOSS.format("vespo")),
+    "vespo_lambda_neg": (2.0, _LOSS.format("vespo")),
+    "data_seed": (None, "the prompt order is seeded by seed (TRL's RepeatSampler ignores data_seed)"),
+    "train_sampling_strategy": ("random", "prompts are drawn by TRL's RepeatSampler; use shuffle_dataset"),
+    "length_column_name": ("length", "only read by group_by_length sampling, which GRPO does not use"),
+    "label_names": (None, "GRPO has no labels"),
+    "label_smoothing_factor": (0.0, "GRPO's loss has no labels to smooth"),
+}
+
+# Set at run time by launch.py / the launcher, never compared with a default in the trainer.
+RUNTIME_SET = frozenset({"output_dir", "resume_from_checkpoint", "local_rank"})
+
+
+def classification(key: str) -> str | None:
+    """``"honoured"``, ``"mapped"``, ``"rejected"`` or None (not a GRPOConfig field armorlab knows)."""
+    if key in HONOURED:
+        return "honoured"
+    if key in MAPPED:
+        return "mapped"
+    if key in REJECTED:
+        return "rejected"
+    return None
+
+
+def _equal(value: Any, default: Any) -> bool:
+    if isinstance(default, bool) or isinstance(value, bool):
+        return value is default
+    if isinstance(default, (int, float)) and isinstance(value, (int, float)):
+        return float(value) == float(default)
+    return value == default
+
+
+def config_problem(key: str, value: Any) -> str | None:
+    """Why ``key: value`` in a run config is refused (None when it is fine): the resolve-time check."""
+    if key in MAPPED:
+        return f"not honoured by ArmorLabTrainer: {MAPPED[key][1]}"
+    if key in REJECTED and not _equal(value, REJECTED[key][0]):
+        return f"unsupported with ArmorLabTrainer: {REJECTED[key][1]}"
+    return None
+
+
+def is_inert_default(key: str, value: Any) -> bool:
+    """A rejected feature left at TRL's default: dropped from the resolved config (same run id as absent)."""
+    return key in REJECTED and _equal(value, REJECTED[key][0])
+
+
+def args_problems(args: Any) -> list[tuple[str, Any, str]]:
+    """(key, value, why) for every mapped or rejected field of a built config that differs from TRL's default."""
+    out = []
+    for table, prefix in ((MAPPED, "not honoured by ArmorLabTrainer"), (REJECTED, "unsupported with ArmorLabTrainer")):
+        for key, (default, why) in table.items():
+            if key in RUNTIME_SET or not hasattr(args, key):
+                continue
+            value = getattr(args, key)
+            if not _equal(value, default):
+                out.append((key, value, f"{prefix}: {why}"))
+    return out
