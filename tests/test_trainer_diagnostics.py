@@ -119,7 +119,8 @@ class Capture(ArmorLabTrainer):
 
 
 def test_gate_success_anchor_share_and_advantage_are_logged_per_step(tmp_path):
-    cfg = resolved(objective="dapo", anchor=True, anchor_gate=True, max_steps=4, task=TASK)
+    # the gate alone decides armorlab_keep here: dapo's preset dynamic sampling would mask groups too
+    cfg = resolved(objective="dapo", anchor=True, anchor_gate=True, dynamic_sampling=False, max_steps=4, task=TASK)
     table = answer_table(cfg)
     solvable = sorted(table)[::2]  # the reference answers every other prompt right
     sampler = AnswerSampler(tokenizer_for(cfg), lambda p: table[p] if p in solvable else "xx")
