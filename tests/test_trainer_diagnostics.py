@@ -162,9 +162,9 @@ class PolicyAccuracy(TrainerCallback):
 
 
 def test_eval_rows_say_their_size_and_resets_log_the_reference_accuracy(tmp_path):
-    # resets at 2 (τ = 2 before step 3) and 3 (τ = 3); validation at 0, 2, 4: step 2 resets where a
-    # validation runs, step 3 where none does
-    cfg = resolved(objective="dapo", max_steps=4, val_every=2, ref_reset_steps=3, ref_reset_schedule=[[3, 2]],
+    # resets at 2 (τ = 2 up to step 2, the boundary included) and 3 (τ = 3); validation at 0, 2, 4:
+    # step 2 resets where a validation runs, step 3 where none does
+    cfg = resolved(objective="dapo", max_steps=4, val_every=2, ref_reset_steps=3, ref_reset_schedule=[[2, 2]],
                    kl_probe_prompts=0, learning_rate=1e-3, task=TASK)
     trainer = build(tmp_path, cfg, with_eval=True)
     probe = PolicyAccuracy(trainer)
