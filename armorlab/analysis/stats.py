@@ -12,11 +12,11 @@ so reports are reproducible) and the statistics are small pure functions:
          a run of Y (the Mann–Whitney U statistic over n·m), 0.5 = no difference.
     (S3) CI of the mean, by n (seeds):
          n < T_MIN_BOOTSTRAP (30): Student-t, x̄ ± t_{(1+c)/2, n−1} · s/√n. The percentile bootstrap
-              covers the true mean only 71–74 % of the time at 3 seeds (83 % at 5): it resamples
+              covers the true mean only 72–74 % of the time at 3 seeds (81–85 % at 5): it resamples
               from 3 values, so it never reaches past [min, max] and ignores that s itself is noisy.
               Student-t pays for both: ≥ 90 % coverage at n = 3 and 5 on normal and gamma scores,
-              and it still beats the BCa bootstrap at 10 and 20 seeds, even on skewed scores
-              (benchmarks/ci_coverage.py: gamma(2) at n = 10, t 0.93 vs BCa 0.89).
+              and it covers at least as well as the bootstrap up to 30 seeds, also on skewed
+              scores (benchmarks/ci_coverage.py: gamma(2) at n = 10, t 0.926 vs percentile 0.878).
          n ≥ 30: BCa bootstrap (scipy.stats.bootstrap's default), which corrects for skew.
     (S4) P(X > Y) cannot be resolved with n vs m seeds when even complete separation would not be
          significant: the smallest two-sided exact Mann–Whitney p-value, 2 / C(n + m, n), exceeds
