@@ -307,28 +307,6 @@ def group_keep(solvable_global: torch.Tensor, group_size: int) -> torch.Tensor:
     return ok.repeat_interleave(group_size)
 
 
-def group_has_spread(rewards_global: torch.Tensor, group_size: int) -> torch.Tensor:
-    """Per-row 1/0 over the gathered batch: 1 for rows of groups whose rewards are not all equal.
-
-    DAPO's dynamic sampling keeps only these groups (a group with equal rewards has zero
-    advantage everywhere and only dilutes the loss). NaN rewards (unscorable) are ignored; a
-    group with fewer than two scored rewards has no spread.
-    """
-    grouped = rewards_global.view(-1, group_size)
-    hi = torch.nan_to_num(grouped, nan=-math.inf).amax(dim=1)
-    lo = torch.nan_to_num(grouped, nan=math.inf).amin(dim=1)
-    return (hi > lo).to(rewards_global.dtype).repeat_interleave(group_size)
-
-
-def refill_rows(keep_local: torch.Tensor, group_size: int, groups: int) -> torch.Tensor:
-    """Row indices of ``groups`` local groups out of an over-generated batch (verl's filter_groups):
-    the groups that train (``keep_local`` = 1: reward spread, past the gate) first, in generation
-    order, then masked ones if too few train, so the batch keeps its shape."""
-    per_group = keep_local.view(-1, group_size)[:, 0].bool()
-    order = torch.cat([torch.nonzero(per_group).flatten(), torch.nonzero(~per_group).flatten()])[:groups]
-    return (order.unsqueeze(1) * group_size + torch.arange(group_size, device=order.device)).flatten()
-
-
 # --------------------------------------------------------------------------- ratio on anchor rows
 def log_mixture(logp: torch.Tensor, ref_logp: torch.Tensor, alpha: float) -> torch.Tensor:
     """log(α·π + (1−α)·π_ref) per token: the numerator (and, with π_old, the denominator) of ARMOR's r_mix."""

@@ -44,6 +44,7 @@ from trl.models.utils import disable_gradient_checkpointing, unwrap_model_for_ge
 from trl.trainer.utils import RepeatSampler, add_fused_lm_head, is_async_callable
 
 from armorlab import anchors as anc
+from armorlab import dynamic_sampling as dyn
 from armorlab import trl_fields
 from armorlab.checks import Invalid
 from armorlab.config import FIELDS, INERT_KEYS, fill_objective_defaults
@@ -216,12 +217,9 @@ class ArmorLabTrainer(GRPOTrainer):
             raise ArmorLabError("reference resets are not supported with a PEFT adapter",
                                 key="ref_reset_steps", value=self.args.ref_reset_steps)
         custom_rollout = self.tools or self.rollout_func is not None or self.environment_factories is not None
-        local = self.args.per_device_train_batch_size * self.args.steps_per_generation
-        if self.args.dynamic_sampling and self.args.dynamic_sampling_factor > 1 and local % self.num_generations:
-            raise ArmorLabError(f"the refill selects whole groups per process: per_device_train_batch_size × "
-                                f"steps_per_generation ({local}) must be a multiple of num_generations "
-                                f"({self.num_generations})", key="dynamic_sampling_factor",
-                                value=self.args.dynamic_sampling_factor)
+        if self.args.dynamic_sampling:
+            dyn.check_refill_fits(self.args.per_device_train_batch_size * self.args.steps_per_generation,
+                                  self.num_generations, self.args.dynamic_sampling_factor)
         if custom_rollout and (self.args.anchor or self.args.anchor_gate):
             raise ArmorLabError("anchors are not supported with tools, rollout_func or environments",
                                 key="anchor", value=self.args.anchor)
@@ -347,7 +345,10 @@ class ArmorLabTrainer(GRPOTrainer):
     def _generate_and_score_completions(self, inputs):
         target = len(inputs)
         if self.model.training and self.args.dynamic_sampling and self.args.dynamic_sampling_factor > 1:
-            inputs = list(inputs) + self._extra_prompts(len(inputs) // self.num_generations)
+            seed = (self.args.seed * 1_000_003 + self.state.global_step) * 1009 + self.accelerator.process_index
+            inputs = list(inputs) + dyn.extra_prompt_rows(
+                self.train_dataset, (self.args.dynamic_sampling_factor - 1) * target // self.num_generations,
+                self.num_generations, seed)
         self._rollout_inputs, self._rollout_marks = inputs, None
         try:
             output = super()._generate_and_score_completions(inputs)
@@ -397,7 +398,7 @@ class ArmorLabTrainer(GRPOTrainer):
             self._metrics["train"]["anchor/cache_hit"].append(cached / groups)
             self._ref_samples_pending += generated
         if self.args.dynamic_sampling:  # DAPO: groups with equal rewards leave the loss and its normaliser
-            spread = anc.group_has_spread(self._rewards_gathered.to(device), self.num_generations)
+            spread = dyn.group_has_spread(self._rewards_gathered.to(device), self.num_generations)
             keep = keep * spread[start:start + n]
             groups_all = spread.numel() / self.num_generations
             output[f"{GENERATION_STAT}train/zero_var_frac:total"] = torch.tensor(
@@ -405,20 +406,11 @@ class ArmorLabTrainer(GRPOTrainer):
             output[f"{GENERATION_STAT}train/zero_var_frac:count"] = torch.tensor(groups_all, device=device)
         output["armorlab_keep"] = keep
         if n > target:  # over-generated: train on the first groups that train (spread, and past the gate)
-            rows = anc.refill_rows(keep, self.num_generations, target // self.num_generations)
+            rows = dyn.refill_rows(keep, self.num_generations, target // self.num_generations)
             output = {k: v[rows] if torch.is_tensor(v) and v.dim() and v.size(0) == n else v for k, v in output.items()}
             mask = output["completion_mask"] * output.get("tool_mask", 1)
             output["num_items_in_batch"] = self.accelerator.gather(mask.sum()).sum()
         return output
-
-    def _extra_prompts(self, groups: int) -> list[dict]:
-        """(factor − 1) × ``groups`` more prompt groups for dynamic sampling's refill, drawn from the
-        train set by a (seed, step, process) stream: reproducible and resume-safe."""
-        g = torch.Generator().manual_seed(
-            (self.args.seed * 1_000_003 + self.state.global_step) * 1009 + self.accelerator.process_index)
-        picks = torch.randint(len(self.train_dataset), ((self.args.dynamic_sampling_factor - 1) * groups,),
-                              generator=g).tolist()
-        return [self.train_dataset[i] for i in picks for _ in range(self.num_generations)]
 
     @torch.no_grad()
     def _forward_kl(self, rows: list) -> dict[str, tuple[Any, Any]]:

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from armorlab import anchors as anc
+from armorlab import dynamic_sampling as dyn
 from armorlab.errors import ArmorLabError
 from armorlab.reference import reset_due, reset_interval
 from armorlab.telemetry import (
@@ -292,10 +293,26 @@ def test_group_has_spread_by_hand():
     nan = float("nan")
     rewards = torch.tensor([1.0, 1.0, 0.0, 1.0, 1.0, 1.0, nan, 1.0, nan, nan, 0.5, 0.5])
     # groups of 3: [1,1,0] spread; [1,1,1] none; [nan,1,nan] one scored → none; [nan,.5,.5] none
-    assert anc.group_has_spread(rewards, 3).tolist() == [1.0] * 3 + [0.0] * 9
+    assert dyn.group_has_spread(rewards, 3).tolist() == [1.0] * 3 + [0.0] * 9
 
 
 def test_refill_rows_takes_training_groups_first_then_fills_in_order():
     keep = torch.tensor([0, 0, 1, 1, 0, 0, 1, 1], dtype=torch.float32)  # groups of 2: kept = 1 and 3
-    assert anc.refill_rows(keep, 2, 2).tolist() == [2, 3, 6, 7]
-    assert anc.refill_rows(keep, 2, 3).tolist() == [2, 3, 6, 7, 0, 1]   # too few: group 0 fills, masked
+    assert dyn.refill_rows(keep, 2, 2).tolist() == [2, 3, 6, 7]
+    assert dyn.refill_rows(keep, 2, 3).tolist() == [2, 3, 6, 7, 0, 1]   # too few: group 0 fills, masked
+
+
+def test_extra_prompt_rows_repeat_each_prompt_per_group_and_follow_the_seed():
+    data = [{"prompt": f"p{i}"} for i in range(50)]
+    rows = dyn.extra_prompt_rows(data, 3, 4, seed=7)
+    assert len(rows) == 12 and all(rows[i] == rows[i - i % 4] for i in range(12))  # 3 groups of 4
+    assert rows == dyn.extra_prompt_rows(data, 3, 4, seed=7)                       # a resume draws the same
+    assert rows != dyn.extra_prompt_rows(data, 3, 4, seed=8)
+
+
+def test_refill_needs_whole_groups_per_process():
+    dyn.check_refill_fits(32, 8, 2)
+    dyn.check_refill_fits(12, 8, 1)  # no refill: any layout
+    with pytest.raises(ArmorLabError) as err:
+        dyn.check_refill_fits(12, 8, 2)
+    assert err.value.key == "dynamic_sampling_factor" and "12" in str(err.value)

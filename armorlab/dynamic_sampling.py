@@ -1,0 +1,54 @@
+"""DAPO's dynamic sampling (Yu et al. 2025, §3.2) and verl's ``filter_groups`` refill, as pure functions.
+
+A group whose rewards are all equal has zero advantage on every row: it contributes nothing but
+a larger denominator, so dynamic sampling masks it (the trainer multiplies it into the same
+per-row keep mask as the anchor gate). With an over-generation factor f the trainer samples f×
+the prompt groups and keeps the first groups that train, so the batch keeps its size.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from armorlab.errors import ArmorLabError
+
+
+def group_has_spread(rewards_global: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Per-row 1/0 over the gathered batch: 1 for rows of groups whose rewards are not all equal.
+
+    DAPO's dynamic sampling keeps only these groups (a group with equal rewards has zero
+    advantage everywhere and only dilutes the loss). NaN rewards (unscorable) are ignored; a
+    group with fewer than two scored rewards has no spread.
+    """
+    grouped = rewards_global.view(-1, group_size)
+    hi = torch.nan_to_num(grouped, nan=-math.inf).amax(dim=1)
+    lo = torch.nan_to_num(grouped, nan=math.inf).amin(dim=1)
+    return (hi > lo).to(rewards_global.dtype).repeat_interleave(group_size)
+
+
+def refill_rows(keep_local: torch.Tensor, group_size: int, groups: int) -> torch.Tensor:
+    """Row indices of ``groups`` local groups out of an over-generated batch (verl's filter_groups):
+    the groups that train (``keep_local`` = 1: reward spread, past the gate) first, in generation
+    order, then masked ones if too few train, so the batch keeps its shape."""
+    per_group = keep_local.view(-1, group_size)[:, 0].bool()
+    order = torch.cat([torch.nonzero(per_group).flatten(), torch.nonzero(~per_group).flatten()])[:groups]
+    return (order.unsqueeze(1) * group_size + torch.arange(group_size, device=order.device)).flatten()
+
+
+def extra_prompt_rows(dataset: Any, groups: int, group_size: int, seed: int) -> list[dict]:
+    """``groups`` more prompts from ``dataset`` (map-style), each repeated ``group_size`` times as
+    TRL's RepeatSampler lays them out, drawn by a generator seeded with ``seed`` alone: the same
+    seed (run seed, step, process) draws the same prompts after a resume."""
+    picks = torch.randint(len(dataset), (groups,), generator=torch.Generator().manual_seed(seed)).tolist()
+    return [dataset[i] for i in picks for _ in range(group_size)]
+
+
+def check_refill_fits(local_rows: int, group_size: int, factor: int) -> None:
+    """The refill selects whole groups on each process: its generation batch must hold whole groups."""
+    if factor > 1 and local_rows % group_size:
+        raise ArmorLabError(f"the refill selects whole groups per process: per_device_train_batch_size × "
+                            f"steps_per_generation ({local_rows}) must be a multiple of num_generations "
+                            f"({group_size})", key="dynamic_sampling_factor", value=factor)
