@@ -5,6 +5,8 @@
 
 kind: str / float / int / bool, "?" when null is allowed, "any" for other types. armorlab.config
 checks TRL values by kind without importing TRL; tests/test_config.py checks the file is current.
+After a TRL upgrade also classify any new field in armorlab/trl_fields.py (honoured, mapped or
+rejected): tests/test_trl_fields.py fails on an unclassified one.
 """
 import dataclasses
 import json
