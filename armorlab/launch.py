@@ -4,7 +4,8 @@
 
 - status.json: ``running`` (attempt + 1, job id from ``$SLURM_ARRAY_JOB_ID_$SLURM_ARRAY_TASK_ID``,
   ``$SLURM_JOB_ID`` or ``$ARMORLAB_JOB_ID``) → ``completed``, or ``failed`` with a one-line reason;
-- exit codes: 0 completed, 1 failed, 2 user/config error (status failed too), 75 preempted;
+- exit codes: 0 completed, 1 failed, 2 user/config error (status failed too), 75 preempted,
+  73 another live process owns the run dir (its ``owner.lock``): nothing touched;
 - a dir with checkpoints resumes from the last *complete* one (model, optimizer, scheduler, RNG,
   π_ref, anchor cache, TRL's generation buffer, step); metrics.jsonl is appended to, and readers
   keep the last line per step, so steps the killed attempt logged after that checkpoint are
@@ -40,6 +41,7 @@ log = logging.getLogger(__name__)
 
 STOP_REQUEST = "stop_request"
 EXIT_OK, EXIT_FAILED, EXIT_USER_ERROR, EXIT_PREEMPTED = 0, 1, 2, 75
+EXIT_BUSY = 73  # another live process owns (trains) this run dir: nothing was done
 PREEMPT_SIGNALS = tuple(s for s in (getattr(signal, "SIGUSR1", None), signal.SIGTERM) if s is not None)
 
 
@@ -292,6 +294,23 @@ def train_run_dir(path: str | os.PathLike, *, callbacks: Iterable[Any] = ()) -> 
     run_dir = RunDir(path)
     if not run_dir.config_path.is_file():
         raise ArmorLabError("not a run directory (no config.yaml)", key="--run-dir", value=str(path))
+    # One owner per run dir: the training process holds its lock for life (rank 0 of a
+    # multi-process launch speaks for all). A second trainer leaves everything untouched.
+    lock_fd = run_dir.acquire_owner() if int(os.environ.get("RANK") or 0) == 0 else None
+    if lock_fd is None and int(os.environ.get("RANK") or 0) == 0:
+        owner = run_dir.owner() or {}
+        reason = (f"another live process owns this run dir (pid {owner.get('pid')} on {owner.get('host')} "
+                  f"since {owner.get('since')}): not training it twice")
+        log.error("%s: %s", run_dir.path, reason)
+        return Outcome(run_dir.path, run_dir.read_status()["state"], reason, EXIT_BUSY)
+    try:
+        return _train_owned(run_dir, callbacks)
+    finally:
+        if lock_fd is not None:
+            os.close(lock_fd)
+
+
+def _train_owned(run_dir: RunDir, callbacks: Iterable[Any]) -> Outcome:
     status = run_dir.read_status()
     if status["state"] == "completed":
         log.info("%s is already completed; nothing to do", run_dir.path)

@@ -13,12 +13,16 @@ Torch-free; importing it is cheap.
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import hashlib
 import json
 import logging
 import math
 import os
 import re
+import socket
+import time
 from collections.abc import Iterable, Iterator, Mapping
 from datetime import datetime, timezone
 from pathlib import Path
@@ -34,6 +38,12 @@ log = logging.getLogger(__name__)
 STATES = ("pending", "running", "completed", "failed")
 CONFIG, STATUS, METRICS, TOKENS, CHECKPOINTS, REPORT = (
     "config.yaml", "status.json", "metrics.jsonl", "tokens", "checkpoints", "report")
+# flock'ed by the process training the run for its whole life (the lock dies with it); holds
+# that process's pid, host and start as JSON, for messages
+OWNER = "owner.lock"
+# how long a trainer retries a held lock before concluding another trainer owns the run: a
+# reader (status, sweep) probing the lock holds it for microseconds
+OWNER_WAIT_S = 5.0
 _CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 
 
@@ -285,6 +295,57 @@ class RunDir:
     def last_step(self) -> int | None:
         steps = [row["step"] for row in self.iter_metrics()]
         return max(steps) if steps else None
+
+    # ---------------------------------------------------------------- ownership
+    @property
+    def owner_path(self) -> Path:
+        return self.path / OWNER
+
+    def acquire_owner(self, *, wait_s: float = OWNER_WAIT_S) -> int | None:
+        """Take the run dir's exclusive lock for this process; returns its fd (keep it open while
+        training; closing it or exiting releases the lock), or None when another live process
+        holds it. Only one process may train a run dir at a time."""
+        fd = os.open(self.owner_path, os.O_RDWR | os.O_CREAT, 0o666)
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as exc:
+                if exc.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK) \
+                        or time.monotonic() >= deadline:
+                    os.close(fd)
+                    if exc.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                        return None
+                    raise
+            time.sleep(0.05)
+        info = {"pid": os.getpid(), "host": socket.gethostname(), "since": now_iso(), "job_id": slurm_job_id()}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
+        return fd
+
+    def owner(self) -> dict[str, Any] | None:
+        """The live process training this run (its pid, host, since), or None when no process holds
+        the run dir's lock: a run whose status says running without an owner is dead."""
+        try:
+            fd = os.open(self.owner_path, os.O_RDONLY)
+        except OSError:
+            return None
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except OSError as exc:
+                if exc.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                    return None  # no flock here (some network file systems): cannot tell
+                try:
+                    info = json.loads(os.pread(fd, 4096, 0).decode("utf-8", "replace") or "{}")
+                except ValueError:
+                    info = {}
+                return info if isinstance(info, dict) else {}
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return None
+        finally:
+            os.close(fd)
 
     # ---------------------------------------------------------------- checkpoints
     def checkpoints(self) -> list[Path]:

@@ -34,6 +34,9 @@ def main() -> int:
     parser.add_argument("--run-dir", required=True)
     args = parser.parse_args()
     rd = RunDir(args.run_dir)
+    if rd.acquire_owner() is None:  # contract: one trainer per run dir (held until exit)
+        print(f"another live process owns {rd.path}", file=sys.stderr)
+        return 73
     cfg = rd.read_config()
     stop = {"signal": None}
 

@@ -28,6 +28,9 @@ def register(app: typer.Typer) -> None:
         dry_run: bool = typer.Option(False, "--dry-run", help="Show what would run; submit nothing."),
         retry: str = typer.Option(None, "--retry", help="'failed': resubmit runs that failed."),
         wait: bool = typer.Option(False, "--wait", help="Slurm: stay and show progress until all finish."),
+        detach: bool = typer.Option(False, "--detach", help="Local: running trainers keep going if this "
+                                    "command dies or its terminal closes (default: they checkpoint and stop "
+                                    "with it; a re-run resumes them)."),
     ) -> None:
         """Run a sweep: every grid point × seed once; again = resume (completed/queued runs are skipped)."""
         from armorlab.errors import ArmorLabError
@@ -42,7 +45,7 @@ def register(app: typer.Typer) -> None:
         if plan.executor == "slurm":
             _submit_slurm(plan, wait)
         else:
-            run_plan_locally(plan, workers)
+            run_plan_locally(plan, workers, detach=detach)
 
     @app.command("status")
     def status(
@@ -119,7 +122,7 @@ def _submit_slurm(plan, wait: bool) -> None:
         _watch(plan.sweep_dir, 5.0)
 
 
-def run_plan_locally(plan, workers: int | None) -> None:
+def run_plan_locally(plan, workers: int | None, *, detach: bool = False) -> None:
     """Train a plan's runs here with a progress bar (also used by `armorlab demo`)."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -149,7 +152,7 @@ def run_plan_locally(plan, workers: int | None) -> None:
                 failed.append(run_id)
 
         try:
-            run_local(plan, workers=workers, on_event=on_event)
+            run_local(plan, workers=workers, on_event=on_event, detach=detach)
         except KeyboardInterrupt:
             progress.stop()
             console.print("stopped: running trainers checkpointed; run the same command again to resume")

@@ -1,8 +1,9 @@
 """Executors: where a sweep's TrainJobs run.
 
 - ``LocalExecutor``: this machine, ``workers`` training processes at a time, blocking until all
-  finish (what a laptop user expects). Ctrl-C / SIGTERM forwards SIGTERM to the trainers, which
-  checkpoint and stop; running the sweep again resumes them.
+  finish (what a laptop user expects). Ctrl-C / SIGTERM / SIGHUP forwards SIGTERM to the trainers,
+  which checkpoint and stop; running the sweep again resumes them. A trainer also gets SIGTERM
+  when the sweep process dies any other way (kill -9), unless ``detach``.
 - ``SlurmSubmitter``: submitit's SlurmExecutor, one job array per chunk of at most the cluster's
   MaxArraySize runs, fire-and-forget. The sbatch script is the same for every array task and
   holds no run name or config value: each task unpickles a TrainJob holding only its run dir.
@@ -47,10 +48,12 @@ def local_thread_env(workers: int) -> dict[str, str]:
 class LocalExecutor:
     name = "local"
 
-    def __init__(self, sweep_dir: Path, profile: Profile, *, workers: int | None = None) -> None:
+    def __init__(self, sweep_dir: Path, profile: Profile, *, workers: int | None = None,
+                 detach: bool = False) -> None:
         self.sweep_dir = Path(sweep_dir)
         self.profile = profile
         self.workers = workers or profile.workers
+        self.detach = detach  # trainers outlive this process (else SIGTERM when it dies)
         if self.workers < 1:
             raise ArmorLabError("need at least one worker", key="--workers", value=self.workers)
 
@@ -67,7 +70,7 @@ class LocalExecutor:
 
         def one(run_dir: Path, job_id: str) -> JobOutcome | None:
             rid = run_dir.name
-            job = TrainJob(run_dir, **self.profile.launch_options())
+            job = TrainJob(run_dir, **self.profile.launch_options(), detach=self.detach)
             with lock:
                 if stopping.is_set():
                     return None
@@ -118,15 +121,22 @@ class LocalExecutor:
 
 
 def _raise_on_sigterm() -> Callable[[], None]:
-    """While a local sweep runs, SIGTERM (`armorlab cancel`) stops it like Ctrl-C does."""
+    """While a local sweep runs, SIGTERM (`armorlab cancel`) and SIGHUP (its ssh session closed)
+    stop it like Ctrl-C does: the trainers checkpoint, the runs stay resumable."""
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
 
     def handler(signum: int, frame: Any) -> None:
         raise Interrupted()
 
-    previous = signal.signal(signal.SIGTERM, handler)
-    return lambda: signal.signal(signal.SIGTERM, previous)
+    signals = [s for s in (signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s is not None]
+    previous = {s: signal.signal(s, handler) for s in signals}
+
+    def restore() -> None:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+    return restore
 
 
 class SlurmSubmitter:

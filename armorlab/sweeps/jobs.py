@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 
 # Exit codes of `armorlab train` (contract C3).
 EXIT_COMPLETED, EXIT_FAILED, EXIT_USAGE, EXIT_PREEMPTED = 0, 1, 2, 75
+EXIT_BUSY = 73  # another live process owns the run dir (armorlab.launch.EXIT_BUSY)
 # A JSON list of argv words that replaces `python -m armorlab.cli train` (the job appends
 # `--run-dir DIR`). For tests and benchmarks that need a stand-in trainer; never a shell string.
 ENV_COMMAND = "ARMORLAB_TRAIN_COMMAND"
@@ -106,21 +107,35 @@ def _checkpoint_signal() -> int:
     return getattr(signal, "SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2"), signal.SIGUSR2)
 
 
-def _ignore_checkpoint_signal() -> None:  # pragma: no cover - runs in the child before exec
-    # Slurm signals every process of the step, the trainer included; the trainer must not die of
-    # USR2 (default action: terminate) — the job process forwards SIGUSR1 instead. A handler the
-    # trainer installs itself still wins over this inherited "ignore".
-    signal.signal(_checkpoint_signal(), signal.SIG_IGN)
+# Exec wrapper (Linux): the trainer gets SIGTERM (checkpoint, exit 75) when the process that
+# started it dies — a sweep killed with -9 or by a closed ssh session leaves no orphan training
+# on, whose run dir a re-run would find taken; and it ignores argv[2] (0 = none): submitit's
+# checkpoint signal, which Slurm sends to every process of the step (the job process forwards
+# SIGUSR1 instead; a handler the trainer installs itself still wins over this "ignore"). An exec
+# wrapper rather than preexec_fn: no Python code runs between fork and exec in a threaded parent.
+_EXEC_WRAPPER = ("import ctypes,os,signal,sys;p=int(sys.argv[1]);p and ctypes.CDLL(None).prctl(1,signal.SIGTERM);"
+                 "int(sys.argv[2]) and signal.signal(int(sys.argv[2]),signal.SIG_IGN);"
+                 "p==0 or os.getppid()==p or os._exit(75);os.execvp(sys.argv[3],sys.argv[3:])")
+
+
+def wrapped_argv(argv: list[str], *, die_with_parent: bool = True, ignore_signal: int = 0) -> list[str]:
+    """``argv`` started through the exec wrapper (Linux): it gets SIGTERM when this process dies
+    (unless ``die_with_parent`` is False) and ignores ``ignore_signal``; elsewhere unchanged."""
+    if not sys.platform.startswith("linux") or (not die_with_parent and not ignore_signal):
+        return list(argv)
+    parent = os.getpid() if die_with_parent else 0
+    return [sys.executable, "-c", _EXEC_WRAPPER, str(parent), str(ignore_signal), *argv]
 
 
 class TrainJob(Checkpointable):
     """Train one run directory. Picklable: holds the run dir path and launch options only."""
 
     def __init__(self, run_dir: str | os.PathLike, *, launcher: str = "python",
-                 accelerate_config: str | None = None) -> None:
+                 accelerate_config: str | None = None, detach: bool = False) -> None:
         self.run_dir = str(Path(run_dir).absolute())
         self.launcher = launcher
         self.accelerate_config = accelerate_config
+        self.detach = detach  # the trainer outlives this process (local `armorlab sweep --detach`)
         self._proc: subprocess.Popen | None = None
         self._done = threading.Event()
         self._asked: set[int] = set()  # stop signals sent to this attempt's trainer
@@ -129,6 +144,7 @@ class TrainJob(Checkpointable):
         return f"TrainJob({self.run_dir!r}, launcher={self.launcher!r})"
 
     def __getstate__(self) -> dict[str, Any]:
+        # not `detach`: only local jobs detach, and they are never pickled
         return {"run_dir": self.run_dir, "launcher": self.launcher, "accelerate_config": self.accelerate_config}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -140,6 +156,8 @@ class TrainJob(Checkpointable):
         outcome = self.run()
         if outcome.returncode == EXIT_COMPLETED:
             return outcome.to_dict()
+        if outcome.returncode == EXIT_BUSY:
+            raise JobFailed(f"{self.run_dir}: {outcome.reason}")
         if outcome.returncode == EXIT_PREEMPTED:
             if os.environ.get("SUBMITIT_EXECUTOR") == "slurm":
                 # SIGTERM reached the trainer before USR2 reached us: give submitit's handler a
@@ -156,7 +174,14 @@ class TrainJob(Checkpointable):
         status = rd.read_status()
         if status["state"] == "completed":  # a duplicate or late requeue: nothing to do
             return JobOutcome(self.run_dir, EXIT_COMPLETED, "completed", status.get("reason"))
-        argv = train_argv(self.run_dir, launcher=self.launcher, accelerate_config=self.accelerate_config)
+        owner = rd.owner()
+        if owner is not None:  # a live trainer (e.g. an orphan of a killed sweep) has it: never a second
+            return JobOutcome(self.run_dir, EXIT_BUSY, status["state"],
+                              f"another live process owns this run dir (pid {owner.get('pid')} on "
+                              f"{owner.get('host')})")
+        slurm = os.environ.get("SUBMITIT_EXECUTOR") == "slurm"
+        argv = wrapped_argv(train_argv(self.run_dir, launcher=self.launcher, accelerate_config=self.accelerate_config),
+                            die_with_parent=not self.detach, ignore_signal=_checkpoint_signal() if slurm else 0)
         log.info("starting %s", argv)
         out: Any = None
         if log_path is not None:
@@ -170,7 +195,6 @@ class TrainJob(Checkpointable):
                 stdout=out, stderr=subprocess.STDOUT if out is not None else None,
                 # own process group: a terminal's Ctrl-C reaches the sweep, which forwards SIGTERM
                 start_new_session=True,
-                preexec_fn=_ignore_checkpoint_signal if os.environ.get("SUBMITIT_EXECUTOR") == "slurm" else None,
             )
             # Wait in a helper thread: submitit's signal handler runs in this (main) thread and
             # calls checkpoint(), which must be able to wait for the child too (Popen.wait holds a
@@ -189,8 +213,10 @@ class TrainJob(Checkpointable):
             status = rd.write_status("pending", reason=f"preempted during start-up ({describe_exit(rc)} "
                                      "before the trainer could checkpoint)")
             rc = EXIT_PREEMPTED
-        if rc not in (EXIT_COMPLETED, EXIT_PREEMPTED) and status["state"] in ("running", "pending"):
-            # the trainer died without recording why (killed, out of memory, crashed on start)
+        if rc not in (EXIT_COMPLETED, EXIT_PREEMPTED, EXIT_BUSY) and status["state"] in ("running", "pending") \
+                and rd.owner() is None:
+            # the trainer died without recording why (killed, out of memory, crashed on start);
+            # never said of a run another live process owns
             status = rd.write_status("failed", reason=f"training process ended with {describe_exit(rc)}")
         return JobOutcome(self.run_dir, rc, status["state"], status.get("reason"))
 

@@ -2,8 +2,9 @@
 
 A run's state comes from its status.json (written by the trainer) combined with its last job's
 state (squeue, plus sacct when the cluster has accounting; the local process table for local
-jobs). Shown states: queued, running, completed, failed, pending (not submitted, or preempted and
-waiting to be resubmitted), lost (status says running but its job is gone: resubmit it).
+jobs) and whether a live process holds the run dir's lock (RunDir.owner). Shown states: queued,
+running, completed, failed, pending (not submitted, or preempted and waiting to be resubmitted),
+lost (status says running but neither its job nor any trainer is alive: resubmit it).
 """
 
 from __future__ import annotations
@@ -96,8 +97,9 @@ def collect(sweep_dir: str | Path) -> SweepStatus:
             active = slurmctl.is_active(job_state)
         last_step, val_acc = _progress(rd)
         cfg = configs[rid]
+        owned = status["state"] == "running" and rd.owner() is not None
         rows.append(RunRow(
-            run_id=rid, state=_display_state(status["state"], job_state, active), last_step=last_step,
+            run_id=rid, state=_display_state(status["state"], job_state, active, owned), last_step=last_step,
             max_steps=cfg.get("max_steps") if cfg else None, val_acc=val_acc, slurm_state=job_state,
             attempts=int(status.get("attempt") or 0), reason=status.get("reason"), job_id=job,
             point=points.get(rid, ""), warnings=list(status.get("warnings") or [])))
@@ -105,7 +107,12 @@ def collect(sweep_dir: str | Path) -> SweepStatus:
                        counts=Counter(r.state for r in rows))
 
 
-def _display_state(state: str, job_state: str | None, active: bool) -> str:
+def _display_state(state: str, job_state: str | None, active: bool, owned: bool = False) -> str:
+    """``owned``: a live process holds the run dir's lock (RunDir.owner), whatever the job says —
+    e.g. the orphan of a killed sweep. A run that says running with no live owner and no live job
+    is dead: "lost" (a killed trainer no longer shows as running forever)."""
+    if owned:
+        return "running"
     if active:
         if state in TERMINAL:
             return state
@@ -113,7 +120,7 @@ def _display_state(state: str, job_state: str | None, active: bool) -> str:
             return "running"
         return "queued"
     if state == "running":
-        return "lost" if job_state not in (None, "?") else "running"
+        return "running" if job_state == "?" else "lost"  # "?": Slurm did not answer, cannot tell
     return state
 
 

@@ -82,8 +82,8 @@ def classify(sweep_dir: Path, runs: list[RunPlan], *, retry_failed: bool, execut
         state = rd.read_status()["state"] if rd.status_path.exists() else None
         if state == "completed":
             actions[r.run_id] = DONE
-        elif last_jobs.get(r.run_id) in active:
-            actions[r.run_id] = ACTIVE
+        elif last_jobs.get(r.run_id) in active or (state == "running" and rd.owner() is not None):
+            actions[r.run_id] = ACTIVE  # a live job, or a live trainer (the orphan of a killed sweep)
         elif state == "failed" and not retry_failed:
             actions[r.run_id] = FAILED
         else:
@@ -181,11 +181,13 @@ def submit_slurm(plan: SweepPlan) -> list[str]:
                                 on_array=lambda rids, jids: manifest.record("slurm", rids, jids))
 
 
-def run_local(plan: SweepPlan, *, workers: int | None = None, on_event: Any = None) -> dict[str, Any]:
-    """Train the plan's runs on this machine (blocking); returns outcomes by run id."""
+def run_local(plan: SweepPlan, *, workers: int | None = None, on_event: Any = None,
+              detach: bool = False) -> dict[str, Any]:
+    """Train the plan's runs on this machine (blocking); returns outcomes by run id. The trainers
+    die with this process (they checkpoint on the SIGTERM) unless ``detach``."""
     from armorlab.sweeps.executors import LocalExecutor
 
-    executor = LocalExecutor(plan.sweep_dir, plan.profile, workers=workers)
+    executor = LocalExecutor(plan.sweep_dir, plan.profile, workers=workers, detach=detach)
     with locked(plan.sweep_dir):
         plan.actions = classify(plan.sweep_dir, plan.runs, retry_failed=plan.retry_failed, executor="local")
         manifest = prepare(plan)

@@ -1,7 +1,8 @@
 """A stand-in trainer with a known optimum, for testing searches without training a model.
 
 ``python -m armorlab.tune.synthetic_trainer --run-dir DIR`` honours the trainer's process contract (C3):
-status.json running → completed/failed/pending, metrics.jsonl rows (``train/reward`` every step,
+owner.lock held for life (exit 73 when another process owns the run dir), status.json running →
+completed/failed/pending, metrics.jsonl rows (``train/reward`` every step,
 ``val/acc`` and ``test/acc`` at step 0 and every ``val_every`` steps), a resume that continues
 after the last logged step, ``stop_request`` → "stopped at step N: <reason>" exit 0, SIGTERM or
 SIGUSR1 → "preempted at step N" exit 75, and "non-finite loss at step N" exit 1.
@@ -80,6 +81,17 @@ def _rows(cfg: Mapping[str, Any], step: int) -> dict[str, float]:
 
 def train(run_dir: str) -> int:
     rd = RunDir(run_dir)
+    lock = rd.acquire_owner()  # contract: one trainer per run dir, the lock held until exit
+    if lock is None:
+        print(f"another live process owns {rd.path}", file=sys.stderr)
+        return 73
+    try:
+        return _train(rd)
+    finally:
+        os.close(lock)
+
+
+def _train(rd: RunDir) -> int:
     cfg = rd.read_config()
     job = (f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}"
            if os.environ.get("SLURM_ARRAY_JOB_ID") else os.environ.get("SLURM_JOB_ID")) \

@@ -66,16 +66,8 @@ log = logging.getLogger(__name__)
 STUDY_FILE = "study.json"
 STOP_REQUEST = "stop_request"
 EXIT_PREEMPTED = 75
+EXIT_BUSY = 73  # the run dir is owned by another live trainer (armorlab.launch)
 MAX_CONSECUTIVE_FAILURES = 3
-# Exec wrapper for the trainer (Linux): it gets SIGTERM (checkpoint, exit 75) if its worker dies,
-# so an orphan never keeps writing a run dir that a retry is about to resume; and it ignores
-# submitit's checkpoint signal (argv[2], 0 = none), which Slurm sends to every process of the
-# step: the worker handles that one and forwards SIGTERM.
-_EXEC_WRAPPER = ("import ctypes,os,signal,sys;ctypes.CDLL(None).prctl(1,signal.SIGTERM);"
-                 "int(sys.argv[2]) and signal.signal(int(sys.argv[2]),signal.SIG_IGN);"
-                 "os.getppid()==int(sys.argv[1]) or os._exit(75);os.execvp(sys.argv[3],sys.argv[3:])")
-
-
 def _checkpoint_signal() -> int:
     """submitit's checkpoint signal when running under its Slurm executor, else 0."""
     if os.environ.get("SUBMITIT_EXECUTOR") != "slurm":
@@ -477,11 +469,12 @@ class Worker:
                report: bool) -> RunOutcome:
         stop_path = rd.path / STOP_REQUEST
         stop_path.unlink(missing_ok=True)  # a leftover would stop the resumed run at once
-        from armorlab.sweeps.jobs import train_argv
+        from armorlab.sweeps.jobs import train_argv, wrapped_argv
 
-        cmd = train_argv(str(rd.path.absolute()), **self.launch)
-        if sys.platform.startswith("linux"):
-            cmd = [sys.executable, "-c", _EXEC_WRAPPER, str(os.getpid()), str(_checkpoint_signal()), *cmd]
+        # the trainer gets SIGTERM (checkpoint, exit 75) if its worker dies, so an orphan never keeps
+        # writing a run dir that a retry is about to resume; it ignores submitit's checkpoint
+        # signal, which Slurm sends to every process of the step: the worker forwards SIGTERM
+        cmd = wrapped_argv(train_argv(str(rd.path.absolute()), **self.launch), ignore_signal=_checkpoint_signal())
         env = dict(os.environ)
         if not env.get("SLURM_JOB_ID"):
             env["ARMORLAB_JOB_ID"] = f"tune-w{self.index}-t{trial.number}"
@@ -529,7 +522,9 @@ class Worker:
             status = rd.write_status("pending", reason="preempted during start-up (SIGTERM before the "
                                      "trainer could checkpoint)")
             rc = EXIT_PREEMPTED
-        if rc not in (0, EXIT_PREEMPTED) and status["state"] in ("running", "pending"):
+        if rc == EXIT_BUSY:  # another live process trains this run dir: not this trial's failure
+            return RunOutcome("preempted", f"run dir busy: owned by another live process (log {log_path})")
+        if rc not in (0, EXIT_PREEMPTED) and status["state"] in ("running", "pending") and rd.owner() is None:
             # killed, out of memory, crashed on start: say so in the run dir as a sweep job would
             from armorlab.sweeps.jobs import describe_exit
 
