@@ -39,8 +39,17 @@ def test_fall_z_is_the_pooled_two_proportion_test_of_levels():
 
 
 def test_noise_estimates_by_hand():
-    # second differences of 0,1,0,1,0,1 are ±2 → MAD 2 → σ̂ = 1.4826·2/√6
-    assert collapse.curve_noise([0, 1, 0, 1, 0, 1]) == pytest.approx(1.4826 * 2 / math.sqrt(6))
+    # second differences of 0,1,0,1,0,1 are ±2 (4 of them, ⌈0.9·4⌉ = 4 kept) → σ̂ = sqrt(4/6)
+    assert collapse.curve_noise([0, 1, 0, 1, 0, 1]) == pytest.approx(math.sqrt(4 / 6))
+    # 12 evals, 10 second differences: the largest (1.8, at the spike) is dropped, ⌈0.9·10⌉ = 9 kept; a
+    # normal kept within its central 90 % has variance c = 1 − 2qφ(q)/0.9, q = 1.644854, φ(q) = 0.103136
+    kinked = [0.0, 0.1] * 3 + [0.0, 0.9, 0.0] + [0.1, 0.0, 0.1]
+    c = 1 - 2 * 1.644854 * 0.103136 / 0.9
+    d2 = np.sort(np.abs(np.diff(kinked, 2)))
+    assert d2[-1] == pytest.approx(1.8) and collapse.curve_noise(kinked) == pytest.approx(
+        math.sqrt(np.mean(d2[:9] ** 2) / (6 * c)), rel=1e-4)
+    # all 10 second differences ±0.2: 9 kept, mean square 0.04, scaled by the same c
+    assert collapse.curve_noise([0.0, 0.1] * 6) == pytest.approx(math.sqrt(0.04 / (6 * c)), rel=1e-4)
     assert collapse.curve_noise([0.1, 0.2, 0.3, 0.4, 0.5, 0.6]) == pytest.approx(0.0)   # a trend is no noise
     assert math.isnan(collapse.curve_noise([0.1, 0.2, 0.3]))
     assert collapse.binomial_se([0.5, 0.0], 100) == pytest.approx([0.05, math.sqrt(0.005 * 0.995 / 100)])

@@ -18,10 +18,14 @@ Noise of one eval (its SE), one of two ways:
          SE² = p(1 − p)/n. For a mean of rewards in [0, 1] this is an upper bound (a [0, 1]
          variable of mean p has variance ≤ p(1 − p)), exact for 0/1 rewards when every prompt
          has the same success rate, conservative on a fixed val set whose prompts differ.
-    (N2) from the curve itself, otherwise: σ̂ = 1.4826 · MAD(Δ²v) / √6, the median absolute
-         deviation of second differences (Δ²v_i = v_{i+1} − 2v_i + v_{i−1} has variance 6σ² for
-         independent noise). Second differences cancel a linear trend and the MAD ignores the
-         few kinks where the trend bends, so a rise or a fall is not mistaken for noise.
+    (N2) from the curve itself, otherwise: σ̂² = mean of the k = ⌈0.9·N⌉ smallest (Δ²v_i)² /
+         (6 · c(k/N)), the trimmed mean square of the N second differences
+         (Δ²v_i = v_{i+1} − 2v_i + v_{i−1} has variance 6σ² for independent noise), with
+         c(f) = 1 − 2qφ(q)/f, q = Φ⁻¹(½ + f/2), the variance of a standard normal kept within its
+         central fraction f (c = 1 when nothing is trimmed). Second differences cancel a linear
+         trend and the trim drops the few kinks where the trend bends, so a rise or a fall is
+         not mistaken for noise. (The median absolute deviation was tried first: its σ̂ is so
+         noisy on short curves that the calibration found 74 % of the 4-SE falls instead of 88 %.)
 
 Definitions, with m = ``patience`` evals per level (default 3) and K evals:
 
@@ -80,7 +84,7 @@ NULL_DRAWS = 20_000
 NULL_BUDGET = 1_000_000  # simulated evals per threshold: long curves get fewer draws (≥ MIN_DRAWS)
 ONLINE_CURVE_MIN_EVALS = 10  # online with σ̂ (N2): no decision before this many evals
 MIN_DRAWS = 2_000        # the 96 % quantile of 2,000 draws is within ±0.5 % of its false-alarm rate
-_MAD_SCALE = 1.4826  # MAD → σ for Gaussian noise
+NOISE_KEEP = 0.9  # (N2) share of second differences kept (the smallest)
 
 
 def clean_curve(steps, values) -> tuple[np.ndarray, np.ndarray]:
@@ -131,16 +135,29 @@ def binomial_se(values, n) -> np.ndarray:
 
 
 def curve_noise(values) -> float:
-    """(N2) σ̂ = 1.4826 · MAD(Δ²v)/√6 from the curve itself; NaN with fewer than 3 second
-    differences (5 evals)."""
+    """(N2) σ̂ from the trimmed mean square of the curve's second differences; NaN with fewer
+    than 3 second differences (5 evals)."""
     v = np.asarray(values, dtype=np.float64)
     return float(_curve_noise_rows(v[None, :])[0]) if v.size >= 5 else math.nan
 
 
+@functools.lru_cache(maxsize=1024)
+def _trim_consistency(kept: int, total: int) -> float:
+    """(N2) c(f): variance of a standard normal kept within its central fraction f = kept/total."""
+    f = kept / total
+    if f >= 1:
+        return 1.0
+    q = float(sps.norm.ppf(0.5 + f / 2))
+    return 1.0 - 2.0 * q * float(sps.norm.pdf(q)) / f
+
+
 def _curve_noise_rows(x: np.ndarray) -> np.ndarray:
-    d2 = np.diff(x, 2, axis=-1)
-    mad = np.median(np.abs(d2 - np.median(d2, axis=-1, keepdims=True)), axis=-1)
-    return _MAD_SCALE * mad / math.sqrt(6.0)
+    d2 = np.abs(np.diff(x, 2, axis=-1))
+    total = d2.shape[-1]
+    kept = max(1, math.ceil(NOISE_KEEP * total))
+    small = np.sort(d2, axis=-1)[..., :kept] if kept < total else d2
+    msq = np.mean(small * small, axis=-1)
+    return np.sqrt(msq / (6.0 * _trim_consistency(kept, total)))
 
 
 def eval_se(values, n=None) -> np.ndarray:
