@@ -103,6 +103,7 @@ def test_cli_bad_values_exit_2_without_traceback(tmp_path):
         assert out.returncode == 2 and says in out.stderr and "Traceback" not in out.stderr, out.stderr
 
 
+@pytest.mark.slow
 def test_damaged_run_dirs_are_warnings_and_the_rest_is_reported(tmp_path):
     """The damaged files the issue names, all in one sweep: status and report exit 0, each damaged
     file is named in a warning, and the healthy run is still reported."""

@@ -67,6 +67,7 @@ def test_generated_specs_and_profiles_never_traceback(ws):
     assert tally.n >= 30
 
 
+@pytest.mark.slow
 def test_generated_recipes_never_traceback(ws):
     tally = Tally()
 
@@ -78,7 +79,7 @@ def test_generated_recipes_never_traceback(ws):
     run()
 
 
-@pytest.mark.parametrize("command, cfg", [("status", FAST), ("report", SLOW)])
+@pytest.mark.parametrize("command, cfg", [("status", FAST), pytest.param("report", SLOW, marks=pytest.mark.slow)])
 def test_damaged_run_dirs_never_traceback(ws, command, cfg):
     tally = Tally()
 
