@@ -28,6 +28,8 @@ def _print_status(status: dict, console) -> None:
     if status.get("pruned"):
         console.print("pruned: " + "; ".join(
             f"#{p['number']} at step {p['step']} ({p['outcome']})" for p in status["pruned"]))
+    if status.get("dashboard"):
+        console.print(f"dashboard: {status['dashboard']}", soft_wrap=True)
 
 
 def register(app: typer.Typer) -> None:

@@ -16,16 +16,20 @@ Slurm) are left alone: failing a live worker's trial would run the same point tw
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import logging
 import os
 import socket
+import threading
+import time
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import optuna
-from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
+from optuna.storages import RDBStorage
 from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock, JournalStorage
 from optuna.trial import FrozenTrial, TrialState
 
@@ -99,6 +103,145 @@ def warn_if_network_fs(path: str | os.PathLike, what: str, mounts: str = "/proc/
     return None
 
 
+# SQLAlchemy dialect → (driver modules it can use, in order of preference; the extra that installs one)
+DB_DRIVERS: dict[str, tuple[tuple[str, ...], str]] = {
+    "postgresql": (("psycopg", "psycopg2"), "pip install 'armorlab[postgres]'"),
+    "mysql": (("pymysql", "MySQLdb"), "pip install pymysql"),
+}
+DB_RETRY_ENV = "ARMORLAB_DB_RETRY_S"
+DB_RETRY_S = 600.0  # how long a worker keeps retrying an unreachable database before it stops
+CONNECT_RETRY_S = 30.0  # the same for the first connection of a process
+
+
+def rdb_url(url: str) -> str:
+    """The SQLAlchemy URL to connect with: ``$VARS`` expanded and the driver named (``with_driver``)."""
+    return with_driver(os.path.expandvars(url), shown=url)
+
+
+def with_driver(url: str, *, shown: str | None = None) -> str:
+    """``url`` with its database driver named when it names none: ``postgresql://`` means
+    psycopg2 to SQLAlchemy 2.0 and psycopg 3 to 2.1, so say which one is installed (armorlab's
+    ``postgres`` extra installs psycopg 3). A missing driver is an ArmorLabError naming the
+    extra to install, raised before any worker starts. ``$VARS`` are left as they are."""
+    import importlib.util
+
+    scheme, sep, rest = url.partition("://")
+    dialect, _, driver = scheme.partition("+")
+    if dialect == "postgres":  # libpq's spelling; SQLAlchemy only knows postgresql
+        dialect = "postgresql"
+    if dialect not in DB_DRIVERS:
+        return url
+    modules, install = DB_DRIVERS[dialect]
+    wanted = (driver,) if driver else modules
+    found = next((m for m in wanted if importlib.util.find_spec(m) is not None), None)
+    if found is None:
+        raise ArmorLabError(f"a {dialect} storage needs a database driver ({' or '.join(wanted)}), and none "
+                            f"is installed: {install}", key="--storage", value=_redact(shown or url))
+    return f"{dialect}+{driver or found}{sep}{rest}"
+
+
+def _connection_lost(exc: BaseException) -> bool:
+    """Is ``exc`` (or what it wraps) the database being unreachable, rather than a bad query?"""
+    import sqlalchemy.exc as sa_exc
+
+    for e in (exc, exc.__cause__):
+        if isinstance(e, sa_exc.DBAPIError) and e.connection_invalidated:
+            return True
+        if isinstance(e, (sa_exc.OperationalError, sa_exc.InterfaceError)):
+            return True
+    return False
+
+
+class DatabaseUnavailable(Exception):
+    """The study's database stayed unreachable for longer than the retry budget. Not an
+    ArmorLabError (a ValueError): code that reads a ValueError as a bad trial must not swallow it."""
+
+
+class _RetryState(threading.local):
+    depth = 0
+
+
+def _with_retry(fn: Callable[..., Any], what: str, cap_s: float | None = None) -> Callable[..., Any]:
+    """``fn`` retried with exponential back-off (0.5 s doubling to 30 s) while the database is
+    unreachable, for ``ARMORLAB_DB_RETRY_S`` seconds at most (default DB_RETRY_S); only the
+    outermost storage call retries (RDBStorage methods call one another)."""
+
+    @functools.wraps(fn)
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        state = self._retry_state
+        if state.depth:
+            return fn(self, *args, **kwargs)
+        budget = float(os.environ.get(DB_RETRY_ENV, DB_RETRY_S))
+        if cap_s is not None:
+            budget = min(budget, cap_s)
+        t0, delay = time.monotonic(), 0.5
+        while True:
+            state.depth += 1
+            try:
+                return fn(self, *args, **kwargs)
+            except Exception as exc:
+                if not _connection_lost(exc):
+                    raise
+                waited = time.monotonic() - t0
+                if waited + delay > budget:
+                    raise DatabaseUnavailable(
+                        f"the study database {_redact(self.url)} was unreachable for {waited:.0f}s "
+                        f"({what}; {DB_RETRY_ENV}={budget:g}); last error: "
+                        f"{str(exc.__cause__ or exc).strip().splitlines()[0]}") from None
+                log.warning("database unreachable (%s): retrying in %.1fs", what, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 30.0)
+            finally:
+                state.depth -= 1
+
+    return call
+
+
+def _redact(url: str) -> str:
+    """The URL without its password, for messages."""
+    scheme, sep, rest = url.partition("://")
+    creds, at, host = rest.rpartition("@")
+    if not at or ":" not in creds:
+        return url
+    return f"{scheme}{sep}{creds.split(':', 1)[0]}:***@{host}"
+
+
+class RetryingRDBStorage(RDBStorage):
+    """RDBStorage whose calls survive a database restart: every public method retries while the
+    server is unreachable (see ``_with_retry``); ``pool_pre_ping`` replaces the dead pooled
+    connections. A call the server committed but whose answer was lost may run twice; the only
+    harmful case, a duplicate ``create_new_trial``, leaves an unclaimed RUNNING trial, which
+    ``reconcile`` fails."""
+
+    def __init__(self, url: str, **kwargs: Any) -> None:
+        self._retry_state = _RetryState()
+        self.url = url
+        # a short budget for the first connection: a wrong URL must not hang the CLI for minutes
+        _with_retry(RDBStorage.__init__, "connect", cap_s=CONNECT_RETRY_S)(self, url, **kwargs)
+
+
+for _name, _fn in list(vars(RDBStorage).items()):
+    if inspect.isfunction(_fn) and not _name.startswith("__") and _name not in ("get_heartbeat_interval",
+                                                                        "get_heartbeat_stale_trial_callback"):
+        setattr(RetryingRDBStorage, _name, _with_retry(_fn, _name.lstrip("_")))
+
+
+class RequeueStaleTrial:
+    """Optuna's heartbeat-stale callback, done the armorlab way: the trial Optuna just failed is
+    re-enqueued with the same params and ``retries`` + 1 (up to ``max_retries``), so a retry is
+    counted alike whether the heartbeat or ``reconcile`` found the dead worker, and preemptions
+    (``fail_and_requeue(count_retry=False)``) stay uncounted."""
+
+    def __init__(self, max_retries: int, grace_s: int) -> None:
+        self.max_retries, self.grace_s = max_retries, grace_s
+
+    def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        owner = trial.user_attrs.get("worker") or {}
+        reason = (f"no heartbeat for over {self.grace_s}s (worker on {owner.get('host')} pid "
+                  f"{owner.get('pid')} job {owner.get('job')} died or lost the database)")
+        requeue(study, trial, reason, self.max_retries, record_reason=True)
+
+
 def open_storage(study_dir: Path, url: str | None, *, max_retries: int = 2,
                  heartbeat_interval: int = HEARTBEAT_INTERVAL_S,
                  grace_period: int = HEARTBEAT_GRACE_S) -> optuna.storages.BaseStorage:
@@ -113,20 +256,34 @@ def open_storage(study_dir: Path, url: str | None, *, max_retries: int = 2,
         path = str(tune_dir / JOURNAL)
         warn_if_network_fs(tune_dir, "the study journal")
         return JournalStorage(JournalFileBackend(path, lock_obj=JournalFileOpenLock(path)))
-    expanded = os.path.expandvars(url)
+    expanded = rdb_url(url)
     if expanded.startswith("sqlite:///"):
         db = expanded[len("sqlite:///"):]
         if db and db != ":memory:":
             warn_if_network_fs(Path(db).parent if Path(db).parent.exists() else ".", "the SQLite database")
+    engine_kwargs: dict[str, Any] = {}
+    if not expanded.startswith("sqlite"):
+        # test pooled connections before use: after a server restart they are all dead
+        engine_kwargs["pool_pre_ping"] = True
+        if expanded.startswith("postgresql+psycopg"):
+            engine_kwargs["connect_args"] = {"connect_timeout": 10}
     try:
         with quiet_optuna():
-            return RDBStorage(expanded, heartbeat_interval=heartbeat_interval, grace_period=grace_period,
-                              heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(
-                                  max_retry=max_retries))
+            return RetryingRDBStorage(expanded, engine_kwargs=engine_kwargs,
+                                      heartbeat_interval=heartbeat_interval, grace_period=grace_period,
+                                      heartbeat_stale_trial_callback=RequeueStaleTrial(max_retries, grace_period))
+    except ArmorLabError:
+        raise
     except (ImportError, ModuleNotFoundError) as exc:
         raise ArmorLabError(f"storage needs a database driver: {exc}", key="--storage", value=url) from None
     except Exception as exc:  # sqlalchemy raises its own types for bad URLs or unreachable hosts
-        raise ArmorLabError(f"cannot open storage: {exc}", key="--storage", value=url) from None
+        raise ArmorLabError(f"cannot open storage: {exc}", key="--storage", value=_redact(url)) from None
+
+
+def storage_options(search: SearchSpec) -> dict[str, int]:
+    """``open_storage`` keywords from the spec: retries and the heartbeat."""
+    return {"max_retries": search.max_retries, "heartbeat_interval": search.heartbeat_interval,
+            "grace_period": search.heartbeat_grace}
 
 
 def storage_has_heartbeat(storage: Any) -> bool:
@@ -273,13 +430,22 @@ def fail_and_requeue(study: optuna.Study, trial: FrozenTrial, reason: str, max_r
         study.tell(trial.number, state=TrialState.FAIL)
     except (ValueError, RuntimeError, optuna.exceptions.UpdateFinishedTrialError):
         return False  # someone else finished it meanwhile
+    return requeue(study, trial, reason, max_retries, count_retry=count_retry)
+
+
+def requeue(study: optuna.Study, trial: FrozenTrial, reason: str, max_retries: int, *,
+            count_retry: bool = True, record_reason: bool = False) -> bool:
+    """Enqueue the params of a trial that just FAILed again, unless it used up ``max_retries``.
+    ``record_reason``: keep ``reason`` on the retry (``retry_reason``), for a failed trial that
+    could not take a ``fail_reason`` any more (Optuna's heartbeat finished it)."""
     retries = retry_count(trial) + (1 if count_retry else 0)
     if retries > max_retries:
         log.warning("trial %d failed (%s); not retried: max_retries=%d reached", trial.number, reason,
                     max_retries)
         return False
     origin = trial.user_attrs.get("retry_of", trial.number)
-    study.enqueue_trial(dict(trial.params), user_attrs={"retry_of": origin, "retries": retries})
+    attrs = {"retry_of": origin, "retries": retries, **({"retry_reason": reason} if record_reason else {})}
+    study.enqueue_trial(dict(trial.params), user_attrs=attrs)
     log.warning("trial %d failed (%s); its params are queued again", trial.number, reason)
     return True
 
@@ -318,7 +484,13 @@ def reconcile(study: optuna.Study, me: Mapping[str, Any], max_retries: int, *,
     if storage_has_heartbeat(study._storage):
         with quiet_optuna():
             optuna.storages.fail_stale_trials(study)
-        return []
+        # Optuna judges only trials that have beaten once; a claimed trial beats at once (under
+        # this lock), so an unclaimed RUNNING one is a create_new_trial replayed after a lost answer
+        orphans = [t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+                   if "worker" not in t.user_attrs]
+        for trial in orphans:
+            fail_and_requeue(study, trial, "never claimed by a worker", max_retries, count_retry=False)
+        return [t.number for t in orphans]
     failed = []
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         owner = trial.user_attrs.get("worker")

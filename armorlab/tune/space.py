@@ -14,6 +14,7 @@ A study spec is a sweep spec (name, base, seeds, profile) plus::
       n_trials:   40
       max_retries: 2       # re-runs of a trial whose worker died or whose trainer crashed
       storage:    null     # journal file in the study dir; or an RDB URL
+      heartbeat:  {interval: 60, grace: 180}   # RDB storage: seconds between beats; silence that fails a trial
 """
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ from armorlab.errors import ArmorLabError
 PARAM_TYPES = ("float", "int", "categorical")
 SUMMARIES = ("auc", "final", "peak", "test-at-val-best")
 DIRECTIONS = ("maximize", "minimize")
-SEARCH_KEYS = ("space", "objective", "direction", "sampler", "pruner", "n_trials", "max_retries", "storage")
+SEARCH_KEYS = ("space", "objective", "direction", "sampler", "pruner", "n_trials", "max_retries", "storage",
+               "heartbeat")
+HEARTBEAT_DEFAULT = {"interval": 60, "grace": 180}
 
 # Options each sampler/pruner type accepts besides `type`, with their checks. Anything else is an
 # error naming the key: a typo in `n_startup_trials` must not silently fall back to a default.
@@ -144,6 +147,8 @@ class SearchSpec:
     n_trials: int
     max_retries: int = 2
     storage: str | None = None
+    heartbeat_interval: int = HEARTBEAT_DEFAULT["interval"]
+    heartbeat_grace: int = HEARTBEAT_DEFAULT["grace"]
     file: str | None = field(default=None, compare=False)
 
     @property
@@ -429,8 +434,27 @@ def parse_search(raw: Any, base: Mapping[str, Any], *, file: str | None = None) 
     if storage is not None and (not isinstance(storage, str) or "://" not in storage):
         raise _err("must be null (journal file in the study dir) or a database URL such as "
                    "postgresql://host/db or sqlite:///path.db", "search.storage", storage, file)
+    beat = _heartbeat(raw.get("heartbeat"), file)
     return SearchSpec(space=space, objectives=objectives, directions=directions, sampler=sampler,
-                      pruner=pruner, n_trials=n_trials, max_retries=max_retries, storage=storage, file=file)
+                      pruner=pruner, n_trials=n_trials, max_retries=max_retries, storage=storage,
+                      heartbeat_interval=beat["interval"], heartbeat_grace=beat["grace"], file=file)
+
+
+def _heartbeat(raw: Any, file: str | None) -> dict[str, int]:
+    """``search.heartbeat``: Optuna's RDB heartbeat period and the silence after which a RUNNING
+    trial is failed and re-queued. The grace must cover a few missed beats (a busy node, a
+    database restart), else a live worker's trial would be run twice."""
+    beat = dict(HEARTBEAT_DEFAULT)
+    for key, value in _mapping(raw if raw is not None else {}, "search.heartbeat", file).items():
+        if key not in beat:
+            raise _err(f"unknown key (known: {', '.join(beat)})", f"search.heartbeat.{key}", value, file)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise _err("must be a whole number of seconds ≥ 1", f"search.heartbeat.{key}", value, file)
+        beat[key] = value
+    if beat["grace"] < 2 * beat["interval"]:
+        raise _err(f"must be at least twice the interval ({beat['interval']} s), so one late beat "
+                   "does not fail a live trial", "search.heartbeat.grace", beat["grace"], file)
+    return beat
 
 
 def suggest_params(trial: Any, search: SearchSpec) -> dict[str, Any]:

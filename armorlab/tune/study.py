@@ -79,13 +79,15 @@ def prepare_study(spec_path: str | os.PathLike, *, root: str | os.PathLike = "ru
     Storage precedence: ``storage`` (--storage) > the spec's ``search.storage`` > the storage
     this study dir was created with > the journal file. Running it again resumes the study.
     """
-    from armorlab.tune.backend import open_storage, open_study
+    from armorlab.tune.backend import open_storage, open_study, rdb_url, storage_options
     from armorlab.tune.worker import StudyContext
 
     spec, search = load_study_spec(spec_path)
     study_dir = Path(root) / spec.name
     prior = StudyContext.load(study_dir) if is_study_dir(study_dir) else None
     url = storage or search.storage or (prior.storage_url if prior else None)
+    if url is not None:
+        rdb_url(url)  # a missing driver fails here, before the study dir or any worker exists
     if prior is not None and prior.storage_url != url:
         log.warning("study %s was stored in %s; now using %s", spec.name, prior.storage_url or "its journal",
                     url or "the journal file")
@@ -100,7 +102,7 @@ def prepare_study(spec_path: str | os.PathLike, *, root: str | os.PathLike = "ru
                        extra={"profile": str(spec.profile_path()) if spec.profile else None})
     ctx.write()
     atomic_write_yaml(ctx.tune_dir / "spec.yaml", spec.to_dict())
-    st = open_storage(study_dir, url, max_retries=search.max_retries)
+    st = open_storage(study_dir, url, **storage_options(search))
     open_study(study_dir, spec.name, search, st, base_cfg=ctx.base_resolved)
     return ctx
 
@@ -109,11 +111,11 @@ def load_study(study_dir: str | os.PathLike) -> tuple[Any, Any]:
     """(StudyContext, optuna.Study) of an existing study dir, for status and reports."""
     import optuna
 
-    from armorlab.tune.backend import open_storage
+    from armorlab.tune.backend import open_storage, storage_options
     from armorlab.tune.worker import StudyContext
 
     ctx = StudyContext.load(study_dir)
-    storage = open_storage(ctx.study_dir, ctx.storage_url, max_retries=ctx.search.max_retries)
+    storage = open_storage(ctx.study_dir, ctx.storage_url, **storage_options(ctx.search))
     try:
         study = optuna.load_study(study_name=ctx.name, storage=storage)
     except KeyError:
@@ -140,7 +142,7 @@ def run_local(ctx: Any, workers: int = 1, *, launch: dict[str, Any] | None = Non
     import optuna
 
     from armorlab.sweeps.executors import local_thread_env
-    from armorlab.tune.backend import open_storage
+    from armorlab.tune.backend import DatabaseUnavailable, open_storage, storage_options
 
     if workers < 1:
         raise ArmorLabError("must be ≥ 1", key="--workers", value=workers)
@@ -151,7 +153,7 @@ def run_local(ctx: Any, workers: int = 1, *, launch: dict[str, Any] | None = Non
     if launch.get("accelerate_config"):
         launch_args += ["--accelerate-config", str(launch["accelerate_config"])]
     procs: list[subprocess.Popen] = []
-    storage = open_storage(ctx.study_dir, ctx.storage_url, max_retries=ctx.search.max_retries)
+    storage = open_storage(ctx.study_dir, ctx.storage_url, **storage_options(ctx.search))
     study = optuna.load_study(study_name=ctx.name, storage=storage)
     old_term = signal.getsignal(signal.SIGTERM)
 
@@ -170,7 +172,10 @@ def run_local(ctx: Any, workers: int = 1, *, launch: dict[str, Any] | None = Non
             fh.close()
         while any(p.poll() is None for p in procs):
             if on_progress is not None:
-                on_progress(counts_of(study))
+                try:
+                    on_progress(counts_of(study))
+                except DatabaseUnavailable as exc:  # the workers decide whether to go on
+                    log.warning("%s", exc)
             time.sleep(poll_s)
     except KeyboardInterrupt:
         log.warning("interrupted: stopping %d workers (their trials are re-queued)", len(procs))
@@ -300,7 +305,22 @@ def study_status(study_dir: str | os.PathLike, *, top: int = 10) -> dict[str, An
             "storage": ctx.storage_url or str(ctx.tune_dir / "journal.log"),
             "n_trials": search.n_trials, "counts": counts, "directions": list(search.directions),
             "objectives": [o.label for o in search.objectives], "params": list(search.space),
-            "best": rows, "pruned": pruned}
+            "best": rows, "pruned": pruned, "dashboard": dashboard_command(ctx)}
+
+
+def dashboard_command(ctx: Any) -> str:
+    """The shell command that opens this study's storage in optuna-dashboard (the ``dashboard``
+    extra). An RDB URL keeps its ``$VARS`` (the shell expands them) and names its driver."""
+    import shlex
+
+    if ctx.storage_url is None:
+        return f"optuna-dashboard {shlex.quote(str((ctx.tune_dir / 'journal.log').absolute()))}"
+    from armorlab.tune.backend import with_driver
+
+    url = with_driver(ctx.storage_url)
+    if url.startswith("sqlite:///") and not url.startswith("sqlite:////"):
+        url = "sqlite:///" + str(Path(url[len("sqlite:///"):]).absolute())
+    return f'optuna-dashboard "{url}"'
 
 
 def status_table_rows(status: dict[str, Any]) -> tuple[list[str], list[list[str]]]:

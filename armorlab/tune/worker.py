@@ -47,6 +47,7 @@ from armorlab.runs import RunDir
 from armorlab.tune.backend import (
     BEAT_INTERVAL_S,
     TUNE_DIR,
+    DatabaseUnavailable,
     fail_and_requeue,
     open_storage,
     open_study,
@@ -54,6 +55,7 @@ from armorlab.tune.backend import (
     reconcile,
     state_counts,
     storage_has_heartbeat,
+    storage_options,
     study_lock,
     touch_beat,
     worker_identity,
@@ -268,6 +270,16 @@ class Worker:
             with contextlib.suppress(ProcessLookupError):
                 proc.send_signal(signal.SIGTERM)
 
+    def _stop_trainer(self, wait_s: float = 90.0) -> None:
+        proc = self.proc
+        if proc is not None and proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=wait_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
     def abandon_current(self, reason: str, wait_s: float = 90.0) -> None:
         """For submitit's checkpoint (runs in the signal handler, the process exits right after):
         stop the trainer (it checkpoints), fail the running trial and re-queue its params."""
@@ -295,7 +307,7 @@ class Worker:
         ctx = self.ctx = StudyContext.load(self.study_dir)
         search = ctx.search
         base_cfg = ctx.base_resolved
-        storage = open_storage(ctx.study_dir, ctx.storage_url, max_retries=search.max_retries)
+        storage = open_storage(ctx.study_dir, ctx.storage_url, **storage_options(search))
         me = worker_identity(self.index)
         with study_lock(ctx.study_dir):
             probe = optuna.load_study(study_name=ctx.name, storage=storage)
@@ -365,6 +377,18 @@ class Worker:
                     if outcome.kind not in ("completed", "reused"):
                         break
             return self._tell(study, trial, run_dirs, outcome, kinds)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            # another worker failed this trial as stale (its heartbeats stopped reaching the
+            # database for longer than the grace): its retry owns the run now, so let go of it
+            self._stop_trainer()
+            log.warning("trial %d was failed by another worker (heartbeat judged stale); its retry "
+                        "resumes the run", trial.number)
+            return RunOutcome("lost", "failed by another worker as stale")
+        except DatabaseUnavailable:
+            # nothing can be told now: stop the trainer (it checkpoints) and end this worker; the
+            # trial stays RUNNING until its missing heartbeat fails and re-queues it
+            self._stop_trainer()
+            raise
         except Exception as exc:
             # a bug or an I/O error in this worker: leave the study consistent, then die loudly
             frozen = study._storage.get_trial(trial._trial_id)
@@ -383,21 +407,21 @@ class Worker:
             except (ValueError, OSError) as exc:
                 trial.set_user_attr("outcome", "failed")
                 trial.set_user_attr("fail_reason", str(exc))
-                study.tell(trial, state=TrialState.FAIL)
+                study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
                 return RunOutcome("config_error", str(exc))
             if not all(math.isfinite(v) for v in values):
                 trial.set_user_attr("outcome", "failed")
                 trial.set_user_attr("fail_reason", f"non-finite objective {values}")
-                study.tell(trial, state=TrialState.FAIL)
+                study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
                 return RunOutcome("config_error", f"non-finite objective {values}")
             trial.set_user_attr("outcome", "reused" if all(k == "reused" for k in kinds) else "completed")
-            study.tell(trial, values)
+            study.tell(trial, values, skip_if_finished=True)
             return outcome
         if outcome.kind in ("pruned", "diverged"):
             trial.set_user_attr("outcome", outcome.kind)
             if outcome.reason:
                 trial.set_user_attr("prune_reason", outcome.reason)
-            study.tell(trial, state=TrialState.PRUNED)
+            study.tell(trial, state=TrialState.PRUNED, skip_if_finished=True)
             return outcome
         # failures: re-queue what may succeed on a second try (crash, preemption), not config errors
         frozen = study._storage.get_trial(trial._trial_id)
@@ -407,7 +431,7 @@ class Worker:
             if outcome.kind == "config_error":
                 trial.set_user_attr("fail_reason", outcome.reason)
                 trial.set_user_attr("outcome", "failed")
-                study.tell(trial, state=TrialState.FAIL)
+                study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
             else:
                 trial.set_user_attr("outcome", outcome.kind)
                 fail_and_requeue(study, frozen, outcome.reason or outcome.kind, self.ctx.search.max_retries,
@@ -576,6 +600,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ArmorLabError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except DatabaseUnavailable as exc:
+        print(f"error: {exc}; the worker stops (its trial is failed and re-queued once its heartbeat "
+              "is stale: run `armorlab tune SPEC` again when the database is back)", file=sys.stderr)
+        return 3
     log.info("worker done: %s", summary)
     return EXIT_PREEMPTED if summary["stop_reason"] == "interrupted" else 0
 
