@@ -74,6 +74,32 @@ def test_without_a_driver_a_postgres_storage_is_exit_2_naming_the_extra(tmp_path
     assert not (tmp_path / "runs" / "nodriver").exists()  # nothing was created, no worker started
 
 
+def test_driver_naming_and_heartbeat_settings(monkeypatch):
+    from armorlab.errors import ArmorLabError
+    from armorlab.tune.backend import rdb_url, with_driver
+    from armorlab.tune.space import parse_search
+
+    pytest.importorskip("psycopg")
+    assert with_driver("postgres://u:${PW}@h/db") == "postgresql+psycopg://u:${PW}@h/db"  # $VARS kept
+    monkeypatch.setenv("PW", "pw")
+    assert rdb_url("postgresql://u:${PW}@h/db") == "postgresql+psycopg://u:pw@h/db"
+    assert with_driver("sqlite:///x.db") == "sqlite:///x.db"
+    monkeypatch.setitem(sys.modules, "psycopg2", None)
+    with pytest.raises(ArmorLabError, match=r"\(psycopg2\), and none is installed.*armorlab\[postgres\]"):
+        with_driver("postgresql+psycopg2://u:pw@h/db")
+
+    base = {"objective": "armor", "max_steps": 30, "val_every": 5}
+    space = {"space": {"alpha": [0.5, 0.7]}, "sampler": "grid"}
+    s = parse_search({**space, "heartbeat": {"interval": 2, "grace": 4}}, base)
+    assert (s.heartbeat_interval, s.heartbeat_grace) == (2, 4)
+    assert (parse_search(space, base).heartbeat_interval, parse_search(space, base).heartbeat_grace) == (60, 180)
+    for bad, key in (({"interval": 2, "grace": 3}, "search.heartbeat.grace"),
+                     ({"interval": 0}, "search.heartbeat.interval"),
+                     ({"beat": 1}, "search.heartbeat.beat")):
+        with pytest.raises(ArmorLabError, match=key.replace(".", r"\.")):
+            parse_search({**space, "heartbeat": bad}, base, file="s.yaml")
+
+
 # --------------------------------------------------------------------------- local workers
 @pytest.mark.postgres
 def test_local_workers_share_postgres_two_studies_stay_apart_and_a_rerun_adds_none(tmp_path, postgres_db):  # noqa: F811

@@ -5,8 +5,9 @@ this module, never ``armorlab --help``.
 
 Storage. The default is a journal file in the study dir (``.tune/journal.log``) guarded by
 ``JournalFileOpenLock`` (an O_EXCL lock file, safe across processes on one host and on NFSv3+).
-A database URL gives ``RDBStorage`` with heartbeats: a trial whose worker stops beating is failed
-and re-queued by ``RetryHeartbeatStaleTrialCallback``. The journal has no heartbeat, so
+A database URL gives ``RetryingRDBStorage`` (RDBStorage whose calls ride out a server restart)
+with heartbeats: a trial whose worker stops beating is failed by Optuna and re-queued by
+``RequeueStaleTrial`` (armorlab's requeue, so retries count alike). The journal has no heartbeat, so
 ``reconcile`` does that job: every worker records who runs a trial (host, pid, process start
 time, Slurm job) in the trial's user attrs, and a RUNNING trial whose owner is provably dead is
 failed and its params re-enqueued. Owners that cannot be checked from here (another host, no
@@ -37,14 +38,14 @@ from armorlab.errors import ArmorLabError
 from armorlab.runs import slurm_job_id
 from armorlab.sweeps import slurmctl
 from armorlab.tune.pruners import make_pruner
-from armorlab.tune.space import SearchSpec
+from armorlab.tune.space import HEARTBEAT_DEFAULT, SearchSpec
 
 log = logging.getLogger(__name__)
 
 TUNE_DIR = ".tune"
 JOURNAL = "journal.log"
-HEARTBEAT_INTERVAL_S = 60
-HEARTBEAT_GRACE_S = 180
+HEARTBEAT_INTERVAL_S = HEARTBEAT_DEFAULT["interval"]  # search.heartbeat overrides both
+HEARTBEAT_GRACE_S = HEARTBEAT_DEFAULT["grace"]
 # The journal's stand-in for heartbeats, used only for owners reconcile cannot check directly
 # (another host, no Slurm): the worker touches .tune/beats/<trial> every BEAT_INTERVAL_S; a trial
 # whose beat file is older than BEAT_GRACE_S is taken for dead.
