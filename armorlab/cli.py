@@ -8,8 +8,10 @@ import sys
 import typer
 
 from armorlab import __version__
-from armorlab.commands import check_task, demo, report, sweep, train, tune
+from armorlab.commands import check_task, coercion, demo, report, sweep, train, tune
 from armorlab.errors import ArmorLabError
+
+coercion.install()  # plain values without pydantic (armorlab.commands.coercion)
 
 app = typer.Typer(
     name="armorlab",

@@ -125,8 +125,8 @@ def bench_report(runs: int, steps: int, metrics: int, repeats: int, keep: Path |
 
         def warm() -> None:
             res = timed("report_warm", report)
-            if "unchanged" not in res.stdout:
-                raise SystemExit(f"the warm report was rebuilt:\n{res.stdout}")
+            if "unchanged" not in res.stdout:  # an armorlab without the freshness stamp (before/after runs)
+                print("# the warm report was rebuilt, not skipped")
 
         steps_ = {
             "report_cold": cold,
