@@ -141,6 +141,33 @@ def test_local_workers_share_postgres_two_studies_stay_apart_and_a_rerun_adds_no
     assert out.returncode == 0 and "dashboard: optuna-dashboard" in out.stdout, out.stdout + out.stderr
 
 
+@pytest.mark.postgres
+def test_a_preempted_worker_requeues_its_trial_on_postgres_without_counting_a_retry(
+        tmp_path, monkeypatch, postgres_db):  # noqa: F811
+    from armorlab.tune.study import prepare_study, run_local
+
+    monkeypatch.setenv("ARMORLAB_SYNTHETIC_STEP_S", "0.05")
+    p = spec(tmp_path, "pg_term", "space: {alpha: [0.5, 0.7]}\nsampler: {type: grid}\n",
+             base="{objective: armor, max_steps: 40, val_every: 5}")
+    ctx = prepare_study(p, root=tmp_path / "runs", storage=postgres_db)
+    w = subprocess.Popen([sys.executable, "-m", "armorlab.tune.worker", str(ctx.study_dir), "--poll", "0.1"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_for(lambda: any((RunDir(d).last_step() or 0) >= 3 for d in ctx.study_dir.iterdir()
+                         if (d / "metrics.jsonl").is_file()) or w.poll() is not None, 120, "a trial to train")
+    w.send_signal(signal.SIGTERM)  # what scancel, a preemption or Ctrl-C deliver
+    assert w.wait(timeout=60) == 75
+    ts = pg_trials(postgres_db, "pg_term")
+    failed = [t for t in ts if t.state == TrialState.FAIL]
+    waiting = [t for t in ts if t.state == TrialState.WAITING]
+    assert len(failed) == 1 and len(waiting) == 1 and waiting[0].user_attrs["retries"] == 0
+    run_local(ctx, 1, poll_s=0.2, worker_poll_s=0.1)
+    ts = pg_trials(postgres_db, "pg_term")
+    assert Counter(t.state for t in ts) == {TrialState.COMPLETE: 2, TrialState.FAIL: 1}
+    rd = RunDir(ctx.study_dir / failed[0].user_attrs["runs"][0])
+    assert rd.read_status()["state"] == "completed" and rd.read_status()["attempt"] == 2
+    assert sorted(steps_logged(rd)) == list(range(41)) and set(steps_logged(rd).values()) == {1}
+
+
 # --------------------------------------------------------------------------- server restart
 @pytest.mark.postgres
 def test_workers_ride_out_a_server_restart(tmp_path, monkeypatch, postgres_server):  # noqa: F811

@@ -175,7 +175,7 @@ def trial_values(run_dirs: Sequence[RunDir], search: SearchSpec) -> list[float]:
 # --------------------------------------------------------------------------- one run
 @dataclass
 class RunOutcome:
-    kind: str  # completed | reused | pruned | diverged | crashed | config_error | interrupted | preempted
+    kind: str  # completed | reused | pruned | diverged | crashed | config_error | interrupted | preempted | lost
     reason: str | None = None
     step: int | None = None
 
