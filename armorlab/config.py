@@ -84,6 +84,10 @@ FIELDS: dict[str, Field] = {
     "objective": Field("dapo", choice(*OBJECTIVES), "policy objective"),
     "alpha": Field(None, optional(number(0.0, 1.0, lo_open=True)),
                    "ARMOR mixing weight α in (0, 1]; null = (G−1)/G of num_generations (0.875 at G = 8)"),
+    "advantage_estimator": Field("group_mean", choice("group_mean", "quantile"),
+                                 "baseline of the group advantage: GRPO/DAPO's mean or QAE's K-quantile"),
+    "quantile_k": Field(0.4, number(0.0, 1.0, lo_open=True), "QAE's K: baseline = K-quantile of the group"),
+    "kl_estimator": Field("k3", choice("k3", "k2"), "per-token estimator of the β·KL(π_θ‖π_ref) penalty"),
     "dual_clip": Field(None, _dual_clip, "dual-clip constant c > 1 for A < 0 (verl), null = off"),
     "aggregation": Field(None, optional(choice(*AGGREGATIONS)), "loss aggregation; null = objective's"),
     "anchor": Field(False, boolean, "inject one reference-policy sample per group (ARMOR Eq. 3)"),
@@ -214,7 +218,7 @@ MODEL_FIELDS_TINY: dict[str, Field] = {
     "num_layers": Field(3, integer(1), "transformer layers"),
     "num_heads": Field(4, integer(1), "attention heads (head_dim = hidden/heads ≥ 32)"),
     "warm_start_steps": Field(1000, integer(0), "max supervised warm-start steps on the task's train pool"),
-    "warm_start_target": Field(0.6, optional(number(0.0, 1.0, lo_open=True)),
+    "warm_start_target": Field(0.75, optional(number(0.0, 1.0, lo_open=True)),
                                "stop the warm start at this greedy accuracy on a dev slice of the "
                                "pool (null = run all warm_start_steps)"),
     "warm_start_seed": Field(0, integer(0), "seed of the tiny model's init and warm start"),
@@ -574,8 +578,8 @@ def _check_logging_backends(report_to: Any, file: str | None) -> None:
                                 key="report_to", value=report_to, file=file)
 
 
-INERT_KEYS = frozenset({"alpha", "anchor_filter", "anchor_ratio", "anchor_samples", "anchor_reward_threshold",
-                        "dynamic_sampling_factor"})
+INERT_KEYS = frozenset({"alpha", "quantile_k", "kl_estimator", "anchor_filter", "anchor_ratio", "anchor_samples",
+                        "anchor_reward_threshold", "dynamic_sampling_factor"})
 
 
 def default_alpha(num_generations: int) -> float:
@@ -603,6 +607,10 @@ def fill_objective_defaults(cfg: Any) -> None:
 def _normalise_inert(cfg: dict[str, Any]) -> None:
     """Null out keys that cannot affect this run so equivalent grid points share one run id."""
     anchor_on = cfg["anchor"]
+    if cfg["advantage_estimator"] != "quantile":
+        cfg["quantile_k"] = None
+    if not cfg["beta"]:
+        cfg["kl_estimator"] = None
     if not anchor_on:
         cfg["anchor_filter"] = None
         cfg["anchor_ratio"] = None

@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 
 # Bump when the architecture, tokenizer or warm-start recipe changes: old cache entries then
 # stop matching instead of being reused with a different meaning.
-MODEL_VERSION = 3
+MODEL_VERSION = 4
 METADATA = "armorlab_model.json"
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)
@@ -49,7 +49,7 @@ MAX_POSITIONS = 1024
 # Warm-start recipe (the step count is model.warm_start_steps; the rest is fixed here).
 WS_BATCH = 64
 WS_LR = 1e-3
-WS_WARMUP = 20
+WS_WARMUP = 100
 WS_DEV = 128  # pool prompts set aside to decide when the warm start has gone far enough
 WS_CHECK_EVERY = 25
 WS_EVAL_SAMPLES = 4  # completions per val prompt when the build reports its val accuracy

@@ -46,12 +46,13 @@ from trl.trainer.utils import RepeatSampler, add_fused_lm_head, is_async_callabl
 from armorlab import anchors as anc
 from armorlab import dynamic_sampling as dyn
 from armorlab import trl_fields
+from armorlab.advantages import group_advantages
 from armorlab.checks import Invalid
 from armorlab.config import FIELDS, INERT_KEYS, fill_objective_defaults
 from armorlab.errors import ArmorLabError
 from armorlab.evaluation import Validator
 from armorlab.reference import ReferencePolicy, build_reference_model
-from armorlab.telemetry import StepStats, TokenDump, kl_k3, sequence_kl_estimates
+from armorlab.telemetry import StepStats, TokenDump, kl_k2, kl_k3, sequence_kl_estimates
 
 STATE_FILE = "armorlab_state.json"
 # Per-generation metrics ride in the batch as 0-d tensors "<prefix><name>:total" / ":count", which
@@ -80,6 +81,11 @@ class ArmorLabConfig(GRPOConfig):
 
     objective: str = field(default=FIELDS["objective"].default, metadata={"help": FIELDS["objective"].doc})
     alpha: float | None = field(default=FIELDS["alpha"].default, metadata={"help": FIELDS["alpha"].doc})
+    advantage_estimator: str = field(default=FIELDS["advantage_estimator"].default,
+                                     metadata={"help": FIELDS["advantage_estimator"].doc})
+    quantile_k: float | None = field(default=FIELDS["quantile_k"].default, metadata={"help": FIELDS["quantile_k"].doc})
+    kl_estimator: str | None = field(default=FIELDS["kl_estimator"].default,
+                                     metadata={"help": FIELDS["kl_estimator"].doc})
     dual_clip: float | None = field(default=None, metadata={"help": FIELDS["dual_clip"].doc})
     aggregation: str | None = field(default=None, metadata={"help": FIELDS["aggregation"].doc})
     anchor: bool = field(default=FIELDS["anchor"].default, metadata={"help": FIELDS["anchor"].doc})
@@ -363,6 +369,10 @@ class ArmorLabTrainer(GRPOTrainer):
         n = output["completion_ids"].size(0)
         start = self.accelerator.process_index * n
         output["armorlab_reward"] = self._rewards_gathered[start:start + n].to(device)
+        if self.args.advantage_estimator == "quantile":  # QAE: same rewards, K-quantile baseline
+            adv = group_advantages(self._rewards_gathered.float().cpu(), self.num_generations,
+                                   estimator="quantile", quantile_k=self.args.quantile_k, scale=self.scale_rewards)
+            output["advantages"] = adv[start:start + n].to(device=device, dtype=output["advantages"].dtype)
         output["armorlab_length"] = marks["lengths"].to(device)
         output["armorlab_truncated"] = marks["truncated"].to(device)
         output["armorlab_is_anchor"] = marks["is_anchor"].to(device)
@@ -474,7 +484,7 @@ class ArmorLabTrainer(GRPOTrainer):
         loss = out.loss
         stats = StepStats()
         if self.beta != 0.0:
-            per_token_kl = kl_k3(ref - logp)
+            per_token_kl = (kl_k2 if args.kl_estimator == "k2" else kl_k3)(ref - logp)
             if args.use_bias_correction_kl:  # as TRL: π_old's samples reweighted to π_θ by the plain ratio
                 per_token_kl = per_token_kl * torch.exp(logp - old)
             beta_kl = (per_token_kl * mask).sum() / mask.sum().clamp(min=1.0)

@@ -247,3 +247,24 @@ def test_beta_kl_follows_use_bias_correction_kl(tmp_path):
     assert trainer.pairs
     for plain, corrected in trainer.pairs[1:]:  # step 1 has π_ref = π_θ: both are 0
         assert plain > 0 and corrected == pytest.approx(math.exp(BiasCorrectionProbe.delta) * plain, rel=1e-4)
+
+
+def test_quantile_advantages_zero_the_rows_at_the_baseline_anchor_included(tmp_path):
+    # QAE with K = 0.4 on binary rewards: a group with ≤ 60 % correct (anchor counted) has b = 0, so
+    # its wrong rows get exactly 0 and its correct rows > 0; above 60 % b = 1, correct rows get 0.
+    table = answer_table(resolved())
+    trainer, _ = _run_with_reference(tmp_path, table.__getitem__, anchor=True, anchor_gate=False,
+                                     advantage_estimator="quantile", max_steps=2)
+    informative = 0
+    for out in trainer.captured:
+        g = trainer.num_generations
+        for rewards, adv, anchor in zip(out["armorlab_reward"].view(-1, g), out["advantages"].view(-1, g),
+                                        out["armorlab_is_anchor"].view(-1, g), strict=True):
+            assert anchor.sum() == 1 and rewards[anchor].item() == 1.0   # the anchor is in the group
+            p = rewards.mean().item()
+            at_baseline = rewards == (1.0 if p > 0.6 else 0.0)
+            assert bool((adv[at_baseline] == 0).all())
+            others = adv[~at_baseline]
+            assert bool((others > 0).all()) if p <= 0.6 else bool((others < 0).all())
+            informative += others.numel() > 0
+    assert informative, "no group with a non-zero advantage: the check would be vacuous"

@@ -31,14 +31,18 @@ def register(app: typer.Typer) -> None:
         detach: bool = typer.Option(False, "--detach", help="Local: running trainers keep going if this "
                                     "command dies or its terminal closes (default: they checkpoint and stop "
                                     "with it; a re-run resumes them)."),
+        set_: list[str] = typer.Option([], "--set", help="Override a base key of every run, e.g. "
+                                       "--set model=tiny task=arithmetic (changes the run ids)."),
     ) -> None:
         """Run a sweep: every grid point × seed once; again = resume (completed/queued runs are skipped)."""
+        from armorlab.config import parse_overrides
         from armorlab.errors import ArmorLabError
         from armorlab.sweeps.submit import plan_sweep
 
         if retry is not None and retry not in RETRY_CHOICES:
             raise ArmorLabError("only failed runs can be retried", key="--retry", value=retry)
-        plan = plan_sweep(spec, root=root, executor=executor, profile=profile, retry_failed=retry == "failed")
+        plan = plan_sweep(spec, root=root, executor=executor, profile=profile, retry_failed=retry == "failed",
+                          overrides=parse_overrides(set_))
         if dry_run:
             _print_dry_run(plan, workers)
             return

@@ -8,12 +8,15 @@ lost runs from their run dirs, and never starts a second job for a run.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from armorlab.config import deep_merge
 from armorlab.errors import ArmorLabError
 from armorlab.fsutil import atomic_write_yaml
 from armorlab.runs import RunDir
@@ -55,9 +58,13 @@ class SweepPlan:
 
 
 def plan_sweep(spec_path: str | Path, *, root: str | Path = "runs", executor: str | None = None,
-               profile: str | Path | None = None, retry_failed: bool = False) -> SweepPlan:
-    """Load, expand and classify: nothing is written."""
+               profile: str | Path | None = None, retry_failed: bool = False,
+               overrides: Mapping[str, Any] | None = None) -> SweepPlan:
+    """Load, expand and classify: nothing is written. ``overrides`` (nested, as from
+    ``config.parse_overrides``) replace keys of the spec's base in every run."""
     spec = load_spec(spec_path)
+    if overrides:
+        spec = dataclasses.replace(spec, base=deep_merge(spec.base, overrides))
     if spec.search is not None:
         raise ArmorLabError("this spec has a `search:` section: run it with `armorlab tune`", key="search",
                             value="...", file=spec.file)

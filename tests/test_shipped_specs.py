@@ -1,0 +1,101 @@
+"""Every shipped sweep spec and report recipe validates and dry-runs, as written and on the tiny model.
+
+The paper-scale specs (sweeps/paper/) name a user's model and data; `--set model=tiny
+--set task=arithmetic` must turn each into a runnable tiny sweep without other edits. A recipe is
+"dry-run" against the runs its sweep would make: its group keys and comparison selectors must
+name config keys those runs have and select at least one of them, and its matched steps must
+lie within the runs' budget — otherwise the report would come out empty or silently ungrouped.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from armorlab.analysis.recipe import load_recipe
+from armorlab.cli import app
+from armorlab.config import get_dotted, parse_overrides
+from armorlab.sweeps.spec import load_spec
+from armorlab.sweeps.submit import plan_sweep
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = ["model=tiny", "task=arithmetic"]
+
+
+def _specs() -> list[Path]:
+    files = sorted((REPO / "sweeps").rglob("*.yaml"))
+    bases = set()
+    for f in files:
+        base = (yaml.safe_load(f.read_text()) or {}).get("base")
+        if isinstance(base, str):
+            bases.add((f.parent / base).resolve())
+    return [f for f in files if f.resolve() not in bases] + [REPO / "armorlab" / "demo.yaml"]
+
+
+SPECS = _specs()
+RECIPES = sorted((REPO / "analysis").rglob("*.yaml"))
+
+
+def _id(p: Path) -> str:
+    return str(p.relative_to(REPO))
+
+
+@pytest.mark.parametrize("path", SPECS, ids=_id)
+@pytest.mark.parametrize("overrides", [[], TINY], ids=["as-written", "tiny"])
+def test_spec_validates_and_dry_runs(path, overrides, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # relative run roots land in the temp dir
+    spec = load_spec(path)
+    if spec.search is not None:   # an `armorlab tune` study: its search space checked against its base
+        from armorlab.config import deep_merge
+        from armorlab.tune_space import parse_search
+
+        search = parse_search(spec.search, deep_merge(spec.base, parse_overrides(overrides)), file=str(path))
+        assert search.space
+        return
+    args = ["sweep", str(path), "--dry-run", "--root", str(tmp_path / "runs")]
+    for o in overrides:
+        args += ["--set", o]
+    plan = plan_sweep(path, root=tmp_path / "runs", overrides=parse_overrides(overrides))
+    assert plan.runs and len({r.run_id for r in plan.runs}) == len(plan.runs)
+    if overrides:
+        assert all(r.config["model"]["name"] == "tiny" and r.config["task"]["name"] == "arithmetic"
+                   for r in plan.runs)
+    if spec.profile:
+        assert spec.profile_path().is_file()
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert not list((tmp_path / "runs").rglob("config.yaml")), "a dry run wrote run dirs"
+
+
+def _spec_for(recipe_runs: list[str]) -> Path | None:
+    names = {Path(r).name for r in recipe_runs}
+    for path in SPECS:
+        if load_spec(path).name in names:
+            return path
+    return None
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=_id)
+def test_recipe_matches_the_runs_of_its_sweep(path, tmp_path):
+    recipe = load_recipe(path)
+    assert recipe.runs and recipe.select.metric.startswith("val/")
+    spec_path = _spec_for(recipe.runs)
+    if spec_path is None:
+        assert path.name == "demo.yaml", f"{path.name} reads runs no shipped sweep makes: {recipe.runs}"
+        return
+    for overrides in ([], TINY):
+        plan = plan_sweep(spec_path, root=tmp_path / "runs", overrides=parse_overrides(overrides))
+        configs = [r.config for r in plan.runs]
+        missing = object()
+        for key in recipe.group_by or ():
+            assert all(get_dotted(c, key, missing) is not missing for c in configs), f"group_by {key}"
+        selectors = [recipe.compare.baseline] if recipe.compare.baseline else []
+        selectors += [s for pair in recipe.compare.pairs or () for s in pair]
+        for sel in selectors:
+            hits = [c for c in configs if all(get_dotted(c, k, missing) == v for k, v in sel.items())]
+            assert hits, f"compare selector {sel} selects no run of {spec_path.name}"
+        budget = min(c["max_steps"] for c in configs)
+        assert all(s <= budget for s in recipe.matched_steps or ()), (recipe.matched_steps, budget)
