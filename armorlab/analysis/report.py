@@ -204,19 +204,23 @@ MEMO = ".armorlab-cache/memo.pickle"  # in the output dir: bootstrap results, ba
 def build_report(recipe: Recipe, out_dir: str | Path | None = None, *, cache: bool = True,
                  progress: Callable[[int, int], None] | None = None,
                  extra_sections: Callable[[Path, Callable[[str], None]], list[Section]] | None = None,
+                 lead: Callable[[pd.DataFrame, RunSet, Path], Section | None] | None = None,
                  ) -> ReportResult:
     """Write the whole report for ``recipe`` and return what was written.
 
     ``extra_sections(out_dir, warn)`` returns sections appended after the run report's; ``warn``
-    adds a note to the report's warnings. With ``cache``, results of unchanged inputs come from
+    adds a note to the report's warnings. ``lead(per_run, runs, out_dir)`` may return a section
+    shown first (the demo's headline). With ``cache``, results of unchanged inputs come from
     the last report in the same output dir (armorlab.analysis.memo)."""
     out = Path(out_dir) if out_dir is not None else default_out_dir(recipe)
     with memo.using(out / MEMO, enabled=cache):
-        return _build_report(recipe, out, cache=cache, progress=progress, extra_sections=extra_sections)
+        return _build_report(recipe, out, cache=cache, progress=progress, extra_sections=extra_sections,
+                             lead=lead)
 
 
 def _build_report(recipe: Recipe, out: Path, *, cache: bool, progress: Callable[[int, int], None] | None,
                   extra_sections: Callable[[Path, Callable[[str], None]], list[Section]] | None,
+                  lead: Callable[[pd.DataFrame, RunSet, Path], Section | None] | None = None,
                   ) -> ReportResult:
     file = str(recipe.path) if recipe.path else None
     key = freshness.input_key(recipe, out)  # before reading: a run growing meanwhile makes it stale
@@ -353,6 +357,9 @@ def _build_report(recipe: Recipe, out: Path, *, cache: bool, progress: Callable[
 
     sections = _sections(recipe, out, figs, group_display, headline, poi_display, diff, per_run, matched,
                          token_display, anchors)
+    first = lead(per_run, rs, out) if lead is not None else None
+    if first is not None:
+        sections.insert(0, first)
     if extra_sections is not None:
         sections += extra_sections(out, notes.add)
     meta = (f"{len(rs.run_ids)} runs in {len(groups.labels)} groups (group_by: {esc(legend)}) · "

@@ -1,18 +1,28 @@
-"""`armorlab demo`: the demo ablation on embedded defaults, then its report.
+"""`armorlab demo`: the validation-collapse ablation on embedded defaults, then its report.
 
 The spec ships with the package (armorlab/demo.yaml), so the demo runs from any install: local
-executor, the tiny warm-started model, the synthetic arithmetic task, CPU, offline. Running it
-again resumes: completed runs are kept, interrupted ones continue from their checkpoints.
+executor, the tiny warm-started model, the synthetic arithmetic task, CPU, offline. While it
+trains, a live table shows every run's step and held-out accuracy. Running it again resumes:
+completed runs are kept, interrupted ones continue from their checkpoints, and the report is
+rendered again. The report opens with the headline (armorlab.analysis.headline): DAPO's rise and
+fall in standard errors, and each remedy against DAPO, stated in plain sentences.
 """
 
 from __future__ import annotations
 
+import contextlib
+import math
+import threading
 from pathlib import Path
+from typing import Any
 
 import typer
 
 DEMO_SPEC = Path(__file__).resolve().parent.parent / "demo.yaml"
 EFFECTIVE_SPEC = "demo-spec.yaml"
+GROUP_BY = ["objective", "beta", "anchor_gate"]
+BASELINE = {"objective": "dapo", "beta": 0.0, "anchor_gate": False}
+HEADLINE_FILE = "headline"
 
 
 def effective_spec(root: Path, overrides: list[str]) -> Path:
@@ -27,18 +37,158 @@ def effective_spec(root: Path, overrides: list[str]) -> Path:
     return path
 
 
+def demo_name(cfg: Any) -> str:
+    """Short name of a demo run from its (flattened or nested) config: dapo, dapo + KL β=0.1, up,
+    armor, gate only."""
+    get = cfg.get
+    objective, beta = get("objective"), get("beta") or 0.0
+    if objective == "dapo" and not get("anchor") and get("anchor_gate"):
+        return "gate only (dapo)"
+    if beta:
+        return f"{objective} + KL β={beta:g}"
+    return str(objective)
+
+
 def demo_recipe(run_dirs: list[Path]):
-    """ARMOR vs UP vs DAPO over seeds: val selected on val and reported on test, probability of
-    improvement of each objective over DAPO."""
+    """The five objectives over seeds: selected on val and reported on test, P(X > DAPO)."""
     from armorlab.analysis.recipe import parse_recipe
 
     return parse_recipe({
-        "title": "armorlab demo: DAPO vs UP vs ARMOR, tiny model, 16 training prompts",
+        "title": "armorlab demo: validation collapse on a fixed set of 64 prompts (tiny model)",
         "runs": [str(p) for p in run_dirs],
-        "group_by": ["objective"],
+        "group_by": GROUP_BY,
+        "curves": ["val/acc", "train/reward", "train/entropy", "kl/reverse_k3", "kl/exact_reverse",
+                   "anchor/rate", "anchor/gate_drop"],
         "select": {"metric": "val/acc", "mode": "max", "report": "test/acc"},
-        "compare": {"baseline": {"objective": "dapo"}},
+        "compare": {"baseline": BASELINE},
     }, name="demo")
+
+
+def headline_section(state: dict[str, Any]):
+    """``lead`` for build_report: the headline table + verdict, also kept in ``state`` for the terminal."""
+    from armorlab.analysis import headline as H
+    from armorlab.analysis import tables
+    from armorlab.analysis.groups import fmt_value
+    from armorlab.analysis.html import Section, esc
+
+    def lead(per_run, rs, out: Path):
+        runs = H.run_rows(per_run, rs.runs, rs.curve)
+        by_run = rs.runs.set_index("run_id")
+        names: dict[str, str] = {}
+        baseline = None
+        for g in dict.fromkeys(per_run["group"]):
+            cfg = by_run.loc[per_run.loc[per_run["group"] == g, "run_id"].iloc[0]]
+            names[g] = demo_name(cfg)
+            if all(fmt_value(cfg.get(k)) == fmt_value(v) for k, v in BASELINE.items()):
+                baseline = g
+        table = H.group_rows(runs, list(names), baseline)
+        shown = H.display(table, baseline)
+        shown["group"] = shown["group"].map(names)
+        shown = shown.rename(columns={f"P(final > {baseline})": f"P(final > {names.get(baseline, 'dapo')})"})
+        sentences = H.verdict(table, baseline, names)
+        tables.write_table(shown, out / "tables" / HEADLINE_FILE.replace("headline", "demo_headline"),
+                           formats=("md", "csv"), caption="demo headline: means over seeds")
+        runs.to_csv(out / "tables" / "demo_runs.csv", index=False)
+        state.update(table=shown, sentences=sentences, runs=runs)
+        intro = ("<p>Held-out greedy accuracy (<code>val/acc</code>) of each objective: where it starts, "
+                 "its peak, where it ends, and the drop from the peak in standard errors of one evaluation "
+                 "(binomial, n = evaluated prompts). P(final &gt; dapo): the chance that a seed of the row "
+                 "ends above a seed of DAPO (ties ½).</p>" + "".join(f"<p>{esc(s)}</p>" for s in sentences))
+        return Section("Headline: does validation collapse, and does the remedy hold?", intro=intro,
+                       tables=[("", shown)])
+
+    return lead
+
+
+def _live_table(plan, root: Path):
+    """A rich renderable: one row per run with its step, last and best held-out accuracy."""
+    from rich.table import Table
+
+    from armorlab.runs import RunDir
+
+    def render():
+        t = Table(title=f"armorlab demo — {len(plan.runs)} runs in {root / plan.spec.name}", expand=False)
+        for col in ("run", "objective", "seed", "state", "step", "val/acc now", "peak", "train reward"):
+            t.add_column(col, justify="right" if col not in ("run", "objective", "state") else "left")
+        for r in plan.runs:
+            rd = RunDir(plan.sweep_dir / r.run_id)
+            state = rd.read_status()["state"] if rd.status_path.exists() else "pending"
+            step, val, peak, reward = "", "", "", ""
+            if rd.metrics_path.exists():
+                rows = rd.read_metrics()
+                vals = [x["val/acc"] for x in rows if x.get("val/acc") is not None]
+                rewards = [x["train/reward"] for x in rows if x.get("train/reward") is not None]
+                if rows:
+                    step = f"{rows[-1].get('step', 0)}/{r.config['max_steps']}"
+                if vals:
+                    val, peak = f"{vals[-1]:.3f}", f"{max(vals):.3f}"
+                if rewards:
+                    reward = f"{sum(rewards[-10:]) / len(rewards[-10:]):.2f}"
+            color = {"completed": "green", "failed": "red", "running": "yellow"}.get(state, "dim")
+            t.add_row(r.run_id, demo_name(r.config), str(r.config.get("seed")), f"[{color}]{state}[/]", step,
+                      val, peak, reward)
+        return t
+
+    return render
+
+
+def run_with_live_table(plan, workers: int, root: Path) -> list[str]:
+    """Train the plan's pending runs with a live per-run table; returns the ids of failed runs."""
+    from rich.console import Console
+    from rich.live import Live
+
+    from armorlab.sweeps.submit import run_local
+
+    console = Console(stderr=True)
+    failed: list[str] = []
+    render = _live_table(plan, root)
+    if not plan.to_submit:
+        console.print(render())
+        console.print("all runs already completed: re-rendering the report")
+        return failed
+
+    def on_event(event: str, run_id: str, payload) -> None:
+        if event == "done" and payload.state == "failed":
+            failed.append(f"{run_id}: {payload.reason}")
+
+    stop = threading.Event()
+    with Live(render(), console=console, refresh_per_second=1, transient=False) as live:
+        def refresh():
+            while not stop.wait(2.0):
+                with contextlib.suppress(Exception):  # a torn status file must not stop the display
+                    live.update(render())
+        thread = threading.Thread(target=refresh, daemon=True)
+        thread.start()
+        try:
+            run_local(plan, workers=workers, on_event=on_event)
+        except KeyboardInterrupt:
+            stop.set()
+            console.print("stopped: running trainers checkpointed; run the same command again to resume")
+            raise typer.Exit(130) from None
+        finally:
+            stop.set()
+            thread.join(timeout=5)
+        live.update(render())
+    return failed
+
+
+def print_headline(state: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = state.get("table")
+    if table is None:
+        return
+    console = Console()
+    console = Console(width=max(console.width, 130))  # a pipe reports 80 columns: too narrow for the table
+    t = Table(title="headline (means over seeds; val/acc = greedy accuracy on held-out prompts)")
+    for col in table.columns:
+        t.add_column(str(col))
+    for row in table.itertuples(index=False):
+        t.add_row(*[str(v) for v in row])
+    console.print(t)
+    for s in state.get("sentences", []):
+        console.print(s, highlight=False)
 
 
 def register(app: typer.Typer) -> None:
@@ -50,19 +200,23 @@ def register(app: typer.Typer) -> None:
         set_: list[str] = typer.Option([], "--set", help="Override a base key of every run, e.g. "
                                        "--set max_steps=30 (changes the run ids)."),
     ) -> None:
-        """Run the demo ablation (DAPO vs UP vs ARMOR × 3 seeds, tiny model, CPU) and write its report."""
+        """Run the validation-collapse demo (dapo, dapo + KL, up, armor, gate only × 2 seeds, tiny
+        model, CPU), then write its report and print the headline."""
+        import time
+
         from armorlab.commands.report import write_report
-        from armorlab.commands.sweep import run_plan_locally
         from armorlab.sweeps.submit import plan_sweep
 
+        started = time.perf_counter()
         plan = plan_sweep(effective_spec(root, set_), root=root, executor="local")
-        failed = None
-        try:
-            run_plan_locally(plan, workers)
-        except typer.Exit as exc:
-            if exc.exit_code != 1:  # interrupted: no report of half-finished runs
-                raise
-            failed = exc  # some runs failed: the report still shows the rest, and says which
-        write_report(demo_recipe([plan.sweep_dir / r.run_id for r in plan.runs]), out)
-        if failed is not None:
-            raise failed
+        failed = run_with_live_table(plan, workers, root)
+        state: dict[str, Any] = {}
+        write_report(demo_recipe([plan.sweep_dir / r.run_id for r in plan.runs]), out,
+                     lead=headline_section(state))
+        print_headline(state)
+        minutes = (time.perf_counter() - started) / 60
+        typer.echo(f"demo finished in {minutes:.1f} min" if not math.isnan(minutes) else "demo finished")
+        if failed:
+            for f in failed:
+                typer.echo(f"failed: {f}", err=True)
+            raise typer.Exit(1)

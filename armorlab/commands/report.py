@@ -38,7 +38,7 @@ def register(app: typer.Typer) -> None:
         write_report(recipe, out, cache=not no_cache)
 
 
-def compose_report(recipe, out: Path | None, *, cache: bool = True, progress=None):
+def compose_report(recipe, out: Path | None, *, cache: bool = True, progress=None, lead=None):
     """The run report (armorlab.analysis.report) plus an Optuna section per study dir among the
     inputs (armorlab.tune.study): composed here so that analysis never imports tune."""
     from armorlab.analysis.report import build_report  # pandas, scipy, matplotlib: after the cheap checks
@@ -50,19 +50,20 @@ def compose_report(recipe, out: Path | None, *, cache: bool = True, progress=Non
         from armorlab.tune.study import report_sections
 
         extra = functools.partial(report_sections, studies)
-    return build_report(recipe, out, cache=cache, progress=progress, extra_sections=extra)
+    return build_report(recipe, out, cache=cache, progress=progress, extra_sections=extra, lead=lead)
 
 
-def write_report(recipe, out: Path | None, *, cache: bool = True) -> None:
+def write_report(recipe, out: Path | None, *, cache: bool = True, lead=None) -> None:
     """Build the report with a progress bar and print where it is (also used by `armorlab demo`).
 
     With the cache on, a report whose inputs, recipe and code are unchanged since it was written
-    (armorlab.analysis.freshness) is left as it is: no pandas, scipy or matplotlib is imported."""
+    (armorlab.analysis.freshness) is left as it is: no pandas, scipy or matplotlib is imported.
+    ``lead`` (the demo's headline) needs the per-run scores, so a call with one always builds."""
     from armorlab.analysis import freshness
     from armorlab.analysis.recipe import default_out_dir
 
     target = Path(out) if out is not None else default_out_dir(recipe)
-    summary = freshness.fresh_summary(recipe, target) if cache else None
+    summary = freshness.fresh_summary(recipe, target) if cache and lead is None else None
     if summary is not None:
         _print_summary(summary, note="unchanged: inputs, recipe and code are as when it was written")
         return
@@ -76,7 +77,7 @@ def write_report(recipe, out: Path | None, *, cache: bool = True) -> None:
     with Progress(TextColumn("reading runs"), BarColumn(), MofNCompleteColumn(), console=console,
                   transient=True) as bar:
         task = bar.add_task("runs", total=None)
-        result = compose_report(recipe, target, cache=cache,
+        result = compose_report(recipe, target, cache=cache, lead=lead,
                                 progress=lambda done, total: bar.update(task, completed=done, total=total))
     _print_summary(result_summary(result))
 
