@@ -19,7 +19,7 @@ export TOKENIZERS_PARALLELISM := false
 .PHONY: help install demo test lint bench clean
 
 help:
-	@echo "make demo   - create $(VENV), install, run the demo ablation on the tiny model"
+	@echo "make demo   - create $(VENV), install, run the validation-collapse demo on the tiny model"
 	@echo "make test   - create $(VENV), install, run the test suite"
 	@echo "make lint   - ruff"
 	@echo "make bench  - run benchmarks/*.py"

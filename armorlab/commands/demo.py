@@ -147,8 +147,18 @@ def run_with_live_table(plan, workers: int, root: Path) -> list[str]:
         console.print("all runs already completed: re-rendering the report")
         return failed
 
+    names = {r.run_id: f"{demo_name(r.config)} seed {r.config.get('seed')}" for r in plan.runs}
+    done = [len(plan.runs) - len(plan.to_submit)]
+
     def on_event(event: str, run_id: str, payload) -> None:
-        if event == "done" and payload.state == "failed":
+        # one line per finished run, above the live table: the progress a log file (CI) keeps
+        if event != "done":
+            return
+        done[0] += 1
+        reason = f": {payload.reason}" if payload.reason else ""
+        console.print(f"[{done[0]}/{len(plan.runs)}] {run_id} {names.get(run_id, '')} {payload.state}{reason}",
+                      highlight=False)
+        if payload.state == "failed":
             failed.append(f"{run_id}: {payload.reason}")
 
     stop = threading.Event()
