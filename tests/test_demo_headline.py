@@ -1,4 +1,4 @@
-"""The demo's headline: drop in standard errors, per-group rows, plain verdicts, the demo's report."""
+"""The demo's headline: per-group rows, plain verdicts, the demo's report with its headline first."""
 
 from __future__ import annotations
 
@@ -13,20 +13,12 @@ from armorlab.config import load_yaml_mapping, resolve
 from armorlab.runs import RunDir
 
 
-def test_drop_in_se_by_hand():
-    # peak 0.8, final 0.6, n = 400: var = (0.16 + 0.24)/400 = 0.001 → SE 0.0316228; 0.2 / 0.0316228 = 6.3246
-    assert H.drop_in_se(0.8, 0.6, 400) == pytest.approx(0.2 / math.sqrt(0.001))
-    assert H.drop_in_se(0.5, 0.5, 100) == 0.0
-    assert math.isnan(H.drop_in_se(1.0, 1.0, 100))      # no variance: undefined, not infinite
-    assert math.isnan(H.drop_in_se(0.8, 0.6, 0))
-
-
 def _runs():
     # two groups × two seeds; per run: start, peak, final, collapse step
     rows = [("dapo", 0, 0.75, 0.80, 0.60, 30), ("dapo", 1, 0.75, 0.82, 0.62, 40),
             ("armor", 0, 0.75, 0.80, 0.70, None), ("armor", 1, 0.75, 0.78, 0.58, 50)]
     return pd.DataFrame([{"run_id": f"{g}{s}", "group": g, "seed": s, "start": st, "peak": p, "peak_step": 10,
-                          "final": f, "drop": p - f, "drop_se": H.drop_in_se(p, f, 400), "collapse_step": c,
+                          "final": f, "drop": p - f, "drop_se": (p - f) / 0.03, "collapse_step": c,
                           "train_start": 0.6, "train_end": 0.9} for g, s, st, p, f, c in rows])
 
 
@@ -46,12 +38,21 @@ def test_verdict_states_rise_fall_and_comparison_plainly():
     lines = H.verdict(t, "dapo", {"dapo": "DAPO", "armor": "ARMOR"})
     assert lines[0].startswith("DAPO: held-out accuracy rose from 0.750 at step 0 to a peak of 0.810")
     assert "ended at 0.610" in lines[0] and "0.60 → 0.90" in lines[0] and "2/2 seeds" in lines[0]
-    assert "no consistent difference from DAPO" in lines[1]
+    assert "no consistent difference from DAPO (Mann–Whitney p = 1.00)" in lines[1]
     assert "2 seed(s) per group" in lines[-1]
     better = _runs()
     better.loc[better["group"] == "armor", "final"] = [0.70, 0.65]
     t = H.group_rows(better, ["dapo", "armor"], "dapo")
-    assert "ended above DAPO in every seed pair" in H.verdict(t, "dapo", {"dapo": "DAPO"})[1]
+    # 2 vs 2 seeds: the smallest exact two-sided Mann–Whitney p is 2/C(4, 2) = 1/3, never significant
+    line = H.verdict(t, "dapo", {"dapo": "DAPO"})[1]
+    assert "ended above DAPO in every seed pair, which 2 vs 2 seeds cannot resolve" in line
+    assert "p = 0.33" in line
+    # 5 vs 5 seeds fully separated: exact p = 2/C(10, 5) = 0.0079 → stated as a difference
+    five = pd.concat([_runs()] * 3, ignore_index=True).iloc[:10].copy()
+    five["group"] = ["dapo"] * 5 + ["armor"] * 5
+    five["final"] = [0.60, 0.61, 0.62, 0.63, 0.64, 0.70, 0.71, 0.72, 0.73, 0.74]
+    line = H.verdict(H.group_rows(five, ["dapo", "armor"], "dapo"), "dapo")[1]
+    assert "ended above dapo (Mann–Whitney p = 0.008)" in line
 
 
 def test_demo_names_and_baseline_match_the_shipped_spec():
@@ -64,26 +65,29 @@ def test_demo_names_and_baseline_match_the_shipped_spec():
     assert len(spec["seeds"]) >= 2
 
 
-def _write(root, cfg, val, reward, *, n_steps=40):
+def _write(root, cfg, val, reward, *, n_steps=80):
     rd = RunDir.create(root, resolve(cfg))
     rd.write_status("completed")
     for step in range(0, n_steps + 1):
         row = {"train/reward": reward(step)} if step else {}
         if step % 10 == 0:
-            row.update({"val/acc": val(step), "test/acc": val(step)})
+            row.update({"val/acc": val(step), "val/n": 400.0, "test/acc": val(step)})
         rd.append_metrics(step, row)
     return rd.path
 
 
+COLLAPSE = [0.75, 0.80, 0.82, 0.80, 0.70, 0.62, 0.58, 0.57, 0.56]   # evals at steps 0, 10, ..., 80
+STEADY = [0.75, 0.78, 0.79, 0.79, 0.78, 0.79, 0.78, 0.79, 0.78]
+
+
 def test_demo_report_leads_with_the_headline(tmp_path):
-    base = {"max_steps": 40, "task": {"name": "arithmetic", "val_size": 400}, "val_samples": 1}
-    collapse = {0: 0.75, 10: 0.80, 20: 0.70, 30: 0.60, 40: 0.55}
-    steady = {0: 0.75, 10: 0.78, 20: 0.78, 30: 0.77, 40: 0.77}
+    base = {"max_steps": 80, "task": {"name": "arithmetic", "val_size": 400}, "val_samples": 1}
     dirs = []
     for seed in (0, 1):
-        dirs.append(_write(tmp_path, {**base, "objective": "dapo", "seed": seed}, collapse.get,
-                           lambda s: 0.6 + s / 200))
-        dirs.append(_write(tmp_path, {**base, "objective": "armor", "seed": seed}, steady.get, lambda s: 0.6))
+        dirs.append(_write(tmp_path, {**base, "objective": "dapo", "seed": seed}, lambda s: COLLAPSE[s // 10],
+                           lambda s: 0.6 + s / 400))
+        dirs.append(_write(tmp_path, {**base, "objective": "armor", "seed": seed}, lambda s: STEADY[s // 10],
+                           lambda s: 0.6))
     from armorlab.analysis.report import build_report
 
     state = {}
@@ -91,8 +95,17 @@ def test_demo_report_leads_with_the_headline(tmp_path):
     html = result.index.read_text()
     assert html.index("Headline: does validation collapse") < html.index("Results per group")
     table = state["table"].set_index("group")
-    # dapo: peak 0.80 at step 10, final 0.55, n = 400 → (0.25) / sqrt((0.16 + 0.2475)/400) = 7.83 SEs
-    assert table.loc["dapo", "drop (SEs)"] == "0.250 (7.8)"
+    # dapo's levels (means of 3 evals): peak = (0.80 + 0.82 + 0.80)/3 = 0.8067 around step 20, final =
+    # (0.58 + 0.57 + 0.56)/3 = 0.57; the windows share no eval, so with n = 400
+    # SE² = Σ p(1−p) over the six evals / (9·400) and the drop is 0.2367 / SE standard errors
+    assert table.loc["dapo", "peak (step)"] == "0.807 (20)"
+    assert table.loc["dapo", "final"] == "0.570"
+    se = math.sqrt(sum(p * (1 - p) for p in (0.80, 0.82, 0.80, 0.58, 0.57, 0.56)) / (9 * 400))
+    dapo = state["runs"][state["runs"]["group"].str.contains("dapo")]
+    assert dapo["drop_se"].tolist() == pytest.approx([(0.8066667 - 0.57) / se] * 2, rel=1e-4)
+    assert table.loc["dapo", "collapsed (step)"].startswith("2/2")
+    assert table.loc["armor", "collapsed (step)"].startswith("0/2")
     assert table.loc["armor", "P(final > dapo)"] == "1.00"
-    assert state["sentences"][0].startswith("dapo: held-out accuracy rose from 0.750")
+    assert state["sentences"][0].startswith("dapo: held-out accuracy rose from 0.750 at step 0 to a peak of 0.807")
+    assert "ended above dapo in every seed pair, which 2 vs 2 seeds cannot resolve" in state["sentences"][1]
     assert (tmp_path / "report" / "tables" / "demo_headline.md").is_file()

@@ -3,17 +3,15 @@ did each remedy fare against the baseline? Pure pandas/numpy over the report's p
 
 Per run (``run_rows``):
     start        first val value (the warm-started model, step 0)
-    peak, peak_step, final, collapse_step   from the report's per-run scores
-    n            scored completions behind one eval: the run's ``val/n`` metric when it logs one,
-                 else ``task.val_size × val_samples`` from its config
-    drop_se      (H1) (peak − final) / sqrt(peak·(1−peak)/n + final·(1−final)/n): the drop in
-                 standard errors of the difference of two independent binomial means. The peak is
-                 the best of many evals, so it sits above the curve's true maximum by about one
-                 SE; a drop of a few SEs is therefore not yet a collapse, ten is.
+    peak, peak_step, final, drop, drop_z, collapse_step   the report's per-run scores
+                 (armorlab.analysis.collapse: peak and final are levels, means of m evals; drop_z
+                 is the drop in standard errors of the eval noise, binomial from ``val/n``;
+                 collapse_step is the onset of a fall the noise cannot explain, calibrated to a
+                 fixed false-alarm rate on flat curves)
     train_start, train_end   mean train reward over the first and last ``TRAIN_WINDOW`` logged steps
 Per group (``group_rows``): means over seeds, collapsed seeds k/n with their median collapse step,
-and (H2) P(final of X > final of baseline) over all seed pairs (ties ½), the probability of
-improvement of Agarwal et al. (2021) on the value each run ends with.
+and (H1) P(final of X > final of baseline) over all seed pairs (ties ½), the probability of
+improvement of Agarwal et al. (2021) on the level each run ends with.
 """
 
 from __future__ import annotations
@@ -24,51 +22,26 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import pandas as pd
 
-from armorlab.analysis.stats import probability_of_improvement
+from armorlab.analysis.stats import mann_whitney_p, poi_resolvable, probability_of_improvement
 
 TRAIN_WINDOW = 10
 Curve = Callable[[str, str], tuple[np.ndarray, np.ndarray]]
 
 
-def drop_in_se(peak: float, final: float, n: float) -> float:
-    """(H1) (peak − final) / sqrt(peak(1−peak)/n + final(1−final)/n); NaN when undefined."""
-    if not (n > 0 and math.isfinite(peak) and math.isfinite(final)):
-        return math.nan
-    var = (peak * (1 - peak) + final * (1 - final)) / n
-    if var <= 0:
-        return math.nan
-    return (peak - final) / math.sqrt(var)
-
-
-def _eval_size(run: pd.Series, curve: Curve, val_metric: str) -> float:
-    namespace = val_metric.split("/", 1)[0]
-    _, ns = curve(run["run_id"], f"{namespace}/n")
-    if ns.size:
-        return float(np.median(ns))
-    size, k = run.get("task.val_size"), run.get("val_samples")
-    try:
-        return float(size) * float(k)
-    except (TypeError, ValueError):
-        return math.nan
-
-
-def run_rows(per_run: pd.DataFrame, runs: pd.DataFrame, curve: Curve, *, val_metric: str = "val/acc",
+def run_rows(per_run: pd.DataFrame, curve: Curve, *, val_metric: str = "val/acc",
              train_metric: str = "train/reward") -> pd.DataFrame:
     """One row per run with the headline quantities (see the module docstring)."""
-    config = runs.set_index("run_id")
     rows = []
     for r in per_run.to_dict("records"):
         rid = r["run_id"]
-        cfg = config.loc[rid] if rid in config.index else pd.Series(dtype=object)
         vs, vv = curve(rid, val_metric)
         _, tv = curve(rid, train_metric)
-        n = _eval_size(pd.Series({"run_id": rid, **cfg.to_dict()}), curve, val_metric)
         peak, final = float(r.get("peak", math.nan)), float(r.get("final", math.nan))
         rows.append({
             "run_id": rid, "group": r["group"], "seed": r.get("seed"), "state": r.get("state"),
             "start": float(vv[0]) if vv.size else math.nan, "peak": peak, "peak_step": r.get("peak_step"),
-            "final": final, "final_step": int(vs[-1]) if vs.size else None, "n": n,
-            "drop": peak - final, "drop_se": drop_in_se(peak, final, n), "collapse_step": r.get("collapse_step"),
+            "final": final, "final_step": int(vs[-1]) if vs.size else None,
+            "drop": peak - final, "drop_se": float(r.get("drop_z", math.nan)), "collapse_step": r.get("collapse_step"),
             "train_start": float(tv[:TRAIN_WINDOW].mean()) if tv.size else math.nan,
             "train_end": float(tv[-TRAIN_WINDOW:].mean()) if tv.size else math.nan,
         })
@@ -88,14 +61,18 @@ def group_rows(runs: pd.DataFrame, order: Sequence[str], baseline: str | None) -
         if sub.empty:
             continue
         cs = _collapsed(sub["collapse_step"])
-        poi = (probability_of_improvement(sub["final"].to_numpy(dtype=float), base_final)
-               if base_final is not None and g != baseline else math.nan)
+        compared = base_final is not None and g != baseline
+        finals = sub["final"].to_numpy(dtype=float)
+        poi = probability_of_improvement(finals, base_final) if compared else math.nan
+        mw_p = mann_whitney_p(finals, base_final) if compared else math.nan
+        resolvable = compared and poi_resolvable(len(finals), len(base_final))
         out.append({
             "group": g, "seeds": len(sub), "start": sub["start"].mean(), "peak": sub["peak"].mean(),
             "peak_step": sub["peak_step"].astype(float).median(), "final": sub["final"].mean(),
             "drop": sub["drop"].mean(), "drop_se": sub["drop_se"].mean(),
             "collapsed": f"{len(cs)}/{len(sub)}", "collapse_step": float(np.median(cs)) if cs else math.nan,
             "train_start": sub["train_start"].mean(), "train_end": sub["train_end"].mean(), "poi_final": poi,
+            "mw_p": mw_p, "resolvable": resolvable,
         })
     return pd.DataFrame(out)
 
@@ -135,7 +112,7 @@ def verdict(table: pd.DataFrame, baseline: str | None, names: dict[str, str] | N
                  f"{b['peak_step']:.0f})" if rose > 0 else f"did not rise above its start ({b['start']:.3f})")
         lines.append(
             f"{name(baseline)}: held-out accuracy {shape}, then ended at {b['final']:.3f}: a drop of "
-            f"{b['drop']:.3f}, {b['drop_se']:.1f} standard errors of one evaluation, while train reward went "
+            f"{b['drop']:.3f}, {b['drop_se']:.1f} standard errors of the evaluation noise, while train reward went "
             f"{b['train_start']:.2f} → {b['train_end']:.2f}. Collapse detected in {b['collapsed']} seeds.")
     for g, r in rows.items():
         if g == baseline:
@@ -143,12 +120,15 @@ def verdict(table: pd.DataFrame, baseline: str | None, names: dict[str, str] | N
         p = r["poi_final"]
         if baseline not in rows or math.isnan(p):
             how = "no baseline to compare with"
-        elif p >= 0.999:
-            how = f"ended above {name(baseline)} in every seed pair"
-        elif p <= 0.001:
-            how = f"ended below {name(baseline)} in every seed pair"
+        elif r["resolvable"] and r["mw_p"] <= 0.05:
+            how = (f"ended {'above' if p > 0.5 else 'below'} {name(baseline)} "
+                   f"(Mann–Whitney p = {r['mw_p']:.3f})")
+        elif p >= 0.999 or p <= 0.001:
+            how = (f"ended {'above' if p > 0.5 else 'below'} {name(baseline)} in every seed pair, which "
+                   f"{r['seeds']} vs {rows[baseline]['seeds']} seeds cannot resolve (Mann–Whitney p = "
+                   f"{r['mw_p']:.2f}): no evidence either way")
         else:
-            how = f"no consistent difference from {name(baseline)}"
+            how = f"no consistent difference from {name(baseline)} (Mann–Whitney p = {r['mw_p']:.2f})"
         final_b = rows[baseline]["final"] if baseline in rows else math.nan
         lines.append(f"{name(g)}: final {r['final']:.3f} vs {final_b:.3f}, P(final > {name(baseline)}) = {p:.2f}: "
                      f"{how}; drop from its own peak {r['drop']:.3f} ({r['drop_se']:.1f} SEs), collapse "

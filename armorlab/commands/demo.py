@@ -72,7 +72,7 @@ def headline_section(state: dict[str, Any]):
     from armorlab.analysis.html import Section, esc
 
     def lead(per_run, rs, out: Path):
-        runs = H.run_rows(per_run, rs.runs, rs.curve)
+        runs = H.run_rows(per_run, rs.curve)
         by_run = rs.runs.set_index("run_id")
         names: dict[str, str] = {}
         baseline = None
@@ -91,9 +91,10 @@ def headline_section(state: dict[str, Any]):
         runs.to_csv(out / "tables" / "demo_runs.csv", index=False)
         state.update(table=shown, sentences=sentences, runs=runs)
         intro = ("<p>Held-out greedy accuracy (<code>val/acc</code>) of each objective: where it starts, "
-                 "its peak, where it ends, and the drop from the peak in standard errors of one evaluation "
-                 "(binomial, n = evaluated prompts). P(final &gt; dapo): the chance that a seed of the row "
-                 "ends above a seed of DAPO (ties ½).</p>" + "".join(f"<p>{esc(s)}</p>" for s in sentences))
+                 "its peak and where it ends (levels: means of 3 evals), and the drop from the peak in standard "
+                 "errors of the eval noise (binomial, from <code>val/n</code>); collapsed: seeds whose fall the "
+                 "noise cannot explain (see Results per group). P(final &gt; dapo): the chance that a seed of "
+                 "the row ends above a seed of DAPO (ties ½).</p>" + "".join(f"<p>{esc(s)}</p>" for s in sentences))
         return Section("Headline: does validation collapse, and does the remedy hold?", intro=intro,
                        tables=[("", shown)])
 
@@ -210,7 +211,7 @@ def register(app: typer.Typer) -> None:
         set_: list[str] = typer.Option([], "--set", help="Override a base key of every run, e.g. "
                                        "--set max_steps=30 (changes the run ids)."),
     ) -> None:
-        """Run the validation-collapse demo (dapo, dapo + KL, up, armor, gate only × 2 seeds, tiny
+        """Run the validation-collapse demo (dapo, dapo + KL, up, armor, gate only × 3 seeds, tiny
         model, CPU), then write its report and print the headline."""
         import time
 
