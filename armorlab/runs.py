@@ -44,6 +44,7 @@ OWNER = "owner.lock"
 # how long a trainer retries a held lock before concluding another trainer owns the run: a
 # reader (status, sweep) probing the lock holds it for microseconds
 OWNER_WAIT_S = 5.0
+_HELD = (errno.EAGAIN, errno.EACCES)  # flock's "someone else holds it" (EWOULDBLOCK == EAGAIN)
 _CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 
 
@@ -312,10 +313,9 @@ class RunDir:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except OSError as exc:
-                if exc.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK) \
-                        or time.monotonic() >= deadline:
+                if exc.errno not in _HELD or time.monotonic() >= deadline:
                     os.close(fd)
-                    if exc.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                    if exc.errno in _HELD:
                         return None
                     raise
             time.sleep(0.05)
@@ -335,7 +335,7 @@ class RunDir:
             try:
                 fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
             except OSError as exc:
-                if exc.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                if exc.errno not in _HELD:
                     return None  # no flock here (some network file systems): cannot tell
                 try:
                     info = json.loads(os.pread(fd, 4096, 0).decode("utf-8", "replace") or "{}")
