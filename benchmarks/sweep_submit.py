@@ -12,7 +12,9 @@ Every submitted job is harmless and short-lived: `armorlab sweep` jobs run ``tru
 trainer (ARMORLAB_TRAIN_COMMAND) and the raw submitit jobs run ``abs(i)``; each array is
 cancelled (scancel) as soon as it has been timed, and again in a ``finally`` if anything fails.
 Each measurement is taken ``--repeats`` times in alternating order; the best of each is used
-(the machine is shared: the minimum is the least disturbed). Output: ``name=value`` lines,
+(the machine is shared: the minimum is the least disturbed). The same ratios by CPU time (user +
+sys, child processes included: sbatch, scontrol) are printed too (``*_cpu_ratio``): on a loaded
+machine they say what the work costs, the wall-time ratios what a user waits. Output: ``name=value`` lines,
 ``#`` lines are comments, the last line is ``submit_ratio``.
 
     eval "$(slurm/local/start.sh)"; .venv/bin/python benchmarks/sweep_submit.py [--repeats 3]
@@ -23,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -34,6 +37,14 @@ import yaml
 
 DEFAULT_CONF = Path(os.environ.get("ARMORLAB_SLURM_DIR", "/tmp/armorlab-slurm")) / "etc" / "slurm.conf"
 N_RUNS = 1000
+
+
+CPU: dict[str, list[float]] = {}  # CPU seconds (user + sys, children included) per measurement
+
+
+def cpu_now() -> float:
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
 def timed(cmd: list[str], env: dict[str, str]) -> tuple[float, subprocess.CompletedProcess]:
@@ -130,7 +141,9 @@ def main() -> None:
         for i in range(args.repeats):
             names = list(measures)
             for name in names[i % len(names):] + names[:i % len(names)]:  # rotate who goes first
+                c0 = cpu_now()
                 samples[name].append(measures[name](i))
+                CPU.setdefault(name, []).append(cpu_now() - c0)
         best = {k: min(v) for k, v in samples.items()}
 
         print(f"# {N_RUNS} runs, best of {args.repeats} alternating repeats; load average "
@@ -141,6 +154,12 @@ def main() -> None:
         print(f"sbatch_calls={stats['sbatch_calls']}")
         for name, value in best.items():
             print(f"{name}={value:.3f}")
+        cpu = {k: min(v) for k, v in CPU.items()}
+        for name, value in cpu.items():  # what the work costs, whatever else the machine runs
+            print(f"{name.removesuffix('_s')}_cpu_s={value:.3f}")
+        print(f"help_cpu_ratio={cpu['help_s'] / cpu['import_typer_rich_s']:.2f}")
+        print(f"dry_run_cpu_ratio={cpu['dry_run_s'] / cpu['help_s']:.2f}")
+        print(f"submit_cpu_ratio={cpu['submit_s'] / (cpu['raw_map_array_s'] + cpu['help_s']):.2f}")
         print(f"help_ratio={best['help_s'] / best['import_typer_rich_s']:.2f}")
         print(f"dry_run_ratio={best['dry_run_s'] / best['help_s']:.2f}")
         print(f"submit_ratio={best['submit_s'] / (best['raw_map_array_s'] + best['help_s']):.2f}")

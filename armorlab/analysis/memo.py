@@ -1,7 +1,7 @@
 """Results of the report's expensive pure steps, kept between reports and keyed by their inputs.
 
 ``armorlab report`` re-run after one run of a sweep moved re-parses that run only (load's
-parquet cache); this module lets it skip the rest that did not change too:
+metrics cache); this module lets it skip the rest that did not change too:
 
 * ``@cached`` on a pure function (a bootstrap CI, a curve band): the result is looked up by
   sha256(function, the source file it lives in, pickled arguments) and computed on a miss;

@@ -18,8 +18,8 @@ def register(app: typer.Typer) -> None:
         group_by: list[str] = typer.Option([], "--group-by", help="Config keys to group on, e.g. "
                                            "--group-by objective,alpha (default: the keys that tell runs "
                                            "apart; seeds are always aggregated)."),
-        no_cache: bool = typer.Option(False, "--no-cache", help="Re-parse every metrics.jsonl; do not "
-                                      "read or write the parquet cache."),
+        no_cache: bool = typer.Option(False, "--no-cache", help="Rebuild everything: re-parse every "
+                                      "metrics.jsonl, read and write no cache."),
     ) -> None:
         """Compare runs: seed statistics, collapse metrics, KL, capacity -> PNG, CSV/MD/LaTeX, HTML."""
         from armorlab.analysis.recipe import load_recipe, recipe_for_paths
