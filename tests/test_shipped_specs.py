@@ -16,7 +16,7 @@ import yaml
 from typer.testing import CliRunner
 
 from armorlab.analysis.recipe import load_recipe
-from armorlab.cli import app
+from armorlab.cli import app, main
 from armorlab.config import get_dotted, parse_overrides
 from armorlab.sweeps.spec import load_spec
 from armorlab.sweeps.submit import plan_sweep
@@ -122,3 +122,15 @@ def test_recipe_matches_the_runs_of_its_sweep(path, tmp_path):
             assert hits, f"compare selector {sel} selects no run of {spec_path.name}"
         budget = min(c["max_steps"] for c in configs)
         assert all(s <= budget for s in recipe.matched_steps or ()), (recipe.matched_steps, budget)
+
+
+def test_sweep_set_overrides_every_run_and_rejects_bad_items(tmp_path, capsys):
+    spec = REPO / "sweeps" / "armor_alpha.yaml"
+    plan = plan_sweep(spec, root=tmp_path, overrides=parse_overrides(["max_steps=7", "task.digits=3"]))
+    assert {r.config["max_steps"] for r in plan.runs} == {7}
+    assert {r.config["task"]["digits"] for r in plan.runs} == {3}
+    for item, said in (("max_steps", "key=value"), ("max_stepz=3", "'max_stepz'")):
+        with pytest.raises(SystemExit) as exc:
+            main(["sweep", str(spec), "--dry-run", "--set", item])
+        assert exc.value.code == 2
+        assert said in capsys.readouterr().err

@@ -268,3 +268,34 @@ def test_quantile_advantages_zero_the_rows_at_the_baseline_anchor_included(tmp_p
             assert bool((others > 0).all()) if p <= 0.6 else bool((others < 0).all())
             informative += others.numel() > 0
     assert informative, "no group with a non-zero advantage: the check would be vacuous"
+
+
+class KlEstimatorProbe(ArmorLabTrainer):
+    """Records obj/beta_kl next to the k2 and k3 means of log(π_ref/π_θ) computed from plain log-probs."""
+
+    def _compute_loss(self, model, inputs):
+        loss = super()._compute_loss(model, inputs)
+        with torch.no_grad():
+            logp = _plain_logps(self.accelerator.unwrap_model(model), inputs, self.args.temperature)
+            ref = _plain_logps(self.ref_model, inputs, self.args.temperature)
+            mask = inputs["completion_mask"].float() * inputs["armorlab_keep"].unsqueeze(1)
+            # π_old = π_θ here (one step per generation), so TRL's bias correction is a factor 1
+            log_r = ref - logp
+            k2 = float(((0.5 * log_r ** 2) * mask).sum() / mask.sum())
+            k3 = float(((torch.exp(log_r) - 1 - log_r) * mask).sum() / mask.sum())
+        self.seen.append((self._metrics["train"]["obj/beta_kl"][-1], k2, k3))
+        return loss
+
+
+@pytest.mark.parametrize("estimator", ["k2", "k3"])
+def test_kl_estimator_picks_the_penalty_term(tmp_path, estimator):
+    cfg = resolved(objective="dapo", dynamic_sampling=False, beta=0.1, kl_estimator=estimator, max_steps=3,
+                   steps_per_generation=1, per_device_train_batch_size=16)
+    trainer = build(tmp_path, cfg, trainer_cls=KlEstimatorProbe)
+    trainer.seen = []
+    trainer.train()
+    moved = [(b, k2, k3) for b, k2, k3 in trainer.seen if k2 > 0]  # step 1: π_ref = π_θ, all zero
+    assert moved, "the policy never left the reference: the check would be vacuous"
+    for logged, k2, k3 in moved:
+        assert logged == pytest.approx(k2 if estimator == "k2" else k3, rel=1e-3, abs=1e-7)
+        assert k2 != pytest.approx(k3, rel=1e-3)  # the two estimators differ, so the check can fail
