@@ -160,3 +160,10 @@ def test_huge_exhaustive_search_spaces_are_refused(param):
     with pytest.raises(ArmorLabError, match="ARMORLAB_MAX_POINTS") as err:
         parse_search({"space": {key: param}, "sampler": {"type": "grid"}}, {"objective": "armor"}, file="t.yaml")
     assert err.value.key == "search.space" and "t.yaml" in str(err.value)
+
+
+def test_a_path_too_long_for_the_file_system_is_not_found_not_a_crash(tmp_path):
+    """Found by benchmarks/fuzz.py: `base: <300 characters>` raised ENAMETOOLONG from stat()."""
+    with pytest.raises(ArmorLabError, match="file not found") as err:
+        parse_spec({"name": "s", "base": "a" * 300}, path=tmp_path / "s.yaml")
+    assert err.value.key == "base"

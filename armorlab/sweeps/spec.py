@@ -107,8 +107,11 @@ def find_relative(value: str, spec_path: Path | None, *, key: str) -> Path:
             candidates += [d / p for d in (here, *here.parents)]
         candidates.append(Path.cwd() / p)
     for c in candidates:
-        if c.is_file():
-            return c
+        try:
+            if c.is_file():
+                return c
+        except OSError:  # a name too long for the file system, a symlink loop: not this one
+            continue
     raise ArmorLabError("file not found (looked next to the spec, in its parent folders and in the "
                         "working directory)", key=key, value=value,
                         file=str(spec_path) if spec_path is not None else None)
