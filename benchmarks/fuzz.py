@@ -35,7 +35,7 @@ from fuzz_cases import (  # noqa: E402
     run_damage,
     spec_dicts,
 )
-from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import HealthCheck, given, seed, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 # share of the cases per kind (report cases draw figures: ~1 s each, so few of them)
@@ -84,12 +84,9 @@ def main() -> int:
     def reports(damage):
         check("report", case_run_dir(ws, damage, "report"))
 
-    import random
-
-    random.seed(args.seed)
     try:
         for fn in (configs, specs, status, recipes, reports):
-            fn()
+            seed(args.seed)(fn)()  # the same --seed generates the same cases
     finally:
         ws.close()
     for tb in tally.tracebacks:
