@@ -151,39 +151,68 @@ def clipped_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, lo: torch.T
 
 
 # =========================================================================== aggregations
-def token_mean(per_token: torch.Tensor, mask_f: torch.Tensor, max_len: int | None) -> torch.Tensor:
-    """DAPO token-level loss (Yu et al. 2025): Σ over all unmasked tokens / their count."""
-    return per_token.sum() / mask_f.sum().clamp(min=1.0)
+# Each aggregation is a sum over the batch divided by a count: ``(numerator, count)`` below, the
+# division in ``aggregate``. Keeping them apart is what lets a caller divide by a count gathered
+# over a whole generation batch (every process and accumulation step) instead of this batch's.
+def token_mean(per_token: torch.Tensor, mask_f: torch.Tensor, max_len: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """DAPO token-level loss (Yu et al. 2025, §3.3): Σ_i Σ_t ℓ_i,t over unmasked tokens / their count."""
+    return per_token.sum(), mask_f.sum()
 
 
-def seq_mean_token_mean(per_token: torch.Tensor, mask_f: torch.Tensor, max_len: int | None) -> torch.Tensor:
-    """GRPO (Shao et al. 2024, Eq. 3): (1/G)·Σ_i (1/|o_i|)·Σ_t ℓ_i,t.
+def seq_mean_token_mean(per_token: torch.Tensor, mask_f: torch.Tensor,
+                        max_len: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """GRPO (Shao et al. 2024, Eq. 3): (1/G)·Σ_i (1/|o_i|)·Σ_t ℓ_i,t; G counts non-empty rows.
 
     Also ``seq-mean``: with sequence objectives ℓ_i,t = ℓ_i on every token, so this is
     mean_i ℓ_i, each sequence counted once (GSPO §4.1).
     """
-    return (per_token.sum(-1) / mask_f.sum(-1).clamp(min=1.0)).mean()
+    n_tok = mask_f.sum(-1)
+    return (per_token.sum(-1) / n_tok.clamp(min=1.0)).sum(), _rows(n_tok)
 
 
-def seq_mean_token_sum(per_token: torch.Tensor, mask_f: torch.Tensor, max_len: int | None) -> torch.Tensor:
-    """(1/G)·Σ_i Σ_t ℓ_i,t: sum per sequence, mean over sequences."""
-    return per_token.sum(-1).mean()
+def seq_mean_token_sum(per_token: torch.Tensor, mask_f: torch.Tensor,
+                       max_len: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(1/G)·Σ_i Σ_t ℓ_i,t: sum per sequence, mean over non-empty sequences."""
+    return per_token.sum(), _rows(mask_f.sum(-1))
 
 
-def seq_mean_token_sum_norm(per_token: torch.Tensor, mask_f: torch.Tensor, max_len: int | None) -> torch.Tensor:
-    """Dr. GRPO (Liu et al. 2025, "Understanding R1-Zero-Like Training"): (1/G)·Σ_i Σ_t ℓ_i,t / L_max,
-    a constant normaliser instead of each response's length."""
+def seq_mean_token_sum_norm(per_token: torch.Tensor, mask_f: torch.Tensor,
+                            max_len: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dr. GRPO (Liu et al. 2025, "Understanding R1-Zero-Like Training", Eq. 3 as a loss):
+    (1/G)·Σ_i Σ_t ℓ_i,t / L_max, a constant normaliser instead of each response's length."""
     assert max_len is not None  # validated in policy_loss
-    return per_token.sum(-1).mean() / max_len
+    return per_token.sum() / max_len, _rows(mask_f.sum(-1))
 
 
-AGGREGATORS: dict[str, Callable[[torch.Tensor, torch.Tensor, int | None], torch.Tensor]] = {
+def _rows(tokens_per_row: torch.Tensor) -> torch.Tensor:
+    """Rows with at least one unmasked token: a gated or fully masked row is no sequence at all
+    (verl's ``agg_loss`` counts the same way), so it cannot dilute a seq-mean."""
+    return torch.count_nonzero(tokens_per_row).to(tokens_per_row.dtype)
+
+
+AGGREGATORS: dict[str, Callable[[torch.Tensor, torch.Tensor, int | None], tuple[torch.Tensor, torch.Tensor]]] = {
     "token-mean": token_mean,
     "seq-mean-token-mean": seq_mean_token_mean,
     "seq-mean-token-sum": seq_mean_token_sum,
     "seq-mean-token-sum-norm": seq_mean_token_sum_norm,
     "seq-mean": seq_mean_token_mean,
 }
+# What each aggregation divides by: unmasked tokens, or non-empty rows.
+AGGREGATION_UNIT = {name: "tokens" if name == "token-mean" else "rows" for name in AGGREGATORS}
+
+
+def aggregate(per_token: torch.Tensor, mask_f: torch.Tensor, aggregation: str, max_len: int | None,
+              normalizer: float | torch.Tensor | None = None) -> torch.Tensor:
+    """L = S / ν (verl's ``agg_loss`` with its global batch info): S is the aggregation's sum
+    over this batch (``AGGREGATORS``), ν its own count (tokens or non-empty rows), or
+    ``normalizer`` when given: the count of the whole batch this one is a part of, so that the
+    parts' losses add up to the whole's, L·ν = S exactly (ν > 0). With its own count, an empty
+    batch gives 0, not NaN.
+    """
+    numerator, count = AGGREGATORS[aggregation](per_token, mask_f, max_len)
+    if normalizer is None:
+        return numerator / count.clamp(min=1.0)
+    return numerator / torch.as_tensor(normalizer, dtype=numerator.dtype, device=numerator.device)
 
 
 # =========================================================================== objectives
@@ -459,13 +488,17 @@ def _metrics(objective: str, b: _Batch, s: _Surrogate) -> dict[str, float]:
 def policy_loss(objective: str, logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
                 mask: torch.Tensor, *, ref_logp: torch.Tensor | None = None, alpha: Any = 1.0,
                 eps_low: float = 0.2, eps_high: float = 0.28, dual_clip: float | None = None,
-                aggregation: str | None = None, max_len: int | None = None) -> LossOutput:
+                aggregation: str | None = None, max_len: int | None = None,
+                normalizer: float | torch.Tensor | None = None) -> LossOutput:
     """The policy-gradient loss of ``objective`` on one (micro-)batch.
 
     ``alpha`` (armor only) is a float or a tensor broadcastable to (B, T) — per-row α as (B, 1) —
     with every value in (0, 1]; ``None`` means "not used" for objectives other than armor.
     ``aggregation`` overrides the objective's default (``DEFAULT_AGGREGATION``); ``max_len`` is
-    required by ``seq-mean-token-sum-norm`` (dr_grpo's default). Bad arguments raise
+    required by ``seq-mean-token-sum-norm`` (dr_grpo's default). ``normalizer`` replaces this
+    batch's own count (unmasked tokens for ``token-mean``, non-empty rows for the ``seq-mean-*``
+    modes; ``AGGREGATION_UNIT``) by that of the whole batch this one is part of (see
+    ``aggregate``): the loss is then this part's contribution to the whole's. Bad arguments raise
     ``ArmorLabError`` (a ValueError) naming the argument and its value.
     """
     _check_objective(objective, OBJECTIVES)
@@ -480,7 +513,10 @@ def policy_loss(objective: str, logp: torch.Tensor, old_logp: torch.Tensor, adva
     s = OBJECTIVES[objective](b)
     zero = logp.new_zeros(())
     per_token = torch.where(b.mask, s.per_token, zero)
-    loss = AGGREGATORS[aggregation](per_token, b.mask_f, max_len)
+    if normalizer is not None and not (isinstance(normalizer, torch.Tensor) and normalizer.numel() == 1) and (
+            isinstance(normalizer, bool) or not isinstance(normalizer, (int, float)) or not normalizer > 0):
+        raise _fail("must be a positive number or a one-element tensor (or None)", "normalizer", normalizer)
+    loss = aggregate(per_token, b.mask_f, aggregation, max_len, normalizer)
     return LossOutput(loss=loss, per_token=per_token, metrics=_metrics(objective, b, s))
 
 

@@ -48,16 +48,17 @@ def run(objective, logp, old, adv, mask, **kw):
 
 
 def np_aggregate(per_token, mask, aggregation, max_len):
-    """Independent numpy version of the five aggregations (float64)."""
+    """Independent numpy version of the five aggregations (float64); rows without tokens never count."""
     per_token = per_token * mask
     n_row = mask.sum(-1)
+    rows = n_row > 0
     if aggregation == "token-mean":
         return per_token.sum() / max(mask.sum(), 1.0)
     if aggregation in ("seq-mean-token-mean", "seq-mean"):
-        return (per_token.sum(-1) / np.maximum(n_row, 1.0)).mean()
+        return (per_token.sum(-1)[rows] / n_row[rows]).mean()
     if aggregation == "seq-mean-token-sum":
-        return per_token.sum(-1).mean()
-    return per_token.sum(-1).mean() / max_len
+        return per_token.sum(-1)[rows].mean()
+    return per_token.sum(-1)[rows].mean() / max_len
 
 
 def reinforce_grad(weight, adv, mask, aggregation, max_len, sequence=False):
@@ -278,6 +279,55 @@ def test_micro_batch_token_mean_invariance(objective):
     torch.testing.assert_close(combined, full.loss, rtol=1e-6, atol=1e-7)
     stitched = torch.cat([grads[0] * counts[0] / total, grads[1] * counts[1] / total])
     torch.testing.assert_close(stitched, g_full, rtol=1e-5, atol=1e-9)
+
+
+# --------------------------------------------------------------------------- normalizer (issue 9 §1)
+@pytest.mark.parametrize("objective", ALL)
+@pytest.mark.parametrize("aggregation", AGGS)
+def test_parts_with_the_whole_normalizer_add_up_to_the_whole(objective, aggregation):
+    """Split a batch into parts of different lengths (one of them with a gated row): with the
+    whole batch's count as ``normalizer`` the parts' losses and gradients add up to the whole's."""
+    logp, old, ref, adv, mask = batch(b=8, t=10, seed=21, spread=0.5, lengths=[2, 10, 3, 7, 1, 9, 5, 10])
+    mask[5] = 0.0  # a gated row: in no count
+    kw = {"ref_logp": ref, "alpha": 0.7, "dual_clip": 2.5, "aggregation": aggregation, "max_len": 12}
+    whole, g_whole = run(objective, logp, old, adv, mask, **kw)
+    per_row = mask.sum(-1)
+    count = per_row.sum() if aggregation == "token-mean" else (per_row > 0).sum().float()
+    assert float(count) == (47.0 - 9.0 if aggregation == "token-mean" else 7.0)  # by hand
+    losses, grads = [], []
+    for sl in (slice(0, 3), slice(3, 8)):
+        out, g = run(objective, logp[sl], old[sl], adv[sl], mask[sl], normalizer=count,
+                     **{**kw, "ref_logp": ref[sl]})
+        own = policy_loss(objective, logp[sl], old[sl], adv[sl], mask[sl], **{**kw, "ref_logp": ref[sl]}).loss
+        own_count = mask[sl].sum() if aggregation == "token-mean" else (mask[sl].sum(-1) > 0).sum()
+        # L·ν is the part's sum: the same sum its own mean times its own count gives
+        torch.testing.assert_close(out.loss * count, own * own_count, rtol=1e-6, atol=1e-6)
+        losses.append(out.loss)
+        grads.append(g)
+    torch.testing.assert_close(losses[0] + losses[1], whole.loss, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(torch.cat(grads), g_whole, rtol=1e-5, atol=1e-9)
+
+
+@pytest.mark.parametrize("aggregation", [a for a in AGGS if a != "token-mean"])
+def test_a_row_without_tokens_does_not_dilute_a_seq_mean(aggregation):
+    """By hand: on policy (ratio 1) each token's loss is −A; rows of 2 and 4 tokens with A = 1 and
+    −0.25, plus one all-masked row that must not count as a third sequence."""
+    logp = torch.zeros(3, 4)
+    mask = torch.tensor([[1.0, 1, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0]])
+    adv = torch.tensor([1.0, -0.25, 3.0])
+    want = {"seq-mean-token-mean": (-1.0 + 0.25) / 2, "seq-mean": (-1.0 + 0.25) / 2,
+            "seq-mean-token-sum": (-2.0 + 1.0) / 2, "seq-mean-token-sum-norm": (-2.0 + 1.0) / 2 / 8}[aggregation]
+    out = policy_loss("grpo", logp, logp, adv, mask, aggregation=aggregation, max_len=8)
+    assert float(out.loss) == pytest.approx(want, abs=1e-7)
+    two = policy_loss("grpo", logp[:2], logp[:2], adv[:2], mask[:2], aggregation=aggregation, max_len=8)
+    assert torch.equal(out.loss, two.loss)
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, True, "3", float("nan")])
+def test_bad_normalizer_is_named(bad):
+    logp, old, _, adv, mask = batch()
+    with pytest.raises(ArmorLabError, match="normalizer"):
+        policy_loss("dapo", logp, old, adv, mask, normalizer=bad)
 
 
 # --------------------------------------------------------------------------- invariant 6

@@ -42,14 +42,16 @@ def grad_of(objective, logp, old, adv, mask, **kw):
 
 
 def np_aggregate(per_token, mask, aggregation, max_len):
+    """The aggregations written out; rows without tokens are no sequences (they never count)."""
     per_token = per_token * mask
     if aggregation == "token-mean":
         return per_token.sum() / max(mask.sum(), 1.0)
+    rows = [i for i in range(mask.shape[0]) if mask[i].sum() > 0]
     if aggregation in ("seq-mean-token-mean", "seq-mean"):
-        return (per_token.sum(-1) / np.maximum(mask.sum(-1), 1.0)).mean()
+        return np.mean([per_token[i].sum() / mask[i].sum() for i in rows])
     if aggregation == "seq-mean-token-sum":
-        return per_token.sum(-1).mean()
-    return per_token.sum(-1).mean() / max_len
+        return np.mean([per_token[i].sum() for i in rows])
+    return np.mean([per_token[i].sum() for i in rows]) / max_len
 
 
 def expected_grad(weight, adv, mask, aggregation, max_len, sequence):
