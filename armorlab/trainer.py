@@ -376,8 +376,10 @@ class ArmorLabTrainer(GRPOTrainer):
         output["armorlab_length"] = marks["lengths"].to(device)
         output["armorlab_truncated"] = marks["truncated"].to(device)
         output["armorlab_is_anchor"] = marks["is_anchor"].to(device)
-        # unique over the run: generation index × groups per generation + group within the batch
-        generation = self.state.global_step // (self.args.steps_per_generation * self.num_iterations)
+        # unique over the run: generation index × groups per generation + group within the batch.
+        # TRL generates when its micro-step counter _step (saved with checkpoints) reaches a
+        # multiple of steps_per_generation·num_iterations; global_step would repeat with GA > 1.
+        generation = self._step // (self.args.steps_per_generation * self.num_iterations)
         first = generation * self.args.generation_batch_size  # global rows per generation
         output["armorlab_group"] = torch.div(torch.arange(first + start, first + start + n, device=device),
                                              self.num_generations, rounding_mode="floor")
@@ -420,6 +422,16 @@ class ArmorLabTrainer(GRPOTrainer):
             output = {k: v[rows] if torch.is_tensor(v) and v.dim() and v.size(0) == n else v for k, v in output.items()}
             mask = output["completion_mask"] * output.get("tool_mask", 1)
             output["num_items_in_batch"] = self.accelerator.gather(mask.sum()).sum()
+        # the loss normaliser's counts: the rows that train, over every process (gated, zero-spread
+        # and refill-dropped rows excluded); 0-d, so every micro-batch of this generation gets them
+        loss_mask = output["completion_mask"].float() * output["armorlab_keep"].unsqueeze(1)
+        if output.get("tool_mask") is not None:
+            loss_mask = loss_mask * output["tool_mask"]
+        row_tokens = loss_mask.sum(1)
+        totals = torch.stack([row_tokens.sum(), (row_tokens > 0).sum().float()])
+        if self.accelerator.num_processes > 1:
+            totals = self.accelerator.reduce(totals, reduction="sum")
+        output["armorlab_gen_tokens"], output["armorlab_gen_rows"] = totals.unbind(0)
         return output
 
     @torch.no_grad()
@@ -454,7 +466,13 @@ class ArmorLabTrainer(GRPOTrainer):
 
     # ------------------------------------------------------------------ loss
     def _compute_loss(self, model, inputs):
-        from armorlab.objectives import capacity_summary, policy_loss, probability_capacity
+        from armorlab.objectives import (
+            AGGREGATION_UNIT,
+            DEFAULT_AGGREGATION,
+            capacity_summary,
+            policy_loss,
+            probability_capacity,
+        )
 
         args = self.args
         completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
@@ -477,30 +495,49 @@ class ArmorLabTrainer(GRPOTrainer):
         adv = adv.squeeze(1) if adv.dim() == 2 and adv.size(1) == 1 else adv
         lp, olp, alpha = anc.anchor_ratio_inputs(args.objective, args.anchor_ratio if args.anchor else None,
                                                  logp, old, ref, is_anchor, args.alpha)
+        training = self.model.training
+        aggregation = args.aggregation or DEFAULT_AGGREGATION[args.objective]
+        tokens_norm, rows_norm = self._loss_normalizers(inputs) if training else (None, None)
         out = policy_loss(args.objective, lp, olp, adv, mask, ref_logp=ref if args.objective == "armor" else None,
                           alpha=alpha, eps_low=self.epsilon_low, eps_high=self.epsilon_high,
-                          dual_clip=args.dual_clip, aggregation=args.aggregation,
-                          max_len=self.max_completion_length)
+                          dual_clip=args.dual_clip, aggregation=aggregation, max_len=self.max_completion_length,
+                          normalizer=tokens_norm if AGGREGATION_UNIT[aggregation] == "tokens" else rows_norm)
         loss = out.loss
         stats = StepStats()
+        # In training, each term is this micro-batch's share of the optimiser step's global
+        # aggregate: summed over accumulation steps and processes it is the aggregate itself.
+        # ``to_sum`` undoes DDP's (and FSDP's, DeepSpeed's) mean over processes; telemetry logs
+        # the step's aggregate (TRL averages the micro-steps, StepStats the processes).
+        to_sum = float(self.accelerator.num_processes) if training else 1.0
+        to_aggregate = to_sum * (self.current_gradient_accumulation_steps if training else 1.0)
         if self.beta != 0.0:
             per_token_kl = (kl_k2 if args.kl_estimator == "k2" else kl_k3)(ref - logp)
             if args.use_bias_correction_kl:  # as TRL: π_old's samples reweighted to π_θ by the plain ratio
                 per_token_kl = per_token_kl * torch.exp(logp - old)
-            beta_kl = (per_token_kl * mask).sum() / mask.sum().clamp(min=1.0)
+            beta_kl = (per_token_kl * mask).sum() / (mask.sum().clamp(min=1.0) if tokens_norm is None else tokens_norm)
             loss = loss + self.beta * beta_kl
-            stats.mean("obj/beta_kl", beta_kl)
-        if aux_loss is not None:
-            loss = loss + self.router_aux_loss_coef * aux_loss
-        training = self.model.training
-        if training:
-            loss = loss / self.current_gradient_accumulation_steps
+            stats.mean("obj/beta_kl", beta_kl * to_aggregate)
+        loss = loss * to_sum
+        if aux_loss is not None:  # a mean per micro-batch, averaged over them all
+            loss = loss + self.router_aux_loss_coef * aux_loss / (
+                self.current_gradient_accumulation_steps if training else 1.0)
         if not torch.isfinite(loss):
             raise NonFiniteLossError(self.state.global_step + 1)
         if training:
+            stats.mean("obj/policy_loss", out.loss * to_aggregate)
             self._record(stats, inputs, out, logp, old, olp, ref, adv, mask, token_mask, entropy, is_anchor, alpha,
                          probability_capacity, capacity_summary)
         return loss
+
+    def _loss_normalizers(self, inputs: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """(tokens, non-empty rows) that one optimiser step's loss is divided by: the counts of the
+        whole generation batch over all processes (gated rows excluded), times the share of it one
+        optimiser step sees, GA/steps_per_generation — TRL's rule for ``loss_type="dapo"``.
+        With steps_per_generation = GA (TRL's default) that share is 1: DAPO's token mean over the
+        generation batch. A batch with nothing to learn from is divided by 1 (its sum is 0)."""
+        share = self.current_gradient_accumulation_steps / self.args.steps_per_generation
+        return (inputs["armorlab_gen_tokens"].clamp(min=1.0) * share,
+                inputs["armorlab_gen_rows"].clamp(min=1.0) * share)
 
     @torch.no_grad()
     def _record(self, stats, inputs, out, logp, old, olp, ref, adv, mask, token_mask, entropy, is_anchor, alpha,
@@ -521,7 +558,6 @@ class ArmorLabTrainer(GRPOTrainer):
             obj_names.append(name)
             defined = math.isfinite(value)  # NaN: every token masked on this process
             stats.add(name, value if defined else 0.0, 1.0 if defined else 0.0)
-        stats.mean("obj/policy_loss", out.loss)
         if ref is not None:
             totals, count = sequence_kl_estimates(logp, ref, on_tok)  # samples of π_θ: KL(π_θ‖π_ref)
             for i, name in enumerate(("k1", "k2", "k3")):

@@ -25,7 +25,14 @@ def _plain_logps(model, inputs, temperature):
 
 
 class LossCheckTrainer(ArmorLabTrainer):
-    """Recomputes every step's loss with policy_loss on independently computed log-probs."""
+    """Recomputes every step's loss with policy_loss on independently computed log-probs, divided
+    by the count of the whole generation batch (one process) times the share of it one step sees."""
+
+    def _generate_and_score_completions(self, inputs):
+        out = super()._generate_and_score_completions(inputs)
+        mask = out["completion_mask"].float() * out["armorlab_keep"].unsqueeze(1)
+        self.gen_counts = {"tokens": float(mask.sum()), "rows": float((mask.sum(1) > 0).sum())}
+        return out
 
     def _compute_loss(self, model, inputs):
         loss = super()._compute_loss(model, inputs)
@@ -37,10 +44,13 @@ class LossCheckTrainer(ArmorLabTrainer):
             old = logp if old is None else old
             mask = inputs["completion_mask"].float() * inputs["armorlab_keep"].unsqueeze(1)
             armor = args.objective == "armor"
+            unit = "tokens" if args.objective in ("dapo", "up", "armor") else "rows"  # default aggregations
+            share = args.gradient_accumulation_steps / args.steps_per_generation
             expected = policy_loss(args.objective, logp, old, inputs["advantages"], mask,
                                    ref_logp=ref if armor else None, alpha=args.alpha if armor else 1.0,
                                    eps_low=args.epsilon, eps_high=args.epsilon_high,
-                                   max_len=args.max_completion_length).loss
+                                   max_len=args.max_completion_length,
+                                   normalizer=self.gen_counts[unit] * share).loss
         self.checks.append((float(loss.detach()), float(expected), float(inputs["advantages"].abs().sum())))
         return loss
 
