@@ -14,7 +14,12 @@
   reason ``preempted at step N``, exit 75 (submitit requeues the job);
 - ``DIR/stop_request`` (JSON ``{"reason": ...}``): stop after the current step, status
   ``completed`` with reason ``stopped at step N: <reason>``, exit 0 (Optuna pruning);
-- a non-finite loss stops the run: ``failed`` / ``non-finite loss at step N``, exit 1.
+- a non-finite loss stops the run: ``failed`` / ``non-finite loss at step N``, exit 1;
+- several processes (``torchrun ... -m armorlab train`` or ``accelerate launch --multi_gpu``):
+  every process trains, only the main one (rank 0) writes status.json (with ``world_size``),
+  metrics.jsonl and prints, except that a process that fails records why. torchrun and
+  accelerate turn any non-zero exit of a process into their own exit code 1: status.json, not
+  the launcher's exit code, says whether the run was preempted or failed.
 
 Nothing but the run dir (and the job id in the environment) describes the run. torch and TRL are
 imported only after the config has been resolved, so a bad config fails in well under a second.
@@ -53,6 +58,36 @@ class Outcome:
     exit_code: int
     already_completed: bool = False  # nothing was trained: the run dir was completed before
     warnings: tuple[str, ...] = ()  # armorlab.health's, as status.json records them
+
+
+def process_layout(env: dict[str, str] | None = None) -> tuple[int, int]:
+    """(rank, world size) of this process as torchrun/accelerate (or mpirun) announce them; (0, 1) alone.
+
+    Read from the environment so that the main process is known before torch is imported.
+    """
+    env = os.environ if env is None else env
+    for rank_key, size_key in (("RANK", "WORLD_SIZE"), ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+                               ("PMI_RANK", "PMI_SIZE")):
+        if env.get(size_key):
+            return int(env.get(rank_key) or 0), int(env[size_key])
+    return 0, 1
+
+
+def is_main_process(env: dict[str, str] | None = None) -> bool:
+    return process_layout(env)[0] == 0
+
+
+def check_launch(env: dict[str, str] | None = None) -> None:
+    """``accelerate launch --cpu --num_processes N`` starts ONE process (accelerate needs mpirun for
+    several CPU processes) and sets MASTER_PORT without a world size: refuse instead of silently
+    training alone."""
+    env = os.environ if env is None else env
+    if env.get("ACCELERATE_USE_CPU", "").lower() == "true" and env.get("MASTER_PORT") \
+            and process_layout(env)[1] == 1:
+        raise ArmorLabError("accelerate launch --cpu started a single process although several were asked "
+                            "for; on CPU use `accelerate launch --multi_gpu --num_processes N -m armorlab "
+                            "train ...` (gloo) or `torchrun --nproc_per_node N -m armorlab train ...`",
+                            key="accelerate launch --cpu", value=env.get("ACCELERATE_USE_CPU"))
 
 
 def job_id_from_env(env: dict[str, str] | None = None) -> str | None:
@@ -285,8 +320,25 @@ def train_from_config(config: str | os.PathLike | None, overrides: Sequence[str]
                       out: str | os.PathLike = "runs/train") -> Outcome:
     """Resolve CONFIG + overrides, create ``OUT/<run-id>/`` and train there (resuming if it exists)."""
     cfg = load_config(config, overrides)
-    run_dir = RunDir.create(out, cfg)
+    if is_main_process():
+        run_dir = RunDir.create(out, cfg)
+    else:  # the main process creates it (and may still be writing config.yaml)
+        from armorlab.runs import run_id
+
+        run_dir = RunDir(Path(out) / run_id(cfg))
+        _wait_for(run_dir.config_path)
     return train_run_dir(run_dir.path)
+
+
+def _wait_for(path: Path, timeout_s: float = 120.0) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not path.is_file():
+        if time.monotonic() > deadline:
+            raise ArmorLabError("the main process did not create the run directory", key="run_dir",
+                                value=str(path.parent))
+        time.sleep(0.05)
 
 
 def train_run_dir(path: str | os.PathLike, *, callbacks: Iterable[Any] = ()) -> Outcome:
@@ -294,6 +346,7 @@ def train_run_dir(path: str | os.PathLike, *, callbacks: Iterable[Any] = ()) -> 
     run_dir = RunDir(path)
     if not run_dir.config_path.is_file():
         raise ArmorLabError("not a run directory (no config.yaml)", key="--run-dir", value=str(path))
+    check_launch()
     # One owner per run dir: the training process holds its lock for life (rank 0 of a
     # multi-process launch speaks for all). A second trainer leaves everything untouched.
     lock_fd = run_dir.acquire_owner() if int(os.environ.get("RANK") or 0) == 0 else None
@@ -311,12 +364,23 @@ def train_run_dir(path: str | os.PathLike, *, callbacks: Iterable[Any] = ()) -> 
 
 
 def _train_owned(run_dir: RunDir, callbacks: Iterable[Any]) -> Outcome:
+    rank, world_size = process_layout()
     status = run_dir.read_status()
     if status["state"] == "completed":
         log.info("%s is already completed; nothing to do", run_dir.path)
         return Outcome(run_dir.path, "completed", status.get("reason"), EXIT_OK, already_completed=True,
                        warnings=tuple(status.get("warnings") or ()))
-    run_dir.write_status("running", job_id=job_id_from_env())
+    main = rank == 0
+
+    def write_status(state: str, reason: str | None = None, *, any_process: bool = False, **kw: Any) -> None:
+        # status.json is the main process's, except that a process failing on its own records why
+        # (the main one may wait in a collective until the launcher kills it)
+        if main:
+            run_dir.write_status(state, reason=reason, **kw)
+        elif any_process:
+            run_dir.write_status(state, reason=f"process {rank}: {reason}", **kw)
+
+    write_status("running", job_id=job_id_from_env(), world_size=world_size)
     control = ProcessControl(run_dir)
     health = HealthMonitor(run_dir)
     trainer = None
@@ -331,11 +395,11 @@ def _train_owned(run_dir: RunDir, callbacks: Iterable[Any]) -> Outcome:
                 log.info("resuming %s from %s", run_dir.path, checkpoint.name)
             trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
     except ArmorLabError as exc:
-        run_dir.write_status("failed", reason=str(exc))
+        write_status("failed", reason=str(exc))
         raise
     except KeyboardInterrupt:
         step = trainer.state.global_step if trainer is not None else 0
-        run_dir.write_status("pending", reason=f"interrupted at step {step}")
+        write_status("pending", reason=f"interrupted at step {step}")
         raise
     except Exception as exc:
         from armorlab.trainer import NonFiniteLossError
@@ -345,15 +409,15 @@ def _train_owned(run_dir: RunDir, callbacks: Iterable[Any]) -> Outcome:
         else:
             log.exception("training failed in %s", run_dir.path)
             reason = one_line(exc)
-        run_dir.write_status("failed", reason=reason)
+        write_status("failed", reason=reason, any_process=True)
         _close_progress(trainer)
         return Outcome(run_dir.path, "failed", reason, EXIT_FAILED)
     step = trainer.state.global_step
     if control.preempted and step < trainer.state.max_steps:
         reason = f"preempted at step {step}"
-        run_dir.write_status("pending", reason=reason)
+        write_status("pending", reason=reason)
         return Outcome(run_dir.path, "pending", reason, EXIT_PREEMPTED)
     warnings = tuple(health.update(final=True)) if trainer.args.process_index == 0 else ()
     reason = None if control.stop_reason is None else f"stopped at step {step}: {control.stop_reason}"
-    run_dir.write_status("completed", reason=reason)
+    write_status("completed", reason=reason)
     return Outcome(run_dir.path, "completed", reason, EXIT_OK, warnings=warnings)

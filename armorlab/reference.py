@@ -89,33 +89,43 @@ class ReferencePolicy:
         return reset_due(step, self.ref_reset_steps, self.schedule)
 
     def reset_from(self, policy: Any, step: int) -> None:
-        """π_ref ← π_θ: copy weights in place, so every holder of ``self.model`` sees the new ones."""
+        """π_ref ← π_θ: copy the FULL weights in place, so every holder of ``self.model`` sees them.
+
+        ``policy`` may be wrapped (DDP, FSDP) or sharded (FSDP 1 and 2): torch's
+        ``get_model_state_dict(full_state_dict=True)`` gathers each parameter whole and
+        ``set_model_state_dict`` scatters it into π_ref's own layout, so the copy never depends
+        on both models being sharded alike. Every process must call it (the gather is a collective).
+        """
         import torch
 
         with torch.no_grad():
-            self.model.load_state_dict(policy.state_dict())
+            load_full_state_dict(self.model, full_state_dict(policy))
         self.resets += 1
         self.last_reset_step = int(step)
         log.info("reference reset to the policy at step %d (reset #%d)", step, self.resets)
 
     # ------------------------------------------------------------------ checkpoint
-    def save(self, checkpoint_dir: str | Path) -> None:
-        """Counter always; weights only once a reset made them differ from the initial model."""
-        from safetensors.torch import save_model
+    def save(self, checkpoint_dir: str | Path, *, write: bool = True) -> None:
+        """Counter always; weights (gathered whole) only once a reset made them differ from the
+        initial model. Every process calls it; only those with ``write`` write."""
+        from safetensors.torch import save_file
 
         from armorlab.fsutil import atomic_write_json
 
         checkpoint_dir = Path(checkpoint_dir)
+        weights = full_state_dict(self.model, cpu=True) if self.resets else None  # a collective: all ranks
+        if not write:
+            return
         checkpoint_dir.mkdir(parents=True, exist_ok=True)
-        if self.resets:
+        if weights is not None:
             tmp = checkpoint_dir / f".{WEIGHTS_FILE}.tmp"
-            save_model(self.model, str(tmp))
+            save_file(_untied(weights), str(tmp))
             tmp.replace(checkpoint_dir / WEIGHTS_FILE)
         atomic_write_json(checkpoint_dir / STATE_FILE,
                           {"resets": self.resets, "last_reset_step": self.last_reset_step})
 
     def load(self, checkpoint_dir: str | Path) -> None:
-        from safetensors.torch import load_model
+        from safetensors.torch import load_file
 
         checkpoint_dir = Path(checkpoint_dir)
         state_path = checkpoint_dir / STATE_FILE
@@ -126,8 +136,30 @@ class ReferencePolicy:
         self.resets = int(state["resets"])
         self.last_reset_step = int(state["last_reset_step"])
         if self.resets:
-            load_model(self.model, str(checkpoint_dir / WEIGHTS_FILE), device=str(_device_of(self.model)))
+            load_full_state_dict(self.model, load_file(str(checkpoint_dir / WEIGHTS_FILE)))
 
 
-def _device_of(model: Any) -> Any:
-    return next(model.parameters()).device
+# --------------------------------------------------------------------------- full weights
+def full_state_dict(model: Any, *, cpu: bool = False) -> dict[str, Any]:
+    """Every parameter and buffer whole, under its plain name, whatever wraps or shards ``model``."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=cpu))
+
+
+def load_full_state_dict(model: Any, state: dict[str, Any], *, strict: bool = True) -> None:
+    """Load full (unsharded) tensors into ``model``, each process keeping its own shard."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, strict=strict))
+
+
+def _untied(state: dict[str, Any]) -> dict[str, Any]:
+    """safetensors refuses tensors that share memory (tied weights): store a copy of repeats."""
+    seen: set[int] = set()
+    out = {}
+    for key, tensor in state.items():
+        ptr = tensor.data_ptr()
+        out[key] = tensor.clone() if ptr in seen else tensor.contiguous()
+        seen.add(ptr)
+    return out

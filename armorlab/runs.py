@@ -224,9 +224,11 @@ class RunDir:
         return data
 
     def write_status(self, state: str, *, reason: str | None = None, job_id: str | None = None,
-                     attempt: int | None = None, durable: bool = True) -> dict[str, Any]:
+                     attempt: int | None = None, durable: bool = True,
+                     world_size: int | None = None) -> dict[str, Any]:
         """Atomically replace status.json. ``running`` bumps the attempt and stamps ``started``;
-        ``completed``/``failed`` stamp ``ended``."""
+        ``completed``/``failed`` stamp ``ended``; ``world_size`` (training processes of the
+        attempt) is kept until an attempt records another."""
         if state not in STATES:
             raise ValueError(f"state must be one of {STATES}, got {state!r}")
         old = self.read_status() if self.status_path.exists() else None
@@ -241,6 +243,9 @@ class RunDir:
         }
         if (old or {}).get("warnings"):
             status["warnings"] = old["warnings"]
+        world_size = world_size if world_size is not None else (old or {}).get("world_size")
+        if world_size is not None:
+            status["world_size"] = int(world_size)
         atomic_write_json(self.status_path, status, durable=durable)
         return status
 

@@ -611,8 +611,8 @@ class ArmorLabTrainer(GRPOTrainer):
             from armorlab.fsutil import atomic_write_json
 
             atomic_write_json(folder / f"anchor_cache_r{rank}.json", self.anchor_rollout.cache.state_dict())
+        self.reference.save(folder, write=self.args.should_save)  # gathers π_ref on every process
         if self.args.should_save:
-            self.reference.save(folder)
             from armorlab.fsutil import atomic_write_json
 
             atomic_write_json(folder / STATE_FILE, {"global_step": self.state.global_step,
@@ -627,7 +627,8 @@ class ArmorLabTrainer(GRPOTrainer):
         self.reference.load(folder)
         buffer = folder / f"armorlab_buffer_r{rank}.pt"
         if buffer.is_file():
-            state = torch.load(buffer, map_location=self.accelerator.device, weights_only=True)
+            device = self.accelerator.device  # "cpu:<rank>" in a multi-process CPU run: torch.load wants "cpu"
+            state = torch.load(buffer, map_location="cpu" if device.type == "cpu" else device, weights_only=True)
             self._step, self._buffered_inputs = int(state["step"]), state["buffer"]
         cache = folder / f"anchor_cache_r{rank}.json"
         if self.anchor_rollout is not None and cache.is_file():

@@ -23,8 +23,12 @@ the anchors, ``ArmorLabTrainer.forward_kl_share`` of the generation's rows) agai
 ARMOR run with it off (``forward_kl_share = 0``), anchors and gate on, learning rate 0, alternated;
 ``forward_kl_overhead=`` is median(on) / median(off). Target ≤ 1.10.
 
-``--parts 3`` runs only part 3. Last line: ``overhead_max=<x>`` (the largest part-1 ratio) when
-part 1 runs, else ``forward_kl_overhead=<x>``.
+Part 4: part 1 again in 2 processes (torchrun, gloo; each process its own batch of the default
+size): stock TRL in 2 processes against ArmorLabTrainer in 2 processes, the main process's clock;
+``overhead_2proc_max=<x>``.
+
+``--parts 3`` runs only part 3. Last line: ``overhead_max=<x>`` (the largest part-1 ratio, one
+process) when part 1 runs, else ``forward_kl_overhead=<x>``.
 """
 
 from __future__ import annotations
@@ -48,8 +52,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=24, help="optimizer steps per run")
     parser.add_argument("--rounds", type=int, default=5, help="runs per variant, alternated")
     parser.add_argument("--wall", action="store_true", help="wall-clock instead of thread CPU time")
-    parser.add_argument("--parts", default="1,2,3", help="which parts to run, e.g. 3 or 1,3")
+    parser.add_argument("--parts", default="1,2,3,4", help="which parts to run, e.g. 3 or 1,3")
+    parser.add_argument("--part1-in", metavar="WORK", help=argparse.SUPPRESS)  # part 4's processes
     opts = parser.parse_args()
+    distributed = opts.part1_in is not None
+    if distributed:
+        opts.parts = "1"
 
     import logging
 
@@ -71,7 +79,10 @@ def main() -> None:
     transformers.logging.set_verbosity_error()
     logging.getLogger("armorlab").setLevel(logging.WARNING)
     clock = time.perf_counter if opts.wall else time.thread_time
-    work = Path(tempfile.mkdtemp(prefix="armorlab-bench-"))
+    # part 4: each process its own output dirs (a run dir's files are the main process's)
+    work = Path(opts.part1_in) / f"r{os.environ.get('RANK', '0')}" if distributed \
+        else Path(tempfile.mkdtemp(prefix="armorlab-bench-"))
+    say = print if int(os.environ.get("RANK", "0")) == 0 else (lambda *a, **k: None)
 
     class CycleTimer(TrainerCallback):
         """Clock time per generation cycle (steps_per_generation optimizer steps)."""
@@ -149,14 +160,19 @@ def main() -> None:
                 cycles[name].extend(times)
         ref = statistics.median(cycles[names[0]])
         unit = "wall" if opts.wall else "cpu"
-        print(f"# step overhead: {opts.rounds} rounds × {opts.steps} steps, median {unit} time per "
-              f"generation cycle ({spg} steps); ratio = variant / {names[0]}")
+        procs = os.environ.get("WORLD_SIZE", "1")
+        prefix = "two_proc_" if distributed else ""  # part 4's lines
+        say(f"# step overhead, {procs} process(es): {opts.rounds} rounds × {opts.steps} steps, median {unit} "
+            f"time per generation cycle ({spg} steps); ratio = variant / {names[0]}")
         for name in names:
             med = statistics.median(cycles[name])
             ratios[name] = med / ref
-            print(f"{slug(name)}_ms_per_cycle={1000 * med:.1f}")
-            print(f"{slug(name)}_cycles={len(cycles[name])}")
-            print(f"{slug(name)}_ratio={ratios[name]:.3f}")
+            say(f"{prefix}{slug(name)}_ms_per_cycle={1000 * med:.1f}")
+            say(f"{prefix}{slug(name)}_cycles={len(cycles[name])}")
+            say(f"{prefix}{slug(name)}_ratio={ratios[name]:.3f}")
+        if distributed:
+            say(f"overhead_2proc_max={max(r for n, r in ratios.items() if n != names[0]):.3f}")
+            return
 
     if 2 in parts:
         # ---------------------------------------------------------------- part 2
@@ -215,6 +231,8 @@ def main() -> None:
             print(f"{slug(name)}_ms_per_cycle={1000 * m:.1f}")
             print(f"{slug(name)}_cycles={len(fwd_cycles[name])}")
         print(f"forward_kl_overhead={fwd_ratio:.3f}")
+    if 4 in parts:
+        two_process_part(opts, work / "distributed")
     shutil.rmtree(work, ignore_errors=True)
     if ratios:
         print(f"overhead_max={max(r for n, r in ratios.items() if n != names[0]):.3f}")
@@ -223,6 +241,21 @@ def main() -> None:
 def slug(name: str) -> str:
     """``"armorlab armor (anchor off)"`` → ``armorlab_armor_anchor_off``: a name for ``name=value``."""
     return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
+
+
+def two_process_part(opts: argparse.Namespace, work: Path) -> None:
+    """Part 1 under torchrun in 2 processes; its main process prints the lines."""
+    import subprocess
+    import sys
+
+    work.mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", __file__,
+            "--part1-in", str(work), "--steps", str(opts.steps), "--rounds", str(opts.rounds)]
+    proc = subprocess.run(argv + (["--wall"] if opts.wall else []), capture_output=True, text=True,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    print(proc.stdout, end="")
+    if proc.returncode != 0:
+        raise SystemExit(f"part 4 (2 processes) failed:\n{proc.stderr[-3000:]}")
 
 
 if __name__ == "__main__":

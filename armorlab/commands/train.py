@@ -21,7 +21,7 @@ def register(app: typer.Typer) -> None:
                                      "(what sweep jobs do); resumes from its last checkpoint."),
     ) -> None:
         """Train one run (TRL GRPOTrainer subclass) and record it in a run directory."""
-        from armorlab.launch import train_from_config, train_run_dir
+        from armorlab.launch import is_main_process, train_from_config, train_run_dir
 
         if run_dir is not None:
             if config is not None or set_:
@@ -32,13 +32,14 @@ def register(app: typer.Typer) -> None:
             outcome = train_run_dir(run_dir)
         else:
             outcome = train_from_config(config, set_, out)
-        typer.echo(str(outcome.path))
-        if outcome.already_completed:
-            typer.echo(f"already completed: {outcome.path} (nothing trained; delete the dir to train it "
-                       "again)", err=True)
-        if outcome.state != "completed":
-            typer.echo(f"{outcome.state}: {outcome.reason}", err=True)
-        for warning in outcome.warnings:
-            typer.echo(f"warning: {warning}", err=True)
+        if is_main_process():  # one line per run, not one per process
+            typer.echo(str(outcome.path))
+            if outcome.already_completed:
+                typer.echo(f"already completed: {outcome.path} (nothing trained; delete the dir to train it "
+                           "again)", err=True)
+            if outcome.state != "completed":
+                typer.echo(f"{outcome.state}: {outcome.reason}", err=True)
+            for warning in outcome.warnings:
+                typer.echo(f"warning: {warning}", err=True)
         if outcome.exit_code:
             raise typer.Exit(outcome.exit_code)

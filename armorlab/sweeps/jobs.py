@@ -207,7 +207,12 @@ class TrainJob(Checkpointable):
                 out.close()
         rc = self._proc.returncode
         status = rd.read_status()
-        if rc < 0 and -rc in self._asked and status["state"] in ("running", "pending"):
+        checkpointed = status["state"] == "pending" and str(status.get("reason") or "").startswith("preempted")
+        if rc not in (EXIT_COMPLETED, EXIT_PREEMPTED) and checkpointed:
+            # torchrun/accelerate report a process's exit 75 as their own 1 (or die of the
+            # forwarded SIGTERM); the trainer recorded that it checkpointed and stopped
+            rc = EXIT_PREEMPTED
+        elif rc < 0 and -rc in self._asked and status["state"] in ("running", "pending"):
             # the stop signal we sent came before the trainer had its handler up (still
             # importing): a preemption with nothing to checkpoint yet, not a failed run
             status = rd.write_status("pending", reason=f"preempted during start-up ({describe_exit(rc)} "
@@ -226,10 +231,17 @@ class TrainJob(Checkpointable):
         self._done.set()
 
     def interrupt(self, sig: int = signal.SIGUSR1) -> bool:
-        """Ask the running trainer (its whole process group) to checkpoint and stop."""
+        """Ask the running trainer (its whole process group) to checkpoint and stop.
+
+        A multi-process launcher gets SIGTERM instead: torchrun starts each trainer in a session
+        of its own, out of reach of the group; it forwards SIGTERM to them (the trainers take it
+        as a preemption too) and waits for them to exit.
+        """
         proc = self._proc
         if proc is None or proc.returncode is not None:
             return False
+        if self.launcher != "python":
+            sig = signal.SIGTERM
         self._asked.add(sig)
         try:
             os.killpg(proc.pid, sig)

@@ -1,0 +1,58 @@
+"""A sweep on the local Slurm cluster whose runs each train in 2 processes (the shipped
+slurm/local-2proc.yaml: ``launcher: accelerate``), one of them preempted and requeued.
+
+Skipped without a cluster, like tests/test_sweep_slurm.py (which this reuses).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from sweep_support import run_cli, slurm_cluster, wait_finished, wait_for, write_spec  # noqa: F401 - fixture
+
+from armorlab.runs import RunDir
+from armorlab.sweeps.manifest import load_manifest
+
+pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
+
+PROFILE = Path(__file__).resolve().parents[1] / "slurm" / "local-2proc.yaml"
+TINY = {"max_steps": 4, "val_every": 2, "save_steps": 100, "val_samples": 2, "kl_probe_prompts": 0,
+        "objective": "armor", "ref_reset_steps": 2, "per_device_train_batch_size": 6, "num_generations": 4,
+        "steps_per_generation": 1,
+        "task": {"name": "arithmetic", "digits": 1, "train_size": 32, "val_size": 8, "test_size": 8},
+        "model": {"name": "tiny", "hidden_size": 64, "num_layers": 1, "num_heads": 2, "warm_start_steps": 30}}
+
+
+def test_two_process_job_is_preempted_requeued_and_ends_like_an_uninterrupted_one(tmp_path):
+    import submitit
+
+    root = tmp_path / "runs"
+    cache = str(tmp_path / "cache")
+    for name in ("interrupted", "reference"):
+        out = run_cli("sweep", str(write_spec(tmp_path / f"{name}.yaml", {"name": name, "base": TINY})),
+                      "--root", str(root), "--profile", str(PROFILE), env={"ARMORLAB_CACHE": cache})
+        assert out.returncode == 0, out.stdout + out.stderr
+    sweep_dir = root / "interrupted"
+    run_id = load_manifest(sweep_dir).runs[0]
+    rd = RunDir(sweep_dir / run_id)
+    wait_for(lambda: (rd.last_step() or 0) >= 1, 900, "the job to train a step")
+    # what Slurm does before a time limit: the checkpoint signal; the job forwards a stop to the
+    # accelerate launcher, which passes it to both trainers
+    submitit.SlurmJob(folder=sweep_dir / ".submitit", job_id=load_manifest(sweep_dir).last_job(run_id)) \
+        ._interrupt(timeout=True)
+    wait_for(lambda: rd.read_status()["attempt"] == 2, 600, "the requeued job to start")
+    wait_finished(sweep_dir, 900)
+    wait_finished(root / "reference", 900)
+    status = rd.read_status()
+    assert (status["state"], status["attempt"], status["world_size"]) == ("completed", 2, 2), status
+    ref = RunDir(root / "reference" / run_id)
+    assert ref.read_status()["world_size"] == 2
+    got, want = rd.read_metrics(), ref.read_metrics()
+    assert [r["step"] for r in got] == [r["step"] for r in want] == list(range(5))
+    for g, w in zip(got, want, strict=True):
+        keys = [k for k in ("train/reward", "train/loss", "obj/policy_loss", "val/acc", "ref/resets",
+                            "anchor/rate", "kl/reverse_k3") if w.get(k) is not None]
+        assert {k: g[k] for k in keys} == pytest.approx({k: w[k] for k in keys}, rel=1e-5, abs=1e-6)
+    st = run_cli("status", str(sweep_dir), env={"COLUMNS": "220"})
+    assert st.returncode == 0 and "completed" in st.stdout
