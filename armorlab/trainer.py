@@ -218,6 +218,11 @@ class ArmorLabTrainer(GRPOTrainer):
                                     "reward models and async reward functions are not supported",
                                     key="reward_funcs", value=getattr(f, "__name__", type(f).__name__))
         resets = self.args.ref_reset_steps or self.args.ref_reset_schedule
+        plugin = getattr(self.accelerator.state, "deepspeed_plugin", None)
+        if resets and self.is_deepspeed_enabled and getattr(plugin, "zero_stage", 0) == 3:
+            # not gathered by reference.full_state_dict, and DeepSpeed is untested here
+            raise ArmorLabError("reference resets are not supported with DeepSpeed ZeRO-3 (use FSDP)",
+                                key="ref_reset_steps", value=self.args.ref_reset_steps)
         if resets and is_peft_model(self.model):
             # π_ref is the base model; copying an adapter-wrapped state into it is not defined
             raise ArmorLabError("reference resets are not supported with a PEFT adapter",

@@ -199,6 +199,7 @@ def run_scores(rs: RunSet, groups: Groups, recipe: Recipe, matched: Sequence[int
         ts, tv = rs.curve(rid, sel.report)
         row: dict[str, Any] = {"run_id": rid, "group": groups.of_run[rid], "seed": getattr(run, "seed", None),
                                "state": run.state, "reason": run.reason,
+                               "world_size": getattr(run, "world_size", None),
                                "last_step": rs.last_step(rid)}
         # a minimised selection metric collapses upwards: negate so "drop" keeps its meaning
         sign = 1.0 if sel.mode == "max" else -1.0

@@ -50,7 +50,7 @@ CACHE_DIR = ".armorlab-cache"
 CACHE_FILE = "metrics.arrow"
 CACHE_VERSION = 3
 OLD_CACHE_FILES = ("metrics.parquet",)  # earlier formats, removed when the cache is rewritten
-META_COLUMNS = ("run_id", "sweep", "path", "state", "reason")
+META_COLUMNS = ("run_id", "sweep", "path", "state", "reason", "world_size")
 _META_KEY = b"armorlab_cache"
 
 
@@ -410,7 +410,8 @@ def _assemble(run_dirs: list[RunDir], entries: dict[Path, _Entry]) -> RunSet:
         e = entries[rd.path]
         status = rd.read_status()
         row = {"run_id": rid, "sweep": rd.path.parent.name, "path": str(rd.path),
-               "state": status.get("state"), "reason": status.get("reason")}
+               "state": status.get("state"), "reason": status.get("reason"),
+               "world_size": status.get("world_size")}
         # how a run was logged is not an experimental factor
         row.update({k: v for k, v in flatten_config(e.config or {}).items()
                     if k not in META_COLUMNS and k not in LOGGING_KEYS})

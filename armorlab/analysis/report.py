@@ -441,7 +441,8 @@ def _sections(recipe: Recipe, out: Path, figs, group_display, headline, poi_disp
     out_sections.append(Section("Configs that differ between groups", intro=(
         "<p>Config keys whose value is not the same in every run (seed excluded). A <code>mixed</code> cell "
         "means a group holds runs with different values.</p>"), tables=[("", diff)]))
-    shown = ["run_id", "group", "seed", "state", "last_step", "peak", "peak_step", "final", "collapse_step",
+    shown = ["run_id", "group", "seed", "state", "world_size", "last_step", "peak", "peak_step", "final",
+             "collapse_step",
              "collapse_z", "noise", "auc", "selected_step", "selected_val", "selected_test",
              *[c for s in matched for c in (f"val@{s}", f"test@{s}")], "reason"]
     runs_tbl = per_run[[c for c in shown if c in per_run.columns]].copy()

@@ -172,16 +172,16 @@ def _status_table(st):
 
     table = Table(title=f"{st.sweep_dir}  " + "  ".join(f"{k}: {v}" for k, v in sorted(st.counts.items())),
                   title_justify="left")
-    for col in ("run", "config", "state", "step", "val/acc", "job", "att.", "reason"):
+    for col in ("run", "config", "state", "step", "val/acc", "job", "att.", "procs", "reason"):
         # narrow terminals squeeze config/job/reason, never the short columns
-        table.add_column(col, overflow="fold", no_wrap=col in ("run", "state", "step", "val/acc", "att."),
+        table.add_column(col, overflow="fold", no_wrap=col in ("run", "state", "step", "val/acc", "att.", "procs"),
                          min_width=14 if col == "config" else None)
     colour = {"completed": "green", "failed": "red", "running": "cyan", "queued": "blue", "lost": "magenta"}
     for r in st.rows:
         step = "-" if r.last_step is None else f"{r.last_step}/{r.max_steps if r.max_steps else '?'}"
         table.add_row(r.run_id, r.point, f"[{colour.get(r.state, 'white')}]{r.state}[/]", step,
                       "-" if r.val_acc is None else f"{r.val_acc:.3f}", r.slurm_state or "-", str(r.attempts),
-                      r.reason or "")
+                      "-" if r.world_size is None else str(r.world_size), r.reason or "")
     return table
 
 

@@ -45,6 +45,7 @@ class RunRow:
     job_id: str | None
     point: str = ""
     warnings: list[str] = field(default_factory=list)  # status.json's (armorlab.health)
+    world_size: int | None = None  # training processes of the last attempt
 
 
 @dataclass
@@ -102,7 +103,8 @@ def collect(sweep_dir: str | Path) -> SweepStatus:
             run_id=rid, state=_display_state(status["state"], job_state, active, owned), last_step=last_step,
             max_steps=cfg.get("max_steps") if cfg else None, val_acc=val_acc, slurm_state=job_state,
             attempts=int(status.get("attempt") or 0), reason=status.get("reason"), job_id=job,
-            point=points.get(rid, ""), warnings=list(status.get("warnings") or [])))
+            point=points.get(rid, ""), warnings=list(status.get("warnings") or []),
+            world_size=status.get("world_size")))
     return SweepStatus(sweep_dir=sweep_dir, manifest=manifest, rows=rows, warning=warning,
                        counts=Counter(r.state for r in rows))
 
