@@ -289,6 +289,13 @@ def build_trainer(cfg: dict[str, Any], run_dir: RunDir, callbacks: Iterable[Any]
     trainer = ArmorLabTrainer(str(model), task.reward_funcs, args, train_dataset=task.train,
                               val_dataset=task.val, test_dataset=task.test, tokens_dir=run_dir.tokens_dir,
                               callbacks=[RunDirLogger(run_dir), *callbacks])
+    started = process_layout()[1]
+    if trainer.accelerator.num_processes != started:
+        # e.g. use_cpu: false on a machine without GPUs: accelerate then trains each process alone
+        raise ArmorLabError(f"{started} processes were started but accelerate trains "
+                            f"{trainer.accelerator.num_processes} together ({trainer.accelerator.distributed_type}); "
+                            "without GPUs leave use_cpu unset (true)", key="use_cpu", value=args.use_cpu,
+                            file=str(run_dir.config_path))
     # keep the progress bar, drop transformers' printing of every log dict (metrics.jsonl has them)
     trainer.remove_callback(PrinterCallback)
     if trainer.pop_callback(ProgressCallback) is not None:
