@@ -309,3 +309,20 @@ def test_kl_estimator_picks_the_penalty_term(tmp_path, estimator):
     for logged, k2, k3 in moved:
         assert logged == pytest.approx(k2 if estimator == "k2" else k3, rel=1e-3, abs=1e-7)
         assert k2 != pytest.approx(k3, rel=1e-3)  # the two estimators differ, so the check can fail
+
+
+def test_group_ids_count_generations_with_gradient_accumulation(tmp_path):
+    """GA 2, steps_per_generation 2: TRL generates once per optimiser step (every 2 micro-steps),
+    so 3 steps are 3 generations of 32 rows = 4 groups each; their ids must not repeat."""
+    cfg = resolved(objective="dapo", max_steps=3, gradient_accumulation_steps=2, token_sample_rate=1.0,
+                   dynamic_sampling=False)  # every group trains, so every group is in the dump
+    trainer = build(tmp_path, cfg, trainer_cls=CaptureTrainer)
+    trainer.captured = []
+    trainer.train()
+    ids = [sorted(set(out["armorlab_group"].tolist())) for out in trainer.captured]
+    assert ids == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+    import pyarrow.parquet as pq
+
+    dumped = {s: sorted(set(pq.read_table(p).column("group").to_pylist()))
+              for s, p in ((int(p.name[5:11]), p) for p in sorted(trainer.token_dump.directory.iterdir()))}
+    assert dumped == {1: [0, 1, 2, 3], 2: [4, 5, 6, 7], 3: [8, 9, 10, 11]}
