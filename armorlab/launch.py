@@ -284,7 +284,12 @@ def build_trainer(cfg: dict[str, Any], run_dir: RunDir, callbacks: Iterable[Any]
     from armorlab.trainer import ArmorLabTrainer
 
     args = make_args(cfg, run_dir)
-    model = prepare_model(cfg["model"], cfg["task"])
+    from accelerate import PartialState
+
+    # the main process first: a tiny model built on another rank would not be saved (transformers'
+    # save_pretrained writes on global rank 0 only once torch.distributed is up, as make_args left it)
+    with PartialState().main_process_first():
+        model = prepare_model(cfg["model"], cfg["task"])
     task = build_task(cfg["task"], chat=has_chat_template(model))
     trainer = ArmorLabTrainer(str(model), task.reward_funcs, args, train_dataset=task.train,
                               val_dataset=task.val, test_dataset=task.test, tokens_dir=run_dir.tokens_dir,
