@@ -10,7 +10,7 @@ from armorlab.config import resolve
 from armorlab.errors import ArmorLabError
 from armorlab.launch import check_launch, process_layout
 from armorlab.runs import RunDir
-from armorlab.sweeps.jobs import TrainJob, _child_signals
+from armorlab.sweeps.jobs import TrainJob
 from armorlab.sweeps.status import collect
 
 
@@ -42,19 +42,6 @@ def test_world_size_is_kept_in_status_and_shown_by_status(tmp_path):
     assert rd.write_status("running", world_size=1)["world_size"] == 1  # the new attempt's
     (row,) = collect(tmp_path / "sweep").rows
     assert row.world_size == 1
-
-
-def test_child_signals_of_a_multi_process_launcher():
-    assert _child_signals(slurm=False, launcher="python") is None
-    # the closure is what the child runs before exec: run it here on a copy of the dispositions
-    before = {s: signal.getsignal(s) for s in (signal.SIGUSR1, signal.SIGUSR2)}
-    try:
-        _child_signals(slurm=True, launcher="accelerate")()
-        assert signal.getsignal(signal.SIGUSR1) is signal.SIG_IGN
-        assert signal.getsignal(signal.SIGUSR2) is signal.SIG_IGN
-    finally:
-        for s, h in before.items():
-            signal.signal(s, h)
 
 
 def test_interrupting_a_multi_process_launcher_sends_sigterm(tmp_path, monkeypatch):
