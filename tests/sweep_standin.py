@@ -3,7 +3,9 @@ without torch, for tests of the sweep layer itself (signals, requeue, chunking, 
 
 Metrics are a pure function of (seed, step), so an interrupted-and-resumed run must end with
 exactly the metrics of an uninterrupted one. Knobs (env): ARMORLAB_STANDIN_STEP_S = seconds per
-step (default 0.02). A run whose model name is not "tiny" fails like a missing model would.
+step (default 0.02); ARMORLAB_STANDIN_HOLD_AT = a step at which the run parks until it is stopped
+(a signal or a stop request), so a test that interrupts it mid-run never races a fast finish on a busy
+machine. A run whose model name is not "tiny" fails like a missing model would.
 """
 
 from __future__ import annotations
@@ -62,6 +64,8 @@ def main() -> int:
         (ck / "state.json").write_text(json.dumps({"step": at}))
 
     step_s = float(os.environ.get("ARMORLAB_STANDIN_STEP_S", "0.02"))
+    hold_at = int(os.environ.get("ARMORLAB_STANDIN_HOLD_AT", "-1"))
+    request = Path(rd.path / "stop_request")
     while step < max_steps:
         time.sleep(step_s)
         step += 1
@@ -71,11 +75,12 @@ def main() -> int:
         rd.append_metrics(step, row)
         if step % save_steps == 0:
             save(step)
+        while step == hold_at and stop["signal"] is None and not request.exists():
+            time.sleep(0.01)
         if stop["signal"] is not None and step < max_steps:
             save(step)
             rd.write_status("pending", reason=f"preempted at step {step}")
             return 75
-        request = Path(rd.path / "stop_request")
         if request.exists():
             reason = json.loads(request.read_text()).get("reason", "")
             rd.write_status("completed", reason=f"stopped at step {step}: {reason}")

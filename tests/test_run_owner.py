@@ -81,10 +81,10 @@ def _slow_spec(tmp_path, name):
                                                   "seeds": [3]})
 
 
-def _start_sweep(spec, root, *extra):
+def _start_sweep(spec, root, *extra, hold_at=-1):
+    env = {**os.environ, "ARMORLAB_STANDIN_STEP_S": "0.1", "ARMORLAB_STANDIN_HOLD_AT": str(hold_at)}
     return subprocess.Popen([sys.executable, "-m", "armorlab.cli", "sweep", str(spec), "--root", str(root),
-                             "-w", "1", *extra], env={**os.environ, "ARMORLAB_STANDIN_STEP_S": "0.1"},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                             "-w", "1", *extra], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def _check_metrics(rd, seed=3):
@@ -98,7 +98,7 @@ def test_local_trainers_die_with_their_sweep_and_a_rerun_trains_once(tmp_path, m
     monkeypatch.setenv(ENV_COMMAND, standin_command())
     spec, root = _slow_spec(tmp_path, "die"), tmp_path / "runs"
     rd = RunDir(root / "die" / plan_sweep(spec, root=root).runs[0].run_id)
-    sweep = _start_sweep(spec, root)
+    sweep = _start_sweep(spec, root, hold_at=3)  # the run parks at step 3 until its stop signal
     try:
         wait_for(lambda: (rd.last_step() or 0) >= 3, 60, "the run to reach step 3")
         sweep.send_signal(how)  # kill -9 of the sweep, or its ssh session closing
@@ -108,7 +108,7 @@ def test_local_trainers_die_with_their_sweep_and_a_rerun_trains_once(tmp_path, m
         if sweep.poll() is None:
             sweep.kill()
     status = rd.read_status()
-    assert status["state"] == "pending" and status["reason"].startswith("preempted at step"), status
+    assert status["state"] == "pending" and status["reason"] == "preempted at step 3", status
     out = run_cli("sweep", str(spec), "--root", str(root), env={"ARMORLAB_STANDIN_STEP_S": "0.005"})
     assert out.returncode == 0, out.stderr
     assert rd.read_status()["state"] == "completed" and rd.read_status()["attempt"] == 2

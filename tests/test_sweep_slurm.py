@@ -183,6 +183,7 @@ def test_preempted_job_requeues_and_resumes(tmp_path, profile, monkeypatch):
 
     monkeypatch.setenv(ENV_COMMAND, standin_command())
     monkeypatch.setenv("ARMORLAB_STANDIN_STEP_S", "0.2")
+    monkeypatch.setenv("ARMORLAB_STANDIN_HOLD_AT", "3")  # parked at step 3 until the preemption lands
     spec = write_spec(tmp_path / "pre.yaml", {"name": "pre", "base": {"max_steps": 20, "val_every": 5,
                                                                        "save_steps": 100, "seed": 7}})
     root = tmp_path / "runs"
