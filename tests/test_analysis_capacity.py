@@ -76,8 +76,32 @@ def test_kernel_matches_reference_functions(dtype, objective):
     assert got["tokens"] == n
 
 
+def test_kernel_per_token_alpha_and_other_eps_match_capacity_module():
+    # the kernel's rearranged formulas (one widened mass for both signs) against
+    # capacity.token_capacity with a per-token α and gspo's small ε
+    rng = np.random.default_rng(5)
+    n = 3001
+    old = np.log(rng.uniform(0.01, 1.0, n))
+    ref = np.minimum(old + rng.normal(0, 0.3, n), 0)
+    adv = rng.normal(0, 1, n)
+    adv[::7] = 0.0
+    alpha = rng.uniform(0.3, 1.0, n)
+    p_old, sign, w = np.exp(old), np.sign(adv), np.ones(n)
+    for objective, kw in (("armor", {"alpha": alpha}), ("gspo", {"eps_low": 3e-4, "eps_high": 4e-4})):
+        got = cs.token_kernel(old, old, ref, adv, objective=objective, chunk=512, **kw)
+        cap = capacity.token_capacity(objective, p_old, sign, p_ref=np.exp(ref), **kw)
+        want = capacity.capacity_stats(cap, p_old, sign, w)
+        assert got["pos_mean"] == pytest.approx(want["pos_mean"], rel=1e-9)
+        assert got["neg_mean"] == pytest.approx(want["neg_mean"], rel=1e-9)
+        assert got["pos_bound_frac"] == pytest.approx(want["pos_bound_frac"], abs=1e-12)
+        assert got["low_prob_limited"] == pytest.approx(cs.capacity_limited_share(cap, p_old, sign, w), abs=1e-12)
+        assert 0 < want["pos_bound_frac"] < 1  # both branches of the A > 0 minimum are exercised
+
+
 def test_kernel_rejects_mismatched_or_missing_inputs():
     x = np.zeros(3)
+    with pytest.raises(ValueError, match="unknown objective 'ppo'"):
+        cs.token_kernel(x, x, None, x, objective="ppo")
     with pytest.raises(ValueError, match="one length"):
         cs.token_kernel(x, x[:2], None, x, objective="dapo")
     with pytest.raises(ValueError, match="ref_logp"):

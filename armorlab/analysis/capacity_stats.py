@@ -34,7 +34,7 @@ from armorlab import capacity
 log = logging.getLogger(__name__)
 
 P_LOW = 0.2
-CHUNK = 16384  # float32 chunk of 64 KiB per array: the kernel's temporaries stay in L2 cache
+CHUNK = 32768  # float32: 128 KiB per array, the kernel's eight chunk arrays (1 MiB) stay in L2 cache
 TOKEN_COLUMNS = ("logp", "old_logp", "ref_logp", "advantage", "is_anchor", "step")
 
 
@@ -54,7 +54,19 @@ def token_kernel(logp, old_logp, ref_logp, advantage, *, objective: str, alpha: 
     ``reverse_k1``, ``reverse_k2``, ``reverse_k3``, ``forward_next_token_on_policy`` (kl.K4:
     the next-token KL(π_ref‖π_θ) averaged over the policy's own prefixes), ``pos_mean``,
     ``pos_bound_frac``, ``neg_mean`` and ``low_prob_limited`` (CL); NaN where undefined.
+
+    Capacity is capacity.token_capacity's (UP Eq. 11 with ARMOR Eq. 6) rearranged so that one
+    widened mass serves both signs: with β = (1−α)/α and m = π_old + β·π_ref (β = 0 for the
+    plain trust region), Eq. 6 gives upper − π_old = ε_high·m and π_old − lower = ε_low·m, so
+
+        A > 0:  min(ε_high·m, 1 − π_old)   (bound by the clip iff ε_high·m < 1 − π_old)
+        A < 0:  min(ε_low·m, π_old)
+
+    and up's A > 0 capacity is 1 − π_old, never bound. tests/test_analysis_capacity.py checks
+    this against capacity.token_capacity and capacity.capacity_stats on the same arrays.
     """
+    if objective not in capacity.CAPACITY_OBJECTIVES:
+        capacity.token_capacity(objective, None, None)  # raises its ValueError naming the objective
     logp = np.asarray(logp)
     old_logp = np.asarray(old_logp)
     advantage = np.asarray(advantage)
@@ -64,54 +76,69 @@ def token_kernel(logp, old_logp, ref_logp, advantage, *, objective: str, alpha: 
         raise ValueError("token_kernel wants 1-D arrays of one length")
     if objective == "armor" and ref is None:
         raise ValueError("armor capacity needs ref_logp")
-    alpha_arr = np.asarray(alpha) if np.ndim(alpha) else None
+    widened = objective == "armor"
+    alpha_arr = np.asarray(alpha) if widened and np.ndim(alpha) else None
+    beta = 0.0 if not widened or alpha_arr is not None else (1.0 - float(alpha)) / float(alpha)
+    unbounded = objective in capacity.UNBOUNDED_POSITIVE
     dtype = np.result_type(logp.dtype, np.float32)
-    buf = {k: np.empty(chunk, dtype) for k in ("lr", "e", "po", "pr", "sg", "tmp")}
-    s_l = s_ll = s_e = s_el = 0.0
-    n_pos = n_neg = n_bound = n_low = n_low_bound = 0
+    ones = np.ones(chunk, dtype)
+    # seven chunk buffers, reused across the steps, keep the working set in L2 cache
+    buf = {k: np.empty(chunk, dtype) for k in ("po", "t1", "t2", "omp", "bd", "pos", "neg")}
+    # Every statistic is a dot product of two chunk arrays (BLAS, the fastest reduction numpy
+    # has); 0/1 masks are written straight as floats, so counts are dots too (exact: integers
+    # below 2**24 per chunk). The running totals are python floats (float64).
+    s_l = s_ll = s_d = s_el = 0.0
+    n_pos = n_neg = n_bound = n_low = n_low_bound = 0.0
     pos_sum = neg_sum = 0.0
     for a in range(0, n_all, chunk):
         b = min(a + chunk, n_all)
         n = b - a
+        one, t1, t2 = ones[:n], buf["t1"][:n], buf["t2"][:n]
         po = np.exp(old_logp[a:b], out=buf["po"][:n])
-        sg = np.sign(advantage[a:b], out=buf["sg"][:n])
-        pr = None
         if ref is not None:
-            # (K1-K3) with log r = log π_ref − log π_θ: Σk1 = −ΣL, Σk2 = ½ΣL², Σk3 = Σ(e^L − 1) − ΣL;
-            # (K4) Σ(w log w − w + 1) with w = e^L = Σ(e^L − 1)·L + ΣL − Σ(e^L − 1)
-            L = np.subtract(ref[a:b], logp[a:b], out=buf["lr"][:n])
-            E = np.expm1(L, out=buf["e"][:n])
-            # per-chunk float32 sums are pairwise (accurate); the running totals are float64
-            s_l += float(L.sum())
+            # (K1-K3) with L = log r = log π_ref − log π_θ and E = e^L − 1: k1 = −L, k2 = ½L²,
+            # k3 = E − L; (K4) w log w − w + 1 with w = e^L is E·L − (E − L)
+            L = np.subtract(ref[a:b], logp[a:b], out=t1)
+            E = np.expm1(L, out=t2)
+            s_l += float(np.dot(L, one))
             s_ll += float(np.dot(L, L))
-            s_e += float(E.sum())
             s_el += float(np.dot(E, L))
-            pr = np.exp(ref[a:b], out=buf["pr"][:n])
-        al = alpha if alpha_arr is None else alpha_arr[a:b]
-        cap = capacity.token_capacity(objective, po, sg, p_ref=pr, alpha=al, eps_low=eps_low,
-                                      eps_high=eps_high)
-        pos = sg > 0
-        # sg is ±1 or 0 and cap is 0 where sg is 0: Σ[A≠0] and Σsg give both counts, Σcap and
-        # Σcap·sg both side sums, with no boolean-to-float conversion and no mask for A < 0
-        n_sign, sign_sum = int(np.count_nonzero(sg)), float(sg.sum(dtype=np.float64))
-        n_pos += round((n_sign + sign_sum) / 2)
-        n_neg += round((n_sign - sign_sum) / 2)
-        c_sum, c_dot = float(cap.sum(dtype=np.float64)), float(np.dot(cap, sg))
-        pos_sum += (c_sum + c_dot) / 2
-        neg_sum += (c_sum - c_dot) / 2
-        # same bound rule as capacity.capacity_stats: capacity < 1 − π_old on A > 0 tokens
-        bound = np.less(cap, np.subtract(1.0, po, out=buf["tmp"][:n]))
-        bound &= pos
-        n_bound += int(np.count_nonzero(bound))
-        low = np.less(po, p_low)
-        low &= pos
-        n_low += int(np.count_nonzero(low))
-        n_low_bound += int(np.count_nonzero(low & bound))
+            s_d += float(np.dot(np.subtract(E, L, out=E), one))
+        pos = np.greater(advantage[a:b], 0, out=buf["pos"][:n])
+        neg = np.less(advantage[a:b], 0, out=buf["neg"][:n])
+        n_pos += float(np.dot(pos, one))
+        n_neg += float(np.dot(neg, one))
+        omp = np.subtract(1.0, po, out=buf["omp"][:n])
+        if widened:
+            m = np.exp(ref[a:b], out=t1)
+            if alpha_arr is None:
+                m *= beta
+            else:
+                al = alpha_arr[a:b]
+                m *= (1.0 - al) / al
+            m += po
+        else:
+            m = po
+        bound = None
+        if unbounded:
+            pos_sum += float(np.dot(omp, pos))
+        else:
+            cp = np.multiply(m, eps_high, out=t2)
+            bound = np.less(cp, omp, out=buf["bd"][:n])
+            pos_sum += float(np.dot(np.minimum(cp, omp, out=cp), pos))
+            n_bound += float(np.dot(bound, pos))
+        cn = np.multiply(m, eps_low, out=omp)
+        neg_sum += float(np.dot(np.minimum(cn, po, out=cn), neg))
+        low = np.less(po, p_low, out=t2)
+        n_low += float(np.dot(low, pos))
+        if bound is not None:
+            low *= bound
+            n_low_bound += float(np.dot(low, pos))
     nan = math.nan
     out = {"tokens": float(n_all)}
     if ref is not None and n_all:
-        out.update(reverse_k1=-s_l / n_all, reverse_k2=0.5 * s_ll / n_all, reverse_k3=(s_e - s_l) / n_all,
-                   forward_next_token_on_policy=(s_el + s_l - s_e) / n_all)
+        out.update(reverse_k1=-s_l / n_all, reverse_k2=0.5 * s_ll / n_all, reverse_k3=s_d / n_all,
+                   forward_next_token_on_policy=(s_el - s_d) / n_all)
     else:
         out.update(reverse_k1=nan, reverse_k2=nan, reverse_k3=nan, forward_next_token_on_policy=nan)
     out.update(pos_mean=pos_sum / n_pos if n_pos else nan,
