@@ -68,6 +68,18 @@ class NonFiniteLossError(RuntimeError):
         self.step = step
 
 
+def vllm_corrected_loss(per_token: torch.Tensor, is_ratio: torch.Tensor, mask: torch.Tensor, objective: str,
+                        aggregation: str | None, max_len: int) -> torch.Tensor:
+    """TRL's vLLM importance-sampling correction on an armorlab loss: each token's loss × the
+    (B, T) or (B, 1) ratio π_old/π_vLLM (clipped or masked by TRL), the objective's normaliser.
+    Anchor rows carry no sampler log-probs (NaN in TRL), so their ratio is exactly 1."""
+    from armorlab.objectives import AGGREGATORS, DEFAULT_AGGREGATION
+
+    mask_f = (mask != 0).to(per_token.dtype)
+    return AGGREGATORS[aggregation or DEFAULT_AGGREGATION[objective]](per_token * is_ratio.to(per_token.dtype),
+                                                                      mask_f, max_len)
+
+
 # --------------------------------------------------------------------------- config
 @dataclass
 class ArmorLabConfig(GRPOConfig):
@@ -521,6 +533,10 @@ class ArmorLabTrainer(GRPOTrainer):
                           dual_clip=args.dual_clip, aggregation=aggregation, max_len=self.max_completion_length,
                           normalizer=tokens_norm if AGGREGATION_UNIT[aggregation] == "tokens" else rows_norm)
         loss = out.loss
+        is_ratio = inputs.get("importance_sampling_ratio")
+        if is_ratio is not None:  # TRL's vLLM correction, as TRL applies it: the per-token loss × ratio
+            loss = vllm_corrected_loss(out.per_token, is_ratio, mask, args.objective, args.aggregation,
+                                       self.max_completion_length)
         stats = StepStats()
         # In training, each term is this micro-batch's share of the optimiser step's global
         # aggregate: summed over accumulation steps and processes it is the aggregate itself.

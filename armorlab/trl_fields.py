@@ -21,7 +21,7 @@ from typing import Any
 _EVAL = "armorlab validates on its own val/test sets: use val_every, val_samples, val_temperature"
 _PICK = "checkpoints are compared offline: `armorlab report` with select: {metric: val/acc, ...}"
 _REF = "use ref_reset_steps / ref_reset_schedule (π_ref ← π_θ, a full copy)"
-_VLLM = "only read with use_vllm, which ArmorLabTrainer does not support yet"
+_VLLM_SERVER = "only read with vllm_mode: server, which ArmorLabTrainer does not support yet (use colocate)"
 _ENTROPY = "the entropy bonus is not applied by armorlab objectives"
 _LOSS = "TRL's {} loss is not an armorlab objective; use objective: grpo|dapo|dr_grpo|gspo|up|up_gspo|armor"
 
@@ -58,6 +58,12 @@ HONOURED: frozenset[str] = frozenset({
     "num_generations", "generation_batch_size", "steps_per_generation", "num_iterations",
     "max_completion_length", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
     "generation_kwargs", "chat_template_kwargs", "cache_implementation", "pad_to_multiple_of",
+    # TRL's vLLM generation (colocate): anchor rows get no sampler log-probs, so TRL's importance
+    # sampling correction leaves them at ratio 1; armorlab's losses apply the ratio as TRL's does
+    "use_vllm", "vllm_model_impl", "vllm_enable_sleep_mode", "vllm_structured_outputs_regex",
+    "vllm_gpu_memory_utilization", "vllm_max_model_length", "vllm_tensor_parallel_size",
+    "vllm_importance_sampling_correction", "vllm_importance_sampling_mode", "vllm_importance_sampling_clip_max",
+    "vllm_importance_sampling_clip_min", "vllm_importance_sampling_cap",
     "shuffle_dataset", "max_tool_calling_iterations", "use_transformers_continuous_batching",
     "transformers_continuous_batching_config", "use_transformers_paged",
     "reward_weights", "multi_objective_aggregation", "scale_rewards", "mask_truncated_completions",
@@ -103,24 +109,12 @@ MAPPED: dict[str, tuple[Any, str]] = {
 
 # key → (TRL's default = the feature off, why it is not available). Another value → error.
 REJECTED: dict[str, tuple[Any, str]] = {
-    "use_vllm": (False, "vLLM generation is not supported by ArmorLabTrainer yet"),
-    "vllm_mode": ("colocate", _VLLM),
-    "vllm_model_impl": ("vllm", _VLLM),
-    "vllm_enable_sleep_mode": (False, _VLLM),
-    "vllm_structured_outputs_regex": (None, _VLLM),
-    "vllm_server_base_url": (None, _VLLM),
-    "vllm_server_host": ("0.0.0.0", _VLLM),
-    "vllm_server_port": (8000, _VLLM),
-    "vllm_server_timeout": (240.0, _VLLM),
-    "vllm_group_port": (51216, _VLLM),
-    "vllm_gpu_memory_utilization": (0.3, _VLLM),
-    "vllm_max_model_length": (None, _VLLM),
-    "vllm_tensor_parallel_size": (1, _VLLM),
-    "vllm_importance_sampling_correction": (True, _VLLM),
-    "vllm_importance_sampling_mode": ("sequence_mask", _VLLM),
-    "vllm_importance_sampling_clip_max": (3.0, _VLLM),
-    "vllm_importance_sampling_clip_min": (None, _VLLM),
-    "vllm_importance_sampling_cap": (None, _VLLM),
+    "vllm_mode": ("colocate", "ArmorLabTrainer runs TRL's vLLM generation in colocate mode only (server: not yet)"),
+    "vllm_server_base_url": (None, _VLLM_SERVER),
+    "vllm_server_host": ("0.0.0.0", _VLLM_SERVER),
+    "vllm_server_port": (8000, _VLLM_SERVER),
+    "vllm_server_timeout": (240.0, _VLLM_SERVER),
+    "vllm_group_port": (51216, _VLLM_SERVER),
     "top_entropy_quantile": (1.0, "not applied by armorlab objectives (every unmasked token trains)"),
     "off_policy_mask_threshold": (None, "not applied by armorlab objectives"),
     "entropy_coef": (0.0, _ENTROPY),
@@ -174,8 +168,16 @@ def config_problem(key: str, value: Any) -> str | None:
     return None
 
 
+# Honoured switches whose "off" is dropped like a rejected feature's: `use_vllm: false` was
+# accepted (and dropped) before vLLM generation was supported; its run ids stay the same.
+OFF_SWITCHES: dict[str, Any] = {"use_vllm": False}
+
+
 def is_inert_default(key: str, value: Any) -> bool:
-    """A rejected feature left at TRL's default: dropped from the resolved config (same run id as absent)."""
+    """A rejected feature (or an OFF_SWITCHES switch) left at TRL's default: dropped from the
+    resolved config (same run id as absent)."""
+    if key in OFF_SWITCHES:
+        return _equal(value, OFF_SWITCHES[key])
     return key in REJECTED and _equal(value, REJECTED[key][0])
 
 

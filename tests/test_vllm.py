@@ -6,6 +6,7 @@ One trainer (and so one in-process engine, ~20 s to start on CPU) is shared by t
 from __future__ import annotations
 
 import copy
+import gc
 import math
 import os
 
@@ -35,7 +36,9 @@ def trained(tmp_path_factory):
     trainer = build(tmp_path_factory.mktemp("vllm"), cfg, trainer_cls=Capture)
     trainer.captured = []
     trainer.train()
-    return trainer
+    yield trainer
+    trainer.reference_sampler.llm = None  # free the engine: the policy-engine tests start their own
+    gc.collect()
 
 
 def test_armor_trains_with_anchors_from_the_vllm_reference(trained):

@@ -1,0 +1,61 @@
+"""Policy rollouts through TRL's vLLM generation (``use_vllm: true``, colocate) with anchors: `make test-vllm`."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+
+from tests.trainer_support import AnswerSampler, answer_table, build, resolved, tokenizer_for
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+for _key, _value in {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_HOST_IP": "127.0.0.1"}.items():
+    os.environ.setdefault(_key, _value)
+
+
+@pytest.mark.vllm
+def test_policy_rollouts_from_vllm_train_with_anchors_and_the_correction_skips_them(tmp_path):
+    from armorlab.trainer import ArmorLabTrainer
+
+    class Capture(ArmorLabTrainer):
+        def _generate_and_score_completions(self, inputs):
+            out = super()._generate_and_score_completions(inputs)
+            if self.model.training:
+                self.captured.append({k: v.detach().clone() for k, v in out.items()
+                                      if k in ("armorlab_is_anchor", "importance_sampling_ratio")})
+            return out
+
+    cfg = resolved(objective="armor", max_steps=2, use_vllm=True, vllm_mode="colocate",
+                   vllm_importance_sampling_mode="token_truncate")
+    table = answer_table(cfg)
+    sampler = AnswerSampler(tokenizer_for(cfg), table.__getitem__)  # always correct: every group is anchored
+    trainer = build(tmp_path, cfg, trainer_cls=Capture, sampler=sampler)
+    assert trainer.use_vllm and trainer.vllm_generation.mode == "colocate"
+    trainer.captured = []
+    trainer.train()
+    assert trainer.state.global_step == 2 and trainer.captured
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    assert len(losses) == 2 and all(math.isfinite(x) for x in losses)
+    for out in trainer.captured:
+        ratio, anchor = out["importance_sampling_ratio"], out["armorlab_is_anchor"]
+        assert int(anchor.sum()) == anchor.numel() // trainer.num_generations  # one anchor per group
+        # anchor rows: sampled by π_ref's sampler, not the policy's engine → no correction (exactly 1)
+        assert torch.equal(ratio[anchor], torch.ones_like(ratio[anchor]))
+        # policy rows: corrected by TRL against vLLM's own log-probs (close to 1 in fp32, not exactly)
+        on = ratio[~anchor]
+        assert bool(torch.isfinite(on).all()) and float((on - 1).abs().max()) < 0.05
+        assert bool((on != 1).any()), "the policy rows were not corrected: the anchor check would be vacuous"
+
+
+def test_vllm_corrected_loss_multiplies_each_tokens_loss_and_keeps_the_normaliser():
+    from armorlab.trainer import vllm_corrected_loss
+
+    per_token = torch.tensor([[1.0, 2.0, 0.0], [3.0, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    ratio = torch.tensor([[0.5], [2.0]])
+    # token-mean (armor): (1·0.5 + 2·0.5 + 3·2) / 3 tokens
+    assert float(vllm_corrected_loss(per_token, ratio, mask, "armor", None, 3)) == pytest.approx(7.5 / 3)
+    # seq-mean-token-mean (grpo): ((0.5 + 1) / 2 + 6 / 1) / 2
+    assert float(vllm_corrected_loss(per_token, ratio, mask, "grpo", None, 3)) == pytest.approx((0.75 + 6) / 2)
