@@ -200,6 +200,10 @@ class ArmorLabTrainer(GRPOTrainer):
         finally:
             args.beta = beta
         self.beta = beta
+        if self.use_vllm and self.accelerator.device.type == "cpu":
+            from armorlab.vllm_reference import reload_policy_sync
+
+            reload_policy_sync(self.vllm_generation)
         self._check_supported(val_dataset is not None or test_dataset is not None)
         self.reference = ReferencePolicy(self._prepare_reference(ref_model), ref_reset_steps=args.ref_reset_steps,
                                          schedule=args.ref_reset_schedule)

@@ -38,7 +38,7 @@ def sampling_kwargs(*, k: int, max_tokens: int, temperature: float, top_p: float
                     generation_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
     """``SamplingParams`` keyword arguments: the policy's settings as TRL's colocate path builds them, n = k."""
     out = {"n": int(k), "repetition_penalty": repetition_penalty, "temperature": temperature, "top_p": top_p,
-           "top_k": -1 if top_k is None else top_k, "min_p": 0.0 if min_p is None else min_p,
+           "top_k": 0 if top_k is None else top_k, "min_p": 0.0 if min_p is None else min_p,
            "max_tokens": int(max_tokens)}
     out.update(generation_kwargs or {})
     return out
@@ -92,6 +92,23 @@ class VLLMReferenceSampler:
         self.load_weights(model.state_dict().items())
 
 
+def reload_policy_sync(generation: Any) -> None:
+    """Make TRL's colocate ``VLLMGeneration`` push the policy through ``reload_weights``.
+
+    TRL writes each tensor with the model's ``load_weights``, which vLLM's CPU backend cannot take
+    after it repacked the weights at start-up (``'Parameter' object has no attribute
+    'weight_loader'``). ``reload_weights`` re-runs the loading and the repacking. The tensors come
+    from TRL's own ``_iter_named_params`` (PEFT merge, gathering), copied before PEFT unmerges.
+    Only installed on CPU: on GPU TRL's path stays as it is.
+    """
+    def sync_weights() -> None:
+        weights = [(name, t.detach().to("cpu").clone()) for name, t in generation._iter_named_params()]
+        generation.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+        generation.llm.reset_prefix_cache()
+
+    generation.sync_weights = sync_weights
+
+
 def colocate_engine(model_path: str, *, memory_share: float, seed: int, max_model_len: int | None = None,
                     dtype: str = "auto", process_index: int = 0, local_process_index: int = 0,
                     num_processes: int = 1) -> Any:
@@ -124,7 +141,10 @@ def build_for_trainer(trainer: Any) -> VLLMReferenceSampler:
         raise ArmorLabError("ref_vllm_mode needs a model loaded from a path or hub id (the engine loads it)",
                             key="ref_vllm_mode", value=args.ref_vllm_mode)
     acc = trainer.accelerator
-    llm = colocate_engine(str(path), memory_share=args.ref_vllm_memory, seed=args.seed + acc.process_index,
+    # the policy's dtype, not vLLM's "auto" (which runs an fp32 checkpoint in bf16): π_ref's samples
+    # and the log-probs after a reset then match the trainer's model
+    dtype = str(policy.dtype).removeprefix("torch.")
+    llm = colocate_engine(str(path), memory_share=args.ref_vllm_memory, seed=args.seed + acc.process_index, dtype=dtype,
                           max_model_len=args.vllm_max_model_length, process_index=acc.process_index,
                           local_process_index=acc.local_process_index, num_processes=acc.num_processes)
     sampling = sampling_kwargs(k=1, max_tokens=trainer.max_completion_length, temperature=trainer.temperature,

@@ -5,7 +5,6 @@ One trainer (and so one in-process engine, ~20 s to start on CPU) is shared by t
 
 from __future__ import annotations
 
-import copy
 import gc
 import math
 import os
@@ -85,13 +84,17 @@ def _max_gap(a, b):
 
 
 def test_after_a_reset_the_engine_scores_like_the_policy(trained):
+    from transformers import AutoModelForCausalLM
+
     tok = trained._tokenizer
     rows = [tok(p + a)["input_ids"] for p, a in (("12+7=", "19"), ("3*4=", "12"), ("40-8=", "32"))]
     policy = trained.accelerator.unwrap_model(trained.model)
     llm = trained.reference_sampler.llm
     # the last step's reset pushed the policy's weights into the engine
     gap_trained = _max_gap(_engine_logps(llm, rows), _hf_logps(policy, rows))
-    moved = copy.deepcopy(policy)
+    # a separate copy (deepcopy would share TRL's patched forward, which calls the original model)
+    moved = AutoModelForCausalLM.from_pretrained(policy.config._name_or_path, dtype=policy.dtype)
+    moved.load_state_dict(policy.state_dict())
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for p in moved.parameters():

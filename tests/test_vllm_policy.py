@@ -43,9 +43,9 @@ def test_policy_rollouts_from_vllm_train_with_anchors_and_the_correction_skips_t
         assert int(anchor.sum()) == anchor.numel() // trainer.num_generations  # one anchor per group
         # anchor rows: sampled by π_ref's sampler, not the policy's engine → no correction (exactly 1)
         assert torch.equal(ratio[anchor], torch.ones_like(ratio[anchor]))
-        # policy rows: corrected by TRL against vLLM's own log-probs (close to 1 in fp32, not exactly)
+        # policy rows: corrected by TRL against vLLM's own log-probs (its bf16 engine: near 1, not exactly)
         on = ratio[~anchor]
-        assert bool(torch.isfinite(on).all()) and float((on - 1).abs().max()) < 0.05
+        assert bool(torch.isfinite(on).all()) and float((on - 1).abs().max()) < 0.25
         assert bool((on != 1).any()), "the policy rows were not corrected: the anchor check would be vacuous"
 
 
