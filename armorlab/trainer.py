@@ -68,16 +68,16 @@ class NonFiniteLossError(RuntimeError):
         self.step = step
 
 
-def vllm_corrected_loss(per_token: torch.Tensor, is_ratio: torch.Tensor, mask: torch.Tensor, objective: str,
-                        aggregation: str | None, max_len: int) -> torch.Tensor:
+def vllm_corrected_loss(per_token: torch.Tensor, is_ratio: torch.Tensor, mask: torch.Tensor, aggregation: str,
+                        max_len: int, normalizer: Any = None) -> torch.Tensor:
     """TRL's vLLM importance-sampling correction on an armorlab loss: each token's loss × the
-    (B, T) or (B, 1) ratio π_old/π_vLLM (clipped or masked by TRL), the objective's normaliser.
-    Anchor rows carry no sampler log-probs (NaN in TRL), so their ratio is exactly 1."""
-    from armorlab.objectives import AGGREGATORS, DEFAULT_AGGREGATION
+    (B, T) or (B, 1) ratio π_old/π_vLLM (clipped or masked by TRL), aggregated as the loss is
+    (same aggregation, same normaliser). Anchor rows carry no sampler log-probs (NaN in TRL),
+    so their ratio is exactly 1."""
+    from armorlab.objectives import aggregate
 
     mask_f = (mask != 0).to(per_token.dtype)
-    return AGGREGATORS[aggregation or DEFAULT_AGGREGATION[objective]](per_token * is_ratio.to(per_token.dtype),
-                                                                      mask_f, max_len)
+    return aggregate(per_token * is_ratio.to(per_token.dtype), mask_f, aggregation, max_len, normalizer)
 
 
 # --------------------------------------------------------------------------- config
@@ -532,15 +532,16 @@ class ArmorLabTrainer(GRPOTrainer):
         training = self.model.training
         aggregation = args.aggregation or DEFAULT_AGGREGATION[args.objective]
         tokens_norm, rows_norm = self._loss_normalizers(inputs) if training else (None, None)
+        normalizer = tokens_norm if AGGREGATION_UNIT[aggregation] == "tokens" else rows_norm
         out = policy_loss(args.objective, lp, olp, adv, mask, ref_logp=ref if args.objective == "armor" else None,
                           alpha=alpha, eps_low=self.epsilon_low, eps_high=self.epsilon_high,
                           dual_clip=args.dual_clip, aggregation=aggregation, max_len=self.max_completion_length,
-                          normalizer=tokens_norm if AGGREGATION_UNIT[aggregation] == "tokens" else rows_norm)
+                          normalizer=normalizer)
         loss = out.loss
         is_ratio = inputs.get("importance_sampling_ratio")
         if is_ratio is not None:  # TRL's vLLM correction, as TRL applies it: the per-token loss × ratio
-            loss = vllm_corrected_loss(out.per_token, is_ratio, mask, args.objective, args.aggregation,
-                                       self.max_completion_length)
+            loss = vllm_corrected_loss(out.per_token, is_ratio, mask, aggregation, self.max_completion_length,
+                                       normalizer)
         stats = StepStats()
         # In training, each term is this micro-batch's share of the optimiser step's global
         # aggregate: summed over accumulation steps and processes it is the aggregate itself.

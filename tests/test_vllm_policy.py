@@ -56,6 +56,8 @@ def test_vllm_corrected_loss_multiplies_each_tokens_loss_and_keeps_the_normalise
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
     ratio = torch.tensor([[0.5], [2.0]])
     # token-mean (armor): (1·0.5 + 2·0.5 + 3·2) / 3 tokens
-    assert float(vllm_corrected_loss(per_token, ratio, mask, "armor", None, 3)) == pytest.approx(7.5 / 3)
+    assert float(vllm_corrected_loss(per_token, ratio, mask, "token-mean", 3)) == pytest.approx(7.5 / 3)
     # seq-mean-token-mean (grpo): ((0.5 + 1) / 2 + 6 / 1) / 2
-    assert float(vllm_corrected_loss(per_token, ratio, mask, "grpo", None, 3)) == pytest.approx((0.75 + 6) / 2)
+    assert float(vllm_corrected_loss(per_token, ratio, mask, "seq-mean-token-mean", 3)) == pytest.approx((0.75 + 6) / 2)
+    # a whole batch's normaliser (gradient accumulation): the same sum over 10 tokens
+    assert float(vllm_corrected_loss(per_token, ratio, mask, "token-mean", 3, 10.0)) == pytest.approx(7.5 / 10)
