@@ -8,7 +8,9 @@ shows them) and the report recomputes them from metrics.jsonl.
 
 from __future__ import annotations
 
+import itertools
 import math
+import operator
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -48,16 +50,24 @@ def truncation_warning(truncated: Series, *, final: bool = False) -> str | None:
             "they score as unfinished answers; raise max_completion_length")
 
 
-def _windows(series: Series, window: int, final: bool) -> list[Series]:
-    if len(series) >= window:
-        return [series[i:i + window] for i in range(len(series) - window + 1)]
-    return [series] if final and series else []
-
-
 def gate_warning(gate_drop: Series, *, final: bool = False) -> str | None:
     """Mean ``anchor/gate_drop`` ≥ GATE_SHARE over some GATE_WINDOW consecutive steps (the whole
     run when a finished run logged fewer); names the first such window."""
-    for win in _windows(gate_drop, GATE_WINDOW, final):
+    series = list(gate_drop)
+    values = [v for _, v in series]
+    width = GATE_WINDOW if len(values) >= GATE_WINDOW else len(values)
+    if not values or (width < GATE_WINDOW and not final):
+        return None
+    # Prefix sums (itertools.accumulate, C speed) find the candidate windows in one pass (a
+    # report checks every run's 2,000 steps); each candidate is then checked with the exact sum.
+    # Shares lie in [0, 1], so the prefix sums drift by far less than the margin; larger values
+    # make every window a candidate.
+    margin = 1e-6 if max(map(abs, values)) <= 1.0 else math.inf
+    prefix = [0.0, *itertools.accumulate(values)]
+    low = (GATE_SHARE - margin) * width
+    sums = map(operator.sub, prefix[width:], prefix)  # window i's sum: prefix[i + width] − prefix[i]
+    for i in (i for i, total in enumerate(sums) if total >= low):
+        win = series[i:i + width]
         share = sum(v for _, v in win) / len(win)
         if share >= GATE_SHARE:
             return (f"ARMOR's gate dropped {share:.0%} of groups over steps {win[0][0]}–{win[-1][0]}: the "

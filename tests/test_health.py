@@ -104,3 +104,28 @@ def test_damaged_warnings_field_is_ignored(tmp_path):
     assert "warnings" not in rd.read_status()
     rd.set_warnings(["w"])
     assert rd.read_status()["warnings"] == ["w"]
+
+
+def test_gate_window_running_sum_finds_the_same_first_window_as_every_window_checked():
+    # the one-pass search against the definition written out: every window's plain mean, in order
+    import random
+
+    def by_definition(series, final):
+        w = GATE_WINDOW if len(series) >= GATE_WINDOW else (len(series) if final else 0)
+        for i in range(len(series) - w + 1 if w else 0):
+            win = series[i:i + w]
+            if sum(v for _, v in win) / w >= 0.9:
+                return win[0][0], win[-1][0]
+        return None
+
+    rng = random.Random(1)
+    for trial in range(300):
+        n = rng.choice([0, 3, 9, 10, 11, 40, 200])
+        pool = [0.0, 0.5, 0.8, 0.9, 1.0] if trial % 2 else [0.9, 1.0, 0.7]  # exact-threshold windows too
+        series = [(s, rng.choice(pool)) for s in range(n)]
+        for final in (False, True):
+            want = by_definition(series, final)
+            got = gate_warning(series, final=final)
+            assert (got is None) == (want is None)
+            if want:
+                assert f"steps {want[0]}–{want[1]}" in got

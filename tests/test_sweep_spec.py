@@ -43,6 +43,22 @@ def test_grid_seeds_include_exclude_and_inert_dedup(tmp_path):
     assert plans[0].point == {"alpha": 0.9, "objective": "armor", "seed": 0}
 
 
+def test_seeded_ids_equal_hash_of_full_config_even_when_a_value_holds_the_marker():
+    # expand serialises each point once and substitutes the seed; the ids must equal runs.run_id
+    # of each run's own config, also when a value contains the substitution marker (fallback)
+    from armorlab.sweeps.spec import _SeededRunId
+
+    for extra in ({}, {"hub_model_id": "x" + _SeededRunId._MARK}):
+        spec = parse_spec({"name": "t", "base": {"objective": "dapo", "max_steps": 2, **extra},
+                           "grid": {"learning_rate": [1e-5, 2e-5]}, "seeds": [0, 7, 2**40]})
+        plans = expand(spec)
+        assert len(plans) == 6 and len({p.run_id for p in plans}) == 6
+        assert all(p.run_id == run_id(p.config) for p in plans)
+        assert [p.config["seed"] for p in plans] == [0, 7, 2**40] * 2
+        plans[0].config["model"]["name"] = "changed"  # each run owns its config: no shared nesting
+        assert plans[1].config["model"]["name"] != "changed"
+
+
 def test_dotted_keys_short_sections_and_base_file(tmp_path):
     (tmp_path / "base.yaml").write_text("objective: dapo\ntask: arithmetic\nmax_steps: 3\n")
     path = tmp_path / "s.yaml"

@@ -18,7 +18,9 @@ in product order (first axis slowest), then includes, each with its seeds in the
 from __future__ import annotations
 
 import copy
+import hashlib
 import itertools
+import marshal
 import math
 import re
 from collections.abc import Mapping
@@ -28,6 +30,7 @@ from typing import Any
 
 from armorlab.checks import Invalid, within_max_points
 from armorlab.config import (
+    LOGGING_KEYS,
     MODEL_FIELDS_TINY,
     TASK_FIELDS,
     get_dotted,
@@ -37,7 +40,7 @@ from armorlab.config import (
     set_dotted,
 )
 from armorlab.errors import ArmorLabError
-from armorlab.runs import canonical_json, run_id
+from armorlab.runs import canonical_json, identity, run_id
 
 SPEC_KEYS = ("name", "description", "base", "grid", "seeds", "include", "exclude", "profile", "search")
 # Sweep names become directory names and Slurm job names: keep them to a shell- and path-safe set.
@@ -266,6 +269,7 @@ def expand(spec: SweepSpec) -> list[RunPlan]:
         if seeds != [None]:
             raw["seed"] = seeds[0]
         resolved = _resolve(raw, spec.file)
+        seeded_id = _SeededRunId(resolved) if seeds != [None] else None
         for seed in seeds:
             # resolve() checks `seed` as a plain non-negative int and derives nothing from it, and
             # parse_spec checked the seeds the same way: resolve each point once, not once per seed
@@ -276,7 +280,7 @@ def expand(spec: SweepSpec) -> list[RunPlan]:
                 full_point["seed"] = seed
             if origin == "grid" and any(_matches(cfg, ex) for ex in spec.exclude):
                 continue
-            rid = _run_id(cfg, spec.file)
+            rid = (seeded_id(seed) if seeded_id is not None else None) or _run_id(cfg, spec.file)
             if rid in seen:
                 continue
             seen.add(rid)
@@ -284,12 +288,49 @@ def expand(spec: SweepSpec) -> list[RunPlan]:
     return plans
 
 
+class _SeededRunId:
+    """runs.run_id of a resolved config for each of its seeds, serialising the config once: the
+    canonical JSON is written with a marker string as the seed, and each seed's text is that with
+    the marker replaced by the seed's JSON (the same bytes canonical_json writes for the config
+    with that seed, so the same id). Returns None where this shortcut does not apply (a logging
+    key called seed, the marker already in the config, a value JSON refuses): the caller then
+    computes the id the ordinary way."""
+
+    _MARK = "\x00armorlab-seed\x00"
+
+    def __init__(self, resolved: Mapping[str, Any]) -> None:
+        self._text: str | None = None
+        if "seed" in LOGGING_KEYS:
+            return
+        try:
+            text = canonical_json({**identity(resolved), "seed": self._MARK})
+        except (TypeError, ValueError):
+            return
+        self._mark_json = canonical_json(self._MARK)
+        if text.count(self._mark_json) == 1:
+            self._text = text
+
+    def __call__(self, seed: Any) -> str | None:
+        if self._text is None or type(seed) is not int:
+            return None
+        text = self._text.replace(self._mark_json, canonical_json(seed))
+        return hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
+
+
 def _copy_data(obj: Any) -> Any:
-    """deepcopy for plain YAML data (dicts, lists, scalars), several times faster."""
+    """deepcopy for plain YAML data (dicts, lists, scalars), several times faster: a marshal round
+    trip (C code; keeps dict order and every scalar type) where the data allows it."""
+    try:
+        return marshal.loads(marshal.dumps(obj))
+    except ValueError:  # something marshal cannot write: copy it by hand
+        return _copy_plain(obj)
+
+
+def _copy_plain(obj: Any) -> Any:
     if isinstance(obj, dict):
-        return {k: _copy_data(v) for k, v in obj.items()}
+        return {k: _copy_plain(v) for k, v in obj.items()}
     if isinstance(obj, list):
-        return [_copy_data(v) for v in obj]
+        return [_copy_plain(v) for v in obj]
     return obj
 
 
@@ -343,5 +384,8 @@ def describe_point(point: Mapping[str, Any]) -> str:
 
 
 def _short(v: Any) -> str:
+    # ints and finite floats: their repr is what JSON writes (the common case, 1,000s of rows)
+    if type(v) is int or (type(v) is float and math.isfinite(v)):
+        return repr(v)
     text = canonical_json(v) if not isinstance(v, str) else v
     return text if len(text) <= 40 else text[:37] + "..."

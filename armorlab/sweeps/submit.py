@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -84,9 +85,11 @@ def classify(sweep_dir: Path, runs: list[RunPlan], *, retry_failed: bool, execut
     last_jobs = {r.run_id: manifest.last_job(r.run_id) for r in runs} if manifest else {}
     active = _active_jobs([j for j in last_jobs.values() if j], executor=executor)
     actions = {}
+    # one listing instead of a stat per run: a fresh sweep (or a dry run of one) has no run dirs
+    present = set(os.listdir(sweep_dir)) if sweep_dir.is_dir() else set()
     for r in runs:
-        rd = RunDir(sweep_dir / r.run_id)
-        state = rd.read_status()["state"] if rd.status_path.exists() else None
+        rd = RunDir(sweep_dir / r.run_id) if r.run_id in present else None
+        state = rd.read_status()["state"] if rd is not None and rd.status_path.exists() else None
         if state == "completed":
             actions[r.run_id] = DONE
         elif last_jobs.get(r.run_id) in active or (state == "running" and rd.owner() is not None):
