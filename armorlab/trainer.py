@@ -414,7 +414,7 @@ class ArmorLabTrainer(GRPOTrainer):
         # TRL generates when its micro-step counter _step (saved with checkpoints) reaches a
         # multiple of steps_per_generation·num_iterations; global_step would repeat with GA > 1.
         generation = self._step // (self.args.steps_per_generation * self.num_iterations)
-        first = generation * self.args.generation_batch_size  # global rows per generation
+        first = generation * self._rewards_gathered.numel()  # global rows generated, over-generation included
         output["armorlab_group"] = torch.div(torch.arange(first + start, first + start + n, device=device),
                                              self.num_generations, rounding_mode="floor")
         keep = torch.ones(n, device=device)

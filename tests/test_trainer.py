@@ -326,3 +326,17 @@ def test_group_ids_count_generations_with_gradient_accumulation(tmp_path):
     dumped = {s: sorted(set(pq.read_table(p).column("group").to_pylist()))
               for s, p in ((int(p.name[5:11]), p) for p in sorted(trainer.token_dump.directory.iterdir()))}
     assert dumped == {1: [0, 1, 2, 3], 2: [4, 5, 6, 7], 3: [8, 9, 10, 11]}
+
+
+def test_group_ids_stay_unique_when_dynamic_sampling_over_generates(tmp_path):
+    """factor 2: each generation draws 8 groups (64 rows) and trains on 4 of them; ids come from
+    the 8 drawn, so generation g owns ids 8g…8g+7 and no id is reused by a later generation
+    (counting generations by the 32 rows that train would hand generation 1 the ids 4…11)."""
+    cfg = resolved(objective="dapo", max_steps=4, dynamic_sampling_factor=2)
+    trainer = build(tmp_path, cfg, trainer_cls=CaptureTrainer)
+    trainer.captured = []
+    trainer.train()
+    ids = [set(out["armorlab_group"].tolist()) for out in trainer.captured]
+    assert len(ids) >= 2 and all(len(g) == 4 for g in ids)
+    for gen, g in enumerate(ids):
+        assert g <= set(range(8 * gen, 8 * gen + 8)), (gen, sorted(g))
