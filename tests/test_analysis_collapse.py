@@ -168,3 +168,20 @@ def test_value_at_and_default_matched_steps():
     # last common step 180: targets 45 (→ 40, the first of the two nearest), 90, 180
     assert select.default_matched_steps(runs) == [40, 90, 180]
     assert select.default_matched_steps([]) == []
+
+
+def test_null_threshold_is_kept_on_disk_between_processes(tmp_path, monkeypatch):
+    monkeypatch.setenv("ARMORLAB_CACHE", str(tmp_path))
+    collapse.null_threshold.cache_clear()
+    want = collapse._simulate_null_threshold(30, 3, 0.05, "curve")
+    assert collapse.null_threshold(30, 3, 0.05, "curve") == want            # computed, then written
+    (path,) = (tmp_path / "null_threshold").glob("*.json")
+    path.write_text('{"z_star": 123.5}')                                     # a planted value is read back
+    collapse.null_threshold.cache_clear()
+    assert collapse.null_threshold(30, 3, 0.05, "curve") == 123.5
+    path.write_text("{torn")                                                 # a damaged file is recomputed
+    collapse.null_threshold.cache_clear()
+    assert collapse.null_threshold(30, 3, 0.05, "curve") == want
+    assert collapse.null_threshold(30, 3, 0.04, "curve") != want             # other arguments, other file
+    assert len(list((tmp_path / "null_threshold").glob("*.json"))) == 2
+    collapse.null_threshold.cache_clear()

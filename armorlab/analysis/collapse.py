@@ -69,8 +69,12 @@ Definitions, with m = ``patience`` evals per level (default 3) and K evals:
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
+import logging
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -85,6 +89,8 @@ NULL_BUDGET = 1_000_000  # simulated evals per threshold: long curves get fewer 
 ONLINE_CURVE_MIN_EVALS = 10  # online with σ̂ (N2): no decision before this many evals
 MIN_DRAWS = 2_000        # the 96 % quantile of 2,000 draws is within ±0.5 % of its false-alarm rate
 NOISE_KEEP = 0.9  # (N2) share of second differences kept (the smallest)
+
+log = logging.getLogger(__name__)
 
 
 def clean_curve(steps, values) -> tuple[np.ndarray, np.ndarray]:
@@ -233,6 +239,44 @@ def fall_test(values, n=None, *, patience: int = PATIENCE, alpha: float = ALPHA,
 @functools.lru_cache(maxsize=512)
 def null_threshold(n_evals: int, patience: int, alpha: float, noise: str = "binomial", *,
                    sequential: bool = False) -> float:
+    """(C4) z*_α of ``_simulate_null_threshold``, kept on disk between processes: every cold
+    report needs it once, and the simulation is a constant of its arguments (seeded). The file,
+    ``$ARMORLAB_CACHE`` (default ``~/.cache/armorlab``) ``/null_threshold/<key>.json``, is keyed
+    by the arguments, the simulation's constants, numpy's version and this module's source, so
+    a change to any of them computes it afresh; an unreadable or unwritable file only costs the
+    simulation."""
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha must be in (0, 1), got {alpha}")
+    if n_evals < 2 * patience:
+        return math.inf
+    path = _threshold_file(n_evals, patience, alpha, noise, sequential)
+    try:
+        return float(json.loads(path.read_text())["z_star"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    z_star = _simulate_null_threshold(n_evals, patience, alpha, noise, sequential=sequential)
+    try:
+        from armorlab.fsutil import atomic_file
+
+        with atomic_file(path) as tmp:
+            tmp.write_text(json.dumps({"z_star": z_star, "n_evals": n_evals, "patience": patience,
+                                       "alpha": alpha, "noise": noise, "sequential": sequential}))
+    except OSError as exc:
+        log.debug("could not keep the null threshold in %s: %s", path, exc)
+    return z_star
+
+
+def _threshold_file(n_evals: int, patience: int, alpha: float, noise: str, sequential: bool) -> Path:
+    from armorlab.models import cache_root
+
+    key = hashlib.sha256(Path(__file__).read_bytes())
+    key.update(repr((n_evals, patience, float(alpha), noise, bool(sequential), NULL_DRAWS, NULL_BUDGET,
+                     MIN_DRAWS, ONLINE_CURVE_MIN_EVALS, np.__version__)).encode())
+    return cache_root() / "null_threshold" / f"{key.hexdigest()[:32]}.json"
+
+
+def _simulate_null_threshold(n_evals: int, patience: int, alpha: float, noise: str = "binomial", *,
+                             sequential: bool = False) -> float:
     """(C4) z*_α: the (1 − α) quantile of max_j z_j over ``n_evals`` evals of Gaussian noise.
 
     Seeded Monte Carlo: NULL_DRAWS draws, fewer for long curves (NULL_BUDGET simulated evals,
