@@ -61,3 +61,19 @@ def test_vllm_corrected_loss_multiplies_each_tokens_loss_and_keeps_the_normalise
     assert float(vllm_corrected_loss(per_token, ratio, mask, "seq-mean-token-mean", 3)) == pytest.approx((0.75 + 6) / 2)
     # a whole batch's normaliser (gradient accumulation): the same sum over 10 tokens
     assert float(vllm_corrected_loss(per_token, ratio, mask, "token-mean", 3, 10.0)) == pytest.approx(7.5 / 10)
+
+
+@pytest.mark.vllm
+def test_policy_engine_and_reference_engine_together(tmp_path):
+    """use_vllm and ref_vllm_mode: colocate at once: two engines in one process, anchors from the second."""
+    from armorlab.vllm_reference import VLLMReferenceSampler
+
+    cfg = resolved(objective="armor", max_steps=2, ref_reset_steps=1, use_vllm=True, ref_vllm_mode="colocate")
+    trainer = build(tmp_path, cfg)
+    assert isinstance(trainer.reference_sampler, VLLMReferenceSampler)
+    assert trainer.reference_sampler.llm is not trainer.vllm_generation.llm
+    trainer.train()
+    assert trainer.state.global_step == 2 and trainer.reference.resets == 2
+    assert trainer.reference_sampler.generate_calls == 1 and trainer.reference_sampler.prompts_sent > 0
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    assert len(losses) == 2 and all(math.isfinite(x) for x in losses)
