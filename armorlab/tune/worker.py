@@ -284,14 +284,7 @@ class Worker:
         """For submitit's checkpoint (runs in the signal handler, the process exits right after):
         stop the trainer (it checkpoints), fail the running trial and re-queue its params."""
         self.interrupted = True
-        proc = self.proc
-        if proc is not None and proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=wait_s)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        self._stop_trainer(wait_s)
         trial, study = self.current, self.study
         if trial is None or study is None or self.ctx is None:
             return
