@@ -254,7 +254,7 @@ def make_args(cfg: dict[str, Any], run_dir: RunDir) -> Any:
 
     import torch
 
-    from armorlab.trainer import ArmorLabConfig
+    from armorlab.trainer_config import ArmorLabConfig
 
     ours, trl_kwargs = split_config(cfg)
     kwargs = {**trl_kwargs, **{k: v for k, v in ours.items() if k in FIELDS}}

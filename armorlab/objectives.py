@@ -544,3 +544,13 @@ def capacity_summary(capacity: torch.Tensor, old_logp: torch.Tensor, advantages:
         p_old = torch.exp(torch.where(m, old_logp.detach(), old_logp.new_zeros(())))
         sign = torch.sign(advantages.detach()).unsqueeze(-1).expand(shape)
         return _cap.capacity_stats(capacity.detach(), p_old, sign, m.to(p_old.dtype))
+
+
+def vllm_corrected_loss(per_token: torch.Tensor, is_ratio: torch.Tensor, mask: torch.Tensor, aggregation: str,
+                        max_len: int, normalizer: Any = None) -> torch.Tensor:
+    """TRL's vLLM importance-sampling correction on an armorlab loss: each token's loss × the
+    (B, T) or (B, 1) ratio π_old/π_vLLM (clipped or masked by TRL), aggregated as the loss is
+    (same aggregation, same normaliser). Anchor rows carry no sampler log-probs (NaN in TRL),
+    so their ratio is exactly 1."""
+    mask_f = (mask != 0).to(per_token.dtype)
+    return aggregate(per_token * is_ratio.to(per_token.dtype), mask_f, aggregation, max_len, normalizer)

@@ -1,4 +1,5 @@
-"""``ArmorLabConfig(GRPOConfig)`` and ``ArmorLabTrainer(GRPOTrainer)``: thin glue on TRL's hooks.
+"""``ArmorLabTrainer(GRPOTrainer)``: thin glue on TRL's hooks (its config, ``ArmorLabConfig``, lives
+in trainer_config.py and is re-exported here).
 
 TRL does the generation, rewards, advantages, batching and optimisation; this subclass only
 
@@ -30,7 +31,6 @@ import json
 import math
 import os
 import random
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,21 +38,20 @@ import torch
 from accelerate.utils import is_peft_model
 from torch import nn
 from transformers import GenerationConfig, TrainerCallback
-from trl import GRPOConfig, GRPOTrainer
+from trl import GRPOTrainer
 from trl.data_utils import is_conversational
 from trl.models.utils import disable_gradient_checkpointing, unwrap_model_for_generation
 from trl.trainer.utils import RepeatSampler, add_fused_lm_head, is_async_callable
 
 from armorlab import anchors as anc
 from armorlab import dynamic_sampling as dyn
-from armorlab import trl_fields
 from armorlab.advantages import group_advantages
-from armorlab.checks import Invalid
-from armorlab.config import FIELDS, INERT_KEYS, fill_objective_defaults
 from armorlab.errors import ArmorLabError
 from armorlab.evaluation import Validator
+from armorlab.objectives import vllm_corrected_loss
 from armorlab.reference import ReferencePolicy, build_reference_model
 from armorlab.telemetry import StepStats, TokenDump, kl_k2, kl_k3, sequence_kl_estimates
+from armorlab.trainer_config import ArmorLabConfig
 
 STATE_FILE = "armorlab_state.json"
 # Per-generation metrics ride in the batch as 0-d tensors "<prefix><name>:total" / ":count", which
@@ -66,85 +65,6 @@ class NonFiniteLossError(RuntimeError):
     def __init__(self, step: int) -> None:
         super().__init__(f"non-finite loss at step {step}")
         self.step = step
-
-
-def vllm_corrected_loss(per_token: torch.Tensor, is_ratio: torch.Tensor, mask: torch.Tensor, aggregation: str,
-                        max_len: int, normalizer: Any = None) -> torch.Tensor:
-    """TRL's vLLM importance-sampling correction on an armorlab loss: each token's loss × the
-    (B, T) or (B, 1) ratio π_old/π_vLLM (clipped or masked by TRL), aggregated as the loss is
-    (same aggregation, same normaliser). Anchor rows carry no sampler log-probs (NaN in TRL),
-    so their ratio is exactly 1."""
-    from armorlab.objectives import aggregate
-
-    mask_f = (mask != 0).to(per_token.dtype)
-    return aggregate(per_token * is_ratio.to(per_token.dtype), mask_f, aggregation, max_len, normalizer)
-
-
-# --------------------------------------------------------------------------- config
-@dataclass
-class ArmorLabConfig(GRPOConfig):
-    """GRPOConfig plus armorlab's fields; each is validated by the same check as ``armorlab.config``.
-
-    ``objective`` replaces TRL's ``loss_type``/``importance_sampling_level``; ``epsilon`` and
-    ``epsilon_high`` are the clip bounds of every objective. A ``None`` in a field that
-    ``config.resolve`` nulls when inert (``alpha`` for dapo, anchor options with anchors off)
-    means "not used by this run" and takes the default.
-    """
-
-    objective: str = field(default=FIELDS["objective"].default, metadata={"help": FIELDS["objective"].doc})
-    alpha: float | None = field(default=FIELDS["alpha"].default, metadata={"help": FIELDS["alpha"].doc})
-    advantage_estimator: str = field(default=FIELDS["advantage_estimator"].default,
-                                     metadata={"help": FIELDS["advantage_estimator"].doc})
-    quantile_k: float | None = field(default=FIELDS["quantile_k"].default, metadata={"help": FIELDS["quantile_k"].doc})
-    kl_estimator: str | None = field(default=FIELDS["kl_estimator"].default,
-                                     metadata={"help": FIELDS["kl_estimator"].doc})
-    dual_clip: float | None = field(default=None, metadata={"help": FIELDS["dual_clip"].doc})
-    aggregation: str | None = field(default=None, metadata={"help": FIELDS["aggregation"].doc})
-    anchor: bool = field(default=FIELDS["anchor"].default, metadata={"help": FIELDS["anchor"].doc})
-    anchor_samples: int | None = field(default=FIELDS["anchor_samples"].default,
-                                       metadata={"help": FIELDS["anchor_samples"].doc})
-    anchor_filter: str | None = field(default=FIELDS["anchor_filter"].default,
-                                      metadata={"help": FIELDS["anchor_filter"].doc})
-    anchor_gate: bool = field(default=FIELDS["anchor_gate"].default, metadata={"help": FIELDS["anchor_gate"].doc})
-    anchor_ratio: str | None = field(default=FIELDS["anchor_ratio"].default,
-                                     metadata={"help": FIELDS["anchor_ratio"].doc})
-    anchor_reward_threshold: float | None = field(default=FIELDS["anchor_reward_threshold"].default,
-                                                  metadata={"help": FIELDS["anchor_reward_threshold"].doc})
-    ref_reset_steps: int = field(default=FIELDS["ref_reset_steps"].default,
-                                 metadata={"help": FIELDS["ref_reset_steps"].doc})
-    ref_reset_schedule: list[list[int]] | None = field(default=None,
-                                                       metadata={"help": FIELDS["ref_reset_schedule"].doc})
-    val_every: int = field(default=FIELDS["val_every"].default, metadata={"help": FIELDS["val_every"].doc})
-    val_samples: int = field(default=FIELDS["val_samples"].default, metadata={"help": FIELDS["val_samples"].doc})
-    val_temperature: float = field(default=FIELDS["val_temperature"].default,
-                                   metadata={"help": FIELDS["val_temperature"].doc})
-    kl_probe_prompts: int = field(default=FIELDS["kl_probe_prompts"].default,
-                                  metadata={"help": FIELDS["kl_probe_prompts"].doc})
-    token_sample_rate: float = field(default=FIELDS["token_sample_rate"].default,
-                                     metadata={"help": FIELDS["token_sample_rate"].doc})
-    dynamic_sampling: bool = field(default=FIELDS["dynamic_sampling"].default,
-                                   metadata={"help": FIELDS["dynamic_sampling"].doc})
-    dynamic_sampling_factor: int | None = field(default=FIELDS["dynamic_sampling_factor"].default,
-                                                metadata={"help": FIELDS["dynamic_sampling_factor"].doc})
-    ref_vllm_mode: str = field(default=FIELDS["ref_vllm_mode"].default, metadata={"help": FIELDS["ref_vllm_mode"].doc})
-    ref_vllm_memory: float = field(default=FIELDS["ref_vllm_memory"].default,
-                                   metadata={"help": FIELDS["ref_vllm_memory"].doc})
-
-    def __post_init__(self) -> None:
-        for name, spec in FIELDS.items():
-            value = getattr(self, name)
-            if value is None and name in INERT_KEYS:
-                value = spec.default
-            try:
-                setattr(self, name, spec.check(value))
-            except Invalid as exc:
-                raise ArmorLabError(str(exc), key=name, value=value) from None
-        fill_objective_defaults(self)
-        problems = trl_fields.args_problems(self)  # config.resolve refused these already; Python users too
-        if problems:
-            key, value, why = problems[0]
-            raise ArmorLabError(why, key=key, value=value)
-        super().__post_init__()
 
 
 # --------------------------------------------------------------------------- sampler

@@ -50,7 +50,7 @@ def test_policy_rollouts_from_vllm_train_with_anchors_and_the_correction_skips_t
 
 
 def test_vllm_corrected_loss_multiplies_each_tokens_loss_and_keeps_the_normaliser():
-    from armorlab.trainer import vllm_corrected_loss
+    from armorlab.objectives import vllm_corrected_loss
 
     per_token = torch.tensor([[1.0, 2.0, 0.0], [3.0, 0.0, 0.0]])
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
