@@ -233,6 +233,18 @@ def test_killed_worker_leaves_a_consistent_study_and_its_trial_is_retried(tmp_pa
     assert len(train_headers(ctx.study_dir, rd.id)) == 2
 
 
+def _sigterm_worker_when(ctx, ready) -> None:
+    """Start one worker, wait until ``ready()`` holds, SIGTERM it: it must exit 75 (preempted)."""
+    w = subprocess.Popen([sys.executable, "-m", "armorlab.tune.worker", str(ctx.study_dir), "--poll", "0.1"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not ready():
+        assert time.monotonic() < deadline and w.poll() is None
+        time.sleep(0.05)
+    w.send_signal(signal.SIGTERM)
+    assert w.wait(timeout=60) == 75
+
+
 def test_sigterm_requeues_the_running_trial_without_counting_a_retry(tmp_path, monkeypatch):
     monkeypatch.setenv("ARMORLAB_SYNTHETIC_STEP_S", "0.05")
     p = spec(tmp_path, "term", """
@@ -241,17 +253,10 @@ def test_sigterm_requeues_the_running_trial_without_counting_a_retry(tmp_path, m
         sampler: {type: grid}
     """, base="{objective: armor, max_steps: 40, val_every: 5}")
     ctx = prepare_study(p, root=tmp_path / "runs")
-    w = subprocess.Popen([sys.executable, "-m", "armorlab.tune.worker", str(ctx.study_dir), "--poll", "0.1"],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     # Synchronise on what the stand-in does, not on time: its first metrics line comes after its
     # SIGTERM handler is installed, so the signal lands mid-training (a busy machine once made a
     # fixed sleep too short: the trainer died of SIGTERM while starting, counted as a crash).
-    deadline = time.monotonic() + 120
-    while not any(p.stat().st_size for p in ctx.study_dir.glob("*/metrics.jsonl")):
-        assert time.monotonic() < deadline and w.poll() is None
-        time.sleep(0.05)
-    w.send_signal(signal.SIGTERM)
-    assert w.wait(timeout=60) == 75
+    _sigterm_worker_when(ctx, lambda: any(m.stat().st_size for m in ctx.study_dir.glob("*/metrics.jsonl")))
     ts = trials(ctx.study_dir)
     failed = [t for t in ts if t.state == TrialState.FAIL]
     waiting = [t for t in ts if t.state == TrialState.WAITING]
@@ -279,14 +284,7 @@ def test_sigterm_while_the_trainer_starts_is_a_preemption_not_a_crash(tmp_path, 
         sampler: {type: grid}
     """)
     ctx = prepare_study(p, root=tmp_path / "runs")
-    w = subprocess.Popen([sys.executable, "-m", "armorlab.tune.worker", str(ctx.study_dir), "--poll", "0.1"],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 120
-    while not list(ctx.study_dir.glob("*/started")):
-        assert time.monotonic() < deadline and w.poll() is None
-        time.sleep(0.05)
-    w.send_signal(signal.SIGTERM)
-    assert w.wait(timeout=60) == 75
+    _sigterm_worker_when(ctx, lambda: bool(list(ctx.study_dir.glob("*/started"))))
     ts = trials(ctx.study_dir)
     failed = [t for t in ts if t.state == TrialState.FAIL]
     waiting = [t for t in ts if t.state == TrialState.WAITING]
