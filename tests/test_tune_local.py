@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from collections import Counter
 from pathlib import Path
@@ -17,25 +16,12 @@ import pytest
 
 optuna = pytest.importorskip("optuna")
 from optuna.trial import TrialState  # noqa: E402
+from tune_support import STANDIN, spec, standin  # noqa: E402, F401 (fixture)
 
 from armorlab.runs import RunDir  # noqa: E402
 from armorlab.tune.study import load_study, prepare_study, run_local, study_status, write_study_plots  # noqa: E402
 
-STANDIN = [sys.executable, "-m", "armorlab.tune.synthetic_trainer"]
-# quality 1 at the optimum; learning_rate is left at 1e-4 (its optimum) unless searched
-BASE = "{objective: armor, max_steps: 30, val_every: 5, learning_rate: 1.0e-4, epsilon_high: 0.3}"
-
-
-@pytest.fixture(autouse=True)
-def standin(monkeypatch):
-    monkeypatch.setenv("ARMORLAB_TRAIN_COMMAND", json.dumps(STANDIN))
-    monkeypatch.setenv("ARMORLAB_SYNTHETIC_STEP_S", "0.01")
-
-
-def spec(tmp_path: Path, name: str, search: str, base: str = BASE, seeds: str = "[0]") -> Path:
-    p = tmp_path / f"{name}.yaml"
-    p.write_text(f"name: {name}\nbase: {base}\nseeds: {seeds}\nsearch:\n" + textwrap.indent(textwrap.dedent(search), "  "))
-    return p
+pytestmark = pytest.mark.usefixtures("standin")
 
 
 def train_headers(study_dir: Path, run_id: str) -> list[str]:

@@ -11,7 +11,6 @@ import signal
 import socket
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 import urllib.request
@@ -24,24 +23,11 @@ from sweep_support import run_cli, slurm_cluster, wait_for  # noqa: F401 (fixtur
 
 optuna = pytest.importorskip("optuna")
 from optuna.trial import TrialState  # noqa: E402
+from tune_support import STANDIN, spec, standin  # noqa: E402, F401 (fixture)
 
 from armorlab.runs import RunDir  # noqa: E402
 
-STANDIN = [sys.executable, "-m", "armorlab.tune.synthetic_trainer"]
-BASE = "{objective: armor, max_steps: 30, val_every: 5, learning_rate: 1.0e-4}"
-
-
-@pytest.fixture(autouse=True)
-def standin(monkeypatch):
-    monkeypatch.setenv("ARMORLAB_TRAIN_COMMAND", json.dumps(STANDIN))
-    monkeypatch.setenv("ARMORLAB_SYNTHETIC_STEP_S", "0.01")
-
-
-def spec(tmp_path: Path, name: str, search: str, base: str = BASE) -> Path:
-    p = tmp_path / f"{name}.yaml"
-    p.write_text(f"name: {name}\nbase: {base}\nseeds: [0]\nsearch:\n"
-                 + textwrap.indent(textwrap.dedent(search), "  "))
-    return p
+pytestmark = pytest.mark.usefixtures("standin")
 
 
 def pg_trials(url: str, name: str):

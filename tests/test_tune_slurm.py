@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
-import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
 from sweep_support import REPO, run_cli, slurm_cluster  # noqa: F401 (fixture)
+from tune_support import standin_env
 
 pytestmark = pytest.mark.slurm
 
@@ -28,8 +27,7 @@ def test_four_trial_study_with_two_array_workers(tmp_path, slurm_cluster, monkey
         "  space: {alpha: {type: categorical, choices: [0.5, 0.6, 0.7, 0.9]}}\n"
         "  sampler: {type: grid}\n"
         "  n_trials: 4\n")
-    env = {"ARMORLAB_TRAIN_COMMAND": json.dumps([sys.executable, "-m", "armorlab.tune.synthetic_trainer"]),
-           "ARMORLAB_SYNTHETIC_STEP_S": "0.05", "SLURM_CONF": slurm_cluster}
+    env = {**standin_env(step_s=0.05), "SLURM_CONF": slurm_cluster}
     root = tmp_path / "runs"
     out = run_cli("tune", str(spec), "--executor", "slurm", "--workers", "2", "--profile",
                   str(REPO / "slurm" / "local.yaml"), "--root", str(root), "--wait", env=env, timeout=600)
