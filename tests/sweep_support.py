@@ -63,6 +63,24 @@ def wait_finished(sweep_dir: Path, timeout: float):
     return box["st"]
 
 
+def preempt_after_first_step(sweep_dir: Path, timeout: float):
+    """Send the sweep's first run what Slurm sends before a time limit (--signal=USR2@...: the
+    checkpoint signal only) once it has trained a step, and wait for its requeued attempt to start.
+    Returns the run's RunDir."""
+    import submitit
+
+    from armorlab.runs import RunDir
+    from armorlab.sweeps.manifest import load_manifest
+
+    run_id = load_manifest(sweep_dir).runs[0]
+    rd = RunDir(sweep_dir / run_id)
+    wait_for(lambda: (rd.last_step() or 0) >= 1, timeout, "the job to train a step")
+    submitit.SlurmJob(folder=sweep_dir / ".submitit", job_id=load_manifest(sweep_dir).last_job(run_id)) \
+        ._interrupt(timeout=True)
+    wait_for(lambda: rd.read_status()["attempt"] == 2, timeout, "the requeued job to start")
+    return rd
+
+
 @pytest.fixture(scope="session")
 def slurm_cluster():
     """The local cluster of slurm/local/start.sh. Skips when unreachable, unless

@@ -12,6 +12,7 @@ import os
 
 import pytest
 from sweep_support import (
+    preempt_after_first_step,
     run_cli,
     slurm_cluster,  # noqa: F401 - a fixture
     standin_command,
@@ -269,21 +270,14 @@ def test_real_failed_run_is_reported_with_its_reason(tmp_path, profile, model_ca
 
 
 def test_real_preempted_run_ends_with_the_metrics_of_an_uninterrupted_one(tmp_path, profile, model_cache):
-    import submitit
-
     base = {**TINY, "max_steps": 6, "save_steps": 100, "objective": "up"}
     root = tmp_path / "runs"
     for name in ("interrupted", "reference"):  # same config, two sweep dirs
         _sweep(str(write_spec(tmp_path / f"{name}.yaml", {"name": name, "base": base})), "--root", str(root),
                "--profile", str(profile), ARMORLAB_CACHE=model_cache)
     sweep_dir = root / "interrupted"
-    run_id = load_manifest(sweep_dir).runs[0]
-    rd = RunDir(sweep_dir / run_id)
-    wait_for(lambda: (rd.last_step() or 0) >= 1, 600, "the job to train a step")
-    # what Slurm does before a time limit (--signal=USR2@...): the checkpoint signal only
-    submitit.SlurmJob(folder=sweep_dir / ".submitit", job_id=load_manifest(sweep_dir).last_job(run_id)) \
-        ._interrupt(timeout=True)
-    wait_for(lambda: rd.read_status()["attempt"] == 2, 300, "the requeued job to start")
+    rd = preempt_after_first_step(sweep_dir, 600)
+    run_id = rd.path.name
     wait_finished(sweep_dir, 600)
     wait_finished(root / "reference", 600)
     status = rd.read_status()

@@ -9,10 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from sweep_support import run_cli, slurm_cluster, wait_finished, wait_for, write_spec  # noqa: F401 - fixture
+from sweep_support import preempt_after_first_step, run_cli, slurm_cluster, wait_finished, write_spec  # noqa: F401 - fixture
 
 from armorlab.runs import RunDir
-from armorlab.sweeps.manifest import load_manifest
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
 
@@ -25,8 +24,6 @@ TINY = {"max_steps": 4, "val_every": 2, "save_steps": 100, "val_samples": 2, "kl
 
 
 def test_two_process_job_is_preempted_requeued_and_ends_like_an_uninterrupted_one(tmp_path):
-    import submitit
-
     root = tmp_path / "runs"
     cache = str(tmp_path / "cache")
     for name in ("interrupted", "reference"):
@@ -34,14 +31,9 @@ def test_two_process_job_is_preempted_requeued_and_ends_like_an_uninterrupted_on
                       "--root", str(root), "--profile", str(PROFILE), env={"ARMORLAB_CACHE": cache})
         assert out.returncode == 0, out.stdout + out.stderr
     sweep_dir = root / "interrupted"
-    run_id = load_manifest(sweep_dir).runs[0]
-    rd = RunDir(sweep_dir / run_id)
-    wait_for(lambda: (rd.last_step() or 0) >= 1, 900, "the job to train a step")
-    # what Slurm does before a time limit: the checkpoint signal; the job forwards a stop to the
-    # accelerate launcher, which passes it to both trainers
-    submitit.SlurmJob(folder=sweep_dir / ".submitit", job_id=load_manifest(sweep_dir).last_job(run_id)) \
-        ._interrupt(timeout=True)
-    wait_for(lambda: rd.read_status()["attempt"] == 2, 600, "the requeued job to start")
+    # the job forwards the checkpoint signal's stop to the accelerate launcher, which passes it to both trainers
+    rd = preempt_after_first_step(sweep_dir, 900)
+    run_id = rd.path.name
     wait_finished(sweep_dir, 900)
     wait_finished(root / "reference", 900)
     status = rd.read_status()
