@@ -8,7 +8,7 @@ import sys
 import typer
 
 from armorlab import __version__
-from armorlab.commands import check_task, coercion, demo, report, sweep, train, tune
+from armorlab.commands import check_task, coercion, demo, report, sweep, train, tune, vllm_serve
 from armorlab.errors import ArmorLabError
 
 coercion.install()  # plain values without pydantic (armorlab.commands.coercion)
@@ -41,7 +41,7 @@ def _root(
                         format="%(levelname)s %(name)s: %(message)s")
 
 
-for module in (train, check_task, sweep, tune, report, demo):
+for module in (train, check_task, sweep, tune, report, demo, vllm_serve):
     module.register(app)
 
 

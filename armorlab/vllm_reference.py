@@ -20,9 +20,7 @@ from typing import Any
 
 from armorlab.anchors import Completion, cut_at_eos
 from armorlab.errors import ArmorLabError
-
-# CPU-backend settings (ignored on GPU): a 1 GiB KV cache instead of ~8.6 GiB, loopback only.
-CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_HOST_IP": "127.0.0.1"}
+from armorlab.vllm_serve import CPU_ENV
 
 
 def require_vllm(key: str, value: Any) -> None:

