@@ -41,6 +41,7 @@ from typing import Any
 from armorlab.config import FIELDS, load_config, resolve, split_config
 from armorlab.errors import ArmorLabError
 from armorlab.runs import RunDir, slurm_job_id
+from armorlab.vllm_endpoints import read_endpoints
 
 log = logging.getLogger(__name__)
 
@@ -399,7 +400,8 @@ def _train_owned(run_dir: RunDir, callbacks: Iterable[Any]) -> Outcome:
     try:
         with control.installed():
             stored = run_dir.read_config()
-            cfg = resolve(stored, file=str(run_dir.config_path))
+            # where this attempt's vLLM servers listen (a job of a profile with vllm_servers)
+            cfg = resolve({**stored, **read_endpoints()}, file=str(run_dir.config_path))
             check_unchanged(stored, cfg, str(run_dir.config_path))
             trainer = build_trainer(cfg, run_dir, [control.callback(), health.callback(), *callbacks])
             checkpoint = complete_checkpoint(run_dir)

@@ -5,7 +5,9 @@ Metrics are a pure function of (seed, step), so an interrupted-and-resumed run m
 exactly the metrics of an uninterrupted one. Knobs (env): ARMORLAB_STANDIN_STEP_S = seconds per
 step (default 0.02); ARMORLAB_STANDIN_HOLD_AT = a step at which the run parks until it is stopped
 (a signal or a stop request), so a test that interrupts it mid-run never races a fast finish on a busy
-machine. A run whose model name is not "tiny" fails like a missing model would.
+machine. A run whose model name is neither "tiny" nor a directory holding a file ``standin-model``
+fails like a missing model would. Started by a job with vLLM servers ($ARMORLAB_VLLM_ENDPOINTS), it records what it got
+in ``standin_trainer.json`` and fails like TRL's client would when the policy server stops answering.
 """
 
 from __future__ import annotations
@@ -19,6 +21,18 @@ import time
 from pathlib import Path
 
 from armorlab.runs import RunDir
+from armorlab.vllm_endpoints import read_endpoints
+
+
+def answers(port: int) -> bool:
+    import urllib.request
+
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(f"http://127.0.0.1:{port}/health", timeout=2) as resp:
+            return resp.status == 200
+    except OSError:
+        return False
 
 
 def metric(seed: int, step: int, salt: int) -> float:
@@ -48,7 +62,12 @@ def main() -> int:
     signal.signal(signal.SIGUSR1, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     rd.write_status("running", job_id=job_id())
-    if cfg["model"]["name"] != "tiny":
+    endpoints = read_endpoints()
+    if endpoints:
+        (rd.path / "standin_trainer.json").write_text(json.dumps({
+            "endpoints": endpoints, "cuda": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "answering": {k: answers(v) for k, v in endpoints.items() if k.endswith("_port")}}))
+    if cfg["model"]["name"] != "tiny" and not (Path(cfg["model"]["name"]) / "standin-model").is_file():
         rd.write_status("failed", reason=f"cannot load model {cfg['model']['name']!r}")
         return 1
     seed, max_steps = cfg["seed"], cfg["max_steps"]
@@ -68,6 +87,9 @@ def main() -> int:
     request = Path(rd.path / "stop_request")
     while step < max_steps:
         time.sleep(step_s)
+        if "vllm_server_port" in endpoints and not answers(endpoints["vllm_server_port"]):
+            rd.write_status("failed", reason="ConnectionError: the vLLM server does not answer")
+            return 1
         step += 1
         row = {"train/reward": metric(seed, step, 0)}
         if val_every and step % val_every == 0:

@@ -13,6 +13,9 @@ import pytest
 import yaml
 
 STANDIN = Path(__file__).with_name("sweep_standin.py")
+# a stand-in for `armorlab vllm-serve`, and what a run config says to generate through servers
+STANDIN_SERVER = [sys.executable, str(Path(__file__).with_name("vllm_server_standin.py"))]
+SERVED = {"use_vllm": True, "vllm_mode": "server", "ref_vllm_mode": "server"}
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_SLURM_CONF = Path(os.environ.get("ARMORLAB_SLURM_DIR", "/tmp/armorlab-slurm")) / "etc" / "slurm.conf"
 
@@ -24,6 +27,25 @@ def standin_command() -> str:
 def standin_metric(seed: int, step: int, salt: int) -> float:
     """The stand-in's metric formula, restated here so tests do not trust the script's output."""
     return ((seed * 7919 + step * 104729 + salt * 31) % 1000) / 1000.0
+
+
+def records(path: Path) -> list[dict]:
+    """What the stand-in servers recorded in ``path`` ($STANDIN_SERVER_DIR), in start order."""
+    found = [json.loads(p.read_text()) for p in path.glob("*.json")]
+    return sorted(found, key=lambda r: r["pid"])
+
+
+def by_port(path: Path) -> dict[int, dict]:
+    return {int(r["argv"][r["argv"].index("--port") + 1]): r for r in records(path)}
+
+
+def alive(pid: int) -> bool:
+    """A live process (not a zombie left for its parent to reap)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
 
 
 def write_spec(path: Path, spec: dict) -> Path:

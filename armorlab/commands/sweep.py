@@ -108,6 +108,12 @@ def _print_dry_run(plan, workers: int | None) -> None:
     else:
         lines.append(f"would train {len(todo)} run(s) on this machine, "
                      f"{workers or plan.profile.workers} at a time")
+    if plan.profile.vllm_servers is not None and todo:
+        from armorlab.sweeps.jobs import train_argv
+        from armorlab.sweeps.vllm_servers import describe
+
+        argv = train_argv("<run dir>", **{k: v for k, v in plan.profile.launch_options().items() if k != "vllm_servers"})
+        lines += ["", *describe(plan.profile.vllm_servers, python=plan.profile.python, trainer_argv=argv)]
     sys.stdout.write("\n".join(lines) + "\n")
 
 

@@ -89,6 +89,7 @@ def register(app: typer.Typer) -> None:
         ctx = prepare_study(spec, root=root, storage=storage)
         prof_path = profile if profile is not None else ctx.extra.get("profile")
         prof = load_profile(prof_path)
+        prof.refuse_vllm_servers("armorlab tune")
         kind = executor or prof.executor
         if kind not in ("local", "slurm"):
             raise ArmorLabError("must be local or slurm", key="--executor", value=kind)

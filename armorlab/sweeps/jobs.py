@@ -9,6 +9,9 @@ Preemption and time limits follow submitit's checkpoint protocol: when Slurm sig
 ``TrainJob.checkpoint()``; it forwards SIGUSR1 to the trainer, which finishes its optimizer step,
 saves a checkpoint, writes status "pending" and exits 75 (contract C3). ``checkpoint()`` then
 returns a fresh ``TrainJob`` for the same run dir and submitit requeues the job.
+
+With a profile's ``vllm_servers`` the job starts the run's vLLM server(s) first and stops them
+when the trainer exits (armorlab.sweeps.vllm_servers).
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ from typing import Any
 
 from submitit.helpers import Checkpointable, DelayedSubmission
 
-from armorlab.runs import RunDir
+from armorlab.runs import RunDir, slurm_job_id
+from armorlab.sweeps.vllm_servers import RunningServers, ServerError, ServerSet, StartStopped, server_model
 
 log = logging.getLogger(__name__)
 
@@ -131,24 +135,32 @@ class TrainJob(Checkpointable):
     """Train one run directory. Picklable: holds the run dir path and launch options only."""
 
     def __init__(self, run_dir: str | os.PathLike, *, launcher: str = "python",
-                 accelerate_config: str | None = None, detach: bool = False) -> None:
+                 accelerate_config: str | None = None, detach: bool = False,
+                 vllm_servers: ServerSet | None = None) -> None:
         self.run_dir = str(Path(run_dir).absolute())
         self.launcher = launcher
         self.accelerate_config = accelerate_config
         self.detach = detach  # the trainer outlives this process (local `armorlab sweep --detach`)
+        self.vllm_servers = vllm_servers  # started on the node before the trainer
         self._proc: subprocess.Popen | None = None
         self._done = threading.Event()
         self._asked: set[int] = set()  # stop signals sent to this attempt's trainer
+        self._servers: RunningServers | None = None
+        self._stop_asked = threading.Event()  # a stop that came before the trainer was started
 
     def __repr__(self) -> str:
         return f"TrainJob({self.run_dir!r}, launcher={self.launcher!r})"
 
     def __getstate__(self) -> dict[str, Any]:
         # not `detach`: only local jobs detach, and they are never pickled
-        return {"run_dir": self.run_dir, "launcher": self.launcher, "accelerate_config": self.accelerate_config}
+        state = {"run_dir": self.run_dir, "launcher": self.launcher, "accelerate_config": self.accelerate_config}
+        if self.vllm_servers is not None:
+            state["vllm_servers"] = self.vllm_servers
+        return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["run_dir"], launcher=state["launcher"], accelerate_config=state["accelerate_config"])
+        self.__init__(state["run_dir"], launcher=state["launcher"], accelerate_config=state["accelerate_config"],
+                      vllm_servers=state.get("vllm_servers"))
 
     # ------------------------------------------------------------------ running
     def __call__(self) -> dict[str, Any]:
@@ -182,7 +194,8 @@ class TrainJob(Checkpointable):
         slurm = os.environ.get("SUBMITIT_EXECUTOR") == "slurm"
         argv = wrapped_argv(train_argv(self.run_dir, launcher=self.launcher, accelerate_config=self.accelerate_config),
                             die_with_parent=not self.detach, ignore_signal=_checkpoint_signal() if slurm else 0)
-        log.info("starting %s", argv)
+        env = dict(env or {})
+        server_death: str | None = None
         out: Any = None
         if log_path is not None:
             Path(log_path).parent.mkdir(parents=True, exist_ok=True)
@@ -190,8 +203,13 @@ class TrainJob(Checkpointable):
         try:
             self._done.clear()
             self._asked = set()
+            if self.vllm_servers is not None:
+                ended = self._start_servers(rd, env)  # on success env gains the trainer's GPUs and ports
+                if ended is not None:
+                    return ended
+            log.info("starting %s", argv)
             self._proc = subprocess.Popen(
-                argv, cwd=os.getcwd(), env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL,
+                argv, cwd=os.getcwd(), env={**os.environ, **env}, stdin=subprocess.DEVNULL,
                 stdout=out, stderr=subprocess.STDOUT if out is not None else None,
                 # own process group: a terminal's Ctrl-C reaches the sweep, which forwards SIGTERM
                 start_new_session=True,
@@ -200,13 +218,24 @@ class TrainJob(Checkpointable):
             # calls checkpoint(), which must be able to wait for the child too (Popen.wait holds a
             # lock a handler re-entering it would deadlock on).
             threading.Thread(target=self._reap, daemon=True).start()
+            if self._stop_asked.is_set():  # asked while the servers started: the trainer stops at once
+                self.interrupt(signal.SIGTERM)
             while not self._done.wait(0.5):
-                pass
+                if self._servers is not None and server_death is None:
+                    server_death = self._server_died()
+            if self._servers is not None and server_death is None:
+                server_death = self._server_died(stop_trainer=False)
         finally:
             if out is not None:
                 out.close()
+            if self._servers is not None:
+                self._servers.stop()
         rc = self._proc.returncode
         status = rd.read_status()
+        if server_death is not None and status["state"] != "completed":
+            # the trainer's own reason would be a connection error, or "preempted" (we stopped it)
+            status = rd.write_status("failed", reason=server_death)
+            return JobOutcome(self.run_dir, EXIT_FAILED, status["state"], status.get("reason"))
         checkpointed = status["state"] == "pending" and str(status.get("reason") or "").startswith("preempted")
         if rc not in (EXIT_COMPLETED, EXIT_PREEMPTED) and checkpointed:
             # torchrun/accelerate report a process's exit 75 as their own 1 (or die of the
@@ -225,6 +254,41 @@ class TrainJob(Checkpointable):
             status = rd.write_status("failed", reason=f"training process ended with {describe_exit(rc)}")
         return JobOutcome(self.run_dir, rc, status["state"], status.get("reason"))
 
+    def _start_servers(self, rd: RunDir, env: dict[str, str]) -> JobOutcome | None:
+        """Start this attempt's vLLM servers and wait until they answer; None when they do (``env``
+        then holds the trainer's CUDA_VISIBLE_DEVICES and the servers' ports), else the outcome."""
+        assert self.vllm_servers is not None
+        base = {**os.environ, **env}
+        job = slurm_job_id(base) or base.get("ARMORLAB_JOB_ID")
+        ignore = {_checkpoint_signal(), signal.SIGUSR1, signal.SIGUSR2}
+        try:
+            self._servers = RunningServers.plan(self.vllm_servers, rd, server_model(rd, base), base)
+            if self._stop_asked.is_set():
+                raise StartStopped()
+            self._servers.start(base, ignore, attempt=rd.read_status()["attempt"] + 1, job_id=job)
+            self._servers.wait_ready(self._stop_asked)
+        except ServerError as exc:
+            log.error("%s: %s", self.run_dir, exc)
+            status = rd.write_status("failed", reason=str(exc), job_id=job)
+            return JobOutcome(self.run_dir, EXIT_FAILED, status["state"], status.get("reason"))
+        except StartStopped:
+            status = rd.write_status("pending", reason="preempted while its vLLM servers started")
+            return JobOutcome(self.run_dir, EXIT_PREEMPTED, status["state"], status.get("reason"))
+        env.update(self._servers.endpoints_env())
+        return None
+
+    def _server_died(self, *, stop_trainer: bool = True) -> str | None:
+        """The reason when a server died under the trainer; the trainer is asked to checkpoint and stop."""
+        assert self._servers is not None
+        try:
+            self._servers.check_alive()
+        except ServerError as exc:
+            log.error("%s: %s", self.run_dir, exc)
+            if stop_trainer:
+                self.interrupt(signal.SIGTERM)
+            return str(exc)
+        return None
+
     def _reap(self) -> None:
         assert self._proc is not None
         self._proc.wait()
@@ -238,6 +302,9 @@ class TrainJob(Checkpointable):
         as a preemption too) and waits for them to exit.
         """
         proc = self._proc
+        if proc is None and self.vllm_servers is not None and not self._done.is_set():
+            self._stop_asked.set()  # the servers are starting: the start stops (or the trainer at once)
+            return True
         if proc is None or proc.returncode is not None:
             return False
         if self.launcher != "python":
@@ -255,11 +322,13 @@ class TrainJob(Checkpointable):
     # ------------------------------------------------------------------ submitit protocol
     def checkpoint(self, *args: Any, **kwargs: Any) -> DelayedSubmission | None:
         """Called by submitit on the checkpoint signal: forward it, wait, requeue only the run dir."""
-        if self.interrupt(signal.SIGUSR1):
+        if self.interrupt(signal.SIGUSR1) and self._proc is not None:
             log.info("checkpoint requested: waiting for the trainer in %s", self.run_dir)
             self._done.wait()
+        if self._servers is not None:  # before submitit requeues (and exits): no server outlives the job
+            self._servers.stop()
         state = RunDir(self.run_dir).read_status()["state"]
         if state in ("completed", "failed"):
             return None  # nothing left to resume; submitit records why it did not requeue
         return DelayedSubmission(TrainJob(self.run_dir, launcher=self.launcher,
-                                          accelerate_config=self.accelerate_config))
+                                          accelerate_config=self.accelerate_config, vllm_servers=self.vllm_servers))

@@ -20,6 +20,7 @@ launcher: python            # or accelerate (multi-GPU / multi-node)
 accelerate_config: null     # accelerate config file, required with launcher: accelerate
 python: null                # python command on the nodes (default: this interpreter)
 sbatch: {constraint: a100}  # any other sbatch option, passed through (values are shell-quoted)
+vllm_servers: null          # vLLM server(s) each job starts on its node first (armorlab.sweeps.vllm_servers)
 ```
 ``setup`` and ``python`` are shell text written by the profile's author; nothing from a sweep
 spec ever reaches the job script (a job finds its config in its run directory). No value that
@@ -41,6 +42,7 @@ from armorlab.checks import Invalid, choice, integer, text
 from armorlab.config import load_yaml_mapping
 from armorlab.errors import ArmorLabError
 from armorlab.sweeps.sbatch import script_value
+from armorlab.sweeps.vllm_servers import ServerSet, parse_servers
 
 EXECUTORS = ("local", "slurm")
 LAUNCHERS = ("python", "accelerate")
@@ -109,6 +111,7 @@ _CHECKS: dict[str, Callable[[Any], Any]] = {
     "accelerate_config": checks.optional(_script_text),
     "python": checks.optional(_script_text),
     "sbatch": _sbatch,
+    "vllm_servers": lambda v: v,  # checked in parse_profile, against gpus_per_node and the launcher
 }
 
 
@@ -133,6 +136,7 @@ class Profile:
     accelerate_config: str | None = None
     python: str | None = None
     sbatch: dict[str, Any] = field(default_factory=dict)
+    vllm_servers: ServerSet | None = None
     path: Path | None = None
 
     def submitit_parameters(self, *, job_name: str = "armorlab") -> dict[str, Any]:
@@ -163,7 +167,17 @@ class Profile:
 
     def launch_options(self) -> dict[str, Any]:
         """What a TrainJob needs to know from the profile."""
-        return {"launcher": self.launcher, "accelerate_config": self.accelerate_config}
+        out: dict[str, Any] = {"launcher": self.launcher, "accelerate_config": self.accelerate_config}
+        if self.vllm_servers is not None:
+            out["vllm_servers"] = self.vllm_servers
+        return out
+
+    def refuse_vllm_servers(self, command: str) -> None:
+        """For commands that do not start a profile's vLLM servers (armorlab tune)."""
+        if self.vllm_servers is not None:
+            raise ArmorLabError(f"{command} does not start vLLM servers: use a profile without vllm_servers "
+                                "(colocated engines need none)", key="vllm_servers", value=list(self.vllm_servers.roles()),
+                                file=str(self.path) if self.path else None)
 
 
 def parse_profile(data: Mapping[str, Any], *, path: Path | None = None) -> Profile:
@@ -185,6 +199,10 @@ def parse_profile(data: Mapping[str, Any], *, path: Path | None = None) -> Profi
         if path is not None and not Path(cfg).expanduser().is_absolute():
             cfg = str((path.parent / cfg).resolve()) if (path.parent / cfg).is_file() else cfg
         values["accelerate_config"] = cfg
+    if "vllm_servers" in values:
+        values["vllm_servers"] = parse_servers(values["vllm_servers"], gpus_per_node=values.get("gpus_per_node", 0),
+                                               launcher=values.get("launcher", "python"),
+                                               accelerate_config=values.get("accelerate_config"), file=file)
     return Profile(**values, path=path)
 
 

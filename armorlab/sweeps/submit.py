@@ -33,6 +33,7 @@ from armorlab.sweeps.manifest import (
 )
 from armorlab.sweeps.profile import EXECUTORS, Profile, load_profile
 from armorlab.sweeps.spec import RunPlan, SweepSpec, describe_point, expand, load_spec
+from armorlab.sweeps.vllm_servers import check_runs
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +77,8 @@ def plan_sweep(spec_path: str | Path, *, root: str | Path = "runs", executor: st
                             value=executor)
     plan = SweepPlan(spec=spec, profile=prof, executor=executor, sweep_dir=Path(root) / spec.name,
                      runs=expand(spec), retry_failed=retry_failed)
+    check_runs(prof.vllm_servers, plan.runs, profile_file=str(prof.path) if prof.path else "<profile>",
+               spec_file=spec.file)
     plan.actions = classify(plan.sweep_dir, plan.runs, retry_failed=retry_failed, executor=executor)
     return plan
 
