@@ -21,7 +21,9 @@
   accelerate turn any non-zero exit of a process into their own exit code 1: status.json, not
   the launcher's exit code, says whether the run was preempted or failed.
 
-Nothing but the run dir (and the job id in the environment) describes the run. torch and TRL are
+Nothing but the run dir (and the job id in the environment) describes the run; a job that started
+vLLM servers for it adds where they listen (``$ARMORLAB_VLLM_ENDPOINTS``: host/port keys applied
+on top of config.yaml, not part of the run id; armorlab.vllm_endpoints). torch and TRL are
 imported only after the config has been resolved, so a bad config fails in well under a second.
 """
 
