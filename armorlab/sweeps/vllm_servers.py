@@ -483,6 +483,18 @@ class RunningServers:
                 os.killpg(s.proc.pid, signal.SIGKILL)
             with contextlib.suppress(subprocess.TimeoutExpired):  # never a blocking wait in a handler
                 s.proc.wait(timeout=5)
+            _wait_group_gone(s.proc.pid, timeout_s=5.0)
+
+
+def _wait_group_gone(pgid: int, timeout_s: float) -> None:
+    """Until no process of the group is left (SIGKILLed ones take a moment to go; zombies until reaped)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return
+        time.sleep(0.05)
 
 
 def server_model(run_dir: RunDir, env: Mapping[str, str]) -> str:
