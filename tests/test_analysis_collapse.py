@@ -185,3 +185,57 @@ def test_null_threshold_is_kept_on_disk_between_processes(tmp_path, monkeypatch)
     assert collapse.null_threshold(30, 3, 0.04, "curve") != want             # other arguments, other file
     assert len(list((tmp_path / "null_threshold").glob("*.json"))) == 2
     collapse.null_threshold.cache_clear()
+
+
+def _rises_by_linregress(ts, tv, lo, hi, alpha):
+    """The (C7) verdict from scipy.stats.linregress, independent of collapse's own arithmetic."""
+    from scipy import stats as sps
+
+    keep = (ts >= lo) & (ts <= hi)
+    x, y = ts[keep], tv[keep]
+    if x.size < 3 or x[-1] == x[0]:
+        return False
+    fit = sps.linregress(x, y)
+    if not fit.slope > 0:
+        return False
+    return fit.stderr == 0 or fit.slope / fit.stderr >= sps.t.ppf(1 - alpha, x.size - 2)
+
+
+@pytest.mark.parametrize("offset", [0.0, 1e9])
+def test_rises_screen_never_drops_a_span_that_passes(offset):
+    # the many-spans screen may keep spans that fail (the exact test decides them) but must keep
+    # every span whose slope test passes, even where prefix sums cancel most digits (steps ~ 1e9)
+    rng = np.random.default_rng(3)
+    ts = offset + np.arange(0.0, 400.0)
+    tv = 0.3 * np.sin(ts / 40) + rng.normal(0, 0.05, ts.size)   # rises and falls in turns
+    lo = offset + rng.integers(0, 380, 300).astype(np.float64)
+    hi = lo + rng.integers(0, 60, 300)
+    keep = collapse._rises_screen(ts, tv, lo, hi, 0.04)
+    truth = np.array([_rises_by_linregress(ts, tv, a, b, 0.04) for a, b in zip(lo, hi, strict=True)])
+    exact = np.array([collapse._train_rises(ts, tv, a, b, 0.04) for a, b in zip(lo, hi, strict=True)])
+    assert np.array_equal(exact, truth)
+    assert truth.any() and not truth.all()
+    assert np.all(keep[truth])                  # no passing span dropped
+    if offset == 0:                              # well conditioned: the screen decides (almost) alone
+        assert keep.sum() <= truth.sum() + 3
+
+
+def test_rises_screen_hand_cases():
+    ts = np.arange(0.0, 10.0)
+    # a perfect line up: SSE = 0, the slope is certain (linregress: stderr 0) → kept; down → dropped
+    keep = collapse._rises_screen(ts, 2 * ts, np.array([0.0, 3.0, 5.0]), np.array([9.0, 5.0, 6.0]), 0.05)
+    assert keep.tolist() == [True, True, False]   # [5, 6] holds 2 points: no test
+    assert not collapse._rises_screen(ts, -ts, np.array([0.0]), np.array([9.0]), 0.05).any()
+    # y = 0, 1, 0, 1, ... over 0..3: slope 0.2, SSE 0.8 (by hand) → t = 0.2/sqrt(0.8/2/5) = 0.707,
+    # below t_0.95(2) = 2.92 → dropped
+    assert not collapse._rises_screen(ts, ts % 2, np.array([0.0]), np.array([3.0]), 0.05).any()
+
+
+def test_divergence_step_takes_the_first_window_whose_train_rises():
+    # val falls twice (steps 40 and 100); train falls over the first span and rises over the second
+    steps = np.arange(0, 160, 10)
+    val = [0.5] * 4 + [0.3] * 3 + [0.6] * 3 + [0.1] * 6
+    ts = np.arange(0, 151)
+    train = np.where(ts < 70, 1 - ts / 70, (ts - 70) / 80)
+    assert collapse.collapse_step(steps, val, n=1000) == 40
+    assert collapse.divergence_step(steps, val, ts, train, n=1000) == 100

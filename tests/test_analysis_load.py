@@ -159,3 +159,19 @@ def test_globs_and_errors(tmp_path):
 def test_flatten_config():
     flat = L.flatten_config({"a": 1, "task": {"name": "x", "d": {"e": 2}}, "s": [[10, 2]]})
     assert flat == {"a": 1, "task.name": "x", "task.d.e": 2, "s": json.dumps([[10, 2]])}
+
+
+def test_arrow_parse_keeps_numbers_and_booleans_and_merges_resumed_steps():
+    # valid JSON throughout (pyarrow's fast path): a resume repeats step 1, booleans count as 0/1,
+    # text, lists and all-null columns are no metrics
+    data = (b'{"step": 0, "a": 1, "flag": true, "note": "x", "v": [1], "gone": null}\n'
+            b'{"step": 1, "a": 2.5, "flag": false, "note": "y", "v": [2], "gone": null}\n'
+            b'{"step": 1, "a": null, "flag": true, "note": "z", "v": [3], "gone": null}\n'
+            b'{"step": 2, "a": 4, "flag": false, "note": "w", "v": [4], "gone": null}\n')
+    table, warnings = L.parse_metrics_table(data)
+    assert warnings == [] and table.column_names == ["step", "a", "flag"]
+    assert table.column("step").to_pylist() == [0, 1, 2]
+    assert table.column("a").to_pylist() == [1.0, 2.5, 4.0]      # the later null does not erase 2.5
+    assert table.column("flag").to_pylist() == [1.0, 1.0, 0.0]   # the later line wins at step 1
+    frame, _ = L.parse_metrics_bytes(data)
+    assert frame["a"].dtype == np.float64 and frame["step"].dtype == np.int64

@@ -338,12 +338,13 @@ def _check(delta: float, patience: int) -> None:
 
 
 def _onsets(v: np.ndarray, t: FallTest, delta: float, m: int) -> tuple[np.ndarray, np.ndarray]:
-    """(C5) windows that pass, and the onset eval of each."""
+    """(C5) windows that pass, and the onset eval of each (the first eval of the window at or below
+    the midpoint; one exists: the window's mean is below it, since P_j − L_j ≥ δ > 0)."""
     ok = np.flatnonzero((t.z >= t.z_star) & (t.peak - t.level >= delta))
     mid = (t.peak[ok] + t.level[ok]) / 2
-    onset = np.array([j + int(np.flatnonzero(v[j:j + m] <= c)[0]) for j, c in zip(t.window[ok], mid,
-                                                                                   strict=True)], dtype=np.int64)
-    return ok, onset
+    start = t.window[ok]
+    below = v[start[:, None] + np.arange(m)] <= mid[:, None]
+    return ok, (start + np.argmax(below, axis=1)).astype(np.int64)
 
 
 def collapse_step(steps, values, delta: float = DELTA, patience: int = PATIENCE, *, n=None,
@@ -409,11 +410,58 @@ def _train_rises(ts: np.ndarray, tv: np.ndarray, lo: float, hi: float, alpha: fl
     return slope / stderr >= _t_quantile(1 - alpha, x.size - 2)
 
 
+def _rises_screen(ts: np.ndarray, tv: np.ndarray, lo: np.ndarray, hi: np.ndarray, alpha: float) -> np.ndarray:
+    """Which spans [lo_i, hi_i] may pass _train_rises, for many spans at once (O(1) per span):
+    a span is dropped only when it surely fails. From prefix sums of the centred x, y and their
+    products: Sxx, Sxy, Syy of the span and t = √(n−2)·Sxy / √(Sxx·Syy − Sxy²) (the same
+    statistic as slope/stderr). Prefix sums cancel digits, so each sum is widened by its
+    worst-case rounding error (sequential summation: ≤ N·eps·Σ|terms|, times a safety factor)
+    and a span is dropped when even the most favourable values in those bounds give a slope
+    ≤ 0 or a t below the quantile; the spans kept are decided by the exact _train_rises."""
+    a = np.searchsorted(ts, lo, "left")
+    b = np.searchsorted(ts, hi, "right")
+    n = (b - a).astype(np.float64)
+    x = ts - ts.mean()
+    y = tv - tv.mean()
+
+    def csum(z: np.ndarray) -> np.ndarray:
+        return np.concatenate([[0.0], np.cumsum(z)])
+
+    cx, cy, cxx, cxy, cyy = csum(x), csum(y), csum(x * x), csum(x * y), csum(y * y)
+    usable = (n >= 3) & (ts[np.maximum(b - 1, 0)] > ts[np.minimum(a, ts.size - 1)])
+    e = 4 * (ts.size + 2) * np.finfo(np.float64).eps
+    x1, y1 = float(np.abs(x).sum()), float(np.abs(y).sum())
+    with np.errstate(divide="ignore", invalid="ignore"):
+        sx, sy = cx[b] - cx[a], cy[b] - cy[a]
+        sxx = (cxx[b] - cxx[a]) - sx * sx / n
+        syy = (cyy[b] - cyy[a]) - sy * sy / n
+        sxy = (cxy[b] - cxy[a]) - sx * sy / n
+        sxx_lo = sxx - e * (cxx[-1] + 3 * x1 * x1 / n)
+        syy_lo = syy - e * (cyy[-1] + 3 * y1 * y1 / n)
+        sxy_hi = sxy + e * (float(np.abs(x * y).sum()) + 3 * x1 * y1 / n)
+        den = sxx_lo * syy_lo - sxy_hi * sxy_hi
+        t_hi = np.sqrt(n - 2) * sxy_hi / np.sqrt(den)
+        t_crit = _t_quantiles(1 - alpha, np.maximum(n - 2, 1))
+        bounded = (sxx_lo > 0) & (syy_lo > 0)
+        fails = bounded & ((sxy_hi <= 0) | ((den > 0) & (t_hi < t_crit * (1 - 1e-9))))
+    return usable & ~fails
+
+
+def _t_quantiles(q: float, df: np.ndarray) -> np.ndarray:
+    """Student-t quantiles for many degrees of freedom (each distinct one computed once)."""
+    uniq, inverse = np.unique(df, return_inverse=True)
+    return np.array([_t_quantile(q, int(d)) for d in uniq], dtype=np.float64)[inverse.ravel()]
+
+
 def divergence_step(steps, values, train_steps, train_values, delta: float = DELTA,
                     patience: int = PATIENCE, *, n=None, alpha: float = ALPHA,
                     horizon: int | None = None) -> int | None:
     """(C7) Onset step of the first significant val fall (C5) while the train reward rose
-    significantly over the same span; None if never (or if either curve is too short)."""
+    significantly over the same span; None if never (or if either curve is too short).
+
+    Spans are screened all at once (_rises_screen) and only those that may pass are tested one
+    by one with the exact _train_rises, in window order: a long curve has hundreds of candidate
+    falls and the one-by-one test alone was most of a report's time."""
     _check(delta, patience)
     s, v, n = _clean_with_n(steps, values, n)
     ts, tv = clean_curve(train_steps, train_values)
@@ -421,10 +469,11 @@ def divergence_step(steps, values, train_steps, train_values, delta: float = DEL
     if t is None or ts.size < 3:
         return None
     ok, onset = _onsets(v, t, delta, patience)
-    for k, i in zip(ok, onset, strict=True):
-        lo, hi = s[t.peak_at[k]], s[t.window[k] + patience - 1]
-        if _train_rises(ts, tv, lo, hi, alpha):
-            return _step(s[i])
+    lo, hi = s[t.peak_at[ok]], s[t.window[ok] + patience - 1]
+    maybe = _rises_screen(ts, tv, lo, hi, alpha) if ok.size else np.zeros(0, dtype=bool)
+    for k in np.flatnonzero(maybe):
+        if _train_rises(ts, tv, lo[k], hi[k], alpha):
+            return _step(s[onset[k]])
     return None
 
 

@@ -48,7 +48,7 @@ log = logging.getLogger(__name__)
 
 CACHE_DIR = ".armorlab-cache"
 CACHE_FILE = "metrics.arrow"
-CACHE_VERSION = 3
+CACHE_VERSION = 4
 OLD_CACHE_FILES = ("metrics.parquet",)  # earlier formats, removed when the cache is rewritten
 META_COLUMNS = ("run_id", "sweep", "path", "state", "reason", "world_size")
 _META_KEY = b"armorlab_cache"
@@ -81,56 +81,95 @@ def _merge_duplicate_steps(df: pd.DataFrame) -> pd.DataFrame:
     return df.groupby("step", sort=True).last().reset_index()
 
 
-def parse_metrics_bytes(data: bytes, source: str = "metrics.jsonl") -> tuple[pd.DataFrame, list[str]]:
-    """Parse metrics.jsonl content → (frame with int ``step`` + float metric columns, warnings)."""
-    warnings: list[str] = []
+def _numeric_table(table):
+    """pyarrow's parse → int64 ``step`` + one float64 column per numeric (or boolean) metric, in
+    Arrow (no pandas per file): what _numeric_frame keeps of the same rows, without its per-file
+    pandas overhead. Strings, lists, objects and all-null columns are not metrics."""
+    import pyarrow as pa
+
+    cols, names = [table.column("step").cast(pa.int64())], ["step"]
+    for name, col in zip(table.column_names, table.columns, strict=True):
+        if name == "step":
+            continue
+        t = col.type
+        if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t):
+            cols.append(col.cast(pa.float64(), safe=False))  # as astype: ints past 2^53 round
+            names.append(name)
+    return pa.Table.from_arrays(cols, names=names)
+
+
+def _empty_table():
+    import pyarrow as pa
+
+    return pa.table({"step": pa.array([], pa.int64())})
+
+
+def parse_metrics_table(data: bytes, source: str = "metrics.jsonl"):
+    """Parse metrics.jsonl content → (pyarrow Table: int64 ``step`` + float64 metric columns,
+    steps strictly increasing; warnings). The rules are parse_metrics_bytes'."""
+    import pyarrow as pa
+
     if not data.strip():
-        return pd.DataFrame({"step": np.empty(0, dtype=np.int64)}), warnings
-    df = None
+        return _empty_table(), []
     try:
+        import pyarrow.compute as pc
         import pyarrow.json as pj
 
         table = pj.read_json(io.BytesIO(data), read_options=pj.ReadOptions(use_threads=False,
                                                                            block_size=1 << 24))
-        if "step" in table.column_names:
-            import pyarrow as pa
-            import pyarrow.compute as pc
-
-            step = table.column("step")
-            if (pa.types.is_signed_integer(step.type) and step.null_count == 0
-                    and (len(step) == 0 or pc.min(step).as_py() >= 0)):
-                df = table.to_pandas()
+        step = table.column("step") if "step" in table.column_names else None
+        if (step is not None and pa.types.is_signed_integer(step.type) and step.null_count == 0
+                and (len(step) == 0 or pc.min(step).as_py() >= 0)):
+            out = _numeric_table(table)
+            steps = out.column("step").to_numpy()
+            if np.all(steps[1:] > steps[:-1]):
+                return out, []
+            frame = _merge_duplicate_steps(out.to_pandas())
+            return pa.Table.from_pandas(frame, preserve_index=False).replace_schema_metadata(None), []
     except Exception:  # ArrowInvalid on a torn/odd line: fall back to the line-by-line rules
-        df = None
-    if df is None:
-        rows = []
-        for lineno, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except ValueError:
-                warnings.append(f"skipped torn line {lineno} of {source}")
-                continue
-            if isinstance(row, dict) and valid_step(row.get("step")):
-                rows.append(row)
-            elif isinstance(row, dict) and "step" in row:
-                warnings.append(f"skipped line {lineno} of {source}: step {row['step']!r:.40} is not an "
-                                "integer in [0, 2^63)")
-        df = pd.DataFrame.from_records(rows) if rows else pd.DataFrame({"step": []})
+        pass
+    frame, warnings = _parse_lines(data, source)
+    # no pandas metadata: tables of many runs are concatenated and converted at once
+    return pa.Table.from_pandas(frame, preserve_index=False).replace_schema_metadata(None), warnings
+
+
+def _parse_lines(data: bytes, source: str) -> tuple[pd.DataFrame, list[str]]:
+    """Line by line, exactly like RunDir.iter_metrics (the slow path for damaged files)."""
+    warnings: list[str] = []
+    rows = []
+    for lineno, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            warnings.append(f"skipped torn line {lineno} of {source}")
+            continue
+        if isinstance(row, dict) and valid_step(row.get("step")):
+            rows.append(row)
+        elif isinstance(row, dict) and "step" in row:
+            warnings.append(f"skipped line {lineno} of {source}: step {row['step']!r:.40} is not an "
+                            "integer in [0, 2^63)")
+    df = pd.DataFrame.from_records(rows) if rows else pd.DataFrame({"step": np.empty(0, dtype=np.int64)})
     return _merge_duplicate_steps(_numeric_frame(df)), warnings
 
 
-def parse_metrics_file(path: str | os.PathLike) -> tuple[pd.DataFrame, list[str]]:
-    """Parse one metrics.jsonl (missing file → empty frame)."""
+def parse_metrics_bytes(data: bytes, source: str = "metrics.jsonl") -> tuple[pd.DataFrame, list[str]]:
+    """Parse metrics.jsonl content → (frame with int ``step`` + float metric columns, warnings)."""
+    table, warnings = parse_metrics_table(data, source)
+    return table.to_pandas(), warnings
+
+
+def parse_metrics_file(path: str | os.PathLike):
+    """Parse one metrics.jsonl (missing file → empty table) → (pyarrow Table, warnings)."""
     path = Path(path)
     try:
         data = path.read_bytes()
     except FileNotFoundError:
         data = b""
     except OSError as exc:  # unreadable, or a directory: the rest of the report still gets written
-        return pd.DataFrame({"step": np.empty(0, dtype=np.int64)}), [f"cannot read {path}: {exc.strerror or exc}"]
-    return parse_metrics_bytes(data, str(path))
+        return _empty_table(), [f"cannot read {path}: {exc.strerror or exc}"]
+    return parse_metrics_table(data, str(path))
 
 
 # --------------------------------------------------------------------------- config flattening
@@ -159,8 +198,9 @@ def _file_key(path: Path) -> list[int]:
 
 @dataclass
 class _Entry:
-    """One run's parsed metrics and what they were parsed from."""
-    frame: pd.DataFrame
+    """One run's parsed metrics (a pyarrow Table: int64 step, float64 metrics; steps increasing)
+    and what they were parsed from."""
+    frame: Any
     metrics_key: list[int]
     config_key: list[int]
     config: dict[str, Any] | None
@@ -179,15 +219,15 @@ def _read_cache(sweep_dir: Path) -> dict[str, _Entry]:
         meta = json.loads((table.schema.metadata or {}).get(_META_KEY, b"{}"))
         if meta.get("version") != CACHE_VERSION:
             return {}
-        df = table.to_pandas()
+        table = table.replace_schema_metadata(None)
     except Exception as exc:  # a broken cache is only a missed speed-up
         log.info("ignoring unreadable analysis cache %s: %s", path, exc)
         return {}
     entries: dict[str, _Entry] = {}
     for name, info in meta["runs"].items():
         a, b = info["rows"]
-        # a view, not a copy; metrics a run never logged are all-NaN columns, i.e. absent
-        entries[name] = _Entry(df.iloc[a:b], info["metrics_key"], info["config_key"], info["config"],
+        # a zero-copy slice; metrics a run never logged are all-null columns, i.e. absent
+        entries[name] = _Entry(table.slice(a, b - a), info["metrics_key"], info["config_key"], info["config"],
                                info["warnings"])
     return entries
 
@@ -206,9 +246,7 @@ def _write_cache(sweep_dir: Path, entries: dict[str, _Entry]) -> None:
         row += len(e.frame)
         if len(e.frame):
             frames.append(e.frame)
-    df = (pd.concat(frames, ignore_index=True, sort=False) if frames
-          else pd.DataFrame({"step": pd.Series([], dtype=np.int64)}))
-    table = pa.Table.from_pandas(df, preserve_index=False)
+    table = pa.concat_tables(frames, promote_options="default") if frames else _empty_table()
     meta = json.dumps({"version": CACHE_VERSION, "runs": meta_runs}).encode()
     table = table.replace_schema_metadata({**(table.schema.metadata or {}), _META_KEY: meta})
     path = sweep_dir / CACHE_DIR / CACHE_FILE
@@ -390,13 +428,15 @@ def _unique_ids(run_dirs: list[RunDir]) -> list[str]:
     return [f"{rd.path.parent.name}/{rd.id}" if rd.id in dup else rd.id for rd in run_dirs]
 
 
-def _health(frame: pd.DataFrame, *, final: bool) -> list[str]:
-    """armorlab.health's warnings (runs that trained on nothing) from a run's metrics frame."""
-    steps = frame["step"].to_numpy()
+def _health(table, *, final: bool) -> list[str]:
+    """armorlab.health's warnings (runs that trained on nothing) from a run's metrics table."""
+    steps = None
     series = {}
     for name in WATCHED:
-        if name in frame:
-            values = frame[name].to_numpy(dtype=np.float64)
+        if name in table.column_names:
+            if steps is None:
+                steps = table.column("step").to_numpy()
+            values = table.column(name).to_numpy()  # float64; nulls → NaN
             keep = np.isfinite(values) & (steps >= 1)
             series[name] = list(zip(steps[keep].tolist(), values[keep].tolist(), strict=True))
     return series_warnings(series, final=final)
@@ -428,13 +468,15 @@ def _assemble(run_dirs: list[RunDir], entries: dict[Path, _Entry]) -> RunSet:
         start += len(e.frame)
     runs = pd.DataFrame(rows)
     if frames:
-        wide = pd.concat(frames, ignore_index=True, sort=False)
+        import pyarrow as pa
+
+        # one Arrow concatenation and one conversion for all runs (not one pandas frame per run)
+        table = pa.concat_tables(frames, promote_options="default")
+        metric_cols = sorted(c for c in table.column_names if c != "step")
+        wide = table.select(["step", *metric_cols]).to_pandas()
         lengths = [b - a for a, b in slices.values()]
         codes = np.repeat(np.arange(len(ids)), lengths)
         wide.insert(0, "run_id", pd.Categorical.from_codes(codes, categories=ids))
-        metric_cols = [c for c in wide.columns if c not in ("run_id", "step")]
-        if metric_cols != sorted(metric_cols):  # reordering copies every column: only when needed
-            wide = wide[["run_id", "step", *sorted(metric_cols)]]
     else:
         wide = pd.DataFrame({"run_id": pd.Series([], dtype=object), "step": pd.Series([], dtype=np.int64)})
     return RunSet(runs=runs, wide=wide, warnings=warnings, slices=slices)
