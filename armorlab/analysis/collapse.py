@@ -78,7 +78,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from scipy import stats as sps
 
 DELTA = 0.03
 PATIENCE = 3
@@ -91,6 +90,18 @@ MIN_DRAWS = 2_000        # the 96 % quantile of 2,000 draws is within ±0.5 % of
 NOISE_KEEP = 0.9  # (N2) share of second differences kept (the smallest)
 
 log = logging.getLogger(__name__)
+
+
+class _LazyScipyStats:
+    """scipy.stats, imported at first use (half a second): a report's worker process and the
+    commands that only read run dirs never need it."""
+    def __getattr__(self, name: str):
+        from scipy import stats
+
+        return getattr(stats, name)
+
+
+sps = _LazyScipyStats()
 
 
 def clean_curve(steps, values) -> tuple[np.ndarray, np.ndarray]:

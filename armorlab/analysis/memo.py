@@ -19,6 +19,7 @@ import contextlib
 import functools
 import hashlib
 import inspect
+import io
 import logging
 import os
 import pickle
@@ -96,10 +97,17 @@ def _code_identity(fn: Callable[..., Any]) -> bytes:
 
 
 def _key(fn: Callable[..., Any], args: tuple, kwargs: dict) -> str | None:
+    buf = io.BytesIO()
+    pickler = pickle.Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL)
+    # no pickle memo: with it, equal arguments pickle differently when they share objects
+    # differently (a group label that is one string object here and a copy read from the store
+    # there), and the figure or statistic was computed again for nothing
+    pickler.fast = True
     try:
-        blob = pickle.dumps((args, sorted(kwargs.items())), protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception:  # an argument that does not pickle: no memo for this call
+        pickler.dump((args, sorted(kwargs.items())))
+    except Exception:  # an argument that does not pickle (or refers to itself): no memo for this call
         return None
+    blob = buf.getvalue()
     h = hashlib.sha256(_code_identity(fn))
     h.update(blob)
     return h.hexdigest()
@@ -135,25 +143,52 @@ def _file_state(path: Path) -> tuple[int, int] | None:
     return st.st_size, st.st_mtime_ns
 
 
+class _Done:
+    """A result already there, shaped like a future."""
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def result(self) -> Any:
+        return self.value
+
+
+def _call_now(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> _Done:
+    return _Done(fn(*args, **kwargs))
+
+
 def rendered(fn: F) -> F:
-    """Skip drawing a figure whose PNG (the ``path`` argument) the same arguments already wrote."""
+    """Skip drawing a figure whose PNG (the ``path`` argument) the same arguments already wrote.
+
+    ``fn.later(submit, *args, **kwargs)`` is the same call drawn elsewhere: on a miss it calls
+    ``submit(plain_fn, *args, **kwargs)``, which returns a future (a worker process runs the
+    plain function: armorlab.analysis.report), and returns a function that waits for the PNG and
+    records it; on a hit nothing is submitted. Call every returned function before ``using`` ends."""
     signature = inspect.signature(fn)
+
+    def later(submit: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[[], Path]:
+        store = _active.get()
+        key = _key(fn, args, kwargs) if store is not None else None
+        if store is not None and key is not None:
+            path = Path(signature.bind(*args, **kwargs).arguments["path"])
+            written = store.old.get(key)
+            if written is not None and _file_state(path) == written:
+                store.hits += 1
+                store.new[key] = written
+                return lambda: path
+            store.misses += 1
+        future = submit(fn, *args, **kwargs)
+
+        def result() -> Path:
+            out = future.result()
+            if store is not None and key is not None:
+                store.new[key] = _file_state(Path(out))
+            return out
+
+        return result
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        store = _active.get()
-        key = _key(fn, args, kwargs) if store is not None else None
-        if key is None:
-            return fn(*args, **kwargs)
-        path = Path(signature.bind(*args, **kwargs).arguments["path"])
-        written = store.old.get(key)
-        if written is not None and _file_state(path) == written:
-            store.hits += 1
-            store.new[key] = written
-            return path
-        store.misses += 1
-        out = fn(*args, **kwargs)
-        store.new[key] = _file_state(Path(out))
-        return out
+        return later(_call_now, *args, **kwargs)()
 
+    wrapper.later = later  # type: ignore[attr-defined]
     return wrapper  # type: ignore[return-value]

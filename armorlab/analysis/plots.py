@@ -4,17 +4,46 @@ the group-by keys, and a group keeps its colour across figures."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")  # reports are written headless (clusters, CI); must precede pyplot
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+from armorlab.analysis.memo import rendered
+from armorlab.analysis.stats import CurveBand
 
-from armorlab.analysis.memo import rendered  # noqa: E402
-from armorlab.analysis.stats import CurveBand  # noqa: E402
+
+@functools.cache
+def _pyplot():
+    """matplotlib.pyplot on the Agg backend, imported at the first figure: the report's main
+    process may leave every figure to its worker (armorlab.analysis.report) and never pay for it."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # reports are written headless (clusters, CI); must precede pyplot
+    import matplotlib.pyplot
+
+    return matplotlib.pyplot
+
+
+class _LazyPyplot:
+    def __getattr__(self, name: str):
+        return getattr(_pyplot(), name)
+
+
+plt = _LazyPyplot()
+
+# matplotlib's tab10 and tab20 (Vega's category palettes), written out so that choosing the group
+# colours needs no matplotlib import
+TAB10 = ["1f77b4", "ff7f0e", "2ca02c", "d62728", "9467bd", "8c564b", "e377c2", "7f7f7f", "bcbd22", "17becf"]
+TAB20 = ["1f77b4", "aec7e8", "ff7f0e", "ffbb78", "2ca02c", "98df8a", "d62728", "ff9896", "9467bd", "c5b0d5",
+         "8c564b", "c49c94", "e377c2", "f7b6d2", "7f7f7f", "c7c7c7", "bcbd22", "dbdb8d", "17becf", "9edae5"]
+
+
+def _palette(n: int) -> list[tuple[float, float, float, float]]:
+    """RGBA of tab10 (n ≤ 10) or tab20, as matplotlib's colormap gives them."""
+    table = TAB10 if n <= 10 else TAB20
+    return [(int(h[0:2], 16) / 255, int(h[2:4], 16) / 255, int(h[4:6], 16) / 255, 1.0) for h in table]
 
 DPI = 110
 STEP_LABEL = "step (optimizer steps)"
@@ -47,8 +76,16 @@ def _step_axis(ax, fontsize=None) -> None:
 
 
 def group_colors(labels: Sequence[str]) -> dict[str, tuple]:
-    cmap = plt.get_cmap("tab10" if len(labels) <= 10 else "tab20")
-    return {g: cmap(i % cmap.N) for i, g in enumerate(labels)}
+    palette = _palette(len(labels))
+    return {g: palette[i % len(palette)] for i, g in enumerate(labels)}
+
+
+def _legend_size(labels: Sequence[str], title: str, fontsize: float) -> tuple[float, float]:
+    """Inches (width, height) a one-column legend of these labels takes: ~0.5 em per character
+    plus the handle; ~1.55 em per row (text + label spacing) plus the title."""
+    em = fontsize / 72
+    chars = max([len(t) for t in labels] + [len(title)])
+    return 0.9 + 0.5 * chars * em, (len(labels) + 1) * 1.55 * em + 0.5
 
 
 def _finish(fig, ax_legend, path: Path, legend_title: str, *, extra_handles=()) -> Path:
@@ -59,9 +96,23 @@ def _finish(fig, ax_legend, path: Path, legend_title: str, *, extra_handles=()) 
         ax_legend.legend(handles, labels, title=legend_title, fontsize=8, title_fontsize=8,
                          loc="upper left" if outside else "best",
                          bbox_to_anchor=(1.01, 1.0) if outside else None, frameon=False)
+        if outside:
+            # make room as bbox_inches="tight" did (without its second full draw): wider by the
+            # legend, taller when the legend (hung from the axes' top) would run off the bottom
+            w, h = fig.get_size_inches()
+            lw, lh = _legend_size(labels, legend_title, 8)
+            top = h * (1 - ax_legend.get_position().y1)
+            fig.set_size_inches(w + max(0.0, lw - 1.0), max(h, top + lh))
+    return _save(fig, path)
+
+
+def _save(fig, path: Path) -> Path:
+    """Write the PNG. Every figure is laid out by matplotlib's constrained layout (room for
+    titles, labels and an outside legend), so no bbox_inches="tight": that draws the figure
+    twice, and the first draw was a fifth of the report's figure time."""
     path.parent.mkdir(parents=True, exist_ok=True)
     # zlib level 1: a third of the encode time of the default 6, and the same size (few flat areas)
-    fig.savefig(path, dpi=DPI, bbox_inches="tight", pil_kwargs={"compress_level": 1})
+    fig.savefig(path, dpi=DPI, pil_kwargs={"compress_level": 1})
     plt.close(fig)
     return path
 
@@ -82,7 +133,7 @@ def plot_curves(bands: Mapping[str, CurveBand], metric: str, path: Path, *, lege
     """One metric per group: mean over seeds with its 95 % CI band; ▼ = a seed's collapse step,
     labelled with its text when a marker is (step, value, text); ``noise`` = {group: (steps, SE)}
     draws the eval-noise band mean ± 1 SE as thin dashed lines."""
-    fig, ax = plt.subplots(figsize=(8, 4.6))
+    fig, ax = plt.subplots(figsize=(8, 4.6), layout="constrained")
     for g, band in bands.items():
         _band(ax, band, colors[g], g)
         if noise and g in noise and noise[g][0].size:
@@ -122,7 +173,7 @@ def plot_overoptimisation(train: Mapping[str, CurveBand], val: Mapping[str, Curv
                           colors: Mapping[str, tuple]) -> Path:
     """Train reward (dashed) and validation (solid) on one axis: rising train reward over falling
     validation is over-optimisation."""
-    fig, ax = plt.subplots(figsize=(8, 4.6))
+    fig, ax = plt.subplots(figsize=(8, 4.6), layout="constrained")
     for g in dict.fromkeys([*val, *train]):
         if g in val:
             _band(ax, val[g], colors[g], g)
@@ -205,11 +256,7 @@ def plot_capacity(per_group: Mapping[str, np.ndarray], counterfactual: Mapping[s
         ax2.grid(alpha=0.3)
         ax2.legend(title="objective formula", fontsize=7, title_fontsize=7, frameon=False, loc="lower right")
     fig.suptitle("Probability capacity distributions")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # zlib level 1: a third of the encode time of the default 6, and the same size (few flat areas)
-    fig.savefig(path, dpi=DPI, bbox_inches="tight", pil_kwargs={"compress_level": 1})
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 @rendered
@@ -269,11 +316,7 @@ def plot_ablation(summary_rows: Sequence[Mapping], per_run: Mapping[str, Mapping
         fig.legend(handles, hues, title=", ".join(hue_keys), fontsize=8, title_fontsize=8, frameon=False,
                    loc="outside lower center", ncols=min(3, len(hues)))
     fig.suptitle(f"Ablation over {x_key}: mean over seeds with 95% CI (dots = seeds)")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # zlib level 1: a third of the encode time of the default 6, and the same size (few flat areas)
-    fig.savefig(path, dpi=DPI, bbox_inches="tight", pil_kwargs={"compress_level": 1})
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 @rendered

@@ -17,8 +17,10 @@ imports tune.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +31,7 @@ import pandas as pd
 
 from armorlab.analysis import collapse, freshness, memo, plots, select, stats, tables
 from armorlab.analysis import groups as G
+from armorlab.analysis.figure_worker import FigureWorker
 from armorlab.analysis.html import Figure, Section, esc, write_index
 from armorlab.analysis.load import RunSet, load
 from armorlab.analysis.recipe import DEFAULT_CURVES, Recipe, default_out_dir  # noqa: F401 (re-export)
@@ -199,29 +202,57 @@ def _token_samples(rs: RunSet, groups: G.Groups, notes: G.Notes):
 
 
 MEMO = ".armorlab-cache/memo.pickle"  # in the output dir: bootstrap results, bands, drawn figures
+WORKER_MIN_BYTES = 8 << 20  # metrics.jsonl bytes from which the figures are drawn in a worker process
+
+
+def _metrics_bytes(paths: Sequence[str]) -> int:
+    """Total size of the runs' metrics.jsonl (what the figures will show, roughly); 0 when the
+    inputs cannot be listed (load says why)."""
+    from armorlab.analysis.load import _expand
+    from armorlab.runs import find_run_dirs
+
+    try:
+        total = 0
+        for rd in find_run_dirs(_expand(paths)):
+            with contextlib.suppress(OSError):
+                total += rd.metrics_path.stat().st_size
+        return total
+    except Exception:
+        return 0
+
+
+def _use_worker(recipe: Recipe) -> bool:
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return cpus > 1 and _metrics_bytes(list(recipe.runs)) >= WORKER_MIN_BYTES
 
 
 def build_report(recipe: Recipe, out_dir: str | Path | None = None, *, cache: bool = True,
                  progress: Callable[[int, int], None] | None = None,
                  extra_sections: Callable[[Path, Callable[[str], None]], list[Section]] | None = None,
                  lead: Callable[[pd.DataFrame, RunSet, Path], Section | None] | None = None,
-                 ) -> ReportResult:
+                 figure_worker: bool | None = None) -> ReportResult:
     """Write the whole report for ``recipe`` and return what was written.
 
     ``extra_sections(out_dir, warn)`` returns sections appended after the run report's; ``warn``
     adds a note to the report's warnings. ``lead(per_run, runs, out_dir)`` may return a section
     shown first (the demo's headline). With ``cache``, results of unchanged inputs come from
-    the last report in the same output dir (armorlab.analysis.memo)."""
+    the last report in the same output dir (armorlab.analysis.memo). ``figure_worker``: draw
+    the figures in a worker process (None: when the metrics exceed WORKER_MIN_BYTES and there
+    is more than one CPU); the report is the same either way."""
     out = Path(out_dir) if out_dir is not None else default_out_dir(recipe)
-    with memo.using(out / MEMO, enabled=cache):
-        return _build_report(recipe, out, cache=cache, progress=progress, extra_sections=extra_sections,
-                             lead=lead)
+    worker = FigureWorker(_use_worker(recipe) if figure_worker is None else figure_worker)
+    try:
+        with memo.using(out / MEMO, enabled=cache):
+            return _build_report(recipe, out, cache=cache, progress=progress, extra_sections=extra_sections,
+                                 lead=lead, worker=worker)
+    finally:
+        worker.close()
 
 
 def _build_report(recipe: Recipe, out: Path, *, cache: bool, progress: Callable[[int, int], None] | None,
                   extra_sections: Callable[[Path, Callable[[str], None]], list[Section]] | None,
                   lead: Callable[[pd.DataFrame, RunSet, Path], Section | None] | None = None,
-                  ) -> ReportResult:
+                  worker: FigureWorker) -> ReportResult:
     file = str(recipe.path) if recipe.path else None
     key = freshness.input_key(recipe, out)  # before reading: a run growing meanwhile makes it stale
     freshness.forget(out)
@@ -254,23 +285,46 @@ def _build_report(recipe: Recipe, out: Path, *, cache: bool, progress: Callable[
             notes.add(f"group {row['group']} mixes runs with different {', '.join(mixed)}: "
                       f"add them to group_by to separate them")
 
+    # the figures that need only the curves go to the worker first, drawn while the scores are computed
+    colors = plots.group_colors(groups.labels)
+    bands = {m: _bands(rs, groups, m, notes) for m in curves}
+    bands = {m: b for m, b in bands.items() if b}
+    plot_dir = out / "plots"
+    drawn: dict[str, tuple[str, Callable[[], Path], str]] = {}   # name → (section, path when drawn, caption)
+    col = recipe.collapse
+    if sel.metric in bands and col.train in bands:
+        drawn["overoptimisation"] = ("results", worker.draw(
+            plots.plot_overoptimisation, bands[col.train], bands[sel.metric], col.train, sel.metric,
+            plot_dir / "overoptimisation.png", legend_title=legend, colors=colors),
+            f"{col.train} (dashed) against {sel.metric} (solid): the over-optimisation picture")
+    kl_panels = {m: bands[m] for m in recipe.kl if m in bands}
+    if kl_panels:
+        drawn["kl"] = ("kl", worker.draw(plots.plot_kl, kl_panels, plot_dir / "kl.png", legend_title=legend,
+                                         colors=colors),
+                       "reverse KL(π_θ‖π_ref) and forward KL(π_ref‖π_θ) over steps")
+    # the small multiples show only what no figure above shows: each extra figure costs a second
+    shown = {sel.metric, col.train, *kl_panels} if sel.metric in bands else set(kl_panels)
+    others = {m: b for m, b in bands.items() if m not in shown}
+    if others:
+        drawn["curves"] = ("curves", worker.draw(plots.plot_curve_grid, others, plot_dir / "curves.png",
+                                                 legend_title=legend, colors=colors),
+                           f"the recipe's other curves: mean over seeds with 95% CI (Student-t below "
+                           f"{stats.T_MIN_BOOTSTRAP} seeds, BCa bootstrap from {stats.T_MIN_BOOTSTRAP})")
+
     tok_stats, cap_groups, cap_cf = _token_samples(rs, groups, notes)
+    if cap_groups:
+        drawn["capacity"] = ("capacity", worker.draw(plots.plot_capacity, cap_groups, cap_cf,
+                                                     plot_dir / "capacity.png", legend_title=legend,
+                                                     colors=colors),
+                             "ECDF of probability capacity of A>0 tokens from tokens/ samples")
     matched = G.resolve_matched_steps(rs, recipe)
     per_run = G.run_scores(rs, groups, recipe, matched, notes, tok_stats)
     cols = G.score_columns(per_run, matched)
     tok_cols = G.token_columns(per_run)
     summary = G.group_summary(per_run, groups, cols + G.extra_columns(per_run) + tok_cols)
     scores = G.resolve_scores(recipe, per_run, matched)
-    pairs = G.comparison_pairs(rs.runs, groups, recipe)
-    poi = G.improvement_table(per_run, pairs, scores)
-
-    colors = plots.group_colors(groups.labels)
-    bands = {m: _bands(rs, groups, m, notes) for m in curves}
-    bands = {m: b for m, b in bands.items() if b}
     label = {s: tables.score_label(s, sel.metric, sel.report) for s in cols + tok_cols}
 
-    plot_dir = out / "plots"
-    figs: list[tuple[str, Path, str]] = []   # (section, path, caption)
     if sel.metric in bands:
         markers = {}
         for g in groups.labels:
@@ -282,47 +336,28 @@ def _build_report(recipe: Recipe, out: Path, *, cache: bool, progress: Callable[
                     z = r.get("collapse_z", math.nan)
                     pts.append((cs, v, f"−{z:.1f} SE" if math.isfinite(z) else "−∞ SE" if z == math.inf else ""))
             markers[g] = pts
-        col = recipe.collapse
-        figs.append(("results", plots.plot_curves(bands[sel.metric], sel.metric, plot_dir / "val.png",
-                                                   legend_title=legend, colors=colors, markers=markers,
-                                                   matched_steps=matched,
-                                                   noise=_noise_bands(rs, groups, sel.metric)),
-                     f"{sel.metric} per group: mean over seeds with its 95% CI (shaded); thin dashed lines: ±1 SE of "
-                     f"eval noise (binomial from val/n where logged, else estimated from the curve); ▼ = a seed's "
-                     f"collapse onset, labelled with how many SEs its level fell below the earlier peak "
-                     f"(m={col.patience} evals per level, α={col.alpha}, δ={col.delta}); vertical dotted = "
-                     f"matched steps"))
-    if sel.metric in bands and recipe.collapse.train in bands:
-        figs.append(("results", plots.plot_overoptimisation(
-            bands[recipe.collapse.train], bands[sel.metric], recipe.collapse.train, sel.metric,
-            plot_dir / "overoptimisation.png", legend_title=legend, colors=colors),
-            f"{recipe.collapse.train} (dashed) against {sel.metric} (solid): the over-optimisation picture"))
-    kl_panels = {m: bands[m] for m in recipe.kl if m in bands}
-    if kl_panels:
-        figs.append(("kl", plots.plot_kl(kl_panels, plot_dir / "kl.png", legend_title=legend, colors=colors),
-                     "reverse KL(π_θ‖π_ref) and forward KL(π_ref‖π_θ) over steps"))
-    if cap_groups:
-        figs.append(("capacity", plots.plot_capacity(cap_groups, cap_cf, plot_dir / "capacity.png",
-                                                     legend_title=legend, colors=colors),
-                     "ECDF of probability capacity of A>0 tokens from tokens/ samples"))
+        drawn["val"] = ("results", worker.draw(plots.plot_curves, bands[sel.metric], sel.metric,
+                                               plot_dir / "val.png", legend_title=legend, colors=colors,
+                                               markers=markers, matched_steps=matched,
+                                               noise=_noise_bands(rs, groups, sel.metric)),
+                        f"{sel.metric} per group: mean over seeds with its 95% CI (shaded); thin dashed lines: ±1 SE "
+                        f"of eval noise (binomial from val/n where logged, else estimated from the curve); ▼ = a "
+                        f"seed's collapse onset, labelled with how many SEs its level fell below the earlier peak "
+                        f"(m={col.patience} evals per level, α={col.alpha}, δ={col.delta}); vertical dotted = "
+                        f"matched steps")
     varying = [k for k in keys if groups.table[k].map(G.fmt_value).nunique() > 1]
     if scores and len(groups.labels) > 1 and varying:
         x_key = varying[-1]
         hue = [k for k in keys if k != x_key and k in varying]
         seeds = {g: {s: pd.to_numeric(per_run.loc[per_run["group"] == g, s], errors="coerce").to_numpy(
             dtype=np.float64) for s in scores} for g in groups.labels}
-        figs.append(("results", plots.plot_ablation(summary.to_dict("records"), seeds, scores, label, x_key,
-                                                    hue, plot_dir / "ablation.png", colors=colors),
-                     f"headline scores by {x_key}: mean with 95% CI (Student-t below {stats.T_MIN_BOOTSTRAP} seeds); "
-                     "dots are seeds"))
-    # the small multiples show only what no figure above shows: each extra figure costs a second
-    shown = {sel.metric, recipe.collapse.train, *kl_panels} if sel.metric in bands else set(kl_panels)
-    others = {m: b for m, b in bands.items() if m not in shown}
-    if others:
-        figs.append(("curves", plots.plot_curve_grid(others, plot_dir / "curves.png", legend_title=legend,
-                                                     colors=colors),
-                     f"the recipe's other curves: mean over seeds with 95% CI (Student-t below "
-                     f"{stats.T_MIN_BOOTSTRAP} seeds, BCa bootstrap from {stats.T_MIN_BOOTSTRAP})"))
+        drawn["ablation"] = ("results", worker.draw(plots.plot_ablation, summary.to_dict("records"), seeds,
+                                                    scores, label, x_key, hue, plot_dir / "ablation.png",
+                                                    colors=colors),
+                             f"headline scores by {x_key}: mean with 95% CI (Student-t below "
+                             f"{stats.T_MIN_BOOTSTRAP} seeds); dots are seeds")
+    pairs = G.comparison_pairs(rs.runs, groups, recipe)
+    poi = G.improvement_table(per_run, pairs, scores)
 
     tdir = out / "tables"
     group_display = tables.display_group_table(summary, keys, cols, sel.metric, sel.report)
@@ -355,6 +390,9 @@ def _build_report(recipe: Recipe, out: Path, *, cache: bool, progress: Callable[
         "matched_steps": list(matched), "scores": scores, "kl": list(recipe.kl),
         "collapse": dict(vars(recipe.collapse))})
 
+    order = ("val", "overoptimisation", "kl", "capacity", "ablation", "curves")  # their place on the page
+    figs = [(section, path(), caption) for name in order if name in drawn
+            for section, path, caption in [drawn[name]]]
     sections = _sections(recipe, out, figs, group_display, headline, poi_display, diff, per_run, matched,
                          token_display, anchors)
     first = lead(per_run, rs, out) if lead is not None else None

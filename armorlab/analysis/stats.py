@@ -32,11 +32,22 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats as sps
 
 from armorlab.analysis.memo import cached
 
 log = logging.getLogger(__name__)
+
+
+class _LazyScipyStats:
+    """scipy.stats, imported at first use (half a second): a report's worker process and the
+    commands that only read run dirs never need it."""
+    def __getattr__(self, name: str):
+        from scipy import stats
+
+        return getattr(stats, name)
+
+
+sps = _LazyScipyStats()
 
 CONFIDENCE = 0.95
 N_RESAMPLES = 2000

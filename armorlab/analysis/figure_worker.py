@@ -1,0 +1,159 @@
+"""The report's figure worker: a child process that draws figures while the main process computes
+the statistics (armorlab.analysis.report). It imports only the plotting code (numpy, matplotlib),
+never pandas or scipy; requests and answers are length-prefixed pickles on its stdin/stdout.
+
+A plain ``python -c`` child on pipes, not multiprocessing: spawn would re-run the caller's
+``__main__`` script in the child (every ``python myscript.py`` without a main guard)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import pickle
+import struct
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+class WorkerDied(RuntimeError):
+    """The figure worker process ended before it answered."""
+
+
+def _send(stream, obj: Any) -> None:
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    stream.write(struct.pack("<Q", len(data)) + data)
+    stream.flush()
+
+
+def _recv(stream) -> Any:
+    head = stream.read(8)
+    if len(head) < 8:
+        return None
+    (size,) = struct.unpack("<Q", head)
+    data = stream.read(size)
+    return pickle.loads(data) if len(data) == size else None
+
+
+def serve_figures() -> None:
+    """The worker's loop (``python -c "...serve_figures()"``): read (job, module, name, args,
+    kwargs) from stdin, draw with the plain plot function, answer (job, ok, path or error) on
+    the stdout it was started with; anything else written to stdout goes to stderr."""
+    import importlib
+    import traceback
+
+    answers = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    requests = sys.stdin.buffer
+    from armorlab.analysis import plots
+
+    plots._pyplot()  # matplotlib's import overlaps the main process's loading
+    while (msg := _recv(requests)) is not None:
+        job, module, name, args, kwargs = msg
+        try:
+            fn = getattr(importlib.import_module(module), name)
+            answer = (job, True, getattr(fn, "__wrapped__", fn)(*args, **kwargs))
+        except Exception as exc:
+            answer = (job, False, RuntimeError(f"{name}: {exc!r}\n{traceback.format_exc()}"))
+        _send(answers, answer)
+
+
+class FigureWorker:
+    """Draws the report's figures in one worker process while the main process computes the
+    statistics (the figures cost about as much as the statistics, and share no state with
+    them): started before the runs are loaded, so its interpreter and matplotlib import overlap
+    the parsing. Without a worker (``enabled`` false, or one that cannot start or dies) each
+    figure is drawn in-process, the same way."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.proc: subprocess.Popen | None = None
+        self.pending: dict[int, Future] = {}
+        self.lock = threading.Lock()
+        self.jobs = 0
+        if not enabled:
+            return
+        code = (f"import sys; sys.path[:0] = {[p for p in sys.path if p]!r}; "
+                "from armorlab.analysis.figure_worker import serve_figures; serve_figures()")
+        try:
+            self.proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE)
+        except OSError as exc:
+            log.info("figures drawn in-process (no worker: %s)", exc)
+            return
+        threading.Thread(target=self._answers, args=(self.proc,), daemon=True).start()
+
+    def _answers(self, proc: subprocess.Popen) -> None:
+        while (msg := _recv(proc.stdout)) is not None:
+            job, ok, value = msg
+            with self.lock:
+                future = self.pending.pop(job)
+            future.set_result(value) if ok else future.set_exception(value)
+        with self.lock:  # the worker is gone: whatever it did not answer is drawn here
+            dead, self.pending = list(self.pending.values()), {}
+        for future in dead:
+            future.set_exception(WorkerDied(f"figure worker exited with {proc.wait()}"))
+
+    def submit(self, fn: Callable[..., Path], *args: Any, **kwargs: Any) -> Any:
+        if self.proc is not None and self.proc.poll() is None:
+            future: Future = Future()
+            with self.lock:
+                self.jobs += 1
+                job = self.jobs
+                self.pending[job] = future
+            try:
+                _send(self.proc.stdin, (job, fn.__module__, fn.__qualname__, args, kwargs))
+                return Fallback(future, fn, args, kwargs)
+            except Exception as exc:  # a closed pipe, an argument that does not pickle: draw here
+                log.warning("figure worker unavailable (%s): drawing in-process", exc)
+                with self.lock:
+                    self.pending.pop(job, None)
+        return _Done(fn(*args, **kwargs))
+
+    def draw(self, plot: Callable[..., Path], *args: Any, **kwargs: Any) -> Callable[[], Path]:
+        """``plot(*args, **kwargs)`` (a @rendered plot function), drawn by the worker; returns a
+        function that waits for the PNG's path."""
+        return plot.later(self.submit, *args, **kwargs)
+
+    def close(self) -> None:
+        if self.proc is not None:
+            with contextlib.suppress(OSError):
+                self.proc.stdin.close()  # end of requests: the worker's loop ends
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+            self.proc = None
+
+
+class Fallback:
+    """A worker's answer; the figure is drawn in-process if the worker died before answering."""
+
+    def __init__(self, future: Any, fn: Callable[..., Path], args: tuple, kwargs: dict) -> None:
+        self.future, self.fn, self.args, self.kwargs = future, fn, args, kwargs
+
+    def result(self) -> Path:
+        try:
+            return self.future.result()
+        except WorkerDied as exc:
+            log.warning("%s: drawing %s in-process", exc, self.fn.__name__)
+            return self.fn(*self.args, **self.kwargs)
+
+
+
+
+class _Done:
+    """A figure drawn in-process, shaped like a future."""
+
+    def __init__(self, value: Path) -> None:
+        self.value = value
+
+    def result(self) -> Path:
+        return self.value

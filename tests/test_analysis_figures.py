@@ -1,0 +1,168 @@
+"""Report figures: drawn in a worker process they are the very files drawn in-process, the worker
+falling over only moves the drawing, the layout that replaced bbox_inches="tight" keeps every
+legend on the canvas, and the hard-coded group palette is matplotlib's."""
+
+from concurrent.futures import Future
+
+import numpy as np
+import pytest
+
+from armorlab.analysis import figure_worker as W
+from armorlab.analysis import memo, plots
+from armorlab.analysis import report as R
+from armorlab.analysis.recipe import Recipe
+from armorlab.analysis.stats import CurveBand
+from armorlab.config import resolve
+from armorlab.runs import RunDir
+
+
+def _sweep(root, groups=3, seeds=2):
+    for g in range(groups):
+        for k in range(seeds):
+            rd = RunDir.create(root, resolve({"objective": "armor", "alpha": 0.5 + 0.1 * g, "seed": k,
+                                              "max_steps": 40}))
+            for s in range(41):
+                m = {"train/reward": s / 40, "train/entropy": 1 - s / 80, "kl/reverse_k3": s / 400}
+                if s % 5 == 0:
+                    m.update({"val/acc": 0.2 + 0.01 * s - (0.3 if s > 25 and g == 0 else 0) + 0.01 * k,
+                              "test/acc": 0.1 + 0.01 * s, "val/n": 500})
+                rd.append_metrics(s, m)
+            rd.write_status("completed")
+    return root
+
+
+@pytest.mark.slow
+def test_figures_from_the_worker_are_the_files_drawn_in_process(tmp_path):
+    sweep = _sweep(tmp_path / "sw")
+    recipe = Recipe(runs=[str(sweep)], group_by=["alpha"])
+    here = R.build_report(recipe, tmp_path / "here", cache=False, figure_worker=False)
+    there = R.build_report(recipe, tmp_path / "there", figure_worker=True)
+    assert [p.name for p in here.plots] == [p.name for p in there.plots]
+    assert {"val.png", "ablation.png", "kl.png", "overoptimisation.png"} <= {p.name for p in there.plots}
+    for a, b in zip(here.plots, there.plots, strict=True):
+        assert a.read_bytes() == b.read_bytes(), a.name
+    assert (tmp_path / "here" / "index.html").read_text().count("<img") == \
+        (tmp_path / "there" / "index.html").read_text().count("<img")
+    # the worker's PNGs are recorded in the memo like in-process ones: not drawn again
+    stamps = {p: p.stat().st_mtime_ns for p in there.plots}
+    (tmp_path / "there" / ".armorlab-report.json").unlink()   # force a rebuild, not a freshness skip
+    again = R.build_report(recipe, tmp_path / "there", figure_worker=True)
+    assert {p: p.stat().st_mtime_ns for p in again.plots} == stamps
+
+
+def test_a_dead_worker_leaves_the_figure_to_the_main_process(tmp_path):
+    drawn = []
+
+    def plot(values, path):
+        drawn.append(path)
+        path.write_text(str(values))
+        return path
+
+    future = Future()
+    future.set_exception(W.WorkerDied("figure worker exited with -9"))
+    fallback = W.Fallback(future, plot, ([1, 2], tmp_path / "f.png"), {})
+    assert fallback.result() == tmp_path / "f.png" and drawn == [tmp_path / "f.png"]
+    future = Future()
+    future.set_exception(ValueError("a bug in the figure"))                # not the worker's fault: raised
+    with pytest.raises(ValueError):
+        W.Fallback(future, plot, ([1], tmp_path / "g.png"), {}).result()
+    worker = W.FigureWorker(enabled=False)
+    assert worker.proc is None and worker.submit(plot, [3], tmp_path / "h.png").result() == tmp_path / "h.png"
+
+
+@pytest.mark.slow
+def test_a_killed_worker_process_still_gets_every_figure_drawn(tmp_path):
+    steps = np.arange(0, 10.0)
+    bands = {"g": CurveBand(steps, steps / 10, steps / 10 - 0.1, steps / 10 + 0.1, np.full(10, 3))}
+    args = ({"kl/reverse_k3": bands},)
+    kwargs = {"legend_title": "group", "colors": plots.group_colors(["g"])}
+    worker = W.FigureWorker(enabled=True)
+    try:
+        first = worker.draw(plots.plot_kl, *args, tmp_path / "a.png", **kwargs)   # pending when killed
+        worker.proc.kill()
+        worker.proc.wait()
+        second = worker.draw(plots.plot_kl, *args, tmp_path / "b.png", **kwargs)  # after: drawn here
+        assert first() == tmp_path / "a.png" and second() == tmp_path / "b.png"
+        assert (tmp_path / "a.png").stat().st_size > 0 and (tmp_path / "b.png").stat().st_size > 0
+    finally:
+        worker.close()
+
+
+def test_memo_keys_do_not_depend_on_object_sharing():
+    # the same values, one label shared between two arguments or copied: the same key
+    label = "alpha=0.5"
+    copy = "".join(["alpha=", "0.5"])
+    assert label == copy and label is not copy
+    assert memo._key(len, ({label: 1}, [label]), {}) == memo._key(len, ({label: 1}, [copy]), {})
+    assert memo._key(len, ({label: 1}, [label]), {}) != memo._key(len, ({label: 2}, [label]), {})
+
+
+def test_rendered_later_submits_misses_only(tmp_path):
+    drawn = []
+
+    @memo.rendered
+    def figure(values, path):
+        drawn.append(list(values))
+        path.write_text(str(values))
+        return path
+
+    submitted = []
+
+    def submit(fn, *args, **kwargs):
+        submitted.append(fn)
+        return memo._call_now(fn, *args, **kwargs)
+
+    store, png = tmp_path / "memo.pickle", tmp_path / "f.png"
+    with memo.using(store):
+        assert figure.later(submit, [1], png)() == png
+    assert len(submitted) == 1 and submitted[0] is figure.__wrapped__   # the plain function is sent
+    with memo.using(store):
+        assert figure.later(submit, [1], png)() == png                 # a hit: nothing submitted
+    assert len(submitted) == 1 and drawn == [[1]]
+
+
+@pytest.mark.parametrize("groups", [3, 20])
+def test_legends_stay_on_the_canvas(tmp_path, groups):
+    # what bbox_inches="tight" guaranteed: an outside legend of 20 groups (taller than the axes) and
+    # the panel figures' titles all lie inside the saved image
+    from PIL import Image
+
+    steps = np.arange(0, 100.0)
+    bands = {f"alpha={0.5 + 0.01 * g:.2f}, ref_reset_steps={g * 25}": CurveBand(
+        steps, np.sin(steps / 20) + g / 10, np.sin(steps / 20) + g / 10 - 0.05, np.sin(steps / 20) + g / 10 + 0.05,
+        np.full(steps.size, 3)) for g in range(groups)}
+    colors = plots.group_colors(list(bands))
+    seen = {}
+
+    real_save = plots._save
+
+    def spy(fig, path):
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        canvas = fig.bbox
+        boxes = [a.get_legend().get_window_extent(renderer) for a in fig.axes if a.get_legend()]
+        boxes += [t.get_window_extent(renderer) for a in fig.axes for t in (a.title, a.xaxis.label, a.yaxis.label)
+                  if t.get_text()]
+        seen[path.name] = [(b.x0 >= -1 and b.y0 >= -1 and b.x1 <= canvas.x1 + 1 and b.y1 <= canvas.y1 + 1)
+                           for b in boxes]
+        return real_save(fig, path)
+
+    plots._save = spy
+    try:
+        plots.plot_curves.__wrapped__(bands, "val/acc", tmp_path / "val.png", legend_title="alpha, ref_reset_steps",
+                                      colors=colors, matched_steps=[50])
+        plots.plot_kl.__wrapped__({"kl/reverse_k3": bands, "kl/forward_k3": bands}, tmp_path / "kl.png",
+                                  legend_title="alpha, ref_reset_steps", colors=colors)
+    finally:
+        plots._save = real_save
+    assert seen["val.png"] and all(seen["val.png"]) and all(seen["kl.png"])
+    assert Image.open(tmp_path / "val.png").size[0] > 0
+
+
+def test_group_palette_is_matplotlibs():
+    import matplotlib
+
+    for n, name in ((3, "tab10"), (10, "tab10"), (11, "tab20"), (20, "tab20")):
+        cmap = matplotlib.colormaps[name]
+        labels = [f"g{i}" for i in range(n)]
+        assert plots.group_colors(labels) == {g: tuple(cmap(i)) for i, g in enumerate(labels)}
