@@ -109,6 +109,14 @@ def test_runs_must_use_exactly_the_servers_the_profile_starts(tmp_path):
         check_runs(None, [SERVED], profile_file="p.yaml", spec_file="s.yaml")
     assert (exc.value.key, exc.value.value, exc.value.file) == ("vllm_mode", "server", "s.yaml")
     assert "does not start" in str(exc.value)
+    # on the local executor: a server the user started here, at TRL's default address
+    check_runs(None, [SERVED], profile_file="p.yaml", spec_file="s.yaml", executor="local")
+    # defaults in a resolved config are not "where it listens"
+    with pytest.raises(ArmorLabError, match="does not start"):
+        check_runs(None, [{**SERVED, "vllm_server_host": "0.0.0.0", "vllm_server_port": 8000}],
+                   profile_file="p.yaml", spec_file="s.yaml")
+    check_runs(both, [{**SERVED, "vllm_server_host": "0.0.0.0", "vllm_server_base_url": None}],
+               profile_file="p.yaml", spec_file="s.yaml")
     with pytest.raises(ArmorLabError) as exc:  # the job sets where its server listens
         check_runs(both, [{**SERVED, "ref_vllm_server_port": 8001}], profile_file="p.yaml", spec_file="s.yaml")
     assert (exc.value.key, exc.value.value) == ("ref_vllm_server_port", 8001)

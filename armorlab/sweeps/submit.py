@@ -78,7 +78,7 @@ def plan_sweep(spec_path: str | Path, *, root: str | Path = "runs", executor: st
     plan = SweepPlan(spec=spec, profile=prof, executor=executor, sweep_dir=Path(root) / spec.name,
                      runs=expand(spec), retry_failed=retry_failed)
     check_runs(prof.vllm_servers, plan.runs, profile_file=str(prof.path) if prof.path else "<profile>",
-               spec_file=spec.file)
+               spec_file=spec.file, executor=executor)
     plan.actions = classify(plan.sweep_dir, plan.runs, retry_failed=retry_failed, executor=executor)
     return plan
 
