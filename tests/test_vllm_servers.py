@@ -69,9 +69,12 @@ def test_shipped_vllm_profiles_split_the_node():
     ({"command": []}, "vllm_servers.command", [], "list of argv words"),
     ({"policy": {"gpus": 1, "port": 9000}, "ref": {"gpus": 1, "port": 9000}}, "vllm_servers.ref.port", 9000,
      "different ports"),
+    ({"policy": {"gpus": 1}, "nodes": 2}, "nodes", 2, "runs on one node"),
 ])
 def test_section_errors_name_key_value_and_file(tmp_path, section, key, value, words):
-    exc = error({"gpus_per_node": 4, "vllm_servers": section}, tmp_path)
+    section = dict(section)
+    nodes = {"nodes": section.pop("nodes")} if "nodes" in section else {}
+    exc = error({"gpus_per_node": 4, **nodes, "vllm_servers": section}, tmp_path)
     assert (exc.key, exc.value) == (key, value) and words in str(exc)
 
 

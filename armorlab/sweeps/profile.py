@@ -202,7 +202,8 @@ def parse_profile(data: Mapping[str, Any], *, path: Path | None = None) -> Profi
     if "vllm_servers" in values:
         values["vllm_servers"] = parse_servers(values["vllm_servers"], gpus_per_node=values.get("gpus_per_node", 0),
                                                launcher=values.get("launcher", "python"),
-                                               accelerate_config=values.get("accelerate_config"), file=file)
+                                               accelerate_config=values.get("accelerate_config"), file=file,
+                                               nodes=values.get("nodes", 1))
     return Profile(**values, path=path)
 
 

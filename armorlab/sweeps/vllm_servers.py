@@ -93,10 +93,13 @@ class ServerSet:
 
 # --------------------------------------------------------------------------- the profile section
 def parse_servers(raw: Any, *, gpus_per_node: int, launcher: str, accelerate_config: str | None,
-                  file: str) -> ServerSet | None:
+                  file: str, nodes: int = 1) -> ServerSet | None:
     """The ``vllm_servers`` section of a profile, checked against the profile's GPUs per node."""
     if raw is None:
         return None
+    if nodes != 1:  # TRL's main process talks to the servers; on other nodes they would idle
+        raise ArmorLabError("a job with vllm_servers runs on one node (servers and trainer side by side)",
+                            key="nodes", value=nodes, file=file)
     if not isinstance(raw, Mapping) or not raw:
         raise ArmorLabError("must map roles (policy, ref) to server settings", key="vllm_servers", value=raw,
                             file=file)
