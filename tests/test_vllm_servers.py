@@ -270,3 +270,14 @@ def test_a_stop_while_servers_start_leaves_the_run_pending(tmp_path, job_env):
     (server,) = records(rec)
     assert server["stopped"] == "SIGINT" and not alive(server["pid"])
     assert not (rd.path / "standin_trainer.json").exists()
+
+
+def test_the_trainer_reads_the_jobs_endpoints_before_anything_else(tmp_path, monkeypatch):
+    from armorlab.launch import train_run_dir
+
+    rd = RunDir.create(tmp_path / "runs", {"max_steps": 1})
+    monkeypatch.setenv(ENDPOINTS_ENV, json.dumps({"learning_rate": 1.0}))  # only host/port keys may come this way
+    with pytest.raises(ArmorLabError) as exc:
+        train_run_dir(rd.path)
+    assert exc.value.key == f"{ENDPOINTS_ENV}.learning_rate"
+    assert rd.read_status()["state"] == "failed" and ENDPOINTS_ENV in rd.read_status()["reason"]
