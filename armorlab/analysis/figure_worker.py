@@ -122,15 +122,13 @@ class FigureWorker:
         return plot.later(self.submit, *args, **kwargs)
 
     def close(self) -> None:
-        if self.proc is not None:
+        """End of requests: the worker's loop ends and it exits on its own; reaped by a
+        background thread, so the report does not wait for the child's interpreter to shut down."""
+        proc, self.proc = self.proc, None
+        if proc is not None:
             with contextlib.suppress(OSError):
-                self.proc.stdin.close()  # end of requests: the worker's loop ends
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-            self.proc = None
+                proc.stdin.close()
+            threading.Thread(target=proc.wait, daemon=True).start()
 
 
 class Fallback:

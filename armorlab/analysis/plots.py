@@ -289,23 +289,34 @@ def plot_ablation(summary_rows: Sequence[Mapping], per_run: Mapping[str, Mapping
     fig, axes = plt.subplots(*shape, figsize=(panel_w * shape[1], 3.8 * shape[0]), squeeze=False,
                              layout="constrained")
     for ax, score in zip(axes.ravel(), scores, strict=True):
+        # one bar call and one scatter per panel (one per group cost a second at 20 groups); a
+        # missing CI is a NaN error, which draws nothing
+        bar_x, bar_y, bar_c, err_lo, err_hi, dot_x, dot_y = [], [], [], [], [], [], []
         for r in summary_rows:
             hue = hue_of(r)
             here = at_x[tick(r[x_key])]
             xi = xs.index(tick(r[x_key])) + (here.index(hue) - (len(here) - 1) / 2) * width
             mean, lo, hi = r[f"{score}_mean"], r[f"{score}_ci_low"], r[f"{score}_ci_high"]
-            color = hue_color[hue] if hue_keys else colors[r["group"]]
             if np.isfinite(mean):
+                bar_x.append(xi)
+                bar_y.append(mean)
+                bar_c.append(hue_color[hue] if hue_keys else colors[r["group"]])
+                ci = np.isfinite(lo) and np.isfinite(hi)
                 # max(0, ·): a bootstrap mean can round an ulp past the sample mean (near-tied seeds)
-                err = ([[max(0.0, mean - lo)], [max(0.0, hi - mean)]] if np.isfinite(lo) and np.isfinite(hi)
-                       else None)
-                ax.bar(xi, mean, width=width * 0.9, color=color, alpha=0.8, yerr=err, capsize=3,
-                       ecolor="black")
+                err_lo.append(max(0.0, mean - lo) if ci else np.nan)
+                err_hi.append(max(0.0, hi - mean) if ci else np.nan)
             seeds = per_run.get(r["group"], {}).get(score, np.empty(0))
             seeds = seeds[np.isfinite(seeds)]
             if seeds.size:
                 jitter = np.linspace(-0.25, 0.25, seeds.size) * width if seeds.size > 1 else np.zeros(1)
-                ax.scatter(xi + jitter, seeds, s=12, color="black", zorder=5)
+                dot_x.extend(xi + jitter)
+                dot_y.extend(seeds)
+        if bar_x:
+            has_err = np.isfinite(err_lo).any()
+            ax.bar(bar_x, bar_y, width=width * 0.9, color=bar_c, alpha=0.8,
+                   yerr=[err_lo, err_hi] if has_err else None, capsize=3, ecolor="black")
+        if dot_x:
+            ax.scatter(dot_x, dot_y, s=12, color="black", zorder=5)
         ax.set_xticks(range(len(xs)), xs)
         ax.set_xlabel(x_key)
         ax.set_ylabel(score_labels.get(score, score))

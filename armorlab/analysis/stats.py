@@ -250,16 +250,38 @@ class CurveBand:
     n: np.ndarray
 
 
+def minmax_indices(y: np.ndarray, max_points: int) -> np.ndarray:
+    """Indices that keep a curve's shape at ``max_points`` points (sorted, unique): the grid is
+    cut into max_points // 2 consecutive buckets and each keeps the step of its lowest and of
+    its highest value (NaN-only buckets keep their first step, so gaps stay gaps), plus the
+    first and last step. Unlike every k-th step, a one-step spike or collapse survives."""
+    size = y.size
+    if size <= max_points:
+        return np.arange(size)
+    buckets = max(1, max_points // 2)
+    bucket = (np.arange(size) * buckets) // size           # 0 … buckets−1, consecutive
+    starts = np.flatnonzero(np.r_[True, bucket[1:] != bucket[:-1]])
+    # lexsort is stable: a bucket whose values are all NaN (sorted as +inf) yields its first step
+    low = np.lexsort((np.where(np.isnan(y), np.inf, y), bucket))    # per bucket, ascending
+    high = np.lexsort((np.where(np.isnan(y), np.inf, -y), bucket))  # per bucket, descending
+    return np.unique(np.concatenate([[0, size - 1], low[starts], high[starts]]))
+
+
 @cached
-def curve_band(aligned: AlignedCurves, *, max_points: int = 200, confidence: float = CONFIDENCE,
+def curve_band(aligned: AlignedCurves, *, max_points: int = 400, confidence: float = CONFIDENCE,
                n_resamples: int = 500, seed: int = SEED) -> CurveBand:
     """Mean and CI band per grid step (S3: Student-t where fewer than 30 seeds are present, BCa
-    bootstrap from 30; at most ``max_points`` evenly spaced steps: a plot cannot show more, and the
-    band costs a bootstrap per step; 500 resamples put the band's edges within a line width of
-    their limit). The band is NaN where fewer than two seeds are present."""
+    bootstrap from 30; 500 resamples put the band's edges within a line width of their limit).
+    The band is NaN where fewer than two seeds are present. A long curve is cut to about
+    ``max_points`` steps (a plot cannot show more, and the band costs a bootstrap per step):
+    each bucket of steps keeps the step of the lowest and of the highest mean (minmax_indices),
+    so a spike or collapse the mean shows stays in the figure."""
     grid, values = aligned.grid, aligned.values
     if grid.size > max_points:
-        idx = np.unique(np.linspace(0, grid.size - 1, max_points).round().astype(int))
+        present = np.isfinite(values)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            full_mean = np.nansum(values, axis=0) / present.sum(axis=0)
+        idx = minmax_indices(np.where(present.any(axis=0), full_mean, np.nan), max_points)
         grid, values = grid[idx], values[:, idx]
     present = np.isfinite(values)
     n = present.sum(axis=0)
