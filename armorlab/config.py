@@ -25,6 +25,7 @@ import yaml
 from armorlab import trl_fields
 from armorlab.checks import Invalid, boolean, choice, integer, json_value, number, optional, text
 from armorlab.errors import ArmorLabError
+from armorlab.vllm_config import check_vllm_servers
 
 OBJECTIVES = ("grpo", "dapo", "dr_grpo", "gspo", "up", "up_gspo", "armor")
 ANCHOR_RATIOS = ("mixed", "behavior", "current")
@@ -33,7 +34,7 @@ AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-
                 "seq-mean")
 TASKS = ("arithmetic", "math")
 TINY_MODEL = "tiny"
-REF_VLLM_MODES = ("none", "colocate")
+REF_VLLM_MODES = ("none", "colocate", "server")
 
 
 # --------------------------------------------------------------------------- value checks
@@ -111,13 +112,23 @@ FIELDS: dict[str, Field] = {
     "dynamic_sampling_factor": Field(1, integer(1), "generate this many times the prompts and train on the "
                                      "first groups with unequal rewards (verl's filter_groups); 1 = no refill"),
     "ref_vllm_mode": Field("none", choice(*REF_VLLM_MODES), "where π_ref's anchor samples come from: none = "
-                           "transformers generate, colocate = a second in-process vLLM engine"),
+                           "transformers generate, colocate = a second in-process vLLM engine, server = a "
+                           "vLLM server of its own (`armorlab vllm-serve`)"),
     "ref_vllm_memory": Field(0.2, number(0.0, 1.0, lo_open=True),
                              "share of accelerator memory for the reference engine (vLLM gpu_memory_utilization)"),
+    "ref_vllm_server_host": Field("0.0.0.0", text, "host of the reference's vLLM server (ref_vllm_mode: server)"),
+    "ref_vllm_server_port": Field(8001, integer(1, 65535), "port of the reference's vLLM server"),
+    "ref_vllm_server_base_url": Field(None, optional(text), "base URL of the reference's vLLM server; when set, "
+                                      "host and port are ignored"),
+    "ref_vllm_server_timeout": Field(240.0, number(0.0), "seconds to wait for the reference's server to answer"),
+    "ref_vllm_group_port": Field(51217, integer(1, 65535), "port of the NCCL weight-update group of the "
+                                 "reference's server (GPU; TRL's vllm_group_port is the policy's)"),
 }
-# Execution settings of the reference engine: dropped from the resolved config while it is off,
-# so runs that do not use it keep their run ids.
+# Execution settings of the reference engine: dropped from the resolved config while they are not
+# read (the mode off, or another mode's settings), so runs that do not use them keep their run ids.
 REF_VLLM_KEYS = ("ref_vllm_mode", "ref_vllm_memory")
+REF_VLLM_SERVER_KEYS = ("ref_vllm_server_host", "ref_vllm_server_port", "ref_vllm_server_base_url",
+                        "ref_vllm_server_timeout", "ref_vllm_group_port")
 
 # Defaults armorlab sets on TRL fields for every model.
 COMMON_DEFAULTS: dict[str, Any] = {
@@ -561,6 +572,7 @@ def resolve(raw: Mapping[str, Any], *, file: str | None = None) -> dict[str, Any
     if out["ref_vllm_mode"] != "none" and not (out["anchor"] or out["anchor_gate"]):
         raise ArmorLabError("a reference engine only samples anchors: set anchor or anchor_gate, or "
                             "ref_vllm_mode: none", key="ref_vllm_mode", value=out["ref_vllm_mode"], file=file)
+    check_vllm_servers(out, file)
     out["task"] = _resolve_task(raw.get("task"), file)
     out["model"] = _resolve_model(raw.get("model"), file)
     _normalise_inert(out)
@@ -632,9 +644,11 @@ def _normalise_inert(cfg: dict[str, Any]) -> None:
         cfg["alpha"] = None
     if not cfg["dynamic_sampling"]:
         cfg["dynamic_sampling_factor"] = None
-    if cfg.get("ref_vllm_mode", "none") == "none":
-        for key in REF_VLLM_KEYS:
-            cfg.pop(key, None)
+    mode = cfg.get("ref_vllm_mode", "none")
+    unread = (*REF_VLLM_KEYS, *REF_VLLM_SERVER_KEYS) if mode == "none" else \
+        REF_VLLM_SERVER_KEYS if mode == "colocate" else ("ref_vllm_memory",)
+    for key in unread:
+        cfg.pop(key, None)
 
 
 def split_config(cfg: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -87,6 +87,18 @@ class EpochSeededRepeatSampler(RepeatSampler):
         return super().__iter__()
 
 
+def _policy_server_client(args: ArmorLabConfig) -> contextlib.AbstractContextManager:
+    """TRL's server mode builds armorlab's ``VLLMClient`` (TRL's own on CUDA; a file sync off it)."""
+    if not (args.use_vllm and args.vllm_mode == "server"):
+        return contextlib.nullcontext()
+    from armorlab.vllm_reference import require_vllm
+
+    require_vllm("vllm_mode", args.vllm_mode)
+    from armorlab.vllm_client import trl_builds_weight_sync_clients
+
+    return trl_builds_weight_sync_clients(args)
+
+
 # --------------------------------------------------------------------------- trainer
 class ArmorLabTrainer(GRPOTrainer):
     """GRPOTrainer training any armorlab objective, with anchors, reference resets and telemetry.
@@ -116,11 +128,12 @@ class ArmorLabTrainer(GRPOTrainer):
         if own_reference_only:
             args.beta = 0.0
         try:
-            super().__init__(model, reward_funcs, args=args, **kwargs)
+            with _policy_server_client(args):
+                super().__init__(model, reward_funcs, args=args, **kwargs)
         finally:
             args.beta = beta
         self.beta = beta
-        if self.use_vllm and self.accelerator.device.type == "cpu":
+        if self.use_vllm and self.vllm_mode == "colocate" and self.accelerator.device.type == "cpu":
             from armorlab.vllm_reference import reload_policy_sync
 
             reload_policy_sync(self.vllm_generation)
@@ -134,6 +147,10 @@ class ArmorLabTrainer(GRPOTrainer):
             from armorlab.vllm_reference import build_for_trainer
 
             reference_sampler = build_for_trainer(self)
+        elif reference_sampler is None and args.ref_vllm_mode == "server":
+            from armorlab.vllm_reference import build_server_sampler
+
+            reference_sampler = build_server_sampler(self)
         self.reference_sampler = reference_sampler or anc.TransformersSampler(
             self.ref_model, self._tokenizer, self.armorlab_generation_config, self.eos_token_ids, batch_size=batch)
         self.anchor_rollout = None

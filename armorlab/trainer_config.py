@@ -61,6 +61,15 @@ class ArmorLabConfig(GRPOConfig):
     ref_vllm_mode: str = field(default=FIELDS["ref_vllm_mode"].default, metadata={"help": FIELDS["ref_vllm_mode"].doc})
     ref_vllm_memory: float = field(default=FIELDS["ref_vllm_memory"].default,
                                    metadata={"help": FIELDS["ref_vllm_memory"].doc})
+    ref_vllm_server_host: str = field(default=FIELDS["ref_vllm_server_host"].default,
+                                      metadata={"help": FIELDS["ref_vllm_server_host"].doc})
+    ref_vllm_server_port: int = field(default=FIELDS["ref_vllm_server_port"].default,
+                                      metadata={"help": FIELDS["ref_vllm_server_port"].doc})
+    ref_vllm_server_base_url: str | None = field(default=None, metadata={"help": FIELDS["ref_vllm_server_base_url"].doc})
+    ref_vllm_server_timeout: float = field(default=FIELDS["ref_vllm_server_timeout"].default,
+                                           metadata={"help": FIELDS["ref_vllm_server_timeout"].doc})
+    ref_vllm_group_port: int = field(default=FIELDS["ref_vllm_group_port"].default,
+                                     metadata={"help": FIELDS["ref_vllm_group_port"].doc})
 
     def __post_init__(self) -> None:
         for name, spec in FIELDS.items():

@@ -21,7 +21,6 @@ from typing import Any
 _EVAL = "armorlab validates on its own val/test sets: use val_every, val_samples, val_temperature"
 _PICK = "checkpoints are compared offline: `armorlab report` with select: {metric: val/acc, ...}"
 _REF = "use ref_reset_steps / ref_reset_schedule (π_ref ← π_θ, a full copy)"
-_VLLM_SERVER = "only read with vllm_mode: server, which ArmorLabTrainer does not support yet (use colocate)"
 _ENTROPY = "the entropy bonus is not applied by armorlab objectives"
 _LOSS = "TRL's {} loss is not an armorlab objective; use objective: grpo|dapo|dr_grpo|gspo|up|up_gspo|armor"
 
@@ -64,6 +63,9 @@ HONOURED: frozenset[str] = frozenset({
     "vllm_gpu_memory_utilization", "vllm_max_model_length", "vllm_tensor_parallel_size",
     "vllm_importance_sampling_correction", "vllm_importance_sampling_mode", "vllm_importance_sampling_clip_max",
     "vllm_importance_sampling_clip_min", "vllm_importance_sampling_cap",
+    # TRL's vLLM server mode (`armorlab vllm-serve`); off CUDA the weights go through armorlab.vllm_client
+    "vllm_mode", "vllm_server_base_url", "vllm_server_host", "vllm_server_port", "vllm_server_timeout",
+    "vllm_group_port",
     "shuffle_dataset", "max_tool_calling_iterations", "use_transformers_continuous_batching",
     "transformers_continuous_batching_config", "use_transformers_paged",
     "reward_weights", "multi_objective_aggregation", "scale_rewards", "mask_truncated_completions",
@@ -109,12 +111,6 @@ MAPPED: dict[str, tuple[Any, str]] = {
 
 # key → (TRL's default = the feature off, why it is not available). Another value → error.
 REJECTED: dict[str, tuple[Any, str]] = {
-    "vllm_mode": ("colocate", "ArmorLabTrainer runs TRL's vLLM generation in colocate mode only (server: not yet)"),
-    "vllm_server_base_url": (None, _VLLM_SERVER),
-    "vllm_server_host": ("0.0.0.0", _VLLM_SERVER),
-    "vllm_server_port": (8000, _VLLM_SERVER),
-    "vllm_server_timeout": (240.0, _VLLM_SERVER),
-    "vllm_group_port": (51216, _VLLM_SERVER),
     "top_entropy_quantile": (1.0, "not applied by armorlab objectives (every unmasked token trains)"),
     "off_policy_mask_threshold": (None, "not applied by armorlab objectives"),
     "entropy_coef": (0.0, _ENTROPY),
@@ -168,9 +164,12 @@ def config_problem(key: str, value: Any) -> str | None:
     return None
 
 
-# Honoured switches whose "off" is dropped like a rejected feature's: `use_vllm: false` was
-# accepted (and dropped) before vLLM generation was supported; its run ids stay the same.
-OFF_SWITCHES: dict[str, Any] = {"use_vllm": False}
+# Honoured fields whose TRL default is dropped like a rejected feature's: `use_vllm: false` and the
+# vLLM server fields at their defaults were accepted (and dropped) before ArmorLabTrainer ran those
+# features; their run ids stay the same.
+OFF_SWITCHES: dict[str, Any] = {"use_vllm": False, "vllm_mode": "colocate", "vllm_server_base_url": None,
+                                "vllm_server_host": "0.0.0.0", "vllm_server_port": 8000,
+                                "vllm_server_timeout": 240.0, "vllm_group_port": 51216}
 
 
 def is_inert_default(key: str, value: Any) -> bool:

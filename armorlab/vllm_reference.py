@@ -42,6 +42,13 @@ def sampling_kwargs(*, k: int, max_tokens: int, temperature: float, top_p: float
     return out
 
 
+def completions(tokenizer: Any, token_ids: Iterable[Sequence[int]], eos_token_ids: Sequence[int]) -> list[Completion]:
+    """One prompt's samples as :class:`Completion` s, each cut after its first eos."""
+    ids = [cut_at_eos(list(t), eos_token_ids) for t in token_ids]
+    texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
+    return [Completion(tuple(i), t) for i, t in zip(ids, texts, strict=True)]
+
+
 class VLLMReferenceSampler:
     """:class:`~armorlab.anchors.ReferenceSampler` on a vLLM ``LLM`` holding π_ref.
 
@@ -67,12 +74,8 @@ class VLLMReferenceSampler:
                                     use_tqdm=False)
         self.prompts_sent += len(prompt_ids)
         self.generate_calls += 1
-        out = []
-        for request in outputs:
-            ids = [cut_at_eos(list(c.token_ids), self.eos_token_ids) for c in request.outputs]
-            texts = self.tokenizer.batch_decode(ids, skip_special_tokens=True)
-            out.append([Completion(tuple(i), t) for i, t in zip(ids, texts, strict=True)])
-        return out
+        return [completions(self.tokenizer, [c.token_ids for c in request.outputs], self.eos_token_ids)
+                for request in outputs]
 
     def load_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
         """π_ref ← the given weights, in place in the engine, then clear its prefix cache.
@@ -150,3 +153,81 @@ def build_for_trainer(trainer: Any) -> VLLMReferenceSampler:
                                repetition_penalty=trainer.repetition_penalty,
                                generation_kwargs=args.generation_kwargs)
     return VLLMReferenceSampler(llm, trainer._tokenizer, sampling, trainer.eos_token_ids)
+
+
+# VLLMClient.generate's named sampling arguments; any other setting travels in generation_kwargs
+_CLIENT_SAMPLING = ("repetition_penalty", "temperature", "top_p", "top_k", "min_p", "max_tokens")
+
+
+class VLLMServerReferenceSampler:
+    """:class:`~armorlab.anchors.ReferenceSampler` on a vLLM server holding π_ref (``ref_vllm_mode: server``).
+
+    ``client`` is TRL's ``VLLMClient`` (an :class:`armorlab.vllm_client.WeightSyncClient`); every
+    process generates through its own, only the one with ``pushes`` sends weights. ``sampling`` as
+    for :class:`VLLMReferenceSampler`; ``gather(model)`` returns the full state dict (a collective
+    under FSDP); ``barrier`` keeps the other processes from sampling before the push is done.
+    """
+
+    def __init__(self, client: Any, tokenizer: Any, sampling: dict[str, Any], eos_token_ids: Sequence[int], *,
+                 pushes: bool = True, gather: Any = None, barrier: Any = None) -> None:
+        self.client = client
+        self.tokenizer = tokenizer
+        named = {k: v for k, v in sampling.items() if k in _CLIENT_SAMPLING}
+        extra = {k: v for k, v in sampling.items() if k not in _CLIENT_SAMPLING and k != "n"}
+        self.sampling = {**named, "generation_kwargs": extra or None}
+        self.eos_token_ids = list(eos_token_ids)
+        self.pushes = pushes
+        self.gather = gather or (lambda model: model.state_dict())
+        self.barrier = barrier
+        self.prompts_sent = 0
+        self.generate_calls = 0
+
+    def sample(self, prompt_ids: Sequence[Sequence[int]], k: int) -> list[list[Completion]]:
+        if not prompt_ids:
+            return []
+        out = self.client.generate([list(p) for p in prompt_ids], n=int(k), logprobs=None, **self.sampling)
+        self.prompts_sent += len(prompt_ids)
+        self.generate_calls += 1
+        ids = out["completion_ids"]  # prompt-major: the k samples of a prompt, then the next prompt's
+        return [completions(self.tokenizer, ids[i * k:(i + 1) * k], self.eos_token_ids) for i in range(len(prompt_ids))]
+
+    def sync_from(self, model: Any) -> None:
+        """π_ref ← ``model`` (an unwrapped HF causal LM) on the server, then clear its prefix cache."""
+        weights = self.gather(model)
+        if self.pushes:
+            meta = [(name, str(t.dtype).removeprefix("torch."), list(t.shape)) for name, t in weights.items()]
+            self.client.update_named_params(meta, iter(weights.items()))
+            self.client.reset_prefix_cache()
+        if self.barrier is not None:
+            self.barrier()
+
+
+def build_server_sampler(trainer: Any) -> VLLMServerReferenceSampler:
+    """The ``ref_vllm_mode: server`` sampler of an ``ArmorLabTrainer``: connected, π_ref pushed once."""
+    args = trainer.args
+    require_vllm("ref_vllm_mode", args.ref_vllm_mode)
+    import requests
+
+    from armorlab.reference import full_state_dict
+    from armorlab.vllm_client import connect, unreachable
+
+    acc = trainer.accelerator
+    where = {"base_url": args.ref_vllm_server_base_url, "host": args.ref_vllm_server_host,
+             "port": args.ref_vllm_server_port, "timeout": args.ref_vllm_server_timeout}
+    try:
+        client = connect(**where, group_port=args.ref_vllm_group_port,
+                         device=acc.device if acc.is_main_process else None)
+    except requests.exceptions.ConnectionError as exc:
+        raise unreachable(exc, **where, prefix="ref_vllm_") from None
+    sampling = sampling_kwargs(k=1, max_tokens=trainer.max_completion_length, temperature=trainer.temperature,
+                               top_p=trainer.top_p, top_k=trainer.top_k, min_p=trainer.min_p,
+                               repetition_penalty=trainer.repetition_penalty,
+                               generation_kwargs=args.generation_kwargs)
+    distributed = acc.num_processes > 1
+    sampler = VLLMServerReferenceSampler(client, trainer._tokenizer, sampling, trainer.eos_token_ids,
+                                         pushes=acc.is_main_process,
+                                         gather=full_state_dict if distributed else None,
+                                         barrier=acc.wait_for_everyone if distributed else None)
+    # the server may hold any weights (another run's π_ref): start from this run's
+    sampler.sync_from(acc.unwrap_model(trainer.reference.model))
+    return sampler

@@ -39,6 +39,8 @@ def test_the_defaults_written_down_are_trls():
     for table in (trl_fields.MAPPED, trl_fields.REJECTED):
         for key, (default, _why) in table.items():
             assert installed[key] == default, key
+    for key, default in trl_fields.OFF_SWITCHES.items():  # dropped from resolved configs at these values
+        assert installed[key] == default, key
 
 
 @pytest.mark.parametrize(
@@ -50,8 +52,6 @@ def test_the_defaults_written_down_are_trls():
         ("sync_ref_model", True, "ref_reset_steps"),
         ("num_train_epochs", 1, "max_steps"),
         ("eval_strategy", "steps", "val_every"),
-        ("vllm_mode", "server", "colocate mode only"),
-        ("vllm_server_port", 8001, "vllm_mode: server"),
         ("top_entropy_quantile", 0.2, "not applied"),
         ("entropy_coef", 0.01, "entropy bonus"),
         ("sapo_temperature_neg", 2.0, "objective"),
@@ -92,7 +92,7 @@ def test_trainer_config_refuses_them_too():
 
     base = {"output_dir": "/tmp/unused-armorlab", "use_cpu": True, "bf16": False, "report_to": [],
             "per_device_train_batch_size": 4, "num_generations": 2}
-    for key, value in (("delta", 2.0), ("loss_type", "grpo"), ("vllm_mode", "server"), ("data_seed", 1)):
+    for key, value in (("delta", 2.0), ("loss_type", "grpo"), ("data_seed", 1)):
         with pytest.raises(ArmorLabError) as err:
             ArmorLabConfig(**base, **{key: value})
         assert err.value.key == key
