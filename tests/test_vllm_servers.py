@@ -121,8 +121,8 @@ def test_runs_must_use_exactly_the_servers_the_profile_starts(tmp_path):
     check_runs(both, [{**SERVED, "vllm_server_host": "0.0.0.0", "vllm_server_base_url": None}],
                profile_file="p.yaml", spec_file="s.yaml")
     with pytest.raises(ArmorLabError) as exc:  # the job sets where its server listens
-        check_runs(both, [{**SERVED, "ref_vllm_server_port": 8001}], profile_file="p.yaml", spec_file="s.yaml")
-    assert (exc.value.key, exc.value.value) == ("ref_vllm_server_port", 8001)
+        check_runs(both, [{**SERVED, "ref_vllm_server_port": 8101}], profile_file="p.yaml", spec_file="s.yaml")
+    assert (exc.value.key, exc.value.value) == ("ref_vllm_server_port", 8101)  # 8001 is the key's default
     # a run that names its own server needs none from the profile
     check_runs(None, [{**SERVED, "vllm_server_host": "10.0.0.5", "ref_vllm_server_host": "10.0.0.6"}],
                profile_file="p.yaml", spec_file="s.yaml")
