@@ -166,3 +166,15 @@ def test_group_palette_is_matplotlibs():
         cmap = matplotlib.colormaps[name]
         labels = [f"g{i}" for i in range(n)]
         assert plots.group_colors(labels) == {g: tuple(cmap(i)) for i, g in enumerate(labels)}
+
+
+def test_onset_labels_give_way_to_the_runs_table_when_they_would_overlap(tmp_path, monkeypatch):
+    sweep = _sweep(tmp_path / "sw")                       # alpha=0.5's two seeds collapse: 2 onsets
+    recipe = Recipe(runs=[str(sweep)], group_by=["alpha"])
+    R.build_report(recipe, tmp_path / "few", cache=False, figure_worker=False)
+    assert "labelled with how many SEs" in (tmp_path / "few" / "index.html").read_text()
+    monkeypatch.setattr(R, "MAX_ONSET_LABELS", 1)
+    R.build_report(recipe, tmp_path / "many", cache=False, figure_worker=False)
+    page = (tmp_path / "many" / "index.html").read_text()
+    assert "unlabelled at 2 onsets" in page and "collapse_z in the Runs table" in page
+    assert "labelled with how many SEs" not in page

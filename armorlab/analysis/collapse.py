@@ -92,18 +92,6 @@ NOISE_KEEP = 0.9  # (N2) share of second differences kept (the smallest)
 log = logging.getLogger(__name__)
 
 
-class _LazyScipyStats:
-    """scipy.stats, imported at first use (half a second): a report's worker process and the
-    commands that only read run dirs never need it."""
-    def __getattr__(self, name: str):
-        from scipy import stats
-
-        return getattr(stats, name)
-
-
-sps = _LazyScipyStats()
-
-
 def clean_curve(steps, values) -> tuple[np.ndarray, np.ndarray]:
     """Drop NaN/inf points, sort by step; returns float64 steps and values."""
     steps = np.asarray(steps, dtype=np.float64).ravel()
@@ -164,8 +152,10 @@ def _trim_consistency(kept: int, total: int) -> float:
     f = kept / total
     if f >= 1:
         return 1.0
-    q = float(sps.norm.ppf(0.5 + f / 2))
-    return 1.0 - 2.0 * q * float(sps.norm.pdf(q)) / f
+    from scipy.special import ndtri  # scipy.stats.norm.ppf's own function, without importing scipy.stats
+
+    q = float(ndtri(0.5 + f / 2))
+    return 1.0 - 2.0 * q * math.exp(-q * q / 2) / math.sqrt(2 * math.pi) / f
 
 
 def _curve_noise_rows(x: np.ndarray) -> np.ndarray:
@@ -395,7 +385,9 @@ def curve_auc(steps, values) -> float:
 
 @functools.lru_cache(maxsize=4096)
 def _t_quantile(q: float, df: int) -> float:
-    return float(sps.t.ppf(q, df))
+    from armorlab.analysis.stats import t_ppf
+
+    return t_ppf(q, df)
 
 
 def _train_rises(ts: np.ndarray, tv: np.ndarray, lo: float, hi: float, alpha: float) -> bool:

@@ -154,8 +154,9 @@ def plot_curves(bands: Mapping[str, CurveBand], metric: str, path: Path, *, lege
                         ax.annotate(p[2], (p[0], p[1]), textcoords="offset points", xytext=(4, -11),
                                     fontsize=7, color=colors[g])
         if any(markers.values()):
+            texts = any(len(p) > 2 and p[2] for pts in markers.values() for p in pts)
             extra.append((plt.Line2D([], [], marker="v", linestyle="", color="gray", markeredgecolor="black"),
-                          "collapse onset (one per seed; fall in SE)"))
+                          "collapse onset (one per seed; fall in SE)" if texts else "collapse onset (one per seed)"))
     for s in matched_steps:
         ax.axvline(s, color="gray", linestyle=":", linewidth=0.9)
     if matched_steps:

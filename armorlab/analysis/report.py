@@ -202,6 +202,7 @@ def _token_samples(rs: RunSet, groups: G.Groups, notes: G.Notes):
 
 
 MEMO = ".armorlab-cache/memo.pickle"  # in the output dir: bootstrap results, bands, drawn figures
+MAX_ONSET_LABELS = 40  # collapse onsets labelled with their fall in SE, at most
 WORKER_MIN_BYTES = 8 << 20  # metrics.jsonl bytes from which the figures are drawn in a worker process
 
 
@@ -336,14 +337,21 @@ def _build_report(recipe: Recipe, out: Path, *, cache: bool, progress: Callable[
                     z = r.get("collapse_z", math.nan)
                     pts.append((cs, v, f"−{z:.1f} SE" if math.isfinite(z) else "−∞ SE" if z == math.inf else ""))
             markers[g] = pts
+        n_onsets = sum(len(p) for p in markers.values())
+        labelled = n_onsets <= MAX_ONSET_LABELS
+        if not labelled:  # past this they overlap into a smear (and cost a fifth of all figure time)
+            markers = {g: [(x, y, "") for x, y, _ in pts] for g, pts in markers.items()}
         drawn["val"] = ("results", worker.draw(plots.plot_curves, bands[sel.metric], sel.metric,
                                                plot_dir / "val.png", legend_title=legend, colors=colors,
                                                markers=markers, matched_steps=matched,
                                                noise=_noise_bands(rs, groups, sel.metric)),
                         f"{sel.metric} per group: mean over seeds with its 95% CI (shaded); thin dashed lines: ±1 SE "
                         f"of eval noise (binomial from val/n where logged, else estimated from the curve); ▼ = a "
-                        f"seed's collapse onset, labelled with how many SEs its level fell below the earlier peak "
-                        f"(m={col.patience} evals per level, α={col.alpha}, δ={col.delta}); vertical dotted = "
+                        f"seed's collapse onset, "
+                        + ("labelled with how many SEs its level fell below the earlier peak " if labelled else
+                           f"unlabelled at {n_onsets} onsets (over {MAX_ONSET_LABELS} the labels overlap): how many "
+                           f"SEs each level fell below the earlier peak is collapse_z in the Runs table ")
+                        + f"(m={col.patience} evals per level, α={col.alpha}, δ={col.delta}); vertical dotted = "
                         f"matched steps")
     varying = [k for k in keys if groups.table[k].map(G.fmt_value).nunique() > 1]
     if scores and len(groups.labels) > 1 and varying:
