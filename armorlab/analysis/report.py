@@ -320,13 +320,7 @@ def _build_report(recipe: Recipe, out: Path, *, cache: bool, progress: Callable[
                              "ECDF of probability capacity of A>0 tokens from tokens/ samples")
     matched = G.resolve_matched_steps(rs, recipe)
     per_run = G.run_scores(rs, groups, recipe, matched, notes, tok_stats)
-    cols = G.score_columns(per_run, matched)
-    tok_cols = G.token_columns(per_run)
-    summary = G.group_summary(per_run, groups, cols + G.extra_columns(per_run) + tok_cols)
-    scores = G.resolve_scores(recipe, per_run, matched)
-    label = {s: tables.score_label(s, sel.metric, sel.report) for s in cols + tok_cols}
-
-    if sel.metric in bands:
+    if sel.metric in bands:  # to the worker before the group statistics: the largest figure
         markers = {}
         for g in groups.labels:
             pts = []
@@ -353,6 +347,12 @@ def _build_report(recipe: Recipe, out: Path, *, cache: bool, progress: Callable[
                            f"SEs each level fell below the earlier peak is collapse_z in the Runs table ")
                         + f"(m={col.patience} evals per level, α={col.alpha}, δ={col.delta}); vertical dotted = "
                         f"matched steps")
+    cols = G.score_columns(per_run, matched)
+    tok_cols = G.token_columns(per_run)
+    summary = G.group_summary(per_run, groups, cols + G.extra_columns(per_run) + tok_cols)
+    scores = G.resolve_scores(recipe, per_run, matched)
+    label = {s: tables.score_label(s, sel.metric, sel.report) for s in cols + tok_cols}
+
     varying = [k for k in keys if groups.table[k].map(G.fmt_value).nunique() > 1]
     if scores and len(groups.labels) > 1 and varying:
         x_key = varying[-1]
