@@ -40,6 +40,9 @@ def _healthy(url: str) -> bool:
         return False
 
 
+server_log = {}  # port → the server's log (uvicorn logs every request)
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """(host, port) of `armorlab vllm-serve` serving the tiny model in fp32 (the trainer's dtype)."""
@@ -63,6 +66,7 @@ def server(tmp_path_factory):
                 tail = log.read_text(errors="replace")[-3000:]
                 pytest.fail(f"vllm-serve did not come up (rc={proc.poll()}):\n{tail}")
             time.sleep(2)
+        server_log[port] = log
         yield "127.0.0.1", port
     finally:
         os.killpg(proc.pid, signal.SIGTERM)  # the server and its engine process: the group this fixture started
@@ -250,3 +254,35 @@ def test_a_server_that_does_not_answer_is_an_error_naming_its_key(tmp_path, over
     with pytest.raises(ArmorLabError, match="armorlab vllm-serve") as err:
         build(tmp_path, cfg)
     assert err.value.key == key and err.value.value == port and f"127.0.0.1:{port}" in str(err.value)
+
+
+def _requests(port: int, path: str) -> int:
+    """How many requests for ``path`` the server has logged."""
+    return server_log[port].read_text(errors="replace").count(f'"POST {path} HTTP')
+
+
+def test_two_processes_sample_from_the_reference_server_and_only_rank_0_pushes(server, tmp_path):
+    """torchrun, 2 CPU processes (gloo), 12 rows each with G = 8: a group straddles the processes."""
+    import yaml
+
+    from armorlab.runs import RunDir
+    from tests.test_equivalence import torchrun
+    from tests.trainer_support import TASK
+
+    host, port = server
+    cfg = {"objective": "armor", "ref_reset_steps": 1, "max_steps": 2, "seed": 0, "val_every": 0,
+           "kl_probe_prompts": 0, "save_steps": 1000, "per_device_train_batch_size": 12, "num_generations": 8,
+           "steps_per_generation": 1, "task": dict(TASK), "ref_vllm_mode": "server",
+           "ref_vllm_server_host": host, "ref_vllm_server_port": port}
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(cfg))
+    pushes, resets, generates = (_requests(port, p) for p in ("/collective_rpc", "/reset_prefix_cache",
+                                                               "/v1/completions"))
+    proc = torchrun(2, "-m", "armorlab", "train", str(tmp_path / "run.yaml"), "--out", str(tmp_path / "runs"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (run,) = [RunDir(p) for p in (tmp_path / "runs").iterdir()]
+    assert run.read_status()["state"] == "completed"
+    rows = run.read_metrics()
+    assert sum(r.get("anchor/ref_samples", 0) for r in rows) > 0
+    # π_ref at set-up and at each of the 2 resets, pushed by rank 0 alone (rank 1 only waits for it)
+    assert (_requests(port, "/collective_rpc") - pushes, _requests(port, "/reset_prefix_cache") - resets) == (3, 3)
+    assert _requests(port, "/v1/completions") > generates  # both ranks sample through the server
