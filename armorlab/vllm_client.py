@@ -91,13 +91,15 @@ def trl_builds_weight_sync_clients(args: Any) -> Iterator[None]:
     swapping the module's name for the duration of the set-up is the narrowest hook. A server that
     does not answer is an :class:`ArmorLabError` naming TRL's ``vllm_server_*`` key.
     """
-    import requests
-
+    try:
+        from requests.exceptions import ConnectionError as Unreachable
+    except ImportError:  # then TRL's VLLMClient refuses to start, saying so
+        Unreachable = ()
     original = vllm_generation.VLLMClient
     vllm_generation.VLLMClient = WeightSyncClient
     try:
         yield
-    except requests.exceptions.ConnectionError as exc:
+    except Unreachable as exc:
         raise unreachable(exc, base_url=args.vllm_server_base_url, host=args.vllm_server_host,
                           port=args.vllm_server_port, timeout=args.vllm_server_timeout, prefix="vllm_") from None
     finally:
