@@ -11,6 +11,7 @@ from armorlab import trl_fields
 from armorlab.checks import Invalid
 from armorlab.config import FIELDS, INERT_KEYS, fill_objective_defaults
 from armorlab.errors import ArmorLabError
+from armorlab.vllm_config import check_args
 
 
 @dataclass
@@ -85,4 +86,5 @@ class ArmorLabConfig(GRPOConfig):
         if problems:
             key, value, why = problems[0]
             raise ArmorLabError(why, key=key, value=value)
+        check_args(self)
         super().__post_init__()

@@ -46,3 +46,13 @@ def check_vllm_servers(cfg: dict[str, Any], file: str | None) -> None:
     if cfg["ref_vllm_group_port"] == policy["vllm_group_port"]:
         raise ArmorLabError("the reference's weight-update group needs its own port (vllm_group_port is the "
                             "policy's)", key="ref_vllm_group_port", value=cfg["ref_vllm_group_port"], file=file)
+
+
+def check_args(args: Any) -> None:
+    """:func:`check_vllm_servers` on a built ``ArmorLabConfig`` (Python users skip ``config.resolve``)."""
+    keys = ("use_vllm", "vllm_mode", "ref_vllm_mode", "ref_vllm_server_host", "ref_vllm_server_port",
+            "ref_vllm_server_base_url", "ref_vllm_group_port", *POLICY_SERVER_DEFAULTS)
+    cfg = {k: getattr(args, k) for k in keys if hasattr(args, k)}
+    for key in [k for k in cfg if k in OFF_SWITCHES and cfg[k] == OFF_SWITCHES[k]]:
+        del cfg[key]  # as config.resolve drops TRL's defaults
+    check_vllm_servers(cfg, None)

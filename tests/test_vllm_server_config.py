@@ -73,3 +73,17 @@ def test_two_servers_on_distinct_addresses_and_ports_resolve():
     cfg = resolve({**ARMOR, **POLICY_SERVER, "vllm_server_host": "127.0.0.1", "vllm_server_port": 8100,
                    "ref_vllm_mode": "server", "ref_vllm_server_host": "127.0.0.1", "ref_vllm_server_port": 8001})
     assert (cfg["vllm_server_port"], cfg["ref_vllm_server_port"]) == (8100, 8001)
+
+
+def test_the_trainer_config_refuses_the_same_combinations():
+    from armorlab.trainer import ArmorLabConfig
+
+    base = {"output_dir": "/tmp/unused-armorlab", "use_cpu": True, "bf16": False, "report_to": [],
+            "per_device_train_batch_size": 4, "num_generations": 2, "anchor": True}
+    ArmorLabConfig(**base, use_vllm=True, vllm_mode="server", ref_vllm_mode="server")  # 8000 and 8001
+    for extra, key in (({"vllm_server_port": 8100}, "vllm_server_port"),
+                       ({"use_vllm": True, "vllm_mode": "server", "ref_vllm_mode": "server",
+                         "ref_vllm_server_port": 8000}, "ref_vllm_server_port")):
+        with pytest.raises(ArmorLabError) as err:
+            ArmorLabConfig(**base, **extra)
+        assert err.value.key == key
