@@ -149,3 +149,15 @@ def test_curve_band_keeps_a_one_step_collapse_of_the_mean():
     band = stats.curve_band(stats.AlignedCurves(steps, values, False))
     assert band.steps.size <= 202 and 2001.0 in band.steps
     assert band.mean[np.flatnonzero(band.steps == 2001.0)[0]] == pytest.approx(-0.5)
+
+
+def test_iqm_is_scipys_trim_mean():
+    from scipy.stats import trim_mean
+
+    rng = np.random.default_rng(5)
+    for n in (1, 2, 3, 4, 5, 7, 8, 9, 30, 31):
+        x = rng.normal(size=n) * 10
+        assert stats.iqm(x) == pytest.approx(trim_mean(x, 0.25), abs=1e-12)
+    grid = rng.normal(size=(6, 11))
+    np.testing.assert_allclose(stats.iqm(grid, axis=0), trim_mean(grid, 0.25, axis=0))
+    assert math.isnan(stats.iqm([1.0, np.nan, 3.0, 4.0]))                # NaN propagates, as scipy's

@@ -11,6 +11,7 @@ import contextlib
 import logging
 import os
 import pickle
+import queue
 import struct
 import subprocess
 import sys
@@ -27,9 +28,13 @@ class WorkerDied(RuntimeError):
     """The figure worker process ended before it answered."""
 
 
-def _send(stream, obj: Any) -> None:
+def _frame(obj: Any) -> bytes:
     data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    stream.write(struct.pack("<Q", len(data)) + data)
+    return struct.pack("<Q", len(data)) + data
+
+
+def _send(stream, obj: Any) -> None:
+    stream.write(_frame(obj))
     stream.flush()
 
 
@@ -81,6 +86,9 @@ class FigureWorker:
         self.pending: dict[int, Future] = {}
         self.lock = threading.Lock()
         self.jobs = 0
+        # requests are written by a thread: a pipe holds 64 KB, and while the worker imports
+        # matplotlib or draws, a write of a figure's data from the main thread would wait for it
+        self.outbox: queue.SimpleQueue[tuple[int, bytes] | None] = queue.SimpleQueue()
         if not enabled:
             return
         code = (f"import sys; sys.path[:0] = {[p for p in sys.path if p]!r}; "
@@ -92,6 +100,21 @@ class FigureWorker:
             log.info("figures drawn in-process (no worker: %s)", exc)
             return
         threading.Thread(target=self._answers, args=(self.proc,), daemon=True).start()
+        threading.Thread(target=self._requests, args=(self.proc,), daemon=True).start()
+
+    def _requests(self, proc: subprocess.Popen) -> None:
+        while (item := self.outbox.get()) is not None:
+            job, data = item
+            try:
+                proc.stdin.write(data)
+                proc.stdin.flush()
+            except OSError as exc:  # the worker is gone: this figure is drawn here
+                with self.lock:
+                    future = self.pending.pop(job, None)
+                if future is not None:
+                    future.set_exception(WorkerDied(f"figure worker unreachable: {exc}"))
+        with contextlib.suppress(OSError):
+            proc.stdin.close()  # end of requests: the worker's loop ends
 
     def _answers(self, proc: subprocess.Popen) -> None:
         while (msg := _recv(proc.stdout)) is not None:
@@ -106,18 +129,19 @@ class FigureWorker:
 
     def submit(self, fn: Callable[..., Path], *args: Any, **kwargs: Any) -> Any:
         if self.proc is not None and self.proc.poll() is None:
-            future: Future = Future()
             with self.lock:
                 self.jobs += 1
                 job = self.jobs
-                self.pending[job] = future
             try:
-                _send(self.proc.stdin, (job, fn.__module__, fn.__qualname__, args, kwargs))
-                return Fallback(future, fn, args, kwargs)
-            except Exception as exc:  # a closed pipe, an argument that does not pickle: draw here
-                log.warning("figure worker unavailable (%s): drawing in-process", exc)
+                data = _frame((job, fn.__module__, fn.__qualname__, args, kwargs))
+            except Exception as exc:  # an argument that does not pickle: draw it here
+                log.warning("figure %s drawn in-process (%s)", fn.__name__, exc)
+            else:
+                future: Future = Future()
                 with self.lock:
-                    self.pending.pop(job, None)
+                    self.pending[job] = future
+                self.outbox.put((job, data))
+                return Fallback(future, fn, args, kwargs)
         return _Done(fn(*args, **kwargs))
 
     def draw(self, plot: Callable[..., Path], *args: Any, **kwargs: Any) -> Callable[[], Path]:
@@ -129,8 +153,7 @@ class FigureWorker:
         """End of requests: the worker's loop ends and it exits at once (no teardown)."""
         proc, self.proc = self.proc, None
         if proc is not None:
-            with contextlib.suppress(OSError):
-                proc.stdin.close()
+            self.outbox.put(None)
             try:
                 proc.wait(timeout=30)
             except subprocess.TimeoutExpired:

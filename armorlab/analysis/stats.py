@@ -65,8 +65,18 @@ LOW_POWER_N = 3        # groups with n ≤ this are flagged low-powered in repor
 
 
 def iqm(x, axis: int = -1) -> np.ndarray | float:
-    """(S1) Interquartile mean: trim 25 % at each end, average the rest."""
-    return sps.trim_mean(np.asarray(x, dtype=np.float64), 0.25, axis=axis)
+    """(S1) Interquartile mean: trim 25 % at each end, average the rest — scipy.stats.trim_mean(x,
+    0.25)'s arithmetic (⌊n/4⌋ values cut at each end after a partial sort; NaN propagates),
+    without its per-call argument handling, which cost more than the rest of a group's summary."""
+    a = np.moveaxis(np.asarray(x, dtype=np.float64), axis, -1)
+    n = a.shape[-1]
+    if n == 0:
+        return math.nan if a.ndim == 1 else np.full(a.shape[:-1], np.nan)
+    cut = int(0.25 * n)
+    kept = np.partition(a, (cut, n - cut - 1), axis=-1)[..., cut:n - cut]
+    out = kept.mean(axis=-1)
+    out = np.where(np.isnan(a).any(axis=-1), np.nan, out)
+    return float(out) if out.ndim == 0 else out
 
 
 def _poi_vectorised(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
