@@ -64,7 +64,8 @@ def atomic_write_json(path: str | os.PathLike, obj: Any, *, durable: bool = True
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n", durable=durable)
 
 
-# libyaml's emitter when present: same text as safe_dump, ~4x faster (a sweep writes 1000s)
+# libyaml's emitter when present, ~4x faster (a sweep writes 1000s): the same data as safe_dump
+# writes, not always the same text (an empty-string key is `'': x`, not `? ''`)
 _DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 _ENTRY_CACHE: dict[tuple[str, type, str], str] = {}
 
@@ -73,9 +74,9 @@ def yaml_text(obj: Any) -> str:
     """``yaml.safe_dump(obj, sort_keys=True)`` in block style. A mapping with string keys is
     emitted entry by entry, each ``key: value`` block looked up by (key, type, repr) first: a
     sweep's 1,000 configs share most entries, and PyYAML's representer (pure Python even with
-    libyaml) costs more than the rest of writing a run dir. The text is the same (a block
-    mapping is the concatenation of its entries), except that an object shared between two
-    entries is written twice instead of as an anchor and an alias."""
+    libyaml) costs more than the rest of writing a run dir. The text is the same as one dump
+    of the whole mapping (a block mapping is the concatenation of its entries), except that an
+    object shared between two entries is written twice instead of as an anchor and an alias."""
     if not isinstance(obj, dict) or not all(isinstance(k, str) for k in obj):
         return yaml.dump(obj, Dumper=_DUMPER, sort_keys=True, default_flow_style=False)
     if not obj:

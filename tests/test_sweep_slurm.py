@@ -22,7 +22,7 @@ from sweep_support import (
     write_spec,
 )
 
-from armorlab.runs import RunDir
+from armorlab.runs import RunDir, run_id
 from armorlab.sweeps.jobs import ENV_COMMAND
 from armorlab.sweeps.manifest import load_manifest
 from armorlab.sweeps.status import collect
@@ -123,20 +123,17 @@ def test_values_never_reach_a_shell_on_slurm(tmp_path, profile, standin):
 
 CRASHING_SWEEP = """
 import os, sys
-from armorlab.runs import RunDir
 from armorlab.sweeps import manifest as M
+from armorlab.sweeps.jobs import TrainJob
 where, args = sys.argv[1], sys.argv[2:]
-if where == "run-dirs":  # the 3rd run dir is torn (a partial config.yaml) and the process dies
-    real, made = RunDir.create.__func__, []
-    def create(cls, root, cfg, **kw):
-        rd = real(cls, root, cfg, **kw)
-        made.append(rd)
+if where == "pickles":  # submitit is pickling the array's jobs (before sbatch): die at the 3rd
+    real, made = TrainJob.__getstate__, []
+    def getstate(self):
+        made.append(self)
         if len(made) == 3:
-            text = rd.config_path.read_text()
-            rd.config_path.write_text(text[: len(text) // 2].rsplit(chr(10), 1)[0] + chr(10))
             os._exit(9)
-        return rd
-    RunDir.create = classmethod(create)
+        return real(self)
+    TrainJob.__getstate__ = getstate
 else:  # sbatch has queued the array and submitit has moved its pickles: die before the record
     M.Manifest.record = lambda self, *a, **kw: os._exit(9)
 sys.argv = ["armorlab", "sweep", *args]
@@ -159,15 +156,16 @@ def test_a_crash_mid_submit_is_completed_by_the_next_sweep_without_duplicates(tm
         out = subprocess.run([sys.executable, "-c", CRASHING_SWEEP, where, *args], capture_output=True, text=True)
         assert out.returncode == 9, out.stdout + out.stderr
 
-    crash("run-dirs")          # killed while writing run dirs: nothing queued, one config torn
+    crash("pickles")           # killed while submitit pickled the jobs: nothing queued
     manifest = load_manifest(sweep_dir)
-    assert len(manifest.runs) == 4 and manifest.jobs == {} and manifest.pending == []
+    assert len(manifest.runs) == 4 and manifest.jobs == {}
+    assert sorted(manifest.pending) == sorted(manifest.runs)  # saved before sbatch, never recorded
+    assert not list((sweep_dir / ".submitit").glob("*_submitted.pkl"))
+    assert not any((sweep_dir / rid).exists() for rid in manifest.runs)  # fresh runs' dirs: the jobs write them
     crash("record")            # killed after sbatch, before the job ids reached the manifest
     manifest = load_manifest(sweep_dir)
     assert manifest.jobs == {} and sorted(manifest.pending) == sorted(manifest.runs)
-    for rid in manifest.runs:  # the torn config was rewritten before anything was queued
-        cfg = RunDir(sweep_dir / rid).read_config()
-        assert cfg["seed"] in (0, 1, 2, 3)
+    assert len(list((sweep_dir / ".submitit").glob("*_submitted.pkl"))) == 4
     again = _sweep(*args)      # finds the queued array instead of queueing a second one
     assert "nothing to submit" in again.stdout
     manifest = load_manifest(sweep_dir)
@@ -176,7 +174,23 @@ def test_a_crash_mid_submit_is_completed_by_the_next_sweep_without_duplicates(tm
     assert [s.get("recovered") for s in manifest.submissions] == [True]
     st = wait_finished(sweep_dir, 120)
     assert [(r.state, r.attempts) for r in st.rows] == [("completed", 1)] * 4
+    # each job wrote its run dir from the config it carried: the dir's name is that config's hash
+    assert sorted(RunDir(sweep_dir / rid).read_config()["seed"] for rid in manifest.runs) == [0, 1, 2, 3]
+    assert all(run_id(RunDir(sweep_dir / rid).read_config()) == rid for rid in manifest.runs)
     assert "nothing to submit" in _sweep(*args).stdout
+
+
+def test_dry_run_shows_the_script_the_submission_queues(tmp_path, profile, standin):
+    spec = write_spec(tmp_path / "d.yaml", {"name": "d", "base": {"max_steps": 2}, "grid": {"seed": [0, 1, 2]},
+                                            "include": [{"hub_model_id": "$(touch x)'\""}]})
+    args = [str(spec), "--root", str(tmp_path / "runs"), "--profile", str(profile)]
+    shown = _sweep(*args, "--dry-run").stdout.split("# sbatch script of the first array:\n", 1)[1]
+    _sweep(*args)
+    sweep_dir = tmp_path / "runs" / "d"
+    (array,) = {j.split("_")[0] for ids in load_manifest(sweep_dir).jobs.values() for j in ids}
+    submitted = (sweep_dir / ".submitit" / f"{array}_submission.sh").read_text()
+    assert shown == submitted + "\n"  # the dry run ends its output with a newline
+    assert wait_finished(sweep_dir, 120).counts == {"completed": 4}
 
 
 def test_preempted_job_requeues_and_resumes(tmp_path, profile, monkeypatch):

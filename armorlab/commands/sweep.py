@@ -1,7 +1,7 @@
 """`armorlab sweep`, `armorlab status`, `armorlab cancel`: run ablation grids, watch them, stop them.
 
-Start-up stays light: `status` imports neither torch, TRL, pandas nor submitit; `sweep --dry-run`
-only adds submitit (for the sbatch text).
+Start-up stays light: `status` and `sweep --dry-run` import neither torch, TRL, pandas nor
+submitit (the dry run renders the sbatch text itself: armorlab.sweeps.sbatch.render_script).
 """
 
 from __future__ import annotations

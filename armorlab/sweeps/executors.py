@@ -6,7 +6,8 @@
   when the sweep process dies any other way (kill -9), unless ``detach``.
 - ``SlurmSubmitter``: submitit's SlurmExecutor, one job array per chunk of at most the cluster's
   MaxArraySize runs, fire-and-forget. The sbatch script is the same for every array task and
-  holds no run name or config value: each task unpickles a TrainJob holding only its run dir.
+  holds no run name or config value: each task unpickles a TrainJob holding its run dir (and
+  the run's config, which the job writes there, when the sweep left the run dir to the job).
 """
 
 from __future__ import annotations
@@ -19,14 +20,16 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from armorlab.errors import ArmorLabError
 from armorlab.sweeps import slurmctl
-from armorlab.sweeps.jobs import JobOutcome, TrainJob
 from armorlab.sweeps.manifest import LOGS_DIR, SUBMITIT_DIR
 from armorlab.sweeps.profile import Profile
-from armorlab.sweeps.sbatch import checked_executor
+from armorlab.sweeps.sbatch import check_names, check_script, checked_executor, render_script
+
+if TYPE_CHECKING:
+    from armorlab.sweeps.jobs import JobOutcome
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +66,8 @@ class LocalExecutor:
     def run(self, run_dirs: Sequence[Path], job_ids: Sequence[str], *,
             on_event: OnEvent | None = None) -> dict[str, JobOutcome]:
         """Train every run dir, ``workers`` at a time; returns each run's outcome by run id."""
+        from armorlab.sweeps.jobs import TrainJob
+
         on_event = on_event or (lambda *_: None)
         stopping = threading.Event()
         active: dict[str, TrainJob] = {}
@@ -158,38 +163,69 @@ class SlurmSubmitter:
     def _executor(self, *, dry_run: bool = False) -> Any:
         return checked_executor(self.folder, self.profile, job_name=self.job_name, dry_run=dry_run)
 
-    def sbatch_text(self, n_runs: int) -> str:
-        """The sbatch script submitit writes for an array of ``n_runs`` (what --dry-run shows)."""
-        ex = self._executor(dry_run=True)
-        if n_runs > 1:
-            ex.parameters["map_count"] = n_runs
-        return ex._make_submission_file_text(ex._submitit_command_str, "dry-run")
+    def _rendered(self, n_runs: int) -> str | None:
+        check_names(self.folder, self.job_name)
+        return render_script(self.folder, self.profile.submitit_parameters(job_name=self.job_name),
+                             python=self.profile.python, map_count=n_runs if n_runs > 1 else None)
 
-    def submit(self, run_dirs: Sequence[Path], *, chunk: int,
+    def sbatch_text(self, n_runs: int) -> str:
+        """The sbatch script submitit writes for an array of ``n_runs`` (what --dry-run shows),
+        rendered without importing submitit where the profile allows (sbatch.render_script)."""
+        text = self._rendered(n_runs)
+        if text is None:
+            return self._submitit_text(self._executor(dry_run=True), n_runs)
+        check_script(text, self.profile.setup)
+        return text
+
+    @staticmethod
+    def _submitit_text(ex: Any, n_runs: int) -> str:
+        """What submitit writes for an array of ``n_runs``: its array submission renders the
+        executor's parameters plus ``map_count`` (in a plain SlurmExecutor copy, past our
+        checked subclass, so the check runs here, before sbatch)."""
+        params = ex.parameters
+        if n_runs > 1:
+            params = {**params, "map_count": n_runs}
+        saved, ex.parameters = ex.parameters, params
+        try:
+            return ex._make_submission_file_text(ex._submitit_command_str, "dry-run")
+        finally:
+            ex.parameters = saved
+
+    def submit(self, runs: Sequence[tuple[Path, dict[str, Any] | None]], *, chunk: int,
                on_array: Callable[[list[str], list[str]], None],
                before_array: Callable[[list[str]], None] | None = None) -> list[str]:
-        """Queue the run dirs as arrays of at most ``chunk``; ``before_array(run_ids)`` is called
-        before each sbatch and ``on_array(run_ids, job_ids)`` right after it, so the manifest
-        knows about each array before and after it is queued. Returns job ids."""
+        """Queue ``(run dir, config)`` pairs as arrays of at most ``chunk``; a config (not None)
+        is written to its run dir by the job (TrainJob.config). ``before_array(run_ids)`` is
+        called before each sbatch and ``on_array(run_ids, job_ids)`` right after it, so the
+        manifest knows about each array before and after it is queued. Returns job ids."""
         import submitit
 
+        from armorlab.sweeps.jobs import TrainJob
+
         ex = self._executor()
+        launch = self.profile.launch_options()
         job_ids: list[str] = []
-        for start in range(0, len(run_dirs), chunk):
-            part = [Path(rd) for rd in run_dirs[start:start + chunk]]
+        for start in range(0, len(runs), chunk):
+            part = runs[start:start + chunk]
+            names = [rd.name for rd, _ in part]
+            text = self._submitit_text(ex, len(part))
+            check_script(text, self.profile.setup)
+            if text != self._rendered(len(part)):
+                log.warning("`armorlab sweep --dry-run` shows a different sbatch script than submitit %s "
+                            "writes; the job is submitted with submitit's", submitit.__version__)
             jobs = []
             if before_array is not None:
-                before_array([rd.name for rd in part])
+                before_array(names)
             try:
                 with ex.batch():
-                    for rd in part:
-                        jobs.append(ex.submit(TrainJob(rd, **self.profile.launch_options())))
+                    for rd, cfg in part:
+                        jobs.append(ex.submit(TrainJob(str(rd), **launch, config=cfg)))
             except submitit.core.utils.FailedJobError as exc:
                 raise ArmorLabError(f"sbatch refused the job array: {str(exc).strip()}", key="profile",
                                     value=str(self.profile.path) if self.profile.path else None,
                                     file=str(self.profile.path) if self.profile.path else None) from None
             ids = [job.job_id for job in jobs]
-            on_array([rd.name for rd in part], ids)
+            on_array(names, ids)
             job_ids += ids
             log.info("queued %d run(s) as Slurm job %s", len(part), ids[0].split("_", 1)[0])
         return job_ids

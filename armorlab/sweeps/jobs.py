@@ -1,8 +1,11 @@
 """The callable a sweep job runs: ``python -m armorlab.cli train --run-dir DIR`` in a subprocess.
 
-The pickled payload holds only the run directory and how to launch (python or accelerate): the
-job finds its config, its checkpoints and its status in the run dir, so a requeued job resumes
-from whatever the last attempt left there, and no value from a spec ever meets a shell.
+The pickled payload holds the run directory and how to launch (python or accelerate): the job
+finds its config, its checkpoints and its status in the run dir, so a requeued job resumes from
+whatever the last attempt left there, and no value from a spec ever meets a shell. A run whose
+dir a sweep has not written yet (a fresh Slurm submission: writing 1,000 run dirs cost more than
+submitit's own work) also carries its resolved config: the job writes the run dir (config.yaml
+first, fsync'd) before it starts the trainer; its requeues carry the path only.
 
 Preemption and time limits follow submitit's checkpoint protocol: when Slurm signals the job
 (``--signal=USR2@signal_delay_s`` before the time limit, or ``scancel --signal``), submitit calls
@@ -132,16 +135,20 @@ def wrapped_argv(argv: list[str], *, die_with_parent: bool = True, ignore_signal
 
 
 class TrainJob(Checkpointable):
-    """Train one run directory. Picklable: holds the run dir path and launch options only."""
+    """Train one run directory. Picklable: holds the run dir path and launch options, plus the
+    run's resolved config while its dir is not written yet (``config``)."""
 
     def __init__(self, run_dir: str | os.PathLike, *, launcher: str = "python",
                  accelerate_config: str | None = None, detach: bool = False,
-                 vllm_servers: ServerSet | None = None) -> None:
-        self.run_dir = str(Path(run_dir).absolute())
+                 vllm_servers: ServerSet | None = None, config: dict[str, Any] | None = None) -> None:
+        # an absolute str is taken as is: a sweep builds 1,000s of them from one absolute dir
+        self.run_dir = run_dir if isinstance(run_dir, str) and os.path.isabs(run_dir) \
+            else str(Path(run_dir).absolute())
         self.launcher = launcher
         self.accelerate_config = accelerate_config
         self.detach = detach  # the trainer outlives this process (local `armorlab sweep --detach`)
         self.vllm_servers = vllm_servers  # started on the node before the trainer
+        self.config = config  # written to the run dir when the job starts, if it is not there yet
         self._proc: subprocess.Popen | None = None
         self._done = threading.Event()
         self._asked: set[int] = set()  # stop signals sent to this attempt's trainer
@@ -156,11 +163,14 @@ class TrainJob(Checkpointable):
         state = {"run_dir": self.run_dir, "launcher": self.launcher, "accelerate_config": self.accelerate_config}
         if self.vllm_servers is not None:
             state["vllm_servers"] = self.vllm_servers
+        if self.config is not None:
+            state["config"] = self.config
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        # .get: pickles queued by an armorlab without these fields still load
         self.__init__(state["run_dir"], launcher=state["launcher"], accelerate_config=state["accelerate_config"],
-                      vllm_servers=state.get("vllm_servers"))
+                      vllm_servers=state.get("vllm_servers"), config=state.get("config"))
 
     # ------------------------------------------------------------------ running
     def __call__(self) -> dict[str, Any]:
@@ -182,7 +192,7 @@ class TrainJob(Checkpointable):
 
     def run(self, *, env: dict[str, str] | None = None, log_path: str | os.PathLike | None = None) -> JobOutcome:
         """Run one training attempt to its end and report how it ended."""
-        rd = RunDir(self.run_dir)
+        rd = self._materialise()
         status = rd.read_status()
         if status["state"] == "completed":  # a duplicate or late requeue: nothing to do
             return JobOutcome(self.run_dir, EXIT_COMPLETED, "completed", status.get("reason"))
@@ -288,6 +298,17 @@ class TrainJob(Checkpointable):
                 self.interrupt(signal.SIGTERM)
             return str(exc)
         return None
+
+    def _materialise(self) -> RunDir:
+        """The run dir, written now from the carried config if the sweep left that to the job.
+        RunDir.create keeps an existing dir's files (same config = same run), so a duplicate
+        or a late start of the same job changes nothing."""
+        if self.config is None:
+            return RunDir(self.run_dir)
+        rd = RunDir.create(Path(self.run_dir).parent, self.config)
+        if rd.path != Path(self.run_dir):  # the dir's name is the config's hash: a wrong pair is a bug
+            raise RuntimeError(f"job for {self.run_dir} carries the config of run {rd.id}")
+        return rd
 
     def _reap(self) -> None:
         assert self._proc is not None

@@ -9,12 +9,21 @@ comment and run the rest as shell code when the job starts. Two defences, both n
 2. the rendered script is checked line by line against the shape submitit writes
    (``check_script``): shebang, ``# Parameters`` + only ``#SBATCH --opt[=value]`` lines, the
    profile's setup lines verbatim, then exactly one command line. Anything else refuses the submit.
+
+``--dry-run`` prints the script without importing submitit (a third of a dry run's start-up):
+``render_script`` writes the text submitit's ``_make_sbatch_string`` writes for the parameters a
+profile produces (tests hold the two equal, and `armorlab sweep` compares them before each sbatch
+and warns when an upgraded submitit writes something else); a parameter it does not model makes
+it answer None, and the dry run asks submitit itself.
 """
 
 from __future__ import annotations
 
+import os
 import re
-from collections.abc import Sequence
+import shlex
+import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -61,17 +70,77 @@ def check_script(text: str, setup: Sequence[str] = ()) -> None:
         raise bad("command block is not one command line", "\n".join(tail))
 
 
+# submitit's parameters that are no #SBATCH line of their own, and the defaults of those that are
+# (submitit.slurm.slurm._make_sbatch_string's signature, submitit 1.5)
+_NOT_SBATCH = {"array_parallelism": 256, "additional_parameters": None, "setup": None, "signal_delay_s": 90,
+               "stderr_to_stdout": False, "map_count": None}
+_SBATCH_DEFAULTS = {"job_name": "submitit", "time": 5, "nodes": 1, "wckey": "submitit"}
+_SBATCH_MODELLED = {*_SBATCH_DEFAULTS, "partition", "account", "qos", "ntasks_per_node", "cpus_per_task",
+                    "gpus_per_node", "mem"}
+
+
+def submit_command(folder: Path, python: str | None) -> str:
+    """The command line submitit's SlurmExecutor runs in each task (its ``_submitit_command_str``)."""
+    python = shlex.quote(sys.executable) if python is None else python
+    return " ".join([python, "-u -m submitit.core._submit", shlex.quote(str(folder))])
+
+
+def executor_folder(folder: str | os.PathLike) -> Path:
+    """The folder as submitit's executors hold it."""
+    return Path(folder).expanduser().absolute()
+
+
+def render_script(folder: str | os.PathLike, params: Mapping[str, Any], *, python: str | None = None,
+                  map_count: int | None = None) -> str | None:
+    """The sbatch script submitit writes for ``params`` (``Profile.submitit_parameters``), an array
+    of ``map_count`` tasks when given; None when ``params`` hold a key this rendering does not model."""
+    if not set(params) <= {*_NOT_SBATCH, *_SBATCH_MODELLED}:
+        return None
+    opt = {**_NOT_SBATCH, **{k: v for k, v in params.items() if k in _NOT_SBATCH}}
+    if map_count is not None:
+        opt["map_count"] = map_count
+    sbatch = {**_SBATCH_DEFAULTS, **{k: v for k, v in params.items() if k in _SBATCH_MODELLED and v is not None}}
+    sbatch["signal"] = f"{os.environ.get('SUBMITIT_PREEMPT_SIGNAL', 'USR2')}@{opt['signal_delay_s']}"
+    folder = executor_folder(folder)
+    stdout, stderr = str(folder / "%j_%t_log.out"), str(folder / "%j_%t_log.err")
+    n = opt["map_count"]
+    if n is not None:
+        sbatch["array"] = f"0-{n - 1}%{min(n, opt['array_parallelism'])}"
+        stdout, stderr = stdout.replace("%j", "%A_%a"), stderr.replace("%j", "%A_%a")
+    sbatch["output"] = stdout.replace("%t", "0")
+    if not opt["stderr_to_stdout"]:
+        sbatch["error"] = stderr.replace("%t", "0")
+    sbatch["open-mode"] = "append"
+    sbatch.update(opt["additional_parameters"] or {})
+    lines = ["#!/bin/bash", "", "# Parameters"]
+    for key in sorted(sbatch):
+        value = sbatch[key]
+        flag = key.replace("_", "-")
+        lines.append(f"#SBATCH --{flag}" if value is True else f"#SBATCH --{flag}={shlex.quote(str(value))}")
+    if opt["setup"] is not None:
+        lines += ["", "# setup", *opt["setup"]]
+    srun = ["srun", "--unbuffered", "--output", stdout, *([] if opt["stderr_to_stdout"] else ["--error", stderr])]
+    command = " ".join(shlex.quote(a) for a in srun) + " " + submit_command(folder, python)
+    lines += ["", "# command", "export SUBMITIT_EXECUTOR=slurm", command, ""]
+    return "\n".join(lines)
+
+
+def check_names(folder: str | os.PathLike, job_name: str) -> None:
+    """The sweep dir's path and the job name reach the script: no control character in either."""
+    for key, value in (("--root (the sweep dir's path)", Path(folder).absolute()), ("name", job_name)):
+        try:
+            script_value(value)
+        except Invalid as exc:
+            raise ArmorLabError(str(exc), key=key, value=str(value)) from None
+
+
 def checked_executor(folder: Path, profile: Any, *, job_name: str, dry_run: bool = False) -> Any:
     """A submitit SlurmExecutor for ``profile`` whose every rendered script passes ``check_script``
     (also in ``--dry-run``, which renders without submitting)."""
     import submitit
 
     where = str(profile.path) if getattr(profile, "path", None) else None
-    for key, value in (("--root (the sweep dir's path)", Path(folder).absolute()), ("name", job_name)):
-        try:
-            script_value(value)
-        except Invalid as exc:
-            raise ArmorLabError(str(exc), key=key, value=str(value)) from None
+    check_names(folder, job_name)
 
     class CheckedSlurmExecutor(submitit.SlurmExecutor):
         def _make_submission_file_text(self, command: str, uid: str) -> str:

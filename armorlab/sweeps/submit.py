@@ -121,13 +121,19 @@ def _active_jobs(job_ids: list[str], *, executor: str) -> set[str]:
     return local | {j for j in slurm_ids if slurmctl.is_active(live.get(j))}
 
 
-def prepare(plan: SweepPlan) -> Manifest:
-    """Write the sweep dir: spec copy, manifest (planned run ids) and the run dirs to submit.
+def prepare(plan: SweepPlan, *, defer_new: bool = False,
+            save: bool = True) -> tuple[Manifest, list[tuple[Path, dict[str, Any] | None]]]:
+    """Write the sweep dir: spec copy, manifest (planned run ids) and the run dirs to submit;
+    returns the manifest and, for each run to submit, its dir and the config its job must write
+    there (None when the dir is written already).
 
-    The manifest is saved first. Run dirs that never had a job are written without fsync: until
+    ``defer_new`` (Slurm): a run that has no dir yet gets none here; its job carries its config
+    and writes the dir when it starts (TrainJob.config), so submitting 1,000 fresh runs writes
+    no run dir at all. Otherwise run dirs that never had a job are written without fsync: until
     a job for them is recorded nothing reads them, and a crash that tears one leaves the run
     unsubmitted, so the next sweep rewrites it (RunDir.create(durable=False)). Run dirs that had
-    a job (retries, lost runs) keep their files and their fsync'd status updates."""
+    a job (retries, lost runs) keep their files and their fsync'd status updates. ``save=False``
+    leaves saving the manifest to the caller (a submission saves it in ``Manifest.begin``)."""
     plan.sweep_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_yaml(plan.sweep_dir / SPEC_COPY, plan.spec.to_dict())
     manifest = load_manifest(plan.sweep_dir) or Manifest(sweep_dir=plan.sweep_dir, name=plan.spec.name)
@@ -135,10 +141,20 @@ def prepare(plan: SweepPlan) -> Manifest:
     known = set(manifest.runs)
     manifest.runs += [r.run_id for r in plan.runs if r.run_id not in known]
     manifest.labels.update({r.run_id: describe_point(r.point) for r in plan.runs})
-    manifest.save()
+    if save:
+        manifest.save()
+    present = set(os.listdir(plan.sweep_dir))
+    base = str(plan.sweep_dir.absolute())
+    todo: list[tuple[Path, dict[str, Any] | None]] = []
     for r in plan.to_submit:
+        if defer_new and r.run_id not in present:
+            todo.append((Path(f"{base}/{r.run_id}"), r.config))
+            continue
         RunDir.create(plan.sweep_dir, r.config, durable=bool(manifest.jobs.get(r.run_id)))
-    return manifest
+        todo.append((plan.sweep_dir / r.run_id, None))
+        if r.run_id in present:
+            _reset_failed(RunDir(plan.sweep_dir / r.run_id))
+    return manifest, todo
 
 
 def recover_submitted(manifest: Manifest) -> int:
@@ -183,12 +199,11 @@ def submit_slurm(plan: SweepPlan) -> list[str]:
             recover_submitted(manifest)
         # decide again under the lock: another `armorlab sweep` may have queued runs meanwhile
         plan.actions = classify(plan.sweep_dir, plan.runs, retry_failed=plan.retry_failed, executor="slurm")
-        manifest = prepare(plan)
-        todo = [plan.sweep_dir / r.run_id for r in plan.to_submit]
+        manifest, todo = prepare(plan, defer_new=True, save=False)
         if not todo:
+            manifest.save()
             return []
-        for rd in todo:
-            _reset_failed(RunDir(rd))
+        # the first ``begin`` saves the manifest (planned runs and the array's pending ids) before sbatch
         submitter = SlurmSubmitter(plan.sweep_dir, plan.profile, job_name=plan.spec.name)
         return submitter.submit(todo, chunk=submitter.chunk_size(), before_array=manifest.begin,
                                 on_array=lambda rids, jids: manifest.record("slurm", rids, jids))
@@ -203,12 +218,10 @@ def run_local(plan: SweepPlan, *, workers: int | None = None, on_event: Any = No
     executor = LocalExecutor(plan.sweep_dir, plan.profile, workers=workers, detach=detach)
     with locked(plan.sweep_dir):
         plan.actions = classify(plan.sweep_dir, plan.runs, retry_failed=plan.retry_failed, executor="local")
-        manifest = prepare(plan)
-        todo = [plan.sweep_dir / r.run_id for r in plan.to_submit]
+        manifest, prepared = prepare(plan)
+        todo = [rd for rd, _ in prepared]
         job_ids = [local_job_id(i) for i in range(len(todo))]
         if todo:
-            for rd in todo:
-                _reset_failed(RunDir(rd))
             manifest.record("local", [rd.name for rd in todo], job_ids)
     if not todo:
         return {}

@@ -1,0 +1,148 @@
+"""What the fast submit path (issue 14) must not change silently.
+
+* ``--dry-run`` renders the sbatch script without submitit (sbatch.render_script): it must be the
+  text submitit writes, byte for byte, for any profile (hypothesis); the end-to-end equality with
+  the script a real submission queued is in test_sweep_slurm.py.
+* A fresh Slurm run's dir is written by its job from the config the job carries (TrainJob.config):
+  the same files, the same id, whatever the values; pickles without a config still load.
+* The manifest's text (one top-level key per line) and the run config's YAML (libyaml, entries
+  cached) read back as the data written, for hostile values too.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import string
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from sweep_support import standin_command, write_spec
+
+from armorlab.config import resolve
+from armorlab.fsutil import yaml_text
+from armorlab.runs import RunDir, run_id
+from armorlab.sweeps.executors import SlurmSubmitter
+from armorlab.sweeps.jobs import ENV_COMMAND, TrainJob
+from armorlab.sweeps.manifest import manifest_text
+from armorlab.sweeps.profile import parse_profile
+from armorlab.sweeps.sbatch import render_script
+from armorlab.sweeps.submit import plan_sweep, prepare
+
+pytest.importorskip("submitit")
+
+# printable, no control characters (a profile refuses those), shell metacharacters welcome
+WORDS = st.text(alphabet=string.ascii_letters + string.digits + " $`'\"\\;&|()<>*?!#%=,.:-_/~{}[]é",
+                min_size=1, max_size=12)
+OPTION = st.from_regex(r"[a-z][a-z0-9_-]{0,10}", fullmatch=True)
+PROFILES = st.fixed_dictionaries({}, optional={
+    "partition": WORDS, "account": WORDS, "qos": WORDS, "python": WORDS,
+    "nodes": st.integers(1, 64), "gpus_per_node": st.integers(0, 8), "cpus_per_task": st.integers(1, 256),
+    "mem_gb": st.one_of(st.integers(1, 4096), st.floats(0.01, 4096, allow_nan=False)),
+    "time_min": st.integers(1, 10**5), "array_parallelism": st.integers(1, 5000),
+    "signal_delay_s": st.integers(1, 3600), "setup": st.lists(WORDS, max_size=3),
+    "sbatch": st.dictionaries(OPTION, st.one_of(WORDS, st.integers(-5, 10**6), st.booleans(),
+                                                st.floats(-1e6, 1e6, allow_nan=False)), max_size=4),
+})
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=PROFILES, n_runs=st.integers(1, 3000), folder=WORDS, name=WORDS)
+def test_dry_run_script_is_submitits_script(data, n_runs, folder, name, tmp_path):
+    sub = SlurmSubmitter(tmp_path / folder / "sweep", parse_profile(data), job_name=name)
+    ours = sub._rendered(n_runs)
+    assert ours is not None  # every parameter a profile produces is modelled
+    assert ours == sub._submitit_text(sub._executor(dry_run=True), n_runs)
+    assert sub.sbatch_text(n_runs) == ours
+
+
+def test_an_unmodelled_parameter_asks_submitit(tmp_path):
+    assert render_script(tmp_path, {"job_name": "s", "teardown": ["echo bye"]}) is None
+
+
+# --------------------------------------------------------------------------- run dirs written by the job
+def _standin(monkeypatch):
+    monkeypatch.setenv(ENV_COMMAND, standin_command())
+    monkeypatch.setenv("ARMORLAB_STANDIN_STEP_S", "0")
+
+
+def test_a_job_writes_its_run_dir_from_the_config_it_carries(tmp_path, monkeypatch):
+    _standin(monkeypatch)
+    cfg = resolve({"max_steps": 2, "seed": 3, "hub_model_id": "x'\n$(touch PWNED)"})
+    run_dir = tmp_path / "sweep" / run_id(cfg)
+    job = pickle.loads(pickle.dumps(TrainJob(run_dir, config=cfg)))  # as the Slurm task unpickles it
+    assert job.config == cfg and not run_dir.exists()
+    outcome = job.run()
+    assert (outcome.returncode, outcome.state) == (0, "completed")
+    assert RunDir(run_dir).read_config() == cfg
+    assert not (tmp_path / "PWNED").exists()
+    # a duplicate start of the same job finds the run completed and changes nothing
+    assert pickle.loads(pickle.dumps(TrainJob(run_dir, config=cfg))).run().state == "completed"
+    # its requeue carries the path only; a pickle of an armorlab without configs still loads
+    assert "config" not in TrainJob(run_dir).__getstate__()
+    legacy = TrainJob.__new__(TrainJob)
+    legacy.__setstate__({"run_dir": str(run_dir), "launcher": "python", "accelerate_config": None})
+    assert legacy.config is None and legacy.run().state == "completed"
+
+
+def test_a_job_refuses_a_config_that_is_not_its_run_dirs(tmp_path, monkeypatch):
+    _standin(monkeypatch)
+    a, b = resolve({"seed": 1}), resolve({"seed": 2})
+    with pytest.raises(RuntimeError, match="carries the config of run"):
+        TrainJob(tmp_path / run_id(a), config=b).run()
+
+
+def test_slurm_prepare_leaves_fresh_run_dirs_to_the_jobs(tmp_path):
+    spec = write_spec(tmp_path / "s.yaml", {"name": "s", "base": {"max_steps": 2}, "grid": {"seed": [0, 1, 2]}})
+    plan = plan_sweep(spec, root=tmp_path / "runs")
+    torn = plan.sweep_dir / plan.runs[1].run_id  # a dir a crash left half-written (older armorlab)
+    torn.mkdir(parents=True)
+    (torn / "config.yaml").write_text("objective: da")
+    manifest, todo = prepare(plan, defer_new=True)
+    assert [(p.name, c) for p, c in todo] == [(r.run_id, None if r is plan.runs[1] else r.config)
+                                              for r in plan.runs]
+    assert all(p.is_absolute() and p.parent == plan.sweep_dir.absolute() for p, _ in todo)
+    assert sorted(p.name for p in plan.sweep_dir.iterdir() if not p.name.startswith(".")) == sorted(
+        ["spec.yaml", "sweep.json", torn.name])
+    assert RunDir(torn).read_config() == plan.runs[1].config  # the torn one rewritten, as before
+    assert manifest.runs == [r.run_id for r in plan.runs]
+
+
+# --------------------------------------------------------------------------- texts that must read back
+HOSTILE = st.one_of(
+    st.text(max_size=30),
+    st.sampled_from(["null", "~", "yes", "no", "on", "true", "1e3", "0x1F", "010", ": x", "- x", "#x", "'", '"',
+                     " lead", "trail ", "a\nb", "\t", "\u2028", "\x85", "é\u00a0", "---", "...", "&a", "*a", "!x",
+                     "%x", "@x", "`x", "{a: 1}", "[1]", "", " ", "x" * 200]),
+    st.integers(-2**70, 2**70), st.floats(allow_nan=False, allow_infinity=False), st.booleans(), st.none())
+DATA = st.recursive(HOSTILE, lambda inner: st.one_of(st.lists(inner, max_size=3),
+                                                     st.dictionaries(st.text(max_size=8), inner, max_size=3)),
+                    max_leaves=12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.text(min_size=1, max_size=12), DATA, max_size=8))
+def test_config_yaml_reads_back_and_its_entry_cache_changes_nothing(cfg):
+    text = yaml_text(cfg)
+    assert yaml.safe_load(text) == cfg
+    # entry by entry (cached) is the whole mapping in one dump, by the same (libyaml's) emitter
+    whole = yaml.dump(cfg, Dumper=getattr(yaml, "CSafeDumper", yaml.SafeDumper), sort_keys=True,
+                      default_flow_style=False)
+    assert text == whole
+    assert yaml_text(cfg) == text  # the second time from the entry cache
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.text(max_size=12), DATA, max_size=8))
+def test_manifest_text_reads_back(data):
+    assert json.loads(manifest_text(data)) == data
+
+
+def test_config_yaml_of_real_configs_round_trips(tmp_path):
+    cfg = resolve({"objective": "armor", "alpha": 0.7, "seed": 5, "hub_model_id": "a: b\n- c # d",
+                   "run_name": "é\u2028'\""})
+    rd = RunDir.create(Path(tmp_path), cfg)
+    assert rd.read_config() == cfg and run_id(rd.read_config()) == rd.id
