@@ -21,7 +21,6 @@ import logging
 import math
 import os
 import re
-import socket
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from datetime import datetime, timezone
@@ -328,6 +327,8 @@ class RunDir:
                         return None
                     raise
             time.sleep(0.05)
+        import socket  # here: start-up of `status` and `sweep --dry-run` (issue 14)
+
         info = {"pid": os.getpid(), "host": socket.gethostname(), "since": now_iso(), "job_id": slurm_job_id()}
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)

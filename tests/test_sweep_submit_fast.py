@@ -102,9 +102,8 @@ def test_slurm_prepare_leaves_fresh_run_dirs_to_the_jobs(tmp_path):
     torn.mkdir(parents=True)
     (torn / "config.yaml").write_text("objective: da")
     manifest, todo = prepare(plan, defer_new=True)
-    assert [(p.name, c) for p, c in todo] == [(r.run_id, None if r is plan.runs[1] else r.config)
-                                              for r in plan.runs]
-    assert all(p.is_absolute() and p.parent == plan.sweep_dir.absolute() for p, _ in todo)
+    assert todo == [(str(plan.sweep_dir.absolute() / r.run_id), None if r is plan.runs[1] else r.config)
+                    for r in plan.runs]
     assert sorted(p.name for p in plan.sweep_dir.iterdir() if not p.name.startswith(".")) == sorted(
         ["spec.yaml", "sweep.json", torn.name])
     assert RunDir(torn).read_config() == plan.runs[1].config  # the torn one rewritten, as before
@@ -146,3 +145,27 @@ def test_config_yaml_of_real_configs_round_trips(tmp_path):
                    "run_name": "é\u2028'\""})
     rd = RunDir.create(Path(tmp_path), cfg)
     assert rd.read_config() == cfg and run_id(rd.read_config()) == rd.id
+
+
+def _containers(obj, out=None):
+    out = [] if out is None else out
+    if isinstance(obj, (dict, list)):
+        out.append(obj)
+        for v in obj.values() if isinstance(obj, dict) else obj:
+            _containers(v, out)
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.one_of(st.dictionaries(st.text(max_size=8), DATA, max_size=6), DATA))
+def test_each_seeds_config_is_its_own_deep_copy(data):
+    from armorlab.sweeps.spec import _copier
+
+    make = _copier(data)
+    a, b = make(), make()
+    assert a == data and b == data
+    if isinstance(data, dict):
+        assert list(a) == list(data)  # key order kept
+    shared = {id(c) for c in _containers(data)}
+    assert not shared & {id(c) for c in _containers(a)} and not {id(c) for c in _containers(a)} & {
+        id(c) for c in _containers(b)}

@@ -18,7 +18,6 @@ import os
 import signal
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -66,6 +65,8 @@ class LocalExecutor:
     def run(self, run_dirs: Sequence[Path], job_ids: Sequence[str], *,
             on_event: OnEvent | None = None) -> dict[str, JobOutcome]:
         """Train every run dir, ``workers`` at a time; returns each run's outcome by run id."""
+        from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+
         from armorlab.sweeps.jobs import TrainJob
 
         on_event = on_event or (lambda *_: None)
@@ -191,7 +192,7 @@ class SlurmSubmitter:
         finally:
             ex.parameters = saved
 
-    def submit(self, runs: Sequence[tuple[Path, dict[str, Any] | None]], *, chunk: int,
+    def submit(self, runs: Sequence[tuple[str | Path, dict[str, Any] | None]], *, chunk: int,
                on_array: Callable[[list[str], list[str]], None],
                before_array: Callable[[list[str]], None] | None = None) -> list[str]:
         """Queue ``(run dir, config)`` pairs as arrays of at most ``chunk``; a config (not None)
@@ -207,7 +208,7 @@ class SlurmSubmitter:
         job_ids: list[str] = []
         for start in range(0, len(runs), chunk):
             part = runs[start:start + chunk]
-            names = [rd.name for rd, _ in part]
+            names = [os.path.basename(rd) for rd, _ in part]
             text = self._submitit_text(ex, len(part))
             check_script(text, self.profile.setup)
             if text != self._rendered(len(part)):
@@ -219,7 +220,7 @@ class SlurmSubmitter:
             try:
                 with ex.batch():
                     for rd, cfg in part:
-                        jobs.append(ex.submit(TrainJob(str(rd), **launch, config=cfg)))
+                        jobs.append(ex.submit(TrainJob(rd, **launch, config=cfg)))
             except submitit.core.utils.FailedJobError as exc:
                 raise ArmorLabError(f"sbatch refused the job array: {str(exc).strip()}", key="profile",
                                     value=str(self.profile.path) if self.profile.path else None,

@@ -23,7 +23,6 @@ import contextlib
 import fcntl
 import json
 import os
-import socket
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -135,6 +134,8 @@ def locked(sweep_dir: str | os.PathLike) -> Iterator[None]:
 
 # --------------------------------------------------------------------------- local job ids
 def local_job_id(n: int) -> str:
+    import socket  # here: start-up of `sweep --dry-run` and `status`
+
     return f"local:{socket.gethostname()}:{os.getpid()}:{n}"
 
 
@@ -149,6 +150,8 @@ def local_job_alive(job_id: str) -> bool:
         pid_i = int(pid)
     except ValueError:
         return False
+    import socket
+
     if host != socket.gethostname():
         return False  # another machine's process: we cannot tell, and cannot be running it here
     if pid_i == os.getpid():

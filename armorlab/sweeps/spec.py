@@ -23,7 +23,7 @@ import itertools
 import marshal
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -270,10 +270,11 @@ def expand(spec: SweepSpec) -> list[RunPlan]:
             raw["seed"] = seeds[0]
         resolved = _resolve(raw, spec.file)
         seeded_id = _SeededRunId(resolved) if seeds != [None] else None
+        copy_resolved = _copier(resolved)
         for seed in seeds:
             # resolve() checks `seed` as a plain non-negative int and derives nothing from it, and
             # parse_spec checked the seeds the same way: resolve each point once, not once per seed
-            cfg = _copy_data(resolved) if seed is not None else resolved
+            cfg = copy_resolved() if seed is not None else resolved
             full_point = dict(point)
             if seed is not None:
                 cfg["seed"] = seed
@@ -313,17 +314,34 @@ class _SeededRunId:
     def __call__(self, seed: Any) -> str | None:
         if self._text is None or type(seed) is not int:
             return None
-        text = self._text.replace(self._mark_json, canonical_json(seed))
+        text = self._text.replace(self._mark_json, str(seed))  # an int's JSON is its decimal text
         return hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
 
 
 def _copy_data(obj: Any) -> Any:
     """deepcopy for plain YAML data (dicts, lists, scalars), several times faster: a marshal round
     trip (C code; keeps dict order and every scalar type) where the data allows it."""
+    return _copier(obj)()
+
+
+def _copier(obj: Any) -> Callable[[], Any]:
+    """A function returning a fresh deep copy of plain data ``obj`` at each call (a point's
+    configs, one per seed). A mapping's scalars are shared (immutable) and its dicts and lists
+    serialised once (marshal), so each copy is a shallow copy plus one load of the nested part."""
+    nested = {k: v for k, v in obj.items() if isinstance(v, (dict, list))} if isinstance(obj, dict) else obj
     try:
-        return marshal.loads(marshal.dumps(obj))
+        blob = marshal.dumps(nested)
     except ValueError:  # something marshal cannot write: copy it by hand
-        return _copy_plain(obj)
+        return lambda: _copy_plain(obj)
+    if nested is obj:
+        return lambda: marshal.loads(blob)
+
+    def copy_mapping() -> dict[str, Any]:
+        out = dict(obj)
+        out.update(marshal.loads(blob))  # existing keys: the order stays obj's
+        return out
+
+    return copy_mapping
 
 
 def _copy_plain(obj: Any) -> Any:

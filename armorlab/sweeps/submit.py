@@ -122,10 +122,10 @@ def _active_jobs(job_ids: list[str], *, executor: str) -> set[str]:
 
 
 def prepare(plan: SweepPlan, *, defer_new: bool = False,
-            save: bool = True) -> tuple[Manifest, list[tuple[Path, dict[str, Any] | None]]]:
+            save: bool = True) -> tuple[Manifest, list[tuple[str, dict[str, Any] | None]]]:
     """Write the sweep dir: spec copy, manifest (planned run ids) and the run dirs to submit;
-    returns the manifest and, for each run to submit, its dir and the config its job must write
-    there (None when the dir is written already).
+    returns the manifest and, for each run to submit, its dir (an absolute path) and the config
+    its job must write there (None when the dir is written already).
 
     ``defer_new`` (Slurm): a run that has no dir yet gets none here; its job carries its config
     and writes the dir when it starts (TrainJob.config), so submitting 1,000 fresh runs writes
@@ -145,13 +145,13 @@ def prepare(plan: SweepPlan, *, defer_new: bool = False,
         manifest.save()
     present = set(os.listdir(plan.sweep_dir))
     base = str(plan.sweep_dir.absolute())
-    todo: list[tuple[Path, dict[str, Any] | None]] = []
+    todo: list[tuple[str, dict[str, Any] | None]] = []
     for r in plan.to_submit:
         if defer_new and r.run_id not in present:
-            todo.append((Path(f"{base}/{r.run_id}"), r.config))
+            todo.append((f"{base}/{r.run_id}", r.config))
             continue
         RunDir.create(plan.sweep_dir, r.config, durable=bool(manifest.jobs.get(r.run_id)))
-        todo.append((plan.sweep_dir / r.run_id, None))
+        todo.append((f"{base}/{r.run_id}", None))
         if r.run_id in present:
             _reset_failed(RunDir(plan.sweep_dir / r.run_id))
     return manifest, todo
@@ -219,7 +219,7 @@ def run_local(plan: SweepPlan, *, workers: int | None = None, on_event: Any = No
     with locked(plan.sweep_dir):
         plan.actions = classify(plan.sweep_dir, plan.runs, retry_failed=plan.retry_failed, executor="local")
         manifest, prepared = prepare(plan)
-        todo = [rd for rd, _ in prepared]
+        todo = [Path(rd) for rd, _ in prepared]
         job_ids = [local_job_id(i) for i in range(len(todo))]
         if todo:
             manifest.record("local", [rd.name for rd in todo], job_ids)
