@@ -10,7 +10,7 @@ import logging
 import re
 import shutil
 import subprocess
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 log = logging.getLogger(__name__)
 
@@ -51,12 +51,36 @@ def reachable() -> bool:
 
 def max_array_size(default: int = DEFAULT_MAX_ARRAY_SIZE) -> int:
     """The cluster's MaxArraySize (array indices run 0..MaxArraySize-1); ``default`` if unknown."""
-    try:
-        out = _run(["scontrol", "show", "config"])
-    except SlurmUnavailable:
-        return default
-    m = re.search(r"^MaxArraySize\s*=\s*(\d+)", out.stdout, re.MULTILINE)
-    if out.returncode != 0 or m is None:
+    return max_array_size_later(default)()
+
+
+def max_array_size_later(default: int = DEFAULT_MAX_ARRAY_SIZE) -> Callable[[], int]:
+    """``max_array_size`` asked now and read later: `scontrol` runs while the caller does other
+    work (a submit plans and prepares meanwhile); the returned function waits for its answer."""
+    if shutil.which("scontrol") is None:
+        return lambda: default
+    proc = subprocess.Popen(["scontrol", "show", "config"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            text=True)
+
+    got: list[int] = []
+
+    def answer() -> int:  # waits once; later calls repeat the answer
+        if not got:
+            try:
+                stdout, _ = proc.communicate(timeout=_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.communicate()
+                stdout = ""
+            got.append(_parse_max_array_size(stdout, proc.returncode, default))
+        return got[0]
+
+    return answer
+
+
+def _parse_max_array_size(stdout: str, returncode: int, default: int) -> int:
+    m = re.search(r"^MaxArraySize\s*=\s*(\d+)", stdout, re.MULTILINE)
+    if returncode != 0 or m is None:
         log.warning("could not read MaxArraySize from `scontrol show config`; assuming %d", default)
         return default
     return max(1, int(m.group(1)))

@@ -135,7 +135,8 @@ def prepare(plan: SweepPlan, *, defer_new: bool = False,
     a job (retries, lost runs) keep their files and their fsync'd status updates. ``save=False``
     leaves saving the manifest to the caller (a submission saves it in ``Manifest.begin``)."""
     plan.sweep_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_yaml(plan.sweep_dir / SPEC_COPY, plan.spec.to_dict())
+    # no fsync: the spec copy is for reading; every sweep of this dir writes it again
+    atomic_write_yaml(plan.sweep_dir / SPEC_COPY, plan.spec.to_dict(), durable=False)
     manifest = load_manifest(plan.sweep_dir) or Manifest(sweep_dir=plan.sweep_dir, name=plan.spec.name)
     manifest.source = str(plan.spec.path) if plan.spec.path else None
     known = set(manifest.runs)
@@ -193,20 +194,24 @@ def submit_slurm(plan: SweepPlan) -> list[str]:
     """Queue the plan's runs as job arrays and record them; returns the job ids (fire-and-forget)."""
     from armorlab.sweeps.executors import SlurmSubmitter
 
-    with locked(plan.sweep_dir):
-        manifest = load_manifest(plan.sweep_dir)
-        if manifest is not None:
-            recover_submitted(manifest)
-        # decide again under the lock: another `armorlab sweep` may have queued runs meanwhile
-        plan.actions = classify(plan.sweep_dir, plan.runs, retry_failed=plan.retry_failed, executor="slurm")
-        manifest, todo = prepare(plan, defer_new=True, save=False)
-        if not todo:
-            manifest.save()
-            return []
-        # the first ``begin`` saves the manifest (planned runs and the array's pending ids) before sbatch
-        submitter = SlurmSubmitter(plan.sweep_dir, plan.profile, job_name=plan.spec.name)
-        return submitter.submit(todo, chunk=submitter.chunk_size(), before_array=manifest.begin,
-                                on_array=lambda rids, jids: manifest.record("slurm", rids, jids))
+    cluster_max = slurmctl.max_array_size_later()  # asked now, read when the arrays are cut
+    try:
+        with locked(plan.sweep_dir):
+            manifest = load_manifest(plan.sweep_dir)
+            if manifest is not None:
+                recover_submitted(manifest)
+            # decide again under the lock: another `armorlab sweep` may have queued runs meanwhile
+            plan.actions = classify(plan.sweep_dir, plan.runs, retry_failed=plan.retry_failed, executor="slurm")
+            manifest, todo = prepare(plan, defer_new=True, save=False)
+            if not todo:
+                manifest.save()
+                return []
+            # the first ``begin`` saves the manifest (planned runs and the array's pending ids) before sbatch
+            submitter = SlurmSubmitter(plan.sweep_dir, plan.profile, job_name=plan.spec.name)
+            return submitter.submit(todo, chunk=submitter.chunk_size(cluster_max()), before_array=manifest.begin,
+                                    on_array=lambda rids, jids: manifest.record("slurm", rids, jids))
+    finally:
+        cluster_max()  # reaps scontrol when no array was cut
 
 
 def run_local(plan: SweepPlan, *, workers: int | None = None, on_event: Any = None,
