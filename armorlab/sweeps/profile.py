@@ -35,14 +35,16 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from armorlab import checks
 from armorlab.checks import Invalid, choice, integer, text
 from armorlab.config import load_yaml_mapping
 from armorlab.errors import ArmorLabError
 from armorlab.sweeps.sbatch import script_value
-from armorlab.sweeps.vllm_servers import ServerSet, parse_servers
+
+if TYPE_CHECKING:  # imported where a profile has vllm_servers: `sweep --dry-run` starts faster
+    from armorlab.sweeps.vllm_servers import ServerSet
 
 EXECUTORS = ("local", "slurm")
 LAUNCHERS = ("python", "accelerate")
@@ -200,6 +202,8 @@ def parse_profile(data: Mapping[str, Any], *, path: Path | None = None) -> Profi
             cfg = str((path.parent / cfg).resolve()) if (path.parent / cfg).is_file() else cfg
         values["accelerate_config"] = cfg
     if "vllm_servers" in values:
+        from armorlab.sweeps.vllm_servers import parse_servers
+
         values["vllm_servers"] = parse_servers(values["vllm_servers"], gpus_per_node=values.get("gpus_per_node", 0),
                                                launcher=values.get("launcher", "python"),
                                                accelerate_config=values.get("accelerate_config"), file=file,
