@@ -286,23 +286,30 @@ def _build_report(recipe: Recipe, out: Path, *, cache: bool, progress: Callable[
             notes.add(f"group {row['group']} mixes runs with different {', '.join(mixed)}: "
                       f"add them to group_by to separate them")
 
-    # the figures that need only the curves go to the worker first, drawn while the scores are computed
+    # the figures that need only the curves go to the worker first, drawn while the scores are
+    # computed; each as soon as its own bands exist (the worker draws while the next are computed)
     colors = plots.group_colors(groups.labels)
-    bands = {m: _bands(rs, groups, m, notes) for m in curves}
-    bands = {m: b for m, b in bands.items() if b}
+    computed: dict[str, dict[str, stats.CurveBand]] = {}
+
+    def band(m: str) -> dict[str, stats.CurveBand]:
+        if m not in computed:
+            computed[m] = _bands(rs, groups, m, notes) if m in curves else {}
+        return computed[m]
+
     plot_dir = out / "plots"
     drawn: dict[str, tuple[str, Callable[[], Path], str]] = {}   # name → (section, path when drawn, caption)
     col = recipe.collapse
-    if sel.metric in bands and col.train in bands:
-        drawn["overoptimisation"] = ("results", worker.draw(
-            plots.plot_overoptimisation, bands[col.train], bands[sel.metric], col.train, sel.metric,
-            plot_dir / "overoptimisation.png", legend_title=legend, colors=colors),
-            f"{col.train} (dashed) against {sel.metric} (solid): the over-optimisation picture")
-    kl_panels = {m: bands[m] for m in recipe.kl if m in bands}
+    kl_panels = {m: band(m) for m in recipe.kl if band(m)}
     if kl_panels:
         drawn["kl"] = ("kl", worker.draw(plots.plot_kl, kl_panels, plot_dir / "kl.png", legend_title=legend,
                                          colors=colors),
                        "reverse KL(π_θ‖π_ref) and forward KL(π_ref‖π_θ) over steps")
+    if band(sel.metric) and band(col.train):
+        drawn["overoptimisation"] = ("results", worker.draw(
+            plots.plot_overoptimisation, band(col.train), band(sel.metric), col.train, sel.metric,
+            plot_dir / "overoptimisation.png", legend_title=legend, colors=colors),
+            f"{col.train} (dashed) against {sel.metric} (solid): the over-optimisation picture")
+    bands = {m: band(m) for m in curves if band(m)}
     # the small multiples show only what no figure above shows: each extra figure costs a second
     shown = {sel.metric, col.train, *kl_panels} if sel.metric in bands else set(kl_panels)
     others = {m: b for m, b in bands.items() if m not in shown}
