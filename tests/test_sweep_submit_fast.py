@@ -169,3 +169,25 @@ def test_each_seeds_config_is_its_own_deep_copy(data):
     shared = {id(c) for c in _containers(data)}
     assert not shared & {id(c) for c in _containers(a)} and not {id(c) for c in _containers(a)} & {
         id(c) for c in _containers(b)}
+
+
+def test_each_plans_config_is_its_points_resolved_config_and_its_own(tmp_path):
+    import copy
+
+    from armorlab.config import set_dotted
+    from armorlab.sweeps.spec import expand, load_spec
+
+    spec = load_spec(write_spec(tmp_path / "s.yaml", {
+        "name": "s", "base": {"objective": "armor", "max_steps": 3, "task": {"name": "arithmetic", "digits": 1}},
+        "grid": {"alpha": [0.9, 0.7], "task.digits": [1, 2]}, "seeds": [0, 1, 2],
+        "exclude": [{"alpha": 0.7, "seed": 1}], "include": [{"objective": "dapo"}]}))
+    plans = expand(spec)
+    assert len(plans) == (4 + 1) * 3 - 2  # the excluded point's two digit settings
+    for plan in plans:
+        raw = copy.deepcopy(spec.base)  # the config resolved the plain way: base, then the point's keys
+        for key, value in plan.point.items():
+            set_dotted(raw, key, value, file="x")
+        assert plan.config == resolve(raw) and run_id(plan.config) == plan.run_id
+    plans[0].config["task"]["digits"] = 99  # a plan's config shares nothing with another's
+    plans[0].config["alpha"] = 0.1
+    assert all(p.config["task"]["digits"] in (1, 2) and p.config["alpha"] != 0.1 for p in plans[1:])

@@ -24,7 +24,7 @@ import marshal
 import math
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -89,11 +89,36 @@ class SweepSpec:
         return out
 
 
-@dataclass(frozen=True)
 class RunPlan:
-    run_id: str
-    config: dict[str, Any]
-    point: dict[str, Any] = field(default_factory=dict)  # the grid/include keys (+ seed) that made it
+    """One run of a sweep: its id, the grid/include keys (+ seed) that made it, and its fully
+    resolved config. ``make`` instead of ``config``: the config is built when first read (a dry
+    run of 1,000 runs reads none; a submit reads each once, into its job's pickle)."""
+
+    __slots__ = ("run_id", "point", "_config", "_make")
+
+    def __init__(self, run_id: str, config: dict[str, Any] | None = None, point: dict[str, Any] | None = None,
+                 *, make: Callable[[], dict[str, Any]] | None = None) -> None:
+        if (config is None) == (make is None):
+            raise TypeError("RunPlan needs a config or a function making it")
+        self.run_id = run_id
+        self.point = {} if point is None else point
+        self._config, self._make = config, make
+
+    @property
+    def config(self) -> dict[str, Any]:
+        if self._config is None:
+            self._config, self._make = self._make(), None
+        return self._config
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, RunPlan):
+            return NotImplemented
+        return (self.run_id, self.point, self.config) == (other.run_id, other.point, other.config)
+
+    __hash__ = None  # the frozen dataclass it replaces could not hash its dicts either
+
+    def __repr__(self) -> str:
+        return f"RunPlan(run_id={self.run_id!r}, point={self.point!r})"
 
 
 def find_relative(value: str, spec_path: Path | None, *, key: str) -> Path:
@@ -274,19 +299,32 @@ def expand(spec: SweepSpec) -> list[RunPlan]:
         for seed in seeds:
             # resolve() checks `seed` as a plain non-negative int and derives nothing from it, and
             # parse_spec checked the seeds the same way: resolve each point once, not once per seed
-            cfg = copy_resolved() if seed is not None else resolved
             full_point = dict(point)
             if seed is not None:
-                cfg["seed"] = seed
                 full_point["seed"] = seed
-            if origin == "grid" and any(_matches(cfg, ex) for ex in spec.exclude):
+                view = {**resolved, "seed": seed}  # read-only here; each plan makes its own copy
+            else:
+                view = resolved
+            if origin == "grid" and any(_matches(view, ex) for ex in spec.exclude):
                 continue
-            rid = (seeded_id(seed) if seeded_id is not None else None) or _run_id(cfg, spec.file)
+            rid = (seeded_id(seed) if seeded_id is not None else None) or _run_id(view, spec.file)
             if rid in seen:
                 continue
             seen.add(rid)
-            plans.append(RunPlan(run_id=rid, config=cfg, point=full_point))
+            if seed is None:
+                plans.append(RunPlan(rid, resolved, full_point))
+            else:
+                plans.append(RunPlan(rid, point=full_point, make=_with_seed(copy_resolved, seed)))
     return plans
+
+
+def _with_seed(copy_config: Callable[[], dict[str, Any]], seed: int) -> Callable[[], dict[str, Any]]:
+    def make() -> dict[str, Any]:
+        cfg = copy_config()
+        cfg["seed"] = seed
+        return cfg
+
+    return make
 
 
 class _SeededRunId:
