@@ -183,7 +183,9 @@ def test_each_plans_config_is_its_points_resolved_config_and_its_own(tmp_path):
         "exclude": [{"alpha": 0.7, "seed": 1}], "include": [{"objective": "dapo"}]}))
     plans = expand(spec)
     assert len(plans) == (4 + 1) * 3 - 2  # the excluded point's two digit settings
-    for plan in plans:
+    views = [dict(plan.view) for plan in plans]  # read before any config is made
+    for plan, view in zip(plans, views, strict=True):
+        assert view == plan.config
         raw = copy.deepcopy(spec.base)  # the config resolved the plain way: base, then the point's keys
         for key, value in plan.point.items():
             set_dotted(raw, key, value, file="x")

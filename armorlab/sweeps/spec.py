@@ -92,17 +92,25 @@ class SweepSpec:
 class RunPlan:
     """One run of a sweep: its id, the grid/include keys (+ seed) that made it, and its fully
     resolved config. ``make`` instead of ``config``: the config is built when first read (a dry
-    run of 1,000 runs reads none; a submit reads each once, into its job's pickle)."""
+    run of 1,000 runs reads none; a submit reads each once, into its job's pickle); ``view``, the
+    same values shallow (nested ones shared with the point's other seeds), is for reading only."""
 
-    __slots__ = ("run_id", "point", "_config", "_make")
+    __slots__ = ("run_id", "point", "_config", "_make", "_view")
 
     def __init__(self, run_id: str, config: dict[str, Any] | None = None, point: dict[str, Any] | None = None,
-                 *, make: Callable[[], dict[str, Any]] | None = None) -> None:
+                 *, make: Callable[[], dict[str, Any]] | None = None, view: Mapping[str, Any] | None = None) -> None:
         if (config is None) == (make is None):
             raise TypeError("RunPlan needs a config or a function making it")
         self.run_id = run_id
         self.point = {} if point is None else point
-        self._config, self._make = config, make
+        self._config, self._make, self._view = config, make, view
+
+    @property
+    def view(self) -> Mapping[str, Any]:
+        """The config's values without a copy: never modify it."""
+        if self._config is not None or self._view is None:
+            return self.config
+        return self._view
 
     @property
     def config(self) -> dict[str, Any]:
@@ -314,7 +322,7 @@ def expand(spec: SweepSpec) -> list[RunPlan]:
             if seed is None:
                 plans.append(RunPlan(rid, resolved, full_point))
             else:
-                plans.append(RunPlan(rid, point=full_point, make=_with_seed(copy_resolved, seed)))
+                plans.append(RunPlan(rid, point=full_point, make=_with_seed(copy_resolved, seed), view=view))
     return plans
 
 

@@ -255,7 +255,7 @@ def check_runs(servers: ServerSet | None, runs: Iterable[Any], *, profile_file: 
     executor (a server the user started on this machine at TRL's default address)."""
     started = set(servers.roles()) if servers else set()
     for run in runs:
-        cfg = getattr(run, "config", run)
+        cfg = getattr(run, "view", None) or getattr(run, "config", run)  # a RunPlan's view: no copy
         rid = getattr(run, "run_id", "?")
         for role in ROLES:
             host_key, port_key = ENDPOINT_KEYS[role]
