@@ -36,7 +36,6 @@ import json
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -349,6 +348,8 @@ def shielded_argv(argv: Sequence[str], ignore: Iterable[int]) -> list[str]:
 
 def free_ports(n: int) -> list[int]:
     """``n`` distinct ports free on loopback now (held together while picking, so they differ)."""
+    import socket  # here: every sweep plan imports this module (check_runs), few pick ports
+
     socks = []
     try:
         for _ in range(n):
