@@ -219,6 +219,22 @@ def test_job_splits_gpus_and_hands_ports_to_the_trainer(tmp_path, job_env, monke
     assert "stand-in server for" in (rd.path / "vllm" / "policy.log").read_text()
 
 
+def test_a_job_started_with_sigint_ignored_still_stops_its_servers_with_it(tmp_path, job_env):
+    # a background job of a non-interactive shell (`nohup armorlab sweep ... &`, a CI runner) starts
+    # with SIGINT ignored; inherited, the servers would sit out the grace period until SIGKILL
+    rec, model = job_env
+    prof = servers_profile(tmp_path, policy={"gpus": 0})
+    rd = run_dir(tmp_path, model, ref_vllm_mode="none")
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        outcome = TrainJob(rd.path, **prof.launch_options()).run()
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert (outcome.returncode, outcome.state) == (0, "completed"), outcome
+    (server,) = records(rec)
+    assert server["stopped"] == "SIGINT" and not alive(server["pid"])  # not the SIGKILL after the grace period
+
+
 @pytest.mark.parametrize("mode, timeout, words", [
     ("fail", 60, "vLLM ref server exited with exit code 3 before it was ready; its last line: ValueError: cannot "
                  "load the model (stand-in failure)"),

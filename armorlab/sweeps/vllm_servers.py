@@ -333,8 +333,11 @@ class StartStopped(RuntimeError):
 
 
 # Exec wrapper (Linux): SIGINT when the job process dies (argv[1] = its pid), SIGTERM blocked and
-# the signals in argv[2] ignored (see the module docstring), then exec the server.
-_SERVER_WRAPPER = ("import ctypes,os,signal,sys;p=int(sys.argv[1]);ctypes.CDLL(None).prctl(1,signal.SIGINT);"
+# the signals in argv[2] ignored (see the module docstring), then exec the server. SIGINT is reset
+# to its default first: a job started in the background of a shell (`nohup armorlab sweep ... &`)
+# inherits it ignored, and the server would then sit out the stop's grace period until SIGKILL.
+_SERVER_WRAPPER = ("import ctypes,os,signal,sys;p=int(sys.argv[1]);signal.signal(signal.SIGINT,signal.SIG_DFL);"
+                   "ctypes.CDLL(None).prctl(1,signal.SIGINT);"
                    "signal.pthread_sigmask(signal.SIG_BLOCK,[signal.SIGTERM]);"
                    "[signal.signal(int(s),signal.SIG_IGN) for s in sys.argv[2].split(',') if s];"
                    "os.getppid()==p or os._exit(75);os.execvp(sys.argv[3],sys.argv[3:])")
