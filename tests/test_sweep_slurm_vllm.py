@@ -55,7 +55,7 @@ def submit(tmp_path, model, cfgs, prof=None, **roles):
     rds = [RunDir.create(sweep_dir, {"model": {"name": str(model)}, "seed": i, "max_steps": 6, "val_every": 2,
                                      **SERVED, **cfg}) for i, cfg in enumerate(cfgs)]
     sub = SlurmSubmitter(sweep_dir, prof, job_name="vllm-test")
-    ids = sub.submit([rd.path for rd in rds], chunk=10, on_array=lambda *_: None)
+    ids = sub.submit([(rd.path, None) for rd in rds], chunk=10, on_array=lambda *_: None)
     return sweep_dir, rds, ids
 
 
