@@ -12,7 +12,7 @@ import os
 import pytest
 import torch
 
-from tests.trainer_support import build, resolved
+from tests.trainer_support import build, capturing, hf_logps, max_gap, resolved
 
 pytestmark = pytest.mark.vllm
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process engine: ~20 s startup instead of ~50 s
@@ -21,15 +21,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process engin
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """ARMOR, anchors from the vLLM reference, π_ref reset every step, 2 steps."""
-    from armorlab.trainer import ArmorLabTrainer
-
-    class Capture(ArmorLabTrainer):
-        def _generate_and_score_completions(self, inputs):
-            out = super()._generate_and_score_completions(inputs)
-            if self.model.training:
-                self.captured.append({k: v.detach().clone() for k, v in out.items()
-                                      if k in ("armorlab_is_anchor", "completion_ids", "completion_mask")})
-            return out
+    Capture = capturing("armorlab_is_anchor", "completion_ids", "completion_mask")
 
     cfg = resolved(objective="armor", max_steps=2, ref_reset_steps=1, ref_vllm_mode="colocate")
     trainer = build(tmp_path_factory.mktemp("vllm"), cfg, trainer_cls=Capture)
@@ -64,15 +56,6 @@ def test_armor_trains_with_anchors_from_the_vllm_reference(trained):
     assert len(losses) == 2 and all(math.isfinite(x) for x in losses)
 
 
-def _hf_logps(model, rows):
-    out = []
-    with torch.no_grad():
-        for ids in rows:
-            logits = model(input_ids=torch.tensor([ids])).logits[0, :-1].float()
-            out.append(torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids[1:]).unsqueeze(-1)).squeeze(-1))
-    return out
-
-
 def _engine_logps(llm, rows):
     from vllm import SamplingParams
 
@@ -80,10 +63,6 @@ def _engine_logps(llm, rows):
     outs = llm.generate([{"prompt_token_ids": ids} for ids in rows], sampling_params=params, use_tqdm=False)
     return [torch.tensor([d[t].logprob for d, t in zip(o.prompt_logprobs[1:], ids[1:], strict=True)])
             for o, ids in zip(outs, rows, strict=True)]
-
-
-def _max_gap(a, b):
-    return max(float((x - y).abs().max()) for x, y in zip(a, b, strict=True))
 
 
 def test_after_a_reset_the_engine_scores_like_the_policy(trained):
@@ -94,7 +73,7 @@ def test_after_a_reset_the_engine_scores_like_the_policy(trained):
     policy = trained.accelerator.unwrap_model(trained.model)
     llm = trained.reference_sampler.llm
     # the last step's reset pushed the policy's weights into the engine
-    gap_trained = _max_gap(_engine_logps(llm, rows), _hf_logps(policy, rows))
+    gap_trained = max_gap(_engine_logps(llm, rows), hf_logps(policy, rows))
     # a separate copy (deepcopy would share TRL's patched forward, which calls the original model)
     moved = AutoModelForCausalLM.from_pretrained(policy.config._name_or_path, dtype=policy.dtype)
     moved.load_state_dict(policy.state_dict())
@@ -102,9 +81,9 @@ def test_after_a_reset_the_engine_scores_like_the_policy(trained):
     with torch.no_grad():
         for p in moved.parameters():
             p.add_(0.05 * torch.randn(p.shape, generator=gen))
-    gap_stale = _max_gap(_engine_logps(llm, rows), _hf_logps(moved, rows))
+    gap_stale = max_gap(_engine_logps(llm, rows), hf_logps(moved, rows))
     trained.reference_sampler.sync_from(moved)
-    gap_pushed = _max_gap(_engine_logps(llm, rows), _hf_logps(moved, rows))
+    gap_pushed = max_gap(_engine_logps(llm, rows), hf_logps(moved, rows))
     trained.reference_sampler.sync_from(policy)  # leave the engine as the trainer had it
     print(f"logp gaps: trained={gap_trained:.2e} stale={gap_stale:.2e} pushed={gap_pushed:.2e}")
     assert gap_stale > 1e-2, "the perturbation did not change the log-probs: the check would be vacuous"

@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from tests.trainer_support import AnswerSampler, answer_table, build, resolved, tokenizer_for
+from tests.trainer_support import AnswerSampler, answer_table, build, capturing, resolved, tokenizer_for
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 for _key, _value in {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_HOST_IP": "127.0.0.1"}.items():
@@ -17,15 +17,7 @@ for _key, _value in {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_HOST_IP": "127.0.0.1"}
 
 @pytest.mark.vllm
 def test_policy_rollouts_from_vllm_train_with_anchors_and_the_correction_skips_them(tmp_path):
-    from armorlab.trainer import ArmorLabTrainer
-
-    class Capture(ArmorLabTrainer):
-        def _generate_and_score_completions(self, inputs):
-            out = super()._generate_and_score_completions(inputs)
-            if self.model.training:
-                self.captured.append({k: v.detach().clone() for k, v in out.items()
-                                      if k in ("armorlab_is_anchor", "importance_sampling_ratio")})
-            return out
+    Capture = capturing("armorlab_is_anchor", "importance_sampling_ratio")
 
     cfg = resolved(objective="armor", max_steps=2, use_vllm=True, vllm_mode="colocate",
                    vllm_importance_sampling_mode="token_truncate")

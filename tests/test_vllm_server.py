@@ -20,7 +20,17 @@ import urllib.request
 import pytest
 import torch
 
-from tests.trainer_support import AnswerSampler, answer_table, build, model_cache, resolved, tokenizer_for
+from tests.trainer_support import (
+    AnswerSampler,
+    answer_table,
+    build,
+    capturing,
+    hf_logps,
+    max_gap,
+    model_cache,
+    resolved,
+    tokenizer_for,
+)
 
 pytestmark = pytest.mark.vllm
 STARTUP_S = 600  # ~50-100 s on 2 busy cores
@@ -86,19 +96,6 @@ def _server_logps(client, rows):
             for c, ids in zip(out["choices"], rows, strict=True)]
 
 
-def _hf_logps(model, rows):
-    out = []
-    with torch.no_grad():
-        for ids in rows:
-            logits = model(input_ids=torch.tensor([ids])).logits[0, :-1].float()
-            out.append(torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids[1:]).unsqueeze(-1)).squeeze(-1))
-    return out
-
-
-def _max_gap(a, b):
-    return max(float((x - y).abs().max()) for x, y in zip(a, b, strict=True))
-
-
 def _rows(tok):
     return [tok(p + a)["input_ids"] for p, a in (("12+7=", "19"), ("3*4=", "12"), ("40-8=", "32"))]
 
@@ -106,15 +103,7 @@ def _rows(tok):
 @pytest.fixture(scope="module")
 def trained(server, tmp_path_factory):
     """ARMOR, anchors from the reference server, π_ref reset every step, 2 steps."""
-    from armorlab.trainer import ArmorLabTrainer
-
-    class Capture(ArmorLabTrainer):
-        def _generate_and_score_completions(self, inputs):
-            out = super()._generate_and_score_completions(inputs)
-            if self.model.training:
-                self.captured.append({k: v.detach().clone() for k, v in out.items()
-                                      if k in ("armorlab_is_anchor", "completion_mask")})
-            return out
+    Capture = capturing("armorlab_is_anchor", "completion_mask")
 
     host, port = server
     cfg = resolved(objective="armor", max_steps=2, ref_reset_steps=1, ref_vllm_mode="server",
@@ -126,8 +115,8 @@ def trained(server, tmp_path_factory):
     # as training left them (the server is shared with the policy test, which runs in any order)
     trainer.trained_counts = (sampler.generate_calls, sampler.prompts_sent, sampler.client.weight_pushes)
     policy = trainer.accelerator.unwrap_model(trainer.model)
-    trainer.trained_gap = _max_gap(_server_logps(sampler.client, _rows(trainer._tokenizer)),
-                                   _hf_logps(policy, _rows(trainer._tokenizer)))
+    trainer.trained_gap = max_gap(_server_logps(sampler.client, _rows(trainer._tokenizer)),
+                                   hf_logps(policy, _rows(trainer._tokenizer)))
     return trainer
 
 
@@ -162,9 +151,9 @@ def test_after_a_reset_the_server_scores_like_the_policy(trained):
         for p in moved.parameters():
             p.add_(0.05 * torch.randn(p.shape, generator=gen))
     sampler.sync_from(policy)  # whatever another test left on the shared server
-    gap_stale = _max_gap(_server_logps(sampler.client, rows), _hf_logps(moved, rows))
+    gap_stale = max_gap(_server_logps(sampler.client, rows), hf_logps(moved, rows))
     sampler.sync_from(moved)
-    gap_pushed = _max_gap(_server_logps(sampler.client, rows), _hf_logps(moved, rows))
+    gap_pushed = max_gap(_server_logps(sampler.client, rows), hf_logps(moved, rows))
     print(f"logp gaps: trained={trained.trained_gap:.2e} stale={gap_stale:.2e} pushed={gap_pushed:.2e}")
     assert gap_stale > 1e-2, "the perturbation did not change the log-probs: the check would be vacuous"
     assert trained.trained_gap <= 1e-4  # the last step's reset pushed the policy
@@ -204,16 +193,9 @@ def test_cached_prompts_are_not_sent_to_the_server(trained):
 
 
 def test_policy_rollouts_from_the_server_train_with_anchors_and_the_correction_skips_them(server, tmp_path):
-    from armorlab.trainer import ArmorLabTrainer
     from armorlab.vllm_client import WeightSyncClient
 
-    class Capture(ArmorLabTrainer):
-        def _generate_and_score_completions(self, inputs):
-            out = super()._generate_and_score_completions(inputs)
-            if self.model.training:
-                self.captured.append({k: v.detach().clone() for k, v in out.items()
-                                      if k in ("armorlab_is_anchor", "importance_sampling_ratio")})
-            return out
+    Capture = capturing("armorlab_is_anchor", "importance_sampling_ratio")
 
     host, port = server
     cfg = resolved(objective="armor", max_steps=2, use_vllm=True, vllm_mode="server", vllm_server_host=host,

@@ -92,3 +92,34 @@ def tokenizer_for(cfg: dict[str, Any]) -> Any:
     from armorlab.models import prepare_model
 
     return AutoTokenizer.from_pretrained(str(prepare_model(cfg["model"], cfg["task"], cache_dir=model_cache())))
+
+
+def capturing(*keys: str) -> Any:
+    """An ArmorLabTrainer subclass that keeps, per training generation, a detached copy of the
+    named entries of what `_generate_and_score_completions` returns (in `trainer.captured`)."""
+    from armorlab.trainer import ArmorLabTrainer
+
+    class Capture(ArmorLabTrainer):
+        captured: list[dict[str, torch.Tensor]]
+
+        def _generate_and_score_completions(self, inputs):
+            out = super()._generate_and_score_completions(inputs)
+            if self.model.training:
+                self.captured.append({k: v.detach().clone() for k, v in out.items() if k in keys})
+            return out
+
+    return Capture
+
+
+def hf_logps(model: Any, rows: list[list[int]]) -> list[torch.Tensor]:
+    """Each token's log-prob after the first under an HF causal LM (temperature 1), row by row."""
+    out = []
+    with torch.no_grad():
+        for ids in rows:
+            logits = model(input_ids=torch.tensor([ids])).logits[0, :-1].float()
+            out.append(torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids[1:]).unsqueeze(-1)).squeeze(-1))
+    return out
+
+
+def max_gap(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
+    return max(float((x - y).abs().max()) for x, y in zip(a, b, strict=True))
