@@ -192,17 +192,18 @@ class SlurmSubmitter:
         finally:
             ex.parameters = saved
 
-    def submit(self, runs: Sequence[tuple[str | Path, dict[str, Any] | None]], *, chunk: int,
+    def submit(self, runs: Sequence[str | Path | tuple[str | Path, dict[str, Any] | None]], *, chunk: int,
                on_array: Callable[[list[str], list[str]], None],
                before_array: Callable[[list[str]], None] | None = None) -> list[str]:
-        """Queue ``(run dir, config)`` pairs as arrays of at most ``chunk``; a config (not None)
-        is written to its run dir by the job (TrainJob.config). ``before_array(run_ids)`` is
+        """Queue run dirs (or ``(run dir, config)`` pairs) as arrays of at most ``chunk``; a config
+        (not None) is written to its run dir by the job (TrainJob.config). ``before_array(run_ids)`` is
         called before each sbatch and ``on_array(run_ids, job_ids)`` right after it, so the
         manifest knows about each array before and after it is queued. Returns job ids."""
         import submitit
 
         from armorlab.sweeps.jobs import TrainJob
 
+        runs = [r if isinstance(r, tuple) else (r, None) for r in runs]
         ex = self._executor()
         launch = self.profile.launch_options()
         job_ids: list[str] = []
