@@ -76,7 +76,14 @@ def test_six_trial_study_finds_the_optimum_with_two_workers(tmp_path):
                            capture_output=True, text=True)
     assert again.returncode == 0 and "already has 6 finished trials" in again.stdout
     assert len(trials(ctx.study_dir)) == 6
+    import matplotlib
+
+    def style():  # the backend is chosen on purpose (Agg, headless) and stays
+        return {k: v for k, v in matplotlib.rcParams.items() if not k.startswith("backend")}
+
+    before = style()
     plots = write_study_plots(ctx.study_dir, tmp_path / "plots")
+    assert style() == before  # Optuna's ggplot style does not leak into later report figures
     names = {q.name for q in plots}
     assert {"optuna_history.png", "optuna_importances.png", "optuna_slice.png", "optuna_contour.png"} <= names
     assert all(q.stat().st_size > 1000 for q in plots)

@@ -380,20 +380,23 @@ def write_study_plots(study_dir: str | os.PathLike, out_dir: str | os.PathLike) 
         plt.close(fig)
         written.append(path)
 
-    for suffix, target, tname in targets:
-        kw = {"target": target, "target_name": tname} if target is not None else {"target_name": tname}
-        if complete:
-            save(f"optuna_history{suffix}", lambda kw=kw: ovm.plot_optimization_history(study, **kw))
-            save(f"optuna_slice{suffix}", lambda kw=kw: ovm.plot_slice(study, **kw))
-        if len(complete) >= 2 and n_params >= 1:
-            save(f"optuna_importances{suffix}", lambda kw=kw: ovm.plot_param_importances(study, **kw))
-        else:
-            log.info("skipping parameter importances: needs ≥ 2 complete trials (have %d)", len(complete))
-        if len(complete) >= 2 and n_params >= 2:
-            side = min(4.0 * n_params, 16.0)  # one readable panel per parameter pair
-            save(f"optuna_contour{suffix}", lambda kw=kw: ovm.plot_contour(study, **kw), (side + 1, side))
-    if not ctx.search.multi_objective and any(t.intermediate_values for t in study.get_trials(deepcopy=False)):
-        save("optuna_intermediate", lambda: ovm.plot_intermediate_values(study))
+    # Optuna's plot functions switch the whole process to the ggplot style (plt.style.use): keep
+    # that inside, so report figures drawn later in this process look as in a fresh one.
+    with matplotlib.rc_context():
+        for suffix, target, tname in targets:
+            kw = {"target": target, "target_name": tname} if target is not None else {"target_name": tname}
+            if complete:
+                save(f"optuna_history{suffix}", lambda kw=kw: ovm.plot_optimization_history(study, **kw))
+                save(f"optuna_slice{suffix}", lambda kw=kw: ovm.plot_slice(study, **kw))
+            if len(complete) >= 2 and n_params >= 1:
+                save(f"optuna_importances{suffix}", lambda kw=kw: ovm.plot_param_importances(study, **kw))
+            else:
+                log.info("skipping parameter importances: needs ≥ 2 complete trials (have %d)", len(complete))
+            if len(complete) >= 2 and n_params >= 2:
+                side = min(4.0 * n_params, 16.0)  # one readable panel per parameter pair
+                save(f"optuna_contour{suffix}", lambda kw=kw: ovm.plot_contour(study, **kw), (side + 1, side))
+        if not ctx.search.multi_objective and any(t.intermediate_values for t in study.get_trials(deepcopy=False)):
+            save("optuna_intermediate", lambda: ovm.plot_intermediate_values(study))
     return written
 
 
