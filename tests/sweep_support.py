@@ -103,6 +103,21 @@ def preempt_after_first_step(sweep_dir: Path, timeout: float):
     return rd
 
 
+def standin_servers(tmp_path: Path, monkeypatch, step_s: float) -> tuple[Path, Path]:
+    """Point jobs at the stand-in trainer and stand-in vLLM servers (which record themselves in
+    ``tmp_path/servers``), with a model dir the stand-in trainer accepts; returns (record dir, model dir)."""
+    from armorlab.sweeps.jobs import ENV_COMMAND
+
+    records_dir, model = tmp_path / "servers", tmp_path / "model"
+    records_dir.mkdir()
+    model.mkdir()
+    (model / "standin-model").touch()
+    monkeypatch.setenv(ENV_COMMAND, json.dumps([sys.executable, str(STANDIN)]))
+    monkeypatch.setenv("STANDIN_SERVER_DIR", str(records_dir))
+    monkeypatch.setenv("ARMORLAB_STANDIN_STEP_S", str(step_s))
+    return records_dir, model
+
+
 @pytest.fixture(scope="session")
 def slurm_cluster():
     """The local cluster of slurm/local/start.sh. Skips when unreachable, unless

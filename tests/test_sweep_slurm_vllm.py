@@ -17,19 +17,18 @@ import pytest
 import yaml
 from sweep_support import (
     SERVED,
-    STANDIN,
     STANDIN_SERVER,
     alive,
     by_port,
     records,
     slurm_cluster,  # noqa: F401 - a fixture
+    standin_servers,
     wait_for,
 )
 
 from armorlab.runs import RunDir
 from armorlab.sweeps import slurmctl
 from armorlab.sweeps.executors import SlurmSubmitter
-from armorlab.sweeps.jobs import ENV_COMMAND
 from armorlab.sweeps.profile import parse_profile
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
@@ -37,14 +36,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
 @pytest.fixture
 def setup(tmp_path, monkeypatch):
     """sbatch passes this environment to the jobs: stand-ins for the trainer and the servers."""
-    rec, model = tmp_path / "servers", tmp_path / "model"
-    rec.mkdir()
-    model.mkdir()
-    (model / "standin-model").touch()  # a model the stand-in trainer accepts
-    monkeypatch.setenv(ENV_COMMAND, json.dumps([sys.executable, str(STANDIN)]))
-    monkeypatch.setenv("STANDIN_SERVER_DIR", str(rec))
-    monkeypatch.setenv("ARMORLAB_STANDIN_STEP_S", "0.05")
-    return rec, model
+    return standin_servers(tmp_path, monkeypatch, step_s=0.05)
 
 
 def submit(tmp_path, model, cfgs, prof=None, **roles):

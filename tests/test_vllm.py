@@ -12,7 +12,7 @@ import os
 import pytest
 import torch
 
-from tests.trainer_support import build, capturing, hf_logps, max_gap, resolved
+from tests.trainer_support import build, capturing, hf_logps, max_gap, perturbed_copy, resolved
 
 pytestmark = pytest.mark.vllm
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process engine: ~20 s startup instead of ~50 s
@@ -66,21 +66,13 @@ def _engine_logps(llm, rows):
 
 
 def test_after_a_reset_the_engine_scores_like_the_policy(trained):
-    from transformers import AutoModelForCausalLM
-
     tok = trained._tokenizer
     rows = [tok(p + a)["input_ids"] for p, a in (("12+7=", "19"), ("3*4=", "12"), ("40-8=", "32"))]
     policy = trained.accelerator.unwrap_model(trained.model)
     llm = trained.reference_sampler.llm
     # the last step's reset pushed the policy's weights into the engine
     gap_trained = max_gap(_engine_logps(llm, rows), hf_logps(policy, rows))
-    # a separate copy (deepcopy would share TRL's patched forward, which calls the original model)
-    moved = AutoModelForCausalLM.from_pretrained(policy.config._name_or_path, dtype=policy.dtype)
-    moved.load_state_dict(policy.state_dict())
-    gen = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for p in moved.parameters():
-            p.add_(0.05 * torch.randn(p.shape, generator=gen))
+    moved = perturbed_copy(policy)
     gap_stale = max_gap(_engine_logps(llm, rows), hf_logps(moved, rows))
     trained.reference_sampler.sync_from(moved)
     gap_pushed = max_gap(_engine_logps(llm, rows), hf_logps(moved, rows))

@@ -28,6 +28,7 @@ from tests.trainer_support import (
     hf_logps,
     max_gap,
     model_cache,
+    perturbed_copy,
     resolved,
     tokenizer_for,
 )
@@ -139,17 +140,10 @@ def test_armor_trains_with_anchors_from_the_reference_server(trained):
 
 
 def test_after_a_reset_the_server_scores_like_the_policy(trained):
-    from transformers import AutoModelForCausalLM
-
     sampler, tok = trained.reference_sampler, trained._tokenizer
     rows = _rows(tok)
     policy = trained.accelerator.unwrap_model(trained.model)
-    moved = AutoModelForCausalLM.from_pretrained(policy.config._name_or_path, dtype=policy.dtype)
-    moved.load_state_dict(policy.state_dict())
-    gen = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for p in moved.parameters():
-            p.add_(0.05 * torch.randn(p.shape, generator=gen))
+    moved = perturbed_copy(policy)
     sampler.sync_from(policy)  # whatever another test left on the shared server
     gap_stale = max_gap(_server_logps(sampler.client, rows), hf_logps(moved, rows))
     sampler.sync_from(moved)

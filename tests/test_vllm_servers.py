@@ -6,18 +6,17 @@ from __future__ import annotations
 
 import json
 import signal
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
 import yaml
-from sweep_support import SERVED, STANDIN_SERVER, alive, by_port, records
+from sweep_support import SERVED, STANDIN_SERVER, alive, by_port, records, standin_servers
 
 from armorlab.errors import ArmorLabError
 from armorlab.runs import RunDir
-from armorlab.sweeps.jobs import ENV_COMMAND, EXIT_FAILED, EXIT_PREEMPTED, TrainJob
+from armorlab.sweeps.jobs import EXIT_FAILED, EXIT_PREEMPTED, TrainJob
 from armorlab.sweeps.profile import load_profile, parse_profile
 from armorlab.sweeps.vllm_servers import ServerError, check_runs, split_devices, visible_devices
 from armorlab.vllm_endpoints import ENV as ENDPOINTS_ENV
@@ -174,14 +173,7 @@ def test_dry_run_shows_the_server_and_trainer_commands(tmp_path, monkeypatch):
 @pytest.fixture
 def job_env(tmp_path, monkeypatch):
     """Stand-in trainer and servers; returns (record dir, model dir)."""
-    records, model = tmp_path / "servers", tmp_path / "model"
-    records.mkdir()
-    model.mkdir()
-    (model / "standin-model").touch()  # a model the stand-in trainer accepts
-    monkeypatch.setenv(ENV_COMMAND, json.dumps([sys.executable, str(HERE / "sweep_standin.py")]))
-    monkeypatch.setenv("STANDIN_SERVER_DIR", str(records))
-    monkeypatch.setenv("ARMORLAB_STANDIN_STEP_S", "0.01")
-    return records, model
+    return standin_servers(tmp_path, monkeypatch, step_s=0.01)
 
 
 def servers_profile(tmp_path, gpus_per_node=0, **roles):

@@ -123,3 +123,17 @@ def hf_logps(model: Any, rows: list[list[int]]) -> list[torch.Tensor]:
 
 def max_gap(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
     return max(float((x - y).abs().max()) for x, y in zip(a, b, strict=True))
+
+
+def perturbed_copy(policy: Any, scale: float = 0.05, seed: int = 0) -> Any:
+    """A separate copy of ``policy`` with seeded Gaussian noise on every weight (deepcopy would
+    share TRL's patched forward, which calls the original model)."""
+    from transformers import AutoModelForCausalLM
+
+    moved = AutoModelForCausalLM.from_pretrained(policy.config._name_or_path, dtype=policy.dtype)
+    moved.load_state_dict(policy.state_dict())
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in moved.parameters():
+            p.add_(scale * torch.randn(p.shape, generator=gen))
+    return moved
