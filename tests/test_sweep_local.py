@@ -241,8 +241,8 @@ try:
     app({args!r}, standalone_mode=False)
 except SystemExit:
     pass
-print("MODULES:" + ",".join(m for m in ("torch", "trl", "transformers", "pandas", "optuna", "matplotlib", "submitit")
-               if m in sys.modules))
+print("MODULES:" + ",".join(m for m in ("torch", "trl", "transformers", "pandas", "optuna", "matplotlib", "submitit",
+                                     "armorlab.sweeps.vllm_servers") if m in sys.modules))
 """
 
 

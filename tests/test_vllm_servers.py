@@ -18,7 +18,8 @@ from armorlab.errors import ArmorLabError
 from armorlab.runs import RunDir
 from armorlab.sweeps.jobs import EXIT_FAILED, EXIT_PREEMPTED, TrainJob
 from armorlab.sweeps.profile import load_profile, parse_profile
-from armorlab.sweeps.vllm_servers import ServerError, check_runs, split_devices, visible_devices
+from armorlab.sweeps.server_checks import check_runs
+from armorlab.sweeps.vllm_servers import ServerError, split_devices, visible_devices
 from armorlab.vllm_endpoints import ENV as ENDPOINTS_ENV
 from armorlab.vllm_endpoints import read_endpoints
 

@@ -32,8 +32,8 @@ from armorlab.sweeps.manifest import (
     locked,
 )
 from armorlab.sweeps.profile import EXECUTORS, Profile, load_profile
+from armorlab.sweeps.server_checks import check_runs
 from armorlab.sweeps.spec import RunPlan, SweepSpec, describe_point, expand, load_spec
-from armorlab.sweeps.vllm_servers import check_runs
 
 log = logging.getLogger(__name__)
 
