@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import typer
@@ -41,11 +42,20 @@ def register(app: typer.Typer) -> None:
 
         if retry is not None and retry not in RETRY_CHOICES:
             raise ArmorLabError("only failed runs can be retried", key="--retry", value=retry)
-        plan = plan_sweep(spec, root=root, executor=executor, profile=profile, retry_failed=retry == "failed",
-                          overrides=parse_overrides(set_))
-        if dry_run:
-            _print_dry_run(plan, workers)
-            return
+        cluster_max = None
+        if dry_run:  # asked now, answered while the spec expands (a Slurm dry run shows it)
+            from armorlab.sweeps import slurmctl
+
+            cluster_max = slurmctl.max_array_size_later()
+        try:
+            plan = plan_sweep(spec, root=root, executor=executor, profile=profile, retry_failed=retry == "failed",
+                              overrides=parse_overrides(set_))
+            if dry_run:
+                _print_dry_run(plan, workers, cluster_max)
+                return
+        finally:
+            if cluster_max is not None:
+                cluster_max()  # reaps scontrol whatever happened
         if plan.executor == "slurm":
             _submit_slurm(plan, wait)
         else:
@@ -86,7 +96,7 @@ def _summary(plan) -> str:
     return f"sweep {plan.spec.name}: {len(plan.runs)} run(s) in {plan.sweep_dir}: {', '.join(parts)}"
 
 
-def _print_dry_run(plan, workers: int | None) -> None:
+def _print_dry_run(plan, workers: int | None, cluster_max: Callable[[], int]) -> None:
     from armorlab.sweeps.spec import describe_point
 
     lines = [_summary(plan), ""]
@@ -94,14 +104,12 @@ def _print_dry_run(plan, workers: int | None) -> None:
     lines.append("")
     todo = plan.to_submit
     if plan.executor == "slurm":
-        from armorlab.sweeps import slurmctl
         from armorlab.sweeps.executors import SlurmSubmitter, n_arrays
 
         sub = SlurmSubmitter(plan.sweep_dir, plan.profile, job_name=plan.spec.name)
-        cluster_max = slurmctl.max_array_size()
-        chunk = sub.chunk_size(cluster_max)
+        chunk = sub.chunk_size(cluster_max())
         lines.append(f"would submit {len(todo)} run(s) as {n_arrays(len(todo), chunk)} Slurm job array(s) of "
-                     f"at most {chunk} (cluster MaxArraySize {cluster_max}, array_parallelism "
+                     f"at most {chunk} (cluster MaxArraySize {cluster_max()}, array_parallelism "
                      f"{plan.profile.array_parallelism})")
         if todo:
             lines += ["", "# sbatch script of the first array:", sub.sbatch_text(min(len(todo), chunk))]
