@@ -12,10 +12,8 @@ ignores them collapses into one run instead of training duplicates.
 from __future__ import annotations
 
 import copy
-import json
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +22,7 @@ import yaml
 from armorlab import trl_fields
 from armorlab.checks import Invalid, boolean, choice, integer, json_value, number, optional, text
 from armorlab.errors import ArmorLabError
+from armorlab.trl_fields import TRL_RANGES, check_trl_value, grpo_field_kinds, grpo_field_names
 from armorlab.vllm_config import check_vllm_servers
 
 OBJECTIVES = ("grpo", "dapo", "dr_grpo", "gspo", "up", "up_gspo", "armor")
@@ -240,92 +239,6 @@ MODEL_FIELDS_TINY: dict[str, Field] = {
                                "stop the warm start at this greedy accuracy on a dev slice of the "
                                "pool (null = run all warm_start_steps)"),
     "warm_start_seed": Field(0, integer(0), "seed of the tiny model's init and warm start"),
-}
-
-
-# --------------------------------------------------------------------------- TRL fields
-@lru_cache(maxsize=1)
-def grpo_field_kinds() -> dict[str, str]:
-    """GRPOConfig's fields → value kind (``float``, ``int``, ``bool``, ``str``, ``any``; ``?`` when
-    null is allowed), shipped as JSON (tools/gen_grpo_fields.py) so checking a spec never imports
-    TRL. tests/test_config.py compares it to the installed GRPOConfig; the trainer checks names
-    again against the real class when a job starts.
-    """
-    # next to this module (package data, installed as a plain file): importlib.resources would
-    # cost a few ms of imports in every command that checks a spec
-    return json.loads(Path(__file__).with_name("grpo_fields.json").read_text(encoding="utf-8"))
-
-
-@lru_cache(maxsize=1)
-def grpo_field_names() -> frozenset[str]:
-    return frozenset(grpo_field_kinds())
-
-
-def _check_trl_value(kind: str, value: Any) -> Any:
-    """Numbers become numbers — a YAML ``1e-5`` (a string in YAML 1.1) and ``1.0e-5`` must give one
-    run id, and TrainingArguments would not convert the string — and booleans must be booleans."""
-    base, optional = kind.rstrip("?"), kind.endswith("?")
-    if value is None:
-        if optional or base in ("any", "str"):
-            return None
-        raise Invalid("must not be null")
-    if base == "float":
-        if isinstance(value, str):
-            try:
-                value = float(value)
-            except ValueError:
-                raise Invalid("must be a number") from None
-        return number()(value)
-    if base == "int":
-        if isinstance(value, str):
-            try:
-                value = int(value)
-            except ValueError:
-                raise Invalid("must be an integer") from None
-        return integer()(value)
-    if base == "bool":
-        return boolean(value)
-    if base == "str" and not (isinstance(value, str) or (  # report_to also takes a list of names
-            isinstance(value, list) and all(isinstance(x, str) for x in value))):
-        raise Invalid("must be a string")
-    return value
-
-
-# Ranges of TRL/transformers fields where one is obvious (the kind check comes first). Seeds go
-# to numpy, which takes < 2**32.
-SEED_MAX = 2**32 - 1
-TRL_RANGES: dict[str, Callable[[Any], Any]] = {
-    "seed": integer(0, SEED_MAX),
-    "data_seed": optional(integer(0, SEED_MAX)),
-    "learning_rate": number(0.0),
-    "beta": number(0.0),
-    "temperature": number(0.0, lo_open=True),
-    "top_p": number(0.0, 1.0, lo_open=True),
-    "top_k": optional(integer(0)),
-    "min_p": optional(number(0.0, 1.0)),
-    "repetition_penalty": number(0.0, lo_open=True),
-    "max_steps": integer(1),
-    "num_train_epochs": number(0.0),
-    "save_steps": number(0.0, lo_open=True),
-    "logging_steps": number(0.0, lo_open=True),
-    "eval_steps": optional(number(0.0, lo_open=True)),
-    "warmup_steps": number(0.0),
-    "steps_per_generation": optional(integer(1)),
-    "generation_batch_size": optional(integer(1)),
-    "max_completion_length": optional(integer(1)),
-    "num_iterations": integer(1),
-    "num_generations": integer(2),
-    "per_device_train_batch_size": integer(1),
-    "per_device_eval_batch_size": integer(1),
-    "gradient_accumulation_steps": integer(1),
-    "weight_decay": number(0.0),
-    "max_grad_norm": number(0.0),
-    "adam_beta1": number(0.0, 1.0, hi_open=True),
-    "adam_beta2": number(0.0, 1.0, hi_open=True),
-    "adam_epsilon": number(0.0),
-    "epsilon": number(0.0),
-    "epsilon_high": optional(number(0.0)),
-    "dataloader_num_workers": integer(0),
 }
 
 
@@ -551,7 +464,7 @@ def resolve(raw: Mapping[str, Any], *, file: str | None = None) -> dict[str, Any
     for key in out:
         if key in kinds and key not in FIELDS:
             try:
-                out[key] = _check_trl_value(kinds[key], out[key])
+                out[key] = check_trl_value(kinds[key], out[key])
             except Invalid as exc:
                 raise ArmorLabError(f"GRPOConfig field {exc}", key=key, value=out[key], file=file) from None
     for key, check in TRL_RANGES.items():

@@ -4,13 +4,13 @@ import pytest
 
 from armorlab.config import (
     PRESETS,
-    grpo_field_names,
     load_config,
     parse_overrides,
     resolve,
     split_config,
 )
 from armorlab.errors import ArmorLabError
+from armorlab.trl_fields import grpo_field_names
 
 
 def test_shipped_grpo_field_names_match_installed_trl():
@@ -99,7 +99,7 @@ def test_shipped_grpo_field_kinds_match_installed_trl():
 
     from trl import GRPOConfig
 
-    from armorlab.config import grpo_field_kinds
+    from armorlab.trl_fields import grpo_field_kinds
 
     kinds = grpo_field_kinds()
     for f in dataclasses.fields(GRPOConfig):
