@@ -17,7 +17,8 @@ TRL does the generation, rewards, advantages, batching and optimisation; this su
   the per-step telemetry;
 - ``_save_checkpoint`` / ``_load_optimizer_and_scheduler``: π_ref, the anchor cache and TRL's
   generation buffer, so a resumed run continues exactly;
-- ``_get_train_sampler``: TRL's RepeatSampler with an epoch-seeded shuffle (exact resume in any epoch).
+- ``_get_train_sampler``: TRL's RepeatSampler with an epoch-seeded shuffle (exact resume in any epoch);
+  it, the vLLM server client swap and the per-step callback live in trainer_hooks.py.
 
 Anchor rows and the importance ratio (``anchor_ratio``): on-policy rows keep the objective's own
 ratio (r_mix for ``armor``, π_θ/π_old otherwise); anchor rows use r_mix with α (``mixed``, the
@@ -37,11 +38,11 @@ from typing import Any
 import torch
 from accelerate.utils import is_peft_model
 from torch import nn
-from transformers import GenerationConfig, TrainerCallback
+from transformers import GenerationConfig
 from trl import GRPOTrainer
 from trl.data_utils import is_conversational
 from trl.models.utils import disable_gradient_checkpointing, unwrap_model_for_generation
-from trl.trainer.utils import RepeatSampler, add_fused_lm_head, is_async_callable
+from trl.trainer.utils import add_fused_lm_head, is_async_callable
 
 from armorlab import anchors as anc
 from armorlab import dynamic_sampling as dyn
@@ -52,6 +53,7 @@ from armorlab.objectives import vllm_corrected_loss
 from armorlab.reference import ReferencePolicy, build_reference_model
 from armorlab.telemetry import StepStats, TokenDump, kl_k2, kl_k3, sequence_kl_estimates
 from armorlab.trainer_config import ArmorLabConfig
+from armorlab.trainer_hooks import ArmorLabCallback, EpochSeededRepeatSampler, policy_server_client
 
 STATE_FILE = "armorlab_state.json"
 # Per-generation metrics ride in the batch as 0-d tensors "<prefix><name>:total" / ":count", which
@@ -65,38 +67,6 @@ class NonFiniteLossError(RuntimeError):
     def __init__(self, step: int) -> None:
         super().__init__(f"non-finite loss at step {step}")
         self.step = step
-
-
-# --------------------------------------------------------------------------- sampler
-class EpochSeededRepeatSampler(RepeatSampler):
-    """TRL's RepeatSampler whose shuffle depends only on (seed, epoch).
-
-    Stock RepeatSampler advances one generator across epochs, so a run resumed in epoch e
-    (which skips iterating epochs < e) would see another order; transformers calls
-    ``set_epoch`` on the sampler before each epoch.
-    """
-
-    epoch = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = int(epoch)
-
-    def __iter__(self):
-        if self.shuffle:
-            self.generator = torch.Generator().manual_seed((self.seed or 0) + 7919 * self.epoch)
-        return super().__iter__()
-
-
-def _policy_server_client(args: ArmorLabConfig) -> contextlib.AbstractContextManager:
-    """TRL's server mode builds armorlab's ``VLLMClient`` (TRL's own on CUDA; a file sync off it)."""
-    if not (args.use_vllm and args.vllm_mode == "server"):
-        return contextlib.nullcontext()
-    from armorlab.vllm_reference import require_vllm
-
-    require_vllm("vllm_mode", args.vllm_mode)
-    from armorlab.vllm_client import trl_builds_weight_sync_clients
-
-    return trl_builds_weight_sync_clients(args)
 
 
 # --------------------------------------------------------------------------- trainer
@@ -128,7 +98,7 @@ class ArmorLabTrainer(GRPOTrainer):
         if own_reference_only:
             args.beta = 0.0
         try:
-            with _policy_server_client(args):
+            with policy_server_client(args):
                 super().__init__(model, reward_funcs, args=args, **kwargs)
         finally:
             args.beta = beta
@@ -168,7 +138,7 @@ class ArmorLabTrainer(GRPOTrainer):
         self._rewards_gathered: torch.Tensor | None = None
         self._ref_samples_pending = 0.0
         self._last_logged_step = 0
-        self.add_callback(_ArmorLabCallback(self))
+        self.add_callback(ArmorLabCallback(self))
 
     # ------------------------------------------------------------------ set-up helpers
     def _check_supported(self, validating: bool) -> None:
@@ -611,46 +581,3 @@ class ArmorLabTrainer(GRPOTrainer):
         cache = folder / f"anchor_cache_r{rank}.json"
         if self.anchor_rollout is not None and cache.is_file():
             self.anchor_rollout.cache.load_state_dict(json.loads(cache.read_text(encoding="utf-8")))
-
-
-class _ArmorLabCallback(TrainerCallback):
-    """Step-0 and periodic validation (before any reset, so the probe sees the step's π_ref),
-    reference resets, token-dump flushes."""
-
-    def __init__(self, trainer: ArmorLabTrainer) -> None:
-        self.trainer = trainer
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        tr = self.trainer
-        tr._last_logged_step = state.global_step
-        if state.global_step == 0 and args.val_every > 0 and tr.validator.enabled:
-            # transformers' own log: TRL's would fold in (and clear) pending training metrics
-            from transformers import Trainer
-
-            logs = tr.validator.run(0)
-            if "val/acc" in logs:  # the initial π_ref is the initial policy
-                logs["ref/val_acc"] = logs["val/acc"]
-            Trainer.log(tr, logs)
-
-    def on_step_end(self, args, state, control, **kwargs):
-        tr, step = self.trainer, state.global_step
-        validated: dict[str, float] = {}
-        if args.val_every > 0 and step % args.val_every == 0 and tr.validator.enabled:
-            validated = tr.validator.run(step)
-            for name, value in validated.items():
-                tr._metrics["train"][name].append(value)
-            control.should_log = True
-        if tr.reference.due(step):
-            tr.reference.reset_from(tr.accelerator.unwrap_model(tr.model), step)
-            tr.sync_reference_engine()
-            if tr.anchor_rollout is not None:
-                tr.anchor_rollout.cache.clear()
-            if args.val_every > 0:
-                # the new π_ref is this step's policy: its val/acc when validated now (same weights,
-                # same seeded samples), else a validation pass of π_ref itself
-                acc = validated["val/acc"] if "val/acc" in validated else tr.validator.reference_accuracy(step)
-                if acc is not None:
-                    tr._metrics["train"]["ref/val_acc"].append(acc)
-                    control.should_log = True
-        tr.token_dump.flush(step)
-        return control

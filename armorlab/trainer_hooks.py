@@ -1,0 +1,92 @@
+"""ArmorLabTrainer's smaller hooks into TRL and transformers, kept apart from the trainer's loss
+and generation glue (armorlab.trainer): the epoch-seeded sampler, the vLLM server client swap
+and the per-step callback (validation, reference resets, token-dump flushes)."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING
+
+import torch
+from transformers import TrainerCallback
+from trl.trainer.utils import RepeatSampler
+
+from armorlab.trainer_config import ArmorLabConfig
+
+if TYPE_CHECKING:
+    from armorlab.trainer import ArmorLabTrainer
+
+
+# --------------------------------------------------------------------------- sampler
+class EpochSeededRepeatSampler(RepeatSampler):
+    """TRL's RepeatSampler whose shuffle depends only on (seed, epoch).
+
+    Stock RepeatSampler advances one generator across epochs, so a run resumed in epoch e
+    (which skips iterating epochs < e) would see another order; transformers calls
+    ``set_epoch`` on the sampler before each epoch.
+    """
+
+    epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def __iter__(self):
+        if self.shuffle:
+            self.generator = torch.Generator().manual_seed((self.seed or 0) + 7919 * self.epoch)
+        return super().__iter__()
+
+
+def policy_server_client(args: ArmorLabConfig) -> contextlib.AbstractContextManager:
+    """TRL's server mode builds armorlab's ``VLLMClient`` (TRL's own on CUDA; a file sync off it)."""
+    if not (args.use_vllm and args.vllm_mode == "server"):
+        return contextlib.nullcontext()
+    from armorlab.vllm_reference import require_vllm
+
+    require_vllm("vllm_mode", args.vllm_mode)
+    from armorlab.vllm_client import trl_builds_weight_sync_clients
+
+    return trl_builds_weight_sync_clients(args)
+
+
+class ArmorLabCallback(TrainerCallback):
+    """Step-0 and periodic validation (before any reset, so the probe sees the step's π_ref),
+    reference resets, token-dump flushes."""
+
+    def __init__(self, trainer: ArmorLabTrainer) -> None:
+        self.trainer = trainer
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        tr = self.trainer
+        tr._last_logged_step = state.global_step
+        if state.global_step == 0 and args.val_every > 0 and tr.validator.enabled:
+            # transformers' own log: TRL's would fold in (and clear) pending training metrics
+            from transformers import Trainer
+
+            logs = tr.validator.run(0)
+            if "val/acc" in logs:  # the initial π_ref is the initial policy
+                logs["ref/val_acc"] = logs["val/acc"]
+            Trainer.log(tr, logs)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        tr, step = self.trainer, state.global_step
+        validated: dict[str, float] = {}
+        if args.val_every > 0 and step % args.val_every == 0 and tr.validator.enabled:
+            validated = tr.validator.run(step)
+            for name, value in validated.items():
+                tr._metrics["train"][name].append(value)
+            control.should_log = True
+        if tr.reference.due(step):
+            tr.reference.reset_from(tr.accelerator.unwrap_model(tr.model), step)
+            tr.sync_reference_engine()
+            if tr.anchor_rollout is not None:
+                tr.anchor_rollout.cache.clear()
+            if args.val_every > 0:
+                # the new π_ref is this step's policy: its val/acc when validated now (same weights,
+                # same seeded samples), else a validation pass of π_ref itself
+                acc = validated["val/acc"] if "val/acc" in validated else tr.validator.reference_accuracy(step)
+                if acc is not None:
+                    tr._metrics["train"]["ref/val_acc"].append(acc)
+                    control.should_log = True
+        tr.token_dump.flush(step)
+        return control
