@@ -76,6 +76,16 @@ def text(v: Any) -> str:
     return v
 
 
+def address(v: Any) -> str:
+    """A host name, IP address or URL: a non-empty string without whitespace or control characters
+    (a pasted newline or tab would otherwise surface as a connection error deep in a job)."""
+    v = text(v)
+    bad = next((c for c in v if c.isspace() or ord(c) < 32 or ord(c) == 127), None)
+    if bad is not None:
+        raise Invalid(f"must not contain whitespace or control characters (found {bad!r})")
+    return v
+
+
 def json_value(v: Any, where: str = "") -> Any:
     """``v`` unchanged if it is plain JSON data (what a run id is hashed from): strings, finite
     numbers, booleans, null, lists and string-keyed mappings of them. YAML also yields dates,

@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from armorlab import trl_fields
-from armorlab.checks import Invalid, boolean, choice, integer, json_value, number, optional, text
+from armorlab.checks import Invalid, address, boolean, choice, integer, json_value, number, optional, text
 from armorlab.errors import ArmorLabError
 from armorlab.trl_fields import TRL_RANGES, check_trl_value, grpo_field_kinds, grpo_field_names
 from armorlab.vllm_config import check_vllm_servers
@@ -114,9 +114,9 @@ FIELDS: dict[str, Field] = {
                            "vLLM server of its own (`armorlab vllm-serve`)"),
     "ref_vllm_memory": Field(0.2, number(0.0, 1.0, lo_open=True),
                              "share of accelerator memory for the reference engine (vLLM gpu_memory_utilization)"),
-    "ref_vllm_server_host": Field("0.0.0.0", text, "host of the reference's vLLM server (ref_vllm_mode: server)"),
+    "ref_vllm_server_host": Field("0.0.0.0", address, "host of the reference's vLLM server (ref_vllm_mode: server)"),
     "ref_vllm_server_port": Field(8001, integer(1, 65535), "port of the reference's vLLM server"),
-    "ref_vllm_server_base_url": Field(None, optional(text), "base URL of the reference's vLLM server; when set, "
+    "ref_vllm_server_base_url": Field(None, optional(address), "base URL of the reference's vLLM server; when set, "
                                       "host and port are ignored"),
     "ref_vllm_server_timeout": Field(240.0, number(0.0), "seconds to wait for the reference's server to answer"),
     "ref_vllm_group_port": Field(51217, integer(1, 65535), "port of the NCCL weight-update group of the "
