@@ -20,6 +20,8 @@ export SLURM_CONF="$CONF"
 
 say() { echo "[slurm-local] $*" >&2; }
 die() { say "error: $*"; exit 1; }
+# shellcheck source=../apt-install.sh
+source "$HERE/../apt-install.sh"
 
 # A daemon counts as alive only when its PID file names a process that is not a zombie:
 # PID 1 here reaps late, so `kill -0` alone would call a just-killed daemon alive.
@@ -67,20 +69,8 @@ for pair in munged:munge slurmctld:slurmctld slurmd:slurmd sbatch:slurm-client \
 done
 if (( ${#need[@]} )); then
     say "installing ${need[*]}"
-    export DEBIAN_FRONTEND=noninteractive
-    # policy-rc.d keeps the packages' init scripts from starting system-wide daemons.
-    own_policy=0
-    if [[ ! -e /usr/sbin/policy-rc.d ]]; then
-        printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d
-        own_policy=1
-    fi
-    if ! apt-get install -y -qq --no-install-recommends munge slurmctld slurmd slurm-client \
-            slurmdbd mariadb-server >"$D.apt.log" 2>&1; then
-        apt-get update -qq >>"$D.apt.log" 2>&1
-        apt-get install -y -qq --no-install-recommends munge slurmctld slurmd slurm-client \
-            slurmdbd mariadb-server >>"$D.apt.log" 2>&1 || die "apt-get install failed, see $D.apt.log"
-    fi
-    if (( own_policy )); then rm -f /usr/sbin/policy-rc.d; fi
+    apt_install_quietly "$D.apt.log" munge slurmctld slurmd slurm-client slurmdbd mariadb-server \
+        || die "apt-get install failed, see $D.apt.log"
 fi
 PATH="/usr/sbin:/sbin:$PATH"
 

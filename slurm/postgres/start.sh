@@ -21,6 +21,8 @@ URL="postgresql://armorlab:armorlab@127.0.0.1:$PORT/armorlab"
 
 say() { echo "[postgres-local] $*" >&2; }
 die() { say "error: $*"; exit 1; }
+# shellcheck source=../apt-install.sh
+source "$HERE/../apt-install.sh"
 
 [[ "$(id -u)" == 0 ]] || die "must run as root (it installs packages and runs the server as postgres)"
 
@@ -33,17 +35,8 @@ pg_bin() { ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1; }
 BIN="$(pg_bin)"
 if [[ -z "$BIN" || ! -x "$BIN/initdb" ]] || ! getent passwd postgres >/dev/null; then
     say "installing postgresql"
-    export DEBIAN_FRONTEND=noninteractive
-    # policy-rc.d keeps the package's init script from starting the system-wide cluster.
-    own_policy=0
-    if [[ ! -e /usr/sbin/policy-rc.d ]]; then
-        printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d
-        own_policy=1
-    fi
     mkdir -p "$(dirname "$D")"
-    { apt-get update -qq && apt-get install -y -qq postgresql; } >"$D.apt.log" 2>&1 \
-        || { (( own_policy )) && rm -f /usr/sbin/policy-rc.d; die "apt-get install failed, see $D.apt.log"; }
-    if (( own_policy )); then rm -f /usr/sbin/policy-rc.d; fi
+    apt_install_quietly "$D.apt.log" postgresql || die "apt-get install failed, see $D.apt.log"
     BIN="$(pg_bin)"
     [[ -x "$BIN/initdb" ]] || die "postgresql installed but no initdb under /usr/lib/postgresql/*/bin"
 fi
