@@ -47,6 +47,30 @@ def atomic_write_text(path: str | os.PathLike, text: str, *, durable: bool = Tru
         raise
 
 
+def atomic_write_bytes(path: str | os.PathLike, data: bytes, *, replace: bool = True) -> bool:
+    """Write ``data`` to ``path`` via temp file + fsync + rename (``replace``), or, with
+    ``replace=False``, + hard link: then ``path`` is written only if it does not exist yet, and
+    the answer says whether it was (a file someone else put there first is kept)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{id(data):x}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, _FILE_MODE)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        if replace:
+            os.replace(tmp, path)
+            return True
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        return True
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 @contextlib.contextmanager
 def atomic_file(path: str | os.PathLike) -> Iterator[Path]:
     """For writers that take a file name (pyarrow): yield a temp path beside ``path``, rename it

@@ -104,6 +104,23 @@ def test_arrays_are_chunked_and_a_rerun_submits_nothing(tmp_path, profile, stand
     assert {r.slurm_state for r in st.rows} == {"ENDED"}
 
 
+def test_an_array_is_one_pickle_file_whatever_its_size(tmp_path, profile, standin):
+    from armorlab.sweeps import slurmctl
+
+    profile.write_text(profile.read_text() + "sbatch: {hold: true}\n")  # held: no task writes its files
+    spec = write_spec(tmp_path / "many.yaml", {"name": "many", "base": {"max_steps": 1}, "seeds": list(range(50))})
+    _sweep(str(spec), "--root", str(tmp_path / "runs"), "--profile", str(profile))
+    sweep_dir = tmp_path / "runs" / "many"
+    ((array,),) = [{j.split("_")[0] for j in s["slurm_job_ids"]} for s in load_manifest(sweep_dir).submissions]
+    try:
+        files = sorted(p.name for p in (sweep_dir / ".submitit").iterdir())
+        # the tasks' pickles, the sbatch script, and submitit's link to it under its first name
+        assert files[1:] == [f"{array}_array.pkl", f"{array}_submission.sh"]
+        assert files[0].startswith(".submission_file_")
+    finally:
+        slurmctl.scancel([array])
+
+
 def test_values_never_reach_a_shell_on_slurm(tmp_path, profile, standin):
     marks = [tmp_path / f"pwned{i}" for i in range(3)]
     evil = [f"$(touch {marks[0]})", f"`touch {marks[1]}`", f"'\"; touch {marks[2]}\n"]
@@ -126,7 +143,7 @@ import os, sys
 from armorlab.sweeps import manifest as M
 from armorlab.sweeps.jobs import TrainJob
 where, args = sys.argv[1], sys.argv[2:]
-if where == "pickles":  # submitit is pickling the array's jobs (before sbatch): die at the 3rd
+if where == "pickles":  # the array's jobs are being pickled (before sbatch): die at the 3rd
     real, made = TrainJob.__getstate__, []
     def getstate(self):
         made.append(self)
@@ -134,7 +151,7 @@ if where == "pickles":  # submitit is pickling the array's jobs (before sbatch):
             os._exit(9)
         return real(self)
     TrainJob.__getstate__ = getstate
-else:  # sbatch has queued the array and submitit has moved its pickles: die before the record
+else:  # sbatch has queued the array and its file is published: die before the record
     M.Manifest.record = lambda self, *a, **kw: os._exit(9)
 sys.argv = ["armorlab", "sweep", *args]
 from armorlab.cli import main
@@ -156,21 +173,22 @@ def test_a_crash_mid_submit_is_completed_by_the_next_sweep_without_duplicates(tm
         out = subprocess.run([sys.executable, "-c", CRASHING_SWEEP, where, *args], capture_output=True, text=True)
         assert out.returncode == 9, out.stdout + out.stderr
 
-    crash("pickles")           # killed while submitit pickled the jobs: nothing queued
+    crash("pickles")           # killed while the jobs were pickled: nothing queued
     manifest = load_manifest(sweep_dir)
     assert len(manifest.runs) == 4 and manifest.jobs == {}
     assert sorted(manifest.pending) == sorted(manifest.runs)  # saved before sbatch, never recorded
-    assert not list((sweep_dir / ".submitit").glob("*_submitted.pkl"))
+    assert not [p for p in (sweep_dir / ".submitit").glob("*") if p.suffix in (".pkl", ".sh")]
     assert not any((sweep_dir / rid).exists() for rid in manifest.runs)  # fresh runs' dirs: the jobs write them
     crash("record")            # killed after sbatch, before the job ids reached the manifest
     manifest = load_manifest(sweep_dir)
     assert manifest.jobs == {} and sorted(manifest.pending) == sorted(manifest.runs)
-    assert len(list((sweep_dir / ".submitit").glob("*_submitted.pkl"))) == 4
+    (array_file,) = (sweep_dir / ".submitit").glob("*_array.pkl")  # one file for the array's 4 tasks
+    array = array_file.name.split("_")[0]
     again = _sweep(*args)      # finds the queued array instead of queueing a second one
     assert "nothing to submit" in again.stdout
     manifest = load_manifest(sweep_dir)
     assert manifest.pending == [] and sorted(len(v) for v in manifest.jobs.values()) == [1] * 4
-    assert len({j.split("_")[0] for v in manifest.jobs.values() for j in v}) == 1
+    assert {j.split("_")[0] for v in manifest.jobs.values() for j in v} == {array}
     assert [s.get("recovered") for s in manifest.submissions] == [True]
     st = wait_finished(sweep_dir, 120)
     assert [(r.state, r.attempts) for r in st.rows] == [("completed", 1)] * 4
@@ -194,29 +212,39 @@ def test_dry_run_shows_the_script_the_submission_queues(tmp_path, profile, stand
 
 
 def test_preempted_job_requeues_and_resumes(tmp_path, profile, monkeypatch):
+    import pickle
+
     import submitit
 
     monkeypatch.setenv(ENV_COMMAND, standin_command())
     monkeypatch.setenv("ARMORLAB_STANDIN_STEP_S", "0.2")
     monkeypatch.setenv("ARMORLAB_STANDIN_HOLD_AT", "3")  # parked at step 3 until the preemption lands
     spec = write_spec(tmp_path / "pre.yaml", {"name": "pre", "base": {"max_steps": 20, "val_every": 5,
-                                                                       "save_steps": 100, "seed": 7}})
+                                                                       "save_steps": 100}, "seeds": [7, 8]})
     root = tmp_path / "runs"
     _sweep(str(spec), "--root", str(root), "--profile", str(profile))
     sweep_dir = root / "pre"
-    run_id = load_manifest(sweep_dir).runs[0]
-    rd = RunDir(sweep_dir / run_id)
-    wait_for(lambda: (rd.last_step() or 0) >= 3, 90, "the job to train 3 steps")
-    job_id = load_manifest(sweep_dir).last_job(run_id)
-    # preemption as submitit simulates it: SIGTERM, then the checkpoint signal (USR2)
-    submitit.SlurmJob(folder=sweep_dir / ".submitit", job_id=job_id)._interrupt()
-    wait_for(lambda: rd.read_status()["attempt"] == 2, 90, "the requeued job to start")
+    manifest = load_manifest(sweep_dir)
+    for rid in manifest.runs:  # two tasks of one array, preempted one after the other
+        rd = RunDir(sweep_dir / rid)
+        wait_for(lambda rd=rd: (rd.last_step() or 0) >= 3, 90, "the job to train 3 steps")
+        job_id = manifest.last_job(rid)
+        # preemption as submitit simulates it: SIGTERM, then the checkpoint signal (USR2)
+        submitit.SlurmJob(folder=sweep_dir / ".submitit", job_id=job_id)._interrupt()
+        wait_for(lambda rd=rd: rd.read_status()["attempt"] == 2, 90, "the requeued job to start")
+        # the requeued task ran submitit's checkpoint (a TrainJob without the config the array
+        # file carries), not the array file's entry again
+        pickled = pickle.loads((sweep_dir / ".submitit" / f"{job_id}_submitted.pkl").read_bytes())
+        assert pickled.function.config is None
     st = wait_finished(sweep_dir, 120)
-    assert st.rows[0].state == "completed" and st.rows[0].attempts == 2
-    assert load_manifest(sweep_dir).jobs[run_id] == [job_id]  # requeued in place, not resubmitted
-    rows = rd.read_metrics()
-    assert [r["step"] for r in rows] == list(range(21))
-    assert [r["train/reward"] for r in rows[1:]] == [standin_metric(7, s, 0) for s in range(1, 21)]
+    assert [(r.state, r.attempts) for r in st.rows] == [("completed", 2)] * 2
+    assert load_manifest(sweep_dir).jobs == manifest.jobs  # requeued in place, not resubmitted
+    for rid in manifest.runs:
+        rd = RunDir(sweep_dir / rid)
+        seed = rd.read_config()["seed"]
+        rows = rd.read_metrics()
+        assert [r["step"] for r in rows] == list(range(21))
+        assert [r["train/reward"] for r in rows[1:]] == [standin_metric(seed, s, 0) for s in range(1, 21)]
 
 
 def test_cancel_checkpoints_running_jobs_and_the_sweep_resumes(tmp_path, profile, monkeypatch):

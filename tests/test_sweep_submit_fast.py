@@ -193,3 +193,74 @@ def test_each_plans_config_is_its_points_resolved_config_and_its_own(tmp_path):
     plans[0].config["task"]["digits"] = 99  # a plan's config shares nothing with another's
     plans[0].config["alpha"] = 0.1
     assert all(p.config["task"]["digits"] in (1, 2) and p.config["alpha"] != 0.1 for p in plans[1:])
+
+
+# --------------------------------------------------------------------------- one file per job array
+def _delayed(job, countdown=3):
+    from submitit.core.utils import DelayedSubmission
+
+    d = DelayedSubmission(job)
+    d.set_timeout(20, countdown)
+    return d
+
+
+def test_array_file_holds_submitits_own_pickles_and_a_task_never_replaces_one(tmp_path, monkeypatch):
+    import cloudpickle
+
+    from armorlab.sweeps.array_task import array_bytes, materialise, read_entries
+
+    folder = tmp_path / ".submitit"
+    folder.mkdir()
+    jobs = [TrainJob(tmp_path / f"r{i}", config={"seed": i}) for i in range(3)]
+    _delayed(jobs[1]).dump(tmp_path / "submitits.pkl")  # the file submitit would write for task 1
+    entries = [cloudpickle.dumps(_delayed(j), pickle.HIGHEST_PROTOCOL) for j in jobs]
+    assert entries[1] == (tmp_path / "submitits.pkl").read_bytes()
+    (folder / "41_array.pkl").write_bytes(array_bytes(entries))
+    assert read_entries(folder / "41_array.pkl") == entries
+    # a first start writes submitit's <A>_<a>_submitted.pkl from the task's entry
+    assert materialise(folder, "41", 2) == folder / "41_2_submitted.pkl"
+    assert pickle.loads((folder / "41_2_submitted.pkl").read_bytes()).function.run_dir == str(tmp_path / "r2")
+    # a requeued start finds submitit's checkpoint (no config: TrainJob.checkpoint) and keeps it
+    checkpointed = cloudpickle.dumps(_delayed(TrainJob(tmp_path / "r1"), countdown=2), pickle.HIGHEST_PROTOCOL)
+    (folder / "41_1_submitted.pkl").write_bytes(checkpointed)
+    materialise(folder, "41", 1)
+    assert (folder / "41_1_submitted.pkl").read_bytes() == checkpointed
+    # ... also when the check and the write race (another task of the job wrote it meanwhile)
+    (folder / "41_0_submitted.pkl").write_bytes(checkpointed)
+    monkeypatch.setattr(Path, "exists", lambda self: self.name == "41_array.pkl")
+    materialise(folder, "41", 0)
+    assert (folder / "41_0_submitted.pkl").read_bytes() == checkpointed
+    assert sorted(p.name for p in folder.iterdir()) == ["41_0_submitted.pkl", "41_1_submitted.pkl",
+                                                        "41_2_submitted.pkl", "41_array.pkl"]  # no temp left
+    with pytest.raises(RuntimeError, match="waited 0 s"):  # an array whose sweep died before publishing it
+        materialise(folder, "42", 0, wait_s=0)
+
+
+def test_recovery_finds_arrays_and_older_per_task_pickles(tmp_path):
+    import cloudpickle
+
+    from armorlab.sweeps.array_task import array_bytes
+    from armorlab.sweeps.manifest import Manifest
+    from armorlab.sweeps.submit import recover_submitted
+
+    sweep = tmp_path / "sweep"
+    folder = sweep / ".submitit"
+    folder.mkdir(parents=True)
+    runs = [f"run{i}" for i in range(6)]
+    m = Manifest(sweep_dir=sweep, name="s", runs=runs)
+    m.record("slurm", ["run5"], ["7_0"])
+    m.begin(runs[:5])
+
+    def entry(rid):
+        return cloudpickle.dumps(_delayed(TrainJob(sweep / rid)), pickle.HIGHEST_PROTOCOL)
+
+    (folder / "7_array.pkl").write_bytes(array_bytes([entry("run5"), entry("run0")]))  # 7_0 is known
+    (folder / "unqueued-ab12_array.pkl").write_bytes(array_bytes([entry("run4")]))  # sbatch never answered
+    (folder / "9_array.pkl").write_bytes(array_bytes([entry("run1"), entry("run2")]))
+    _delayed(TrainJob(sweep / "run3")).dump(folder / "5_2_submitted.pkl")  # an earlier armorlab's array
+    _delayed(TrainJob(tmp_path / "elsewhere" / "run4")).dump(folder / "6_submitted.pkl")  # not this sweep's
+    (folder / "8_array.pkl").write_bytes(b"torn")
+    assert recover_submitted(m) == 4
+    assert {r: m.last_job(r) for r in runs} == {"run0": "7_1", "run1": "9_0", "run2": "9_1", "run3": "5_2",
+                                                "run4": None, "run5": "7_0"}
+    assert m.pending == []

@@ -8,6 +8,7 @@
   MaxArraySize runs, fire-and-forget. The sbatch script is the same for every array task and
   holds no run name or config value: each task unpickles a TrainJob holding its run dir (and
   the run's config, which the job writes there, when the sweep left the run dir to the job).
+  An array's pickles go into one file, not one per task (armorlab.sweeps.array_task).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from armorlab.errors import ArmorLabError
 from armorlab.sweeps import slurmctl
 from armorlab.sweeps.manifest import LOGS_DIR, SUBMITIT_DIR
 from armorlab.sweeps.profile import Profile
-from armorlab.sweeps.sbatch import check_names, check_script, checked_executor, render_script
+from armorlab.sweeps.sbatch import check_names, check_script, checked_executor, render_script, submit_command
 
 if TYPE_CHECKING:
     from armorlab.sweeps.jobs import JobOutcome
@@ -179,18 +180,57 @@ class SlurmSubmitter:
         return text
 
     @staticmethod
-    def _submitit_text(ex: Any, n_runs: int) -> str:
-        """What submitit writes for an array of ``n_runs``: its array submission renders the
-        executor's parameters plus ``map_count`` (in a plain SlurmExecutor copy, past our
-        checked subclass, so the check runs here, before sbatch)."""
+    def _command(ex: Any, n_runs: int) -> str:
+        """What each task runs: submitit's own entry for a single job, armorlab's array entry
+        (armorlab.sweeps.array_task: one pickle file per array) for an array."""
+        return ex._submitit_command_str if n_runs == 1 else submit_command(ex.folder, ex.python, array=True)
+
+    @classmethod
+    def _submitit_text(cls, ex: Any, n_runs: int) -> str:
+        """The script submitit writes for ``n_runs`` tasks: an array's renders the executor's
+        parameters plus ``map_count``, as submitit's array submission does (and ``_submit_array``)."""
         params = ex.parameters
         if n_runs > 1:
             params = {**params, "map_count": n_runs}
         saved, ex.parameters = ex.parameters, params
         try:
-            return ex._make_submission_file_text(ex._submitit_command_str, "dry-run")
+            return ex._make_submission_file_text(cls._command(ex, n_runs), "dry-run")
         finally:
             ex.parameters = saved
+
+    def _submit_array(self, ex: Any, jobs: Sequence[Any]) -> list[str]:
+        """Queue ``jobs`` (TrainJobs) as one array: each task's pickle, the bytes submitit would
+        write for it, goes into one file, published as ``<array id>_array.pkl`` once sbatch has
+        answered (the tasks wait for it). The sbatch call is submitit's (``_submit_command`` with
+        ``map_count``, as its array submission makes it), through the checked executor."""
+        import pickle
+        import uuid
+
+        import cloudpickle
+        from submitit.core.utils import DelayedSubmission, JobPaths
+
+        from armorlab.fsutil import atomic_write_bytes
+        from armorlab.sweeps.array_task import ARRAY_SUFFIX, array_bytes
+
+        timeout_min = ex.parameters.get("time", 5)
+        entries = []
+        for job in jobs:  # as submitit's _internal_process_submissions pickles each task
+            delayed = DelayedSubmission(job)
+            delayed.set_timeout(timeout_min, ex.max_num_timeout)
+            entries.append(cloudpickle.dumps(delayed, pickle.HIGHEST_PROTOCOL))
+        folder = JobPaths.get_first_id_independent_folder(ex.folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        unqueued = folder / f"unqueued-{uuid.uuid4().hex}{ARRAY_SUFFIX}"
+        atomic_write_bytes(unqueued, array_bytes(entries))
+        saved, ex.parameters = ex.parameters, {**ex.parameters, "map_count": len(entries)}
+        try:
+            ex._throttle()
+            array_id = ex._submit_command(self._command(ex, len(entries))).job_id
+            os.replace(unqueued, folder / f"{array_id}{ARRAY_SUFFIX}")
+        finally:
+            ex.parameters = saved
+            unqueued.unlink(missing_ok=True)  # sbatch failed: nothing refers to it
+        return [f"{array_id}_{a}" for a in range(len(entries))]
 
     def submit(self, runs: Sequence[str | Path | tuple[str | Path, dict[str, Any] | None]], *, chunk: int,
                on_array: Callable[[list[str], list[str]], None],
@@ -215,18 +255,16 @@ class SlurmSubmitter:
             if text != self._rendered(len(part)):
                 log.warning("`armorlab sweep --dry-run` shows a different sbatch script than submitit %s "
                             "writes; the job is submitted with submitit's", submitit.__version__)
-            jobs = []
             if before_array is not None:
                 before_array(names)
+            jobs = [TrainJob(rd, **launch, config=cfg) for rd, cfg in part]
             try:
-                with ex.batch():
-                    for rd, cfg in part:
-                        jobs.append(ex.submit(TrainJob(rd, **launch, config=cfg)))
+                # a single run: submitit's plain job (one pickle either way)
+                ids = [ex.submit(jobs[0]).job_id] if len(jobs) == 1 else self._submit_array(ex, jobs)
             except submitit.core.utils.FailedJobError as exc:
                 raise ArmorLabError(f"sbatch refused the job array: {str(exc).strip()}", key="profile",
                                     value=str(self.profile.path) if self.profile.path else None,
                                     file=str(self.profile.path) if self.profile.path else None) from None
-            ids = [job.job_id for job in jobs]
             on_array(names, ids)
             job_ids += ids
             log.info("queued %d run(s) as Slurm job %s", len(part), ids[0].split("_", 1)[0])

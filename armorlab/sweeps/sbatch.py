@@ -14,7 +14,8 @@ comment and run the rest as shell code when the job starts. Two defences, both n
 ``render_script`` writes the text submitit's ``_make_sbatch_string`` writes for the parameters a
 profile produces (tests hold the two equal, and `armorlab sweep` compares them before each sbatch
 and warns when an upgraded submitit writes something else); a parameter it does not model makes
-it answer None, and the dry run asks submitit itself.
+it answer None, and the dry run asks submitit itself. An array's command line is armorlab's
+array entry (armorlab.sweeps.array_task: one pickle file per array), a single job's submitit's.
 """
 
 from __future__ import annotations
@@ -79,10 +80,12 @@ _SBATCH_MODELLED = {*_SBATCH_DEFAULTS, "partition", "account", "qos", "ntasks_pe
                     "gpus_per_node", "mem"}
 
 
-def submit_command(folder: Path, python: str | None) -> str:
-    """The command line submitit's SlurmExecutor runs in each task (its ``_submitit_command_str``)."""
+def submit_command(folder: Path, python: str | None, *, array: bool = False) -> str:
+    """The command line each task runs: submitit's SlurmExecutor's (its ``_submitit_command_str``)
+    for a single job, armorlab's array entry (armorlab.sweeps.array_task) for a job array."""
     python = shlex.quote(sys.executable) if python is None else python
-    return " ".join([python, "-u -m submitit.core._submit", shlex.quote(str(folder))])
+    module = "armorlab.sweeps.array_task" if array else "submitit.core._submit"
+    return " ".join([python, f"-u -m {module}", shlex.quote(str(folder))])
 
 
 def executor_folder(folder: str | os.PathLike) -> Path:
@@ -120,7 +123,7 @@ def render_script(folder: str | os.PathLike, params: Mapping[str, Any], *, pytho
     if opt["setup"] is not None:
         lines += ["", "# setup", *opt["setup"]]
     srun = ["srun", "--unbuffered", "--output", stdout, *([] if opt["stderr_to_stdout"] else ["--error", stderr])]
-    command = " ".join(shlex.quote(a) for a in srun) + " " + submit_command(folder, python)
+    command = " ".join(shlex.quote(a) for a in srun) + " " + submit_command(folder, python, array=n is not None)
     lines += ["", "# command", "export SUBMITIT_EXECUTOR=slurm", command, ""]
     return "\n".join(lines)
 

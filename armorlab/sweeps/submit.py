@@ -12,7 +12,7 @@ import dataclasses
 import logging
 import os
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -159,29 +159,49 @@ def prepare(plan: SweepPlan, *, defer_new: bool = False,
 
 
 def recover_submitted(manifest: Manifest) -> int:
-    """After a crash between sbatch and the manifest's record: find the jobs submitit queued for
-    the manifest's ``pending`` runs (a ``.submitit/<job id>_submitted.pkl`` whose TrainJob names
-    the run dir and whose job id the manifest does not know) and record them, so the next sweep
-    sees them as queued instead of submitting the runs twice. Returns how many were found."""
+    """After a crash between sbatch and the manifest's record: find the jobs queued for the
+    manifest's ``pending`` runs and record them, so the next sweep sees them as queued instead of
+    submitting the runs twice. A queued array is a ``.submitit/<A>_array.pkl`` (task ``a``'s
+    TrainJob names its run dir, its job id is ``<A>_<a>``); a single job, or an array queued by an
+    armorlab before one-file arrays, a ``<job id>_submitted.pkl``. Job ids the manifest knows are
+    skipped. Returns how many were found."""
     if not manifest.pending:
         return 0
-    from submitit.core.utils import DelayedSubmission
+    import pickle
+
+    from armorlab.sweeps.array_task import ARRAY_FILE, ARRAY_SUFFIX, read_entries
 
     pending = set(manifest.pending)
     known = {j for ids in manifest.jobs.values() for j in ids}
     found: dict[str, str] = {}
-    suffix = "_submitted.pkl"
-    for pkl in sorted(manifest.submitit_folder.glob(f"*{suffix}")):
-        job_id = pkl.name[:-len(suffix)]
-        if job_id in known:
-            continue
+
+    def take(job_id: str, load: Callable[[], Any], where: Path) -> None:
         try:
-            run_dir = Path(DelayedSubmission.load(pkl).function.run_dir)
+            run_dir = Path(load().function.run_dir)
         except Exception as exc:  # not ours, or torn: it cannot have started a run of ours either
-            log.info("skipping unreadable submitit pickle %s: %s", pkl, exc)
-            continue
+            log.info("skipping unreadable submitit pickle %s: %s", where, exc)
+            return
         if run_dir.name in pending and run_dir.parent.resolve() == manifest.sweep_dir.resolve():
             found[run_dir.name] = job_id
+
+    folder = manifest.submitit_folder
+    for pkl in sorted(folder.glob(f"*{ARRAY_SUFFIX}")):
+        m = ARRAY_FILE.fullmatch(pkl.name)
+        if m is None:
+            continue  # an array file sbatch never answered for: nothing was queued with it
+        try:
+            entries = read_entries(pkl)
+        except (OSError, ValueError) as exc:
+            log.info("skipping unreadable array file %s: %s", pkl, exc)
+            continue
+        for a, entry in enumerate(entries):
+            if f"{m.group(1)}_{a}" not in known:
+                take(f"{m.group(1)}_{a}", lambda entry=entry: pickle.loads(entry), pkl)
+    suffix = "_submitted.pkl"
+    for pkl in sorted(folder.glob(f"*{suffix}")):
+        job_id = pkl.name[:-len(suffix)]
+        if job_id not in known:
+            take(job_id, lambda pkl=pkl: pickle.loads(pkl.read_bytes()), pkl)
     if found:
         log.warning("recovered %d job(s) queued by an interrupted sweep", len(found))
         manifest.record("slurm", list(found), list(found.values()), recovered=True)
