@@ -51,10 +51,13 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes, *, replace: bool = 
     """Write ``data`` to ``path`` via temp file + fsync + rename (``replace``), or, with
     ``replace=False``, + hard link: then ``path`` is written only if it does not exist yet, and
     the answer says whether it was (a file someone else put there first is kept)."""
+    import uuid  # here: most commands write no bytes
+
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{id(data):x}.tmp")
+    # unique across the tasks of a multi-node job writing the same path at once
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, _FILE_MODE)
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, _FILE_MODE)
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()

@@ -263,4 +263,4 @@ def test_recovery_finds_arrays_and_older_per_task_pickles(tmp_path):
     assert recover_submitted(m) == 4
     assert {r: m.last_job(r) for r in runs} == {"run0": "7_1", "run1": "9_0", "run2": "9_1", "run3": "5_2",
                                                 "run4": None, "run5": "7_0"}
-    assert m.pending == []
+    assert m.pending == [] and not (folder / "unqueued-ab12_array.pkl").exists()

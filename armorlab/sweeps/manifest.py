@@ -3,7 +3,7 @@
 ```
 <root>/<name>/sweep.json    this manifest (atomic JSON)
               spec.yaml     the spec as expanded (base inlined)
-              .submitit/    submitit's pickles, sbatch files and job logs
+              .submitit/    submitit's sbatch files, pickles and job logs; one <A>_array.pkl per job array
               .logs/        local executor: one log per run
               .lock         held while a command decides and records submissions
               <run-id>/     run directories (runs.py)
@@ -12,8 +12,8 @@
 job that may still be queued or running. ``pending`` lists the runs of a submission in flight:
 saved (fsync'd) before sbatch, emptied when the job ids are recorded. It is what makes a sweep
 crash-safe without fsyncing every run dir: a crash leaves it non-empty, and the next `armorlab
-sweep` first recovers the jobs submitit had queued for those runs (their ``.submitit`` pickles
-name the run dir), then rewrites whatever run dirs are still unsubmitted. Local jobs are named ``local:<host>:<pid>:<n>`` (pid =
+sweep` first recovers the jobs queued for those runs (their entries in ``.submitit`` array files
+and pickles name the run dir), then rewrites whatever run dirs are still unsubmitted. Local jobs are named ``local:<host>:<pid>:<n>`` (pid =
 the `armorlab sweep` process that runs them).
 """
 

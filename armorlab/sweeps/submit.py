@@ -164,7 +164,7 @@ def recover_submitted(manifest: Manifest) -> int:
     submitting the runs twice. A queued array is a ``.submitit/<A>_array.pkl`` (task ``a``'s
     TrainJob names its run dir, its job id is ``<A>_<a>``); a single job, or an array queued by an
     armorlab before one-file arrays, a ``<job id>_submitted.pkl``. Job ids the manifest knows are
-    skipped. Returns how many were found."""
+    skipped; array files that were never published are removed. Returns how many were found."""
     if not manifest.pending:
         return 0
     import pickle
@@ -187,8 +187,9 @@ def recover_submitted(manifest: Manifest) -> int:
     folder = manifest.submitit_folder
     for pkl in sorted(folder.glob(f"*{ARRAY_SUFFIX}")):
         m = ARRAY_FILE.fullmatch(pkl.name)
-        if m is None:
-            continue  # an array file sbatch never answered for: nothing was queued with it
+        if m is None:  # an array file sbatch never answered for (the lock says its sweep is dead):
+            pkl.unlink(missing_ok=True)  # no task reads it
+            continue
         try:
             entries = read_entries(pkl)
         except (OSError, ValueError) as exc:
