@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import string
 from pathlib import Path
@@ -264,3 +265,47 @@ def test_recovery_finds_arrays_and_older_per_task_pickles(tmp_path):
     assert {r: m.last_job(r) for r in runs} == {"run0": "7_1", "run1": "9_0", "run2": "9_1", "run3": "5_2",
                                                 "run4": None, "run5": "7_0"}
     assert m.pending == [] and not (folder / "unqueued-ab12_array.pkl").exists()
+
+
+def _fake_slurm(tmp_path, monkeypatch, sbatch_body):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, body in (("srun", "exit 0"), ("sbatch", sbatch_body)):
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+
+
+def test_an_array_submission_queues_one_file_and_warns_when_the_dry_run_would_differ(tmp_path, monkeypatch,
+                                                                                     caplog):
+    from armorlab.sweeps import executors
+    from armorlab.sweeps.array_task import read_entries
+
+    _fake_slurm(tmp_path, monkeypatch, 'echo "Submitted batch job 4242"')
+    sub = SlurmSubmitter(tmp_path / "sweep", parse_profile({"time_min": 7}), job_name="s")
+    runs = [str(tmp_path / "sweep" / f"r{i}") for i in range(3)]
+    seen = []
+    ids = sub.submit(runs, chunk=10, before_array=seen.append, on_array=lambda r, j: seen.append((r, j)))
+    assert ids == ["4242_0", "4242_1", "4242_2"] and seen == [["r0", "r1", "r2"], (["r0", "r1", "r2"], ids)]
+    folder = tmp_path / "sweep" / ".submitit"
+    assert sorted(p.name for p in folder.iterdir() if not p.name.startswith(".")) == ["4242_array.pkl",
+                                                                                    "4242_submission.sh"]
+    tasks = [pickle.loads(e) for e in read_entries(folder / "4242_array.pkl")]
+    assert [t.function.run_dir for t in tasks] == runs and {t._timeout_min for t in tasks} == {7}
+    script = (folder / "4242_submission.sh").read_text()
+    assert script == sub.sbatch_text(3) and "-m armorlab.sweeps.array_task" in script
+    assert "differs" not in caplog.text and "different sbatch script" not in caplog.text
+    # an upgraded submitit that writes another script than the dry run shows: said before sbatch
+    monkeypatch.setattr(executors, "render_script", lambda *a, **kw: "#!/bin/bash\n")
+    sub.submit(runs[:2], chunk=10, on_array=lambda r, j: None)
+    assert "`armorlab sweep --dry-run` shows a different sbatch script" in caplog.text
+
+
+def test_sbatch_refusing_an_array_is_a_clear_error_and_leaves_no_array_file(tmp_path, monkeypatch):
+    from armorlab.errors import ArmorLabError
+
+    _fake_slurm(tmp_path, monkeypatch, 'echo "sbatch: error: invalid partition" >&2; exit 1')
+    sub = SlurmSubmitter(tmp_path / "sweep", parse_profile({}), job_name="s")
+    with pytest.raises(ArmorLabError, match="sbatch refused the job array: .*invalid partition"):
+        sub.submit([str(tmp_path / "r0"), str(tmp_path / "r1")], chunk=10, on_array=lambda r, j: None)
+    assert not list((tmp_path / "sweep" / ".submitit").glob("*.pkl"))
