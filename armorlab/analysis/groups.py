@@ -30,6 +30,7 @@ import pandas as pd
 from armorlab.analysis import collapse, select, stats
 from armorlab.analysis.load import META_COLUMNS, RunSet
 from armorlab.analysis.recipe import SEED_KEYS, Recipe
+from armorlab.analysis.values import fmt_value, norm_value
 from armorlab.errors import ArmorLabError
 
 log = logging.getLogger(__name__)
@@ -40,23 +41,7 @@ GROUP_SCORES = ("peak", "peak_step", "final", "drop", "collapse_step", "auc", "s
                 "selected_test")
 
 
-def _norm(v: Any) -> Any:
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return None
-    if isinstance(v, (np.integer,)):
-        return int(v)
-    if isinstance(v, (np.floating,)):
-        return float(v)
-    if isinstance(v, (np.bool_,)):
-        return bool(v)
-    return v
-
-
-def fmt_value(v: Any) -> str:
-    v = _norm(v)
-    if isinstance(v, float):
-        return f"{v:g}"
-    return str(v)
+_norm = norm_value
 
 
 # --------------------------------------------------------------------------- grouping

@@ -12,6 +12,7 @@ import numpy as np
 
 from armorlab.analysis.memo import rendered
 from armorlab.analysis.stats import CurveBand
+from armorlab.analysis.values import fmt_value
 
 
 @functools.cache
@@ -267,8 +268,6 @@ def plot_ablation(summary_rows: Sequence[Mapping], per_run: Mapping[str, Mapping
     """Bars over the swept key ``x_key``, one bar per combination of the other group keys (the
     hue, named in the legend), mean with 95% CI error bars and every seed as a dot; one panel
     per headline score. Without other keys, bars keep their group colours."""
-    from armorlab.analysis.groups import fmt_value
-
     def tick(v) -> str:
         return "none" if fmt_value(v) == "None" else fmt_value(v)
 
