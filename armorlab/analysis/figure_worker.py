@@ -3,7 +3,13 @@ the statistics (armorlab.analysis.report). It imports only the plotting code (nu
 never pandas or scipy; requests and answers are length-prefixed pickles on its stdin/stdout.
 
 A plain ``python -c`` child on pipes, not multiprocessing: spawn would re-run the caller's
-``__main__`` script in the child (every ``python myscript.py`` without a main guard)."""
+``__main__`` script in the child (every ``python myscript.py`` without a main guard).
+
+The worker imports matplotlib once and then forks a child per figure (where the OS has fork):
+the figures are independent, so they draw on every core at once (on two cores, alongside the
+main process's statistics) without a second interpreter's start-up and matplotlib import. The
+worker itself only forwards requests and answers; a child that dies without answering is
+answered for (WorkerDied), so that figure is drawn in the main process."""
 
 from __future__ import annotations
 
@@ -16,7 +22,7 @@ import struct
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -47,31 +53,122 @@ def _recv(stream) -> Any:
     return pickle.loads(data) if len(data) == size else None
 
 
-def serve_figures() -> None:
-    """The worker's loop (``python -c "...serve_figures()"``): read (job, module, name, args,
-    kwargs) from stdin, draw with the plain plot function, answer (job, ok, path or error) on
-    the stdout it was started with; anything else written to stdout goes to stderr."""
+def _draw(msg: tuple) -> tuple:
+    """Run one request (job, module, name, args, kwargs) → the answer (job, ok, path or error)."""
     import importlib
     import traceback
 
-    answers = os.fdopen(os.dup(1), "wb")
+    job, module, name, args, kwargs = msg
+    try:
+        fn = getattr(importlib.import_module(module), name)
+        return job, True, getattr(fn, "__wrapped__", fn)(*args, **kwargs)
+    except Exception as exc:
+        return job, False, RuntimeError(f"{name}: {exc!r}\n{traceback.format_exc()}")
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _take_frame(buf: bytearray) -> bytes | None:
+    """Remove and return the first complete frame's payload from ``buf`` (None: not complete)."""
+    if len(buf) < 8:
+        return None
+    (size,) = struct.unpack("<Q", buf[:8])
+    if len(buf) < 8 + size:
+        return None
+    payload = bytes(buf[8:8 + size])
+    del buf[:8 + size]
+    return payload
+
+
+def serve_figures() -> None:
+    """The worker's loop (``python -c "...serve_figures()"``): read (job, module, name, args,
+    kwargs) from stdin, draw with the plain plot function in a forked child (in this process
+    where there is no fork), answer (job, ok, path or error) on the stdout it was started with;
+    anything else written to stdout goes to stderr. Exits when stdin ends and every child has
+    answered."""
+    import selectors
+
+    answers = os.dup(1)
     os.dup2(2, 1)
-    requests = sys.stdin.buffer
     from armorlab.analysis import plots
 
-    plots._pyplot()  # matplotlib's import overlaps the main process's loading
-    while (msg := _recv(requests)) is not None:
-        job, module, name, args, kwargs = msg
-        try:
-            fn = getattr(importlib.import_module(module), name)
-            answer = (job, True, getattr(fn, "__wrapped__", fn)(*args, **kwargs))
-        except Exception as exc:
-            answer = (job, False, RuntimeError(f"{name}: {exc!r}\n{traceback.format_exc()}"))
-        _send(answers, answer)
-    answers.flush()
+    plots._pyplot()  # matplotlib's import overlaps the main process's loading, and each child inherits it
+    sel = selectors.DefaultSelector()
+    sel.register(0, selectors.EVENT_READ)
+    inbox = bytearray()
+    children: dict[int, tuple[int, int, bytearray]] = {}   # answer pipe → (pid, job, bytes so far)
+    reading = True
+    while reading or children:
+        for key, _ in sel.select():
+            fd = key.fd
+            chunk = os.read(fd, 1 << 20)
+            if fd == 0:
+                if not chunk:
+                    reading = False
+                    sel.unregister(0)
+                inbox += chunk
+                while (payload := _take_frame(inbox)) is not None:
+                    msg = pickle.loads(payload)
+                    if not hasattr(os, "fork"):
+                        _write_all(answers, _frame(_draw(msg)))
+                        continue
+                    r, w = os.pipe()
+                    pid = os.fork()
+                    if pid == 0:  # the child: draw, answer through its own pipe, exit at once
+                        code = 1
+                        try:
+                            for other in (0, answers, r, *children):
+                                os.close(other)
+                            _write_all(w, _frame(_draw(msg)))
+                            code = 0
+                        finally:
+                            os._exit(code)
+                    os.close(w)
+                    children[r] = (pid, msg[0], bytearray())
+                    sel.register(r, selectors.EVENT_READ)
+            elif chunk:
+                children[fd][2].extend(chunk)
+            else:  # the child is done: forward its answer, or say it died without one
+                sel.unregister(fd)
+                os.close(fd)
+                pid, job, data = children.pop(fd)
+                _, status = os.waitpid(pid, 0)
+                if _take_frame(bytearray(data)) is None:
+                    data = _frame((job, False, WorkerDied(f"figure process exited with status {status}")))
+                _write_all(answers, bytes(data))
     # no interpreter teardown (matplotlib's, numpy's): every PNG is written and closed, and the
     # report waits for this exit (so that its CPU time is counted where it was spent)
     os._exit(0)
+
+
+WORKER_MIN_BYTES = 8 << 20  # metrics.jsonl bytes from which the figures are drawn in a worker process
+
+
+def wanted(paths: Sequence[str]) -> bool:
+    """Whether a report of these inputs (run dirs, sweeps, globs) draws its figures in a worker:
+    with more than one CPU and at least WORKER_MIN_BYTES of metrics.jsonl (below, the worker's
+    start-up costs more than the figures it would draw alongside the statistics). Stdlib only:
+    the report command asks before it imports pandas."""
+    import glob
+
+    from armorlab.runs import find_run_dirs
+
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if cpus < 2:
+        return False
+    total = 0
+    try:
+        dirs = [Path(m) for p in map(str, paths) for m in (sorted(glob.glob(p)) if glob.has_magic(p) else [p])]
+        for rd in find_run_dirs(dirs):
+            with contextlib.suppress(OSError):
+                total += rd.metrics_path.stat().st_size
+    except Exception:  # inputs that cannot be listed: load says why
+        return False
+    return total >= WORKER_MIN_BYTES
 
 
 class FigureWorker:

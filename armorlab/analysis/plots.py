@@ -13,6 +13,7 @@ import numpy as np
 from armorlab.analysis.memo import rendered
 from armorlab.analysis.stats import CurveBand
 from armorlab.analysis.values import fmt_value
+from armorlab.fsutil import atomic_file
 
 
 @functools.cache
@@ -111,9 +112,11 @@ def _save(fig, path: Path) -> Path:
     """Write the PNG. Every figure is laid out by matplotlib's constrained layout (room for
     titles, labels and an outside legend), so no bbox_inches="tight": that draws the figure
     twice, and the first draw was a fifth of the report's figure time."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # zlib level 1: a third of the encode time of the default 6, and the same size (few flat areas)
-    fig.savefig(path, dpi=DPI, pil_kwargs={"compress_level": 1})
+    # zlib level 1: a third of the encode time of the default 6, and the same size (few flat areas);
+    # renamed into place: a figure process orphaned by a killed worker may still be writing the
+    # PNG that the main process draws again (the same bytes)
+    with atomic_file(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=DPI, pil_kwargs={"compress_level": 1})
     plt.close(fig)
     return path
 

@@ -17,10 +17,8 @@ imports tune.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
-import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +29,7 @@ import pandas as pd
 
 from armorlab.analysis import collapse, freshness, memo, plots, select, stats, tables
 from armorlab.analysis import groups as G
-from armorlab.analysis.figure_worker import FigureWorker
+from armorlab.analysis.figure_worker import FigureWorker, wanted
 from armorlab.analysis.html import Figure, Section, esc, write_index
 from armorlab.analysis.load import RunSet, load
 from armorlab.analysis.recipe import DEFAULT_CURVES, Recipe, default_out_dir  # noqa: F401 (re-export)
@@ -203,45 +201,26 @@ def _token_samples(rs: RunSet, groups: G.Groups, notes: G.Notes):
 
 MEMO = ".armorlab-cache/memo.pickle"  # in the output dir: bootstrap results, bands, drawn figures
 MAX_ONSET_LABELS = 40  # collapse onsets labelled with their fall in SE, at most
-WORKER_MIN_BYTES = 8 << 20  # metrics.jsonl bytes from which the figures are drawn in a worker process
-
-
-def _metrics_bytes(paths: Sequence[str]) -> int:
-    """Total size of the runs' metrics.jsonl (what the figures will show, roughly); 0 when the
-    inputs cannot be listed (load says why)."""
-    from armorlab.analysis.load import _expand
-    from armorlab.runs import find_run_dirs
-
-    try:
-        total = 0
-        for rd in find_run_dirs(_expand(paths)):
-            with contextlib.suppress(OSError):
-                total += rd.metrics_path.stat().st_size
-        return total
-    except Exception:
-        return 0
-
-
-def _use_worker(recipe: Recipe) -> bool:
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return cpus > 1 and _metrics_bytes(list(recipe.runs)) >= WORKER_MIN_BYTES
-
 
 def build_report(recipe: Recipe, out_dir: str | Path | None = None, *, cache: bool = True,
                  progress: Callable[[int, int], None] | None = None,
                  extra_sections: Callable[[Path, Callable[[str], None]], list[Section]] | None = None,
                  lead: Callable[[pd.DataFrame, RunSet, Path], Section | None] | None = None,
-                 figure_worker: bool | None = None) -> ReportResult:
+                 figure_worker: bool | FigureWorker | None = None) -> ReportResult:
     """Write the whole report for ``recipe`` and return what was written.
 
     ``extra_sections(out_dir, warn)`` returns sections appended after the run report's; ``warn``
     adds a note to the report's warnings. ``lead(per_run, runs, out_dir)`` may return a section
     shown first (the demo's headline). With ``cache``, results of unchanged inputs come from
     the last report in the same output dir (armorlab.analysis.memo). ``figure_worker``: draw
-    the figures in a worker process (None: when the metrics exceed WORKER_MIN_BYTES and there
-    is more than one CPU); the report is the same either way."""
+    the figures in a worker process (None: when figure_worker.wanted says it pays off), or in
+    this one worker (started by the caller before it imported this module, so that matplotlib's
+    import overlaps pandas'; closed here); the report is the same either way."""
     out = Path(out_dir) if out_dir is not None else default_out_dir(recipe)
-    worker = FigureWorker(_use_worker(recipe) if figure_worker is None else figure_worker)
+    if isinstance(figure_worker, FigureWorker):
+        worker = figure_worker
+    else:
+        worker = FigureWorker(wanted(recipe.runs) if figure_worker is None else figure_worker)
     try:
         with memo.using(out / MEMO, enabled=cache):
             return _build_report(recipe, out, cache=cache, progress=progress, extra_sections=extra_sections,

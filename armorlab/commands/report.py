@@ -41,16 +41,26 @@ def register(app: typer.Typer) -> None:
 def compose_report(recipe, out: Path | None, *, cache: bool = True, progress=None, lead=None):
     """The run report (armorlab.analysis.report) plus an Optuna section per study dir among the
     inputs (armorlab.tune.study): composed here so that analysis never imports tune."""
-    from armorlab.analysis.report import build_report  # pandas, scipy, matplotlib: after the cheap checks
-    from armorlab.tune.study import is_study_dir  # light: optuna only inside the section builder
+    from armorlab.analysis.figure_worker import FigureWorker, wanted
 
-    studies = [p for p in recipe.runs if Path(p).is_dir() and is_study_dir(p)]
-    extra = None
-    if studies:
-        from armorlab.tune.study import report_sections
+    # the figure worker first: its interpreter and matplotlib import run on the other core while
+    # this process imports pandas (build_report takes it over and closes it)
+    worker = FigureWorker(wanted(recipe.runs))
+    try:
+        from armorlab.analysis.report import build_report  # pandas: after the cheap checks
+        from armorlab.tune.study import is_study_dir  # light: optuna only inside the section builder
 
-        extra = functools.partial(report_sections, studies)
-    return build_report(recipe, out, cache=cache, progress=progress, extra_sections=extra, lead=lead)
+        studies = [p for p in recipe.runs if Path(p).is_dir() and is_study_dir(p)]
+        extra = None
+        if studies:
+            from armorlab.tune.study import report_sections
+
+            extra = functools.partial(report_sections, studies)
+    except BaseException:
+        worker.close()
+        raise
+    return build_report(recipe, out, cache=cache, progress=progress, extra_sections=extra, lead=lead,
+                        figure_worker=worker)
 
 
 def write_report(recipe, out: Path | None, *, cache: bool = True, lead=None) -> None:
@@ -71,14 +81,14 @@ def write_report(recipe, out: Path | None, *, cache: bool = True, lead=None) -> 
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-    from armorlab.analysis.report import result_summary  # pandas, scipy, matplotlib
-
     console = Console(stderr=True)
     with Progress(TextColumn("reading runs"), BarColumn(), MofNCompleteColumn(), console=console,
                   transient=True) as bar:
         task = bar.add_task("runs", total=None)
         result = compose_report(recipe, target, cache=cache, lead=lead,
                                 progress=lambda done, total: bar.update(task, completed=done, total=total))
+    from armorlab.analysis.report import result_summary  # imported by compose_report already
+
     _print_summary(result_summary(result))
 
 
