@@ -111,7 +111,18 @@ def _finish(fig, ax_legend, path: Path, legend_title: str, *, extra_handles=()) 
 def _save(fig, path: Path) -> Path:
     """Write the PNG. Every figure is laid out by matplotlib's constrained layout (room for
     titles, labels and an outside legend), so no bbox_inches="tight": that draws the figure
-    twice, and the first draw was a fifth of the report's figure time."""
+    twice, and the first draw was a fifth of the report's figure time. savefig of a figure with
+    a layout engine draws it twice as well (a draw without output that runs the layout, then
+    the real one): the layout is run here instead, at the PNG's resolution, and the engine
+    removed, so savefig draws once — the same pixels, a fifth less work."""
+    engine = fig.get_layout_engine()
+    if engine is not None:
+        fig.set_dpi(DPI)       # text measured at the resolution it is drawn at, as savefig's own pass
+        engine.execute(fig)
+        # None: no engine at all ("none" leaves a placeholder that savefig still runs a pass for);
+        # the rc keys would otherwise turn None into a new engine
+        with plt.rc_context({"figure.autolayout": False, "figure.constrained_layout.use": False}):
+            fig.set_layout_engine(None)
     # zlib level 1: a third of the encode time of the default 6, and the same size (few flat areas);
     # renamed into place: a figure process orphaned by a killed worker may still be writing the
     # PNG that the main process draws again (the same bytes)
