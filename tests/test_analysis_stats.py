@@ -203,3 +203,16 @@ def test_exact_mann_whitney_by_hand_and_as_scipy():
         nx, ny = rng.integers(1, 11, 2)
         x, y = rng.integers(0, 6, nx).astype(float), rng.integers(0, 6, ny).astype(float)   # many ties
         assert stats.mann_whitney_p(x, y) == mannwhitneyu(x, y, method="exact").pvalue
+
+
+def test_curves_on_the_same_steps_align_as_they_are():
+    steps = np.array([0.0, 10.0, 20.0, 30.0])
+    rng = np.random.default_rng(4)
+    runs = [(steps, rng.normal(size=4)) for _ in range(3)]
+    al = stats.align_curves(runs)
+    np.testing.assert_array_equal(al.grid, steps)
+    assert np.array_equal(al.values, np.stack([v for _, v in runs])) and not al.interpolated
+    # one run reversed and NaN at step 30: cleaned first, it stops at 20 → NaN past its range
+    messy = stats.align_curves([*runs[:2], (steps[::-1], np.r_[np.nan, runs[2][1][2::-1]])])
+    np.testing.assert_array_equal(messy.values[2], [*runs[2][1][:3], np.nan])
+    assert messy.interpolated is False and np.array_equal(messy.values[:2], al.values[:2])

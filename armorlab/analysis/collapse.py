@@ -451,9 +451,12 @@ def _rises_screen(ts: np.ndarray, tv: np.ndarray, lo: np.ndarray, hi: np.ndarray
 
 
 def _t_quantiles(q: float, df: np.ndarray) -> np.ndarray:
-    """Student-t quantiles for many degrees of freedom (each distinct one computed once)."""
+    """Student-t quantiles for many degrees of freedom (each distinct one computed once, in one
+    call of the ufunc that stats.t_ppf calls per value: the same numbers)."""
+    from scipy.special import stdtrit
+
     uniq, inverse = np.unique(df, return_inverse=True)
-    return np.array([_t_quantile(q, int(d)) for d in uniq], dtype=np.float64)[inverse.ravel()]
+    return stdtrit(uniq.astype(np.float64), q)[inverse.ravel()]
 
 
 def divergence_step(steps, values, train_steps, train_values, delta: float = DELTA,
