@@ -2,6 +2,8 @@
 falling over only moves the drawing, the layout that replaced bbox_inches="tight" keeps every
 legend on the canvas, and the hard-coded group palette is matplotlib's."""
 
+import os
+import time
 from concurrent.futures import Future
 
 import numpy as np
@@ -84,6 +86,44 @@ def test_a_killed_worker_process_still_gets_every_figure_drawn(tmp_path):
         second = worker.draw(plots.plot_kl, *args, tmp_path / "b.png", **kwargs)  # after: drawn here
         assert first() == tmp_path / "a.png" and second() == tmp_path / "b.png"
         assert (tmp_path / "a.png").stat().st_size > 0 and (tmp_path / "b.png").stat().st_size > 0
+    finally:
+        worker.close()
+
+
+def _dies_outside(main_pid, path):
+    """A figure whose process dies without answering, except in the main process."""
+    if os.getpid() != main_pid:
+        os._exit(3)
+    path.write_text("drawn here")
+    return path
+
+
+def _meet(mine, theirs, path):
+    """A figure that finishes only once the other one has started: drawn one after the other,
+    the first would wait in vain."""
+    mine.touch()
+    deadline = time.monotonic() + 20
+    while not theirs.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{theirs} never appeared: figures drawn one at a time")
+        time.sleep(0.01)
+    path.write_text(str(os.getpid()))
+    return path
+
+
+@pytest.mark.slow
+def test_figures_draw_side_by_side_and_a_dead_figure_process_falls_back(tmp_path):
+    a, b = tmp_path / "a.started", tmp_path / "b.started"
+    worker = W.FigureWorker(enabled=True)
+    try:
+        one = worker.submit(_meet, a, b, tmp_path / "one.png")
+        two = worker.submit(_meet, b, a, tmp_path / "two.png")
+        dead = worker.submit(_dies_outside, os.getpid(), tmp_path / "dead.png")
+        assert one.result() == tmp_path / "one.png" and two.result() == tmp_path / "two.png"
+        pids = {(tmp_path / f).read_text() for f in ("one.png", "two.png")}
+        assert len(pids) == 2 and str(os.getpid()) not in pids      # two processes, neither this one
+        assert dead.result() == tmp_path / "dead.png" and (tmp_path / "dead.png").read_text() == "drawn here"
+        assert worker.proc.poll() is None                            # the worker itself lives on
     finally:
         worker.close()
 

@@ -190,9 +190,12 @@ class FigureWorker:
             return
         code = (f"import sys; sys.path[:0] = {[p for p in sys.path if p]!r}; "
                 "from armorlab.analysis.figure_worker import serve_figures; serve_figures()")
+        # one thread: the worker forks a process per figure, and a BLAS thread pool (numpy's
+        # OpenBLAS starts one per core; a figure never needs it) would be forked half-alive
+        env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
         try:
             self.proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
-                                         stdout=subprocess.PIPE)
+                                         stdout=subprocess.PIPE, env=env)
         except OSError as exc:
             log.info("figures drawn in-process (no worker: %s)", exc)
             return
