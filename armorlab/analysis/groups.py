@@ -253,17 +253,34 @@ def group_summary(per_run: pd.DataFrame, groups: Groups, cols: Sequence[str]) ->
     """One row per group: keys, n (runs), collapsed (runs with a collapse step), and per score
     ``<score>_mean/_ci_low/_ci_high/_std/_iqm/_n`` (stats.summarise over seeds)."""
     rows = []
+    at = group_rows(per_run)
+    numeric = numeric_columns(per_run, cols)
+    collapsed = per_run["collapse_step"].notna().to_numpy() if "collapse_step" in per_run else None
     for g in groups.table.to_dict("records"):
         label = g["group"]
-        sub = per_run[per_run["group"] == label]
+        idx = at.get(label, np.empty(0, dtype=np.int64))
         row: dict[str, Any] = {"group": label, **{k: g[k] for k in groups.keys}}
-        row["n"] = len(sub)
-        row["collapsed"] = int(sub["collapse_step"].notna().sum()) if "collapse_step" in sub else 0
+        row["n"] = len(idx)
+        row["collapsed"] = int(collapsed[idx].sum()) if collapsed is not None else 0
         for c in cols:
-            values = pd.to_numeric(sub[c], errors="coerce").to_numpy(dtype=np.float64)
-            row.update(stats.summarise(values).as_dict(f"{c}_"))
+            row.update(stats.summarise(numeric[c][idx]).as_dict(f"{c}_"))
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def group_rows(per_run: pd.DataFrame) -> dict[str, np.ndarray]:
+    """Group label → positions of its runs in ``per_run``, in table order (one pass instead of
+    a boolean filter per group)."""
+    labels = per_run["group"].to_numpy()
+    out: dict[str, list[int]] = {}
+    for i, g in enumerate(labels.tolist()):
+        out.setdefault(g, []).append(i)
+    return {g: np.asarray(v, dtype=np.int64) for g, v in out.items()}
+
+
+def numeric_columns(per_run: pd.DataFrame, cols: Sequence[str]) -> dict[str, np.ndarray]:
+    """Each column as float64 (non-numbers NaN), converted once."""
+    return {c: pd.to_numeric(per_run[c], errors="coerce").to_numpy(dtype=np.float64) for c in dict.fromkeys(cols)}
 
 
 def resolve_scores(recipe: Recipe, per_run: pd.DataFrame, matched: Sequence[int]) -> list[str]:
@@ -328,12 +345,12 @@ def improvement_table(per_run: pd.DataFrame, pairs: Sequence[tuple[str, str]],
     (NaN where the seeds cannot resolve it: ``resolvable`` false, stats S4) and the exact
     two-sided Mann–Whitney p-value ``mw_p``."""
     rows = []
+    at = group_rows(per_run)
+    numeric = numeric_columns(per_run, scores)
+    none = np.empty(0, dtype=np.int64)
     for x, y in pairs:
-        xs = per_run[per_run["group"] == x]
-        ys = per_run[per_run["group"] == y]
         for s in scores:
-            a = pd.to_numeric(xs[s], errors="coerce").to_numpy(dtype=np.float64)
-            b = pd.to_numeric(ys[s], errors="coerce").to_numpy(dtype=np.float64)
+            a, b = numeric[s][at.get(x, none)], numeric[s][at.get(y, none)]
             p, lo, hi = stats.poi_with_ci(a, b)
             n_x, n_y = int(np.isfinite(a).sum()), int(np.isfinite(b).sum())
             rows.append({"x": x, "y": y, "score": s, "p_improvement": p, "ci_low": lo, "ci_high": hi,

@@ -308,9 +308,11 @@ def _build_report(recipe: Recipe, out: Path, *, cache: bool, progress: Callable[
     per_run = G.run_scores(rs, groups, recipe, matched, notes, tok_stats)
     if sel.metric in bands:  # to the worker before the group statistics: the largest figure
         markers = {}
+        records = per_run.to_dict("records")
+        at = G.group_rows(per_run)
         for g in groups.labels:
             pts = []
-            for r in per_run[per_run["group"] == g].to_dict("records"):
+            for r in (records[i] for i in at.get(g, ())):
                 cs = r.get("collapse_step")
                 if cs is not None and not (isinstance(cs, float) and math.isnan(cs)):
                     v = select.value_at(*rs.curve(r["run_id"], sel.metric), cs).value
@@ -343,8 +345,8 @@ def _build_report(recipe: Recipe, out: Path, *, cache: bool, progress: Callable[
     if scores and len(groups.labels) > 1 and varying:
         x_key = varying[-1]
         hue = [k for k in keys if k != x_key and k in varying]
-        seeds = {g: {s: pd.to_numeric(per_run.loc[per_run["group"] == g, s], errors="coerce").to_numpy(
-            dtype=np.float64) for s in scores} for g in groups.labels}
+        at, numeric = G.group_rows(per_run), G.numeric_columns(per_run, scores)
+        seeds = {g: {s: numeric[s][at.get(g, np.empty(0, dtype=np.int64))] for s in scores} for g in groups.labels}
         drawn["ablation"] = ("results", worker.draw(plots.plot_ablation, summary.to_dict("records"), seeds,
                                                     scores, label, x_key, hue, plot_dir / "ablation.png",
                                                     colors=colors),
