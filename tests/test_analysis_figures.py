@@ -128,6 +128,27 @@ def test_figures_draw_side_by_side_and_a_dead_figure_process_falls_back(tmp_path
         worker.close()
 
 
+def _writes(path):
+    path.write_text(str(os.getpid()))
+    return path
+
+
+def test_without_fork_the_worker_draws_the_figure_itself(tmp_path, monkeypatch):
+    monkeypatch.delattr(W.os, "fork")
+    r, w = os.pipe()
+    try:
+        msg = (7, _writes.__module__, _writes.__qualname__, (tmp_path / "f.png",), {})
+        assert W._fork_figure(msg, w, {}) is None                     # answered, no child
+        with os.fdopen(r, "rb") as answers:
+            os.close(w)
+            w = None
+            assert W._recv(answers) == (7, True, tmp_path / "f.png")
+        assert (tmp_path / "f.png").read_text() == str(os.getpid())
+    finally:
+        if w is not None:
+            os.close(w)
+
+
 def test_memo_keys_do_not_depend_on_object_sharing():
     # the same values, one label shared between two arguments or copied: the same key
     label = "alpha=0.5"

@@ -84,6 +84,38 @@ def _take_frame(buf: bytearray) -> bytes | None:
     return payload
 
 
+def _fork_figure(msg: tuple, answers: int, children: dict[int, tuple[int, int, bytearray]]) -> int | None:
+    """Draw one request in a forked child that answers through a pipe of its own; returns the
+    pipe's read end (registered in ``children``), or None when it was drawn here (no fork, or
+    no process or descriptor to spare) and already answered."""
+    try:
+        if not hasattr(os, "fork"):
+            raise OSError("no fork on this platform")
+        r, w = os.pipe()
+    except OSError:
+        _write_all(answers, _frame(_draw(msg)))
+        return None
+    try:
+        pid = os.fork()
+    except OSError:  # out of processes or memory
+        os.close(r)
+        os.close(w)
+        _write_all(answers, _frame(_draw(msg)))
+        return None
+    if pid == 0:  # the child: draw, answer through its own pipe, exit at once (no teardown)
+        code = 1
+        try:
+            for other in (0, answers, r, *children):
+                os.close(other)
+            _write_all(w, _frame(_draw(msg)))
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(w)
+    children[r] = (pid, msg[0], bytearray())
+    return r
+
+
 def serve_figures() -> None:
     """The worker's loop (``python -c "...serve_figures()"``): read (job, module, name, args,
     kwargs) from stdin, draw with the plain plot function in a forked child (in this process
@@ -112,24 +144,9 @@ def serve_figures() -> None:
                     sel.unregister(0)
                 inbox += chunk
                 while (payload := _take_frame(inbox)) is not None:
-                    msg = pickle.loads(payload)
-                    if not hasattr(os, "fork"):
-                        _write_all(answers, _frame(_draw(msg)))
-                        continue
-                    r, w = os.pipe()
-                    pid = os.fork()
-                    if pid == 0:  # the child: draw, answer through its own pipe, exit at once
-                        code = 1
-                        try:
-                            for other in (0, answers, r, *children):
-                                os.close(other)
-                            _write_all(w, _frame(_draw(msg)))
-                            code = 0
-                        finally:
-                            os._exit(code)
-                    os.close(w)
-                    children[r] = (pid, msg[0], bytearray())
-                    sel.register(r, selectors.EVENT_READ)
+                    child = _fork_figure(pickle.loads(payload), answers, children)
+                    if child is not None:
+                        sel.register(child, selectors.EVENT_READ)
             elif chunk:
                 children[fd][2].extend(chunk)
             else:  # the child is done: forward its answer, or say it died without one
