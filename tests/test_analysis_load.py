@@ -175,3 +175,18 @@ def test_arrow_parse_keeps_numbers_and_booleans_and_merges_resumed_steps():
     assert table.column("flag").to_pylist() == [1.0, 1.0, 0.0]   # the later line wins at step 1
     frame, _ = L.parse_metrics_bytes(data)
     assert frame["a"].dtype == np.float64 and frame["step"].dtype == np.int64
+
+
+def test_gate_screen_drops_only_series_the_exact_check_would_pass():
+    from armorlab.analysis.load import _gate_screened_out
+    from armorlab.health import gate_warning
+
+    rng = np.random.default_rng(0)
+    for level in (0.0, 0.5, 0.85, 0.895, 0.899, 0.9, 0.95):
+        for n in (5, 9, 10, 40):
+            shares = np.clip(level + rng.normal(0, 0.02, n), 0, 1)
+            if _gate_screened_out(shares):   # screened out: the exact check finds nothing either
+                assert gate_warning(list(enumerate(shares.tolist(), 1)), final=True) is None
+    flat = np.full(40, 0.5)
+    assert _gate_screened_out(flat) and not _gate_screened_out(np.full(40, 0.8995))   # near: checked exactly
+    assert not _gate_screened_out(np.full(9, 0.0))                     # shorter than a window: checked

@@ -41,7 +41,7 @@ import pandas as pd
 from armorlab.config import LOGGING_KEYS
 from armorlab.errors import ArmorLabError
 from armorlab.fsutil import atomic_file, atomic_write_text
-from armorlab.health import WATCHED, series_warnings
+from armorlab.health import GATE_DROP, GATE_SHARE, GATE_WINDOW, WATCHED, series_warnings
 from armorlab.runs import RunDir, find_run_dirs, valid_step
 
 log = logging.getLogger(__name__)
@@ -438,8 +438,21 @@ def _health(table, *, final: bool) -> list[str]:
                 steps = table.column("step").to_numpy()
             values = table.column(name).to_numpy()  # float64; nulls → NaN
             keep = np.isfinite(values) & (steps >= 1)
+            if name == GATE_DROP and _gate_screened_out(values[keep]):
+                continue
             series[name] = list(zip(steps[keep].tolist(), values[keep].tolist(), strict=True))
     return series_warnings(series, final=final)
+
+
+def _gate_screened_out(shares: np.ndarray) -> bool:
+    """Whether health.gate_warning cannot fire on these gate-drop shares: a full window exists
+    and no window's mean comes within 10⁻³ of GATE_SHARE (float64 prefix sums of shares in
+    [0, 1] are off by far less). Then the per-step Python series is not built at all — the
+    check cost a tenth of a second over 200 runs of 2,000 steps."""
+    if shares.size < GATE_WINDOW or np.abs(shares).max() > 1.0:
+        return False
+    prefix = np.concatenate([[0.0], np.cumsum(shares)])
+    return float((prefix[GATE_WINDOW:] - prefix[:-GATE_WINDOW]).max()) < (GATE_SHARE - 1e-3) * GATE_WINDOW
 
 
 def _assemble(run_dirs: list[RunDir], entries: dict[Path, _Entry]) -> RunSet:
