@@ -205,22 +205,22 @@ def _delayed(job, countdown=3):
     return d
 
 
-def test_array_file_holds_submitits_own_pickles_and_a_task_never_replaces_one(tmp_path, monkeypatch):
+def test_a_task_writes_submitits_own_pickle_from_the_array_file_and_never_replaces_one(tmp_path, monkeypatch):
     import cloudpickle
 
-    from armorlab.sweeps.array_task import array_bytes, materialise, read_entries
+    from armorlab.sweeps.array_task import array_bytes, materialise, read_entries, task_entry
 
     folder = tmp_path / ".submitit"
     folder.mkdir()
     jobs = [TrainJob(tmp_path / f"r{i}", config={"seed": i}) for i in range(3)]
-    _delayed(jobs[1]).dump(tmp_path / "submitits.pkl")  # the file submitit would write for task 1
-    entries = [cloudpickle.dumps(_delayed(j), pickle.HIGHEST_PROTOCOL) for j in jobs]
-    assert entries[1] == (tmp_path / "submitits.pkl").read_bytes()
+    entries = [task_entry(j, 20, 3) for j in jobs]
     (folder / "41_array.pkl").write_bytes(array_bytes(entries))
     assert read_entries(folder / "41_array.pkl") == entries
-    # a first start writes submitit's <A>_<a>_submitted.pkl from the task's entry
+    # a first start writes submitit's <A>_<a>_submitted.pkl: the bytes submitit's array submission
+    # writes for the task (its DelayedSubmission with set_timeout(time limit, requeues left))
     assert materialise(folder, "41", 2) == folder / "41_2_submitted.pkl"
-    assert pickle.loads((folder / "41_2_submitted.pkl").read_bytes()).function.run_dir == str(tmp_path / "r2")
+    _delayed(jobs[2]).dump(tmp_path / "submitits.pkl")
+    assert (folder / "41_2_submitted.pkl").read_bytes() == (tmp_path / "submitits.pkl").read_bytes()
     # a requeued start finds submitit's checkpoint (no config: TrainJob.checkpoint) and keeps it
     checkpointed = cloudpickle.dumps(_delayed(TrainJob(tmp_path / "r1"), countdown=2), pickle.HIGHEST_PROTOCOL)
     (folder / "41_1_submitted.pkl").write_bytes(checkpointed)
@@ -238,9 +238,7 @@ def test_array_file_holds_submitits_own_pickles_and_a_task_never_replaces_one(tm
 
 
 def test_recovery_finds_arrays_and_older_per_task_pickles(tmp_path):
-    import cloudpickle
-
-    from armorlab.sweeps.array_task import array_bytes
+    from armorlab.sweeps.array_task import array_bytes, task_entry
     from armorlab.sweeps.manifest import Manifest
     from armorlab.sweeps.submit import recover_submitted
 
@@ -253,7 +251,7 @@ def test_recovery_finds_arrays_and_older_per_task_pickles(tmp_path):
     m.begin(runs[:5])
 
     def entry(rid):
-        return cloudpickle.dumps(_delayed(TrainJob(sweep / rid)), pickle.HIGHEST_PROTOCOL)
+        return task_entry(TrainJob(sweep / rid), 5, 3)
 
     (folder / "7_array.pkl").write_bytes(array_bytes([entry("run5"), entry("run0")]))  # 7_0 is known
     (folder / "unqueued-ab12_array.pkl").write_bytes(array_bytes([entry("run4")]))  # sbatch never answered
@@ -276,13 +274,12 @@ def _fake_slurm(tmp_path, monkeypatch, sbatch_body):
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
 
 
-def test_an_array_submission_queues_one_file_and_warns_when_the_dry_run_would_differ(tmp_path, monkeypatch,
-                                                                                     caplog):
+def test_an_array_submission_queues_one_file_and_the_script_the_dry_run_shows(tmp_path, monkeypatch, caplog):
     from armorlab.sweeps import executors
     from armorlab.sweeps.array_task import read_entries
 
     _fake_slurm(tmp_path, monkeypatch, 'echo "Submitted batch job 4242"')
-    sub = SlurmSubmitter(tmp_path / "sweep", parse_profile({"time_min": 7}), job_name="s")
+    sub = SlurmSubmitter(tmp_path / "sweep", parse_profile({"time_min": 7, "max_num_timeout": 5}), job_name="s")
     runs = [str(tmp_path / "sweep" / f"r{i}") for i in range(3)]
     seen = []
     ids = sub.submit(runs, chunk=10, before_array=seen.append, on_array=lambda r, j: seen.append((r, j)))
@@ -290,15 +287,41 @@ def test_an_array_submission_queues_one_file_and_warns_when_the_dry_run_would_di
     folder = tmp_path / "sweep" / ".submitit"
     assert sorted(p.name for p in folder.iterdir() if not p.name.startswith(".")) == ["4242_array.pkl",
                                                                                     "4242_submission.sh"]
+    # submitit's layout: the script's first name is a link to <A>_submission.sh
+    (first,) = [p for p in folder.iterdir() if p.name.startswith(".submission_file_")]
+    assert first.is_symlink() and first.resolve() == folder / "4242_submission.sh"
     tasks = [pickle.loads(e) for e in read_entries(folder / "4242_array.pkl")]
-    assert [t.function.run_dir for t in tasks] == runs and {t._timeout_min for t in tasks} == {7}
+    assert [(t[0].run_dir, t[1], t[2]) for t in tasks] == [(r, 7, 5) for r in runs]
     script = (folder / "4242_submission.sh").read_text()
     assert script == sub.sbatch_text(3) and "-m armorlab.sweeps.array_task" in script
-    assert "differs" not in caplog.text and "different sbatch script" not in caplog.text
-    # an upgraded submitit that writes another script than the dry run shows: said before sbatch
+    assert "different sbatch script" not in caplog.text
+    # a single run goes through submitit, whose script is checked against the dry run's: an
+    # upgraded submitit that writes another one is said before sbatch
     monkeypatch.setattr(executors, "render_script", lambda *a, **kw: "#!/bin/bash\n")
-    sub.submit(runs[:2], chunk=10, on_array=lambda r, j: None)
+    assert sub.submit(runs[:1], chunk=10, on_array=lambda r, j: None) == ["4242"]
     assert "`armorlab sweep --dry-run` shows a different sbatch script" in caplog.text
+
+
+SUBMIT_WITHOUT_SUBMITIT = """
+import sys
+from armorlab.sweeps.executors import SlurmSubmitter
+from armorlab.sweeps.profile import parse_profile
+sub = SlurmSubmitter(sys.argv[1], parse_profile({}), job_name="s")
+ids = sub.submit([sys.argv[1] + f"/r{i}" for i in range(4)], chunk=10, on_array=lambda r, j: None)
+print(ids[-1], "submitit" in sys.modules)
+"""
+
+
+def test_an_array_is_queued_without_importing_submitit(tmp_path, monkeypatch):
+    """submitit's import (asyncio, ssl, importlib.metadata) cost a 1,000-run submit more than
+    its pickles: an array's tasks are made into submitit's DelayedSubmissions on the node."""
+    import subprocess
+    import sys
+
+    _fake_slurm(tmp_path, monkeypatch, 'echo "Submitted batch job 77"')
+    out = subprocess.run([sys.executable, "-c", SUBMIT_WITHOUT_SUBMITIT, str(tmp_path / "sweep")],
+                         capture_output=True, text=True)
+    assert out.stdout.split() == ["77_3", "False"], out.stdout + out.stderr
 
 
 def test_sbatch_refusing_an_array_is_a_clear_error_and_leaves_no_array_file(tmp_path, monkeypatch):
@@ -308,4 +331,4 @@ def test_sbatch_refusing_an_array_is_a_clear_error_and_leaves_no_array_file(tmp_
     sub = SlurmSubmitter(tmp_path / "sweep", parse_profile({}), job_name="s")
     with pytest.raises(ArmorLabError, match="sbatch refused the job array: .*invalid partition"):
         sub.submit([str(tmp_path / "r0"), str(tmp_path / "r1")], chunk=10, on_array=lambda r, j: None)
-    assert not list((tmp_path / "sweep" / ".submitit").glob("*.pkl"))
+    assert not list((tmp_path / "sweep" / ".submitit").iterdir())  # no array file, no script left

@@ -2,16 +2,20 @@
 
 submitit's array submission writes each task's pickle (``<A>_<a>_submitted.pkl``) as a file of
 its own: 1,000 file creations for 1,000 runs, two thirds of a sweep's submit time on a local
-disk and far more on a cluster's NFS/Lustre. armorlab writes the same bytes (a
-``DelayedSubmission`` of the task's TrainJob, exactly as submitit would pickle it) into ONE
-file per array, ``<A>_array.pkl``, and each task runs this module instead of
-``submitit.core._submit``:
+disk and far more on a cluster's NFS/Lustre. armorlab writes ONE file per array,
+``<A>_array.pkl``, whose entry ``a`` is task ``a``'s TrainJob with the two numbers submitit's
+array submission gives it (the time limit in minutes and the number of requeues left), and
+each task runs this module instead of ``submitit.core._submit``:
 
-1. if submitit's ``<A>_<a>_submitted.pkl`` is not there yet, write it from entry ``a`` of the
-   array file, create-exclusive (hard link of a temp file): a requeued task (preemption, time
-   limit) finds the pickle submitit checkpointed there and must keep it;
+1. if submitit's ``<A>_<a>_submitted.pkl`` is not there yet, write it from entry ``a``: the
+   ``DelayedSubmission`` submitit would have pickled (the same bytes), create-exclusive (hard
+   link of a temp file): a requeued task (preemption, time limit) finds the pickle submitit
+   checkpointed there and must keep it;
 2. hand over to ``submitit.core.submission.process_job``: signals, checkpoint + requeue,
    result pickles and logs are submitit's.
+
+Making the DelayedSubmission on the node keeps submitit out of the submitting process (its
+import — asyncio, ssl, importlib.metadata — cost a 1,000-run submit more than its pickles).
 
 The array file is written under a temporary name before sbatch and renamed to ``<A>_array.pkl``
 once sbatch has answered with the array id ``A``; a task that starts before the rename waits
@@ -19,26 +23,52 @@ for it, as submitit's own tasks wait for their moved pickles. A crash between sb
 rename leaves tasks that find nothing and fail (no run starts twice); the next sweep resubmits.
 
 File format: ``MAGIC``, the entry count and ``count + 1`` offsets (little-endian uint64), then
-the entries back to back, so a task reads its own entry, not the whole array's.
+the entries (pickles of ``(TrainJob, timeout_min, timeout_countdown)``) back to back, so a task
+reads its own entry, not the whole array's.
 
     python -u -m armorlab.sweeps.array_task <submitit folder>     (in the array's sbatch script)
 """
 
+
 from __future__ import annotations
 
 import os
+import pickle
 import re
 import struct
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-MAGIC = b"armorlab-array-1\n"
+MAGIC = b"armorlab-array-2\n"
 _U64 = struct.Struct("<Q")
 ARRAY_SUFFIX = "_array.pkl"
 ARRAY_FILE = re.compile(r"(\d+)_array\.pkl")  # a published array file: <array job id>_array.pkl
 WAIT_S = 60  # for the array file to appear (submitit waits as long for its pickles)
+
+
+def task_entry(job: Any, timeout_min: int, timeout_countdown: int) -> bytes:
+    """One task's entry: its job and what submitit's ``DelayedSubmission.set_timeout`` gets."""
+    return pickle.dumps((job, timeout_min, timeout_countdown), pickle.HIGHEST_PROTOCOL)
+
+
+def entry_job(entry: bytes) -> Any:
+    """The job (a TrainJob) of an entry."""
+    return pickle.loads(entry)[0]
+
+
+def submitted_pickle(entry: bytes) -> bytes:
+    """The bytes submitit's array submission would have written for this task: its job as a
+    ``DelayedSubmission`` with the entry's timeout, cloudpickled (submitit's ``dump``)."""
+    import cloudpickle
+    from submitit.core.utils import DelayedSubmission
+
+    job, timeout_min, countdown = pickle.loads(entry)
+    delayed = DelayedSubmission(job)
+    delayed.set_timeout(timeout_min, countdown)
+    return cloudpickle.dumps(delayed, pickle.HIGHEST_PROTOCOL)
 
 
 def array_bytes(entries: Sequence[bytes]) -> bytes:
@@ -99,7 +129,7 @@ def materialise(folder: str | os.PathLike, array_id: str, index: int, *, wait_s:
         if time.monotonic() >= deadline:
             raise RuntimeError(f"waited {wait_s:.0f} s for {source}: its sweep did not finish the submission")
         time.sleep(0.5)
-    atomic_write_bytes(target, read_entry(source, index), replace=False)
+    atomic_write_bytes(target, submitted_pickle(read_entry(source, index)), replace=False)
     return target
 
 

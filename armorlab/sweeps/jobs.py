@@ -29,12 +29,13 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
-
-from submitit.helpers import Checkpointable, DelayedSubmission
+from typing import TYPE_CHECKING, Any
 
 from armorlab.runs import RunDir, slurm_job_id
 from armorlab.sweeps.vllm_servers import RunningServers, ServerError, ServerSet, StartStopped, server_model
+
+if TYPE_CHECKING:
+    from submitit.helpers import DelayedSubmission
 
 log = logging.getLogger(__name__)
 
@@ -134,9 +135,13 @@ def wrapped_argv(argv: list[str], *, die_with_parent: bool = True, ignore_signal
     return [sys.executable, "-c", _EXEC_WRAPPER, str(parent), str(ignore_signal), *argv]
 
 
-class TrainJob(Checkpointable):
+class TrainJob:
     """Train one run directory. Picklable: holds the run dir path and launch options, plus the
-    run's resolved config while its dir is not written yet (``config``)."""
+    run's resolved config while its dir is not written yet (``config``).
+
+    submitit requeues it through its ``checkpoint`` method (submitit finds the method by name, as
+    on its ``helpers.Checkpointable``), so making TrainJobs — a sweep's submit makes 1,000s —
+    imports no submitit."""
 
     def __init__(self, run_dir: str | os.PathLike, *, launcher: str = "python",
                  accelerate_config: str | None = None, detach: bool = False,
@@ -343,6 +348,8 @@ class TrainJob(Checkpointable):
     # ------------------------------------------------------------------ submitit protocol
     def checkpoint(self, *args: Any, **kwargs: Any) -> DelayedSubmission | None:
         """Called by submitit on the checkpoint signal: forward it, wait, requeue only the run dir."""
+        from submitit.helpers import DelayedSubmission
+
         if self.interrupt(signal.SIGUSR1) and self._proc is not None:
             log.info("checkpoint requested: waiting for the trainer in %s", self.run_dir)
             self._done.wait()

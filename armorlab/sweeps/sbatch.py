@@ -1,4 +1,4 @@
-"""The sbatch script: built by submitit, checked here before anything reaches ``sbatch``.
+"""The sbatch script: submitit's, checked here before anything reaches ``sbatch``.
 
 A ``#SBATCH`` line is a comment to bash: ``shlex.quote`` keeps a value in one shell word but not
 in one *line*. A newline in a partition, an sbatch option or the sweep's path would end the
@@ -12,10 +12,12 @@ comment and run the rest as shell code when the job starts. Two defences, both n
 
 ``--dry-run`` prints the script without importing submitit (a third of a dry run's start-up):
 ``render_script`` writes the text submitit's ``_make_sbatch_string`` writes for the parameters a
-profile produces (tests hold the two equal, and `armorlab sweep` compares them before each sbatch
-and warns when an upgraded submitit writes something else); a parameter it does not model makes
-it answer None, and the dry run asks submitit itself. An array's command line is armorlab's
-array entry (armorlab.sweeps.array_task: one pickle file per array), a single job's submitit's.
+profile produces (tests hold the two equal, for any profile); a parameter it does not model makes
+it answer None, and submitit renders it. An array is queued with that same rendering, without
+submitit (armorlab.sweeps.executors); where submitit renders (a single job, an unmodelled
+parameter) `armorlab sweep` compares its script with render_script's and warns when an upgraded
+submitit writes something else. An array's command line is armorlab's array entry
+(armorlab.sweeps.array_task: one file per array), a single job's submitit's.
 """
 
 from __future__ import annotations

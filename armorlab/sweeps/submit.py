@@ -169,7 +169,7 @@ def recover_submitted(manifest: Manifest) -> int:
         return 0
     import pickle
 
-    from armorlab.sweeps.array_task import ARRAY_FILE, ARRAY_SUFFIX, read_entries
+    from armorlab.sweeps.array_task import ARRAY_FILE, ARRAY_SUFFIX, entry_job, read_entries
 
     pending = set(manifest.pending)
     known = {j for ids in manifest.jobs.values() for j in ids}
@@ -177,7 +177,7 @@ def recover_submitted(manifest: Manifest) -> int:
 
     def take(job_id: str, load: Callable[[], Any], where: Path) -> None:
         try:
-            run_dir = Path(load().function.run_dir)
+            run_dir = Path(load().run_dir)  # load: the TrainJob
         except Exception as exc:  # not ours, or torn: it cannot have started a run of ours either
             log.info("skipping unreadable submitit pickle %s: %s", where, exc)
             return
@@ -197,12 +197,12 @@ def recover_submitted(manifest: Manifest) -> int:
             continue
         for a, entry in enumerate(entries):
             if f"{m.group(1)}_{a}" not in known:
-                take(f"{m.group(1)}_{a}", lambda entry=entry: pickle.loads(entry), pkl)
+                take(f"{m.group(1)}_{a}", lambda entry=entry: entry_job(entry), pkl)
     suffix = "_submitted.pkl"
     for pkl in sorted(folder.glob(f"*{suffix}")):
         job_id = pkl.name[:-len(suffix)]
         if job_id not in known:
-            take(job_id, lambda pkl=pkl: pickle.loads(pkl.read_bytes()), pkl)
+            take(job_id, lambda pkl=pkl: pickle.loads(pkl.read_bytes()).function, pkl)
     if found:
         log.warning("recovered %d job(s) queued by an interrupted sweep", len(found))
         manifest.record("slurm", list(found), list(found.values()), recovered=True)
