@@ -58,7 +58,9 @@ def test_sbatch_text_quotes_values_and_sets_the_array(tmp_path):
     text = SlurmSubmitter(tmp_path, prof, job_name="s").sbatch_text(5)
     assert "#SBATCH --array=0-4%2" in text and "#SBATCH --signal=USR2@30" in text
     assert "#SBATCH --comment='$(touch x); `id`'" in text  # single-quoted: the shell never runs it
-    assert "#SBATCH --time=5" in text and "-m submitit.core._submit" in text
+    assert "#SBATCH --time=5" in text and "-m armorlab.sweeps.array_task" in text  # one file per array
+    single = SlurmSubmitter(tmp_path, prof, job_name="s").sbatch_text(1)
+    assert "--array" not in single and "-m submitit.core._submit" in single  # submitit's plain job
 
 
 def test_chunks_follow_max_array_size():
