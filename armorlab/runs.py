@@ -373,6 +373,24 @@ class RunDir:
         return cps[-1] if cps else None
 
 
+def expand_globs(paths: Iterable[str | os.PathLike]) -> list[Path]:
+    """The paths as given, each glob pattern replaced by its matches (sorted); a pattern that
+    matches nothing is an ArmorLabError naming it (a typo must not shrink a report silently)."""
+    import glob  # here: most commands name no glob
+
+    out: list[Path] = []
+    for p in paths:
+        text = str(p)
+        if glob.has_magic(text):
+            matches = sorted(glob.glob(text))
+            if not matches:
+                raise ArmorLabError("glob matches nothing", key="runs", value=text)
+            out.extend(Path(m) for m in matches)
+        else:
+            out.append(Path(text))
+    return out
+
+
 def find_run_dirs(paths: Iterable[str | os.PathLike]) -> list[RunDir]:
     """Run dirs named directly or found below the given paths (a sweep dir, a root of sweeps)."""
     seen: dict[Path, RunDir] = {}

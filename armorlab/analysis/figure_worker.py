@@ -170,17 +170,14 @@ def wanted(paths: Sequence[str]) -> bool:
     with more than one CPU and at least WORKER_MIN_BYTES of metrics.jsonl (below, the worker's
     start-up costs more than the figures it would draw alongside the statistics). Stdlib only:
     the report command asks before it imports pandas."""
-    import glob
-
-    from armorlab.runs import find_run_dirs
+    from armorlab.runs import expand_globs, find_run_dirs
 
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     if cpus < 2:
         return False
     total = 0
     try:
-        dirs = [Path(m) for p in map(str, paths) for m in (sorted(glob.glob(p)) if glob.has_magic(p) else [p])]
-        for rd in find_run_dirs(dirs):
+        for rd in find_run_dirs(expand_globs(paths)):
             with contextlib.suppress(OSError):
                 total += rd.metrics_path.stat().st_size
     except Exception:  # inputs that cannot be listed: load says why

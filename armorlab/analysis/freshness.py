@@ -18,7 +18,6 @@ and every output is still as written, else None.
 from __future__ import annotations
 
 import dataclasses
-import glob
 import hashlib
 import json
 import os
@@ -68,16 +67,6 @@ def _tree_files(directory: Path) -> list[tuple[str, int, int]]:
     return out
 
 
-def _expand(paths: Iterable[str]) -> list[Path]:
-    out: list[Path] = []
-    for p in paths:
-        if glob.has_magic(p):
-            out.extend(Path(m) for m in sorted(glob.glob(p)))
-        else:
-            out.append(Path(p))
-    return out
-
-
 def _code_state() -> list[Any]:
     from armorlab import __version__
 
@@ -87,13 +76,13 @@ def _code_state() -> list[Any]:
 
 def input_key(recipe: Any, out_dir: str | os.PathLike) -> str | None:
     """The report's input key (see the module docstring); None when the inputs cannot be listed
-    (a missing path: the report itself will say what is wrong)."""
+    (a missing path, a glob that matches nothing: the report itself will say what is wrong)."""
     from armorlab.errors import ArmorLabError
-    from armorlab.runs import find_run_dirs
+    from armorlab.runs import expand_globs, find_run_dirs
 
     recipe_state = {k: v for k, v in dataclasses.asdict(recipe).items() if k != "path"}
-    inputs = _expand([str(p) for p in recipe.runs])
     try:
+        inputs = expand_globs(recipe.runs)
         run_dirs = find_run_dirs(inputs)
     except ArmorLabError:
         return None

@@ -23,7 +23,6 @@ that cannot be read or written is ignored (logged), never an error.
 
 from __future__ import annotations
 
-import glob
 import io
 import json
 import logging
@@ -42,7 +41,7 @@ from armorlab.config import LOGGING_KEYS
 from armorlab.errors import ArmorLabError
 from armorlab.fsutil import atomic_file, atomic_write_text
 from armorlab.health import GATE_DROP, GATE_SHARE, GATE_WINDOW, WATCHED, series_warnings
-from armorlab.runs import RunDir, find_run_dirs, valid_step
+from armorlab.runs import RunDir, expand_globs, find_run_dirs, valid_step
 
 log = logging.getLogger(__name__)
 
@@ -348,27 +347,13 @@ class RunSet:
         return out
 
 
-def _expand(paths: Iterable[str | os.PathLike]) -> list[Path]:
-    out: list[Path] = []
-    for p in paths:
-        text = str(p)
-        if glob.has_magic(text):
-            matches = sorted(glob.glob(text))
-            if not matches:
-                raise ArmorLabError("glob matches nothing", key="runs", value=text)
-            out.extend(Path(m) for m in matches)
-        else:
-            out.append(Path(text))
-    return out
-
-
 def load(paths: Iterable[str | os.PathLike], *, cache: bool = True,
          progress: Callable[[int, int], None] | None = None) -> RunSet:
     """Load run dirs (run dirs, sweep dirs, roots of sweeps, or globs of those) into a RunSet.
 
     ``progress(done, total)`` is called as runs are parsed. No run found is an ArmorLabError.
     """
-    run_dirs = find_run_dirs(_expand(paths))
+    run_dirs = find_run_dirs(expand_globs(paths))
     if not run_dirs:
         raise ArmorLabError("no run directories found", key="runs", value=[str(p) for p in paths])
     by_sweep: dict[Path, list[RunDir]] = {}
