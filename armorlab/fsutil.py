@@ -12,15 +12,25 @@ from typing import Any
 import yaml
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+def _written_temp(path: Path, data: bytes, *, durable: bool) -> Path:
+    """``data`` in a new file beside ``path`` (fsync'd when ``durable``), under a name unique
+    across processes (the tasks of a multi-node job may write the same path at once)."""
+    import uuid  # here: a dry run writes nothing and starts faster without it
 
-
-# mkstemp creates files 0600; run dirs are shared with group members on clusters, so new
-# files get the permissions open() would give them.
-_FILE_MODE = 0o666 & ~_umask()
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    # 0o666 less the umask, the permissions open() gives (run dirs are shared with group members
+    # on clusters; mkstemp's 0600 would lock them out)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            if durable:
+                fh.flush()
+                os.fsync(fh.fileno())
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return tmp
 
 
 def atomic_write_text(path: str | os.PathLike, text: str, *, durable: bool = True) -> None:
@@ -31,37 +41,18 @@ def atomic_write_text(path: str | os.PathLike, text: str, *, durable: bool = Tru
     dirs a sweep has not submitted yet: the manifest says to rewrite them)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    import tempfile  # here: a dry run writes nothing and starts faster without it
-
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        os.fchmod(fd, _FILE_MODE)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            if durable:
-                fh.flush()
-                os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_bytes(path, text.encode("utf-8"), durable=durable)
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes, *, replace: bool = True) -> bool:
+def atomic_write_bytes(path: str | os.PathLike, data: bytes, *, replace: bool = True,
+                       durable: bool = True) -> bool:
     """Write ``data`` to ``path`` via temp file + fsync + rename (``replace``), or, with
     ``replace=False``, + hard link: then ``path`` is written only if it does not exist yet, and
-    the answer says whether it was (a file someone else put there first is kept)."""
-    import uuid  # here: most commands write no bytes
-
+    the answer says whether it was (a file someone else put there first is kept). ``durable``:
+    as for atomic_write_text."""
     path = Path(path)
-    # unique across the tasks of a multi-node job writing the same path at once
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, _FILE_MODE)
+    tmp = _written_temp(path, data, durable=durable)
     try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
         if replace:
             os.replace(tmp, path)
             return True
