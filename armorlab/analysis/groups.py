@@ -41,9 +41,6 @@ GROUP_SCORES = ("peak", "peak_step", "final", "drop", "collapse_step", "auc", "s
                 "selected_test")
 
 
-_norm = norm_value
-
-
 # --------------------------------------------------------------------------- grouping
 def varying_keys(runs: pd.DataFrame) -> list[str]:
     """Config keys whose value differs between runs (seeds excluded)."""
@@ -51,7 +48,7 @@ def varying_keys(runs: pd.DataFrame) -> list[str]:
     for col in runs.columns:
         if col in META_COLUMNS or col in SEED_KEYS:
             continue
-        vals = {json.dumps(_norm(v), sort_keys=True, default=str) for v in runs[col].tolist()}
+        vals = {json.dumps(norm_value(v), sort_keys=True, default=str) for v in runs[col].tolist()}
         if len(vals) > 1:
             out.append(col)
     return out
@@ -85,7 +82,7 @@ def auto_group_by(runs: pd.DataFrame) -> list[str]:
 
 def group_label(keys: Sequence[str], values: Sequence[Any]) -> str:
     """"objective=armor, alpha=0.8"; keys whose value is null are left out."""
-    parts = [f"{k}={fmt_value(v)}" for k, v in zip(keys, values, strict=True) if _norm(v) is not None]
+    parts = [f"{k}={fmt_value(v)}" for k, v in zip(keys, values, strict=True) if norm_value(v) is not None]
     return ", ".join(parts) if parts else "all runs"
 
 
@@ -104,7 +101,7 @@ class Groups:
 
 
 def _sort_key(v: Any) -> tuple:
-    v = _norm(v)
+    v = norm_value(v)
     if v is None:
         return (2, "")
     if isinstance(v, (int, float)) and not isinstance(v, bool):
@@ -121,7 +118,7 @@ def make_groups(runs: pd.DataFrame, keys: Sequence[str], *, file: str | None = N
                                 file=file)
     combos: dict[tuple, list[str]] = {}
     for rid, row in zip(runs["run_id"], runs[list(keys)].itertuples(index=False), strict=True):
-        combos.setdefault(tuple(_norm(v) for v in row), []).append(rid)
+        combos.setdefault(tuple(norm_value(v) for v in row), []).append(rid)
     ordered = sorted(combos, key=lambda c: tuple(_sort_key(v) for v in c))
     rows, of_run, members = [], {}, {}
     for combo in ordered:
