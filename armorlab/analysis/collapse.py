@@ -383,9 +383,8 @@ def curve_auc(steps, values) -> float:
     return float(np.trapezoid(v, s) / (s[-1] - s[0]))
 
 
-@functools.lru_cache(maxsize=4096)
 def _t_quantile(q: float, df: int) -> float:
-    from armorlab.analysis.stats import t_ppf
+    from armorlab.analysis.stats import t_ppf  # cached there
 
     return t_ppf(q, df)
 
