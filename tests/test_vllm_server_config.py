@@ -55,6 +55,8 @@ def test_reference_server_keeps_its_own_keys_only():
     ({"ref_vllm_server_host": "node1\n"}, "ref_vllm_server_host"),        # a pasted newline
     ({"ref_vllm_server_host": "node 1"}, "ref_vllm_server_host"),
     ({"ref_vllm_server_host": "n\x00"}, "ref_vllm_server_host"),
+    ({"ref_vllm_server_host": 10}, "ref_vllm_server_host"),               # a YAML number, not a host
+    ({"ref_vllm_server_base_url": ["http://n1:9000"]}, "ref_vllm_server_base_url"),
     ({"ref_vllm_server_base_url": "http://n1:9000/\tx"}, "ref_vllm_server_base_url"),
     ({"ref_vllm_server_timeout": -1}, "ref_vllm_server_timeout"),
     ({"ref_vllm_group_port": 1.5}, "ref_vllm_group_port"),
