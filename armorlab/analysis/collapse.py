@@ -152,9 +152,9 @@ def _trim_consistency(kept: int, total: int) -> float:
     f = kept / total
     if f >= 1:
         return 1.0
-    from scipy.special import ndtri  # scipy.stats.norm.ppf's own function, without importing scipy.stats
+    from armorlab.analysis.tdist import normal_ppf
 
-    q = float(ndtri(0.5 + f / 2))
+    q = normal_ppf(0.5 + f / 2)
     return 1.0 - 2.0 * q * math.exp(-q * q / 2) / math.sqrt(2 * math.pi) / f
 
 
@@ -450,12 +450,11 @@ def _rises_screen(ts: np.ndarray, tv: np.ndarray, lo: np.ndarray, hi: np.ndarray
 
 
 def _t_quantiles(q: float, df: np.ndarray) -> np.ndarray:
-    """Student-t quantiles for many degrees of freedom (each distinct one computed once, in one
-    call of the ufunc that stats.t_ppf calls per value: the same numbers)."""
-    from scipy.special import stdtrit
+    """Student-t quantiles for many integer degrees of freedom, from the table stats.t_ppf reads
+    too (armorlab.analysis.tdist: the same numbers)."""
+    from armorlab.analysis.tdist import t_quantiles
 
-    uniq, inverse = np.unique(df, return_inverse=True)
-    return stdtrit(uniq.astype(np.float64), q)[inverse.ravel()]
+    return t_quantiles(q, df)
 
 
 def divergence_step(steps, values, train_steps, train_values, delta: float = DELTA,

@@ -61,8 +61,12 @@ sps = _LazyScipyStats()
 
 @functools.lru_cache(maxsize=1024)
 def t_ppf(q: float, df: float) -> float:
-    """Student-t quantile: scipy.special.stdtrit, which scipy.stats.t.ppf calls (the same
-    numbers), without importing scipy.stats (a third of a second before the first band)."""
+    """Student-t quantile: armorlab.analysis.tdist for integer degrees of freedom (scipy's
+    numbers to ~10⁻¹⁴, without importing scipy), scipy.special.stdtrit for any other df."""
+    if float(df).is_integer() and df >= 1:
+        from armorlab.analysis.tdist import t_quantile
+
+        return t_quantile(q, int(df))
     from scipy.special import stdtrit
 
     return float(stdtrit(df, q))
