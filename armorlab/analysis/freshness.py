@@ -111,8 +111,10 @@ def write_stamp(out_dir: str | os.PathLike, key: str | None, summary: dict[str, 
         path.unlink(missing_ok=True)
         return
     rel = sorted({str(Path(p).resolve().relative_to(out_dir.resolve())) for p in outputs})
+    # no fsync here or for the outputs: after a machine crash a file may be empty, and the sizes
+    # recorded here then differ from it, so the next report rebuilds instead of trusting it
     atomic_write_json(path, {"version": STAMP_VERSION, "key": key, "summary": summary,
-                             "outputs": _outputs_state(out_dir, rel)})
+                             "outputs": _outputs_state(out_dir, rel)}, durable=False)
 
 
 def fresh_summary(recipe: Any, out_dir: str | os.PathLike) -> dict[str, Any] | None:

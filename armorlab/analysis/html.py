@@ -78,5 +78,5 @@ def render(title: str, meta: str, warnings: Sequence[str], sections: Sequence[Se
 def write_index(out_dir: Path, title: str, meta: str, warnings: Sequence[str],
                 sections: Sequence[Section]) -> Path:
     path = out_dir / "index.html"
-    atomic_write_text(path, render(title, meta, warnings, sections))
+    atomic_write_text(path, render(title, meta, warnings, sections), durable=False)  # see freshness
     return path

@@ -380,7 +380,7 @@ def _build_report(recipe: Recipe, out: Path, *, cache: bool, progress: Callable[
     if anchors is not None:
         written += tables.write_table(anchors, tdir / "anchors", formats=("csv", "md"))
 
-    atomic_write_yaml(out / "recipe.yaml", {
+    atomic_write_yaml(out / "recipe.yaml", durable=False, obj={
         "title": recipe.title, "runs": list(recipe.runs), "group_by": list(keys), "curves": curves,
         "select": {"metric": sel.metric, "mode": sel.mode, "report": sel.report},
         "matched_steps": list(matched), "scores": scores, "kl": list(recipe.kl),

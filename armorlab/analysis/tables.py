@@ -166,6 +166,6 @@ def write_table(df: pd.DataFrame, stem: Path, *, formats=("csv", "md", "tex"), c
         path = stem.with_suffix(f".{fmt}")
         text = {"csv": lambda: df.to_csv(index=False), "md": lambda: to_markdown(df),
                 "tex": lambda: to_latex(df, caption)}[fmt]()
-        atomic_write_text(path, text)
+        atomic_write_text(path, text, durable=False)  # a report is rebuilt, never the only copy (freshness)
         out.append(path)
     return out
