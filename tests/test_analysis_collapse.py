@@ -5,6 +5,8 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from armorlab.analysis import collapse, select, stats
 
@@ -244,3 +246,23 @@ def test_divergence_step_takes_the_first_window_whose_train_rises():
 def test_t_quantiles_for_many_dfs_are_t_ppf_per_value():
     df = np.array([5, 1, 300, 5, 29, 1000])
     np.testing.assert_array_equal(collapse._t_quantiles(0.96, df), [stats.t_ppf(0.96, int(d)) for d in df])
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10_000), k=st.integers(0, 60), binomial=st.booleans(), holes=st.booleans())
+def test_collapse_metrics_is_each_metric_on_its_own(seed, k, binomial, holes):
+    # collapse_metrics cleans the curve, estimates its noise and runs the fall test once for all
+    # its metrics: the numbers are those of the one-metric functions, each on the raw input
+    rng = np.random.default_rng(seed)
+    steps = rng.permutation(np.arange(k) * 10.0)
+    values = np.clip(0.5 + np.cumsum(rng.normal(0, 0.05, k)), 0, 1)
+    if holes and k:
+        values[rng.integers(0, k, max(1, k // 8))] = np.nan
+    n = 400 if binomial else None
+    ts = np.arange(0.0, 10.0 * k + 1)
+    tv = np.sin(ts / (7 + seed % 30)) + rng.normal(0, 0.1, ts.size)
+    m = collapse.collapse_metrics(steps, values, n=n, train_steps=ts, train_values=tv, patience=3, delta=0.02)
+    assert m["collapse_step"] == collapse.collapse_step(steps, values, 0.02, 3, n=n)
+    assert m["divergence_step"] == collapse.divergence_step(steps, values, ts, tv, 0.02, 3, n=n)
+    alone = collapse.peak_and_drop(steps, values, n, 3)
+    assert {key: m[key] for key in alone} == pytest.approx(alone, nan_ok=True)

@@ -212,10 +212,11 @@ def _diff_se(L: np.ndarray, N: np.ndarray | None, sigma: float, m: int, a, b) ->
 
 
 def fall_test(values, n=None, *, patience: int = PATIENCE, alpha: float = ALPHA,
-              horizon: int | None = None) -> FallTest | None:
+              horizon: int | None = None, sigma: float | None = None) -> FallTest | None:
     """(C3)/(C4) on a clean curve (sorted, finite); None when there is no window pair (K < 2m)
     or, for (N2), too few evals to estimate the noise (K < 5; online, with ``horizon``, K < 10:
-    a σ̂ from a handful of evals would force a threshold of 7 SE on every later decision)."""
+    a σ̂ from a handful of evals would force a threshold of 7 SE on every later decision).
+    ``sigma``: curve_noise(values), when the caller has it already (N2 only)."""
     v = np.asarray(values, dtype=np.float64)
     m, k = patience, v.size
     if k < 2 * m or (n is None and k < (ONLINE_CURVE_MIN_EVALS if horizon else 5)):
@@ -225,7 +226,7 @@ def fall_test(values, n=None, *, patience: int = PATIENCE, alpha: float = ALPHA,
     j = np.arange(m, L.size)
     a = at[j - m]
     if n is None:
-        N, sigma, noise = None, curve_noise(v), "curve"
+        N, sigma, noise = None, curve_noise(v) if sigma is None else sigma, "curve"
     else:
         n = np.broadcast_to(np.asarray(n, dtype=np.float64), v.shape)
         N, sigma, noise = _levels(n, m) * m, math.nan, "binomial"
@@ -362,12 +363,18 @@ def _collapse(steps, values, delta, patience, n, alpha, horizon):
     _check(delta, patience)
     s, v, n = _clean_with_n(steps, values, n)
     t = fall_test(v, n, patience=patience, alpha=alpha, horizon=horizon)
+    return (*_first_fall(s, v, t, delta, patience), t)
+
+
+def _first_fall(s: np.ndarray, v: np.ndarray, t: FallTest | None, delta: float, patience: int
+                ) -> tuple[int | float | None, float]:
+    """(C5) onset step and z of the first window that passes, from a clean curve's fall test."""
     if t is None:
-        return None, math.nan, None
+        return None, math.nan
     ok, onset = _onsets(v, t, delta, patience)
     if not ok.size:
-        return None, math.nan, t
-    return _step(s[onset[0]]), float(t.z[ok[0]]), t
+        return None, math.nan
+    return _step(s[onset[0]]), float(t.z[ok[0]])
 
 
 def curve_auc(steps, values) -> float:
@@ -470,6 +477,12 @@ def divergence_step(steps, values, train_steps, train_values, delta: float = DEL
     s, v, n = _clean_with_n(steps, values, n)
     ts, tv = clean_curve(train_steps, train_values)
     t = fall_test(v, n, patience=patience, alpha=alpha, horizon=horizon)
+    return _divergence(s, v, t, ts, tv, delta, patience, alpha)
+
+
+def _divergence(s: np.ndarray, v: np.ndarray, t: FallTest | None, ts: np.ndarray, tv: np.ndarray,
+                delta: float, patience: int, alpha: float) -> int | float | None:
+    """(C7) on clean curves, from the val curve's fall test."""
     if t is None or ts.size < 3:
         return None
     ok, onset = _onsets(v, t, delta, patience)
@@ -488,6 +501,11 @@ def peak_and_drop(steps, values, n=None, patience: int = PATIENCE) -> dict[str, 
     drop_z uses the per-eval SEs of the evals the peak and final windows do not share (N1, or
     N2 when ≥ 5 evals; else NaN)."""
     s, v, n = _clean_with_n(steps, values, n)
+    return _peak_and_drop(s, v, eval_se(v, n), patience)
+
+
+def _peak_and_drop(s: np.ndarray, v: np.ndarray, se: np.ndarray, patience: int) -> dict[str, Any]:
+    """(C2) on a clean curve with its per-eval SEs (eval_se)."""
     if v.size == 0:
         return dict(peak=math.nan, peak_step=None, final=math.nan, drop=math.nan, drop_rel=math.nan,
                     drop_z=math.nan)
@@ -497,7 +515,6 @@ def peak_and_drop(steps, values, n=None, patience: int = PATIENCE) -> dict[str, 
     peak, final = float(L[i]), float(L[last])
     drop = peak - final
     # SE of L_i − L_last from the evals the two windows do not share (they may overlap)
-    se = eval_se(v, n)
     only = np.zeros(v.size)
     only[i:i + m] += 1
     only[last:last + m] -= 1
@@ -543,16 +560,19 @@ def collapse_metrics(steps, values, *, n=None, train_steps=None, train_values=No
     divergence_step, entropy_collapse_step, length_blowup, n_evals. Curves that are not given
     yield None/NaN.
     """
+    _check(delta, patience)
     s, v, n = _clean_with_n(steps, values, n)
     out: dict[str, Any] = {"n_evals": int(v.size)}
-    out.update(peak_and_drop(s, v, n, patience))
-    step, z, _ = _collapse(s, v, delta, patience, n, alpha, None)
+    # the curve is cleaned, its noise estimated and its fall test run once for every metric below
+    se = eval_se(v, n)
+    out.update(_peak_and_drop(s, v, se, patience))
+    t = fall_test(v, n, patience=patience, alpha=alpha, sigma=float(se[0]) if n is None and se.size else None)
+    step, z = _first_fall(s, v, t, delta, patience)
     out.update(collapse_step=step, collapse_z=z, noise="binomial" if n is not None else "curve")
-    se = eval_se(v, n) if v.size else np.empty(0)
     out["noise_se"] = float(np.median(se)) if se.size and np.isfinite(se).any() else math.nan
     out["auc"] = curve_auc(s, v)
     out["divergence_step"] = (
-        divergence_step(s, v, train_steps, train_values, delta, patience, n=n, alpha=alpha)
+        _divergence(s, v, t, *clean_curve(train_steps, train_values), delta, patience, alpha)
         if train_steps is not None and train_values is not None else None)
     out["entropy_collapse_step"] = (
         entropy_collapse_step(entropy_steps, entropy_values, entropy_threshold, entropy_frac)
