@@ -4,6 +4,8 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from armorlab.analysis import stats
 
@@ -216,3 +218,32 @@ def test_curves_on_the_same_steps_align_as_they_are():
     messy = stats.align_curves([*runs[:2], (steps[::-1], np.r_[np.nan, runs[2][1][2::-1]])])
     np.testing.assert_array_equal(messy.values[2], [*runs[2][1][:3], np.nan])
     assert messy.interpolated is False and np.array_equal(messy.values[:2], al.values[:2])
+
+
+@settings(max_examples=150, deadline=None)
+@given(seed=st.integers(0, 10_000), size=st.integers(1, 700), max_points=st.integers(2, 120),
+       nan_share=st.sampled_from([0.0, 0.1, 0.9, 1.0]), levels=st.sampled_from([3, 1000]))
+def test_minmax_indices_keep_each_buckets_first_min_and_first_max(seed, size, max_points, nan_share, levels):
+    # the definition, bucket by bucket in plain Python: bucket b holds the steps i with
+    # i·B // size = b (B = max_points // 2); it keeps its first lowest and first highest value
+    # (ties: the earlier step; NaN-only: its first step), plus the curve's first and last step
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, levels, size).astype(np.float64)   # few levels: many ties
+    y[rng.random(size) < nan_share] = np.nan
+    got = stats.minmax_indices(y, max_points)
+    if size <= max_points:
+        assert got.tolist() == list(range(size))
+        return
+    buckets = max(1, max_points // 2)
+    want = {0, size - 1}
+    members: dict[int, list[int]] = {}
+    for i in range(size):
+        members.setdefault(i * buckets // size, []).append(i)
+    for steps in members.values():
+        finite = [i for i in steps if not math.isnan(y[i])]
+        if not finite:
+            want.add(steps[0])
+            continue
+        want.add(min(finite, key=lambda i: (y[i], i)))
+        want.add(min(finite, key=lambda i: (-y[i], i)))
+    assert got.tolist() == sorted(want)

@@ -367,10 +367,16 @@ def minmax_indices(y: np.ndarray, max_points: int) -> np.ndarray:
     buckets = max(1, max_points // 2)
     bucket = (np.arange(size) * buckets) // size           # 0 … buckets−1, consecutive
     starts = np.flatnonzero(np.r_[True, bucket[1:] != bucket[:-1]])
-    # lexsort is stable: a bucket whose values are all NaN (sorted as +inf) yields its first step
-    low = np.lexsort((np.where(np.isnan(y), np.inf, y), bucket))    # per bucket, ascending
-    high = np.lexsort((np.where(np.isnan(y), np.inf, -y), bucket))  # per bucket, descending
-    return np.unique(np.concatenate([[0, size - 1], low[starts], high[starts]]))
+    # one row per bucket, padded with +inf after its steps; argmin takes the first of equal values,
+    # so a bucket whose values are all NaN (as +inf) yields its first step
+    lengths = np.diff(np.r_[starts, size])
+    cols = np.arange(lengths.max())
+    idx = np.minimum(starts[:, None] + cols, size - 1)
+    pad = cols >= lengths[:, None]
+    nan = np.isnan(y)
+    low = np.where(pad, np.inf, np.where(nan, np.inf, y)[idx]).argmin(axis=1)
+    high = np.where(pad, np.inf, np.where(nan, np.inf, -y)[idx]).argmin(axis=1)
+    return np.unique(np.concatenate([[0, size - 1], starts + low, starts + high]))
 
 
 @cached
@@ -397,7 +403,10 @@ def curve_band(aligned: AlignedCurves, *, max_points: int = 200, confidence: flo
     high = np.full(grid.size, np.nan)
     if values.shape[0] >= 2 and grid.size:
         # one vectorised bootstrap per pattern of present seeds (usually one or two patterns)
-        patterns, inverse = np.unique(present.T, axis=0, return_inverse=True)
+        if present.all():  # every seed at every step: one pattern, without np.unique's row sort
+            patterns, inverse = present[:, :1].T, np.zeros(grid.size, dtype=np.int64)
+        else:
+            patterns, inverse = np.unique(present.T, axis=0, return_inverse=True)
         for k, pattern in enumerate(patterns):
             if pattern.sum() < 2:
                 continue
