@@ -93,11 +93,12 @@ def mixed_ratio(logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.Tens
       the issue's logaddexp(log α + log π_θ, log(1−α) + log π_ref) − logaddexp(... π_old ...)
       with the constant log α moved out. Finite for log-probs down to −1e4, where π underflows.
     * linear, given ``plain_ratio`` = exp(log π_θ − log π_old) carrying the gradient:
-      w·r + (1 − w) in one fused op. It reuses the plain ratio the caller has (and needs for its
-      metrics) instead of a logaddexp and a second exp, and is used only while every
-      r < LINEAR_MIX_LIMIT: nothing overflows then, and where w is too small for float32 to
-      store it precisely (< 1.2e-38) its term w·r < 1e-12 does not matter; 1 − w is taken as
-      1 − w (absolute error ≤ 6e-8). A batch with a bigger or non-finite ratio uses log space.
+      1 + w·(r − 1) = lerp(1, r, w) in one fused op. It reuses the plain ratio the caller has
+      (and needs for its metrics) instead of a logaddexp and a second exp, and is used only while
+      every r < LINEAR_MIX_LIMIT: nothing overflows then, and where w is too small for float32 to
+      store it precisely (< 1.2e-38) its term w·(r − 1) < 1e-12 does not matter; where w ≥ ½ lerp
+      evaluates r − (r − 1)·(1 − w) (1 − w rounded: absolute error ≤ 6e-8). A batch with a bigger
+      or non-finite ratio uses log space.
     At α = 1, w = 1 exactly and 1 − w = 0, so both give the plain ratio bit for bit.
     """
     alpha = torch.as_tensor(alpha, dtype=logp.dtype, device=logp.device)
@@ -106,7 +107,6 @@ def mixed_ratio(logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.Tens
         if plain_ratio is not None and bool(plain_ratio.detach().sum() < LINEAR_MIX_LIMIT):
             # In place on our own temporaries: these passes run on every token of the batch.
             weight = (old_logp - ref_logp).add_(log_odds_alpha).sigmoid_()   # w
-            ref_share = torch.neg(weight).add_(1.0)                          # 1 − w, ±6e-8
             linear = True
         else:
             ref_term = ref_logp - log_odds_alpha                  # log((1−α)/α·π_ref)
@@ -115,7 +115,9 @@ def mixed_ratio(logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.Tens
             linear = False
     if linear:
         assert plain_ratio is not None
-        return torch.addcmul(ref_share, plain_ratio, weight)
+        # lerp(1, r, w) = 1 + w·(r − 1), evaluated as r − (r − 1)·(1 − w) where w ≥ ½: one pass
+        # instead of forming 1 − w first; at w = 1 it is r bit for bit
+        return torch.lerp(plain_ratio.new_ones(()), plain_ratio, weight)
     return torch.exp(logp - log_den) + ref_share
 
 
