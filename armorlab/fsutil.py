@@ -9,8 +9,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 
 def _written_temp(path: Path, data: bytes, *, durable: bool) -> Path:
     """``data`` in a new file beside ``path`` (fsync'd when ``durable``), under a name unique
@@ -83,9 +81,6 @@ def atomic_write_json(path: str | os.PathLike, obj: Any, *, durable: bool = True
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n", durable=durable)
 
 
-# libyaml's emitter when present, ~4x faster (a sweep writes 1000s): the same data as safe_dump
-# writes, not always the same text (an empty-string key is `'': x`, not `? ''`)
-_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 _ENTRY_CACHE: dict[tuple[str, type, str], str] = {}
 
 
@@ -96,8 +91,13 @@ def yaml_text(obj: Any) -> str:
     libyaml) costs more than the rest of writing a run dir. The text is the same as one dump
     of the whole mapping (a block mapping is the concatenation of its entries), except that an
     object shared between two entries is written twice instead of as an anchor and an alias."""
+    import yaml  # here: the report's figure processes write files but no YAML
+
+    # libyaml's emitter when present, ~4x faster (a sweep writes 1000s): the same data as
+    # safe_dump writes, not always the same text (an empty-string key is `'': x`, not `? ''`)
+    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
     if not isinstance(obj, dict) or not all(isinstance(k, str) for k in obj):
-        return yaml.dump(obj, Dumper=_DUMPER, sort_keys=True, default_flow_style=False)
+        return yaml.dump(obj, Dumper=dumper, sort_keys=True, default_flow_style=False)
     if not obj:
         return "{}\n"
     if len(_ENTRY_CACHE) > 50_000:
@@ -108,7 +108,7 @@ def yaml_text(obj: Any) -> str:
         tag = (key, type(value), repr(value))
         text = _ENTRY_CACHE.get(tag)
         if text is None:
-            text = _ENTRY_CACHE[tag] = yaml.dump({key: value}, Dumper=_DUMPER, sort_keys=True,
+            text = _ENTRY_CACHE[tag] = yaml.dump({key: value}, Dumper=dumper, sort_keys=True,
                                                  default_flow_style=False)
         parts.append(text)
     return "".join(parts)
