@@ -132,12 +132,44 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
+def _band_path(x: np.ndarray, low: np.ndarray, high: np.ndarray, ok: np.ndarray):
+    """One closed polygon per run of steps where both bounds are finite (along ``low``, back
+    along ``high``), as one compound path: a gap in the bounds stays a gap, as in fill_between."""
+    from matplotlib.path import Path as MplPath
+
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], ok.view(np.int8), [0]])))
+    verts, codes = [], []
+    for i0, i1 in zip(edges[::2], edges[1::2], strict=True):
+        if i1 - i0 < 2:  # a lone finite step has no area (fill_between draws nothing there either)
+            continue
+        n = i1 - i0
+        v = np.empty((2 * n + 1, 2))
+        v[:n, 0], v[:n, 1] = x[i0:i1], low[i0:i1]
+        v[n:2 * n, 0], v[n:2 * n, 1] = x[i0:i1][::-1], high[i0:i1][::-1]
+        v[-1] = v[0]
+        c = np.full(2 * n + 1, MplPath.LINETO, dtype=MplPath.code_type)
+        c[0], c[-1] = MplPath.MOVETO, MplPath.CLOSEPOLY
+        verts.append(v)
+        codes.append(c)
+    return MplPath(np.concatenate(verts), np.concatenate(codes)) if verts else None
+
+
 def _band(ax, band: CurveBand, color, label: str | None, *, linestyle="-") -> None:
-    ax.plot(band.steps, band.mean, color=color, linestyle=linestyle, linewidth=1.6, label=label)
+    """The mean as a line over its 95 % CI band. The band is one PathPatch added as a plain
+    artist, its points put into the data limits directly: fill_between (masked arrays, unit
+    handling, a view-limit update per call) cost ~3 ms a band, a fifth of a 40-band figure."""
     ok = np.isfinite(band.low) & np.isfinite(band.high)
     if ok.any():
-        ax.fill_between(band.steps, np.where(ok, band.low, np.nan), np.where(ok, band.high, np.nan),
-                        color=color, alpha=0.18, linewidth=0)
+        x = np.asarray(band.steps, dtype=np.float64)
+        # before the line: its autoscale request then covers the band (as fill_between's did)
+        ax.update_datalim(np.column_stack([np.concatenate([x[ok], x[ok]]),
+                                           np.concatenate([band.low[ok], band.high[ok]])]))
+        path = _band_path(x, band.low, band.high, ok)
+        if path is not None:
+            from matplotlib.patches import PathPatch
+
+            ax.add_artist(PathPatch(path, facecolor=color, edgecolor="none", alpha=0.18, linewidth=0))
+    ax.plot(band.steps, band.mean, color=color, linestyle=linestyle, linewidth=1.6, label=label)
 
 
 @rendered
