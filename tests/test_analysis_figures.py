@@ -182,41 +182,69 @@ def test_rendered_later_submits_misses_only(tmp_path):
     assert len(submitted) == 1 and drawn == [[1]]
 
 
-@pytest.mark.parametrize("groups", [3, 20])
-def test_legends_stay_on_the_canvas(tmp_path, groups):
-    # what bbox_inches="tight" guaranteed: an outside legend of 20 groups (taller than the axes) and
-    # the panel figures' titles all lie inside the saved image
+def _bands(groups, label_len=0, scale=1.0, steps=100):
+    x = np.arange(0, float(steps))
+    return {f"alpha={0.5 + 0.01 * g:.2f}, ref_reset_steps={g * 25}" + "x" * label_len: CurveBand(
+        x, scale * (np.sin(x / 20) + g / 10), scale * (np.sin(x / 20) + g / 10 - 0.05),
+        scale * (np.sin(x / 20) + g / 10 + 0.05), np.full(x.size, 3)) for g in range(groups)}
+
+
+def _text_boxes_fit(fig):
+    """(what lies outside the canvas, which pairs of parts overlap): every panel with its tick
+    labels, axis labels and title, the legends and the suptitle, as the draw placed them."""
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    canvas = fig.bbox
+    panels = [ax.get_tightbbox(renderer, bbox_extra_artists=[]) for ax in fig.axes if ax.axison]
+    legends = [a.get_legend().get_window_extent(renderer) for a in fig.axes if a.get_legend()]
+    legends += [leg.get_window_extent(renderer) for leg in fig.legends]
+    texts = [t.get_window_extent(renderer) for t in fig.texts if t.get_text()]
+    outside = [b for b in [*panels, *legends, *texts]
+               if b.x0 < -1 or b.y0 < -1 or b.x1 > canvas.x1 + 1 or b.y1 > canvas.y1 + 1]
+    # a legend inside its panel ("best", few groups) is meant to lie on it
+    legends = [b for b in legends if not any(ax.bbox.contains(b.x0, b.y0) and ax.bbox.contains(b.x1, b.y1)
+                                             for ax in fig.axes)]
+    parts = [("panel", b) for b in panels] + [("legend", b) for b in legends] + [("text", b) for b in texts]
+    overlaps = [(na, nb) for k, (na, a) in enumerate(parts) for nb, b in parts[k + 1:]
+                if min(a.x1, b.x1) - max(a.x0, b.x0) > 1 and min(a.y1, b.y1) - max(a.y0, b.y0) > 1
+                and not (na == nb == "legend")]
+    return outside, overlaps
+
+
+@pytest.mark.parametrize(("groups", "panels", "label_len"), [(1, 1, 0), (3, 3, 0), (20, 2, 0), (20, 5, 40),
+                                                            (8, 6, 0)])
+def test_legends_stay_on_the_canvas(tmp_path, groups, panels, label_len):
+    # what bbox_inches="tight" guaranteed, for the layout that replaced it: an outside legend of up
+    # to 20 groups (taller than the axes, long labels), every panel's tick labels, axis labels and
+    # title, and the suptitle lie inside the saved image, and none overlaps another
     from PIL import Image
 
-    steps = np.arange(0, 100.0)
-    bands = {f"alpha={0.5 + 0.01 * g:.2f}, ref_reset_steps={g * 25}": CurveBand(
-        steps, np.sin(steps / 20) + g / 10, np.sin(steps / 20) + g / 10 - 0.05, np.sin(steps / 20) + g / 10 + 0.05,
-        np.full(steps.size, 3)) for g in range(groups)}
-    colors = plots.group_colors(list(bands))
+    scales = [1.0, 1000.0, 0.001, 25.0, 1.0, 3e7]   # the last: an offset text ("1e7"), laid out by the fallback
     seen = {}
-
     real_save = plots._save
 
     def spy(fig, path):
-        fig.canvas.draw()
-        renderer = fig.canvas.get_renderer()
-        canvas = fig.bbox
-        boxes = [a.get_legend().get_window_extent(renderer) for a in fig.axes if a.get_legend()]
-        boxes += [t.get_window_extent(renderer) for a in fig.axes for t in (a.title, a.xaxis.label, a.yaxis.label)
-                  if t.get_text()]
-        seen[path.name] = [(b.x0 >= -1 and b.y0 >= -1 and b.x1 <= canvas.x1 + 1 and b.y1 <= canvas.y1 + 1)
-                           for b in boxes]
+        seen[path.name] = _text_boxes_fit(fig)
         return real_save(fig, path)
 
+    colors = plots.group_colors(list(_bands(groups, label_len)))
+    kw = {"legend_title": "alpha, ref_reset_steps", "colors": colors}
+    grid = {f"metric/number_{k}": _bands(groups, label_len, scale=scales[k]) for k in range(panels)}
     plots._save = spy
     try:
-        plots.plot_curves.__wrapped__(bands, "val/acc", tmp_path / "val.png", legend_title="alpha, ref_reset_steps",
-                                      colors=colors, matched_steps=[50])
-        plots.plot_kl.__wrapped__({"kl/reverse_k3": bands, "kl/forward_k3": bands}, tmp_path / "kl.png",
-                                  legend_title="alpha, ref_reset_steps", colors=colors)
+        plots.plot_curves.__wrapped__(_bands(groups, label_len), "val/acc", tmp_path / "val.png",
+                                      matched_steps=[50], **kw)
+        plots.plot_overoptimisation.__wrapped__(_bands(groups, label_len), _bands(groups, label_len, scale=3.0),
+                                                "train/reward", "val/acc", tmp_path / "over.png", **kw)
+        plots.plot_kl.__wrapped__({m: _bands(groups, label_len) for m in ("kl/reverse_k3", "kl/forward_k3",
+                                                                           "kl/exact_reverse")[:min(panels, 3)]},
+                                  tmp_path / "kl.png", **kw)
+        plots.plot_curve_grid.__wrapped__(grid, tmp_path / "grid.png", **kw)
     finally:
         plots._save = real_save
-    assert seen["val.png"] and all(seen["val.png"]) and all(seen["kl.png"])
+    assert set(seen) == {"val.png", "over.png", "kl.png", "grid.png"}
+    for name, (outside, overlaps) in seen.items():
+        assert not outside and not overlaps, (name, outside, overlaps)
     assert Image.open(tmp_path / "val.png").size[0] > 0
 
 

@@ -90,7 +90,7 @@ def _legend_size(labels: Sequence[str], title: str, fontsize: float) -> tuple[fl
     return 0.9 + 0.5 * chars * em, (len(labels) + 1) * 1.55 * em + 0.5
 
 
-def _finish(fig, ax_legend, path: Path, legend_title: str, *, extra_handles=()) -> Path:
+def _finish(fig, ax_legend, path: Path, legend_title: str, *, extra_handles=(), suptitle=None) -> Path:
     handles, labels = ax_legend.get_legend_handles_labels()
     handles, labels = [*handles, *[h for h, _ in extra_handles]], [*labels, *[n for _, n in extra_handles]]
     if handles:
@@ -105,13 +105,140 @@ def _finish(fig, ax_legend, path: Path, legend_title: str, *, extra_handles=()) 
             lw, lh = _legend_size(labels, legend_title, 8)
             top = h * (1 - ax_legend.get_position().y1)
             fig.set_size_inches(w + max(0.0, lw - 1.0), max(h, top + lh))
+    if fig.get_layout_engine() is None:
+        fig.set_dpi(DPI)  # text measured at the resolution it is drawn at
+        legend = ax_legend.get_legend()
+        if not _place(fig, legend if legend is not None and len(handles) > 6 else None, suptitle):
+            fig.set_layout_engine("constrained")   # a shape _place does not know: the general solver
     return _save(fig, path)
 
 
+_PAD = 3 / 72  # inches between the parts of a figure and around it (constrained layout's w_pad/h_pad)
+
+
+def _tick_label_boxes(axis, renderer) -> list:
+    """Window extents of the tick labels the axis will draw (those inside its view interval)."""
+    axis.get_majorticklabels()  # updates the ticks' positions and texts, as the draw will
+    locs = axis.get_majorticklocs()
+    lo, hi = sorted(axis.get_view_interval())
+    tol = 1e-9 * max(hi - lo, 1e-300)
+    ticks = axis.get_major_ticks(len(locs))
+    return [t.label1.get_window_extent(renderer) for t, loc in zip(ticks, locs, strict=True)
+            if lo - tol <= loc <= hi + tol and t.label1.get_visible() and t.label1.get_text()]
+
+
+def _decorations(ax, renderer) -> tuple[float, float, float, float] | None:
+    """Pixels that the axes' tick labels, axis labels and title take outside its box, (left,
+    bottom, right, top), measured as the draw will place them; None for what this does not
+    model (an offset or scale text above or beside the ticks, labels on the top or right)."""
+    if (ax.xaxis.get_major_formatter().get_offset() or ax.yaxis.get_major_formatter().get_offset()
+            or ax.xaxis.get_label_position() != "bottom" or ax.yaxis.get_label_position() != "left"):
+        return None
+    box = ax.bbox
+    px = ax.get_figure(root=True).dpi / 72
+    xt, yt = _tick_label_boxes(ax.xaxis, renderer), _tick_label_boxes(ax.yaxis, renderer)
+    ticks = [*xt, *yt]
+    # the axis labels sit beyond the tick labels by labelpad (Axis._update_label_position)
+    left = box.x0 - min([b.x0 for b in yt] + [box.x0])
+    if ax.yaxis.label.get_text():
+        left += ax.yaxis.labelpad * px + ax.yaxis.label.get_window_extent(renderer).width
+    bottom = box.y0 - min([b.y0 for b in xt] + [box.y0])
+    if ax.xaxis.label.get_text():
+        bottom += ax.xaxis.labelpad * px + ax.xaxis.label.get_window_extent(renderer).height
+    left = max(left, box.x0 - min([b.x0 for b in ticks] + [box.x0]))
+    bottom = max(bottom, box.y0 - min([b.y0 for b in ticks] + [box.y0]))
+    right = max([b.x1 for b in ticks] + [box.x1]) - box.x1
+    top = max([b.y1 for b in ticks] + [box.y1]) - box.y1
+    if ax.get_title():
+        top = max(top, plt.rcParams["axes.titlepad"] * px + ax.title.get_window_extent(renderer).height)
+    return left, bottom, right, top
+
+
+def _place(fig, legend, suptitle) -> bool:
+    """Lay out a grid of panels (plt.subplots, spare ones hidden) with its suptitle and an
+    outside legend hung from the upper right of one panel: margins measured from the tick
+    labels, axis labels and titles the draw will show, panels of equal size in the space left;
+    the figure grows taller where the legend would run off the bottom. A third of the
+    instructions of constrained layout, which measures every axis and title twice through
+    generic tight bounding boxes. False (nothing decided) for any other shape."""
+    renderer = fig.canvas.get_renderer()
+    axes = [ax for ax in fig.axes if ax.axison]
+    specs = [ax.get_subplotspec() for ax in fig.axes]
+    if not axes or None in specs or len({s.get_gridspec() for s in specs}) != 1:
+        return False
+    rows, cols = specs[0].get_gridspec().get_geometry()
+    cell = {ax: (s.rowspan.start, s.colspan.start) for ax, s in zip(fig.axes, specs, strict=True)
+            if len(s.rowspan) == 1 and len(s.colspan) == 1}
+    if len(cell) != len(fig.axes):
+        return False
+    hang = None
+    if legend is not None:
+        lax = legend.axes
+        r, c = cell[lax]
+        if lax not in axes or any(ax in axes and cell[ax][0] == r and cell[ax][1] > c for ax in fig.axes):
+            return False  # the legend must have the rest of its row to itself
+        lbox = legend.get_window_extent(renderer)
+        # its size, and its offset from the panel's top right corner (borderaxespad) beyond the anchor
+        hang = (lax, r, c, lbox.width, lbox.height, lbox.x0 - lax.bbox.x1 - 0.01 * lax.bbox.width,
+                lax.bbox.y1 - lbox.y1)
+    pad = _PAD * fig.dpi
+    L, R, T, B = [0.0] * cols, [0.0] * cols, [0.0] * rows, [0.0] * rows
+    placed = False
+    for _ in range(5):
+        # measured where the panels are (the tick labels change with their size): the margins
+        # only grow, until everything drawn at the positions set fits them
+        W, H = fig.bbox.width, fig.bbox.height
+        deco = {ax: _decorations(ax, renderer) for ax in axes}
+        if None in deco.values():
+            return False
+        grown = False
+        for ax, (dl, db, dr, dt) in deco.items():
+            r, c = cell[ax]
+            for side, i, v in ((L, c, dl), (B, r, db), (R, c, dr), (T, r, dt)):
+                if v > side[i] + 0.5:
+                    side[i], grown = v, True
+        if hang is not None:
+            lax, r, c, lw, lh, dx, dy = hang
+            reach = 0.01 * lax.bbox.width + dx + lw
+            if c == cols - 1 and reach > R[-1] + 0.5:
+                R[-1], grown = reach + 1, True
+            short = pad - (lax.bbox.y1 - dy - lh)
+            if placed and short > 0.5:
+                # taller by what the legend, hung from the panel's top, lacks: the panel's top
+                # rises by (rows − r) / rows of what the figure grows
+                fig.set_size_inches(fig.get_size_inches()[0], (H + (short + 1) * rows / (rows - r)) / fig.dpi)
+                W, H, grown = fig.bbox.width, fig.bbox.height, True
+        if placed and not grown:
+            break
+        placed = True
+        top = pad + (suptitle.get_window_extent(renderer).height + pad if suptitle is not None else 0)
+        pw = (W - 2 * pad - sum(L) - sum(R) - (cols - 1) * pad) / cols
+        ph = (H - top - pad - sum(T) - sum(B) - (rows - 1) * pad) / rows
+        if pw < 0.2 * W / cols or ph < 0.2 * H / rows:
+            return False
+        for ax, (r, c) in cell.items():
+            x0 = pad + sum(L[:c]) + sum(R[:c]) + c * (pw + pad) + L[c]
+            y1 = H - top - sum(T[:r]) - sum(B[:r]) - r * (ph + pad) - T[r]
+            ax.set_position([x0 / W, (y1 - ph) / H, pw / W, ph / H])
+        if suptitle is not None:
+            suptitle.set_y(1 - pad / H)
+            suptitle.set_verticalalignment("top")
+    else:
+        return False
+    if hang is not None and hang[0].bbox.x1 + 0.01 * hang[0].bbox.width + hang[5] + hang[3] > fig.bbox.width - pad + 1:
+        return False  # wider than the empty slots beside it
+    for ax in axes:  # the texts centred on a panel must fit its width
+        width = ax.bbox.width + 2 * pad
+        if any(t.get_text() and t.get_window_extent(renderer).width > width for t in (ax.title, ax.xaxis.label)):
+            return False
+    return True
+
+
 def _save(fig, path: Path) -> Path:
-    """Write the PNG. Every figure is laid out by matplotlib's constrained layout (room for
-    titles, labels and an outside legend), so no bbox_inches="tight": that draws the figure
-    twice, and the first draw was a fifth of the report's figure time. savefig of a figure with
+    """Write the PNG. Every figure is laid out beforehand, by _place or by matplotlib's
+    constrained layout (room for titles, labels and an outside legend), so no
+    bbox_inches="tight": that draws the figure twice, and the first draw was a fifth of the
+    report's figure time. savefig of a figure with
     a layout engine draws it twice as well (a draw without output that runs the layout, then
     the real one): the layout is run here instead, at the PNG's resolution, and the engine
     removed, so savefig draws once — the same pixels, a fifth less work."""
@@ -180,7 +307,7 @@ def plot_curves(bands: Mapping[str, CurveBand], metric: str, path: Path, *, lege
     """One metric per group: mean over seeds with its 95 % CI band; ▼ = a seed's collapse step,
     labelled with its text when a marker is (step, value, text); ``noise`` = {group: (steps, SE)}
     draws the eval-noise band mean ± 1 SE as thin dashed lines."""
-    fig, ax = plt.subplots(figsize=(8, 4.6), layout="constrained")
+    fig, ax = plt.subplots(figsize=(8, 4.6))
     for g, band in bands.items():
         _band(ax, band, colors[g], g)
         if noise and g in noise and noise[g][0].size:
@@ -221,7 +348,7 @@ def plot_overoptimisation(train: Mapping[str, CurveBand], val: Mapping[str, Curv
                           colors: Mapping[str, tuple]) -> Path:
     """Train reward (dashed) and validation (solid) on one axis: rising train reward over falling
     validation is over-optimisation."""
-    fig, ax = plt.subplots(figsize=(8, 4.6), layout="constrained")
+    fig, ax = plt.subplots(figsize=(8, 4.6))
     for g in dict.fromkeys([*val, *train]):
         if g in val:
             _band(ax, val[g], colors[g], g)
@@ -240,8 +367,7 @@ def _panel_grid(n: int, *, max_cols: int, panel_size: tuple[float, float]):
     """Small multiples for ``n`` panels: the figure and its axes in reading order, spare ones hidden."""
     cols = min(max_cols, n)
     rows = (n + cols - 1) // cols
-    fig, axes = plt.subplots(rows, cols, figsize=(panel_size[0] * cols, panel_size[1] * rows), squeeze=False,
-                             layout="constrained")
+    fig, axes = plt.subplots(rows, cols, figsize=(panel_size[0] * cols, panel_size[1] * rows), squeeze=False)
     flat = axes.ravel()
     for ax in flat[n:]:
         ax.axis("off")
@@ -264,8 +390,8 @@ def plot_kl(panels: Mapping[str, Mapping[str, CurveBand]], path: Path, *, legend
         _step_axis(ax)
         ax.set_ylabel(metric_label(metric))
         ax.grid(alpha=0.3)
-    fig.suptitle("KL to the reference policy (mean over seeds, 95% CI)")
-    return _finish(fig, flat[n - 1], path, legend_title)
+    sup = fig.suptitle("KL to the reference policy (mean over seeds, 95% CI)")
+    return _finish(fig, flat[n - 1], path, legend_title, suptitle=sup)
 
 
 def _ecdf(ax, x: np.ndarray, color, label: str, linestyle="-") -> None:
@@ -390,5 +516,5 @@ def plot_curve_grid(panels: Mapping[str, Mapping[str, CurveBand]], path: Path, *
         ax.set_ylabel(metric_label(metric), fontsize=8)
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)
-    fig.suptitle("Other curves (mean over seeds, 95% CI)")
-    return _finish(fig, flat[min(n, len(flat)) - 1], path, legend_title)
+    sup = fig.suptitle("Other curves (mean over seeds, 95% CI)")
+    return _finish(fig, flat[min(n, len(flat)) - 1], path, legend_title, suptitle=sup)
