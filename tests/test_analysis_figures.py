@@ -248,6 +248,38 @@ def test_legends_stay_on_the_canvas(tmp_path, groups, panels, label_len):
     assert Image.open(tmp_path / "val.png").size[0] > 0
 
 
+@pytest.mark.parametrize(("xs", "hues"), [(2, 2), (4, 5), (3, 0), (2, 12)])
+def test_ablation_figure_stays_on_the_canvas(tmp_path, xs, hues):
+    # side by side (≤ 8 bars) or stacked panels, with the hue legend under them (up to 12 hues
+    # in 3 columns, long names) or without one: everything inside the canvas, nothing overlapping
+    scores = ("test_acc", "auc")
+    rows, per_run = [], {}
+    for x in range(xs):
+        for h in range(max(hues, 1)):
+            group = f"alpha={x}, ref_reset_steps={h}" + ("0" * 30 if hues > 10 else "")
+            row = {"group": group, "alpha": x * 0.1, "ref_reset_steps": group.split("=")[-1]}
+            for sc in scores:
+                row |= {f"{sc}_mean": 0.5 + 0.01 * h, f"{sc}_ci_low": 0.4, f"{sc}_ci_high": 0.7}
+            rows.append(row)
+            per_run[group] = {sc: np.array([0.45, 0.5, 0.62]) for sc in scores}
+    seen = []
+    real_save = plots._save
+
+    def spy(fig, path):
+        seen.append(_text_boxes_fit(fig))
+        return real_save(fig, path)
+
+    plots._save = spy
+    try:
+        plots.plot_ablation.__wrapped__(rows, per_run, scores, {"test_acc": "test/acc @ val-best step"}, "alpha",
+                                        ["ref_reset_steps"] if hues else [], tmp_path / "ablation.png",
+                                        colors=plots.group_colors([r["group"] for r in rows]))
+    finally:
+        plots._save = real_save
+    (outside, overlaps), = seen
+    assert not outside and not overlaps, (outside, overlaps)
+
+
 def test_group_palette_is_matplotlibs():
     import matplotlib
 

@@ -105,12 +105,16 @@ def _finish(fig, ax_legend, path: Path, legend_title: str, *, extra_handles=(), 
             lw, lh = _legend_size(labels, legend_title, 8)
             top = h * (1 - ax_legend.get_position().y1)
             fig.set_size_inches(w + max(0.0, lw - 1.0), max(h, top + lh))
-    if fig.get_layout_engine() is None:
-        fig.set_dpi(DPI)  # text measured at the resolution it is drawn at
-        legend = ax_legend.get_legend()
-        if not _place(fig, legend if legend is not None and len(handles) > 6 else None, suptitle):
-            fig.set_layout_engine("constrained")   # a shape _place does not know: the general solver
+    legend = ax_legend.get_legend()
+    _lay_out(fig, legend if legend is not None and len(handles) > 6 else None, suptitle)
     return _save(fig, path)
+
+
+def _lay_out(fig, legend=None, suptitle=None, below=None) -> None:
+    """_place the panels, or leave the figure to constrained layout where _place does not know its shape."""
+    fig.set_dpi(DPI)  # text measured at the resolution it is drawn at
+    if not _place(fig, legend, suptitle, below):
+        fig.set_layout_engine("constrained")
 
 
 _PAD = 3 / 72  # inches between the parts of a figure and around it (constrained layout's w_pad/h_pad)
@@ -154,9 +158,10 @@ def _decorations(ax, renderer) -> tuple[float, float, float, float] | None:
     return left, bottom, right, top
 
 
-def _place(fig, legend, suptitle) -> bool:
-    """Lay out a grid of panels (plt.subplots, spare ones hidden) with its suptitle and an
-    outside legend hung from the upper right of one panel: margins measured from the tick
+def _place(fig, legend, suptitle, below=None) -> bool:
+    """Lay out a grid of panels (plt.subplots, spare ones hidden) with its suptitle, an outside
+    legend hung from the upper right of one panel and a figure legend at the lower centre
+    (``below``, under the panels): margins measured from the tick
     labels, axis labels and titles the draw will show, panels of equal size in the space left;
     the figure grows taller where the legend would run off the bottom. A third of the
     instructions of constrained layout, which measures every axis and title twice through
@@ -182,6 +187,12 @@ def _place(fig, legend, suptitle) -> bool:
         hang = (lax, r, c, lbox.width, lbox.height, lbox.x0 - lax.bbox.x1 - 0.01 * lax.bbox.width,
                 lax.bbox.y1 - lbox.y1)
     pad = _PAD * fig.dpi
+    floor = 0.0  # the band under the panels that the figure legend takes
+    if below is not None:
+        bbox = below.get_window_extent(renderer)
+        if bbox.width > fig.bbox.width - 2 * pad:
+            return False
+        floor = bbox.y1
     L, R, T, B = [0.0] * cols, [0.0] * cols, [0.0] * rows, [0.0] * rows
     placed = False
     for _ in range(5):
@@ -212,13 +223,15 @@ def _place(fig, legend, suptitle) -> bool:
             break
         placed = True
         top = pad + (suptitle.get_window_extent(renderer).height + pad if suptitle is not None else 0)
-        pw = (W - 2 * pad - sum(L) - sum(R) - (cols - 1) * pad) / cols
-        ph = (H - top - pad - sum(T) - sum(B) - (rows - 1) * pad) / rows
+        # between panels: both pads and 2 % of the figure, as constrained layout's w/hspace
+        gx, gy = 2 * pad + 0.02 * W / max(cols - 1, 1), 2 * pad + 0.02 * H / max(rows - 1, 1)
+        pw = (W - 2 * pad - sum(L) - sum(R) - (cols - 1) * gx) / cols
+        ph = (H - top - pad - floor - sum(T) - sum(B) - (rows - 1) * gy) / rows
         if pw < 0.2 * W / cols or ph < 0.2 * H / rows:
             return False
         for ax, (r, c) in cell.items():
-            x0 = pad + sum(L[:c]) + sum(R[:c]) + c * (pw + pad) + L[c]
-            y1 = H - top - sum(T[:r]) - sum(B[:r]) - r * (ph + pad) - T[r]
+            x0 = pad + sum(L[:c]) + sum(R[:c]) + c * (pw + gx) + L[c]
+            y1 = H - top - sum(T[:r]) - sum(B[:r]) - r * (ph + gy) - T[r]
             ax.set_position([x0 / W, (y1 - ph) / H, pw / W, ph / H])
         if suptitle is not None:
             suptitle.set_y(1 - pad / H)
@@ -458,8 +471,7 @@ def plot_ablation(summary_rows: Sequence[Mapping], per_run: Mapping[str, Mapping
     # side by side while bars are few; stacked (one full-width row per score) when they are many
     shape = (1, len(scores)) if bars <= 8 else (len(scores), 1)
     panel_w = min(12.0, max(6.0 if shape[0] > 1 else 4.6, 1.2 + 0.45 * bars))
-    fig, axes = plt.subplots(*shape, figsize=(panel_w * shape[1], 3.8 * shape[0]), squeeze=False,
-                             layout="constrained")
+    fig, axes = plt.subplots(*shape, figsize=(panel_w * shape[1], 3.8 * shape[0]), squeeze=False)
     for ax, score in zip(axes.ravel(), scores, strict=True):
         # one bar call and one scatter per panel (one per group cost a second at 20 groups); a
         # missing CI is a NaN error, which draws nothing
@@ -494,11 +506,13 @@ def plot_ablation(summary_rows: Sequence[Mapping], per_run: Mapping[str, Mapping
         ax.set_ylabel(score_labels.get(score, score))
         ax.set_title(score_labels.get(score, score), fontsize=10)
         ax.grid(alpha=0.3, axis="y")
+    below = None
     if hue_keys:
         handles = [plt.Rectangle((0, 0), 1, 1, color=hue_color[h], alpha=0.8) for h in hues]
-        fig.legend(handles, hues, title=", ".join(hue_keys), fontsize=8, title_fontsize=8, frameon=False,
+        below = fig.legend(handles, hues, title=", ".join(hue_keys), fontsize=8, title_fontsize=8, frameon=False,
                    loc="outside lower center", ncols=min(3, len(hues)))
-    fig.suptitle(f"Ablation over {x_key}: mean over seeds with 95% CI (dots = seeds)")
+    sup = fig.suptitle(f"Ablation over {x_key}: mean over seeds with 95% CI (dots = seeds)")
+    _lay_out(fig, None, sup, below)
     return _save(fig, path)
 
 
