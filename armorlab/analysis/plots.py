@@ -244,6 +244,10 @@ def _place(fig, legend, suptitle, below=None) -> bool:
         width = ax.bbox.width + 2 * pad
         if any(t.get_text() and t.get_window_extent(renderer).width > width for t in (ax.title, ax.xaxis.label)):
             return False
+    for ax in axes:
+        # the title at its default place, fixed: the draw would otherwise measure the whole y axis
+        # again per title to dodge an offset text, and there is none here (see _decorations)
+        ax.set_title(ax.get_title(), fontsize=ax.title.get_fontsize(), y=1.0)
     return True
 
 
