@@ -320,25 +320,27 @@ def test_a_band_is_one_polygon_per_run_of_finite_bounds():
 
 
 def test_band_gaps_stay_empty_and_bands_are_inside_the_axis_limits():
-    plt = plots._pyplot()
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
     steps = np.arange(0, 21.0)
     low, high = np.full(21, 1.0), np.full(21, 3.0)
     low[8:13] = np.nan                                  # no CI at steps 8–12 (one seed there)
-    fig, ax = plt.subplots(figsize=(4, 3), dpi=50)
-    try:
-        plots._band(ax, CurveBand(steps, np.full(21, 2.0), low, high, np.full(21, 3)), (1.0, 0.0, 0.0, 1.0), "g")
-        fig.canvas.draw()
-        lo, hi = ax.get_ylim()
-        assert lo < 1.0 and hi > 3.0                    # the band, not only the line, set the limits
-        image = np.asarray(fig.canvas.buffer_rgba())
-        h = image.shape[0]
+    fig = Figure(figsize=(4, 3), dpi=50)
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    plots._band(ax, CurveBand(steps, np.full(21, 2.0), low, high, np.full(21, 3)), (1.0, 0.0, 0.0, 1.0), "g")
+    fig.canvas.draw()
+    lo, hi = ax.get_ylim()
+    assert lo < 1.0 and hi > 3.0                    # the band, not only the line, set the limits
+    image = np.asarray(fig.canvas.buffer_rgba())
+    h = image.shape[0]
 
-        def pixel(x, y):
-            px, py = ax.transData.transform((x, y))
-            return image[int(h - py), int(px)]
+    def pixel(x, y):
+        px, py = ax.transData.transform((x, y))
+        return image[int(h - py), int(px)]
 
-        assert tuple(pixel(10, 1.5)[:3]) == (255, 255, 255)   # the gap: not filled
-        shaded = pixel(4, 1.5)[:3]                             # a run: red at alpha 0.18 on white
-        assert shaded[0] == 255 and 200 < shaded[1] < 230 and shaded[1] == shaded[2]
-    finally:
-        plt.close(fig)
+    assert tuple(pixel(10, 1.5)[:3]) == (255, 255, 255)   # the gap: not filled
+    shaded = pixel(4, 1.5)[:3]                             # a run: red at alpha 0.18 on white
+    assert shaded[0] == 255 and 200 < shaded[1] < 230 and shaded[1] == shaded[2]
+

@@ -128,7 +128,7 @@ def serve_figures() -> None:
     os.dup2(2, 1)
     from armorlab.analysis import plots
 
-    plots._pyplot()  # matplotlib's import overlaps the main process's loading, and each child inherits it
+    plots._matplotlib()  # matplotlib's import overlaps the main process's loading, and each child inherits it
     sel = selectors.DefaultSelector()
     sel.register(0, selectors.EVENT_READ)
     inbox = bytearray()
