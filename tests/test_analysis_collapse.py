@@ -266,3 +266,22 @@ def test_collapse_metrics_is_each_metric_on_its_own(seed, k, binomial, holes):
     assert m["divergence_step"] == collapse.divergence_step(steps, values, ts, tv, 0.02, 3, n=n)
     alone = collapse.peak_and_drop(steps, values, n, 3)
     assert {key: m[key] for key in alone} == pytest.approx(alone, nan_ok=True)
+
+
+@settings(max_examples=150, deadline=None)
+@given(seed=st.integers(0, 10_000), k=st.integers(0, 40), order=st.sampled_from(["sorted", "ties", "shuffled"]),
+       bad=st.sampled_from([0.0, 0.2]))
+def test_clean_curve_drops_non_finite_points_and_sorts_stably(seed, k, order, bad):
+    rng = np.random.default_rng(seed)
+    steps = np.sort(rng.integers(0, 30, k)).astype(float) if order == "ties" else np.arange(k) * 5.0
+    if order == "shuffled":
+        steps = rng.permutation(steps)
+    values = rng.normal(0, 1, k)
+    values[rng.random(k) < bad] = np.nan
+    steps[rng.random(k) < bad / 2] = np.inf
+    s, v = collapse.clean_curve(steps, values)
+    # the definition: keep the finite (step, value) pairs, in step order, ties in input order
+    want = sorted(((a, i, b) for i, (a, b) in enumerate(zip(steps, values, strict=True))
+                   if math.isfinite(a) and math.isfinite(b)))
+    assert s.tolist() == [a for a, _, _ in want] and v.tolist() == [b for _, _, b in want]
+    assert s.dtype == v.dtype == np.float64

@@ -99,7 +99,10 @@ def clean_curve(steps, values) -> tuple[np.ndarray, np.ndarray]:
     if steps.shape != values.shape:
         raise ValueError(f"steps and values differ in length: {steps.size} vs {values.size}")
     keep = np.isfinite(steps) & np.isfinite(values)
-    steps, values = steps[keep], values[keep]
+    if not keep.all():
+        steps, values = steps[keep], values[keep]
+    if steps.size < 2 or bool(np.all(steps[1:] >= steps[:-1])):
+        return steps, values  # already in order (the stable sort would keep it): no copies
     order = np.argsort(steps, kind="stable")
     return steps[order], values[order]
 

@@ -5,10 +5,12 @@ the configs that differ between groups, and every warning."""
 from __future__ import annotations
 
 import html
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from armorlab.fsutil import atomic_write_text
@@ -47,8 +49,53 @@ def esc(text: object) -> str:
     return html.escape(str(text), quote=True)
 
 
+NA_REP = "—"
+_ESCAPE = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;"})  # pandas' to_html escapes these
+_CONTROL = str.maketrans({"\t": "\\t", "\n": "\\n", "\r": "\\r"})  # its value formatter, these
+
+
+def _cell(text: str) -> str:
+    """pandas' ``_write_cell``: escaped, stripped, double spaces as non-breaking ones."""
+    return text.translate(_ESCAPE).strip().replace("  ", "&nbsp;&nbsp;")
+
+
+def _cells(col: pd.Series) -> list[str] | None:
+    """A column's cells as pandas' ``to_html`` writes them, for the kinds the report's tables hold
+    (text with missing values, integers, booleans); None for anything else (floats: pandas
+    formats them column-wide)."""
+    dtype = col.dtype
+    if isinstance(dtype, np.dtype) and dtype.kind in "iub":
+        return [str(v) for v in col.tolist()]
+    if (isinstance(dtype, np.dtype) and dtype.kind == "O") or isinstance(dtype, pd.StringDtype):
+        out = []
+        for v in col.tolist():
+            if isinstance(v, str):
+                out.append(_cell(v.translate(_CONTROL)))
+            elif isinstance(v, float) and math.isnan(v):
+                out.append(NA_REP)
+            elif v is None:  # pandas writes None of an object column as it is, not as na_rep
+                out.append("None")
+            else:
+                return None
+        return out
+    return None
+
+
 def table_html(df: pd.DataFrame) -> str:
-    return df.to_html(index=False, escape=True, na_rep="—", border=0)
+    """``df.to_html(index=False, escape=True, na_rep="—", border=0)``, the same text written
+    directly when every column is text, integers or booleans (pandas' HTML formatter was half
+    of writing index.html)."""
+    columns = [_cells(df[c]) for c in df.columns] if df.columns.is_unique else [None]
+    if not df.columns.size or not all(isinstance(c, str) for c in df.columns) or any(c is None for c in columns):
+        return df.to_html(index=False, escape=True, na_rep=NA_REP, border=0)
+    lines = ['<table class="dataframe">', "  <thead>", '    <tr style="text-align: right;">',
+             *[f"      <th>{_cell(c)}</th>" for c in df.columns], "    </tr>", "  </thead>", "  <tbody>"]
+    for row in zip(*columns, strict=True):
+        lines.append("    <tr>")
+        lines.extend(f"      <td>{cell}</td>" for cell in row)
+        lines.append("    </tr>")
+    lines += ["  </tbody>", "</table>"]
+    return "\n".join(lines)
 
 
 def render(title: str, meta: str, warnings: Sequence[str], sections: Sequence[Section]) -> str:
