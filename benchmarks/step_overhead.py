@@ -1,6 +1,6 @@
 """Step-time overhead of ArmorLabTrainer over stock TRL, and the anchor-rollout cost with/without cache.
 
-    .venv/bin/python benchmarks/step_overhead.py [--steps 24] [--rounds 5] [--wall]
+    .venv/bin/python benchmarks/step_overhead.py [--steps 24] [--rounds 10] [--wall]
 
 Part 1: stock ``GRPOTrainer(loss_type="dapo", beta=0.001)`` against ``ArmorLabTrainer`` with
 objective dapo, up and armor (anchors off; β = 0 there, and the stock side's β = 0.001 makes
@@ -50,7 +50,9 @@ os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=24, help="optimizer steps per run")
-    parser.add_argument("--rounds", type=int, default=5, help="runs per variant, alternated")
+    # 10: at 5 rounds, repeated runs of the same code scattered 0.98–1.12 on a shared 2-core
+    # machine whose speed drifts within minutes; 10 rounds gave 1.018 and 1.039
+    parser.add_argument("--rounds", type=int, default=10, help="runs per variant, alternated")
     parser.add_argument("--wall", action="store_true", help="wall-clock instead of thread CPU time")
     parser.add_argument("--parts", default="1,2,3,4", help="which parts to run, e.g. 3 or 1,3")
     parser.add_argument("--part1-in", metavar="WORK", help=argparse.SUPPRESS)  # part 4's processes
