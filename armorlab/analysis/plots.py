@@ -105,20 +105,21 @@ def _legend_size(labels: Sequence[str], title: str, fontsize: float) -> tuple[fl
 def _finish(fig, ax_legend, path: Path, legend_title: str, *, extra_handles=(), suptitle=None) -> Path:
     handles, labels = ax_legend.get_legend_handles_labels()
     handles, labels = [*handles, *[h for h, _ in extra_handles]], [*labels, *[n for _, n in extra_handles]]
+    hung = None  # the legend hung outside the panel, which _place makes room for
     if handles:
         outside = len(handles) > 6
-        ax_legend.legend(handles, labels, title=legend_title, fontsize=8, title_fontsize=8,
-                         loc="upper left" if outside else "best",
-                         bbox_to_anchor=(1.01, 1.0) if outside else None, frameon=False)
+        legend = ax_legend.legend(handles, labels, title=legend_title, fontsize=8, title_fontsize=8,
+                                  loc="upper left" if outside else "best",
+                                  bbox_to_anchor=(1.01, 1.0) if outside else None, frameon=False)
         if outside:
+            hung = legend
             # make room as bbox_inches="tight" did (without its second full draw): wider by the
             # legend, taller when the legend (hung from the axes' top) would run off the bottom
             w, h = fig.get_size_inches()
             lw, lh = _legend_size(labels, legend_title, 8)
             top = h * (1 - ax_legend.get_position().y1)
             fig.set_size_inches(w + max(0.0, lw - 1.0), max(h, top + lh))
-    legend = ax_legend.get_legend()
-    _lay_out(fig, legend if legend is not None and len(handles) > 6 else None, suptitle)
+    _lay_out(fig, hung, suptitle)
     return _save(fig, path)
 
 
