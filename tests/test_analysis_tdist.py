@@ -75,11 +75,11 @@ def test_normal_quantile_is_scipys(q):
 
 
 def test_bad_arguments_are_refused():
-    with pytest.raises(ValueError, match="degrees of freedom"):
+    with pytest.raises(ValueError, match=r"degrees of freedom .*\[0\]"):
         tdist.t_quantiles(0.9, np.array([0]))
-    with pytest.raises(ValueError, match="degrees of freedom"):
+    with pytest.raises(ValueError, match=r"degrees of freedom .*\[2\.5\]"):
         tdist.t_quantiles(0.9, np.array([2.5]))
-    with pytest.raises(ValueError, match="quantile level"):
+    with pytest.raises(ValueError, match=r"quantile level .*got 1\.0"):
         tdist.t_quantiles(1.0, np.array([3]))
 
 
