@@ -374,7 +374,7 @@ def load(paths: Iterable[str | os.PathLike], *, cache: bool = True,
             else:
                 todo.append((sweep_dir, rd))
 
-    def parse(item: tuple[Path, RunDir]) -> _Entry:
+    def parse(item: tuple[Path, RunDir]) -> tuple[_Entry, _Facts]:
         _, rd = item
         # key first: a file growing while we read it is re-parsed next time
         mkey, ckey = _file_key(rd.metrics_path), _file_key(rd.config_path)
@@ -383,27 +383,32 @@ def load(paths: Iterable[str | os.PathLike], *, cache: bool = True,
             config = rd.read_config()
         except ArmorLabError as exc:
             config, warns = None, [*warns, f"unreadable config: {exc}"]
-        return _Entry(frame, mkey, ckey, config, warns)
+        entry = _Entry(frame, mkey, ckey, config, warns)
+        # here, not in _assemble: on another thread they overlap the parsing of the next file
+        return entry, _facts(rd, entry)
 
     done = len(run_dirs) - len(todo)
     if progress:
         progress(done, len(run_dirs))
+    facts: dict[Path, _Facts] = {}
     if todo:
         # pyarrow releases the GIL while parsing: a few threads overlap parsing with file reads
         with ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1))) as pool:
-            for (sweep_dir, rd), entry in zip(todo, pool.map(parse, todo), strict=True):
+            for (sweep_dir, rd), (entry, fact) in zip(todo, pool.map(parse, todo), strict=True):
                 entries[rd.path] = entry
+                facts[rd.path] = fact
                 cached_by_sweep[sweep_dir][rd.path.name] = entry
                 done += 1
                 if progress:
                     progress(done, len(run_dirs))
-        if cache:
-            for sweep_dir in {s for s, _ in todo}:
-                try:
-                    _write_cache(sweep_dir, cached_by_sweep[sweep_dir])
-                except Exception as exc:  # read-only sweep dir, full disk: analysis still works
-                    log.warning("could not write analysis cache in %s: %s", sweep_dir, exc)
-    return _assemble(run_dirs, entries)
+            if cache:  # written while the run set is assembled (Arrow writes without the GIL)
+                writes = {s: pool.submit(_write_cache, s, cached_by_sweep[s]) for s in dict.fromkeys(s for s, _ in todo)}
+                result = _assemble(run_dirs, entries, facts)
+                for s, w in writes.items():
+                    if w.exception() is not None:  # read-only sweep dir, full disk: analysis still works
+                        log.warning("could not write analysis cache in %s: %s", s, w.exception())
+                return result
+    return _assemble(run_dirs, entries, facts)
 
 
 def _unique_ids(run_dirs: list[RunDir]) -> list[str]:
@@ -440,26 +445,42 @@ def _gate_screened_out(shares: np.ndarray) -> bool:
     return float((prefix[GATE_WINDOW:] - prefix[:-GATE_WINDOW]).max()) < (GATE_SHARE - 1e-3) * GATE_WINDOW
 
 
-def _assemble(run_dirs: list[RunDir], entries: dict[Path, _Entry]) -> RunSet:
+@dataclass
+class _Facts:
+    """What a run set needs of one run besides its metrics: its status (read at every load: a
+    cached run may have finished since), its config as flat columns, its health warnings."""
+    status: dict[str, Any]
+    config: dict[str, Any]
+    health: list[str]
+
+
+def _facts(rd: RunDir, e: _Entry) -> _Facts:
+    status = rd.read_status()
+    # how a run was logged is not an experimental factor
+    config = {k: v for k, v in flatten_config(e.config or {}).items()
+              if k not in META_COLUMNS and k not in LOGGING_KEYS}
+    health = _health(e.frame, final=status.get("state") in ("completed", "failed")) if len(e.frame) else []
+    return _Facts(status, config, health)
+
+
+def _assemble(run_dirs: list[RunDir], entries: dict[Path, _Entry], facts: dict[Path, _Facts]) -> RunSet:
+    """The run set of these runs; ``facts`` of runs parsed just now (the others' are read here)."""
     warnings: list[str] = []
     rows, frames, ids, slices = [], [], [], {}
     start = 0
     for rid, rd in zip(_unique_ids(run_dirs), run_dirs, strict=True):
         e = entries[rd.path]
-        status = rd.read_status()
+        fact = facts.get(rd.path) or _facts(rd, e)
+        status = fact.status
         row = {"run_id": rid, "sweep": rd.path.parent.name, "path": str(rd.path),
                "state": status.get("state"), "reason": status.get("reason"),
-               "world_size": status.get("world_size")}
-        # how a run was logged is not an experimental factor
-        row.update({k: v for k, v in flatten_config(e.config or {}).items()
-                    if k not in META_COLUMNS and k not in LOGGING_KEYS})
+               "world_size": status.get("world_size"), **fact.config}
         rows.append(row)
         warnings.extend(f"run {rid}: {w}" for w in e.warnings)
         if len(e.frame) == 0:
             warnings.append(f"run {rid}: no metrics logged yet ({rd.metrics_path})")
             continue
-        warnings.extend(f"run {rid}: {w}" for w in _health(e.frame, final=status.get("state") in ("completed",
-                                                                                                   "failed")))
+        warnings.extend(f"run {rid}: {w}" for w in fact.health)
         frames.append(e.frame)
         ids.append(rid)
         slices[rid] = (start, start + len(e.frame))
