@@ -2,15 +2,16 @@
 do not carry between machines):
 
     .venv/bin/python benchmarks/analysis.py [--runs 200] [--steps 2000] [--metrics 20]
-        [--tokens 10000000] [--repeats 9] [--report-repeats 3] [--keep DIR]
+        [--tokens 10000000] [--repeats 9] [--report-repeats 5] [--keep DIR]
 
 (a) writes ``runs`` run dirs (20 groups: ARMOR α × τ, seeds for the rest) of ``steps`` metric lines
     with ``metrics`` metrics each, then times the command ``armorlab report RECIPE`` (a fresh
     process: start-up and imports included) cold (no metrics cache, no earlier report) and warm
     (nothing changed since the last report), and its peers the same way: a fresh process doing a
     pyarrow ``read_json`` of every metrics.jsonl plus one parquet write (the bound for parsing the
-    files at all), and `armorlab --help`. Targets: ``report_cold_vs_peer`` ≤ 1.5,
-    ``report_warm_vs_cold`` ≤ 0.1, ``report_warm_vs_help`` ≤ 3.
+    files at all), and `armorlab --help`. Targets: ``report_cold_vs_peer`` ≤ 1.5 (best cold
+    over best peer), ``report_warm_vs_cold`` ≤ 0.1, ``report_warm_vs_help`` ≤ 3. Also printed:
+    the cold/peer ratio of each round and their median (``report_cold_vs_peer_median_of_rounds``).
 (b) times ``capacity_stats.token_kernel`` (reverse KL k1/k2/k3, forward KL by importance
     weighting, ARMOR capacity statistics, capacity-limited share) over ``tokens`` float32 tokens
     against a plain numpy copy of the same four input arrays — the memory-bandwidth bound — in
@@ -143,6 +144,11 @@ def bench_report(runs: int, steps: int, metrics: int, repeats: int, keep: Path |
         for k in names:
             print(f"{k}_s={best[k]:.3f}")
             print(f"{k}_cpu_s={min(cpu[k]):.3f}")
+        # the same ratio per round (the two ran within seconds of each other): the machine's
+        # slow and fast spells cancel in each pair, so its median says how typical the best is
+        paired = sorted(c / p for c, p in zip(wall["report_cold"], wall["peer_read_json_parquet"], strict=True))
+        print(f"# report_cold_vs_peer per round: {', '.join(f'{r:.2f}' for r in paired)}")
+        print(f"report_cold_vs_peer_median_of_rounds={float(np.median(paired)):.2f}")
         print(f"report_cold_mvalues_per_s={runs * steps * metrics / best['report_cold'] / 1e6:.2f}")
         print(f"# load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; best of {repeats}")
         return best
@@ -189,7 +195,9 @@ def main() -> None:
     ap.add_argument("--metrics", type=int, default=20)
     ap.add_argument("--tokens", type=int, default=10_000_000)
     ap.add_argument("--repeats", type=int, default=9, help="kernel timing repeats")
-    ap.add_argument("--report-repeats", type=int, default=3, help="report/peer timing repeats")
+    # 5, not 3: on a shared 2-core machine the peer alone took 2.1-2.8 s within minutes, and
+    # best-of-3 ratios of unchanged code scattered 1.27-1.56
+    ap.add_argument("--report-repeats", type=int, default=5, help="report/peer timing repeats")
     ap.add_argument("--keep", type=Path, default=None, help="write the sweep and reports here and keep them")
     args = ap.parse_args()
     if not 4 <= args.metrics <= len(EVAL_METRICS) + len(STEP_METRICS):
