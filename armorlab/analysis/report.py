@@ -265,8 +265,10 @@ def _build_report(recipe: Recipe, out: Path, *, cache: bool, progress: Callable[
             notes.add(f"group {row['group']} mixes runs with different {', '.join(mixed)}: "
                       f"add them to group_by to separate them")
 
-    # the figures that need only the curves go to the worker first, drawn while the scores are
-    # computed; each as soon as its own bands exist (the worker draws while the next are computed)
+    # the worker's figures in the order that keeps both cores busy to the end: the KL figure
+    # first (drawn while the scores are computed), then the figures that wait on the scores (the
+    # largest, the collapse curve, and the ablation), then the other curves, which need only
+    # bands. Notes are added in the order the page always listed them.
     colors = plots.group_colors(groups.labels)
     computed: dict[str, dict[str, stats.CurveBand]] = {}
 
@@ -283,30 +285,12 @@ def _build_report(recipe: Recipe, out: Path, *, cache: bool, progress: Callable[
         drawn["kl"] = ("kl", worker.draw(plots.plot_kl, kl_panels, plot_dir / "kl.png", legend_title=legend,
                                          colors=colors),
                        "reverse KL(π_θ‖π_ref) and forward KL(π_ref‖π_θ) over steps")
-    if band(sel.metric) and band(col.train):
-        drawn["overoptimisation"] = ("results", worker.draw(
-            plots.plot_overoptimisation, band(col.train), band(sel.metric), col.train, sel.metric,
-            plot_dir / "overoptimisation.png", legend_title=legend, colors=colors),
-            f"{col.train} (dashed) against {sel.metric} (solid): the over-optimisation picture")
-    bands = {m: band(m) for m in curves if band(m)}
-    # the small multiples show only what no figure above shows: each extra figure costs a second
-    shown = {sel.metric, col.train, *kl_panels} if sel.metric in bands else set(kl_panels)
-    others = {m: b for m, b in bands.items() if m not in shown}
-    if others:
-        drawn["curves"] = ("curves", worker.draw(plots.plot_curve_grid, others, plot_dir / "curves.png",
-                                                 legend_title=legend, colors=colors),
-                           f"the recipe's other curves: mean over seeds with 95% CI (Student-t below "
-                           f"{stats.T_MIN_BOOTSTRAP} seeds, BCa bootstrap from {stats.T_MIN_BOOTSTRAP})")
-
-    tok_stats, cap_groups, cap_cf = _token_samples(rs, groups, notes)
-    if cap_groups:
-        drawn["capacity"] = ("capacity", worker.draw(plots.plot_capacity, cap_groups, cap_cf,
-                                                     plot_dir / "capacity.png", legend_title=legend,
-                                                     colors=colors),
-                             "ECDF of probability capacity of A>0 tokens from tokens/ samples")
+    band(sel.metric)  # its notes before those of the scores, as ever
+    score_notes = G.Notes()
+    tok_stats, cap_groups, cap_cf = _token_samples(rs, groups, score_notes)
     matched = G.resolve_matched_steps(rs, recipe)
-    per_run = G.run_scores(rs, groups, recipe, matched, notes, tok_stats)
-    if sel.metric in bands:  # to the worker before the group statistics: the largest figure
+    per_run = G.run_scores(rs, groups, recipe, matched, score_notes, tok_stats)
+    if band(sel.metric):
         markers = {}
         records = per_run.to_dict("records")
         at = G.group_rows(per_run)
@@ -323,7 +307,7 @@ def _build_report(recipe: Recipe, out: Path, *, cache: bool, progress: Callable[
         labelled = n_onsets <= MAX_ONSET_LABELS
         if not labelled:  # past this they overlap into a smear (and cost a fifth of all figure time)
             markers = {g: [(x, y, "") for x, y, _ in pts] for g, pts in markers.items()}
-        drawn["val"] = ("results", worker.draw(plots.plot_curves, bands[sel.metric], sel.metric,
+        drawn["val"] = ("results", worker.draw(plots.plot_curves, band(sel.metric), sel.metric,
                                                plot_dir / "val.png", legend_title=legend, colors=colors,
                                                markers=markers, matched_steps=matched,
                                                noise=_noise_bands(rs, groups, sel.metric)),
@@ -352,6 +336,27 @@ def _build_report(recipe: Recipe, out: Path, *, cache: bool, progress: Callable[
                                                     colors=colors),
                              f"headline scores by {x_key}: mean with 95% CI (Student-t below "
                              f"{stats.T_MIN_BOOTSTRAP} seeds); dots are seeds")
+    if band(sel.metric) and band(col.train):
+        drawn["overoptimisation"] = ("results", worker.draw(
+            plots.plot_overoptimisation, band(col.train), band(sel.metric), col.train, sel.metric,
+            plot_dir / "overoptimisation.png", legend_title=legend, colors=colors),
+            f"{col.train} (dashed) against {sel.metric} (solid): the over-optimisation picture")
+    bands = {m: band(m) for m in curves if band(m)}
+    # the small multiples show only what no figure above shows: each extra figure costs a second
+    shown = {sel.metric, col.train, *kl_panels} if sel.metric in bands else set(kl_panels)
+    others = {m: b for m, b in bands.items() if m not in shown}
+    if others:
+        drawn["curves"] = ("curves", worker.draw(plots.plot_curve_grid, others, plot_dir / "curves.png",
+                                                 legend_title=legend, colors=colors),
+                           f"the recipe's other curves: mean over seeds with 95% CI (Student-t below "
+                           f"{stats.T_MIN_BOOTSTRAP} seeds, BCa bootstrap from {stats.T_MIN_BOOTSTRAP})")
+    for msg in score_notes.items:
+        notes.add(msg)
+    if cap_groups:
+        drawn["capacity"] = ("capacity", worker.draw(plots.plot_capacity, cap_groups, cap_cf,
+                                                     plot_dir / "capacity.png", legend_title=legend,
+                                                     colors=colors),
+                             "ECDF of probability capacity of A>0 tokens from tokens/ samples")
     pairs = G.comparison_pairs(rs.runs, groups, recipe)
     poi = G.improvement_table(per_run, pairs, scores)
 
