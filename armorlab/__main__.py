@@ -1,5 +1,5 @@
 """``python -m armorlab``: the same command as ``armorlab`` (what torchrun and accelerate launch run)."""
 
-from armorlab.cli import main
+from armorlab.cli import run
 
-main()
+run()

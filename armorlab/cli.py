@@ -80,5 +80,18 @@ def _click_exceptions() -> tuple[type[BaseException], ...]:
     return tuple(dict.fromkeys(found))
 
 
+def run() -> None:
+    """The process's entry point (the ``armorlab`` script, ``python -m armorlab.cli``): main(),
+    then the exit, without the interpreter's teardown where the command allowed it
+    (armorlab.process_exit). Tests call main() in-process, which never ends the process early."""
+    from armorlab.process_exit import end
+
+    try:
+        main()
+    except SystemExit as exc:
+        end(exc.code)
+    end(0)
+
+
 if __name__ == "__main__":
-    main()
+    run()
