@@ -402,7 +402,8 @@ def load(paths: Iterable[str | os.PathLike], *, cache: bool = True,
                 if progress:
                     progress(done, len(run_dirs))
             if cache:  # written while the run set is assembled (Arrow writes without the GIL)
-                writes = {s: pool.submit(_write_cache, s, cached_by_sweep[s]) for s in dict.fromkeys(s for s, _ in todo)}
+                sweeps = dict.fromkeys(s for s, _ in todo)
+                writes = {s: pool.submit(_write_cache, s, cached_by_sweep[s]) for s in sweeps}
                 result = _assemble(run_dirs, entries, facts)
                 for s, w in writes.items():
                     if w.exception() is not None:  # read-only sweep dir, full disk: analysis still works
