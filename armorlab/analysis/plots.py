@@ -269,20 +269,12 @@ def _save(fig, path: Path) -> Path:
     """Write the PNG. Every figure is laid out beforehand, by _place or by matplotlib's
     constrained layout (room for titles, labels and an outside legend), so no
     bbox_inches="tight": that draws the figure twice, and the first draw was a fifth of the
-    report's figure time. The layout engine's pass is run here, at the PNG's resolution, and
-    the engine removed (savefig ran it in a draw of its own), so the figure is drawn once."""
-    engine = fig.get_layout_engine()
-    if engine is not None:
-        fig.set_dpi(DPI)       # text measured at the resolution it is drawn at, as savefig's own pass
-        engine.execute(fig)
-        # None: no engine at all ("none" leaves a placeholder that savefig still runs a pass for);
-        # the rc keys would otherwise turn None into a new engine
-        with plt.rc_context({"figure.autolayout": False, "figure.constrained_layout.use": False}):
-            fig.set_layout_engine(None)
+    report's figure time. One draw of the canvas at the PNG's resolution runs a layout engine
+    (measuring text at that resolution) and draws: savefig's pixels (its facecolor "auto" is
+    the figure's), without savefig's extra layout draw or its encoder (armorlab.analysis.png
+    says why)."""
     if fig.dpi != DPI:
         fig.set_dpi(DPI)
-    # savefig's pixels (the same draw at the same dpi; its facecolor "auto" is the figure's), not
-    # its encoder (armorlab.analysis.png says why)
     fig.canvas.draw()
     data = encode_rgba(fig.canvas.buffer_rgba(), dpi=DPI, text={"Software": _software()})
     # renamed into place: a figure process orphaned by a killed worker may still be writing the
