@@ -85,8 +85,13 @@ def table_html(df: pd.DataFrame) -> str:
     """``df.to_html(index=False, escape=True, na_rep="—", border=0)``, the same text written
     directly when every column is text, integers or booleans (pandas' HTML formatter was half
     of writing index.html)."""
-    columns = [_cells(df[c]) for c in df.columns] if df.columns.is_unique else [None]
-    if not df.columns.size or not all(isinstance(c, str) for c in df.columns) or any(c is None for c in columns):
+    columns = []
+    if df.columns.size and df.columns.is_unique and all(isinstance(c, str) for c in df.columns):
+        for c in df.columns:  # up to the first column of another kind
+            columns.append(_cells(df[c]))
+            if columns[-1] is None:
+                break
+    if not columns or columns[-1] is None:
         return df.to_html(index=False, escape=True, na_rep=NA_REP, border=0)
     lines = ['<table class="dataframe">', "  <thead>", '    <tr style="text-align: right;">',
              *[f"      <th>{_cell(c)}</th>" for c in df.columns], "    </tr>", "  </thead>", "  <tbody>"]
