@@ -361,3 +361,24 @@ def test_analysis_never_imports_tune():
                 names = [f"armorlab.{a.name}" for a in node.names]
             offenders += [f"{path.name}: {n}" for n in names if n == "armorlab.tune" or n.startswith("armorlab.tune.")]
     assert offenders == []
+
+
+def test_notes_keep_their_order_when_the_kl_figure_goes_first(tmp_path):
+    """The KL figure is sent to the worker before the missing-metric and mixed-group notes are
+    written; the page still lists those first, then the KL bands' notes, then the selection
+    metric's."""
+    root = tmp_path / "sw"
+    for seed, alpha in ((0, 0.5), (1, 0.9)):
+        rd = RunDir.create(root, resolve({"objective": "armor", "alpha": alpha, "seed": seed, "max_steps": 50}))
+        for s in EVAL:
+            # each seed logs KL and val/acc at its own steps: both bands are interpolated
+            rd.append_metrics(s + seed, {"val/acc": 0.5, "kl/reverse_k3": 0.1,
+                                         **({"anchor/rate": 0.9} if seed else {})})
+        rd.write_status("completed")
+    result = R.build_report(Recipe(runs=[str(root)], group_by=[], title="order",
+                                   curves=["val/acc", "kl/reverse_k3", "anchor/rate"], kl=["kl/reverse_k3"]),
+                            tmp_path / "out")
+    at = {key: next(i for i, w in enumerate(result.warnings) if key in w)
+          for key in ("metric anchor/rate missing in 1/2", "mixes runs with different",
+                      "kl/reverse_k3 was logged at different steps", "val/acc was logged at different steps")}
+    assert list(at.values()) == sorted(at.values()), result.warnings

@@ -245,6 +245,28 @@ def _build_report(recipe: Recipe, out: Path, *, cache: bool, progress: Callable[
     sel = recipe.select
 
     curves = _curves(recipe, rs)
+    # the worker's figures in the order that keeps both cores busy to the end: the KL figure
+    # first (drawn while the notes and scores are computed: a core would otherwise idle after
+    # the loading), then the figures that wait on the scores (the largest, the collapse curve,
+    # and the ablation), then the other curves, which need only bands. Notes are added in the
+    # order the page always listed them.
+    colors = plots.group_colors(groups.labels)
+    computed: dict[str, dict[str, stats.CurveBand]] = {}
+
+    def band(m: str, into: G.Notes = notes) -> dict[str, stats.CurveBand]:
+        if m not in computed:
+            computed[m] = _bands(rs, groups, m, into) if m in curves else {}
+        return computed[m]
+
+    plot_dir = out / "plots"
+    drawn: dict[str, tuple[str, Callable[[], Path], str]] = {}   # name → (section, path when drawn, caption)
+    col = recipe.collapse
+    kl_notes = G.Notes()
+    kl_panels = {m: b for m in recipe.kl if (b := band(m, kl_notes))}
+    if kl_panels:
+        drawn["kl"] = ("kl", worker.draw(plots.plot_kl, kl_panels, plot_dir / "kl.png", legend_title=legend,
+                                         colors=colors),
+                       "reverse KL(π_θ‖π_ref) and forward KL(π_ref‖π_θ) over steps")
     explicit = set(recipe.curves or ()) | {sel.metric, sel.report}
     _missing_metric_notes(rs, list(dict.fromkeys([sel.metric, sel.report, *curves])), notes, explicit)
     single = [g for g in groups.labels if len(groups.members[g]) == 1]
@@ -264,27 +286,8 @@ def _build_report(recipe: Recipe, out: Path, *, cache: bool, progress: Callable[
         if mixed:
             notes.add(f"group {row['group']} mixes runs with different {', '.join(mixed)}: "
                       f"add them to group_by to separate them")
-
-    # the worker's figures in the order that keeps both cores busy to the end: the KL figure
-    # first (drawn while the scores are computed), then the figures that wait on the scores (the
-    # largest, the collapse curve, and the ablation), then the other curves, which need only
-    # bands. Notes are added in the order the page always listed them.
-    colors = plots.group_colors(groups.labels)
-    computed: dict[str, dict[str, stats.CurveBand]] = {}
-
-    def band(m: str) -> dict[str, stats.CurveBand]:
-        if m not in computed:
-            computed[m] = _bands(rs, groups, m, notes) if m in curves else {}
-        return computed[m]
-
-    plot_dir = out / "plots"
-    drawn: dict[str, tuple[str, Callable[[], Path], str]] = {}   # name → (section, path when drawn, caption)
-    col = recipe.collapse
-    kl_panels = {m: band(m) for m in recipe.kl if band(m)}
-    if kl_panels:
-        drawn["kl"] = ("kl", worker.draw(plots.plot_kl, kl_panels, plot_dir / "kl.png", legend_title=legend,
-                                         colors=colors),
-                       "reverse KL(π_θ‖π_ref) and forward KL(π_ref‖π_θ) over steps")
+    for msg in kl_notes.items:  # after the notes above, as the page always listed them
+        notes.add(msg)
     band(sel.metric)  # its notes before those of the scores, as ever
     score_notes = G.Notes()
     tok_stats, cap_groups, cap_cf = _token_samples(rs, groups, score_notes)
