@@ -2,16 +2,19 @@
 do not carry between machines):
 
     .venv/bin/python benchmarks/analysis.py [--runs 200] [--steps 2000] [--metrics 20]
-        [--tokens 10000000] [--repeats 9] [--report-repeats 5] [--keep DIR]
+        [--tokens 10000000] [--repeats 9] [--report-repeats 7] [--keep DIR]
 
 (a) writes ``runs`` run dirs (20 groups: ARMOR α × τ, seeds for the rest) of ``steps`` metric lines
     with ``metrics`` metrics each, then times the command ``armorlab report RECIPE`` (a fresh
     process: start-up and imports included) cold (no metrics cache, no earlier report) and warm
     (nothing changed since the last report), and its peers the same way: a fresh process doing a
     pyarrow ``read_json`` of every metrics.jsonl plus one parquet write (the bound for parsing the
-    files at all), and `armorlab --help`. Targets: ``report_cold_vs_peer`` ≤ 1.5 (best cold
-    over best peer), ``report_warm_vs_cold`` ≤ 0.1, ``report_warm_vs_help`` ≤ 3. Also printed:
-    the cold/peer ratio of each round and their median (``report_cold_vs_peer_median_of_rounds``).
+    files at all), and `armorlab --help`, alternating, ``report-repeats`` rounds. Targets:
+    ``report_cold_vs_peer`` ≤ 1.5, the median over the rounds of each round's cold/peer ratio
+    (the two ran seconds apart, so the machine's slow and fast spells cancel in each pair; the
+    best cold over the best peer compares the two commands' luckiest moments, which rarely
+    coincide, and is printed as ``report_cold_vs_peer_best_of_rounds``);
+    ``report_warm_vs_cold`` ≤ 0.1 and ``report_warm_vs_help`` ≤ 3 (best over best).
 (b) times ``capacity_stats.token_kernel`` (reverse KL k1/k2/k3, forward KL by importance
     weighting, ARMOR capacity statistics, capacity-limited share) over ``tokens`` float32 tokens
     against a plain numpy copy of the same four input arrays — the memory-bandwidth bound — in
@@ -148,7 +151,7 @@ def bench_report(runs: int, steps: int, metrics: int, repeats: int, keep: Path |
         # slow and fast spells cancel in each pair, so its median says how typical the best is
         paired = sorted(c / p for c, p in zip(wall["report_cold"], wall["peer_read_json_parquet"], strict=True))
         print(f"# report_cold_vs_peer per round: {', '.join(f'{r:.2f}' for r in paired)}")
-        print(f"report_cold_vs_peer_median_of_rounds={float(np.median(paired)):.2f}")
+        best["report_cold_vs_peer"] = float(np.median(paired))
         print(f"report_cold_mvalues_per_s={runs * steps * metrics / best['report_cold'] / 1e6:.2f}")
         print(f"# load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; best of {repeats}")
         return best
@@ -195,9 +198,9 @@ def main() -> None:
     ap.add_argument("--metrics", type=int, default=20)
     ap.add_argument("--tokens", type=int, default=10_000_000)
     ap.add_argument("--repeats", type=int, default=9, help="kernel timing repeats")
-    # 5, not 3: on a shared 2-core machine the peer alone took 2.1-2.8 s within minutes, and
-    # best-of-3 ratios of unchanged code scattered 1.27-1.56
-    ap.add_argument("--report-repeats", type=int, default=5, help="report/peer timing repeats")
+    # 7: on a shared 2-core machine the peer alone took 2.1-2.8 s within minutes; the median of
+    # 5 rounds' ratios of unchanged code still spread 1.22-1.46 over six runs
+    ap.add_argument("--report-repeats", type=int, default=7, help="report/peer timing rounds")
     ap.add_argument("--keep", type=Path, default=None, help="write the sweep and reports here and keep them")
     args = ap.parse_args()
     if not 4 <= args.metrics <= len(EVAL_METRICS) + len(STEP_METRICS):
@@ -207,7 +210,8 @@ def main() -> None:
     print(f"kernel_ratio={kernel_ratio:.2f}")
     print(f"report_warm_vs_help={best['report_warm'] / best['help']:.2f}")
     print(f"report_warm_vs_cold={best['report_warm'] / best['report_cold']:.3f}")
-    print(f"report_cold_vs_peer={best['report_cold'] / best['peer_read_json_parquet']:.2f}")
+    print(f"report_cold_vs_peer_best_of_rounds={best['report_cold'] / best['peer_read_json_parquet']:.2f}")
+    print(f"report_cold_vs_peer={best['report_cold_vs_peer']:.2f}")
 
 if __name__ == "__main__":
     main()
