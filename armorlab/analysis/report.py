@@ -262,7 +262,8 @@ def _build_report(recipe: Recipe, out: Path, *, cache: bool, progress: Callable[
     drawn: dict[str, tuple[str, Callable[[], Path], str]] = {}   # name → (section, path when drawn, caption)
     col = recipe.collapse
     kl_notes = G.Notes()
-    kl_panels = {m: b for m in recipe.kl if (b := band(m, kl_notes))}
+    kl_panels = {m: band(m, kl_notes) for m in recipe.kl}
+    kl_panels = {m: b for m, b in kl_panels.items() if b}
     if kl_panels:
         drawn["kl"] = ("kl", worker.draw(plots.plot_kl, kl_panels, plot_dir / "kl.png", legend_title=legend,
                                          colors=colors),
