@@ -7,8 +7,9 @@ objective dapo, up and armor (anchors off; β = 0 there, and the stock side's β
 both compute reference log-probs), on the same tiny model, batch, task and seed. The variants
 run in alternating order at learning rate 0 (identical completions everywhere, see below), ``--rounds`` times each, ``--steps`` optimizer steps per run (the
 first generation cycle is warm-up and dropped). Each generation cycle (``steps_per_generation``
-steps: one generation + its updates) is one sample; ratio = median(variant) / median(stock).
-The ArmorLab side runs with its metrics.jsonl writer on (a real run's cost). Target ≤ 1.05.
+steps: one generation + its updates) is one sample; a round's ratio = the variant's median
+cycle / stock's median cycle in that round, and the ratio printed is the median over rounds (the
+per-round ratios on a ``#`` line). The ArmorLab side runs with its metrics.jsonl writer on (a real run's cost). Target ≤ 1.05.
 
 The clock is the main thread's CPU time (``time.thread_time``) with one intra-op thread, so
 time the scheduler gives other processes on a shared machine is not counted; ``--wall`` uses
@@ -153,24 +154,31 @@ def main() -> None:
         variants = {"stock dapo (beta=0.001)": stock, "armorlab dapo": armorlab("dapo", **frozen),
                     "armorlab up": armorlab("up", **frozen),
                     "armorlab armor (anchor off)": armorlab("armor", anchor=False, anchor_gate=False, **frozen)}
-        cycles: dict[str, list[float]] = {name: [] for name in variants}
+        rounds: dict[str, list[list[float]]] = {name: [] for name in variants}
         names = list(variants)
         for r in range(opts.rounds):
             order = names[r % len(names):] + names[:r % len(names)]  # rotate who goes first
             for name in order:
                 times, _ = run(variants[name], work / name.split()[1])
-                cycles[name].extend(times)
-        ref = statistics.median(cycles[names[0]])
+                rounds[name].append(times)
         unit = "wall" if opts.wall else "cpu"
         procs = os.environ.get("WORLD_SIZE", "1")
         prefix = "two_proc_" if distributed else ""  # part 4's lines
-        say(f"# step overhead, {procs} process(es): {opts.rounds} rounds × {opts.steps} steps, median {unit} "
-            f"time per generation cycle ({spg} steps); ratio = variant / {names[0]}")
+        say(f"# step overhead, {procs} process(es): {opts.rounds} rounds × {opts.steps} steps, {unit} time per "
+            f"generation cycle ({spg} steps); ratio = median over rounds of the round's median cycle of the "
+            f"variant / of {names[0]}")
         for name in names:
-            med = statistics.median(cycles[name])
-            ratios[name] = med / ref
-            say(f"{prefix}{slug(name)}_ms_per_cycle={1000 * med:.1f}")
-            say(f"{prefix}{slug(name)}_cycles={len(cycles[name])}")
+            # per round: the variants of a round ran within a minute of each other, so the
+            # machine's slow and fast spells (its speed drifts by a third within minutes) cancel
+            # in the round's ratio; pooled medians of 10 rounds still ranged 0.86-1.27 over runs
+            per_round = sorted(statistics.median(mine) / statistics.median(ref)
+                               for mine, ref in zip(rounds[name], rounds[names[0]], strict=True))
+            ratios[name] = statistics.median(per_round)
+            pooled = [t for times in rounds[name] for t in times]
+            say(f"{prefix}{slug(name)}_ms_per_cycle={1000 * statistics.median(pooled):.1f}")
+            say(f"{prefix}{slug(name)}_cycles={len(pooled)}")
+            if name != names[0]:
+                say(f"# {prefix}{slug(name)} per round: {', '.join(f'{x:.3f}' for x in per_round)}")
             say(f"{prefix}{slug(name)}_ratio={ratios[name]:.3f}")
         if distributed:
             say(f"overhead_2proc_max={max(r for n, r in ratios.items() if n != names[0]):.3f}")
