@@ -144,6 +144,11 @@ class Notes:
         if msg not in self.items:
             self.items.append(msg)
 
+    def extend(self, other: Notes) -> None:
+        """``other``'s notes after these, in their order (collected apart to keep the page's order)."""
+        for msg in other.items:
+            self.add(msg)
+
 
 def resolve_matched_steps(rs: RunSet, recipe: Recipe) -> list[int]:
     if recipe.matched_steps is not None:

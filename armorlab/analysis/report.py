@@ -287,8 +287,7 @@ def _build_report(recipe: Recipe, out: Path, *, cache: bool, progress: Callable[
         if mixed:
             notes.add(f"group {row['group']} mixes runs with different {', '.join(mixed)}: "
                       f"add them to group_by to separate them")
-    for msg in kl_notes.items:  # after the notes above, as the page always listed them
-        notes.add(msg)
+    notes.extend(kl_notes)  # after the notes above, as the page always listed them
     band(sel.metric)  # its notes before those of the scores, as ever
     score_notes = G.Notes()
     tok_stats, cap_groups, cap_cf = _token_samples(rs, groups, score_notes)
@@ -354,8 +353,7 @@ def _build_report(recipe: Recipe, out: Path, *, cache: bool, progress: Callable[
                                                  legend_title=legend, colors=colors),
                            f"the recipe's other curves: mean over seeds with 95% CI (Student-t below "
                            f"{stats.T_MIN_BOOTSTRAP} seeds, BCa bootstrap from {stats.T_MIN_BOOTSTRAP})")
-    for msg in score_notes.items:
-        notes.add(msg)
+    notes.extend(score_notes)
     if cap_groups:
         drawn["capacity"] = ("capacity", worker.draw(plots.plot_capacity, cap_groups, cap_cf,
                                                      plot_dir / "capacity.png", legend_title=legend,
