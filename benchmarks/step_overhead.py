@@ -9,7 +9,8 @@ run in alternating order at learning rate 0 (identical completions everywhere, s
 first generation cycle is warm-up and dropped). Each generation cycle (``steps_per_generation``
 steps: one generation + its updates) is one sample; a round's ratio = the variant's median
 cycle / stock's median cycle in that round, and the ratio printed is the median over rounds (the
-per-round ratios on a ``#`` line). The ArmorLab side runs with its metrics.jsonl writer on (a real run's cost). Target ≤ 1.05.
+per-round ratios on a ``#`` line). The ArmorLab side runs with its metrics.jsonl writer on (a
+real run's cost). Target ≤ 1.05.
 
 The clock is the main thread's CPU time (``time.thread_time``) with one intra-op thread, so
 time the scheduler gives other processes on a shared machine is not counted; ``--wall`` uses
