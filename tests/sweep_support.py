@@ -99,7 +99,18 @@ def preempt_after_first_step(sweep_dir: Path, timeout: float):
     wait_for(lambda: (rd.last_step() or 0) >= 1, timeout, "the job to train a step")
     submitit.SlurmJob(folder=sweep_dir / ".submitit", job_id=load_manifest(sweep_dir).last_job(run_id)) \
         ._interrupt(timeout=True)
-    wait_for(lambda: rd.read_status()["attempt"] == 2, timeout, "the requeued job to start")
+
+    def requeued() -> bool:
+        status = rd.read_status()
+        if status["attempt"] == 2:
+            return True
+        # the signal came too late (the run trained its last step first): nothing will requeue,
+        # so say so now instead of waiting out the timeout
+        assert status["state"] not in ("completed", "failed"), \
+            f"run {run_id} ended ({status}) before the checkpoint signal reached it: give it more steps"
+        return False
+
+    wait_for(requeued, timeout, "the requeued job to start")
     return rd
 
 

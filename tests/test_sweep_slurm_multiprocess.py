@@ -16,7 +16,9 @@ from armorlab.runs import RunDir
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
 
 PROFILE = Path(__file__).resolve().parents[1] / "slurm" / "local-2proc.yaml"
-TINY = {"max_steps": 4, "val_every": 2, "save_steps": 100, "val_samples": 2, "kl_probe_prompts": 0,
+# 8 steps: with 4, a run on a busy machine could train its last step before the checkpoint signal
+# sent after its first step reached both processes (then nothing is requeued)
+TINY = {"max_steps": 8, "val_every": 2, "save_steps": 100, "val_samples": 2, "kl_probe_prompts": 0,
         "objective": "armor", "ref_reset_steps": 2, "per_device_train_batch_size": 6, "num_generations": 4,
         "steps_per_generation": 1,
         "task": {"name": "arithmetic", "digits": 1, "train_size": 32, "val_size": 8, "test_size": 8},
@@ -41,7 +43,7 @@ def test_two_process_job_is_preempted_requeued_and_ends_like_an_uninterrupted_on
     ref = RunDir(root / "reference" / run_id)
     assert ref.read_status()["world_size"] == 2
     got, want = rd.read_metrics(), ref.read_metrics()
-    assert [r["step"] for r in got] == [r["step"] for r in want] == list(range(5))
+    assert [r["step"] for r in got] == [r["step"] for r in want] == list(range(TINY["max_steps"] + 1))
     for g, w in zip(got, want, strict=True):
         keys = [k for k in ("train/reward", "train/loss", "obj/policy_loss", "val/acc", "ref/resets",
                             "anchor/rate", "kl/reverse_k3") if w.get(k) is not None]
