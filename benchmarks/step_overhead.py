@@ -1,29 +1,33 @@
 """Step-time overhead of ArmorLabTrainer over stock TRL, and the anchor-rollout cost with/without cache.
 
-    .venv/bin/python benchmarks/step_overhead.py [--steps 24] [--rounds 10] [--wall]
+    .venv/bin/python benchmarks/step_overhead.py [--steps 48] [--rounds 4] [--no-control] [--wall]
 
 Part 1: stock ``GRPOTrainer(loss_type="dapo", beta=0.001)`` against ``ArmorLabTrainer`` with
 objective dapo, up and armor (anchors off; β = 0 there, and the stock side's β = 0.001 makes
-both compute reference log-probs), on the same tiny model, batch, task and seed. The variants
-run in alternating order at learning rate 0 (identical completions everywhere, see below), ``--rounds`` times each, ``--steps`` optimizer steps per run (the
-first generation cycle is warm-up and dropped). Each generation cycle (``steps_per_generation``
-steps: one generation + its updates) is one sample; a round's ratio = the variant's median
-cycle / stock's median cycle in that round, and the ratio printed is the median over rounds (the
-per-round ratios on a ``#`` line). The ArmorLab side runs with its metrics.jsonl writer on (a
-real run's cost). Target ≤ 1.05.
+both compute reference log-probs), on the same tiny model, batch, task and seed, at learning
+rate 0 (identical completions everywhere, checked after each round). The variants train in
+lockstep (``lockstep.py``: each in its own thread, one optimizer step each in turn), so every
+step of one falls within a fraction of a second of the same step of the others and they share
+the machine's fast and slow spells, which last seconds. A sample is a generation cycle
+(``steps_per_generation`` steps: one generation and its updates, their logging included; the
+first cycle warms up and is dropped); a variant's ratio is the median over cycles of its cycle /
+stock's same cycle, over ``--rounds`` rounds of fresh trainers × ``--steps`` steps. The ArmorLab
+side writes its metrics.jsonl (a real run's cost). A second stock trainer runs beside the first
+(``--no-control`` drops it): ``stock_vs_stock_ratio=`` is the same statistic where the truth is
+1, the noise floor. Target ≤ 1.05.
 
-The clock is the main thread's CPU time (``time.thread_time``) with one intra-op thread, so
+The clock is the trainer thread's CPU time (``time.thread_time``) with one intra-op thread, so
 time the scheduler gives other processes on a shared machine is not counted; ``--wall`` uses
-wall-clock time.
+wall-clock time (only one trainer computes at a time).
 
 Part 2: anchor rollout (ARMOR, gate on) on a train set of exactly one generation batch of
 prompts, so each recurs 4× per reference window (τ = 4 generations): reference samples per
-step and cycle time with the per-window cache and with it disabled.
+step and cycle time with the per-window cache and with it disabled (run one after the other).
 
 Part 3: the forward-KL estimate (``kl/forward_*`` on the unconditioned reference draws behind
 the anchors, ``ArmorLabTrainer.forward_kl_share`` of the generation's rows) against the same
-ARMOR run with it off (``forward_kl_share = 0``), anchors and gate on, learning rate 0, alternated;
-``forward_kl_overhead=`` is median(on) / median(off). Target ≤ 1.10.
+ARMOR run with it off (``forward_kl_share = 0``), anchors and gate on, learning rate 0, in
+lockstep; ``forward_kl_overhead=`` is the median over cycles of on's cycle / off's. Target ≤ 1.10.
 
 Part 4: part 1 again in 2 processes (torchrun, gloo; each process its own batch of the default
 size): stock TRL in 2 processes against ArmorLabTrainer in 2 processes, the main process's clock;
@@ -40,6 +44,7 @@ import os
 import re
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -51,10 +56,13 @@ os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=24, help="optimizer steps per run")
-    # 10: at 5 rounds, repeated runs of the same code scattered 0.98–1.12 on a shared 2-core
-    # machine whose speed drifts within minutes; 10 rounds gave 1.018 and 1.039
-    parser.add_argument("--rounds", type=int, default=10, help="runs per variant, alternated")
+    parser.add_argument("--steps", type=int, default=48, help="optimizer steps per round")
+    # lockstep: 4 rounds × 48 steps (92 paired cycles) put stock against itself at 0.987-1.012;
+    # the former design (variants run one after another, 10 rounds × 24 steps) scattered
+    # 0.86-1.27 on the same machine, whose speed drifts by a third within seconds
+    parser.add_argument("--rounds", type=int, default=4, help="rounds of fresh trainers, each in lockstep")
+    parser.add_argument("--control", action=argparse.BooleanOptionalAction, default=True,
+                        help="also time stock against itself (known ratio 1): the statistic's noise floor")
     parser.add_argument("--wall", action="store_true", help="wall-clock instead of thread CPU time")
     parser.add_argument("--parts", default="1,2,3,4", help="which parts to run, e.g. 3 or 1,3")
     parser.add_argument("--part1-in", metavar="WORK", help=argparse.SUPPRESS)  # part 4's processes
@@ -78,6 +86,9 @@ def main() -> None:
     from armorlab.tasks import build_task
     from armorlab.telemetry import RunDirLogger
     from armorlab.trainer import ArmorLabTrainer
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    import lockstep
 
     torch.set_num_threads(1)
     transformers.logging.set_verbosity_error()
@@ -148,6 +159,29 @@ def main() -> None:
         trainer.train()
         return timer.cycles[1:], trainer  # the first cycle warms up allocators and caches
 
+    def same_completions(trainers: dict) -> None:
+        """The pairing's premise: at learning rate 0 every variant generates the same completions."""
+        def lengths(trainer):
+            return [h[k] for h in trainer.state.log_history for k in h if k.endswith("completions/mean_length")]
+        names = list(trainers)
+        ref = lengths(trainers[names[0]])
+        for name in names[1:]:
+            if lengths(trainers[name]) != ref:
+                raise SystemExit(f"{name} generated other completions than {names[0]}: "
+                                 f"mean lengths {lengths(trainers[name])[:6]} vs {ref[:6]}")
+
+    def lockstep_round(makers: dict, root: Path) -> dict[str, list[float]]:
+        """One fresh trainer per variant, trained in lockstep; each variant's cycle times, warm-up dropped."""
+        trainers, rng = {}, {}
+        for i, (name, make) in enumerate(makers.items()):
+            out = root / f"v{i}"
+            shutil.rmtree(out, ignore_errors=True)
+            trainers[name] = make(out)
+            rng[name] = lockstep.rng_state()  # as after building it alone: Trainer.__init__ seeds
+        steps = lockstep.run_lockstep(trainers, clock, rng)
+        same_completions(trainers)
+        return {name: lockstep.cycles(times, spg) for name, times in steps.items()}
+
     parts = {int(p) for p in opts.parts.split(",")}
     ratios = {}
     if 1 in parts:
@@ -155,32 +189,33 @@ def main() -> None:
         variants = {"stock dapo (beta=0.001)": stock, "armorlab dapo": armorlab("dapo", **frozen),
                     "armorlab up": armorlab("up", **frozen),
                     "armorlab armor (anchor off)": armorlab("armor", anchor=False, anchor_gate=False, **frozen)}
-        rounds: dict[str, list[list[float]]] = {name: [] for name in variants}
+        if opts.control:
+            variants["stock again"] = stock  # known truth 1: the noise floor of the statistic
         names = list(variants)
-        for r in range(opts.rounds):
-            order = names[r % len(names):] + names[:r % len(names)]  # rotate who goes first
-            for name in order:
-                times, _ = run(variants[name], work / name.split()[1])
-                rounds[name].append(times)
+        paired: dict[str, list[float]] = {name: [] for name in names}
+        pooled: dict[str, list[float]] = {name: [] for name in names}
+        for _ in range(opts.rounds):
+            per_cycle = lockstep_round(variants, work)
+            for name in names:
+                pooled[name].extend(per_cycle[name])
+                paired[name].extend(mine / ref for mine, ref in zip(per_cycle[name], per_cycle[names[0]], strict=True))
         unit = "wall" if opts.wall else "cpu"
         procs = os.environ.get("WORLD_SIZE", "1")
         prefix = "two_proc_" if distributed else ""  # part 4's lines
-        say(f"# step overhead, {procs} process(es): {opts.rounds} rounds × {opts.steps} steps, {unit} time per "
-            f"generation cycle ({spg} steps); ratio = median over rounds of the round's median cycle of the "
-            f"variant / of {names[0]}")
+        say(f"# step overhead, {procs} process(es): {opts.rounds} rounds × {opts.steps} steps, the variants in "
+            f"lockstep (a step each in turn), {unit} time per generation cycle ({spg} steps); ratio = median over "
+            f"cycles of the variant's cycle / {names[0]}'s same cycle (the same completions)")
         for name in names:
-            # per round: the variants of a round ran within a minute of each other, so the
-            # machine's slow and fast spells (its speed drifts by a third within minutes) cancel
-            # in the round's ratio; pooled medians of 10 rounds still ranged 0.86-1.27 over runs
-            per_round = sorted(statistics.median(mine) / statistics.median(ref)
-                               for mine, ref in zip(rounds[name], rounds[names[0]], strict=True))
-            ratios[name] = statistics.median(per_round)
-            pooled = [t for times in rounds[name] for t in times]
-            say(f"{prefix}{slug(name)}_ms_per_cycle={1000 * statistics.median(pooled):.1f}")
-            say(f"{prefix}{slug(name)}_cycles={len(pooled)}")
+            ratios[name] = statistics.median(paired[name])
+            say(f"{prefix}{slug(name)}_ms_per_cycle={1000 * statistics.median(pooled[name]):.1f}")
+            say(f"{prefix}{slug(name)}_cycles={len(pooled[name])}")
             if name != names[0]:
-                say(f"# {prefix}{slug(name)} per round: {', '.join(f'{x:.3f}' for x in per_round)}")
+                q = statistics.quantiles(paired[name], n=4)
+                say(f"# {prefix}{slug(name)} per-cycle ratios: quartiles {q[0]:.3f}, {q[1]:.3f}, {q[2]:.3f}")
             say(f"{prefix}{slug(name)}_ratio={ratios[name]:.3f}")
+        if opts.control:
+            control = ratios.pop("stock again")
+            say(f"{prefix}stock_vs_stock_ratio={control:.3f}  # known truth 1.000")
         if distributed:
             say(f"overhead_2proc_max={max(r for n, r in ratios.items() if n != names[0]):.3f}")
             return
@@ -230,17 +265,19 @@ def main() -> None:
         fwd = {"forward KL on": armorlab("armor", **frozen),
                "forward KL off": armorlab("armor", trainer_cls=NoForwardKL, **frozen)}
         fwd_cycles: dict[str, list[float]] = {name: [] for name in fwd}
-        for r in range(opts.rounds):
-            for name in (list(fwd) if r % 2 == 0 else list(fwd)[::-1]):
-                times, _ = run(fwd[name], work / "fwd")
-                fwd_cycles[name].extend(times)
-        med = {name: statistics.median(c) for name, c in fwd_cycles.items()}
-        fwd_ratio = med["forward KL on"] / med["forward KL off"]
+        fwd_paired: list[float] = []
+        for _ in range(opts.rounds):
+            per_cycle = lockstep_round(fwd, work / "fwd")
+            for name in fwd:
+                fwd_cycles[name].extend(per_cycle[name])
+            fwd_paired.extend(on / off for on, off in zip(*per_cycle.values(), strict=True))
+        fwd_ratio = statistics.median(fwd_paired)
         rows = int(cfg0["per_device_train_batch_size"] * spg * ArmorLabTrainer.forward_kl_share)
-        print(f"# forward KL: armor (anchors + gate on), {rows} reference draws scored per generation")
-        for name, m in med.items():
-            print(f"{slug(name)}_ms_per_cycle={1000 * m:.1f}")
-            print(f"{slug(name)}_cycles={len(fwd_cycles[name])}")
+        print(f"# forward KL: armor (anchors + gate on), {rows} reference draws scored per generation; "
+              "on and off in lockstep, ratio = median over cycles of on's cycle / off's same cycle")
+        for name, c in fwd_cycles.items():
+            print(f"{slug(name)}_ms_per_cycle={1000 * statistics.median(c):.1f}")
+            print(f"{slug(name)}_cycles={len(c)}")
         print(f"forward_kl_overhead={fwd_ratio:.3f}")
     if 4 in parts:
         two_process_part(opts, work / "distributed")
