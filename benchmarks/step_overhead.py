@@ -122,6 +122,13 @@ def main() -> None:
     # completions of diverging policies happen to be. All of that work still runs.
     frozen = {"learning_rate": 0.0}
     cfg0 = resolve(base)
+    # ... within one epoch of the train set: at an epoch's end stock TRL's sampler draws its next
+    # shuffle from its running generator, armorlab's from (seed, epoch) (resumable), and the
+    # completions part ways
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    prompts = world * opts.steps * cfg0["per_device_train_batch_size"] // cfg0["num_generations"]
+    base["task"]["train_size"] = max(256, prompts)
+    cfg0 = resolve(base)
     task = build_task(cfg0["task"])
     model_path = str(prepare_model(cfg0["model"], cfg0["task"]))
     spg = cfg0["steps_per_generation"]
@@ -166,9 +173,12 @@ def main() -> None:
         names = list(trainers)
         ref = lengths(trainers[names[0]])
         for name in names[1:]:
-            if lengths(trainers[name]) != ref:
-                raise SystemExit(f"{name} generated other completions than {names[0]}: "
-                                 f"mean lengths {lengths(trainers[name])[:6]} vs {ref[:6]}")
+            mine = lengths(trainers[name])
+            if mine != ref:
+                at = next((i for i, (a, b) in enumerate(zip(mine, ref, strict=False)) if a != b), min(len(mine), len(ref)))
+                raise SystemExit(f"{name} generated other completions than {names[0]}: mean length "
+                                 f"{mine[at:at + 3]} vs {ref[at:at + 3]} from generation {at} "
+                                 f"({len(mine)} vs {len(ref)} generations)")
 
     def lockstep_round(makers: dict, root: Path) -> dict[str, list[float]]:
         """One fresh trainer per variant, trained in lockstep; each variant's cycle times, warm-up dropped."""
