@@ -57,9 +57,9 @@ os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=48, help="optimizer steps per round")
-    # lockstep: 4 rounds × 48 steps (92 paired cycles) put stock against itself at 0.987-1.012;
-    # the former design (variants run one after another, 10 rounds × 24 steps) scattered
-    # 0.86-1.27 on the same machine, whose speed drifts by a third within seconds
+    # lockstep: 4 rounds × 48 steps (88 paired cycles) put stock against itself at 0.987-1.012
+    # in four runs; the former design (variants one after another, 10 rounds × 24 steps) scattered
+    # 0.86-1.27 over runs on the same machine, whose speed drifts by a third within seconds
     parser.add_argument("--rounds", type=int, default=4, help="rounds of fresh trainers, each in lockstep")
     parser.add_argument("--control", action=argparse.BooleanOptionalAction, default=True,
                         help="also time stock against itself (known ratio 1): the statistic's noise floor")
