@@ -45,7 +45,8 @@ class _Turn(TrainerCallback):
         self.rng: tuple | None = None
         self.finished = False
         self.error: BaseException | None = None
-        self._start: float | None = None
+        self._start = 0.0
+        self._stepping = False  # from the first on_step_begin: before it, the trainer's set-up
 
     def wait_for_turn(self) -> None:
         self.go.acquire()
@@ -57,8 +58,9 @@ class _Turn(TrainerCallback):
         self.done.release()
 
     def on_step_begin(self, args, state, control, **kwargs):
-        if self._start is not None and state.global_step > 0:
+        if self._stepping:
             self.steps.append(self.clock() - self._start)  # the previous step, its logging included
+        self._stepping = True
         self.give_up_turn()
         self.wait_for_turn()
 

@@ -75,7 +75,6 @@ def main() -> None:
 
     import torch
     import transformers
-    from transformers import TrainerCallback
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
     from trl import GRPOConfig, GRPOTrainer
 
@@ -98,22 +97,6 @@ def main() -> None:
     work = Path(opts.part1_in) / f"r{os.environ.get('RANK', '0')}" if distributed \
         else Path(tempfile.mkdtemp(prefix="armorlab-bench-"))
     say = print if int(os.environ.get("RANK", "0")) == 0 else (lambda *a, **k: None)
-
-    class CycleTimer(TrainerCallback):
-        """Clock time per generation cycle (steps_per_generation optimizer steps)."""
-
-        def __init__(self, spg: int) -> None:
-            self.spg, self.cycles, self._start, self._acc, self._n = spg, [], None, 0.0, 0
-
-        def on_step_begin(self, args, state, control, **kwargs):
-            self._start = clock()
-
-        def on_step_end(self, args, state, control, **kwargs):
-            self._acc += clock() - self._start
-            self._n += 1
-            if self._n == self.spg:
-                self.cycles.append(self._acc)
-                self._acc, self._n = 0.0, 0
 
     base = {"task": {"name": "arithmetic"}, "seed": 0, "max_steps": opts.steps, "val_every": 0,
             "kl_probe_prompts": 0, "save_steps": 10_000, "logging_steps": 1}
@@ -157,14 +140,13 @@ def main() -> None:
         return make
 
     def run(make, out: Path, prepare=None) -> tuple[list[float], object]:
+        """One trainer alone (part 2): its cycle times, warm-up dropped, timed as in lockstep."""
         shutil.rmtree(out, ignore_errors=True)
         trainer = make(out)
         if prepare is not None:
             prepare(trainer)
-        timer = CycleTimer(spg)
-        trainer.add_callback(timer)
-        trainer.train()
-        return timer.cycles[1:], trainer  # the first cycle warms up allocators and caches
+        steps = lockstep.run_lockstep({"alone": trainer}, clock)["alone"]
+        return lockstep.cycles(steps, spg), trainer
 
     def same_completions(trainers: dict) -> None:
         """The pairing's premise: at learning rate 0 every variant generates the same completions."""
