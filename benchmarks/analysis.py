@@ -96,8 +96,9 @@ def bench_report(runs: int, steps: int, metrics: int, repeats: int,
     start-up included): cold (no metrics cache, no earlier report) and warm (nothing changed
     since the last report), against its peers run the same way in alternating order: a pyarrow
     read_json of every metrics.jsonl plus one parquet write of them (the bound for parsing the
-    files at all) and `armorlab --help`. Best of ``repeats`` each (the least disturbed run on a
-    shared machine)."""
+    files at all) and `armorlab --help`, ``repeats`` rounds. Returns the best time of each (the
+    least disturbed run on a shared machine) and the median over rounds of the round's cold/peer
+    ratio (the headline)."""
     tmp = Path(tempfile.mkdtemp(prefix="armorlab-bench-")) if keep is None else keep
     try:
         t0 = time.perf_counter()
