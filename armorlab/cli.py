@@ -9,6 +9,7 @@ import typer
 
 from armorlab import __version__
 from armorlab.commands import check_task, coercion, demo, report, sweep, train, tune, vllm_serve
+from armorlab.core.exits import EXIT_USER_ERROR
 from armorlab.errors import ArmorLabError
 
 coercion.install()  # plain values without pydantic (armorlab.commands.coercion)
@@ -52,7 +53,7 @@ def main(argv: list[str] | None = None) -> None:
         rc = app(args=argv, prog_name="armorlab", standalone_mode=False)
     except ArmorLabError as exc:
         typer.echo(f"error: {exc}", err=True)
-        sys.exit(2)
+        sys.exit(EXIT_USER_ERROR)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except typer.Abort:
@@ -83,8 +84,8 @@ def _click_exceptions() -> tuple[type[BaseException], ...]:
 def run() -> None:
     """The process's entry point (the ``armorlab`` script, ``python -m armorlab.cli``): main(),
     then the exit, without the interpreter's teardown where the command allowed it
-    (armorlab.process_exit). Tests call main() in-process, which never ends the process early."""
-    from armorlab.process_exit import end
+    (armorlab.core.process_exit). Tests call main() in-process, which never ends the process early."""
+    from armorlab.core.process_exit import end
 
     try:
         main()

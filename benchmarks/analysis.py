@@ -40,8 +40,8 @@ import numpy as np
 
 from armorlab.analysis.capacity_stats import token_kernel
 from armorlab.analysis.load import CACHE_DIR
-from armorlab.config import resolve
-from armorlab.runs import RunDir
+from armorlab.core.config import resolve
+from armorlab.core.runs import RunDir
 
 ALPHAS = (0.5, 0.6, 0.7, 0.8, 0.9)
 TAUS = (0, 25, 50, 100)

@@ -46,11 +46,11 @@ def main() -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-    from armorlab.anchors import AnchorCache, AnchorRollout, GroupRequest, TransformersSampler
-    from armorlab.config import resolve
-    from armorlab.models import prepare_model
+    from armorlab.core.config import resolve
     from armorlab.tasks import build_task
-    from armorlab.vllm_reference import VLLMReferenceSampler, colocate_engine, sampling_kwargs
+    from armorlab.train.anchors import AnchorCache, AnchorRollout, GroupRequest, TransformersSampler
+    from armorlab.train.models import prepare_model
+    from armorlab.train.vllm_reference import VLLMReferenceSampler, colocate_engine, sampling_kwargs
 
     logging.getLogger("vllm").setLevel(logging.WARNING)
     cfg = resolve({"task": {"name": "arithmetic", "train_size": max(opts.prompts, 8)}})

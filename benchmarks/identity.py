@@ -1,4 +1,4 @@
-"""Cost of fingerprinting the model and data in a sweep's run ids (armorlab/identity.py).
+"""Cost of fingerprinting the model and data in a sweep's run ids (armorlab/core/identity.py).
 
 Expands a 1,000-run spec (100 grid points × 10 seeds) twice, side by side: on the tiny model and
 arithmetic (no fingerprint: the peer), and on a "15 GB checkpoint" (a sparse weights file next to

@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/learning.py [--steps 200] [--val-every 20] [--set key=value ...]
 
 Each objective trains the default config (the cached warm-started tiny model, 2-digit addition)
-for ``--steps`` steps through the real entry point (``armorlab.launch.train_run_dir``) and
+for ``--steps`` steps through the real entry point (``armorlab.train.launch.train_run_dir``) and
 validates every ``--val-every`` steps (avg@4 at temperature 1 on 64 held-out prompts, and the
 test split). Printed per objective: val/acc and test/acc at step 0 (the base model), at the last
 step, and the mean of the last three evaluations (less noisy than one), plus train/reward over
@@ -40,9 +40,9 @@ def main() -> None:
     import torch
     import transformers
 
-    from armorlab.config import load_config
-    from armorlab.launch import train_run_dir
-    from armorlab.runs import RunDir
+    from armorlab.core.config import load_config
+    from armorlab.core.runs import RunDir
+    from armorlab.train.launch import train_run_dir
 
     torch.set_num_threads(1)
     transformers.logging.set_verbosity_error()

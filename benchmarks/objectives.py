@@ -43,7 +43,10 @@ KEPT = keep_freed_memory() if __name__ == "__main__" and "--system-malloc" not i
 
 import torch  # noqa: E402
 
-from armorlab.objectives import OBJECTIVES, policy_loss  # noqa: E402
+from armorlab.algos.loss import policy_loss  # noqa: E402
+from armorlab.algos.objectives import objective_names  # noqa: E402
+
+OBJECTIVES = objective_names()
 
 
 def make_batch(batch: int, seq: int, seed: int = 0) -> dict[str, torch.Tensor]:

@@ -78,13 +78,13 @@ def main() -> None:
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from armorlab.config import resolve
-    from armorlab.launch import make_args
-    from armorlab.models import prepare_model
-    from armorlab.runs import RunDir
+    from armorlab.core.config import resolve
+    from armorlab.core.runs import RunDir
     from armorlab.tasks import build_task
-    from armorlab.telemetry import RunDirLogger
-    from armorlab.trainer import ArmorLabTrainer
+    from armorlab.train.launch import make_args
+    from armorlab.train.models import prepare_model
+    from armorlab.train.telemetry import RunDirLogger
+    from armorlab.train.trainer import ArmorLabTrainer
 
     sys.path.insert(0, str(Path(__file__).parent))
     import lockstep

@@ -27,7 +27,7 @@ if __name__ == "__main__":  # under torchrun: make `tests.` importable like pyte
 
 import torch
 
-from armorlab.trainer import ArmorLabTrainer
+from armorlab.train.trainer import ArmorLabTrainer
 from tests.trainer_support import AnswerSampler, answer_table, build, resolved, tokenizer_for
 
 OBJECTIVES = ("dapo", "grpo", "dr_grpo", "gspo", "up", "armor")

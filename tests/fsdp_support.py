@@ -33,8 +33,8 @@ def main(out: str) -> None:
     import torch.distributed as dist
     from transformers import AutoModelForCausalLM
 
-    from armorlab.models import prepare_model
-    from armorlab.reference import ReferencePolicy, full_state_dict
+    from armorlab.train.models import prepare_model
+    from armorlab.train.reference import ReferencePolicy, full_state_dict
     from tests.trainer_support import model_cache, resolved
 
     torch.set_num_threads(1)

@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 from hypothesis import strategies as st
 
-from armorlab.config import FIELDS, MODEL_FIELDS_TINY, TASK_FIELDS, TRL_DEFAULTS
+from armorlab.core.config import FIELDS, MODEL_FIELDS_TINY, TASK_FIELDS, TRL_DEFAULTS
 from armorlab.sweeps.profile import PROFILE_FIELDS
 
 # --------------------------------------------------------------------------- running the CLI
@@ -209,8 +209,8 @@ class Workspace:
     """A temp dir with a small healthy sweep (two runs) that cases copy and damage."""
 
     def __init__(self) -> None:
-        from armorlab.config import resolve
-        from armorlab.runs import RunDir
+        from armorlab.core.config import resolve
+        from armorlab.core.runs import RunDir
 
         self.root = Path(tempfile.mkdtemp(prefix="armorlab-fuzz-"))
         self.sweep = self.root / "healthy" / "sw"

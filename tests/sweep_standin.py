@@ -20,8 +20,8 @@ import sys
 import time
 from pathlib import Path
 
-from armorlab.runs import RunDir
-from armorlab.vllm_endpoints import read_endpoints
+from armorlab.core.runs import RunDir
+from armorlab.vllm.endpoints import read_endpoints
 
 
 def answers(port: int) -> bool:

@@ -91,7 +91,7 @@ def preempt_after_first_step(sweep_dir: Path, timeout: float):
     Returns the run's RunDir."""
     import submitit
 
-    from armorlab.runs import RunDir
+    from armorlab.core.runs import RunDir
     from armorlab.sweeps.manifest import load_manifest
 
     run_id = load_manifest(sweep_dir).runs[0]

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from armorlab.advantages import empirical_cdf, group_advantages, quantile_baseline
+from armorlab.algos.advantages import empirical_cdf, group_advantages, quantile_baseline
 
 EPS = 1e-4
 
@@ -106,7 +106,7 @@ def test_bad_arguments_raise(kwargs, match):
 
 
 def test_config_nulls_quantile_k_unless_quantile():
-    from armorlab.config import resolve
+    from armorlab.core.config import resolve
 
     assert resolve({})["quantile_k"] is None
     cfg = resolve({"advantage_estimator": "quantile"})

@@ -1,5 +1,5 @@
 """Capacity statistics from token samples: hand values, the chunked kernel against the reference
-functions (armorlab.capacity, armorlab.analysis.kl), and a run's tokens/ parquet."""
+functions (armorlab.algos.capacity, armorlab.algos.kl), and a run's tokens/ parquet."""
 
 import math
 
@@ -7,11 +7,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from armorlab import capacity
+from armorlab.algos import capacity, kl
 from armorlab.analysis import capacity_stats as cs
-from armorlab.analysis import kl
-from armorlab.config import resolve
-from armorlab.runs import RunDir
+from armorlab.core.config import resolve
+from armorlab.core.runs import RunDir
 
 
 def test_capacity_by_hand_and_bound_share():

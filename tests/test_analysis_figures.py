@@ -14,8 +14,8 @@ from armorlab.analysis import memo, plots
 from armorlab.analysis import report as R
 from armorlab.analysis.recipe import Recipe
 from armorlab.analysis.stats import CurveBand
-from armorlab.config import resolve
-from armorlab.runs import RunDir
+from armorlab.core.config import resolve
+from armorlab.core.runs import RunDir
 
 
 def _sweep(root, groups=3, seeds=2):

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from armorlab.analysis import load as L
-from armorlab.config import resolve
+from armorlab.core.config import resolve
+from armorlab.core.runs import RunDir
 from armorlab.errors import ArmorLabError
-from armorlab.runs import RunDir
 
 
 def make_run(root, *, seed, objective="dapo", steps=range(0, 30, 10), value=lambda s: s / 100):
@@ -179,7 +179,7 @@ def test_arrow_parse_keeps_numbers_and_booleans_and_merges_resumed_steps():
 
 def test_gate_screen_drops_only_series_the_exact_check_would_pass():
     from armorlab.analysis.load import _gate_screened_out
-    from armorlab.health import gate_warning
+    from armorlab.core.health import gate_warning
 
     rng = np.random.default_rng(0)
     for level in (0.0, 0.5, 0.85, 0.895, 0.899, 0.9, 0.95):

@@ -11,8 +11,8 @@ import pytest
 
 from armorlab.analysis import report as R
 from armorlab.analysis.recipe import Compare, Recipe, Select, load_recipe
-from armorlab.config import resolve
-from armorlab.runs import RunDir
+from armorlab.core.config import resolve
+from armorlab.core.runs import RunDir
 
 EVAL = [0, 10, 20, 30, 40, 50]
 

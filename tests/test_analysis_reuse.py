@@ -10,8 +10,8 @@ import numpy as np
 from armorlab.analysis import freshness, memo
 from armorlab.analysis import report as R
 from armorlab.analysis.recipe import Recipe
-from armorlab.config import resolve
-from armorlab.runs import RunDir
+from armorlab.core.config import resolve
+from armorlab.core.runs import RunDir
 
 
 def _sweep(root, n=4):

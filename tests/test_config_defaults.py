@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from armorlab.config import load_config, parse_overrides, resolve
+from armorlab.core.config import load_config, parse_overrides, resolve
 from armorlab.sweeps.spec import expand, load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,7 +40,7 @@ def test_anchor_ratio_defaults_to_the_objectives_own_choice():
 
 
 def test_trainer_config_derives_the_same_defaults():
-    from armorlab.trainer import ArmorLabConfig
+    from armorlab.train.trainer import ArmorLabConfig
 
     base = {"output_dir": "/tmp/unused-armorlab", "use_cpu": True, "bf16": False, "report_to": [],
             "per_device_train_batch_size": 16}
@@ -93,7 +93,7 @@ def test_tiny_sweeps_scale_tau_below_their_length(name):
 
 
 def test_readme_config_reference_lists_every_armorlab_field():
-    from armorlab.config import FIELDS
+    from armorlab.core.config import FIELDS
 
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     missing = [k for k in FIELDS if f"| `{k}` |" not in readme]

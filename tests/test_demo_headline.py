@@ -9,8 +9,8 @@ import pytest
 
 from armorlab.analysis import headline as H
 from armorlab.commands.demo import BASELINE, demo_name, demo_recipe, headline_section
-from armorlab.config import load_yaml_mapping, resolve
-from armorlab.runs import RunDir
+from armorlab.core.config import load_yaml_mapping, resolve
+from armorlab.core.runs import RunDir
 
 
 def _runs():

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from armorlab.config import load_yaml_mapping, resolve
+from armorlab.core.config import load_yaml_mapping, resolve
 from armorlab.errors import ArmorLabError
 from armorlab.sweeps.profile import parse_profile
 from armorlab.sweeps.spec import parse_spec
@@ -109,7 +109,7 @@ def test_damaged_run_dirs_are_warnings_and_the_rest_is_reported(tmp_path):
     file is named in a warning, and the healthy run is still reported."""
     import json
 
-    from armorlab.runs import RunDir
+    from armorlab.core.runs import RunDir
 
     cfg = resolve({"max_steps": 20, "val_every": 10})
     sweep = tmp_path / "sw"

@@ -1,6 +1,6 @@
-"""No silent dead runs: the warnings of armorlab.health on hand-made metric rows."""
+"""No silent dead runs: the warnings of armorlab.core.health on hand-made metric rows."""
 
-from armorlab.health import (
+from armorlab.core.health import (
     GATE_WINDOW,
     NO_GRADIENT_STEPS,
     TRUNCATION_STEPS,
@@ -69,10 +69,10 @@ def test_run_warnings_from_metric_rows():
 
 def test_status_and_report_show_the_warnings_and_ignore_logging_settings(tmp_path):
     from armorlab.analysis.load import load
-    from armorlab.config import resolve
-    from armorlab.launch import HealthMonitor
-    from armorlab.runs import RunDir
+    from armorlab.core.config import resolve
+    from armorlab.core.runs import RunDir
     from armorlab.sweeps.status import collect
+    from armorlab.train.launch import HealthMonitor
 
     sweep = tmp_path / "sweep"
     for seed, name, grad in ((0, "a", 0.0), (1, "b", 0.3)):
@@ -97,7 +97,7 @@ def test_status_and_report_show_the_warnings_and_ignore_logging_settings(tmp_pat
 def test_damaged_warnings_field_is_ignored(tmp_path):
     import json
 
-    from armorlab.runs import RunDir
+    from armorlab.core.runs import RunDir
 
     rd = RunDir(tmp_path)
     rd.status_path.write_text(json.dumps({"state": "completed", "warnings": [1, {"x": 2}]}))

@@ -8,10 +8,10 @@ import sys
 import pytest
 import yaml
 
-from armorlab.config import resolve
+from armorlab.core.config import resolve
+from armorlab.core.identity import file_fingerprint, tree_fingerprint
+from armorlab.core.runs import RunDir, run_id
 from armorlab.errors import ArmorLabError
-from armorlab.identity import file_fingerprint, tree_fingerprint
-from armorlab.runs import RunDir, run_id
 
 PROBLEMS = [{"problem": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(12)]
 
@@ -108,7 +108,7 @@ def test_cli_missing_model_exits_2_naming_model_and_creates_nothing(tmp_path):
 
 
 def test_completed_run_says_so_and_a_changed_model_stops_a_stale_run(tmp_path):
-    from armorlab.launch import train_run_dir
+    from armorlab.train.launch import train_run_dir
 
     cfg_path = tmp_path / "cfg.yaml"
     cfg_path.write_text(yaml.safe_dump({"max_steps": 1}))

@@ -20,9 +20,9 @@ import pytest
 import torch
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
-from armorlab.anchors import TransformersSampler, pack_rows
-from armorlab.evaluation import sequence_exact_kl
-from armorlab.telemetry import sequence_kl_estimates
+from armorlab.train.anchors import TransformersSampler, pack_rows
+from armorlab.train.evaluation import sequence_exact_kl
+from armorlab.train.telemetry import sequence_kl_estimates
 
 PAD, EOS, VOCAB, MAX_NEW, TEMPERATURE = 0, 1, 6, 3, 0.7
 PROMPTS = [[2], [3, 4, 5]]

@@ -15,8 +15,9 @@ import pytest
 import torch
 from transformers import TrainerCallback
 
+from armorlab.core.runs import RunDir
 from armorlab.errors import ArmorLabError
-from armorlab.launch import (
+from armorlab.train.launch import (
     EXIT_FAILED,
     EXIT_PREEMPTED,
     complete_checkpoint,
@@ -25,7 +26,6 @@ from armorlab.launch import (
     read_stop_request,
     train_run_dir,
 )
-from armorlab.runs import RunDir
 from tests.trainer_support import model_cache, resolved
 
 # names design.md promises (analysis reads them)
@@ -228,7 +228,7 @@ def test_unknown_trl_key_is_named(tmp_path):
 def test_resolved_exponent_strings_reach_grpo_config_as_numbers(tmp_path):
     # YAML 1.1 reads "1e-5" (no dot) as a string; resolve() turns it into a number, so
     # TrainingArguments (which would crash in the optimizer on a string) gets a float
-    from armorlab.config import resolve
+    from armorlab.core.config import resolve
 
     cfg = resolve({"learning_rate": "1e-5", "warmup_steps": "3", "lr_scheduler_type": "cosine"})
     args = make_args(cfg, RunDir(tmp_path))

@@ -12,10 +12,10 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from armorlab import models
-from armorlab.config import resolve
+from armorlab.core.config import resolve
 from armorlab.errors import ArmorLabError
 from armorlab.tasks import build_task
+from armorlab.train import models
 
 DEFAULT = resolve({})
 # A model small and short enough to build in about a second, for the cache-mechanics tests.
@@ -174,7 +174,7 @@ def test_failed_build_leaves_nothing(tmp_path, monkeypatch):
 _RACER = """
 import json, logging, sys, time
 from pathlib import Path
-from armorlab import models
+from armorlab.train import models
 logging.basicConfig(level=logging.INFO)
 go = Path(sys.argv[2])
 Path(sys.argv[3]).touch()                 # imports done: ready

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from armorlab.runs import RunDir
+from armorlab.core.runs import RunDir
 from tests.test_equivalence import torchrun
 from tests.trainer_support import model_cache
 

@@ -6,12 +6,12 @@ import signal
 
 import pytest
 
-from armorlab.config import resolve
+from armorlab.core.config import resolve
+from armorlab.core.runs import RunDir
 from armorlab.errors import ArmorLabError
-from armorlab.launch import check_launch, process_layout
-from armorlab.runs import RunDir
 from armorlab.sweeps.jobs import TrainJob
 from armorlab.sweeps.status import collect
+from armorlab.train.launch import check_launch, process_layout
 
 
 @pytest.mark.parametrize(("env", "layout"), [

@@ -1,4 +1,4 @@
-"""Invariants of armorlab.objectives (issue 2 §4: 1–6 and 9; 7 in test_objectives_values.py,
+"""Invariants of armorlab.algos.objectives (issue 2 §4: 1–6 and 9; 7 in test_objectives_values.py,
 8 in test_objectives_props.py). Reference values come from independent float64 numpy formulas."""
 
 from __future__ import annotations
@@ -9,16 +9,12 @@ import numpy as np
 import pytest
 import torch
 
+from armorlab.algos.loss import AGGREGATORS, policy_loss
+from armorlab.algos.objectives import mixed_ratio, objective_names, objective_spec
 from armorlab.errors import ArmorLabError
-from armorlab.objectives import (
-    AGGREGATORS,
-    DEFAULT_AGGREGATION,
-    OBJECTIVES,
-    mixed_ratio,
-    policy_loss,
-)
 
-ALL = list(OBJECTIVES)
+ALL = list(objective_names())
+DEFAULT_AGGREGATION = {name: objective_spec(name).aggregation for name in ALL}
 AGGS = list(AGGREGATORS)
 
 
@@ -426,13 +422,11 @@ def test_alpha_none_is_fine_for_objectives_that_ignore_it():
 
 def test_names_match_the_config_layer():
     # config.py validates run configs without torch; both must list the same names.
-    from armorlab import config
-    from armorlab.objectives import SEQUENCE_OBJECTIVES
+    from armorlab.core import config
 
-    assert tuple(OBJECTIVES) == config.OBJECTIVES
+    assert config.objective_choices() == tuple(ALL) == ("grpo", "dapo", "dr_grpo", "gspo", "up", "up_gspo", "armor")
     assert tuple(AGGREGATORS) == config.AGGREGATIONS
-    assert SEQUENCE_OBJECTIVES == config.SEQUENCE_OBJECTIVES
-    assert set(DEFAULT_AGGREGATION) == set(OBJECTIVES)
+    assert [o for o in ALL if objective_spec(o).sequence_level] == ["gspo", "up_gspo"]
 
 
 @pytest.mark.parametrize("objective", ["dapo", "gspo", "armor"])

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from armorlab import capacity as cap
+from armorlab.algos import capacity as cap
+from armorlab.algos.loss import capacity_summary, probability_capacity
 from armorlab.errors import ArmorLabError
-from armorlab.objectives import capacity_summary, probability_capacity
 
 P_OLD = np.array([0.1, 0.5, 0.9, 0.3, 0.6, 0.2])
 P_REF = np.array([0.4, 0.5, 0.05, 0.3, 0.1, 0.8])
@@ -73,7 +73,7 @@ def test_armor_trust_region_is_where_r_mix_hits_the_clip():
 def test_capacity_is_how_far_pi_moves_before_the_gradient_stops():
     # Move each token's π from π_old by its capacity (A > 0 up, A < 0 down), slightly less and
     # slightly more: just inside, the token still has a gradient; past it, the clip zeroes it.
-    from armorlab.objectives import policy_loss
+    from armorlab.algos.loss import policy_loss
 
     old = torch.tensor([[0.1, 0.3, 0.5], [0.2, 0.4, 0.6]], dtype=torch.float64)
     ref = torch.tensor([[0.3, 0.05, 0.2], [0.5, 0.1, 0.3]], dtype=torch.float64)

@@ -11,7 +11,10 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from armorlab.objectives import AGGREGATORS, OBJECTIVES, policy_loss
+from armorlab.algos.loss import AGGREGATORS, policy_loss
+from armorlab.algos.objectives import objective_names
+
+OBJECTIVES = objective_names()
 
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

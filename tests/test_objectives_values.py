@@ -27,7 +27,7 @@ import math
 import pytest
 import torch
 
-from armorlab.objectives import policy_loss
+from armorlab.algos.loss import policy_loss
 
 NAN = math.nan
 P_OLD = [[0.5, 0.4, 0.8, 0.5], [0.5, 0.5, 0.3, 0.3]]

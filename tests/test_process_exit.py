@@ -5,8 +5,8 @@ import os
 import subprocess
 import sys
 
-from armorlab.config import resolve
-from armorlab.runs import RunDir
+from armorlab.core.config import resolve
+from armorlab.core.runs import RunDir
 
 # an atexit handler stands for the teardown: it runs only when the interpreter tears down
 SCRIPT = """import atexit, sys

@@ -11,8 +11,8 @@ import sys
 import pytest
 import torch
 
-from armorlab.config import resolve
-from armorlab.runs import RunDir, run_id
+from armorlab.core.config import resolve
+from armorlab.core.runs import RunDir, run_id
 from tests.checkpoint_support import build as build_checkpoint
 from tests.checkpoint_support import tokenizer as chat_tokenizer
 from tests.trainer_support import build, resolved
@@ -28,8 +28,8 @@ def _data(path, rows=ROWS):
 def test_chat_prompts_go_through_the_tokenizers_chat_template(tmp_path):
     from trl.data_utils import maybe_apply_chat_template
 
-    from armorlab.models import has_chat_template
     from armorlab.tasks import build_task
+    from armorlab.train.models import has_chat_template
 
     task_cfg = {"name": "math", "path": str(_data(tmp_path / "d.jsonl")), "val_size": 2, "test_size": 2,
                 "system_prompt": "Reason, then answer in \\boxed{}.",

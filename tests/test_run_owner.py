@@ -13,13 +13,13 @@ import sys
 import pytest
 from sweep_support import run_cli, standin_command, standin_metric, wait_for, write_spec
 
-from armorlab.config import resolve
-from armorlab.runs import RunDir
+from armorlab.core.config import resolve
+from armorlab.core.runs import RunDir
 from armorlab.sweeps.jobs import ENV_COMMAND
 from armorlab.sweeps.status import collect
 from armorlab.sweeps.submit import ACTIVE, plan_sweep
 
-HOLD = ("import sys, time; from armorlab.runs import RunDir; fd = RunDir(sys.argv[1]).acquire_owner(); "
+HOLD = ("import sys, time; from armorlab.core.runs import RunDir; fd = RunDir(sys.argv[1]).acquire_owner(); "
         "print('held' if fd is not None else 'busy', flush=True); time.sleep(120)")
 
 

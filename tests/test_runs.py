@@ -3,9 +3,9 @@ import json
 
 import pytest
 
-from armorlab.config import resolve
+from armorlab.core.config import resolve
+from armorlab.core.runs import RunDir, find_run_dirs, run_id
 from armorlab.errors import ArmorLabError
-from armorlab.runs import RunDir, find_run_dirs, run_id
 
 
 def test_run_id_is_sha256_prefix_of_canonical_json():
@@ -80,7 +80,7 @@ def test_find_run_dirs(tmp_path):
 def test_atomic_writes_get_normal_file_permissions(tmp_path):
     import os
 
-    from armorlab.fsutil import atomic_write_text
+    from armorlab.core.fsutil import atomic_write_text
 
     mask = os.umask(0o022)
     os.umask(mask)
@@ -90,7 +90,7 @@ def test_atomic_writes_get_normal_file_permissions(tmp_path):
 
 
 def test_atomic_file_replaces_on_success_and_leaves_the_old_file_on_failure(tmp_path):
-    from armorlab.fsutil import atomic_file
+    from armorlab.core.fsutil import atomic_file
 
     target = tmp_path / "t.parquet"
     target.write_text("old")

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from armorlab.analysis.recipe import load_recipe
 from armorlab.cli import app, main
-from armorlab.config import get_dotted, parse_overrides
+from armorlab.core.config import get_dotted, parse_overrides
 from armorlab.sweeps.spec import load_spec
 from armorlab.sweeps.submit import plan_sweep
 
@@ -52,7 +52,7 @@ def test_spec_validates_and_dry_runs(path, overrides, tmp_path, monkeypatch):
     if not tiny:
         overrides = _stand_ins(spec, tmp_path)
     if spec.search is not None:   # an `armorlab tune` study: its search space checked against its base
-        from armorlab.config import deep_merge
+        from armorlab.core.config import deep_merge
         from armorlab.tune.space import parse_search
 
         search = parse_search(spec.search, deep_merge(spec.base, parse_overrides(overrides)), file=str(path))

@@ -14,8 +14,8 @@ import threading
 import pytest
 from sweep_support import run_cli, standin_command, standin_metric, wait_for, write_spec
 
+from armorlab.core.runs import RunDir
 from armorlab.errors import ArmorLabError
-from armorlab.runs import RunDir
 from armorlab.sweeps.jobs import ENV_COMMAND, TrainJob
 from armorlab.sweeps.manifest import load_manifest
 from armorlab.sweeps.status import collect
@@ -242,7 +242,7 @@ try:
 except SystemExit:
     pass
 print("MODULES:" + ",".join(m for m in ("torch", "trl", "transformers", "pandas", "optuna", "matplotlib", "submitit",
-                                     "armorlab.sweeps.vllm_servers") if m in sys.modules))
+                                     "armorlab.vllm.servers") if m in sys.modules))
 """
 
 

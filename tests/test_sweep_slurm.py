@@ -22,7 +22,7 @@ from sweep_support import (
     write_spec,
 )
 
-from armorlab.runs import RunDir, run_id
+from armorlab.core.runs import RunDir, run_id
 from armorlab.sweeps.jobs import ENV_COMMAND
 from armorlab.sweeps.manifest import load_manifest
 from armorlab.sweeps.status import collect

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from sweep_support import preempt_after_first_step, run_cli, slurm_cluster, wait_finished, write_spec  # noqa: F401 - fixture
 
-from armorlab.runs import RunDir
+from armorlab.core.runs import RunDir
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
 

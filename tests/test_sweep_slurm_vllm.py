@@ -26,7 +26,7 @@ from sweep_support import (
     wait_for,
 )
 
-from armorlab.runs import RunDir
+from armorlab.core.runs import RunDir
 from armorlab.sweeps import slurmctl
 from armorlab.sweeps.executors import SlurmSubmitter
 from armorlab.sweeps.profile import parse_profile

@@ -14,9 +14,9 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from armorlab.config import resolve
+from armorlab.core.config import resolve
+from armorlab.core.runs import run_id
 from armorlab.errors import ArmorLabError
-from armorlab.runs import run_id
 from armorlab.sweeps.spec import expand, load_spec, parse_spec
 
 REPO = Path(__file__).resolve().parents[1]

@@ -23,9 +23,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sweep_support import standin_command, write_spec
 
-from armorlab.config import resolve
-from armorlab.fsutil import yaml_text
-from armorlab.runs import RunDir, run_id
+from armorlab.core.config import resolve
+from armorlab.core.fsutil import yaml_text
+from armorlab.core.runs import RunDir, run_id
 from armorlab.sweeps.executors import SlurmSubmitter
 from armorlab.sweeps.jobs import ENV_COMMAND, TrainJob
 from armorlab.sweeps.manifest import manifest_text
@@ -175,7 +175,7 @@ def test_each_seeds_config_is_its_own_deep_copy(data):
 def test_each_plans_config_is_its_points_resolved_config_and_its_own(tmp_path):
     import copy
 
-    from armorlab.config import set_dotted
+    from armorlab.core.config import set_dotted
     from armorlab.sweeps.spec import expand, load_spec
 
     spec = load_spec(write_spec(tmp_path / "s.yaml", {

@@ -8,9 +8,9 @@ import pytest
 import torch
 from transformers import TrainerCallback
 
-from armorlab.config import OBJECTIVES
-from armorlab.objectives import policy_loss
-from armorlab.trainer import ArmorLabTrainer
+from armorlab.algos.loss import policy_loss
+from armorlab.core.config import objective_choices
+from armorlab.train.trainer import ArmorLabTrainer
 from tests.trainer_support import AnswerSampler, answer_table, build, resolved, tokenizer_for
 
 
@@ -55,7 +55,7 @@ class LossCheckTrainer(ArmorLabTrainer):
         return loss
 
 
-@pytest.mark.parametrize("objective", OBJECTIVES)
+@pytest.mark.parametrize("objective", objective_choices())
 def test_each_objective_trains_and_its_loss_is_policy_loss(tmp_path, objective):
     cfg = resolved(objective=objective, max_steps=3)
     trainer = build(tmp_path, cfg, trainer_cls=LossCheckTrainer)

@@ -9,8 +9,8 @@ import pytest
 import torch
 from transformers import TrainerCallback
 
-from armorlab import anchors as anc
-from armorlab.trainer import ArmorLabTrainer
+from armorlab.train import anchors as anc
+from armorlab.train.trainer import ArmorLabTrainer
 from tests.trainer_support import AnswerSampler, answer_table, build, resolved, tokenizer_for
 
 TASK = {"name": "arithmetic", "train_size": 8, "val_size": 8, "test_size": 8}

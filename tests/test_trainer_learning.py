@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from armorlab.config import load_config
-from armorlab.launch import train_run_dir
-from armorlab.runs import RunDir
+from armorlab.core.config import load_config
+from armorlab.core.runs import RunDir
+from armorlab.train.launch import train_run_dir
 from tests.trainer_support import model_cache
 
 

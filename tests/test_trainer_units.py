@@ -8,18 +8,18 @@ import random
 import pytest
 import torch
 
-from armorlab import anchors as anc
-from armorlab import dynamic_sampling as dyn
+from armorlab.algos import dynamic_sampling as dyn
+from armorlab.algos.kl import k1 as kl_k1
+from armorlab.algos.kl import k2 as kl_k2
+from armorlab.algos.kl import k3 as kl_k3
 from armorlab.errors import ArmorLabError
-from armorlab.reference import reset_due, reset_interval
-from armorlab.telemetry import (
+from armorlab.train import anchors as anc
+from armorlab.train.reference import reset_due, reset_interval
+from armorlab.train.telemetry import (
     StepStats,
     TokenDump,
     design_names,
-    exact_kl,
-    kl_k1,
-    kl_k2,
-    kl_k3,
+    logits_kl,
     sequence_sum_mean,
 )
 
@@ -214,7 +214,7 @@ def test_exact_kl_matches_hand_computation():
     logits_p = torch.log(torch.tensor([[[0.5, 0.5]]]))
     logits_q = torch.log(torch.tensor([[[0.25, 0.75]]]))
     expected = 0.5 * math.log(0.5 / 0.25) + 0.5 * math.log(0.5 / 0.75)
-    assert float(exact_kl(logits_p, logits_q)) == pytest.approx(expected)
+    assert float(logits_kl(logits_p, logits_q)) == pytest.approx(expected)
 
 
 def test_sequence_sum_mean_ignores_empty_rows():
@@ -264,7 +264,7 @@ def test_token_dump_writes_a_share_of_masked_tokens(tmp_path):
 
 # --------------------------------------------------------------------------- config
 def _config(**kw):
-    from armorlab.trainer import ArmorLabConfig
+    from armorlab.train.trainer import ArmorLabConfig
 
     base = {"output_dir": "/tmp/unused-armorlab", "use_cpu": True, "bf16": False, "report_to": [],
             "per_device_train_batch_size": 4, "num_generations": 2}

@@ -6,10 +6,10 @@ import sys
 
 import pytest
 
-from armorlab import trl_fields
-from armorlab.config import resolve
+from armorlab.core import trl_fields
+from armorlab.core.config import resolve
+from armorlab.core.runs import run_id
 from armorlab.errors import ArmorLabError
-from armorlab.runs import run_id
 
 
 def _installed_defaults():
@@ -29,7 +29,7 @@ def test_every_installed_grpo_field_is_classified_exactly_once():
     honoured, mapped, rejected = trl_fields.HONOURED, set(trl_fields.MAPPED), set(trl_fields.REJECTED)
     assert not (honoured & mapped) and not (honoured & rejected) and not (mapped & rejected)
     unclassified = installed - (honoured | mapped | rejected)
-    assert not unclassified, f"classify these GRPOConfig fields in armorlab/trl_fields.py: {sorted(unclassified)}"
+    assert not unclassified, f"classify these GRPOConfig fields in armorlab/core/trl_fields.py: {sorted(unclassified)}"
     stale = (honoured | mapped | rejected) - installed
     assert not stale, f"no longer GRPOConfig fields: {sorted(stale)}"
 
@@ -88,7 +88,7 @@ def test_cli_exits_2_naming_key_value_file_and_alternative(tmp_path):
 
 
 def test_trainer_config_refuses_them_too():
-    from armorlab.trainer import ArmorLabConfig
+    from armorlab.train.trainer import ArmorLabConfig
 
     base = {"output_dir": "/tmp/unused-armorlab", "use_cpu": True, "bf16": False, "report_to": [],
             "per_device_train_batch_size": 4, "num_generations": 2}

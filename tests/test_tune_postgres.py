@@ -25,7 +25,7 @@ optuna = pytest.importorskip("optuna")
 from optuna.trial import TrialState  # noqa: E402
 from tune_support import STANDIN, spec, standin  # noqa: E402, F401 (fixture)
 
-from armorlab.runs import RunDir  # noqa: E402
+from armorlab.core.runs import RunDir  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("standin")
 

@@ -11,7 +11,7 @@ pytest.importorskip("trl")
 def test_real_trainer_study(tmp_path, monkeypatch):
     from optuna.trial import TrialState
 
-    from armorlab.runs import RunDir
+    from armorlab.core.runs import RunDir
     from armorlab.tune.study import load_study, prepare_study, run_local, study_status
 
     monkeypatch.delenv("ARMORLAB_TRAIN_COMMAND", raising=False)

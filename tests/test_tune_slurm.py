@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slurm
 def test_four_trial_study_with_two_array_workers(tmp_path, slurm_cluster, monkeypatch):  # noqa: F811
     from optuna.trial import TrialState
 
-    from armorlab.runs import RunDir
+    from armorlab.core.runs import RunDir
     from armorlab.tune.study import load_study
 
     spec = tmp_path / "slurm_study.yaml"

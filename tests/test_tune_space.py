@@ -340,7 +340,7 @@ def test_every_sampler_type_samples_inside_the_space(kind):
 def test_pruner_defaults_follow_the_run_config():
     import optuna
 
-    from armorlab.config import resolve
+    from armorlab.core.config import resolve
     from armorlab.tune.pruners import CollapsePruner, make_pruner
 
     base = resolve(BASE)

@@ -35,7 +35,7 @@ def trained(tmp_path_factory):
 
 
 def test_armor_trains_with_anchors_from_the_vllm_reference(trained):
-    from armorlab.vllm_reference import VLLMReferenceSampler
+    from armorlab.train.vllm_reference import VLLMReferenceSampler
 
     sampler = trained.reference_sampler
     assert isinstance(sampler, VLLMReferenceSampler)
@@ -84,7 +84,7 @@ def test_after_a_reset_the_engine_scores_like_the_policy(trained):
 
 
 def test_cached_prompts_are_not_sent_to_the_engine(trained):
-    from armorlab.anchors import AnchorCache, AnchorRollout, GroupRequest
+    from armorlab.train.anchors import AnchorCache, AnchorRollout, GroupRequest
 
     sampler = trained.reference_sampler
     tok = trained._tokenizer

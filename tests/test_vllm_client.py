@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 from trl.generation import vllm_generation
 from trl.generation.vllm_client import VLLMClient
 
-from armorlab.vllm_client import WEIGHTS_FILE, WeightSyncClient, trl_builds_weight_sync_clients
+from armorlab.train.vllm_client import WEIGHTS_FILE, WeightSyncClient, trl_builds_weight_sync_clients
 
 
 def _client(calls):

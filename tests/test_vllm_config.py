@@ -6,9 +6,9 @@ import importlib.util
 
 import pytest
 
-from armorlab.config import resolve
+from armorlab.core.config import resolve
+from armorlab.core.runs import run_id
 from armorlab.errors import ArmorLabError
-from armorlab.runs import run_id
 
 
 def test_engine_off_leaves_the_config_and_run_id_as_before():
@@ -40,7 +40,7 @@ def test_bad_engine_settings_name_the_key(raw, key):
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
 def test_missing_vllm_is_an_armorlab_error_naming_the_key():
-    from armorlab.vllm_reference import require_vllm
+    from armorlab.vllm.env import require_vllm
 
     with pytest.raises(ArmorLabError, match="pip install") as err:
         require_vllm("ref_vllm_mode", "colocate")

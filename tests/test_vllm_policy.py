@@ -42,7 +42,7 @@ def test_policy_rollouts_from_vllm_train_with_anchors_and_the_correction_skips_t
 
 
 def test_vllm_corrected_loss_multiplies_each_tokens_loss_and_keeps_the_normaliser():
-    from armorlab.objectives import vllm_corrected_loss
+    from armorlab.algos.loss import vllm_corrected_loss
 
     per_token = torch.tensor([[1.0, 2.0, 0.0], [3.0, 0.0, 0.0]])
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
@@ -58,7 +58,7 @@ def test_vllm_corrected_loss_multiplies_each_tokens_loss_and_keeps_the_normalise
 @pytest.mark.vllm
 def test_policy_engine_and_reference_engine_together(tmp_path):
     """use_vllm and ref_vllm_mode: colocate at once: two engines in one process, anchors from the second."""
-    from armorlab.vllm_reference import VLLMReferenceSampler
+    from armorlab.train.vllm_reference import VLLMReferenceSampler
 
     cfg = resolved(objective="armor", max_steps=2, ref_reset_steps=1, use_vllm=True, ref_vllm_mode="colocate")
     trainer = build(tmp_path, cfg)

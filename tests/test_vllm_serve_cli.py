@@ -10,7 +10,7 @@ import pytest
 
 
 def test_serve_command_on_cpu_is_trls_with_cpu_defaults_and_the_api_server_entry():
-    from armorlab.vllm_serve import serve_command
+    from armorlab.vllm.serve import serve_command
 
     argv, env = serve_command("/models/m", host="127.0.0.1", port=8123, extra=["--max-model-len", "256"],
                               cuda=False, vllm_cli=False, environ={"VLLM_CPU_KVCACHE_SPACE": "4"})
@@ -27,7 +27,7 @@ def test_serve_command_on_cpu_is_trls_with_cpu_defaults_and_the_api_server_entry
 def test_serve_command_on_gpu_is_trls_own():
     from trl.scripts.vllm_serve import ScriptArguments, build_command
 
-    from armorlab.vllm_serve import serve_command
+    from armorlab.vllm.serve import serve_command
 
     argv, env = serve_command("/models/m", host="0.0.0.0", port=8000, cuda=True, vllm_cli=True, environ={})
     assert argv == build_command(ScriptArguments(model="/models/m", host="0.0.0.0", port=8000), [])
@@ -35,7 +35,7 @@ def test_serve_command_on_gpu_is_trls_own():
 
 
 def test_cli_passes_options_and_the_args_after_the_double_dash(monkeypatch):
-    import armorlab.vllm_serve as vs
+    import armorlab.vllm.serve as vs
     from armorlab.cli import main
 
     seen = {}

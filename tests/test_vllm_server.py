@@ -57,7 +57,7 @@ server_log = {}  # port → the server's log (uvicorn logs every request)
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """(host, port) of `armorlab vllm-serve` serving the tiny model in fp32 (the trainer's dtype)."""
-    from armorlab.models import prepare_model
+    from armorlab.train.models import prepare_model
 
     cfg = resolved()
     model = str(prepare_model(cfg["model"], cfg["task"], cache_dir=model_cache()))
@@ -122,7 +122,7 @@ def trained(server, tmp_path_factory):
 
 
 def test_armor_trains_with_anchors_from_the_reference_server(trained):
-    from armorlab.vllm_reference import VLLMServerReferenceSampler
+    from armorlab.train.vllm_reference import VLLMServerReferenceSampler
 
     assert isinstance(trained.reference_sampler, VLLMServerReferenceSampler)
     assert trained.state.global_step == 2 and trained.reference.resets == 2
@@ -155,7 +155,7 @@ def test_after_a_reset_the_server_scores_like_the_policy(trained):
 
 
 def test_cached_prompts_are_not_sent_to_the_server(trained):
-    from armorlab.anchors import AnchorCache, AnchorRollout, GroupRequest
+    from armorlab.train.anchors import AnchorCache, AnchorRollout, GroupRequest
 
     sampler, tok = trained.reference_sampler, trained._tokenizer
     posts = []
@@ -187,7 +187,7 @@ def test_cached_prompts_are_not_sent_to_the_server(trained):
 
 
 def test_policy_rollouts_from_the_server_train_with_anchors_and_the_correction_skips_them(server, tmp_path):
-    from armorlab.vllm_client import WeightSyncClient
+    from armorlab.train.vllm_client import WeightSyncClient
 
     Capture = capturing("armorlab_is_anchor", "importance_sampling_ratio")
 
@@ -241,7 +241,7 @@ def test_two_processes_sample_from_the_reference_server_and_only_rank_0_pushes(s
     """torchrun, 2 CPU processes (gloo), 12 rows each with G = 8: a group straddles the processes."""
     import yaml
 
-    from armorlab.runs import RunDir
+    from armorlab.core.runs import RunDir
     from tests.test_equivalence import torchrun
     from tests.trainer_support import TASK
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from armorlab.config import resolve
+from armorlab.core.config import resolve
+from armorlab.core.runs import run_id
 from armorlab.errors import ArmorLabError
-from armorlab.runs import run_id
 
 ARMOR = {"objective": "armor"}
 POLICY_SERVER = {"use_vllm": True, "vllm_mode": "server"}
@@ -82,7 +82,7 @@ def test_two_servers_on_distinct_addresses_and_ports_resolve():
 
 
 def test_the_trainer_config_refuses_the_same_combinations():
-    from armorlab.trainer import ArmorLabConfig
+    from armorlab.train.trainer import ArmorLabConfig
 
     base = {"output_dir": "/tmp/unused-armorlab", "use_cpu": True, "bf16": False, "report_to": [],
             "per_device_train_batch_size": 4, "num_generations": 2, "anchor": True}

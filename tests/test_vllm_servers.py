@@ -14,14 +14,15 @@ import pytest
 import yaml
 from sweep_support import SERVED, STANDIN_SERVER, alive, by_port, records, standin_servers
 
+from armorlab.core.exits import EXIT_FAILED, EXIT_PREEMPTED
+from armorlab.core.runs import RunDir
 from armorlab.errors import ArmorLabError
-from armorlab.runs import RunDir
-from armorlab.sweeps.jobs import EXIT_FAILED, EXIT_PREEMPTED, TrainJob
+from armorlab.sweeps.jobs import TrainJob
 from armorlab.sweeps.profile import load_profile, parse_profile
-from armorlab.sweeps.server_checks import check_runs
-from armorlab.sweeps.vllm_servers import ServerError, split_devices, visible_devices
-from armorlab.vllm_endpoints import ENV as ENDPOINTS_ENV
-from armorlab.vllm_endpoints import read_endpoints
+from armorlab.vllm.endpoints import ENV as ENDPOINTS_ENV
+from armorlab.vllm.endpoints import read_endpoints
+from armorlab.vllm.server_checks import check_runs
+from armorlab.vllm.servers import ServerError, split_devices, visible_devices
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -282,7 +283,7 @@ def test_a_stop_while_servers_start_leaves_the_run_pending(tmp_path, job_env):
 
 
 def test_the_trainer_reads_the_jobs_endpoints_before_anything_else(tmp_path, monkeypatch):
-    from armorlab.launch import train_run_dir
+    from armorlab.train.launch import train_run_dir
 
     rd = RunDir.create(tmp_path / "runs", {"max_steps": 1})
     monkeypatch.setenv(ENDPOINTS_ENV, json.dumps({"learning_rate": 1.0}))  # only host/port keys may come this way

@@ -27,7 +27,7 @@ def model_cache() -> str:
 
 
 def resolved(**overrides: Any) -> dict[str, Any]:
-    from armorlab.config import resolve
+    from armorlab.core.config import resolve
 
     raw = {**SMALL, "task": dict(TASK), **overrides}
     return resolve(raw)
@@ -36,11 +36,11 @@ def resolved(**overrides: Any) -> dict[str, Any]:
 def build(tmp_path: Path, cfg: dict[str, Any], *, trainer_cls: Any = None, sampler: Any = None,
           with_eval: bool = False, callbacks: tuple = ()) -> Any:
     """An ArmorLabTrainer for a resolved config (the same path launch takes, plus test seams)."""
-    from armorlab.launch import make_args
-    from armorlab.models import prepare_model
-    from armorlab.runs import RunDir
+    from armorlab.core.runs import RunDir
     from armorlab.tasks import build_task
-    from armorlab.trainer import ArmorLabTrainer
+    from armorlab.train.launch import make_args
+    from armorlab.train.models import prepare_model
+    from armorlab.train.trainer import ArmorLabTrainer
 
     run_dir = RunDir.create(tmp_path / "runs", cfg)
     args = make_args(cfg, run_dir)
@@ -60,7 +60,7 @@ class AnswerSampler:
     """
 
     def __init__(self, tokenizer: Any, answer_of: Any) -> None:
-        from armorlab.anchors import Completion
+        from armorlab.train.anchors import Completion
 
         self._completion = Completion
         self.tokenizer = tokenizer
@@ -89,7 +89,7 @@ def answer_table(cfg: dict[str, Any]) -> dict[str, str]:
 def tokenizer_for(cfg: dict[str, Any]) -> Any:
     from transformers import AutoTokenizer
 
-    from armorlab.models import prepare_model
+    from armorlab.train.models import prepare_model
 
     return AutoTokenizer.from_pretrained(str(prepare_model(cfg["model"], cfg["task"], cache_dir=model_cache())))
 
@@ -97,7 +97,7 @@ def tokenizer_for(cfg: dict[str, Any]) -> Any:
 def capturing(*keys: str) -> Any:
     """An ArmorLabTrainer subclass that keeps, per training generation, a detached copy of the
     named entries of what `_generate_and_score_completions` returns (in `trainer.captured`)."""
-    from armorlab.trainer import ArmorLabTrainer
+    from armorlab.train.trainer import ArmorLabTrainer
 
     class Capture(ArmorLabTrainer):
         captured: list[dict[str, torch.Tensor]]

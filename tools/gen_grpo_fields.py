@@ -1,11 +1,11 @@
 #!/usr/bin/env python
-"""Regenerate armorlab/grpo_fields.json from the installed TRL: {field: kind}.
+"""Regenerate armorlab/core/grpo_fields.json from the installed TRL: {field: kind}.
 
-    .venv/bin/python tools/gen_grpo_fields.py > armorlab/grpo_fields.json
+    .venv/bin/python tools/gen_grpo_fields.py > armorlab/core/grpo_fields.json
 
-kind: str / float / int / bool, "?" when null is allowed, "any" for other types. armorlab.config
+kind: str / float / int / bool, "?" when null is allowed, "any" for other types. armorlab.core.config
 checks TRL values by kind without importing TRL; tests/test_config.py checks the file is current.
-After a TRL upgrade also classify any new field in armorlab/trl_fields.py (honoured, mapped or
+After a TRL upgrade also classify any new field in armorlab/core/trl_fields.py (honoured, mapped or
 rejected): tests/test_trl_fields.py fails on an unclassified one.
 """
 import dataclasses

@@ -1,12 +1,12 @@
 """Analysis of run directories: KL, probability capacity, collapse metrics, seed statistics, reports.
 
 Pure numpy/pandas (plus matplotlib for plots); it never imports torch or the trainer and meets
-training only through run directories (armorlab.runs). Importing this package is cheap: each
+training only through run directories (armorlab.core.runs). Importing this package is cheap: each
 submodule imports what it needs.
 
     load       run dirs → long/wide DataFrames (vectorised parse, Arrow IPC cache)
     kl         Schulman's k1/k2/k3 estimators (both directions) and exact categorical KL
-    capacity_stats  probability-capacity statistics of tokens/ samples (formulas: armorlab.capacity)
+    capacity_stats  probability-capacity statistics of tokens/ samples (formulas: armorlab.algos.capacity)
     collapse   peak, drop, collapse step, AUC, divergence, entropy collapse, length blow-up
     stats      seed aggregation: mean, std, n, bootstrap CI, IQM, probability of improvement
     select     "best on val, reported on test" and "at matched steps"

@@ -1,11 +1,11 @@
 """Probability capacity and KL statistics of per-token samples (a run's ``tokens/`` parquet).
 
-The capacity *formulas* are armorlab.capacity's (UP Eq. 11, ARMOR Eq. 6) — the same code the
-trainer's ``armorlab.objectives.probability_capacity`` runs on torch tensors — called here on numpy
+The capacity *formulas* are armorlab.algos.capacity's (UP Eq. 11, ARMOR Eq. 6) — the same code the
+trainer's ``armorlab.algos.loss.probability_capacity`` runs on torch tensors — called here on numpy
 arrays. This module adds what only offline analysis needs:
 
 * ``token_kernel``: one streaming pass over millions of tokens giving the KL estimates
-  (armorlab.analysis.kl: reverse k1/k2/k3, and K4's next-token forward KL at the policy's own
+  (armorlab.algos.kl: reverse k1/k2/k3, and K4's next-token forward KL at the policy's own
   prefixes — not the sequence-level forward KL, see kl.K4) and the capacity
   statistics of capacity.capacity_stats (pos_mean, pos_bound_frac, neg_mean) plus the
   capacity-limited share below. It works in cache-sized chunks with sums instead of masks and
@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from armorlab import capacity
+from armorlab.algos import capacity, kl
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +65,7 @@ def token_kernel(logp, old_logp, ref_logp, advantage, *, objective: str, alpha: 
     and up's A > 0 capacity is 1 − π_old, never bound. tests/test_analysis_capacity.py checks
     this against capacity.token_capacity and capacity.capacity_stats on the same arrays.
     """
-    if objective not in capacity.CAPACITY_OBJECTIVES:
-        capacity.token_capacity(objective, None, None)  # raises its ValueError naming the objective
+    family = capacity.capacity_family(objective)  # ValueError naming an unknown objective
     logp = np.asarray(logp)
     old_logp = np.asarray(old_logp)
     advantage = np.asarray(advantage)
@@ -74,12 +73,12 @@ def token_kernel(logp, old_logp, ref_logp, advantage, *, objective: str, alpha: 
     n_all = logp.shape[0]
     if any(a.shape != (n_all,) for a in (logp, old_logp, advantage, *(() if ref is None else (ref,)))):
         raise ValueError("token_kernel wants 1-D arrays of one length")
-    if objective == "armor" and ref is None:
-        raise ValueError("armor capacity needs ref_logp")
-    widened = objective == "armor"
+    widened = family == "mixed"
+    if widened and ref is None:
+        raise ValueError(f"{objective} capacity needs ref_logp")
     alpha_arr = np.asarray(alpha) if widened and np.ndim(alpha) else None
     beta = 0.0 if not widened or alpha_arr is not None else (1.0 - float(alpha)) / float(alpha)
-    unbounded = objective in capacity.UNBOUNDED_POSITIVE
+    unbounded = family == "unbounded_positive"
     dtype = np.result_type(logp.dtype, np.float32)
     ones = np.ones(chunk, dtype)
     # seven chunk buffers, reused across the steps, keep the working set in L2 cache
@@ -153,7 +152,6 @@ def anchor_kl(logp, ref_logp) -> dict[str, float]:
     ``anchor/kl_k*``. Anchors are samples of π_ref *conditioned on a correct reward*, so this
     estimates neither KL direction: it is how far π_θ has moved on the reference's correct
     answers (the unconditioned forward KL is the trainer's ``kl/forward_k*``)."""
-    from armorlab.analysis import kl
 
     logp, ref_logp = np.asarray(logp), np.asarray(ref_logp)
     if logp.size == 0:

@@ -13,7 +13,6 @@ calibrated to a false-alarm rate α on flat curves (benchmarks/collapse_calibrat
 it with binomial noise, and the power to find a fall of 4 SE).
 
 Noise of one eval (its SE), one of two ways:
-
     (N1) binomial, when the eval size n is known (``val/n`` = prompts × samples; values in [0, 1]):
          SE² = p(1 − p)/n. For a mean of rewards in [0, 1] this is an upper bound (a [0, 1]
          variable of mean p has variance ≤ p(1 − p)), exact for 0/1 rewards when every prompt
@@ -28,7 +27,6 @@ Noise of one eval (its SE), one of two ways:
          noisy on short curves that the calibration found 74 % of the 4-SE falls instead of 88 %.)
 
 Definitions, with m = ``patience`` evals per level (default 3) and K evals:
-
     (C1) level       L_i = mean(v_i, …, v_{i+m−1}), i = 0 … K−m: the curve averaged over m evals
     (C2) peak        max_i L_i (a level, so its upward noise bias is √m smaller than the raw
                      maximum's); peak_step = the middle eval of that window; final = L_{K−m}, the
@@ -78,6 +76,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from armorlab.analysis.stats import t_ppf  # cached there
+from armorlab.analysis.tdist import normal_ppf, t_quantiles
+from armorlab.core.fsutil import atomic_file, cache_root
 
 DELTA = 0.03
 PATIENCE = 3
@@ -155,7 +157,6 @@ def _trim_consistency(kept: int, total: int) -> float:
     f = kept / total
     if f >= 1:
         return 1.0
-    from armorlab.analysis.tdist import normal_ppf
 
     q = normal_ppf(0.5 + f / 2)
     return 1.0 - 2.0 * q * math.exp(-q * q / 2) / math.sqrt(2 * math.pi) / f
@@ -261,8 +262,6 @@ def null_threshold(n_evals: int, patience: int, alpha: float, noise: str = "bino
         pass
     z_star = _simulate_null_threshold(n_evals, patience, alpha, noise, sequential=sequential)
     try:
-        from armorlab.fsutil import atomic_file
-
         with atomic_file(path) as tmp:
             tmp.write_text(json.dumps({"z_star": z_star, "n_evals": n_evals, "patience": patience,
                                        "alpha": alpha, "noise": noise, "sequential": sequential}))
@@ -272,8 +271,6 @@ def null_threshold(n_evals: int, patience: int, alpha: float, noise: str = "bino
 
 
 def _threshold_file(n_evals: int, patience: int, alpha: float, noise: str, sequential: bool) -> Path:
-    from armorlab.models import cache_root
-
     key = hashlib.sha256(Path(__file__).read_bytes())
     key.update(repr((n_evals, patience, float(alpha), noise, bool(sequential), NULL_DRAWS, NULL_BUDGET,
                      MIN_DRAWS, ONLINE_CURVE_MIN_EVALS, np.__version__)).encode())
@@ -394,8 +391,6 @@ def curve_auc(steps, values) -> float:
 
 
 def _t_quantile(q: float, df: int) -> float:
-    from armorlab.analysis.stats import t_ppf  # cached there
-
     return t_ppf(q, df)
 
 
@@ -462,7 +457,6 @@ def _rises_screen(ts: np.ndarray, tv: np.ndarray, lo: np.ndarray, hi: np.ndarray
 def _t_quantiles(q: float, df: np.ndarray) -> np.ndarray:
     """Student-t quantiles for many integer degrees of freedom, from the table stats.t_ppf reads
     too (armorlab.analysis.tdist: the same numbers)."""
-    from armorlab.analysis.tdist import t_quantiles
 
     return t_quantiles(q, df)
 

@@ -27,6 +27,9 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+from armorlab.analysis import plots
+from armorlab.core.runs import expand_globs, find_run_dirs
+
 log = logging.getLogger(__name__)
 
 
@@ -126,7 +129,6 @@ def serve_figures() -> None:
 
     answers = os.dup(1)
     os.dup2(2, 1)
-    from armorlab.analysis import plots
 
     plots._matplotlib()  # matplotlib's import overlaps the main process's loading, and each child inherits it
     sel = selectors.DefaultSelector()
@@ -170,7 +172,6 @@ def wanted(paths: Sequence[str]) -> bool:
     with more than one CPU and at least WORKER_MIN_BYTES of metrics.jsonl (below, the worker's
     start-up costs more than the figures it would draw alongside the statistics). Stdlib only:
     the report command asks before it imports pandas."""
-    from armorlab.runs import expand_globs, find_run_dirs
 
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     if cpus < 2:

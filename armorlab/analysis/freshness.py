@@ -25,6 +25,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from armorlab import __version__
+from armorlab.core.fsutil import atomic_write_json
+from armorlab.core.runs import expand_globs, find_run_dirs
+from armorlab.errors import ArmorLabError
+
 STAMP = ".armorlab-report.json"
 STAMP_VERSION = 1
 _RUN_FILES = ("config.yaml", "status.json", "metrics.jsonl")
@@ -68,17 +73,14 @@ def _tree_files(directory: Path) -> list[tuple[str, int, int]]:
 
 
 def _code_state() -> list[Any]:
-    from armorlab import __version__
-
-    files = sorted(_CODE_DIR.glob("*.py")) + [_CODE_DIR.parent / "runs.py"]
+    files = sorted(_CODE_DIR.glob("*.py")) + [_CODE_DIR.parent / "core" / "runs.py",
+                                              _CODE_DIR.parent / "algos" / "kl.py"]
     return [__version__, [(f.name, _stat(f)) for f in files]]
 
 
 def input_key(recipe: Any, out_dir: str | os.PathLike) -> str | None:
     """The report's input key (see the module docstring); None when the inputs cannot be listed
     (a missing path, a glob that matches nothing: the report itself will say what is wrong)."""
-    from armorlab.errors import ArmorLabError
-    from armorlab.runs import expand_globs, find_run_dirs
 
     recipe_state = {k: v for k, v in dataclasses.asdict(recipe).items() if k != "path"}
     try:
@@ -103,7 +105,6 @@ def _outputs_state(out_dir: Path, files: Iterable[str]) -> dict[str, Any]:
 def write_stamp(out_dir: str | os.PathLike, key: str | None, summary: dict[str, Any],
                 outputs: Iterable[str | os.PathLike]) -> None:
     """Record that ``out_dir`` holds the report of the inputs with ``key`` (no key: no stamp)."""
-    from armorlab.fsutil import atomic_write_json
 
     out_dir = Path(out_dir)
     path = out_dir / STAMP

@@ -2,8 +2,7 @@
 value), a wide per-run table (run_id, step, one column per metric) and a per-run table
 (run_id, sweep, path, state, reason, flattened config).
 
-Reading follows armorlab.runs (RunDir, find_run_dirs) and its rules for metrics.jsonl, vectorised:
-
+Reading follows armorlab.core.runs (RunDir, find_run_dirs) and its rules for metrics.jsonl, vectorised:
 * each file is parsed in one call to pyarrow's JSON reader; a file it rejects (a torn line from a
   killed writer, a stray non-object line) is re-read line by line, skipping each bad line with a
   warning, exactly like RunDir.iter_metrics;
@@ -37,11 +36,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from armorlab.config import LOGGING_KEYS
+from armorlab.core.config import LOGGING_KEYS
+from armorlab.core.fsutil import atomic_file, atomic_write_text
+from armorlab.core.health import GATE_DROP, GATE_SHARE, GATE_WINDOW, WATCHED, series_warnings
+from armorlab.core.runs import RunDir, expand_globs, find_run_dirs, valid_step
 from armorlab.errors import ArmorLabError
-from armorlab.fsutil import atomic_file, atomic_write_text
-from armorlab.health import GATE_DROP, GATE_SHARE, GATE_WINDOW, WATCHED, series_warnings
-from armorlab.runs import RunDir, expand_globs, find_run_dirs, valid_step
 
 log = logging.getLogger(__name__)
 
@@ -420,7 +419,7 @@ def _unique_ids(run_dirs: list[RunDir]) -> list[str]:
 
 
 def _health(table, *, final: bool) -> list[str]:
-    """armorlab.health's warnings (runs that trained on nothing) from a run's metrics table."""
+    """armorlab.core.health's warnings (runs that trained on nothing) from a run's metrics table."""
     steps = None
     series = {}
     for name in WATCHED:

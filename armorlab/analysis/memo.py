@@ -2,7 +2,6 @@
 
 ``armorlab report`` re-run after one run of a sweep moved re-parses that run only (load's
 metrics cache); this module lets it skip the rest that did not change too:
-
 * ``@cached`` on a pure function (a bootstrap CI, a curve band): the result is looked up by
   sha256(function, the source file it lives in, pickled arguments) and computed on a miss;
 * ``@rendered`` on a plot function whose ``path`` argument names the PNG it writes: when the
@@ -29,6 +28,8 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, TypeVar
 
+from armorlab.core.fsutil import atomic_file
+
 log = logging.getLogger(__name__)
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -52,8 +53,6 @@ class _Store:
             log.info("ignoring unreadable report memo %s: %s", path, exc)
 
     def save(self) -> None:
-        from armorlab.fsutil import atomic_file
-
         try:
             with atomic_file(self.path) as tmp, open(tmp, "wb") as fh:
                 pickle.dump({"version": _VERSION, "entries": self.new}, fh, protocol=pickle.HIGHEST_PROTOCOL)

@@ -14,7 +14,7 @@ from armorlab.analysis.memo import rendered
 from armorlab.analysis.png import encode_rgba
 from armorlab.analysis.stats import CurveBand
 from armorlab.analysis.values import fmt_value
-from armorlab.fsutil import atomic_file
+from armorlab.core.fsutil import atomic_file
 
 
 @functools.cache

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from armorlab.config import load_yaml_mapping
+from armorlab.core.config import load_yaml_mapping
 from armorlab.errors import ArmorLabError
 
 DEFAULT_CURVES = ("val/acc", "train/reward", "kl/reverse_k3", "kl/forward_k3", "cap/pos_mean",

@@ -27,14 +27,15 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from armorlab.analysis import capacity_stats as cs
 from armorlab.analysis import collapse, freshness, memo, plots, select, stats, tables
 from armorlab.analysis import groups as G
 from armorlab.analysis.figure_worker import FigureWorker, wanted
 from armorlab.analysis.html import Figure, Section, esc, write_index
 from armorlab.analysis.load import RunSet, load
 from armorlab.analysis.recipe import DEFAULT_CURVES, Recipe, default_out_dir  # noqa: F401 (re-export)
-from armorlab.fsutil import atomic_write_yaml
-from armorlab.runs import now_iso
+from armorlab.core.fsutil import atomic_write_yaml
+from armorlab.core.runs import RunDir, now_iso
 
 log = logging.getLogger(__name__)
 
@@ -170,8 +171,6 @@ def _anchor_table(rs: RunSet, groups: G.Groups) -> pd.DataFrame | None:
 
 def _token_samples(rs: RunSet, groups: G.Groups, notes: G.Notes):
     """Token-sample statistics per run, own-objective capacities per group, counterfactuals."""
-    from armorlab.analysis import capacity_stats as cs
-    from armorlab.runs import RunDir
 
     per_run, per_group, cf_parts = {}, {}, {}
     for run in rs.runs.to_dict("records"):

@@ -7,7 +7,6 @@ so reports are reproducible) and the statistics are small pure functions. The pe
 bootstrap and the exact Mann–Whitney p-value are written out in numpy with scipy's arithmetic
 (the same numbers, tests/test_analysis_stats.py compares them with scipy.stats): importing
 scipy.stats costs more than a report's statistics; BCa (30 seeds and more) still calls scipy:
-
     (S1) IQM(x) = scipy.stats.trim_mean(x, 0.25): drops ⌊n/4⌋ seeds at each end and averages the
          rest (the interquartile mean when 4 divides n; at n ≤ 3 nothing is dropped and it is the
          plain mean, at n = 5 one seed per end). Robust to one lucky or crashed seed.
@@ -43,6 +42,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from armorlab.analysis.memo import cached
+from armorlab.analysis.tdist import t_quantile
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +64,6 @@ def t_ppf(q: float, df: float) -> float:
     """Student-t quantile: armorlab.analysis.tdist for integer degrees of freedom (scipy's
     numbers to ~10⁻¹⁴, without importing scipy), scipy.special.stdtrit for any other df."""
     if float(df).is_integer() and df >= 1:
-        from armorlab.analysis.tdist import t_quantile
-
         return t_quantile(q, int(df))
     from scipy.special import stdtrit
 

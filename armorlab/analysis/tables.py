@@ -1,7 +1,7 @@
 """Report tables: the per-group table as CSV (numbers), Markdown and LaTeX (booktabs) (formatted
 ``mean [95% CI low, high]``, with a ``95% CI`` column naming the interval's method and flagging
 groups of ≤ 3 seeds as low-powered), the per-run CSV, the probability-of-improvement table, the
-config diff. Writes go through armorlab.fsutil.atomic_write_text: a reader never sees half a table."""
+config diff. Writes go through armorlab.core.fsutil.atomic_write_text: a reader never sees half a table."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pandas as pd
 
 from armorlab.analysis.groups import fmt_value
 from armorlab.analysis.stats import CI_METHOD_NAMES, LOW_POWER_N, ci_method
-from armorlab.fsutil import atomic_write_text
+from armorlab.core.fsutil import atomic_write_text
 
 STEP_SCORES = ("peak_step", "collapse_step", "selected_step", "divergence_step", "entropy_collapse_step")
 

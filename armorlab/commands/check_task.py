@@ -20,8 +20,8 @@ def check_rows(cfg: dict[str, Any], *, rows: int, split: str, seed: int) -> list
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl.data_utils import maybe_apply_chat_template
 
-    from armorlab.models import has_chat_template, prepare_model
     from armorlab.tasks import build_task
+    from armorlab.train.models import has_chat_template, prepare_model
 
     model_path = prepare_model(cfg["model"], cfg["task"])
     task = build_task(cfg["task"], chat=has_chat_template(model_path))
@@ -67,7 +67,7 @@ def register(app: typer.Typer) -> None:
         seed: int = typer.Option(0, "--seed", help="Sampling seed."),
     ) -> None:
         """Print a few prompts as the model sees them, a sample completion and the rewards."""
-        from armorlab.config import load_config
+        from armorlab.core.config import load_config
         from armorlab.errors import ArmorLabError
 
         if split not in ("train", "val", "test"):

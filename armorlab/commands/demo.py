@@ -27,8 +27,8 @@ HEADLINE_FILE = "headline"
 
 def effective_spec(root: Path, overrides: list[str]) -> Path:
     """The packaged spec with ``--set`` overrides merged into its base, written to ROOT/demo-spec.yaml."""
-    from armorlab.config import deep_merge, load_yaml_mapping, parse_overrides
-    from armorlab.fsutil import atomic_write_yaml
+    from armorlab.core.config import deep_merge, load_yaml_mapping, parse_overrides
+    from armorlab.core.fsutil import atomic_write_yaml
 
     spec = load_yaml_mapping(DEMO_SPEC)
     spec["base"] = deep_merge(spec["base"], parse_overrides(overrides))
@@ -105,7 +105,7 @@ def _live_table(plan, root: Path):
     """A rich renderable: one row per run with its step, last and best held-out accuracy."""
     from rich.table import Table
 
-    from armorlab.runs import RunDir
+    from armorlab.core.runs import RunDir
 
     def render():
         t = Table(title=f"armorlab demo — {len(plan.runs)} runs in {root / plan.spec.name}", expand=False)

@@ -38,7 +38,7 @@ def register(app: typer.Typer) -> None:
         write_report(recipe, out, cache=not no_cache)
         # every output is renamed into place and the figure worker has exited: the ~0.1 s the
         # interpreter's teardown takes to free the runs' tables would only delay the prompt
-        from armorlab.process_exit import skip_teardown
+        from armorlab.core.process_exit import skip_teardown
 
         skip_teardown()
 

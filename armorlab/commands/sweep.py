@@ -36,7 +36,7 @@ def register(app: typer.Typer) -> None:
                                        "--set model=tiny task=arithmetic (changes the run ids)."),
     ) -> None:
         """Run a sweep: every grid point × seed once; again = resume (completed/queued runs are skipped)."""
-        from armorlab.config import parse_overrides
+        from armorlab.core.config import parse_overrides
         from armorlab.errors import ArmorLabError
         from armorlab.sweeps.submit import plan_sweep
 
@@ -118,7 +118,7 @@ def _print_dry_run(plan, workers: int | None, cluster_max: Callable[[], int]) ->
                      f"{workers or plan.profile.workers} at a time")
     if plan.profile.vllm_servers is not None and todo:
         from armorlab.sweeps.jobs import train_argv
-        from armorlab.sweeps.vllm_servers import describe
+        from armorlab.vllm.servers import describe
 
         argv = train_argv("<run dir>", **{k: v for k, v in plan.profile.launch_options().items() if k != "vllm_servers"})
         lines += ["", *describe(plan.profile.vllm_servers, python=plan.profile.python, trainer_argv=argv)]

@@ -21,7 +21,7 @@ def register(app: typer.Typer) -> None:
                                      "(what sweep jobs do); resumes from its last checkpoint."),
     ) -> None:
         """Train one run (TRL GRPOTrainer subclass) and record it in a run directory."""
-        from armorlab.launch import is_main_process, train_from_config, train_run_dir
+        from armorlab.train.launch import is_main_process, train_from_config, train_run_dir
 
         if run_dir is not None:
             if config is not None or set_:

@@ -18,6 +18,6 @@ def register(app: typer.Typer) -> None:
 
         Arguments after `--` go to vLLM unchanged. Ready when GET http://HOST:PORT/health answers 200.
         """
-        from armorlab.vllm_serve import serve
+        from armorlab.vllm.serve import serve
 
         serve(model, host=host, port=port, dtype=dtype, extra=list(ctx.args))

@@ -42,6 +42,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from armorlab.core.fsutil import atomic_write_bytes
+
 MAGIC = b"armorlab-array-2\n"
 _U64 = struct.Struct("<Q")
 ARRAY_SUFFIX = "_array.pkl"
@@ -118,7 +120,6 @@ def materialise(folder: str | os.PathLike, array_id: str, index: int, *, wait_s:
     (the requeue's checkpoint). Returns its path."""
     from submitit.core.utils import JobPaths
 
-    from armorlab.fsutil import atomic_write_bytes
 
     target = JobPaths(folder, job_id=f"{array_id}_{index}").submitted_pickle
     if target.exists():

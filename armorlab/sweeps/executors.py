@@ -23,8 +23,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from armorlab.core.fsutil import atomic_write_bytes
 from armorlab.errors import ArmorLabError
 from armorlab.sweeps import slurmctl
+from armorlab.sweeps.array_task import ARRAY_SUFFIX, array_bytes, task_entry
 from armorlab.sweeps.manifest import LOGS_DIR, SUBMITIT_DIR
 from armorlab.sweeps.profile import Profile
 from armorlab.sweeps.sbatch import (
@@ -76,7 +78,7 @@ class LocalExecutor:
         """Train every run dir, ``workers`` at a time; returns each run's outcome by run id."""
         from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
-        from armorlab.sweeps.jobs import TrainJob
+        from armorlab.sweeps.jobs import TrainJob  # lazy: it loads the vLLM server machinery
 
         on_event = on_event or (lambda *_: None)
         stopping = threading.Event()
@@ -242,8 +244,6 @@ class SlurmSubmitter:
         render_script does not model)."""
         import uuid
 
-        from armorlab.fsutil import atomic_write_bytes
-        from armorlab.sweeps.array_task import ARRAY_SUFFIX, array_bytes, task_entry
 
         params = self.profile.submitit_parameters(job_name=self.job_name)
         timeout_min, countdown = params.get("time", 5), self.profile.max_num_timeout  # as submitit sets them
@@ -282,7 +282,7 @@ class SlurmSubmitter:
         byte submitit's; tests hold them equal), without importing submitit. submitit queues a
         single run (its plain job) and an array whose profile render_script does not model;
         then its script is checked against the dry run's and a difference is logged."""
-        from armorlab.sweeps.jobs import TrainJob
+        from armorlab.sweeps.jobs import TrainJob  # lazy: it loads the vLLM server machinery
 
         runs = [r if isinstance(r, tuple) else (r, None) for r in runs]
         launch = self.profile.launch_options()

@@ -14,7 +14,7 @@ saves a checkpoint, writes status "pending" and exits 75 (contract C3). ``checkp
 returns a fresh ``TrainJob`` for the same run dir and submitit requeues the job.
 
 With a profile's ``vllm_servers`` the job starts the run's vLLM server(s) first and stops them
-when the trainer exits (armorlab.sweeps.vllm_servers).
+when the trainer exits (armorlab.vllm.servers).
 """
 
 from __future__ import annotations
@@ -31,17 +31,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from armorlab.runs import RunDir, slurm_job_id
-from armorlab.sweeps.vllm_servers import RunningServers, ServerError, ServerSet, StartStopped, server_model
+from armorlab.core.exits import EXIT_BUSY, EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, describe_exit
+from armorlab.core.runs import RunDir, slurm_job_id
+from armorlab.vllm.servers import RunningServers, ServerError, ServerSet, StartStopped, server_model
 
 if TYPE_CHECKING:
     from submitit.helpers import DelayedSubmission
 
 log = logging.getLogger(__name__)
 
-# Exit codes of `armorlab train` (contract C3).
-EXIT_COMPLETED, EXIT_FAILED, EXIT_USAGE, EXIT_PREEMPTED = 0, 1, 2, 75
-EXIT_BUSY = 73  # another live process owns the run dir (armorlab.launch.EXIT_BUSY)
 # A JSON list of argv words that replaces `python -m armorlab.cli train` (the job appends
 # `--run-dir DIR`). For tests and benchmarks that need a stand-in trainer; never a shell string.
 ENV_COMMAND = "ARMORLAB_TRAIN_COMMAND"
@@ -69,13 +67,6 @@ class JobFailed(RuntimeError):
     """The trainer failed; the reason is in the run's status.json too."""
 
 
-def describe_exit(rc: int) -> str:
-    if rc < 0:
-        try:
-            return f"signal {signal.Signals(-rc).name}"
-        except ValueError:
-            return f"signal {-rc}"
-    return f"exit code {rc}"
 
 
 def train_argv(run_dir: str, *, launcher: str = "python", accelerate_config: str | None = None) -> list[str]:
@@ -181,7 +172,7 @@ class TrainJob:
     def __call__(self) -> dict[str, Any]:
         """submitit's entry point: raise unless the run completed, so Slurm marks the job FAILED."""
         outcome = self.run()
-        if outcome.returncode == EXIT_COMPLETED:
+        if outcome.returncode == EXIT_OK:
             return outcome.to_dict()
         if outcome.returncode == EXIT_BUSY:
             raise JobFailed(f"{self.run_dir}: {outcome.reason}")
@@ -200,7 +191,7 @@ class TrainJob:
         rd = self._materialise()
         status = rd.read_status()
         if status["state"] == "completed":  # a duplicate or late requeue: nothing to do
-            return JobOutcome(self.run_dir, EXIT_COMPLETED, "completed", status.get("reason"))
+            return JobOutcome(self.run_dir, EXIT_OK, "completed", status.get("reason"))
         owner = rd.owner()
         if owner is not None:  # a live trainer (e.g. an orphan of a killed sweep) has it: never a second
             return JobOutcome(self.run_dir, EXIT_BUSY, status["state"],
@@ -252,7 +243,7 @@ class TrainJob:
             status = rd.write_status("failed", reason=server_death)
             return JobOutcome(self.run_dir, EXIT_FAILED, status["state"], status.get("reason"))
         checkpointed = status["state"] == "pending" and str(status.get("reason") or "").startswith("preempted")
-        if rc not in (EXIT_COMPLETED, EXIT_PREEMPTED) and checkpointed:
+        if rc not in (EXIT_OK, EXIT_PREEMPTED) and checkpointed:
             # torchrun/accelerate report a process's exit 75 as their own 1 (or die of the
             # forwarded SIGTERM); the trainer recorded that it checkpointed and stopped
             rc = EXIT_PREEMPTED
@@ -262,7 +253,7 @@ class TrainJob:
             status = rd.write_status("pending", reason=f"preempted during start-up ({describe_exit(rc)} "
                                      "before the trainer could checkpoint)")
             rc = EXIT_PREEMPTED
-        if rc not in (EXIT_COMPLETED, EXIT_PREEMPTED, EXIT_BUSY) and status["state"] in ("running", "pending") \
+        if rc not in (EXIT_OK, EXIT_PREEMPTED, EXIT_BUSY) and status["state"] in ("running", "pending") \
                 and rd.owner() is None:
             # the trainer died without recording why (killed, out of memory, crashed on start);
             # never said of a run another live process owns

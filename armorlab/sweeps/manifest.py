@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from armorlab.core.fsutil import atomic_write_text
+from armorlab.core.runs import now_iso
 from armorlab.errors import ArmorLabError
-from armorlab.fsutil import atomic_write_text
-from armorlab.runs import now_iso
 
 MANIFEST, SPEC_COPY, SUBMITIT_DIR, LOGS_DIR, LOCK = "sweep.json", "spec.yaml", ".submitit", ".logs", ".lock"
 VERSION = 1

@@ -20,7 +20,7 @@ launcher: python            # or accelerate (multi-GPU / multi-node)
 accelerate_config: null     # accelerate config file, required with launcher: accelerate
 python: null                # python command on the nodes (default: this interpreter)
 sbatch: {constraint: a100}  # any other sbatch option, passed through (values are shell-quoted)
-vllm_servers: null          # vLLM server(s) each job starts on its node first (armorlab.sweeps.vllm_servers)
+vllm_servers: null          # vLLM server(s) each job starts on its node first (armorlab.vllm.servers)
 ```
 ``setup`` and ``python`` are shell text written by the profile's author; nothing from a sweep
 spec ever reaches the job script (a job finds its config in its run directory). No value that
@@ -37,14 +37,14 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from armorlab import checks
-from armorlab.checks import Invalid, choice, integer, text
-from armorlab.config import load_yaml_mapping
+from armorlab.core import checks
+from armorlab.core.checks import Invalid, choice, integer, text
+from armorlab.core.config import load_yaml_mapping
 from armorlab.errors import ArmorLabError
 from armorlab.sweeps.sbatch import script_value
 
 if TYPE_CHECKING:  # imported where a profile has vllm_servers: `sweep --dry-run` starts faster
-    from armorlab.sweeps.vllm_servers import ServerSet
+    from armorlab.vllm.servers import ServerSet
 
 EXECUTORS = ("local", "slurm")
 LAUNCHERS = ("python", "accelerate")
@@ -202,7 +202,7 @@ def parse_profile(data: Mapping[str, Any], *, path: Path | None = None) -> Profi
             cfg = str((path.parent / cfg).resolve()) if (path.parent / cfg).is_file() else cfg
         values["accelerate_config"] = cfg
     if "vllm_servers" in values:
-        from armorlab.sweeps.vllm_servers import parse_servers
+        from armorlab.vllm.servers import parse_servers  # lazy: only a profile with servers pays for it
 
         values["vllm_servers"] = parse_servers(values["vllm_servers"], gpus_per_node=values.get("gpus_per_node", 0),
                                                launcher=values.get("launcher", "python"),

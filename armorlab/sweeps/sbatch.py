@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from armorlab.checks import Invalid
+from armorlab.core.checks import Invalid
 from armorlab.errors import ArmorLabError
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f\x85\u2028\u2029]")
@@ -38,7 +38,7 @@ _SBATCH_LINE = re.compile(r"#SBATCH --[A-Za-z0-9][A-Za-z0-9_-]*(=\S.*)?")
 
 
 def script_value(v: Any) -> Any:
-    """A check (armorlab.checks style): ``v`` unchanged, unless its text holds a control character
+    """A check (armorlab.core.checks style): ``v`` unchanged, unless its text holds a control character
     (newline, CR, NUL, tab, …), which could end a ``#SBATCH`` line or a shell line."""
     m = _CONTROL.search(str(v))
     if m:

@@ -9,7 +9,7 @@ include: [{objective: dapo}]                # extra points (also crossed with th
 exclude: [{alpha: 0.7, ref_reset_steps: 0}] # drops grid points whose resolved config matches
 profile: slurm/default.yaml                 # where to run; `armorlab sweep --profile` overrides it
 ```
-Every expanded point goes through ``armorlab.config.resolve`` — the training config's own
+Every expanded point goes through ``armorlab.core.config.resolve`` — the training config's own
 validation — so a bad value is reported with its key, value and the spec file before anything
 runs. Points are deduplicated by run id (first occurrence kept), in a stable order: grid points
 in product order (first axis slowest), then includes, each with its seeds in the given order.
@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from armorlab.checks import Invalid, within_max_points
-from armorlab.config import (
+from armorlab.core.checks import Invalid, within_max_points
+from armorlab.core.config import (
     LOGGING_KEYS,
     MODEL_FIELDS_TINY,
     TASK_FIELDS,
@@ -39,8 +39,8 @@ from armorlab.config import (
     resolve,
     set_dotted,
 )
+from armorlab.core.runs import canonical_json, identity, run_id
 from armorlab.errors import ArmorLabError
-from armorlab.runs import canonical_json, identity, run_id
 
 SPEC_KEYS = ("name", "description", "base", "grid", "seeds", "include", "exclude", "profile", "search")
 # Sweep names become directory names and Slurm job names: keep them to a shell- and path-safe set.

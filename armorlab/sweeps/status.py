@@ -20,9 +20,9 @@ from typing import Any
 
 import yaml
 
-from armorlab.config import LOGGING_KEYS
+from armorlab.core.config import LOGGING_KEYS
+from armorlab.core.runs import RunDir, canonical_json
 from armorlab.errors import ArmorLabError
-from armorlab.runs import RunDir, canonical_json
 from armorlab.sweeps import slurmctl
 from armorlab.sweeps.manifest import Manifest, is_local, load_manifest, local_job_alive
 
@@ -44,7 +44,7 @@ class RunRow:
     reason: str | None
     job_id: str | None
     point: str = ""
-    warnings: list[str] = field(default_factory=list)  # status.json's (armorlab.health)
+    warnings: list[str] = field(default_factory=list)  # status.json's (armorlab.core.health)
     world_size: int | None = None  # training processes of the last attempt
 
 

@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from armorlab.config import deep_merge
+from armorlab.core.config import deep_merge
+from armorlab.core.fsutil import atomic_write_yaml
+from armorlab.core.runs import RunDir
 from armorlab.errors import ArmorLabError
-from armorlab.fsutil import atomic_write_yaml
-from armorlab.runs import RunDir
 from armorlab.sweeps import slurmctl
 from armorlab.sweeps.manifest import (
     SPEC_COPY,
@@ -32,8 +32,8 @@ from armorlab.sweeps.manifest import (
     locked,
 )
 from armorlab.sweeps.profile import EXECUTORS, Profile, load_profile
-from armorlab.sweeps.server_checks import check_runs
 from armorlab.sweeps.spec import RunPlan, SweepSpec, describe_point, expand, load_spec
+from armorlab.vllm.server_checks import check_runs
 
 log = logging.getLogger(__name__)
 
@@ -169,6 +169,7 @@ def recover_submitted(manifest: Manifest) -> int:
         return 0
     import pickle
 
+    # lazy: submitit and the job machinery (vLLM servers included) load only when a sweep submits
     from armorlab.sweeps.array_task import ARRAY_FILE, ARRAY_SUFFIX, entry_job, read_entries
 
     pending = set(manifest.pending)
@@ -213,7 +214,7 @@ def recover_submitted(manifest: Manifest) -> int:
 
 def submit_slurm(plan: SweepPlan) -> list[str]:
     """Queue the plan's runs as job arrays and record them; returns the job ids (fire-and-forget)."""
-    from armorlab.sweeps.executors import SlurmSubmitter
+    from armorlab.sweeps.executors import SlurmSubmitter  # lazy: see recover_submitted
 
     cluster_max = slurmctl.max_array_size_later()  # asked now, read when the arrays are cut
     try:
@@ -239,7 +240,7 @@ def run_local(plan: SweepPlan, *, workers: int | None = None, on_event: Any = No
               detach: bool = False) -> dict[str, Any]:
     """Train the plan's runs on this machine (blocking); returns outcomes by run id. The trainers
     die with this process (they checkpoint on the SIGTERM) unless ``detach``."""
-    from armorlab.sweeps.executors import LocalExecutor
+    from armorlab.sweeps.executors import LocalExecutor  # lazy: see recover_submitted
 
     executor = LocalExecutor(plan.sweep_dir, plan.profile, workers=workers, detach=detach)
     with locked(plan.sweep_dir):

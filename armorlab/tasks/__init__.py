@@ -10,7 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from armorlab.core.config import resolve
 from armorlab.errors import ArmorLabError
+from armorlab.tasks import arithmetic, mathfile
 from armorlab.tasks.base import Task
 from armorlab.tasks.rewards import exact_match_reward, math_verify_reward
 
@@ -25,18 +27,13 @@ def build_task(task_cfg: Mapping[str, Any], *, chat: bool = False) -> Task:
     A partial section (``{"name": "arithmetic", "digits": 3}`` or just ``"math"``) is resolved
     here too, so library users need not call config.resolve first.
     """
-    from armorlab.config import resolve
 
     # Resolving a resolved section is the identity; an unresolved one gets defaults + checks.
     task_cfg = resolve({"task": dict(task_cfg) if isinstance(task_cfg, Mapping) else task_cfg})["task"]
     name = task_cfg["name"]
     if name == "arithmetic":
-        from armorlab.tasks.arithmetic import build
-
-        return build(task_cfg)
+        return arithmetic.build(task_cfg)
     if name == "math":
-        from armorlab.tasks.mathfile import build
-
-        return build(task_cfg, chat=chat)
+        return mathfile.build(task_cfg, chat=chat)
     # config validation lists the same names; this guards a hand-built dict
     raise ArmorLabError("unknown task", key="task.name", value=name)

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from armorlab.core.identity import hub_snapshot
 from armorlab.errors import ArmorLabError
 from armorlab.tasks.base import Task
 from armorlab.tasks.rewards import math_verify_reward, parse_gold
@@ -109,7 +110,6 @@ def load_records(path: str, split: str = "train") -> list[dict[str, Any]]:
     else:
         from datasets import load_dataset
 
-        from armorlab.identity import hub_snapshot
 
         snapshot = hub_snapshot(path, "dataset")
         if snapshot is None:

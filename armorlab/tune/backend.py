@@ -34,8 +34,8 @@ from optuna.storages import RDBStorage
 from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock, JournalStorage
 from optuna.trial import FrozenTrial, TrialState
 
+from armorlab.core.runs import slurm_job_id
 from armorlab.errors import ArmorLabError
-from armorlab.runs import slurm_job_id
 from armorlab.sweeps import slurmctl
 from armorlab.tune.pruners import make_pruner
 from armorlab.tune.space import HEARTBEAT_DEFAULT, SearchSpec

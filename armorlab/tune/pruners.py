@@ -12,6 +12,7 @@ import optuna
 from optuna.pruners import BasePruner
 from optuna.trial import FrozenTrial
 
+from armorlab.analysis.collapse import collapse_step
 from armorlab.tune.space import SearchSpec
 
 EVAL_N_ATTR = "eval_n"  # trial user attr: completions behind each eval of the objective (its val/n)
@@ -40,8 +41,6 @@ class CollapsePruner(BasePruner):
         self.horizon = horizon
 
     def collapse_step(self, intermediate: Mapping[int, float], eval_n: float | None = None) -> int | None:
-        from armorlab.analysis.collapse import collapse_step
-
         steps = sorted(s for s, v in intermediate.items() if v == v)  # NaN-free
         if not steps or steps[-1] < self.warmup_steps:
             return None

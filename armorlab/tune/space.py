@@ -4,7 +4,6 @@ Optuna-free at import time (the spec is checked by ``armorlab tune --status`` an
 must stay cheap); the distributions are built lazily from the validated ``ParamSpec``.
 
 A study spec is a sweep spec (name, base, seeds, profile) plus::
-
     search:
       space:      {<config key, dotted ok>: {type: float|int|categorical, low, high, log, step, choices}}
       objective:  {metric: val/acc, summary: auc|final|peak|test-at-val-best}   # or a list of them
@@ -25,8 +24,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from armorlab import config as cfgmod
-from armorlab.checks import Invalid, count_text, within_max_points
+from armorlab.core import config as cfgmod
+from armorlab.core.checks import Invalid, count_text, within_max_points
 from armorlab.errors import ArmorLabError
 
 PARAM_TYPES = ("float", "int", "categorical")

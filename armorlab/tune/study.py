@@ -15,7 +15,9 @@ Public API::
     write_study_plots(study_dir, out_dir) -> list[Path]                     # for `armorlab report`
     is_study_dir(path) -> bool
 
-Module import stays light (no optuna): the functions import what they need.
+Module import stays light (no optuna, submitit or pandas, so ``armorlab report``, which asks
+``is_study_dir``, and ``--help`` do not pay for them): the functions import the modules that load
+them where they need them, each marked ``# lazy``.
 """
 
 from __future__ import annotations
@@ -33,8 +35,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from armorlab.core.config import resolve
+from armorlab.core.fsutil import atomic_write_json, atomic_write_yaml
 from armorlab.errors import ArmorLabError
-from armorlab.fsutil import atomic_write_json, atomic_write_yaml
+from armorlab.sweeps.sbatch import checked_executor
+from armorlab.sweeps.spec import load_spec
+from armorlab.tune.space import parse_search
 
 log = logging.getLogger(__name__)
 
@@ -50,9 +56,6 @@ def is_study_dir(path: str | os.PathLike) -> bool:
 # --------------------------------------------------------------------------- spec → study dir
 def load_study_spec(path: str | os.PathLike) -> tuple[Any, Any]:
     """Read a study spec: the sweep spec part (armorlab.sweeps.spec) plus its validated search."""
-    from armorlab.config import resolve
-    from armorlab.sweeps.spec import load_spec
-    from armorlab.tune.space import parse_search
 
     spec = load_spec(path)
     if spec.search is None:
@@ -79,7 +82,10 @@ def prepare_study(spec_path: str | os.PathLike, *, root: str | os.PathLike = "ru
     Storage precedence: ``storage`` (--storage) > the spec's ``search.storage`` > the storage
     this study dir was created with > the journal file. Running it again resumes the study.
     """
+    # lazy: optuna
     from armorlab.tune.backend import open_storage, open_study, rdb_url, storage_options
+
+    # lazy: optuna
     from armorlab.tune.worker import StudyContext
 
     spec, search = load_study_spec(spec_path)
@@ -93,7 +99,6 @@ def prepare_study(spec_path: str | os.PathLike, *, root: str | os.PathLike = "ru
                     url or "the journal file")
     seeds = list(spec.seeds) if spec.seeds is not None else [None]
     if seeds == [None]:
-        from armorlab.config import resolve
 
         seeds = [resolve(spec.base, file=spec.file)["seed"]]
     study_dir.mkdir(parents=True, exist_ok=True)
@@ -111,7 +116,10 @@ def load_study(study_dir: str | os.PathLike) -> tuple[Any, Any]:
     """(StudyContext, optuna.Study) of an existing study dir, for status and reports."""
     import optuna
 
+    # lazy: optuna
     from armorlab.tune.backend import open_storage, storage_options
+
+    # lazy: optuna
     from armorlab.tune.worker import StudyContext
 
     ctx = StudyContext.load(study_dir)
@@ -125,6 +133,7 @@ def load_study(study_dir: str | os.PathLike) -> tuple[Any, Any]:
 
 
 def counts_of(study: Any) -> dict[str, int]:
+    # lazy: optuna
     from armorlab.tune.backend import state_counts
 
     return state_counts(study)
@@ -141,7 +150,10 @@ def run_local(ctx: Any, workers: int = 1, *, launch: dict[str, Any] | None = Non
     """
     import optuna
 
+    # lazy: submitit
     from armorlab.sweeps.executors import local_thread_env
+
+    # lazy: optuna
     from armorlab.tune.backend import DatabaseUnavailable, open_storage, storage_options
 
     if workers < 1:
@@ -222,6 +234,7 @@ class TuneWorkerJob:
         self._worker = None
 
     def __call__(self) -> dict[str, Any]:
+        # lazy: optuna
         from armorlab.tune.worker import Worker
 
         logging.basicConfig(level=logging.INFO, format=f"%(asctime)s w{self.index} %(levelname)s %(message)s")
@@ -241,7 +254,6 @@ class TuneWorkerJob:
 
 def submit_slurm(ctx: Any, workers: int, profile: Any) -> list[Any]:
     """Submit ``workers`` tune workers as one Slurm job array (submitit, the sweep profile)."""
-    from armorlab.sweeps.sbatch import checked_executor
 
     if workers < 1:
         raise ArmorLabError("must be ≥ 1", key="--workers", value=workers)
@@ -315,6 +327,7 @@ def dashboard_command(ctx: Any) -> str:
 
     if ctx.storage_url is None:
         return f"optuna-dashboard {shlex.quote(str((ctx.tune_dir / 'journal.log').absolute()))}"
+    # lazy: optuna
     from armorlab.tune.backend import with_driver
 
     url = with_driver(ctx.storage_url)
@@ -423,6 +436,7 @@ def report_sections(dirs: Sequence[str | os.PathLike], out_dir: str | os.PathLik
     a warning, never the end of the report."""
     import pandas as pd
 
+    # lazy: pandas
     from armorlab.analysis.html import Figure, Section, esc
 
     out = Path(out_dir)

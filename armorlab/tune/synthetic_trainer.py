@@ -29,7 +29,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from armorlab.runs import RunDir
+from armorlab.core.runs import RunDir
 
 # (optimum, width); learning_rate is compared on a log10 scale
 OPTIMUM: dict[str, tuple[float, float]] = {

@@ -42,8 +42,13 @@ import numpy as np
 import optuna
 from optuna.trial import TrialState
 
-from armorlab.fsutil import atomic_write_json
-from armorlab.runs import RunDir
+from armorlab.analysis.collapse import curve_auc
+from armorlab.core.config import resolve
+from armorlab.core.exits import EXIT_BUSY, EXIT_PREEMPTED
+from armorlab.core.fsutil import atomic_write_json
+from armorlab.core.runs import RunDir
+from armorlab.errors import ArmorLabError
+from armorlab.sweeps.jobs import describe_exit, train_argv, wrapped_argv
 from armorlab.tune.backend import (
     BEAT_INTERVAL_S,
     TUNE_DIR,
@@ -67,8 +72,6 @@ log = logging.getLogger(__name__)
 
 STUDY_FILE = "study.json"
 STOP_REQUEST = "stop_request"
-EXIT_PREEMPTED = 75
-EXIT_BUSY = 73  # the run dir is owned by another live trainer (armorlab.launch)
 MAX_CONSECUTIVE_FAILURES = 3
 def _checkpoint_signal() -> int:
     """submitit's checkpoint signal when running under its Slurm executor, else 0."""
@@ -99,8 +102,6 @@ class StudyContext:
 
     @property
     def base_resolved(self) -> dict[str, Any]:
-        from armorlab.config import resolve
-
         return resolve(self.base, file=self.spec_file)
 
     def to_json(self) -> dict[str, Any]:
@@ -112,8 +113,6 @@ class StudyContext:
 
     @classmethod
     def load(cls, study_dir: str | os.PathLike) -> StudyContext:
-        from armorlab.errors import ArmorLabError
-
         study_dir = Path(study_dir)
         path = study_dir / TUNE_DIR / STUDY_FILE
         try:
@@ -149,8 +148,6 @@ def summarize(rows: Sequence[Mapping[str, Any]], objective: ObjectiveSpec, direc
     if objective.summary == "peak":
         return float(values[better(values)])
     if objective.summary == "auc":
-        from armorlab.analysis.collapse import curve_auc
-
         return float(curve_auc(steps, values))
     # test-at-val-best: the report metric read at the step where the selection metric is best
     # (the earliest such step on ties); the step must have logged both.
@@ -486,7 +483,6 @@ class Worker:
                report: bool) -> RunOutcome:
         stop_path = rd.path / STOP_REQUEST
         stop_path.unlink(missing_ok=True)  # a leftover would stop the resumed run at once
-        from armorlab.sweeps.jobs import train_argv, wrapped_argv
 
         # the trainer gets SIGTERM (checkpoint, exit 75) if its worker dies, so an orphan never keeps
         # writing a run dir that a retry is about to resume; it ignores submitit's checkpoint
@@ -543,7 +539,6 @@ class Worker:
             return RunOutcome("preempted", f"run dir busy: owned by another live process (log {log_path})")
         if rc not in (0, EXIT_PREEMPTED) and status["state"] in ("running", "pending") and rd.owner() is None:
             # killed, out of memory, crashed on start: say so in the run dir as a sweep job would
-            from armorlab.sweeps.jobs import describe_exit
 
             status = rd.write_status("failed", reason=f"training process ended with {describe_exit(rc)}")
         reason = status.get("reason") or ""
@@ -585,7 +580,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--accelerate-config", default=None)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s w{args.index} %(levelname)s %(message)s")
-    from armorlab.errors import ArmorLabError
 
     try:
         summary = run_worker(args.study_dir, index=args.index, poll_s=args.poll, launcher=args.launcher,

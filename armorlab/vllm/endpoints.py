@@ -1,6 +1,6 @@
 """Where a job's vLLM servers listen: handed from the sweep job to the trainer (torch-free).
 
-A profile with ``vllm_servers:`` (armorlab.sweeps.vllm_servers) makes each job start its vLLM
+A profile with ``vllm_servers:`` (armorlab.vllm.servers) makes each job start its vLLM
 server(s) on the node before the trainer, on ports it picks at start. The trainer learns them
 from ``$ARMORLAB_VLLM_ENDPOINTS`` (JSON: config key → value), applied on top of the run's
 config.yaml when the job starts. They are not part of the run's identity: the run dir's config

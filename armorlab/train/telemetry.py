@@ -1,4 +1,4 @@
-"""Telemetry: KL estimators, metric names, the run-dir metrics writer and the token dump.
+"""Telemetry: KL on tensors, metric names, the run-dir metrics writer and the token dump.
 
 Every metric the trainer computes goes through TRL's logger (so ``report_to`` backends see it)
 and, via :class:`RunDirLogger`, into ``metrics.jsonl`` under the stable names of design.md:
@@ -18,7 +18,8 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
-from armorlab.fsutil import atomic_file
+from armorlab.algos import kl
+from armorlab.core.fsutil import atomic_file
 
 log = logging.getLogger(__name__)
 
@@ -39,36 +40,20 @@ SUMMARY_KEYS = frozenset({"train_runtime", "train_samples_per_second", "train_st
                           "total_flos", "train_loss"})
 
 
-# --------------------------------------------------------------------------- KL estimators (pure)
-def kl_k1(log_ratio: torch.Tensor) -> torch.Tensor:
-    """k1 = −log r with r = q/p for samples x ~ p: unbiased estimate of KL(p‖q), high variance (Schulman 2020)."""
-    return -log_ratio
-
-
-def kl_k2(log_ratio: torch.Tensor) -> torch.Tensor:
-    """k2 = ½·(log r)²: low-variance, biased estimate of KL(p‖q) (Schulman 2020)."""
-    return 0.5 * log_ratio.square()
-
-
-def kl_k3(log_ratio: torch.Tensor) -> torch.Tensor:
-    """k3 = (r − 1) − log r: unbiased, non-negative estimate of KL(p‖q) (Schulman 2020); TRL's β-term."""
-    return torch.expm1(log_ratio) - log_ratio
-
-
+# --------------------------------------------------------------------------- KL on tensors
 def sequence_kl_estimates(sample_logp: torch.Tensor, other_logp: torch.Tensor, mask: torch.Tensor,
                           names: tuple[str, ...] = ("k1", "k2", "k3")) -> tuple[torch.Tensor, torch.Tensor]:
     """Sequence-level KL(p‖q) estimates from sequences y ~ p: (Σ_y Σ_t k(log r_t) per estimator, #sequences).
 
     log r_t = log q(y_t|y<t) − log p(y_t|y<t), with ``sample_logp`` = log p (the distribution the
-    sequences were SAMPLED from) and ``other_logp`` = log q. By the chain rule
-    E_{y~p}[Σ_t k1] = E_{y~p}[Σ_t k3] = KL(p‖q) over whole sequences; k2 is biased. Reverse KL
-    KL(π_θ‖π_ref) takes π_θ's samples (sample = π_θ, other = π_ref); forward KL(π_ref‖π_θ) takes
-    unconditioned π_ref samples (sample = π_ref, other = π_θ). Returned as totals (E,) and a
+    sequences were SAMPLED from) and ``other_logp`` = log q; k is armorlab.algos.kl's K1–K3. By the
+    chain rule E_{y~p}[Σ_t k1] = E_{y~p}[Σ_t k3] = KL(p‖q) over whole sequences; k2 is biased.
+    Reverse KL KL(π_θ‖π_ref) takes π_θ's samples (sample = π_θ, other = π_ref); forward KL(π_ref‖π_θ)
+    takes unconditioned π_ref samples (sample = π_ref, other = π_θ). Returned as totals (E,) and a
     count so callers can reduce across processes before dividing.
     """
-    estimators = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
     log_r = other_logp.detach().float() - sample_logp.detach().float()
-    return sequence_sum_mean(torch.stack([estimators[n](log_r) for n in names]), mask.float())
+    return sequence_sum_mean(torch.stack([kl.estimator(n)(log_r) for n in names]), mask.float())
 
 
 def sequence_sum_mean(per_token: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -81,11 +66,10 @@ def sequence_sum_mean(per_token: torch.Tensor, mask: torch.Tensor) -> tuple[torc
     return (per_token * mask).sum(-1) @ rows, rows.sum()
 
 
-def exact_kl(logits_p: torch.Tensor, logits_q: torch.Tensor) -> torch.Tensor:
-    """Full-vocabulary KL(p‖q) = Σ_v p(v)·(log p(v) − log q(v)) at each position → (B, T)."""
-    logp = torch.log_softmax(logits_p.float(), dim=-1)
-    logq = torch.log_softmax(logits_q.float(), dim=-1)
-    return (logp.exp() * (logp - logq)).sum(-1)
+def logits_kl(logits_p: torch.Tensor, logits_q: torch.Tensor) -> torch.Tensor:
+    """Full-vocabulary KL(p‖q) at each position (K5 of armorlab.algos.kl on the log-softmax) → (B, T)."""
+    return kl.exact_kl_from_logprobs(torch.log_softmax(logits_p.float(), dim=-1),
+                                     torch.log_softmax(logits_q.float(), dim=-1))
 
 
 # --------------------------------------------------------------------------- reductions

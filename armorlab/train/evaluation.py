@@ -26,8 +26,8 @@ from typing import Any
 
 import torch
 
-from armorlab.anchors import Completion, TransformersSampler, pack_rows
-from armorlab.telemetry import StepStats, exact_kl
+from armorlab.train.anchors import Completion, TransformersSampler, pack_rows
+from armorlab.train.telemetry import StepStats, logits_kl
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ def sequence_exact_kl(model_p: Any, model_q: Any, prompt_ids: Sequence[Sequence[
         sl = slice(ids.size(1) - comp_mask.size(1) - 1, ids.size(1) - 1)
         logits_p = model_p(input_ids=ids, attention_mask=att).logits[:, sl] / temperature
         logits_q = model_q(input_ids=ids, attention_mask=att).logits[:, sl] / temperature
-        total += float((exact_kl(logits_p, logits_q) * comp_mask).sum())
+        total += float((logits_kl(logits_p, logits_q) * comp_mask).sum())
     return total, float(len(rows))
 
 

@@ -13,7 +13,7 @@ TRL does the generation, rewards, advantages, batching and optimisation; this su
   unconditioned reference draws behind the anchors (``anchors.forward_kl_rows``), the gate's
   kept/dropped success rates and ``train/zero_var_frac``; with ``dynamic_sampling_factor`` > 1 it
   over-generates and keeps the first groups with reward spread (verl's filter_groups);
-- ``_compute_loss``: ``armorlab.objectives.policy_loss`` (+ TRL's β·k3 KL term when β ≠ 0) and
+- ``_compute_loss``: ``armorlab.algos.loss.policy_loss`` (+ TRL's β·k3 KL term when β ≠ 0) and
   the per-step telemetry;
 - ``_save_checkpoint`` / ``_load_optimizer_and_scheduler``: π_ref, the anchor cache and TRL's
   generation buffer, so a resumed run continues exactly;
@@ -32,6 +32,7 @@ import json
 import math
 import os
 import random
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,21 +45,48 @@ from trl.data_utils import is_conversational
 from trl.models.utils import disable_gradient_checkpointing, unwrap_model_for_generation
 from trl.trainer.utils import add_fused_lm_head, is_async_callable
 
-from armorlab import anchors as anc
-from armorlab import dynamic_sampling as dyn
-from armorlab.advantages import group_advantages
+from armorlab.algos import dynamic_sampling as dyn
+from armorlab.algos import kl
+from armorlab.algos.advantages import group_advantages
+from armorlab.algos.loss import (
+    AGGREGATION_UNIT,
+    LossOutput,
+    capacity_summary,
+    policy_loss,
+    probability_capacity,
+    vllm_corrected_loss,
+)
+from armorlab.algos.objectives import objective_spec
 from armorlab.errors import ArmorLabError
-from armorlab.evaluation import Validator
-from armorlab.objectives import vllm_corrected_loss
-from armorlab.reference import ReferencePolicy, build_reference_model
-from armorlab.telemetry import StepStats, TokenDump, kl_k2, kl_k3, sequence_kl_estimates
-from armorlab.trainer_config import ArmorLabConfig
-from armorlab.trainer_hooks import ArmorLabCallback, EpochSeededRepeatSampler, policy_server_client
+from armorlab.train import anchors as anc
+from armorlab.train.evaluation import Validator
+from armorlab.train.hooks import ArmorLabCallback, EpochSeededRepeatSampler, policy_server_client
+from armorlab.train.reference import ReferencePolicy, build_reference_model
+from armorlab.train.telemetry import StepStats, TokenDump, sequence_kl_estimates
+from armorlab.train.trainer_config import ArmorLabConfig
 
 STATE_FILE = "armorlab_state.json"
 # Per-generation metrics ride in the batch as 0-d tensors "<prefix><name>:total" / ":count", which
 # TRL's shuffle/split hands unchanged to every step of the generation.
 GENERATION_STAT = "armorlab_gen:"
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """What one micro-batch's loss computation hands to the telemetry (``_record``)."""
+
+    inputs: dict[str, Any]       # the micro-batch as TRL prepared it, with armorlab's per-row tensors
+    out: LossOutput              # policy_loss's loss, per-token loss and metrics
+    logp: torch.Tensor           # (B, T) log π_θ
+    old: torch.Tensor            # (B, T) log π_old
+    ratio_old: torch.Tensor      # (B, T) the denominator the objective used (π_ref on behaviour-ratio anchor rows)
+    ref: torch.Tensor | None     # (B, T) log π_ref
+    adv: torch.Tensor            # (B,) advantages
+    mask: torch.Tensor           # (B, T) tokens that train (gated and dropped rows excluded)
+    token_mask: torch.Tensor     # (B, T) completion tokens
+    entropy: torch.Tensor        # (B, T)
+    is_anchor: torch.Tensor      # (B,) bool
+    alpha: Any                   # α as policy_loss got it (a float or per-row (B, 1))
 
 
 class NonFiniteLossError(RuntimeError):
@@ -104,7 +132,7 @@ class ArmorLabTrainer(GRPOTrainer):
             args.beta = beta
         self.beta = beta
         if self.use_vllm and self.vllm_mode == "colocate" and self.accelerator.device.type == "cpu":
-            from armorlab.vllm_reference import reload_policy_sync
+            from armorlab.train.vllm_reference import reload_policy_sync
 
             reload_policy_sync(self.vllm_generation)
         self._check_supported(val_dataset is not None or test_dataset is not None)
@@ -114,11 +142,11 @@ class ArmorLabTrainer(GRPOTrainer):
         self.armorlab_generation_config = self._generation_config()
         batch = args.generation_batch_size
         if reference_sampler is None and args.ref_vllm_mode == "colocate":
-            from armorlab.vllm_reference import build_for_trainer
+            from armorlab.train.vllm_reference import build_for_trainer
 
             reference_sampler = build_for_trainer(self)
         elif reference_sampler is None and args.ref_vllm_mode == "server":
-            from armorlab.vllm_reference import build_server_sampler
+            from armorlab.train.vllm_reference import build_server_sampler
 
             reference_sampler = build_server_sampler(self)
         self.reference_sampler = reference_sampler or anc.TransformersSampler(
@@ -407,14 +435,6 @@ class ArmorLabTrainer(GRPOTrainer):
 
     # ------------------------------------------------------------------ loss
     def _compute_loss(self, model, inputs):
-        from armorlab.objectives import (
-            AGGREGATION_UNIT,
-            DEFAULT_AGGREGATION,
-            capacity_summary,
-            policy_loss,
-            probability_capacity,
-        )
-
         args = self.args
         completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
         ids = torch.cat([inputs["prompt_ids"], completion_ids], dim=1)
@@ -437,10 +457,11 @@ class ArmorLabTrainer(GRPOTrainer):
         lp, olp, alpha = anc.anchor_ratio_inputs(args.objective, args.anchor_ratio if args.anchor else None,
                                                  logp, old, ref, is_anchor, args.alpha)
         training = self.model.training
-        aggregation = args.aggregation or DEFAULT_AGGREGATION[args.objective]
+        spec = objective_spec(args.objective)
+        aggregation = args.aggregation or spec.aggregation
         tokens_norm, rows_norm = self._loss_normalizers(inputs) if training else (None, None)
         normalizer = tokens_norm if AGGREGATION_UNIT[aggregation] == "tokens" else rows_norm
-        out = policy_loss(args.objective, lp, olp, adv, mask, ref_logp=ref if args.objective == "armor" else None,
+        out = policy_loss(args.objective, lp, olp, adv, mask, ref_logp=ref if spec.uses_reference else None,
                           alpha=alpha, eps_low=self.epsilon_low, eps_high=self.epsilon_high,
                           dual_clip=args.dual_clip, aggregation=aggregation, max_len=self.max_completion_length,
                           normalizer=normalizer)
@@ -457,7 +478,7 @@ class ArmorLabTrainer(GRPOTrainer):
         to_sum = float(self.accelerator.num_processes) if training else 1.0
         to_aggregate = to_sum * (self.current_gradient_accumulation_steps if training else 1.0)
         if self.beta != 0.0:
-            per_token_kl = (kl_k2 if args.kl_estimator == "k2" else kl_k3)(ref - logp)
+            per_token_kl = kl.estimator(args.kl_estimator or "k3")(ref - logp)  # samples of π_θ: reverse
             if args.use_bias_correction_kl:  # as TRL: π_old's samples reweighted to π_θ by the plain ratio
                 per_token_kl = per_token_kl * torch.exp(logp - old)
             beta_kl = (per_token_kl * mask).sum() / (mask.sum().clamp(min=1.0) if tokens_norm is None else tokens_norm)
@@ -471,8 +492,9 @@ class ArmorLabTrainer(GRPOTrainer):
             raise NonFiniteLossError(self.state.global_step + 1)
         if training:
             stats.mean("obj/policy_loss", out.loss * to_aggregate)
-            self._record(stats, inputs, out, logp, old, olp, ref, adv, mask, token_mask, entropy, is_anchor, alpha,
-                         probability_capacity, capacity_summary)
+            self._record(stats, StepRecord(inputs=inputs, out=out, logp=logp, old=old, ratio_old=olp, ref=ref,
+                                           adv=adv, mask=mask, token_mask=token_mask, entropy=entropy,
+                                           is_anchor=is_anchor, alpha=alpha))
         return loss
 
     def _loss_normalizers(self, inputs: dict) -> tuple[torch.Tensor, torch.Tensor]:
@@ -486,10 +508,11 @@ class ArmorLabTrainer(GRPOTrainer):
                 inputs["armorlab_gen_rows"].clamp(min=1.0) * share)
 
     @torch.no_grad()
-    def _record(self, stats, inputs, out, logp, old, olp, ref, adv, mask, token_mask, entropy, is_anchor, alpha,
-                probability_capacity, capacity_summary) -> None:
+    def _record(self, stats: StepStats, r: StepRecord) -> None:
         """Per-step telemetry, reduced over processes in one collective and handed to TRL's logger."""
         args = self.args
+        inputs, out, logp, old, olp, ref, adv = r.inputs, r.out, r.logp, r.old, r.ratio_old, r.ref, r.adv
+        mask, token_mask, entropy, is_anchor, alpha = r.mask, r.token_mask, r.entropy, r.is_anchor, r.alpha
         on = (~is_anchor.bool()).float()
         on_tok = token_mask * on.unsqueeze(1)
         rewards = inputs["armorlab_reward"]
@@ -554,12 +577,12 @@ class ArmorLabTrainer(GRPOTrainer):
         rank = self.accelerator.process_index
         torch.save({"step": self._step, "buffer": self._buffered_inputs}, folder / f"armorlab_buffer_r{rank}.pt")
         if self.anchor_rollout is not None:
-            from armorlab.fsutil import atomic_write_json
+            from armorlab.core.fsutil import atomic_write_json
 
             atomic_write_json(folder / f"anchor_cache_r{rank}.json", self.anchor_rollout.cache.state_dict())
         self.reference.save(folder, write=self.args.should_save)  # gathers π_ref on every process
         if self.args.should_save:
-            from armorlab.fsutil import atomic_write_json
+            from armorlab.core.fsutil import atomic_write_json
 
             atomic_write_json(folder / STATE_FILE, {"global_step": self.state.global_step,
                                                     "world_size": self.accelerator.num_processes})

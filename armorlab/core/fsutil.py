@@ -161,3 +161,12 @@ def mend_torn_tail(fh: Any, chunk: int = 1 << 16) -> None:
     else:
         fh.truncate(start)
     fh.flush()
+
+
+def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
+    """Where armorlab caches what it builds (tiny models, null thresholds): ``cache_dir``, else
+    ``$ARMORLAB_CACHE``, else ``~/.cache/armorlab``."""
+    if cache_dir is not None:
+        return Path(cache_dir).expanduser()
+    env = os.environ.get("ARMORLAB_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "armorlab"

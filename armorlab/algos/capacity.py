@@ -5,7 +5,7 @@ direction its advantage pushes, before the objective's clip stops the gradient.
 
 Every function here is duck-typed: it uses only arithmetic, comparisons and
 ``.clip(min=..., max=...)``, which torch tensors and numpy arrays share, and imports neither
-library. ``armorlab.objectives`` (torch, during training) and ``armorlab.analysis`` (numpy,
+library. ``armorlab.algos.loss`` (torch, during training) and ``armorlab.analysis`` (numpy,
 offline from ``tokens/`` samples, never torch) therefore compute capacity with the same formulas.
 
 Inputs are probabilities (``p_old = exp(old_logp)``), not log-probabilities, and ``sign`` is the
@@ -17,11 +17,17 @@ from __future__ import annotations
 import math
 from typing import Any
 
-# Objectives whose positive branch is π/sg(π): unclipped, so capacity reaches certainty.
-UNBOUNDED_POSITIVE = ("up", "up_gspo")
-# Objectives that clip the plain ratio π/π_old (token-level or, for gspo, the sequence's).
-PLAIN_CLIPPED = ("grpo", "dapo", "dr_grpo", "gspo")
-CAPACITY_OBJECTIVES = PLAIN_CLIPPED + UNBOUNDED_POSITIVE + ("armor",)
+from armorlab.algos.objectives import objective_spec
+
+
+def capacity_family(objective: str) -> str:
+    """The clip a token of ``objective`` meets (its ``ObjectiveSpec.capacity``): ``clipped`` (the
+    plain ratio π/π_old, token-level or, for gspo, the sequence's), ``unbounded_positive`` (π/sg(π)
+    for A > 0: capacity reaches certainty) or ``mixed`` (ARMOR's r_mix). ValueError when unknown."""
+    try:
+        return objective_spec(objective).capacity
+    except KeyError as exc:
+        raise ValueError(f"probability capacity: {exc.args[0]}") from None
 
 
 def trust_region(p_old: Any, *, eps_low: float = 0.2, eps_high: float = 0.28) -> tuple[Any, Any]:
@@ -64,16 +70,14 @@ def token_capacity(objective: str, p_old: Any, sign: Any, *, p_ref: Any = None, 
     up_gspo's is up's. This keeps capacity a function of (π_old, sign) only, comparable across
     objectives and computable from ``tokens/`` samples without sequence lengths.
     """
-    if objective not in CAPACITY_OBJECTIVES:
-        raise ValueError(f"unknown objective {objective!r} for probability capacity "
-                         f"(known: {', '.join(CAPACITY_OBJECTIVES)})")
-    if objective == "armor":
+    family = capacity_family(objective)
+    if family == "mixed":
         if p_ref is None:
-            raise ValueError("armor capacity needs p_ref (the reference policy's probabilities)")
+            raise ValueError(f"{objective} capacity needs p_ref (the reference policy's probabilities)")
         lower, upper = armor_trust_region(p_old, p_ref, alpha, eps_low=eps_low, eps_high=eps_high)
     else:
         lower, upper = trust_region(p_old, eps_low=eps_low, eps_high=eps_high)
-    pos = 1.0 - p_old if objective in UNBOUNDED_POSITIVE else upper.clip(max=1.0) - p_old
+    pos = 1.0 - p_old if family == "unbounded_positive" else upper.clip(max=1.0) - p_old
     neg = p_old - lower.clip(min=0.0)
     # Multiplying by the boolean masks (not where()) keeps this numpy/torch-agnostic; both
     # capacities are finite for probabilities in [0, 1], so 0·cap never makes NaN.

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from armorlab.core.trl_fields import OFF_SWITCHES
 from armorlab.errors import ArmorLabError
-from armorlab.trl_fields import OFF_SWITCHES
 
 # TRL's policy-server fields and their GRPOConfig defaults (TRL reads them only in server mode)
 POLICY_SERVER_DEFAULTS: dict[str, Any] = {key: OFF_SWITCHES[key] for key in (

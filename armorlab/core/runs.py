@@ -29,8 +29,9 @@ from typing import Any
 
 import yaml
 
+from armorlab.core.config import LOGGING_KEYS
+from armorlab.core.fsutil import append_line, atomic_write_json, atomic_write_yaml, yaml_text
 from armorlab.errors import ArmorLabError
-from armorlab.fsutil import append_line, atomic_write_json, atomic_write_yaml, yaml_text
 
 # libyaml's safe loader when PyYAML was built with it: a report reads hundreds of configs, and
 # the pure-Python loader was a fifth of a cold report's parsing time
@@ -58,7 +59,6 @@ def canonical_json(cfg: Mapping[str, Any]) -> str:
 
 def identity(cfg: Mapping[str, Any]) -> dict[str, Any]:
     """The config without the keys that only change how a run is logged (config.LOGGING_KEYS)."""
-    from armorlab.config import LOGGING_KEYS
 
     return {k: v for k, v in cfg.items() if k not in LOGGING_KEYS}
 
@@ -253,7 +253,7 @@ class RunDir:
         return status
 
     def set_warnings(self, warnings: list[str]) -> None:
-        """Replace the status' ``warnings`` (armorlab.health: runs that train on nothing)."""
+        """Replace the status' ``warnings`` (armorlab.core.health: runs that train on nothing)."""
         status = self.read_status()
         if status.get("warnings", []) == warnings:
             return

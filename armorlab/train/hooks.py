@@ -1,20 +1,17 @@
 """ArmorLabTrainer's smaller hooks into TRL and transformers, kept apart from the trainer's loss
-and generation glue (armorlab.trainer): the epoch-seeded sampler, the vLLM server client swap
+and generation glue (armorlab.train.trainer): the epoch-seeded sampler, the vLLM server client swap
 and the per-step callback (validation, reference resets, token-dump flushes)."""
 
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 from transformers import TrainerCallback
 from trl.trainer.utils import RepeatSampler
 
-from armorlab.trainer_config import ArmorLabConfig
-
-if TYPE_CHECKING:
-    from armorlab.trainer import ArmorLabTrainer
+from armorlab.train.trainer_config import ArmorLabConfig
 
 
 # --------------------------------------------------------------------------- sampler
@@ -41,10 +38,10 @@ def policy_server_client(args: ArmorLabConfig) -> contextlib.AbstractContextMana
     """TRL's server mode builds armorlab's ``VLLMClient`` (TRL's own on CUDA; a file sync off it)."""
     if not (args.use_vllm and args.vllm_mode == "server"):
         return contextlib.nullcontext()
-    from armorlab.vllm_reference import require_vllm
+    from armorlab.vllm.env import require_vllm
 
     require_vllm("vllm_mode", args.vllm_mode)
-    from armorlab.vllm_client import trl_builds_weight_sync_clients
+    from armorlab.train.vllm_client import trl_builds_weight_sync_clients
 
     return trl_builds_weight_sync_clients(args)
 
@@ -53,7 +50,7 @@ class ArmorLabCallback(TrainerCallback):
     """Step-0 and periodic validation (before any reset, so the probe sees the step's π_ref),
     reference resets, token-dump flushes."""
 
-    def __init__(self, trainer: ArmorLabTrainer) -> None:
+    def __init__(self, trainer: Any) -> None:  # the ArmorLabTrainer it belongs to
         self.trainer = trainer
 
     def on_train_begin(self, args, state, control, **kwargs):

@@ -28,7 +28,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from armorlab.config import ANCHOR_RATIOS
+from armorlab.algos.objectives import objective_spec
+from armorlab.core.config import ANCHOR_RATIOS
 
 log = logging.getLogger(__name__)
 
@@ -323,7 +324,6 @@ def anchor_ratio_inputs(objective: str, anchor_ratio: str | None, logp: torch.Te
 
     On-policy rows always keep the objective's own ratio (r_mix for ``armor``, π_θ/π_old for the
     rest). Anchor rows, per ``anchor_ratio``:
-
     - ``mixed``: r_mix with α. For ``armor`` that is what its other rows use; for the other
       objectives the anchor rows see the mixture α·π + (1−α)·π_ref in place of π_θ and π_old,
       i.e. their ratio becomes r_mix while the objective's surrogate stays the same.
@@ -331,7 +331,7 @@ def anchor_ratio_inputs(objective: str, anchor_ratio: str | None, logp: torch.Te
       anchor (old_logp := ref_logp and α := 1 on those rows).
     - ``current``: π_θ/π_old, as if π_old had sampled the anchor (α := 1 on those rows).
     """
-    armor = objective == "armor"
+    armor = objective_spec(objective).uses_reference  # its own rows use r_mix with α
     alpha = 1.0 if alpha is None else float(alpha)
     if is_anchor is None or anchor_ratio is None or not bool(is_anchor.any()):
         return logp, old_logp, alpha if armor else 1.0

@@ -27,7 +27,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from armorlab.config import TINY_MODEL, resolve
+from armorlab.core.config import TINY_MODEL, resolve
+from armorlab.core.fsutil import cache_root
 from armorlab.errors import ArmorLabError
 
 if TYPE_CHECKING:
@@ -59,13 +60,6 @@ builds = 0
 
 
 # --------------------------------------------------------------------------- locations
-def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
-    if cache_dir is not None:
-        return Path(cache_dir).expanduser()
-    env = os.environ.get("ARMORLAB_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "armorlab"
-
-
 def _file_digest(path: str) -> str:
     h = hashlib.sha256()
     try:
@@ -291,7 +285,7 @@ def has_chat_template(model: str | os.PathLike) -> bool:
     template: in ``chat_template.jinja``/``.json`` or in ``tokenizer_config.json``. No tokenizer is loaded."""
     path = Path(model)
     if not path.is_dir():
-        from armorlab.identity import hub_snapshot
+        from armorlab.core.identity import hub_snapshot
 
         snapshot = hub_snapshot(str(model), "model")
         if snapshot is None:

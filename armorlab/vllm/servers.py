@@ -15,7 +15,7 @@ vllm_servers:
 
 Each attempt of a job: start the servers with ``CUDA_VISIBLE_DEVICES`` set to disjoint slices of
 the job's GPUs (servers first, in the order policy, ref; the trainer gets the rest), wait for
-their ``/health``, hand their ports to the trainer (armorlab.vllm_endpoints), train, and stop
+their ``/health``, hand their ports to the trainer (armorlab.vllm.endpoints), train, and stop
 the servers when the trainer exits. A server that dies or is not ready in time fails the run with
 its log named; so does one that dies while the trainer runs (the trainer is asked to checkpoint
 first). Logs and what was started go to the run dir's ``vllm/`` (``policy.log``, ``ref.log``,
@@ -45,12 +45,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from armorlab.checks import Invalid, integer, number
+from armorlab.core.checks import Invalid, integer, number
+from armorlab.core.exits import describe_exit
+from armorlab.core.fsutil import atomic_write_json
+from armorlab.core.runs import RunDir, now_iso
 from armorlab.errors import ArmorLabError
-from armorlab.fsutil import atomic_write_json
-from armorlab.runs import RunDir, now_iso
-from armorlab.vllm_endpoints import ENV as ENDPOINTS_ENV
-from armorlab.vllm_endpoints import ROLES, endpoint_config
+from armorlab.vllm.endpoints import ENV as ENDPOINTS_ENV
+from armorlab.vllm.endpoints import ROLES, endpoint_config
 
 HOST = "127.0.0.1"  # servers and trainer share the node: loopback only, nothing exposed
 LOG_DIR = "vllm"
@@ -255,7 +256,7 @@ def describe(servers: ServerSet, *, python: str | None, trainer_argv: Sequence[s
     """What each job runs on its node, as shell-like lines (``sweep --dry-run``)."""
     devices = visible_devices({}, servers.gpus_per_node)
     split, rest = split_devices(servers, devices) if len(devices) >= servers.server_gpus() else ({}, [])
-    lines = ["# each job on its node, started by the job itself (armorlab/sweeps/vllm_servers.py):"]
+    lines = ["# each job on its node, started by the job itself (armorlab/vllm/servers.py):"]
     for s in servers.servers:
         port = str(s.port) if s.port is not None else "<free port>"
         env = [f"CUDA_VISIBLE_DEVICES={','.join(split.get(s.role, []))}", *(f"{k}={v}" for k, v in s.env)]
@@ -423,8 +424,6 @@ class RunningServers:
                 raise StartStopped("stopped while the vLLM servers started")
 
     def _check_alive(self, s: Server, when: str) -> None:
-        from armorlab.sweeps.jobs import describe_exit
-
         rc = s.proc.poll() if s.proc is not None else None
         if rc is not None and not s.stopped:
             last = last_line(s.log_path)
@@ -475,7 +474,7 @@ def server_model(run_dir: RunDir, env: Mapping[str, str]) -> str:
     name = model.get("name") if isinstance(model, Mapping) else model
     if name not in (None, "tiny"):
         return str(name)
-    code = ("import json,sys;from armorlab.models import prepare_model;c=json.load(sys.stdin);"
+    code = ("import json,sys;from armorlab.train.models import prepare_model;c=json.load(sys.stdin);"
             "print(prepare_model(c.get('model') or 'tiny', c.get('task') or {}))")
     out = subprocess.run([sys.executable, "-c", code], input=json.dumps({"model": model, "task": cfg.get("task")}),
                          capture_output=True, text=True, env=dict(env), cwd=os.getcwd())

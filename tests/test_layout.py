@@ -1,0 +1,211 @@
+"""The house rules (issue 24): which layer may import which, no import circles, the torch-free layers
+free of torch, and every pre-0.2 module path still importable (with a warning) as the same module."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import subprocess
+import sys
+import warnings
+from graphlib import CycleError, TopologicalSorter
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "armorlab"
+
+# The one statement of the layers: what each part of armorlab may import (besides itself).
+# errors is the one exception type, imported by all; cli and __main__ sit on top.
+ALLOWED: dict[str, set[str]] = {
+    "errors": set(),
+    "algos": {"errors"},                               # pure math
+    "core": {"errors", "algos"},                       # torch-free contract (reads the objective registry)
+    "tasks": {"errors", "core"},                       # datasets and reward functions
+    "vllm": {"errors", "core"},                        # torch-free serving
+    "analysis": {"errors", "algos", "core"},           # numpy/pandas math and reports
+    "sweeps": {"errors", "core", "vllm", "analysis"},  # spec → runs → executors (never the trainer)
+    "tune": {"errors", "core", "analysis", "sweeps"},  # studies whose trials are runs
+    "train": {"errors", "algos", "core", "tasks", "vllm", "analysis"},  # TRL glue
+    "commands": {"errors", "algos", "core", "tasks", "vllm", "analysis", "sweeps", "tune", "train"},
+    "cli": {"errors", "core", "commands"},
+    "__main__": {"cli"},
+    "__init__": {"_moved"},                            # exports lazily, by name
+    "_moved": set(),
+}
+# the package itself (its __version__) may be imported by every part
+for _rules in ALLOWED.values():
+    _rules.add("__init__")
+TORCH_FREE = ("core", "vllm", "tasks", "analysis", "sweeps", "tune", "commands", "cli")
+
+
+def part_of(module: str) -> str:
+    """``armorlab.core.config`` → ``core``; ``armorlab`` → ``__init__``."""
+    parts = module.split(".")
+    return "__init__" if len(parts) == 1 else parts[1]
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(PACKAGE.parent).with_suffix("")
+    parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+    return ".".join(parts)
+
+
+def imports_of(path: Path) -> list[tuple[str, int, bool]]:
+    """(imported armorlab module, line, inside a function) for every import in ``path``, type-checking
+    blocks included (they are promises about the layering too), except the package face's: its
+    type-checking block only names what it exports lazily."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    me = module_name(path)
+    package = me if path.name == "__init__.py" else me.rpartition(".")[0]
+    found: list[tuple[str, int, bool]] = []
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if me == "armorlab" and isinstance(child, ast.If) and ast.unparse(child.test) == "TYPE_CHECKING":
+                continue
+            inner = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+            if isinstance(child, ast.Import):
+                found.extend((a.name, child.lineno, inner) for a in child.names if a.name.startswith("armorlab"))
+            elif isinstance(child, ast.ImportFrom):
+                if child.level:
+                    base = package.split(".")[: len(package.split(".")) - child.level + 1]
+                    target = ".".join([*base, *([child.module] if child.module else [])])
+                else:
+                    target = child.module or ""
+                if target.startswith("armorlab"):
+                    # `from armorlab.x import y`: y may be a module (armorlab.x.y) or a name in armorlab.x
+                    for alias in child.names:
+                        sub = f"{target}.{alias.name}"
+                        is_module = (PACKAGE.parent / sub.replace(".", "/")).with_suffix(".py").is_file() or \
+                            (PACKAGE.parent / sub.replace(".", "/") / "__init__.py").is_file()
+                        found.append((sub if is_module else target, child.lineno, inner))
+            visit(child, inner)
+
+    visit(tree, False)
+    return found
+
+
+def all_imports() -> dict[str, list[tuple[str, int, bool]]]:
+    return {module_name(p): imports_of(p) for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def test_every_part_is_in_the_rules():
+    parts = {part_of(m) for m in all_imports()}
+    assert parts == set(ALLOWED), f"parts without a rule or rules without a part: {parts ^ set(ALLOWED)}"
+
+
+def test_the_rules_are_layers():
+    # the allowed directions themselves form no circle
+    TopologicalSorter({k: v for k, v in ALLOWED.items()}).static_order()
+
+
+def test_no_import_points_up_a_layer():
+    wrong = []
+    for module, imports in all_imports().items():
+        mine = part_of(module)
+        for target, line, _ in imports:
+            theirs = part_of(target)
+            if theirs != mine and theirs not in ALLOWED[mine]:
+                wrong.append(f"{module}:{line} imports {target} ({mine} may import {sorted(ALLOWED[mine])})")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_import_circle_between_modules():
+    graph = {m: {t for t, _, _ in imps if t != m} for m, imps in all_imports().items()}
+    try:
+        TopologicalSorter(graph).static_order()
+    except CycleError as exc:
+        pytest.fail(f"import circle: {' -> '.join(exc.args[1])}")
+
+
+def test_torch_free_layers_import_armorlab_at_the_top():
+    # the layers that must never load torch need no in-function imports to keep torch out; the few
+    # left load a heavy library (optuna, submitit, pandas) for one command only and say so with
+    # `# lazy` on the import or the line above it. The command layer imports each command's work
+    # when the command runs (--help stays fast).
+    late = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = module_name(path)
+        if part_of(module) not in set(TORCH_FREE) - {"commands", "cli"}:
+            continue
+        lines = path.read_text(encoding="utf-8").splitlines()
+        for target, line, inner in imports_of(path):
+            marked = "# lazy" in lines[line - 1] or "# lazy" in lines[line - 2]
+            if inner and not marked:
+                late.append(f"{module}:{line} imports {target} inside a function without a `# lazy` reason")
+    assert not late, "\n".join(late)
+
+
+def test_torch_free_layers_do_not_load_torch():
+    code = ("import sys\nimport armorlab, armorlab.core, armorlab.algos.objectives, armorlab.algos.kl, "
+            "armorlab.algos.capacity, armorlab.vllm.servers, armorlab.sweeps.submit, armorlab.tune.study, "
+            "armorlab.analysis.report, armorlab.cli\n"
+            "from armorlab import resolve, register_objective\n"
+            "import armorlab.core.config as c\nc.resolve({'objective': 'armor'})\n"
+            "heavy = sorted(m for m in ('torch', 'transformers', 'trl', 'accelerate', 'vllm') if m in sys.modules)\n"
+            "print(heavy)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_exit_codes_are_defined_once():
+    defined = [f"{p.relative_to(PACKAGE)}:{node.lineno}" for p in PACKAGE.rglob("*.py")
+               for node in ast.walk(ast.parse(p.read_text(encoding="utf-8")))
+               if isinstance(node, ast.Assign) and any(
+                   isinstance(t, (ast.Name, ast.Tuple)) and any(
+                       isinstance(n, ast.Name) and n.id.startswith("EXIT_") for n in ast.walk(t))
+                   for t in node.targets)]
+    assert defined and all(d.startswith("core/exits.py") for d in defined), defined
+
+
+def test_every_old_path_is_the_new_module_with_a_warning():
+    from armorlab._moved import MOVED
+
+    for old, new in MOVED.items():
+        sys.modules.pop(old, None)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            module = importlib.import_module(old)
+        assert module is importlib.import_module(new), old
+        assert module.__spec__.name == new and module.__name__ == new
+        messages = [str(w.message) for w in caught if issubclass(w.category, DeprecationWarning)]
+        assert any(old in m and new in m for m in messages), (old, messages)
+        assert caught[0].filename == __file__  # the warning points at the import, not at importlib
+
+
+def test_old_paths_keep_names_users_import():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from armorlab.config import resolve
+        from armorlab.objectives import mixed_ratio, policy_loss
+        from armorlab.trainer import ArmorLabTrainer
+    from armorlab.algos.loss import policy_loss as new_loss
+    from armorlab.core.config import resolve as new_resolve
+    from armorlab.train.trainer import ArmorLabTrainer as new_trainer
+
+    assert (resolve, policy_loss, ArmorLabTrainer) == (new_resolve, new_loss, new_trainer)
+    assert callable(mixed_ratio)
+
+
+def test_a_pickle_naming_an_old_path_loads():
+    import pickle
+
+    # what a job queued by armorlab 0.1 holds: a reference to armorlab.sweeps.vllm_servers.ServerSet
+    from armorlab.vllm.servers import ServerSet
+
+    data = pickle.dumps(ServerSet, protocol=0).replace(b"armorlab.vllm.servers", b"armorlab.sweeps.vllm_servers")
+    assert b"armorlab.sweeps.vllm_servers" in data
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        assert pickle.loads(data) is ServerSet
+
+
+def test_public_api_is_lazy():
+    code = ("import sys, armorlab\nfrom armorlab import ArmorLabConfig, ArmorLabTrainer, policy_loss, resolve\n"
+            "print(armorlab.ArmorLabTrainer.__module__, 'torch' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["armorlab.train.trainer", "True"]
+    code = "import sys\nfrom armorlab import resolve, RunDir, ArmorLabError\nprint('torch' in sys.modules)\n"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
