@@ -6,6 +6,10 @@
     (R2) at matched steps: report val and test at the same, pre-declared steps for every run
          (e.g. 100, 200, 400). No selection, no selection bias; a collapse after the peak shows.
 
+    (R3) noise-aware selection (``select_level``): the step whose level — the mean of several
+         consecutive evals around it — is best. What a run keeps as its selected checkpoint
+         (selected.json) and what a later stage of a sweep continues from.
+
 The gap between (R1)'s val value and the matched-step values is the best-checkpoint selection
 bias the ARMOR review names.
 """
@@ -17,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from armorlab.analysis.collapse import clean_curve
+from armorlab.analysis.collapse import PATIENCE, clean_curve
 
 
 @dataclass(frozen=True)
@@ -88,3 +92,50 @@ def default_matched_steps(eval_steps_per_run: list[np.ndarray],
     targets = [last_common * f for f in fractions]
     picked = sorted({int(logged[np.argmin(np.abs(logged - t))]) for t in targets})
     return picked
+
+
+@dataclass(frozen=True)
+class LevelPick:
+    """(R3) for one run: the selected eval step, its level (the mean of ``m`` consecutive evals
+    around it) and the steps that level averages; ``step`` is None when nothing could be picked."""
+    step: int | float | None
+    value: float
+    window: tuple[int | float, ...]
+    m: int
+
+
+def level_window(k: int, i: int, m: int) -> tuple[int, int]:
+    """The ``m`` consecutive evals (of ``k``) whose level stands for eval ``i``: centred on ``i``
+    (one more after than before when ``m`` is even), shifted inwards at the ends of the curve,
+    all ``k`` evals when there are fewer than ``m``. Returns [lo, hi) indices."""
+    if k <= m:
+        return 0, k
+    lo = min(max(i - (m - 1) // 2, 0), k - m)
+    return lo, lo + m
+
+
+def select_level(steps, values, *, mode: str = "max", m: int = PATIENCE, eligible=None) -> LevelPick:
+    """(R3) Noise-aware selection: the eval step whose *level* — the mean of the ``m`` consecutive
+    evals around it (``level_window``; collapse.py's (C1) level, m = ``PATIENCE``) — is best (first
+    on ties). Averaging m evals shrinks the upward bias a single noisy maximum carries (R1's) by
+    about √m. ``eligible``: the steps that may be picked (e.g. those with a saved checkpoint); the
+    level still averages the evals around each. ``mode`` "max" or "min"."""
+    if mode not in ("max", "min"):
+        raise ValueError(f"mode must be 'max' or 'min', got {mode!r}")
+    if m < 1:
+        raise ValueError(f"m must be ≥ 1, got {m}")
+    s, v = clean_curve(steps, values)
+    allowed = None if eligible is None else {float(e) for e in eligible}
+    best, best_i, best_win = math.nan, None, (0, 0)
+    for i in range(s.size):
+        if allowed is not None and float(s[i]) not in allowed:
+            continue
+        lo, hi = level_window(s.size, i, m)
+        level = float(np.mean(v[lo:hi]))
+        if best_i is None or (level > best if mode == "max" else level < best):
+            best, best_i, best_win = level, i, (lo, hi)
+    if best_i is None:
+        return LevelPick(None, math.nan, (), m)
+    as_step = [int(x) if float(x).is_integer() else float(x) for x in s[best_win[0]:best_win[1]]]
+    step = s[best_i]
+    return LevelPick(int(step) if float(step).is_integer() else float(step), best, tuple(as_step), m)
