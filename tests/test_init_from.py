@@ -148,3 +148,17 @@ def test_select_level_picks_the_best_mean_of_consecutive_evals_not_the_single_ma
     assert pick.step == 10 and math.isclose(pick.value, 0.24)
     assert select_level(steps, vals, eligible=[]).step is None
     assert level_window(7, 0, 3) == (0, 3) and level_window(7, 6, 3) == (4, 7) and level_window(2, 1, 3) == (0, 2)
+
+
+def test_vllm_servers_of_a_continuing_run_serve_the_selected_checkpoint(parent, tmp_path):
+    import os
+
+    from armorlab.vllm.servers import ServerError, server_model
+
+    atomic_write_json(parent.path / SELECTED, {"rule": "test", "metric": "val/acc", "mode": "max", "step": 3,
+                                               "rollout": 2, "value": 0.5, "checkpoint": "checkpoints/checkpoint-3"})
+    child = _child(parent, seed=4)
+    assert server_model(child, os.environ) == str((parent.path / "checkpoints/checkpoint-3").absolute())
+    orphan = RunDir.create(tmp_path / "s2", resolved(max_steps=1, init_from={"run": "nosuch/0123456789ab"}))
+    with pytest.raises(ServerError, match="no run to continue from"):
+        server_model(orphan, os.environ)
