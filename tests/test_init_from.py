@@ -11,7 +11,6 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, TrainerCallback
 
-from armorlab.analysis.select import level_window, select_level
 from armorlab.core.config import resolve
 from armorlab.core.fsutil import atomic_write_json
 from armorlab.core.runs import RunDir, run_id
@@ -95,7 +94,7 @@ def test_without_selected_json_the_start_is_computed_from_the_metrics_among_kept
     child = _child(parent, seed=1)
     assert train_run_dir(child.path).state == "completed"
     init = json.loads((child.path / INIT).read_text())
-    # evals at steps 0..4, m = 3: the kept steps 3 and 4 both average steps 2, 3, 4; the first wins
+    # evals at steps 0..4, m = 3: windows centre on steps 1, 2, 3; of the kept steps (3, 4) only 3 is a centre
     assert (init["step"], init["source"]) == (3, FROM_METRICS)
     vals = {r["step"]: r["val/acc"] for r in parent.read_metrics() if "val/acc" in r}
     assert math.isclose(init["value"], (vals[2] + vals[3] + vals[4]) / 3)
@@ -132,22 +131,6 @@ def test_a_parent_that_did_not_complete_or_is_missing_fails_the_child_with_the_r
     orphan = RunDir.create(tmp_path / "s2", resolved(max_steps=1, init_from={"run": "nosuch/0123456789ab"}))
     with pytest.raises(ArmorLabError, match="no run to continue from"):
         find_start(orphan, orphan.read_config()["init_from"])
-
-
-def test_select_level_picks_the_best_mean_of_consecutive_evals_not_the_single_maximum():
-    steps = [0, 10, 20, 30, 40, 50, 60]
-    vals = [0.10, 0.50, 0.12, 0.30, 0.32, 0.31, 0.05]  # a lone spike at 10, a plateau at 30-50
-    pick = select_level(steps, vals, mode="max", m=3)
-    # levels (means of 3 around each): 10 → (.10+.50+.12)/3 = .24; 40 → (.30+.32+.31)/3 = .31
-    assert pick.step == 40 and math.isclose(pick.value, 0.31) and pick.window == (30, 40, 50)
-    assert select_level(steps, vals, mode="max", m=1).step == 10  # m = 1 is the raw maximum
-    # min: steps 50 and 60 share the window 40-60 ((.32+.31+.05)/3 = .2267, the lowest); the first wins
-    assert select_level(steps, vals, mode="min", m=3).step == 50
-    # only eligible steps may be picked; their level still averages their neighbours
-    pick = select_level(steps, vals, eligible=[10, 60])
-    assert pick.step == 10 and math.isclose(pick.value, 0.24)
-    assert select_level(steps, vals, eligible=[]).step is None
-    assert level_window(7, 0, 3) == (0, 3) and level_window(7, 6, 3) == (4, 7) and level_window(2, 1, 3) == (0, 2)
 
 
 def test_vllm_servers_of_a_continuing_run_serve_the_selected_checkpoint(parent, tmp_path):

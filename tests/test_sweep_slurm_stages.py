@@ -46,14 +46,14 @@ def _hash(checkpoint) -> str:
 def _selected_step(parent: RunDir) -> int:
     """The step the parent's trainer selected (selected.json), else the one its metrics give by the
     noise-aware rule among the checkpoints it kept."""
-    from armorlab.analysis.select import select_level
+    from armorlab.analysis.select import select_checkpoints
 
     path = parent.path / "selected.json"
     if path.exists():
         return json.loads(path.read_text())["step"]
     rows = [r for r in parent.read_metrics() if "val/acc" in r]
     kept = [int(cp.name.split("-")[1]) for cp in parent.checkpoints()]
-    return select_level([r["step"] for r in rows], [r["val/acc"] for r in rows], eligible=kept).step
+    return select_checkpoints([r["step"] for r in rows], [r["val/acc"] for r in rows], eligible=kept)[0].step
 
 
 def test_a_later_stage_waits_for_its_parents_starts_from_their_selection_and_fails_with_them(tmp_path):

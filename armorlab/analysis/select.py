@@ -6,12 +6,12 @@
     (R2) at matched steps: report val and test at the same, pre-declared steps for every run
          (e.g. 100, 200, 400). No selection, no selection bias; a collapse after the peak shows.
 
-    (R3) noise-aware selection (``select_level``): the step whose level — the mean of several
-         consecutive evals around it — is best. What a run keeps as its selected checkpoint
-         (selected.json) and what a later stage of a sweep continues from.
-
 The gap between (R1)'s val value and the matched-step values is the best-checkpoint selection
 bias the ARMOR review names.
+
+A run's *kept* checkpoint (selected.json, written by the trainer) is chosen by the report's
+noise-aware peak instead (``select_checkpoints``): the best level of several evals, not (R1)'s raw
+maximum, so a lucky eval does not decide which weights a later stage continues from.
 """
 
 from __future__ import annotations
@@ -94,48 +94,72 @@ def default_matched_steps(eval_steps_per_run: list[np.ndarray],
     return picked
 
 
+# --------------------------------------------------------------------------- the kept checkpoint
 @dataclass(frozen=True)
-class LevelPick:
-    """(R3) for one run: the selected eval step, its level (the mean of ``m`` consecutive evals
-    around it) and the steps that level averages; ``step`` is None when nothing could be picked."""
-    step: int | float | None
-    value: float
+class Pick:
+    """A checkpoint chosen by :func:`select_checkpoints`: its ``step``, the ``level`` that chose it
+    and the eval steps that level averages (``window``)."""
+    step: int | float
+    level: float
     window: tuple[int | float, ...]
-    m: int
 
 
-def level_window(k: int, i: int, m: int) -> tuple[int, int]:
-    """The ``m`` consecutive evals (of ``k``) whose level stands for eval ``i``: centred on ``i``
-    (one more after than before when ``m`` is even), shifted inwards at the ends of the curve,
-    all ``k`` evals when there are fewer than ``m``. Returns [lo, hi) indices."""
-    if k <= m:
-        return 0, k
-    lo = min(max(i - (m - 1) // 2, 0), k - m)
-    return lo, lo + m
+def level_rule(patience: int = PATIENCE, metric: str = "val/acc", mode: str = "max") -> str:
+    """selected.json's ``rule``: how :func:`select_checkpoints` chose, in words."""
+    best = "highest" if mode == "max" else "lowest"
+    return (f"peak level: the {best} mean of {patience} consecutive {metric} evals (analysis.collapse C1/C2, "
+            f"the report's peak); the checkpoint of the window's middle eval")
 
 
-def select_level(steps, values, *, mode: str = "max", m: int = PATIENCE, eligible=None) -> LevelPick:
-    """(R3) Noise-aware selection: the eval step whose *level* — the mean of the ``m`` consecutive
-    evals around it (``level_window``; collapse.py's (C1) level, m = ``PATIENCE``) — is best (first
-    on ties). Averaging m evals shrinks the upward bias a single noisy maximum carries (R1's) by
-    about √m. ``eligible``: the steps that may be picked (e.g. those with a saved checkpoint); the
-    level still averages the evals around each. ``mode`` "max" or "min"."""
+def select_checkpoints(steps, values, *, eligible=None, patience: int = PATIENCE, mode: str = "max",
+                       top: int = 1) -> list[Pick]:
+    """The ``top`` checkpoints by noise-aware level, best first: the report's peak rule (C2 of
+    armorlab.analysis.collapse) instead of a raw maximum, which on a noisy eval picks a lucky step.
+
+    Levels are means of m = min(patience, K) consecutive evals of the K logged ones (C1); a
+    window stands for its middle eval (C2's peak_step: index i + (m − 1)//2). Only windows whose
+    middle eval is in ``eligible`` (steps that have a checkpoint; default: every step > 0, as
+    step 0 is the initial model) compete; ties go to the earlier window. When no window has an
+    eligible middle (two evals, the first at step 0), the same rule runs on the eligible evals
+    alone. Each step is picked once; fewer than ``top`` picks when fewer steps qualify.
+    """
     if mode not in ("max", "min"):
         raise ValueError(f"mode must be 'max' or 'min', got {mode!r}")
-    if m < 1:
-        raise ValueError(f"m must be ≥ 1, got {m}")
     s, v = clean_curve(steps, values)
-    allowed = None if eligible is None else {float(e) for e in eligible}
-    best, best_i, best_win = math.nan, None, (0, 0)
-    for i in range(s.size):
-        if allowed is not None and float(s[i]) not in allowed:
-            continue
-        lo, hi = level_window(s.size, i, m)
-        level = float(np.mean(v[lo:hi]))
-        if best_i is None or (level > best if mode == "max" else level < best):
-            best, best_i, best_win = level, i, (lo, hi)
-    if best_i is None:
-        return LevelPick(None, math.nan, (), m)
-    as_step = [int(x) if float(x).is_integer() else float(x) for x in s[best_win[0]:best_win[1]]]
-    step = s[best_i]
-    return LevelPick(int(step) if float(step).is_integer() else float(step), best, tuple(as_step), m)
+    ok = (lambda x: x > 0) if eligible is None else (lambda x, e=frozenset(eligible): x in e)
+    picks = _ranked(s, v, ok, patience, mode, top)
+    if not picks:
+        keep = np.array([ok(x) for x in s], dtype=bool)
+        picks = _ranked(s[keep], v[keep], ok, patience, mode, top)
+    return picks
+
+
+def _ranked(s: np.ndarray, v: np.ndarray, ok, patience: int, mode: str, top: int) -> list[Pick]:
+    if v.size == 0:
+        return []
+    m = min(patience, v.size)
+    c = np.concatenate([[0.0], np.cumsum(v)])
+    levels = (c[m:] - c[:-m]) / m                      # (C1)
+    middle = np.arange(levels.size) + (m - 1) // 2     # (C2) the eval a window stands for
+    order = np.argsort(-levels if mode == "max" else levels, kind="stable")
+    picks: list[Pick] = []
+    for i in order:
+        step = _as_step(s[middle[i]])
+        if ok(step) and all(p.step != step for p in picks):
+            picks.append(Pick(step, float(levels[i]), tuple(_as_step(x) for x in s[i:i + m])))
+            if len(picks) == top:
+                break
+    return picks
+
+
+def pending_steps(steps, patience: int = PATIENCE) -> list[int | float]:
+    """Eval steps a later eval may still make a window's middle (their checkpoints must stay until
+    then): with K evals so far, the next window's middle is eval K − ⌈(m − 1)/2⌉ (0-based), and
+    every later window's middle comes after it (also while K < m, where m shrinks to K)."""
+    s = np.unique(np.asarray(steps, dtype=np.float64))
+    first = max(0, s.size - math.ceil((patience - 1) / 2))
+    return [_as_step(x) for x in s[first:]]
+
+
+def _as_step(x: float) -> int | float:
+    return int(x) if float(x).is_integer() else float(x)

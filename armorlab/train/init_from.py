@@ -10,8 +10,8 @@ runs root (the child's sweep dir's parent). When the child starts (``find_start`
    noise-aware validation-selected step and its kept checkpoint) gives the checkpoint when it
    selected by the metric and mode the child asks for;
 3. else (no selected.json, or another metric) the step is computed from the parent's
-   metrics.jsonl with the same rule (``armorlab.analysis.select.select_level``), among the steps
-   whose checkpoint is still there, and the log says so.
+   metrics.jsonl with the same rule (``armorlab.analysis.select.select_checkpoints``), among the
+   steps whose checkpoint is still there, and the log says so.
 
 The checkpoint directory is then the model path the trainer loads the policy AND π_ref from
 (launch.build_trainer), and ``record_start`` writes ``init.json`` in the child's run dir:
@@ -92,9 +92,9 @@ def find_start(run_dir: RunDir, init_from: Mapping[str, Any]) -> Start:
     chosen = _from_selected(parent, init_from, file)
     if chosen is None:
         chosen = _from_metrics(parent, init_from, file)
-        log.warning("%s has no selected.json selecting by %s (%s): computed from its metrics.jsonl with "
-                    "select_level: step %d (level %.4g over steps %s)", parent.path, select["metric"],
-                    select["mode"], chosen.step, chosen.value, chosen.rule)
+        log.warning("%s has no selected.json selecting by %s (%s): computed from its metrics.jsonl: step %d, "
+                    "level %.4g; %s", parent.path, select["metric"], select["mode"], chosen.step, chosen.value,
+                    chosen.rule)
     if not loadable(chosen.checkpoint):
         raise ArmorLabError(f"the selected checkpoint {chosen.checkpoint} of the run to continue from is missing "
                             "or incomplete", key="init_from.run", value=init_from["run"], file=file)
@@ -138,24 +138,23 @@ def _from_selected(parent: RunDir, init_from: Mapping[str, Any], file: str) -> S
 
 def _from_metrics(parent: RunDir, init_from: Mapping[str, Any], file: str) -> Start:
     # lazy: numpy, for the one case without selected.json (a trainer start must not pay for it)
-    from armorlab.analysis.select import select_level
+    from armorlab.analysis.select import level_rule, select_checkpoints
 
     metric, mode = init_from["select"]["metric"], init_from["select"]["mode"]
     rows = parent.read_metrics()
     curve = [(r["step"], r[metric]) for r in rows if isinstance(r.get(metric), (int, float))
              and not isinstance(r.get(metric), bool)]
     kept = {s: cp for cp in parent.checkpoints() if (s := _step_of(cp)) is not None and loadable(cp)}
-    pick = select_level([s for s, _ in curve], [v for _, v in curve], mode=mode, eligible=kept)
-    if pick.step is None:
+    picks = select_checkpoints([s for s, _ in curve], [v for _, v in curve], eligible=kept, mode=mode)
+    if not picks:
         raise ArmorLabError(f"the run to continue from logged no {metric} at a step whose checkpoint it kept "
                             f"(checkpoints: {sorted(kept) or 'none'})", key="init_from.select.metric",
                             value=metric, file=file)
-    step = int(pick.step)
+    step = int(picks[0].step)
     rollout = next((r.get("rollout") for r in rows if r["step"] == step), None)
-    rule = (f"select_level: mean of {pick.m} consecutive evals around the step (steps "
-            f"{', '.join(map(str, pick.window))}), {mode} of {metric}")
+    rule = f"{level_rule(metric=metric, mode=mode)} (over steps {', '.join(map(str, picks[0].window))})"
     return Start(init_from["run"], step, rollout if isinstance(rollout, int) else None, kept[step].absolute(),
-                 FROM_METRICS, rule, pick.value)
+                 FROM_METRICS, rule, picks[0].level)
 
 
 # --------------------------------------------------------------------------- the start as trained
