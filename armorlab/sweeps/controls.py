@@ -235,7 +235,8 @@ def check(groups: Sequence[Controls], configs: Sequence[tuple[str, Mapping[str, 
                 covered.add(k)
                 label, cfg = arms[k]
                 differs, follows = diff(base_cfg, cfg)
-                pair = Pair(group.where, base_label, arm.name or label, arm.factor, differs, follows)
+                name = label if arm.name is None else arm.name if len(hits) == 1 else f"{arm.name} ({label})"
+                pair = Pair(group.where, base_label, name, arm.factor, differs, follows)
                 if pair.extra or pair.missing:
                     what = (f"also differs in {', '.join(f'{x} ({_text(differs[x][0])} -> {_text(differs[x][1])})' for x in pair.extra)}"
                             if pair.extra else f"does not differ in {', '.join(pair.missing)}")
