@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 from sweep_support import run_cli, standin_command, write_spec
 
 from armorlab.core.config import resolve
@@ -262,3 +263,64 @@ def test_dry_run_prints_stages_parents_and_control_pairs(tmp_path, standin):
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     assert "stages[1].controls.arms[0]" in bad.stderr and "dynamic_sampling" in bad.stderr
     assert not (tmp_path / "runs").exists() or not list(Path(tmp_path / "runs").rglob("config.yaml"))
+
+
+def test_a_parent_queued_on_slurm_gives_its_children_a_dependency_on_its_job(tmp_path, monkeypatch):
+    import armorlab.sweeps.submit as submit
+
+    plan, sweep_dir = _sweep_dir(tmp_path, _two_stage())
+    first, second = [r for r in plan.runs if r.stage == "dapo"]
+    Manifest(sweep_dir=sweep_dir, name="proto", jobs={first.run_id: ["812_0"], second.run_id: ["812_1"]}).save()
+    monkeypatch.setattr(submit, "_active_jobs", lambda ids, executor: {"812_0"})  # 812_1 has ended
+    plan.actions = classify(sweep_dir, plan.runs, retry_failed=False, executor="slurm")
+    assert plan.actions[first.run_id] == ACTIVE and plan.actions[second.run_id] == SUBMIT
+    todo = [(str(sweep_dir / r.run_id), None) for r in plan.to_submit]
+    groups = dict(submit.dependency_groups(plan, todo))
+    # children of the queued parent wait for its job; the resubmitted parent's children for its new one
+    assert [len(groups[None]), len(groups[first.run_id]), len(groups[second.run_id])] == [1, 2, 2]
+    assert groups[None][0][0].endswith(second.run_id)
+
+
+@pytest.mark.parametrize("sbatch", [{}, {"constraint": "a100", "dependency": "singleton"}])
+def test_the_dependency_reaches_the_script_both_renderings_write(tmp_path, sbatch):
+    pytest.importorskip("submitit")
+    from armorlab.sweeps.executors import SlurmSubmitter
+    from armorlab.sweeps.profile import parse_profile
+    from armorlab.sweeps.sbatch import check_script
+
+    sub = SlurmSubmitter(tmp_path / "sweep", parse_profile({"sbatch": sbatch}), job_name="proto")
+    sub.dependency = "812_3"
+    for n in (1, 4):
+        ours = sub._rendered(n)
+        assert "#SBATCH --dependency=afterok:812_3\n" in ours and "#SBATCH --kill-on-invalid-dep=yes\n" in ours
+        assert ours == sub._submitit_text(sub._executor(dry_run=True), n)  # what submitit queues too
+        check_script(ours)
+    sub.dependency = None
+    assert "--dependency=afterok" not in sub._rendered(4)
+
+
+def test_status_and_dry_run_of_a_staged_sweep_with_controls_start_light(tmp_path, standin):
+    import subprocess
+    import sys
+
+    from test_sweep_local import IMPORT_CHECK
+
+    raw = _controls()
+    raw["stages"][1]["include"] = [{"objective": "dapo"}, {"objective": "up", "dynamic_sampling": True}]
+    spec = write_spec(tmp_path / "proto.yaml", raw)
+    root = tmp_path / "runs"
+    assert run_cli("sweep", str(spec), "--root", str(root)).returncode == 0
+    for args in (["status", str(root / "proto")], ["sweep", str(spec), "--root", str(root), "--dry-run", "-e", "slurm"]):
+        out = subprocess.run([sys.executable, "-c", IMPORT_CHECK.format(args=args)], capture_output=True, text=True,
+                             check=True)
+        assert out.stdout.rsplit("MODULES:", 1)[1].strip() == "", (args, out.stdout[-300:])
+
+
+def test_the_sweep_dirs_spec_copy_expands_to_the_same_runs():
+    raw = _controls()
+    raw["stages"][1]["include"] = [{"objective": "dapo"}, {"objective": "up", "dynamic_sampling": True}]
+    raw["stages"][1]["from"]["seeds"] = {0: 1, 1: 1}
+    spec = parse_spec(raw)
+    again = parse_spec(yaml.safe_load(yaml.safe_dump(spec.to_dict())))
+    assert [(p.run_id, p.stage, p.parent) for p in expand(again)] == [(p.run_id, p.stage, p.parent) for p in expand(spec)]
+    assert [(c.baseline, c.arms) for c in again.stages[1].controls] == [(c.baseline, c.arms) for c in spec.stages[1].controls]

@@ -119,14 +119,15 @@ def classify(sweep_dir: Path, runs: list[RunPlan], *, retry_failed: bool, execut
             parent = actions.get(r.parent)
             if parent in (FAILED, BLOCKED):
                 actions[r.run_id] = BLOCKED
-            elif parent == WAIT or (parent == ACTIVE and not _on_slurm(last_jobs.get(r.parent), executor)):
+            elif parent == WAIT or (parent == ACTIVE and not _waitable(last_jobs.get(r.parent), active, executor)):
                 actions[r.run_id] = WAIT
     return actions
 
 
-def _on_slurm(job_id: str | None, executor: str) -> bool:
-    """Whether a queued/running run's job is one a Slurm job of this sweep can wait for."""
-    return executor == "slurm" and job_id is not None and not is_local(job_id)
+def _waitable(job_id: str | None, active: set[str], executor: str) -> bool:
+    """Whether a queued/running parent's job is a live Slurm job another Slurm job can wait for
+    (not when the parent is a trainer outside Slurm, or the sweep runs locally)."""
+    return executor == "slurm" and job_id is not None and not is_local(job_id) and job_id in active
 
 
 def _active_jobs(job_ids: list[str], *, executor: str) -> set[str]:
