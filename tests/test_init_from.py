@@ -53,15 +53,15 @@ class FirstWeights(TrainerCallback):
 
 @pytest.fixture(scope="module")
 def parent(tmp_path_factory):
-    """A completed 4-step run keeping its last two checkpoints (save_total_limit 2): steps 3 and 4."""
+    """A completed 4-step run with an eval and a checkpoint at every step, all kept."""
     import os
 
     os.environ.setdefault("ARMORLAB_CACHE", model_cache())
     root = tmp_path_factory.mktemp("runs")
-    cfg = resolved(max_steps=4, val_every=1, save_steps=1, learning_rate=5e-3)
+    cfg = resolved(max_steps=4, val_every=1, save_steps=1, save_total_limit=None, learning_rate=5e-3)
     rd = RunDir.create(root / "stage1", cfg)
     assert train_run_dir(rd.path).state == "completed"
-    assert [cp.name for cp in rd.checkpoints()] == ["checkpoint-3", "checkpoint-4"]
+    assert [cp.name for cp in rd.checkpoints()] == [f"checkpoint-{s}" for s in (1, 2, 3, 4)]
     return rd
 
 
@@ -91,13 +91,21 @@ def test_a_continuing_run_starts_from_the_selected_checkpoint_for_policy_and_ref
 
 def test_without_selected_json_the_start_is_computed_from_the_metrics_among_kept_checkpoints(parent, caplog):
     (parent.path / SELECTED).unlink(missing_ok=True)
-    child = _child(parent, seed=1)
-    assert train_run_dir(child.path).state == "completed"
+    gone = parent.path / "checkpoints" / "checkpoint-2"
+    gone.rename(gone.with_name("removed-2"))  # a pruned checkpoint cannot be chosen
+    try:
+        child = _child(parent, seed=1)
+        assert train_run_dir(child.path).state == "completed"
+    finally:
+        gone.with_name("removed-2").rename(gone)
     init = json.loads((child.path / INIT).read_text())
-    # evals at steps 0..4, m = 3: windows centre on steps 1, 2, 3; of the kept steps (3, 4) only 3 is a centre
-    assert (init["step"], init["source"]) == (3, FROM_METRICS)
-    vals = {r["step"]: r["val/acc"] for r in parent.read_metrics() if "val/acc" in r}
-    assert math.isclose(init["value"], (vals[2] + vals[3] + vals[4]) / 3)
+    # the rule restated: levels are means of 3 consecutive evals (steps 0..4), each standing for its
+    # middle eval (1, 2, 3); the best level whose middle step still has its checkpoint (1 or 3) wins
+    vals = [r["val/acc"] for r in parent.read_metrics() if "val/acc" in r]
+    levels = {mid: sum(vals[mid - 1:mid + 2]) / 3 for mid in (1, 3)}
+    best = max(levels, key=lambda mid: (levels[mid], -mid))
+    assert (init["step"], init["source"]) == (best, FROM_METRICS)
+    assert math.isclose(init["value"], levels[best])
     assert "no selected.json" in caplog.text
 
 
