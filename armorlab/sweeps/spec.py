@@ -242,7 +242,9 @@ def expand(spec: SweepSpec) -> list[RunPlan]:
     try:
         within_max_points(count_points(spec), "the grid × seeds")
     except Invalid as exc:
-        raise ArmorLabError(str(exc), key="grid", value={k: len(v) for k, v in spec.grid.items()},
+        sizes = {k: len(v) for k, v in spec.grid.items()} if spec.stages is None else \
+            {st.name: {k: len(v) for k, v in st.grid.items()} for st in spec.stages}
+        raise ArmorLabError(str(exc), key="grid" if spec.stages is None else "stages", value=sizes,
                             file=spec.file) from None
     plans: list[RunPlan] = []
     seen: set[str] = set()
