@@ -6,7 +6,8 @@ exactly the metrics of an uninterrupted one. Knobs (env): ARMORLAB_STANDIN_STEP_
 step (default 0.02); ARMORLAB_STANDIN_HOLD_AT = a step at which the run parks until it is stopped
 (a signal or a stop request), so a test that interrupts it mid-run never races a fast finish on a busy
 machine. A run whose model name is neither "tiny" nor a directory holding a file ``standin-model``
-fails like a missing model would. Started by a job with vLLM servers ($ARMORLAB_VLLM_ENDPOINTS), it records what it got
+fails like a missing model would. A run that continues from another (``init_from``) records the
+state of that run when it started in ``standin_parent.json``. Started by a job with vLLM servers ($ARMORLAB_VLLM_ENDPOINTS), it records what it got
 in ``standin_trainer.json`` and fails like TRL's client would when the policy server stops answering.
 """
 
@@ -67,6 +68,9 @@ def main() -> int:
         (rd.path / "standin_trainer.json").write_text(json.dumps({
             "endpoints": endpoints, "cuda": os.environ.get("CUDA_VISIBLE_DEVICES"),
             "answering": {k: answers(v) for k, v in endpoints.items() if k.endswith("_port")}}))
+    if cfg.get("init_from"):  # what a continuing run found when it started (the real one needs it completed)
+        parent = RunDir(rd.path.parent.parent / cfg["init_from"]["run"])
+        (rd.path / "standin_parent.json").write_text(json.dumps({**parent.read_status(), "at": time.time()}))
     if cfg["model"]["name"] != "tiny" and not (Path(cfg["model"]["name"]) / "standin-model").is_file():
         rd.write_status("failed", reason=f"cannot load model {cfg['model']['name']!r}")
         return 1

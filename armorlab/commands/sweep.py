@@ -92,30 +92,41 @@ def _summary(plan) -> str:
     counts = plan.counts()
     parts = [f"{counts.get(k, 0)} {label}" for k, label in (
         ("submit", "to run"), ("completed", "completed"), ("queued/running", "queued/running"),
-        ("failed", "failed (use --retry failed)")) if counts.get(k)]
+        ("failed", "failed (use --retry failed)"), ("parent failed", "not started: their parent failed"),
+        ("waits for parent", "waiting for a parent running elsewhere (run the sweep again later)"))
+        if counts.get(k)]
     return f"sweep {plan.spec.name}: {len(plan.runs)} run(s) in {plan.sweep_dir}: {', '.join(parts)}"
 
 
 def _print_dry_run(plan, workers: int | None, cluster_max: Callable[[], int]) -> None:
-    from armorlab.sweeps.spec import describe_point
+    from armorlab.sweeps.spec import describe_run
 
     lines = [_summary(plan), ""]
-    lines += [f"{r.run_id}  {plan.actions[r.run_id]:<14}  {describe_point(r.point)}" for r in plan.runs]
+    lines += [f"{r.run_id}  {plan.actions[r.run_id]:<16}  {describe_run(r)}" for r in plan.runs]
     lines.append("")
+    lines += _controls_lines(plan)
     todo = plan.to_submit
     if plan.executor == "slurm":
         from armorlab.sweeps.executors import SlurmSubmitter, n_arrays
+        from armorlab.sweeps.submit import dependency_groups
 
         sub = SlurmSubmitter(plan.sweep_dir, plan.profile, job_name=plan.spec.name)
         chunk = sub.chunk_size(cluster_max())
-        lines.append(f"would submit {len(todo)} run(s) as {n_arrays(len(todo), chunk)} Slurm job array(s) of "
-                     f"at most {chunk} (cluster MaxArraySize {cluster_max()}, array_parallelism "
-                     f"{plan.profile.array_parallelism})")
+        groups = dependency_groups(plan, [(r.run_id, None) for r in todo])
+        n = sum(n_arrays(len(g), chunk) for _, g in groups)
+        lines.append(f"would submit {len(todo)} run(s) as {n} Slurm job array(s) of at most {chunk} (cluster "
+                     f"MaxArraySize {cluster_max()}, array_parallelism {plan.profile.array_parallelism})")
+        lines += [f"  {len(g)} run(s) after the job of {parent} completes (--dependency=afterok, "
+                  "--kill-on-invalid-dep=yes)" for parent, g in groups if parent is not None]
         if todo:
-            lines += ["", "# sbatch script of the first array:", sub.sbatch_text(min(len(todo), chunk))]
+            first_parent, first = groups[0]
+            if first_parent is not None:
+                sub.dependency = f"<the job of {first_parent}>"
+            lines += ["", "# sbatch script of the first array:", sub.sbatch_text(min(len(first), chunk))]
     else:
-        lines.append(f"would train {len(todo)} run(s) on this machine, "
-                     f"{workers or plan.profile.workers} at a time")
+        waits = sum(1 for r in todo if r.parent is not None and plan.actions.get(r.parent) == "submit")
+        lines.append(f"would train {len(todo)} run(s) on this machine, {workers or plan.profile.workers} at a "
+                     "time" + (f"; {waits} of them once the run they continue from has completed" if waits else ""))
     if plan.profile.vllm_servers is not None and todo:
         from armorlab.sweeps.jobs import train_argv
         from armorlab.vllm.servers import describe
@@ -123,6 +134,19 @@ def _print_dry_run(plan, workers: int | None, cluster_max: Callable[[], int]) ->
         argv = train_argv("<run dir>", **{k: v for k, v in plan.profile.launch_options().items() if k != "vllm_servers"})
         lines += ["", *describe(plan.profile.vllm_servers, python=plan.profile.python, trainer_argv=argv)]
     sys.stdout.write("\n".join(lines) + "\n")
+
+
+def _controls_lines(plan) -> list[str]:
+    """For each compared pair of a sweep declared as controls: the keys in which the arms differ."""
+    lines = []
+    for stage, pairs in plan.controls:
+        where = f" of stage {stage}" if stage is not None else ""
+        lines.append(f"controls{where}: each arm against its baseline, the keys in which they differ")
+        for baseline in dict.fromkeys(p.baseline for p in pairs):
+            lines.append(f"  baseline {baseline}")
+            lines += [f"    {p.describe()}" for p in pairs if p.baseline == baseline]
+        lines.append("")
+    return lines
 
 
 def _submit_slurm(plan, wait: bool) -> None:

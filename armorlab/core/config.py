@@ -12,6 +12,7 @@ ignores them collapses into one run instead of training duplicates.
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,6 +87,38 @@ def _schedule(v: Any) -> list[list[int | None]] | None:
     return out
 
 
+# ``init_from.run``: "<sweep>/<run-id>", relative to the runs root (the sweep dir's parent), so the
+# run id does not depend on where the root lies; the sweep name as armorlab.sweeps.spec allows it.
+INIT_FROM_RUN_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}/[0-9a-f]{12}")
+SELECT_MODES = ("max", "min")
+DEFAULT_SELECT = {"metric": "val/acc", "mode": "max"}
+
+
+def _init_from(v: Any) -> dict[str, Any] | None:
+    """``{run: "<sweep>/<run-id>", select: {metric, mode}}``: start from the checkpoint that run
+    selected (its selected.json) with π_ref initialised to it; ``select`` defaults to val/acc, max."""
+    if v is None:
+        return None
+    if not isinstance(v, Mapping):
+        raise Invalid("must be a mapping {run: <sweep>/<run-id>, select: {metric, mode}} or null")
+    extra = sorted(set(map(str, v)) - {"run", "select"})
+    if extra:
+        raise Invalid(f"unknown key {extra[0]!r} (known: run, select)")
+    run = v.get("run")
+    if not isinstance(run, str) or not INIT_FROM_RUN_RE.fullmatch(run):
+        raise Invalid("run must be '<sweep name>/<12-hex run id>' (relative to the runs root)")
+    select = v.get("select")
+    select = dict(DEFAULT_SELECT) if select is None else select
+    if not isinstance(select, Mapping) or set(map(str, select)) - {"metric", "mode"}:
+        raise Invalid("select must be a mapping {metric: <name>, mode: max|min}")
+    metric, mode = select.get("metric", DEFAULT_SELECT["metric"]), select.get("mode", DEFAULT_SELECT["mode"])
+    if not isinstance(metric, str) or not metric:
+        raise Invalid("select.metric must be a metric name such as val/acc")
+    if mode not in SELECT_MODES:
+        raise Invalid("select.mode must be max or min")
+    return {"run": run, "select": {"metric": metric, "mode": mode}}
+
+
 def _operators(v: Any) -> str:
     if not isinstance(v, str) or not v or any(c not in "+-*" for c in v) or len(set(v)) != len(v):
         raise Invalid("must be a non-empty string of distinct operators from '+-*'")
@@ -143,6 +176,9 @@ FIELDS: dict[str, Field] = {
     "dynamic_sampling_factor": Field(1, integer(1), "generate this many times the prompts and train on the "
                                      "first groups with unequal rewards (verl's filter_groups); 1 = no refill",
                                      type=int | None),
+    "init_from": Field(None, _init_from, "start from the checkpoint another run selected (its selected.json), "
+                       "π_ref initialised to it: {run: <sweep>/<run-id>, select: {metric, mode}}; a sweep's "
+                       "`stages:` set it", type=dict | None),
     "ref_vllm_mode": Field("none", choice(*REF_VLLM_MODES), "where π_ref's anchor samples come from: none = "
                            "transformers generate, colocate = a second in-process vLLM engine, server = a "
                            "vLLM server of its own (`armorlab vllm-serve`)", type=str),
@@ -598,6 +634,8 @@ def _normalise_inert(cfg: dict[str, Any]) -> None:
         cfg["alpha"] = None
     if not cfg["dynamic_sampling"]:
         cfg["dynamic_sampling_factor"] = None
+    if cfg.get("init_from") is None:
+        cfg.pop("init_from", None)  # absent, not null: configs that never continue keep their run ids
     mode = cfg.get("ref_vllm_mode", "none")
     unread = (*REF_VLLM_KEYS, *REF_VLLM_SERVER_KEYS) if mode == "none" else \
         REF_VLLM_SERVER_KEYS if mode == "colocate" else ("ref_vllm_memory",)

@@ -5,6 +5,11 @@ state (squeue, plus sacct when the cluster has accounting; the local process tab
 jobs) and whether a live process holds the run dir's lock (RunDir.owner). Shown states: queued,
 running, completed, failed, pending (not submitted, or preempted and waiting to be resubmitted),
 lost (status says running but neither its job nor any trainer is alive: resubmit it).
+
+A run of a later stage (it continues from a parent run: the manifest's ``parents``) that has not
+started shows failed, with the reason, once its parent has failed — on Slurm its job was waiting
+for the parent's (afterok) and is cancelled or left pending with DependencyNeverSatisfied — and
+queued, "waits for <parent>", while its job waits.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from armorlab.core.config import LOGGING_KEYS
 from armorlab.core.runs import RunDir, canonical_json
 from armorlab.errors import ArmorLabError
 from armorlab.sweeps import slurmctl
-from armorlab.sweeps.manifest import Manifest, is_local, load_manifest, local_job_alive
+from armorlab.sweeps.manifest import Manifest, is_local, load_manifest, local_job_alive, parent_failed_reason
 
 log = logging.getLogger(__name__)
 
@@ -105,8 +110,33 @@ def collect(sweep_dir: str | Path) -> SweepStatus:
             attempts=int(status.get("attempt") or 0), reason=status.get("reason"), job_id=job,
             point=points.get(rid, ""), warnings=list(status.get("warnings") or []),
             world_size=status.get("world_size")))
+    parents = dict(manifest.parents) if manifest else {}
+    for rid, cfg in configs.items():  # a run dir a manifest does not know of names its parent itself
+        run = (cfg.get("init_from") or {}).get("run") if isinstance(cfg.get("init_from"), Mapping) else None
+        if isinstance(run, str) and run.startswith(f"{sweep_dir.name}/"):
+            parents.setdefault(rid, run.split("/", 1)[1])
+    _follow_parents(rows, parents)
     return SweepStatus(sweep_dir=sweep_dir, manifest=manifest, rows=rows, warning=warning,
                        counts=Counter(r.state for r in rows))
+
+
+def _follow_parents(rows: list[RunRow], parents: Mapping[str, str]) -> None:
+    """A later stage's run that has not started: failed with the reason once its parent has
+    failed (or its job can never start), "waits for <parent>" while queued. Rows come in plan
+    order, parents first, so a failure reaches grandchildren too."""
+    by_id = {r.run_id: r for r in rows}
+    for row in rows:
+        parent = by_id.get(parents.get(row.run_id, ""))
+        if parent is None or row.state in ("completed", "running", "failed"):
+            continue
+        if parent.state == "failed":
+            row.state, row.reason = "failed", parent_failed_reason(parent.run_id, parent.reason)
+        elif row.slurm_state == slurmctl.NEVER_SATISFIED:
+            row.state = "failed"
+            row.reason = (f"its job waits for a job of {parent.run_id} that did not complete "
+                          "(DependencyNeverSatisfied): run the sweep again")
+        elif row.state == "queued" and parent.state != "completed":
+            row.reason = row.reason or f"waits for {parent.run_id}"
 
 
 def _display_state(state: str, job_state: str | None, active: bool, owned: bool = False) -> str:

@@ -43,6 +43,7 @@ from armorlab.core.config import FIELDS, load_config, resolve, split_config
 from armorlab.core.exits import EXIT_BUSY, EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED
 from armorlab.core.runs import RunDir, slurm_job_id
 from armorlab.errors import ArmorLabError
+from armorlab.train.init_from import find_start, record_start
 from armorlab.vllm.endpoints import read_endpoints
 
 log = logging.getLogger(__name__)
@@ -276,7 +277,10 @@ def make_args(cfg: dict[str, Any], run_dir: RunDir) -> Any:
         raise ArmorLabError(f"GRPOConfig rejected the config: {exc}", file=file) from None
 
 
-def build_trainer(cfg: dict[str, Any], run_dir: RunDir, callbacks: Iterable[Any] = ()) -> Any:
+def build_trainer(cfg: dict[str, Any], run_dir: RunDir, callbacks: Iterable[Any] = (),
+                  start_from: str | os.PathLike | None = None) -> Any:
+    """The trainer of a resolved config; ``start_from`` (a continuing run's selected parent
+    checkpoint, init_from.find_start) replaces the config's model as the policy and π_ref."""
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
     from armorlab.tasks import build_task
@@ -290,7 +294,7 @@ def build_trainer(cfg: dict[str, Any], run_dir: RunDir, callbacks: Iterable[Any]
     # the main process first: a tiny model built on another rank would not be saved (transformers'
     # save_pretrained writes on global rank 0 only once torch.distributed is up, as make_args left it)
     with PartialState().main_process_first():
-        model = prepare_model(cfg["model"], cfg["task"])
+        model = Path(start_from) if start_from is not None else prepare_model(cfg["model"], cfg["task"])
     task = build_task(cfg["task"], chat=has_chat_template(model))
     trainer = ArmorLabTrainer(str(model), task.reward_funcs, args, train_dataset=task.train,
                               val_dataset=task.val, test_dataset=task.test, tokens_dir=run_dir.tokens_dir,
@@ -403,10 +407,14 @@ def _train_owned(run_dir: RunDir, callbacks: Iterable[Any]) -> Outcome:
             # where this attempt's vLLM servers listen (a job of a profile with vllm_servers)
             cfg = resolve({**stored, **read_endpoints()}, file=str(run_dir.config_path))
             check_unchanged(stored, cfg, str(run_dir.config_path))
-            trainer = build_trainer(cfg, run_dir, [control.callback(), health.callback(), *callbacks])
+            start = find_start(run_dir, cfg["init_from"]) if cfg.get("init_from") else None
+            trainer = build_trainer(cfg, run_dir, [control.callback(), health.callback(), *callbacks],
+                                    start_from=start.checkpoint if start else None)
             checkpoint = complete_checkpoint(run_dir)
             if checkpoint is not None:
                 log.info("resuming %s from %s", run_dir.path, checkpoint.name)
+            elif start is not None:  # the first step of a continuing run: record what it starts from
+                record_start(trainer, run_dir, start, write=main)
             trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
     except ArmorLabError as exc:
         write_status("failed", reason=str(exc))
