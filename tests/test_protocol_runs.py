@@ -3,11 +3,16 @@ with disk bounded, the gate's refill and its shortfall, and the anchor cache off
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import pytest
 import torch
 from transformers import TrainerCallback
 
 from armorlab.core.runs import RunDir
+from armorlab.train.evaluate_kept import evaluate_kept
 from armorlab.train.launch import train_run_dir
 from armorlab.train.trainer import ArmorLabTrainer
 from tests.trainer_support import AnswerSampler, answer_table, build, model_cache, resolved, tokenizer_for
@@ -100,6 +105,17 @@ def test_rollout_schedules_and_kept_checkpoints_on_a_real_run(tmp_path, monkeypa
     assert (rd.path / selected["checkpoint"] / "model.safetensors").is_file()
     assert {p.name for p in rd.checkpoints()} == {f"checkpoint-{best_step}", "checkpoint-10"}
     assert not list(rd.checkpoints_dir.glob(".deleting-*"))
+    # armorlab evaluate: the kept checkpoints on the test split, with the run's own k and RNG stream,
+    # reproduce the test/acc the run logged at their steps
+    record = evaluate_kept(rd.path)
+    logged = {r["step"]: r for r in rows if "test/acc" in r}
+    assert [c["step"] for c in record["checkpoints"]] == sorted({best_step, 10})
+    for c in record["checkpoints"]:
+        for key in ("val/acc", "test/acc", "test/pass@k"):
+            assert c[key] == pytest.approx(logged[c["step"]][key]), key
+        assert c["test/n"] == 8 * 2
+        assert c["selected"] == (c["step"] == best_step)
+    assert json.loads((rd.path / "evaluation.json").read_text()) == record
     print(f"disk: at most {max(len(c) for _, c, _ in probe.on_disk)} of 10 saved checkpoints at once, "
           f"{max(s for _, _, s in probe.on_disk) / 2**20:.1f} MiB (π_ref weights included after a reset)")
 
@@ -161,3 +177,11 @@ def test_a_static_reference_draws_afresh_every_rollout_unless_the_window_cache_i
     # 4 training prompts = one generation batch; 6 steps = 3 rollouts; π_ref static (τ = 0)
     assert _asked_with(tmp_path / "off") == (12, [0.0, 0.0, 0.0])              # null = off when static
     assert _asked_with(tmp_path / "window", anchor_cache="window") == (4, [0.0, 1.0, 1.0])
+
+
+def test_evaluate_names_what_is_wrong_and_exits_2(tmp_path):
+    rd = RunDir.create(tmp_path, resolved())
+    for target, words in ((tmp_path / "nowhere", "not a run directory"), (rd.path, "no checkpoints")):
+        proc = subprocess.run([sys.executable, "-m", "armorlab.cli", "evaluate", str(target)],
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 2 and words in proc.stderr and "Traceback" not in proc.stderr
