@@ -207,3 +207,47 @@ def test_a_window_outside_the_top_k_never_comes_back():
         assert [p.step for p in offline] == [p.step for p in plan.picks]
         assert {p.step for p in offline} <= on_disk
         assert len(on_disk) <= 1 + keep + 1
+
+
+# --------------------------------------------------------------------------- reading rollouts
+def _run(root, seed, lines):
+    from armorlab.core.runs import RunDir
+
+    rd = RunDir.create(root, resolve({"seed": seed, "max_steps": 4}))
+    for step, rollout, metrics in lines:
+        rd.append_metrics(step, metrics, rollout=rollout)
+    rd.write_status("completed")
+    return rd
+
+
+def test_curves_in_rollouts_average_each_rollouts_lines_and_skip_runs_without_the_counter(tmp_path):
+    from armorlab.analysis.load import load
+    from armorlab.analysis.recipe import parse_recipe
+
+    new = _run(tmp_path / "s", 0, [(0, 0, {"val/acc": 0.5}), (1, 1, {"train/reward": 0.2}),
+                                   (2, 1, {"train/reward": 0.4, "val/acc": 0.6}), (3, 2, {"train/reward": 0.7}),
+                                   (4, 2, {"train/reward": 0.9, "val/acc": 0.8})])
+    old = _run(tmp_path / "s", 1, [(1, None, {"train/reward": 0.1})])          # written before the counter
+    rs = load([tmp_path / "s"], cache=False)
+    assert "rollout" not in rs.metrics
+    steps, values = rs.curve(new.id, "train/reward")
+    assert steps.tolist() == [1, 2, 3, 4] and values.tolist() == [0.2, 0.4, 0.7, 0.9]
+    rs.counter = "rollout"
+    rollouts, values = rs.curve(new.id, "train/reward")
+    assert rollouts.tolist() == [1, 2] and values == pytest.approx([0.3, 0.8])
+    assert rs.curve(new.id, "val/acc")[0].tolist() == [0, 1, 2] and rs.last_step(new.id) == 2
+    assert rs.curve(old.id, "train/reward")[0].size == 0 and rs.last_step(old.id) is None
+    assert parse_recipe({"runs": ["x"], "x": "rollout"}).x == "rollout"
+    assert parse_recipe({"runs": ["x"]}).x == "step"
+    with pytest.raises(ArmorLabError) as err:
+        parse_recipe({"runs": ["x"], "x": "epoch"}, file="r.yaml")
+    assert err.value.key == "x"
+
+
+def test_the_collapse_pruner_plans_its_evals_in_optimizer_steps():
+    from armorlab.tune.pruners import planned_evals
+
+    # val_every 10 rollouts of 16 updates over 100 rollouts: every 160 steps, 1600 steps → 11 evals
+    cfg = resolve({**PAPER, "step_unit": "rollout", "max_rollouts": 100, "val_every": 10})
+    assert planned_evals(cfg) == 11
+    assert planned_evals({"max_steps": 200, "val_every": 10}) == 21
