@@ -33,7 +33,7 @@ from armorlab.core.checks import (
     text,
 )
 from armorlab.core.identity import data_identity, model_identity
-from armorlab.core.schedule import STEP_UNITS, config_per_rollout
+from armorlab.core.schedule import STEP_UNITS, config_per_rollout, rollout_horizon
 from armorlab.core.trl_fields import TRL_RANGES, check_trl_value, grpo_field_kinds, grpo_field_names
 from armorlab.core.vllm_config import check_vllm_servers
 from armorlab.errors import ArmorLabError
@@ -521,7 +521,10 @@ def resolve(raw: Mapping[str, Any], *, file: str | None = None) -> dict[str, Any
                 if key == "num_generations":
                     exc = Invalid(f"GRPO needs at least 2 generations per prompt ({exc})")
                 raise ArmorLabError(str(exc), key=key, value=out[key], file=file) from None
-    _resolve_units(out, raw, file)
+    steps = rollout_horizon(out["step_unit"], out["max_rollouts"], out["max_steps"], config_per_rollout(out),
+                            max_steps_given="max_steps" in raw, file=file)
+    if steps is not None:
+        out["max_steps"] = steps
     for key in [k for k in out if k not in FIELDS and trl_fields.is_inert_default(k, out[k])]:
         del out[key]  # `use_vllm: false` and no use_vllm are one run
     for key, value in out.items():  # dates, NaN, binary, ... cannot be hashed into a run id
@@ -539,31 +542,6 @@ def resolve(raw: Mapping[str, Any], *, file: str | None = None) -> dict[str, Any
     out["model"] = _resolve_model(raw.get("model"), file)
     _normalise_inert(out)
     return out
-
-
-def _resolve_units(out: dict[str, Any], raw: Mapping[str, Any], file: str | None) -> None:
-    """Rollout-counted settings need a whole number of optimizer steps per rollout; ``max_rollouts``
-    sets ``max_steps`` (a given max_steps must agree: resolving a resolved config changes nothing)."""
-    rollouts = out["step_unit"] == "rollout" or out["max_rollouts"] is not None
-    if not rollouts:
-        return
-    key = "max_rollouts" if out["max_rollouts"] is not None else "step_unit"
-    per = config_per_rollout(out)
-    if per is None:
-        raise ArmorLabError("counting in rollouts needs steps_per_generation (with generation_batch_size "
-                            "alone the optimizer steps per rollout depend on the number of processes)",
-                            key=key, value=out[key], file=file)
-    if per.denominator != 1:
-        raise ArmorLabError(f"counting in rollouts needs whole optimizer steps per rollout: steps_per_generation "
-                            f"× num_iterations / gradient_accumulation_steps = {per}", key=key, value=out[key],
-                            file=file)
-    if out["max_rollouts"] is not None:
-        steps = out["max_rollouts"] * int(per)
-        if "max_steps" in raw and out["max_steps"] != steps:
-            raise ArmorLabError(f"give max_steps or max_rollouts, not both (max_rollouts: {out['max_rollouts']} "
-                                f"is {steps} optimizer steps at {per} per rollout)", key="max_steps",
-                                value=out["max_steps"], file=file)
-        out["max_steps"] = steps
 
 
 _SCALARS = (str, int, float, bool, type(None))

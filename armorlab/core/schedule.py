@@ -21,6 +21,8 @@ from collections.abc import Mapping
 from fractions import Fraction
 from typing import Any
 
+from armorlab.errors import ArmorLabError
+
 STEP_UNITS = ("optimizer", "rollout")
 
 
@@ -87,3 +89,30 @@ def config_val_every_steps(cfg: Mapping[str, Any]) -> int | None:
         return int(every)
     per = config_per_rollout(cfg)
     return None if per is None else optimizer_steps(int(every), "rollout", per)
+
+
+def rollout_horizon(step_unit: str, max_rollouts: int | None, max_steps: int, per_rollout: Fraction | None, *,
+                    max_steps_given: bool, file: str | None = None) -> int | None:
+    """Check the rollout-counted settings of a config; the max_steps ``max_rollouts`` sets (None when
+    it is not set). Counting in rollouts needs a whole U (None: only ``generation_batch_size`` is
+    known, U depends on the processes); a given max_steps must agree (then resolving a resolved
+    config changes nothing)."""
+    if step_unit != "rollout" and max_rollouts is None:
+        return None
+    key, value = ("max_rollouts", max_rollouts) if max_rollouts is not None else ("step_unit", step_unit)
+    if per_rollout is None:
+        raise ArmorLabError("counting in rollouts needs steps_per_generation (with generation_batch_size "
+                            "alone the optimizer steps per rollout depend on the number of processes)",
+                            key=key, value=value, file=file)
+    if Fraction(per_rollout).denominator != 1:
+        raise ArmorLabError(f"counting in rollouts needs whole optimizer steps per rollout: steps_per_generation "
+                            f"× num_iterations / gradient_accumulation_steps = {per_rollout}", key=key, value=value,
+                            file=file)
+    if max_rollouts is None:
+        return None
+    steps = int(max_rollouts) * int(per_rollout)
+    if max_steps_given and max_steps != steps:
+        raise ArmorLabError(f"give max_steps or max_rollouts, not both (max_rollouts: {max_rollouts} is {steps} "
+                            f"optimizer steps at {per_rollout} per rollout)", key="max_steps", value=max_steps,
+                            file=file)
+    return steps

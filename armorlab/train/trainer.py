@@ -60,7 +60,7 @@ from armorlab.algos.loss import (
 )
 from armorlab.algos.objectives import objective_spec
 from armorlab.core.config import default_anchor_cache
-from armorlab.core.schedule import updates_per_rollout
+from armorlab.core.schedule import rollout_horizon, updates_per_rollout
 from armorlab.errors import ArmorLabError
 from armorlab.train import anchors as anc
 from armorlab.train.evaluation import Validator
@@ -204,19 +204,12 @@ class ArmorLabTrainer(GRPOTrainer):
                                 key="anchor", value=self.args.anchor)
 
     def _check_units(self) -> None:
-        """Rollout-counted settings need whole optimizer steps per rollout; ``max_rollouts`` sets
-        max_steps (config.resolve does the same for run configs; this covers Python users)."""
-        args, per = self.args, self.per_rollout
-        if (args.step_unit == "rollout" or args.max_rollouts is not None) and per.denominator != 1:
-            key = "max_rollouts" if args.max_rollouts is not None else "step_unit"
-            raise ArmorLabError(f"counting in rollouts needs whole optimizer steps per rollout: steps_per_generation "
-                                f"× num_iterations / gradient_accumulation_steps = {per}", key=key,
-                                value=getattr(args, key))
-        if args.max_rollouts is not None:
-            steps = args.max_rollouts * int(per)
-            if args.max_steps > 0 and args.max_steps != steps:
-                raise ArmorLabError(f"give max_steps or max_rollouts, not both (max_rollouts: {args.max_rollouts} "
-                                    f"is {steps} optimizer steps)", key="max_steps", value=args.max_steps)
+        """Rollout-counted settings need a whole U; ``max_rollouts`` sets max_steps (config.resolve
+        does the same for run configs; this covers Python users of ArmorLabConfig)."""
+        args = self.args
+        steps = rollout_horizon(args.step_unit, args.max_rollouts, args.max_steps, self.per_rollout,
+                                max_steps_given=args.max_steps > 0)
+        if steps is not None:
             args.max_steps = steps
 
     def sync_reference_engine(self) -> None:
