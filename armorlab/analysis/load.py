@@ -49,6 +49,7 @@ CACHE_FILE = "metrics.arrow"
 CACHE_VERSION = 4
 OLD_CACHE_FILES = ("metrics.parquet",)  # earlier formats, removed when the cache is rewritten
 META_COLUMNS = ("run_id", "sweep", "path", "state", "reason", "world_size")
+COUNTERS = ("step", "rollout")  # the x axes a metrics line carries: optimizer steps and rollouts
 _META_KEY = b"armorlab_cache"
 
 
@@ -267,6 +268,7 @@ class RunSet:
     wide: pd.DataFrame
     warnings: list[str] = field(default_factory=list)
     slices: dict[str, tuple[int, int]] | None = None  # run_id → its rows of ``wide``, when known
+    counter: str = "step"  # the x of curve() and last_step(): "step" or "rollout" (recipe ``x``)
 
     @cached_property
     def _slices(self) -> dict[str, tuple[int, int]]:
@@ -284,8 +286,8 @@ class RunSet:
 
     @property
     def metrics(self) -> list[str]:
-        """Metric names present in at least one run."""
-        return [c for c in self.wide.columns if c not in ("run_id", "step")]
+        """Metric names present in at least one run (the counters ``step`` and ``rollout`` are not)."""
+        return [c for c in self.wide.columns if c not in ("run_id", *COUNTERS)]
 
     def has_metric(self, run_id: str, metric: str) -> bool:
         steps, _ = self.curve(run_id, metric)
@@ -297,19 +299,38 @@ class RunSet:
         return {c: self.wide[c].to_numpy() for c in self.wide.columns if c != "run_id"}
 
     def curve(self, run_id: str, metric: str) -> tuple[np.ndarray, np.ndarray]:
-        """(steps, values) of one metric of one run, NaN rows dropped."""
+        """(steps, values) of one metric of one run, NaN rows dropped; steps count ``counter``. In
+        rollouts, the lines of one rollout are averaged (one point per rollout, as verl logs) and
+        lines without the counter (runs from before it) are left out."""
         cols = self._columns
-        if metric not in cols or metric == "step" or run_id not in self._slices:
+        if metric not in cols or metric in COUNTERS or run_id not in self._slices:
             return np.empty(0, dtype=np.int64), np.empty(0)
         a, b = self._slices[run_id]
         values = cols[metric][a:b]
         keep = ~np.isnan(values)
-        return cols["step"][a:b][keep], values[keep]
+        if self.counter == "step":
+            return cols["step"][a:b][keep], values[keep]
+        if self.counter not in cols:
+            return np.empty(0, dtype=np.int64), np.empty(0)
+        x = cols[self.counter][a:b]
+        keep &= ~np.isnan(x)
+        x, values = x[keep].astype(np.int64), values[keep]
+        if x.size < 2 or np.all(x[1:] > x[:-1]):
+            return x, values
+        first, counts = np.unique(x, return_index=True, return_counts=True)[1:]
+        return x[first], np.add.reduceat(values, first) / counts
 
     def last_step(self, run_id: str) -> int | None:
-        """The last logged step of a run (None when it logged nothing)."""
+        """The last logged step (in ``counter``) of a run (None when it logged nothing)."""
         a_b = self._slices.get(run_id)
-        return None if a_b is None else int(self._columns["step"][a_b[1] - 1])
+        if a_b is None:
+            return None
+        x = self._columns.get(self.counter)
+        if x is None:
+            return None
+        last = x[a_b[0]:a_b[1]]
+        last = last[~np.isnan(last)] if last.dtype.kind == "f" else last
+        return int(last[-1]) if last.size else None
 
     def config_columns(self, varying_only: bool = False) -> list[str]:
         cols = [c for c in self.runs.columns if c not in META_COLUMNS]

@@ -7,6 +7,7 @@ group_by: [objective, alpha]            # config keys (dotted ok); default: the 
 curves: [val/acc, train/reward, kl/forward_k3, kl/reverse_k3, cap/pos_mean, train/entropy]
 select: {metric: val/acc, mode: max, report: test/acc}   # (R1) best on val, reported on test
 matched_steps: [100, 200, 400]          # (R2); default: ¼, ½, 1 of the shortest run
+x: step                                 # the x axis of curves and steps: step (optimizer) or rollout
 scores: [selected_test, test@400, auc]  # headline scores: probability of improvement + bar charts
 compare: {baseline: {objective: dapo}}  # or {pairs: [[{objective: armor}, {objective: dapo}]]}
 collapse: {delta: 0.03, patience: 3, alpha: 0.04, entropy_frac: 0.1,   # collapse.py (C1)–(C7)
@@ -16,6 +17,8 @@ out: reports/armor_vs_dapo              # default: reports/<recipe name>
 ```
 Every key but ``runs`` is optional; unknown keys and bad values are errors naming the key, the
 value and the file. Seeds are never a group key: they are what the statistics aggregate.
+With ``x: rollout`` every step of the report (curves, matched_steps, peak, collapse and selected
+steps) counts rollouts, the metrics lines' ``rollout`` counter; lines of one rollout are averaged.
 """
 
 from __future__ import annotations
@@ -35,7 +38,8 @@ DEFAULT_CURVES = ("val/acc", "train/reward", "kl/reverse_k3", "kl/forward_k3", "
 DEFAULT_KL = ("kl/reverse_k3", "kl/forward_k3", "kl/exact_reverse", "kl/exact_forward")
 SEED_KEYS = ("seed",)
 KEYS = ("title", "runs", "group_by", "curves", "select", "matched_steps", "scores", "compare",
-        "collapse", "kl", "out")
+        "collapse", "kl", "out", "x")
+X_AXES = ("step", "rollout")  # the counters a metrics line carries (armorlab.core.schedule)
 
 
 @dataclass(frozen=True)
@@ -76,6 +80,7 @@ class Recipe:
     collapse: CollapseParams = field(default_factory=CollapseParams)
     kl: list[str] = field(default_factory=lambda: list(DEFAULT_KL))
     out: str | None = None
+    x: str = "step"
     path: Path | None = None
 
 
@@ -177,6 +182,10 @@ def parse_recipe(raw: Mapping[str, Any], *, file: str | None = None, name: str |
                 pairs.append((_selector(pair[0], f"compare.pairs[{i}][0]", file),
                               _selector(pair[1], f"compare.pairs[{i}][1]", file)))
         r.compare = Compare(baseline, pairs)
+    if raw.get("x") is not None:
+        if raw["x"] not in X_AXES:
+            raise _err(f"must be one of {', '.join(X_AXES)}", "x", raw["x"], file)
+        r.x = raw["x"]
     if raw.get("out") is not None:
         if not isinstance(raw["out"], str) or not raw["out"]:
             raise _err("must be a directory path", "out", raw["out"], file)

@@ -104,6 +104,17 @@ def _state_notes(rs: RunSet, notes: G.Notes) -> None:
             notes.add(f"run {run.run_id} {run.reason}")
 
 
+def _counter_notes(rs: RunSet, notes: G.Notes) -> None:
+    """With ``x: rollout``, name the runs whose lines carry no rollout counter (written before it
+    existed): their curves are left out."""
+    if rs.counter == "step":
+        return
+    lacking = [r for r in rs.run_ids if rs.last_step(r) is None]
+    if lacking:
+        notes.add(f"{len(lacking)} run(s) log no `{rs.counter}` counter and are left out of the curves: "
+                  f"{', '.join(lacking[:6])}" + (" …" if len(lacking) > 6 else ""))
+
+
 def _bands(rs: RunSet, groups: G.Groups, metric: str, notes: G.Notes) -> dict[str, stats.CurveBand]:
     out = {}
     for g in groups.labels:
@@ -236,8 +247,11 @@ def _build_report(recipe: Recipe, out: Path, *, cache: bool, progress: Callable[
     key = freshness.input_key(recipe, out)  # before reading: a run growing meanwhile makes it stale
     freshness.forget(out)
     rs = load(recipe.runs, cache=cache, progress=progress)
+    rs.counter = recipe.x  # steps in optimizer steps or rollouts, everywhere below
     notes = G.Notes(list(rs.warnings))
     _state_notes(rs, notes)
+    _counter_notes(rs, notes)
+    axis = {} if recipe.x == "step" else {"x_label": plots.AXIS_LABELS[recipe.x]}
     keys = recipe.group_by if recipe.group_by is not None else G.auto_group_by(rs.runs)
     groups = G.make_groups(rs.runs, keys, file=file)
     legend = ", ".join(keys) if keys else "group"
@@ -265,7 +279,7 @@ def _build_report(recipe: Recipe, out: Path, *, cache: bool, progress: Callable[
     kl_panels = {m: b for m, b in kl_panels.items() if b}
     if kl_panels:
         drawn["kl"] = ("kl", worker.draw(plots.plot_kl, kl_panels, plot_dir / "kl.png", legend_title=legend,
-                                         colors=colors),
+                                         colors=colors, **axis),
                        "reverse KL(π_θ‖π_ref) and forward KL(π_ref‖π_θ) over steps")
     explicit = set(recipe.curves or ()) | {sel.metric, sel.report}
     _missing_metric_notes(rs, list(dict.fromkeys([sel.metric, sel.report, *curves])), notes, explicit)
@@ -312,7 +326,7 @@ def _build_report(recipe: Recipe, out: Path, *, cache: bool, progress: Callable[
         drawn["val"] = ("results", worker.draw(plots.plot_curves, band(sel.metric), sel.metric,
                                                plot_dir / "val.png", legend_title=legend, colors=colors,
                                                markers=markers, matched_steps=matched,
-                                               noise=_noise_bands(rs, groups, sel.metric)),
+                                               noise=_noise_bands(rs, groups, sel.metric), **axis),
                         f"{sel.metric} per group: mean over seeds with its 95% CI (shaded); thin dashed lines: ±1 SE "
                         f"of eval noise (binomial from val/n where logged, else estimated from the curve); ▼ = a "
                         f"seed's collapse onset, "
@@ -341,7 +355,7 @@ def _build_report(recipe: Recipe, out: Path, *, cache: bool, progress: Callable[
     if band(sel.metric) and band(col.train):
         drawn["overoptimisation"] = ("results", worker.draw(
             plots.plot_overoptimisation, band(col.train), band(sel.metric), col.train, sel.metric,
-            plot_dir / "overoptimisation.png", legend_title=legend, colors=colors),
+            plot_dir / "overoptimisation.png", legend_title=legend, colors=colors, **axis),
             f"{col.train} (dashed) against {sel.metric} (solid): the over-optimisation picture")
     bands = {m: band(m) for m in curves if band(m)}
     # the small multiples show only what no figure above shows: each extra figure costs a second
@@ -349,7 +363,7 @@ def _build_report(recipe: Recipe, out: Path, *, cache: bool, progress: Callable[
     others = {m: b for m, b in bands.items() if m not in shown}
     if others:
         drawn["curves"] = ("curves", worker.draw(plots.plot_curve_grid, others, plot_dir / "curves.png",
-                                                 legend_title=legend, colors=colors),
+                                                 legend_title=legend, colors=colors, **axis),
                            f"the recipe's other curves: mean over seeds with 95% CI (Student-t below "
                            f"{stats.T_MIN_BOOTSTRAP} seeds, BCa bootstrap from {stats.T_MIN_BOOTSTRAP})")
     notes.extend(score_notes)

@@ -34,6 +34,7 @@ from armorlab.core.checks import (
     text,
 )
 from armorlab.core.identity import data_identity, model_identity
+from armorlab.core.schedule import STEP_UNITS, config_per_rollout, rollout_horizon
 from armorlab.core.trl_fields import TRL_RANGES, check_trl_value, grpo_field_kinds, grpo_field_names
 from armorlab.core.vllm_config import check_vllm_servers
 from armorlab.errors import ArmorLabError
@@ -161,11 +162,22 @@ FIELDS: dict[str, Field] = {
                           type=str | None),
     "anchor_reward_threshold": Field(1.0, number(), "reward at or above which an anchor is correct",
                                      type=float | None),
-    "ref_reset_steps": Field(0, integer(0), "τ: reset π_ref ← π_θ every τ steps; 0 = static", type=int),
+    "ref_reset_steps": Field(0, integer(0), "τ: reset π_ref ← π_θ every τ steps (step_unit); 0 = static", type=int),
     "ref_reset_schedule": Field(None, _schedule, "[[until_step, τ], ...]: τ for steps ≤ until_step "
-                                "(null until_step = to the end); later steps use ref_reset_steps",
-                                type=list[list[int]] | None),
-    "val_every": Field(10, integer(0), "validate every N steps (and at step 0); 0 = never", type=int),
+                                "(null until_step = to the end; steps in step_unit); later steps use "
+                                "ref_reset_steps", type=list[list[int]] | None),
+    "val_every": Field(10, integer(0), "validate every N steps (step_unit; and at step 0); 0 = never", type=int),
+    "step_unit": Field("optimizer", choice(*STEP_UNITS), "what ref_reset_steps, ref_reset_schedule and val_every "
+                       "count: optimizer steps, or rollouts (generation batches, the papers' and verl's step; "
+                       "docs/schedules.md)", type=str),
+    "max_rollouts": Field(None, optional(integer(1)), "horizon in rollouts: sets max_steps to max_rollouts × "
+                          "optimizer steps per rollout (give one of the two)", type=int | None),
+    "anchor_cache": Field(None, optional(choice("window", "off")), "reuse a prompt's reference draws until π_ref "
+                          "resets (window) or draw afresh every rollout (off); null = window when π_ref resets, "
+                          "off when it is static", type=str | None),
+    "keep_checkpoints": Field(1, integer(0), "checkpoints kept at the best validation levels (the noise-aware "
+                              "rule of selected.json), besides the last save_total_limit; 0 = none "
+                              "(TRL's rotation alone)", type=int),
     "val_samples": Field(4, integer(1), "k of avg@k / pass@k", type=int),
     "val_temperature": Field(1.0, number(0.0), "sampling temperature for validation", type=float),
     "kl_probe_prompts": Field(8, integer(0), "prompts in the exact-KL probe; 0 = off", type=int),
@@ -174,7 +186,8 @@ FIELDS: dict[str, Field] = {
     "dynamic_sampling": Field(False, boolean, "DAPO: groups whose rewards are all equal leave the loss and "
                               "its normaliser (train/zero_var_frac)", type=bool),
     "dynamic_sampling_factor": Field(1, integer(1), "generate this many times the prompts and train on the "
-                                     "first groups with unequal rewards (verl's filter_groups); 1 = no refill",
+                                     "first groups that train: with unequal rewards (dynamic_sampling) and past "
+                                     "the gate (anchor_gate); verl's filter_groups; 1 = no refill",
                                      type=int | None),
     "init_from": Field(None, _init_from, "start from the checkpoint another run selected (its selected.json), "
                        "π_ref initialised to it: {run: <sweep>/<run-id>, select: {metric, mode}}; a sweep's "
@@ -198,6 +211,10 @@ FIELDS: dict[str, Field] = {
 # Execution settings of the reference engine: dropped from the resolved config while they are not
 # read (the mode off, or another mode's settings), so runs that do not use them keep their run ids.
 REF_VLLM_KEYS = ("ref_vllm_mode", "ref_vllm_memory")
+# Fields dropped from the resolved config at these values, so configs written before they existed
+# keep their run ids (the resolved config of `step_unit: optimizer` is the one without the key).
+DROPPED_AT_DEFAULT: dict[str, Any] = {"step_unit": "optimizer", "max_rollouts": None, "anchor_cache": None, "init_from": None,
+                                      "keep_checkpoints": 1}
 REF_VLLM_SERVER_KEYS = ("ref_vllm_server_host", "ref_vllm_server_port", "ref_vllm_server_base_url",
                         "ref_vllm_server_timeout", "ref_vllm_group_port")
 
@@ -540,6 +557,10 @@ def resolve(raw: Mapping[str, Any], *, file: str | None = None) -> dict[str, Any
                 if key == "num_generations":
                     exc = Invalid(f"GRPO needs at least 2 generations per prompt ({exc})")
                 raise ArmorLabError(str(exc), key=key, value=out[key], file=file) from None
+    steps = rollout_horizon(out["step_unit"], out["max_rollouts"], out["max_steps"], config_per_rollout(out),
+                            max_steps_given="max_steps" in raw, file=file)
+    if steps is not None:
+        out["max_steps"] = steps
     for key in [k for k in out if k not in FIELDS and trl_fields.is_inert_default(k, out[k])]:
         del out[key]  # `use_vllm: false` and no use_vllm are one run
     for key, value in out.items():  # dates, NaN, binary, ... cannot be hashed into a run id
@@ -591,7 +612,7 @@ def _check_logging_backends(report_to: Any, file: str | None) -> None:
 
 
 INERT_KEYS = frozenset({"alpha", "quantile_k", "kl_estimator", "anchor_filter", "anchor_ratio", "anchor_samples",
-                        "anchor_reward_threshold", "dynamic_sampling_factor"})
+                        "anchor_reward_threshold", "dynamic_sampling_factor", "anchor_cache"})
 
 
 def default_alpha(num_generations: int) -> float:
@@ -604,6 +625,18 @@ def default_anchor_ratio(objective: str) -> str:
     π_ref (armor); for the others the importance ratio against the policy that sampled the row,
     π_θ/π_ref (``behavior``)."""
     return "mixed" if objective_spec(objective).uses_reference else "behavior"
+
+
+def reference_resets(ref_reset_steps: int, schedule: Any) -> bool:
+    """Whether π_ref is ever reset (τ > 0 anywhere), i.e. not static."""
+    return bool(ref_reset_steps) or any(int(tau) > 0 for _, tau in schedule or ())
+
+
+def default_anchor_cache(ref_reset_steps: int, schedule: Any) -> str:
+    """What ``anchor_cache: null`` means: ``window`` when π_ref resets (draws stay valid until the
+    next reset), ``off`` when it is static (a cache would fix each prompt's anchor and gate
+    decision for the whole run, where ARMOR samples afresh)."""
+    return "window" if reference_resets(ref_reset_steps, schedule) else "off"
 
 
 def fill_objective_defaults(cfg: Any) -> None:
@@ -630,12 +663,17 @@ def _normalise_inert(cfg: dict[str, Any]) -> None:
     if not (anchor_on or cfg["anchor_gate"]):
         cfg["anchor_samples"] = None
         cfg["anchor_reward_threshold"] = None
+        cfg["anchor_cache"] = None
+    elif cfg["anchor_cache"] == default_anchor_cache(cfg["ref_reset_steps"], cfg["ref_reset_schedule"]):
+        cfg["anchor_cache"] = None  # what null means here: one run, one id
     if not (objective_spec(cfg["objective"]).uses_reference or (anchor_on and cfg["anchor_ratio"] == "mixed")):
         cfg["alpha"] = None
-    if not cfg["dynamic_sampling"]:
+    # the refill serves both filters; gate-only configs from before it did keep a null factor
+    if not cfg["dynamic_sampling"] and (not cfg["anchor_gate"] or cfg["dynamic_sampling_factor"] == 1):
         cfg["dynamic_sampling_factor"] = None
-    if cfg.get("init_from") is None:
-        cfg.pop("init_from", None)  # absent, not null: configs that never continue keep their run ids
+    for key, default in DROPPED_AT_DEFAULT.items():
+        if key in cfg and cfg[key] == default:
+            del cfg[key]
     mode = cfg.get("ref_vllm_mode", "none")
     unread = (*REF_VLLM_KEYS, *REF_VLLM_SERVER_KEYS) if mode == "none" else \
         REF_VLLM_SERVER_KEYS if mode == "colocate" else ("ref_vllm_memory",)

@@ -9,6 +9,9 @@
   π_ref, anchor cache, TRL's generation buffer, step); metrics.jsonl is appended to, and readers
   keep the last line per step, so steps the killed attempt logged after that checkpoint are
   superseded;
+- checkpoints: one at every validation step besides ``save_steps``; kept are the last
+  ``save_total_limit``, the ``keep_checkpoints`` best by the noise-aware validation level and
+  ``selected.json`` naming the best (armorlab.train.keep); the rest are pruned as the run goes;
 - SIGUSR1/SIGTERM: finish the current optimizer step, checkpoint, status ``pending`` with
   reason ``preempted at step N``, exit 75 (submitit requeues the job);
 - ``DIR/stop_request`` (JSON ``{"reason": ...}``): stop after the current step, status
@@ -284,6 +287,7 @@ def build_trainer(cfg: dict[str, Any], run_dir: RunDir, callbacks: Iterable[Any]
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
     from armorlab.tasks import build_task
+    from armorlab.train import keep
     from armorlab.train.models import has_chat_template, prepare_model
     from armorlab.train.telemetry import RunDirLogger
     from armorlab.train.trainer import ArmorLabTrainer
@@ -306,6 +310,7 @@ def build_trainer(cfg: dict[str, Any], run_dir: RunDir, callbacks: Iterable[Any]
                             f"{trainer.accelerator.num_processes} together ({trainer.accelerator.distributed_type}); "
                             "without GPUs leave use_cpu unset (true)", key="use_cpu", value=args.use_cpu,
                             file=str(run_dir.config_path))
+    keep.install(trainer, run_dir, trainer.args.keep_checkpoints)  # the kept checkpoints and selected.json
     # keep the progress bar, drop transformers' printing of every log dict (metrics.jsonl has them)
     trainer.remove_callback(PrinterCallback)
     if trainer.pop_callback(ProgressCallback) is not None:
