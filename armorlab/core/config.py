@@ -213,8 +213,8 @@ FIELDS: dict[str, Field] = {
 REF_VLLM_KEYS = ("ref_vllm_mode", "ref_vllm_memory")
 # Fields dropped from the resolved config at these values, so configs written before they existed
 # keep their run ids (the resolved config of `step_unit: optimizer` is the one without the key).
-DROPPED_AT_DEFAULT: dict[str, Any] = {"step_unit": "optimizer", "max_rollouts": None, "anchor_cache": None, "init_from": None,
-                                      "keep_checkpoints": 1}
+DROPPED_AT_DEFAULT: dict[str, Any] = {"step_unit": "optimizer", "max_rollouts": None, "anchor_cache": None,
+                                      "keep_checkpoints": 1, "init_from": None}
 REF_VLLM_SERVER_KEYS = ("ref_vllm_server_host", "ref_vllm_server_port", "ref_vllm_server_base_url",
                         "ref_vllm_server_timeout", "ref_vllm_group_port")
 
