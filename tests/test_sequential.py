@@ -188,3 +188,12 @@ def test_latest_comparisons_carry_resolved_arms():
     assert latest["armor"]["verdict"] == V.WORSE and latest["armor"]["n"] == [3, 3]
     assert latest["up"]["n"] == [5, 5]
     assert S.latest_comparisons([]) == {}
+
+
+def test_failed_seeds_are_asked_for_again():
+    # two of the arm's three runs failed (no value): nothing to test yet, the look asks for 3 again
+    design = _design(arms=("kl",), max_seeds=3, first_look=3)
+    look = S.decide_look(design, {"dapo": [0.6, 0.61, 0.62], "kl": [0.6, float("nan"), None]})
+    c = look["comparisons"][0]
+    assert c["verdict"] == S.CONTINUE and not c["tested"] and c["n"] == [1, 3]
+    assert look["next"] == {"kl": 3, "dapo": 3} and not look["done"]
