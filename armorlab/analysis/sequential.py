@@ -104,28 +104,24 @@ class _Walk:
         self.z: np.ndarray | None = None      # grid of the last look's continuation region
         self.mass: np.ndarray | None = None   # density × Simpson weight on that grid
 
-    def _moments(self, t: float) -> tuple[np.ndarray, float]:
-        """mean of S(t) given each grid point of the last look, and the increment's sd."""
+    def _moments(self, t: float) -> tuple[np.ndarray, np.ndarray, float]:
+        """Given each grid point of the last look (a single start point S(0) = 0 before the
+        first): its probability mass, the mean of S(t) and the increment's sd."""
         dt = t - self.t
         if self.z is None:
-            return np.zeros(1), math.sqrt(t)
-        return self.z * math.sqrt(self.t) + self.drift * dt, math.sqrt(dt)
+            return np.ones(1), np.full(1, self.drift * dt), math.sqrt(dt)
+        return self.mass, self.z * math.sqrt(self.t) + self.drift * dt, math.sqrt(dt)
 
     def crossing(self, c: float, t: float) -> tuple[float, float]:
         """P(reach look k, Z_k ≥ c) and P(reach look k, Z_k ≤ −c)."""
-        mu, s = self._moments(t)
-        if self.z is None:
-            mu = mu + self.drift * t
-        mass = np.ones(1) if self.mass is None else self.mass
+        mass, mu, s = self._moments(t)
         upper = float(mass @ sp.ndtr((mu - c * math.sqrt(t)) / s))
         lower = float(mass @ sp.ndtr((-c * math.sqrt(t) - mu) / s))
         return upper, lower
 
     def advance(self, c: float, t: float) -> None:
-        mu, s = self._moments(t)
-        if self.z is None:
-            mu = mu + self.drift * t
-        mass = np.ones(1) if self.mass is None else self.mass
+        """Carry the sub-density past look k with boundary c (an infinite c: nothing stops)."""
+        mass, mu, s = self._moments(t)
         z, w = _simpson(c if math.isfinite(c) else 12.0)
         x = (z[:, None] * math.sqrt(t) - mu[None, :]) / s
         density = (np.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)) @ mass * (math.sqrt(t) / s)
