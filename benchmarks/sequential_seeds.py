@@ -43,8 +43,15 @@ from armorlab.analysis import verdicts as V
 
 # The demo's measured spread: final val/acc (level of the last 3 evals) of the 15 runs of
 # `armorlab demo` (armorlab/demo.yaml: 5 objectives × seeds 0–2, 120 steps, 400 greedy val
-# prompts), written to reports/demo/tables/runs.csv. Replace with --demo-runs.
-DEMO_FINALS = {}
+# prompts; run on this branch, 2026-12-01), as its reports/demo/tables/runs.csv gives them.
+# --demo-runs reads another runs.csv instead.
+DEMO_FINALS = {
+    "dapo": [0.679167, 0.693333, 0.696667],
+    "dapo + KL β=0.1": [0.645833, 0.699167, 0.715833],
+    "up": [0.671667, 0.603333, 0.705833],
+    "armor": [0.626667, 0.6725, 0.646667],
+    "gate only (dapo)": [0.611667, 0.630833, 0.644167],
+}
 DEMO_VAL_N = 400
 
 

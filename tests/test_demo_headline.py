@@ -38,14 +38,14 @@ def test_verdict_states_rise_fall_and_comparison_plainly():
     lines = H.verdict(t, "dapo", {"dapo": "DAPO", "armor": "ARMOR"})
     assert lines[0].startswith("DAPO: held-out accuracy rose from 0.750 at step 0 to a peak of 0.810")
     assert "ended at 0.610" in lines[0] and "0.60 → 0.90" in lines[0] and "2/2 seeds" in lines[0]
-    assert "no consistent difference from DAPO (Mann–Whitney p = 1.00)" in lines[1]
+    assert "no consistent ordering against DAPO (Mann–Whitney p = 1.00)" in lines[1]
     assert "2 seed(s) per group" in lines[-1]
     better = _runs()
     better.loc[better["group"] == "armor", "final"] = [0.70, 0.65]
     t = H.group_rows(better, ["dapo", "armor"], "dapo")
     # 2 vs 2 seeds: the smallest exact two-sided Mann–Whitney p is 2/C(4, 2) = 1/3, never significant
     line = H.verdict(t, "dapo", {"dapo": "DAPO"})[1]
-    assert "ended above DAPO in every seed pair, which 2 vs 2 seeds cannot resolve" in line
+    assert "ended above DAPO in every seed pair, which a rank test cannot resolve with 2 vs 2 seeds" in line
     assert "p = 0.33" in line
     # 5 vs 5 seeds fully separated: exact p = 2/C(10, 5) = 0.0079 → stated as a difference
     five = pd.concat([_runs()] * 3, ignore_index=True).iloc[:10].copy()
@@ -112,7 +112,7 @@ def test_demo_report_leads_with_the_headline(tmp_path):
     assert table.loc["armor", "collapsed (step)"].startswith("0/2")
     assert table.loc["armor", "P(final > dapo)"] == "1.00"
     assert state["sentences"][0].startswith("dapo: held-out accuracy rose from 0.750 at step 0 to a peak of 0.807")
-    assert "ended above dapo in every seed pair, which 2 vs 2 seeds cannot resolve" in state["sentences"][1]
+    assert "ended above dapo in every seed pair, which a rank test cannot resolve with 2 vs 2 seeds" in state["sentences"][1]
     assert (tmp_path / "report" / "tables" / "demo_headline.md").is_file()
 
 
