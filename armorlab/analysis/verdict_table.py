@@ -144,7 +144,8 @@ def build(per_run: pd.DataFrame, rs: RunSet, recipe: Recipe, pairs: Sequence[tup
                  for v in primary]
     return VerdictTable(verdicts, deltas, sentences, _display(verdicts, labels, names, per_run, at, numeric,
                                                             group_hours),
-                        pd.DataFrame([v.as_dict() for v in verdicts]), _summary(primary, group_hours), labels)
+                        pd.DataFrame([v.as_dict() for v in verdicts]), _summary(primary, group_hours, labels[endpoints[0]]),
+                        labels)
 
 
 def _mean_level(per_run: pd.DataFrame, endpoint: str, rows: list[np.ndarray]) -> float:
@@ -165,7 +166,7 @@ def _hours(v: V.Verdict, group_hours: Mapping[str, float]) -> float | None:
             + max(0, v.seeds_needed - v.n_baseline) * group_hours[v.baseline])
 
 
-def _summary(primary: Sequence[V.Verdict], group_hours: Mapping[str, float]) -> str:
+def _summary(primary: Sequence[V.Verdict], group_hours: Mapping[str, float], label: str) -> str:
     """The cost of resolving every open comparison on the primary endpoint at once: each arm up
     to its planned seeds, the shared baseline up to the largest."""
     open_ = [v for v in primary if v.seeds_needed is not None and V.more_runs(v)]
@@ -190,7 +191,7 @@ def _summary(primary: Sequence[V.Verdict], group_hours: Mapping[str, float]) -> 
         elif extra:
             known = False
     cost = f", ≈ {hours:.1f} h of runs at the measured run times" if known else ""
-    return (f"Resolving every open comparison on {open_[0].endpoint} at 80% power takes {runs} more runs"
+    return (f"Resolving every open comparison on {label} at 80% power takes {runs} more runs"
             f"{cost} (each arm up to its planned seeds, the shared baseline up to the largest).")
 
 
