@@ -3,14 +3,14 @@ rates hold at α however many looks it takes. Pure functions (no I/O); the sweep
 calls ``decide_look`` after each look and appends what it returns to ``looks.json``.
 
 Method (docs/verdicts.md): a two-sided group-sequential test with Lan–DeMets alpha spending
-(Lan & DeMets 1983, Biometrika 70(3):659–663), O'Brien–Fleming type by default, Pocock type on
-request; boundaries by recursive numerical integration (Armitage, McPherson & Rowe 1969, as
-Jennison & Turnbull 2000, "Group Sequential Methods with Applications to Clinical Trials", ch. 19
-describe it); unknown variance by the significance-level approach (each z boundary is turned
+(Lan & DeMets 1983, Biometrika), O'Brien–Fleming type by default, Pocock type on request;
+boundaries by the recursive numerical integration of Armitage, McPherson & Rowe (1969), as
+Jennison & Turnbull (2000, "Group Sequential Methods with Applications to Clinical Trials")
+compute them; unknown variance by the significance-level approach (each z boundary is turned
 into its nominal level, and the Welch t statistic with its own degrees of freedom is held to
 that level: Pocock 1977; Jennison & Turnbull 2000); estimates as repeated confidence intervals
-(Jennison & Turnbull 1989, JRSS B 51(3):305–361), which also decide equivalence within ±δ; Holm
-(1979) over the arms on the repeated p-values. Type I error, power and seeds used are measured
+(Jennison & Turnbull 1984, Controlled Clinical Trials 5:33–45; their book's chapter 9), which
+also decide equivalence within ±δ; Holm (1979) over the arms on the repeated p-values. Type I error, power and seeds used are measured
 by simulation in benchmarks/sequential_seeds.py.
 
     (G1) information fraction of a comparison with n_x and n_y seeds:
