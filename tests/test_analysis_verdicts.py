@@ -22,9 +22,11 @@ def sweep(tmp_path_factory):
     for k in range(3):
         for objective, val, offset in (("dapo", dapo_val(k), 0.05), ("armor", armor_val(k), 0.1)):
             rd = write_run(root, objective, k, val, offset)
-            status = rd.read_status()   # one hour a dapo run, two an armor run
+            status = rd.read_status()   # one hour a dapo run, two an armor run; one damaged time
             status.update(started="2026-01-01T00:00:00+00:00",
                           ended=f"2026-01-01T0{1 if objective == 'dapo' else 2}:00:00+00:00")
+            if (objective, k) == ("dapo", 2):   # naive against aware: left out of the mean, not an error
+                status["ended"] = "2026-01-01T01:00:00"
             (rd.path / "status.json").write_text(json.dumps(status))
     return root
 
@@ -85,8 +87,9 @@ def test_a_baseline_named_by_its_group_label(sweep, tmp_path):
     assert res.verdicts[0].startswith("objective=armor vs objective=dapo: +0.333")
     with pytest.raises(ArmorLabError, match="compare.baseline"):
         R.build_report(_recipe(sweep, baseline="objective=ppo"), tmp_path / "x", figure_worker=False)
-    with pytest.raises(ArmorLabError, match="compare.endpoints"):
-        R.build_report(_recipe(sweep, endpoints=["final", "nonsense"]), tmp_path / "y", figure_worker=False)
+    for bad in ("nonsense", "run_id", "seed"):   # not a column; a column, but not a score
+        with pytest.raises(ArmorLabError, match="compare.endpoints"):
+            R.build_report(_recipe(sweep, endpoints=["final", bad]), tmp_path / "y", figure_worker=False)
 
 
 def test_no_eval_size_means_no_default_delta(tmp_path):

@@ -75,12 +75,12 @@ def run_hours(rs: RunSet) -> dict[str, float]:
     for run in rs.runs.itertuples(index=False):
         if run.state != "completed":
             continue
-        try:
+        try:  # a damaged or hand-edited status.json costs only its run's time
             status = RunDir(run.path).read_status()
             start, end = (datetime.fromisoformat(status[k]) for k in ("started", "ended"))
-        except (OSError, ValueError, TypeError, KeyError):
+            hours = (end - start).total_seconds() / 3600
+        except (OSError, ValueError, TypeError, KeyError, OverflowError):
             continue
-        hours = (end - start).total_seconds() / 3600
         if hours > 0:
             out[run.run_id] = hours
     return out
@@ -102,11 +102,11 @@ def build(per_run: pd.DataFrame, rs: RunSet, recipe: Recipe, pairs: Sequence[tup
     sel, cmp_ = recipe.select, recipe.compare
     file = str(recipe.path) if recipe.path else None
     endpoints = list(cmp_.endpoints or DEFAULT_ENDPOINTS)
+    scores = [c for c in per_run.columns if per_run[c].dtype.kind in "fiu" and c not in ("seed", "world_size")]
     for e in endpoints:
-        if e not in per_run.columns:
-            known = ", ".join(c for c in per_run.columns if per_run[c].dtype.kind == "f")
-            raise ArmorLabError(f"not a score of these runs (scores: {known})", key="compare.endpoints",
-                                value=e, file=file)
+        if e not in scores:
+            raise ArmorLabError(f"not a score of these runs (scores: {', '.join(scores)})",
+                                key="compare.endpoints", value=e, file=file)
     at = group_rows(per_run)
     numeric = numeric_columns(per_run, endpoints)
     none = np.empty(0, dtype=np.int64)
