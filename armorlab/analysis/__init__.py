@@ -10,6 +10,9 @@ submodule imports what it needs.
     collapse   peak, drop, collapse step, AUC, divergence, entropy collapse, length blow-up
     stats      seed aggregation: mean, std, n, bootstrap CI, IQM, probability of improvement
     select     "best on val, reported on test" and "at matched steps"
+    verdicts   better / worse / equivalent / not resolved per arm, and the seeds that would resolve it
+    sequential seeds until resolved: Lan–DeMets group-sequential boundaries, decide_look, looks.json
+    verdict_table  the report's verdict table (first on the page)
     recipe     report recipes (analysis/*.yaml)
     tables, plots, html, report   the `armorlab report` outputs
 """

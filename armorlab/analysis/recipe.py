@@ -9,7 +9,9 @@ select: {metric: val/acc, mode: max, report: test/acc}   # (R1) best on val, rep
 matched_steps: [100, 200, 400]          # (R2); default: ¼, ½, 1 of the shortest run
 x: step                                 # the x axis of curves and steps: step (optimizer) or rollout
 scores: [selected_test, test@400, auc]  # headline scores: probability of improvement + bar charts
-compare: {baseline: {objective: dapo}}  # or {pairs: [[{objective: armor}, {objective: dapo}]]}
+compare: {baseline: {objective: dapo},  # a selector or a group label; or pairs: [[{objective: armor}, {objective: dapo}]]
+          endpoints: [final, drop, selected_test],   # verdicts (verdicts.py): the first is primary
+          delta: null}                  # smallest effect of interest; null = 2 SE of one eval (val/n)
 collapse: {delta: 0.03, patience: 3, alpha: 0.04, entropy_frac: 0.1,   # collapse.py (C1)–(C7)
            train: train/reward, entropy: train/entropy, length: train/length}
 kl: [kl/reverse_k3, kl/forward_k3]      # the KL figure (default: these and kl/exact_*, if logged)
@@ -60,11 +62,19 @@ class CollapseParams:
     length: str = "train/length"
 
 
+DEFAULT_ENDPOINTS = ("final", "drop", "selected_test")
+
+
 @dataclass(frozen=True)
 class Compare:
-    """Pairs of group selectors for probability of improvement; both None = automatic."""
-    baseline: dict[str, Any] | None = None
+    """Which groups are compared (probability of improvement, verdicts): a baseline (a selector
+    mapping or a group label) or pairs of selectors; both None = automatic. ``endpoints``: the
+    per-run scores the verdicts judge, the first the primary (None = DEFAULT_ENDPOINTS);
+    ``delta``: the smallest effect of interest (None = twice one evaluation's standard error)."""
+    baseline: dict[str, Any] | str | None = None
     pairs: list[tuple[dict[str, Any], dict[str, Any]]] | None = None
+    endpoints: list[str] | None = None
+    delta: float | None = None
 
 
 @dataclass
@@ -167,10 +177,21 @@ def parse_recipe(raw: Mapping[str, Any], *, file: str | None = None, name: str |
                 raise _err("must be a metric name", f"collapse.{k}", v, file)
         r.collapse = CollapseParams(**col)
     if raw.get("compare") is not None:
-        cmp_ = _mapping(raw["compare"], "compare", file, ("baseline", "pairs"))
+        cmp_ = _mapping(raw["compare"], "compare", file, ("baseline", "pairs", "endpoints", "delta"))
         if "baseline" in cmp_ and "pairs" in cmp_:
             raise _err("give either baseline or pairs", "compare", cmp_, file)
-        baseline = _selector(cmp_["baseline"], "compare.baseline", file) if "baseline" in cmp_ else None
+        baseline = None
+        if isinstance(cmp_.get("baseline"), str) and cmp_["baseline"]:
+            baseline = cmp_["baseline"]  # a group label, as the report names groups
+        elif "baseline" in cmp_:
+            baseline = _selector(cmp_["baseline"], "compare.baseline", file)
+        endpoints = (_str_list(cmp_["endpoints"], "compare.endpoints", file)
+                     if cmp_.get("endpoints") is not None else None)
+        delta = cmp_.get("delta")
+        if delta is not None and (isinstance(delta, bool) or not isinstance(delta, (int, float))
+                                  or not math.isfinite(delta) or delta <= 0):
+            raise _err("must be a number > 0 (or null: twice one evaluation's standard error)",
+                       "compare.delta", delta, file)
         pairs = None
         if "pairs" in cmp_:
             if not isinstance(cmp_["pairs"], list) or not cmp_["pairs"]:
@@ -181,7 +202,8 @@ def parse_recipe(raw: Mapping[str, Any], *, file: str | None = None, name: str |
                     raise _err("each pair is [selector, selector]", f"compare.pairs[{i}]", pair, file)
                 pairs.append((_selector(pair[0], f"compare.pairs[{i}][0]", file),
                               _selector(pair[1], f"compare.pairs[{i}][1]", file)))
-        r.compare = Compare(baseline, pairs)
+        r.compare = Compare(baseline, pairs, list(dict.fromkeys(endpoints)) if endpoints else None,
+                            float(delta) if delta is not None else None)
     if raw.get("x") is not None:
         if raw["x"] not in X_AXES:
             raise _err(f"must be one of {', '.join(X_AXES)}", "x", raw["x"], file)

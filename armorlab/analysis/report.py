@@ -7,6 +7,7 @@ Output directory layout::
     tables/groups.{csv,md,tex}        one row per group (CSV: numbers; md/tex: mean [95% CI])
     tables/runs.csv                   one row per run, every score
     tables/improvement.{csv,md,tex}   probability of improvement per compared pair
+    tables/verdicts.{csv,md,tex}      better / worse / equivalent / not resolved per arm (first on the page)
     tables/configs.csv                config keys that differ between groups
     recipe.yaml               the recipe as resolved (group keys, matched steps, scores)
 
@@ -28,7 +29,7 @@ import numpy as np
 import pandas as pd
 
 from armorlab.analysis import capacity_stats as cs
-from armorlab.analysis import collapse, freshness, memo, plots, select, stats, tables
+from armorlab.analysis import collapse, freshness, memo, plots, select, stats, tables, verdict_table
 from armorlab.analysis import groups as G
 from armorlab.analysis.figure_worker import FigureWorker, wanted
 from armorlab.analysis.html import Figure, Section, esc, write_index
@@ -51,6 +52,7 @@ class ReportResult:
     warnings: list[str] = field(default_factory=list)
     n_runs: int = 0
     n_groups: int = 0
+    verdicts: list[str] = field(default_factory=list)   # one sentence per compared arm
 
 
 def _curves(recipe: Recipe, rs: RunSet) -> list[str]:
@@ -216,12 +218,14 @@ def build_report(recipe: Recipe, out_dir: str | Path | None = None, *, cache: bo
                  progress: Callable[[int, int], None] | None = None,
                  extra_sections: Callable[[Path, Callable[[str], None]], list[Section]] | None = None,
                  lead: Callable[[pd.DataFrame, RunSet, Path], Section | None] | None = None,
-                 figure_worker: bool | FigureWorker | None = None) -> ReportResult:
+                 figure_worker: bool | FigureWorker | None = None,
+                 names: Callable[[pd.DataFrame, RunSet], Mapping[str, str]] | None = None) -> ReportResult:
     """Write the whole report for ``recipe`` and return what was written.
 
     ``extra_sections(out_dir, warn)`` returns sections appended after the run report's; ``warn``
     adds a note to the report's warnings. ``lead(per_run, runs, out_dir)`` may return a section
-    shown first (the demo's headline). With ``cache``, results of unchanged inputs come from
+    shown first (the demo's headline); ``names(per_run, runs)`` the groups' names in the verdict
+    sentences (default: their labels). With ``cache``, results of unchanged inputs come from
     the last report in the same output dir (armorlab.analysis.memo). ``figure_worker``: draw
     the figures in a worker process (None: when figure_worker.wanted says it pays off), or in
     this one worker (started by the caller before it imported this module, so that matplotlib's
@@ -234,7 +238,7 @@ def build_report(recipe: Recipe, out_dir: str | Path | None = None, *, cache: bo
     try:
         with memo.using(out / MEMO, enabled=cache):
             return _build_report(recipe, out, cache=cache, progress=progress, extra_sections=extra_sections,
-                                 lead=lead, worker=worker)
+                                 lead=lead, worker=worker, names=names)
     finally:
         worker.close()
 
@@ -242,7 +246,8 @@ def build_report(recipe: Recipe, out_dir: str | Path | None = None, *, cache: bo
 def _build_report(recipe: Recipe, out: Path, *, cache: bool, progress: Callable[[int, int], None] | None,
                   extra_sections: Callable[[Path, Callable[[str], None]], list[Section]] | None,
                   lead: Callable[[pd.DataFrame, RunSet, Path], Section | None] | None = None,
-                  worker: FigureWorker) -> ReportResult:
+                  worker: FigureWorker,
+                  names: Callable[[pd.DataFrame, RunSet], Mapping[str, str]] | None = None) -> ReportResult:
     file = str(recipe.path) if recipe.path else None
     key = freshness.input_key(recipe, out)  # before reading: a run growing meanwhile makes it stale
     freshness.forget(out)
@@ -374,6 +379,7 @@ def _build_report(recipe: Recipe, out: Path, *, cache: bool, progress: Callable[
                              "ECDF of probability capacity of A>0 tokens from tokens/ samples")
     pairs = G.comparison_pairs(rs.runs, groups, recipe)
     poi = G.improvement_table(per_run, pairs, scores)
+    verdicts = verdict_table.build(per_run, rs, recipe, pairs, notes, names(per_run, rs) if names else None)
 
     tdir = out / "tables"
     group_display = tables.display_group_table(summary, keys, cols, sel.metric, sel.report)
@@ -396,6 +402,8 @@ def _build_report(recipe: Recipe, out: Path, *, cache: bool, progress: Callable[
     written += tables.write_table(poi_display, tdir / "improvement", formats=("md", "tex"),
                                   caption="probability of improvement P(X > Y) over seeds")
     written += tables.write_table(diff, tdir / "configs", formats=("csv",))
+    if verdicts is not None:
+        written += verdict_table.write(verdicts, tdir)
     anchors = _anchor_table(rs, groups)
     if anchors is not None:
         written += tables.write_table(anchors, tdir / "anchors", formats=("csv", "md"))
@@ -404,7 +412,9 @@ def _build_report(recipe: Recipe, out: Path, *, cache: bool, progress: Callable[
         "title": recipe.title, "runs": list(recipe.runs), "group_by": list(keys), "curves": curves,
         "select": {"metric": sel.metric, "mode": sel.mode, "report": sel.report},
         "matched_steps": list(matched), "scores": scores, "kl": list(recipe.kl),
-        "collapse": dict(vars(recipe.collapse))})
+        "collapse": dict(vars(recipe.collapse)),
+        "compare": {"endpoints": list(recipe.compare.endpoints or verdict_table.DEFAULT_ENDPOINTS),
+                    "delta": {e: d for e, (d, _) in verdicts.deltas.items()} if verdicts else recipe.compare.delta}})
 
     order = ("val", "overoptimisation", "kl", "capacity", "ablation", "curves")  # their place on the page
     figs = [(section, path(), caption) for name in order if name in drawn
@@ -414,6 +424,8 @@ def _build_report(recipe: Recipe, out: Path, *, cache: bool, progress: Callable[
     first = lead(per_run, rs, out) if lead is not None else None
     if first is not None:
         sections.insert(0, first)
+    if verdicts is not None:
+        sections.insert(0, verdict_table.section(verdicts, len(pairs)))
     if extra_sections is not None:
         sections += extra_sections(out, notes.add)
     meta = (f"{len(rs.run_ids)} runs in {len(groups.labels)} groups (group_by: {esc(legend)}) · "
@@ -421,7 +433,7 @@ def _build_report(recipe: Recipe, out: Path, *, cache: bool, progress: Callable[
             f"matched steps {esc(', '.join(map(str, matched)) or 'none')} · generated {esc(now_iso())}")
     index = write_index(out, recipe.title, meta, notes.items, sections)
     result = ReportResult(out, index, [p for _, p, _ in figs], written, list(notes.items), len(rs.run_ids),
-                          len(groups.labels))
+                          len(groups.labels), verdicts.sentences if verdicts is not None else [])
     # every figure under plots/, the extra sections' too (an Optuna study's)
     figures = [p for p in (out / "plots").rglob("*") if p.is_file()] if (out / "plots").is_dir() else []
     freshness.write_stamp(out, key, result_summary(result),
@@ -433,7 +445,7 @@ def result_summary(result: ReportResult) -> dict[str, Any]:
     """What the CLI prints about a report, as JSON (kept in the freshness stamp)."""
     return {"index": str(result.index), "plots": [str(p) for p in result.plots],
             "tables": [str(p) for p in result.tables], "warnings": list(result.warnings),
-            "n_runs": result.n_runs, "n_groups": result.n_groups}
+            "n_runs": result.n_runs, "n_groups": result.n_groups, "verdicts": list(result.verdicts)}
 
 
 

@@ -49,7 +49,8 @@ def _figure_worker(recipe):
     return FigureWorker(wanted(recipe.runs))
 
 
-def compose_report(recipe, out: Path | None, *, cache: bool = True, progress=None, lead=None, worker=None):
+def compose_report(recipe, out: Path | None, *, cache: bool = True, progress=None, lead=None, worker=None,
+                   names=None):
     """The run report (armorlab.analysis.report) plus an Optuna section per study dir among the
     inputs (armorlab.tune.study): composed here so that analysis never imports tune. ``worker``:
     the figure worker, started by the caller as early as it could (build_report closes it)."""
@@ -70,11 +71,14 @@ def compose_report(recipe, out: Path | None, *, cache: bool = True, progress=Non
         worker.close()
         raise
     return build_report(recipe, out, cache=cache, progress=progress, extra_sections=extra, lead=lead,
-                        figure_worker=worker)
+                        figure_worker=worker, names=names)
 
 
-def write_report(recipe, out: Path | None, *, cache: bool = True, lead=None) -> None:
-    """Build the report with a progress bar and print where it is (also used by `armorlab demo`).
+def write_report(recipe, out: Path | None, *, cache: bool = True, lead=None, verdicts: bool = True,
+                 names=None) -> dict:
+    """Build the report with a progress bar and print its verdicts (unless ``verdicts`` is false:
+    the demo prints them in its headline) and where it is (also used by `armorlab demo`); returns
+    the summary (armorlab.analysis.report.result_summary).
 
     With the cache on, a report whose inputs, recipe and code are unchanged since it was written
     (armorlab.analysis.freshness) is left as it is: no pandas, scipy or matplotlib is imported.
@@ -85,8 +89,9 @@ def write_report(recipe, out: Path | None, *, cache: bool = True, lead=None) -> 
     target = Path(out) if out is not None else default_out_dir(recipe)
     summary = freshness.fresh_summary(recipe, target) if cache and lead is None else None
     if summary is not None:
-        _print_summary(summary, note="unchanged: inputs, recipe and code are as when it was written")
-        return
+        _print_summary(summary, note="unchanged: inputs, recipe and code are as when it was written",
+                       verdicts=verdicts)
+        return summary
 
     worker = _figure_worker(recipe)  # before rich's import too: every hundredth of a second overlaps
     try:
@@ -99,14 +104,19 @@ def write_report(recipe, out: Path | None, *, cache: bool = True, lead=None) -> 
     with Progress(TextColumn("reading runs"), BarColumn(), MofNCompleteColumn(), console=console,
                   transient=True) as bar:
         task = bar.add_task("runs", total=None)
-        result = compose_report(recipe, target, cache=cache, lead=lead, worker=worker,
+        result = compose_report(recipe, target, cache=cache, lead=lead, worker=worker, names=names,
                                 progress=lambda done, total: bar.update(task, completed=done, total=total))
     from armorlab.analysis.report import result_summary  # imported by compose_report already
 
-    _print_summary(result_summary(result))
+    summary = result_summary(result)
+    _print_summary(summary, verdicts=verdicts)
+    return summary
 
 
-def _print_summary(summary: dict, note: str | None = None) -> None:
+def _print_summary(summary: dict, note: str | None = None, verdicts: bool = True) -> None:
+    if verdicts:
+        for sentence in summary.get("verdicts", ()):  # a stamp from before verdicts has none
+            typer.echo(sentence)
     warnings = summary["warnings"]
     typer.echo(f"{summary['index']}  ({summary['n_runs']} runs, {summary['n_groups']} groups, "
                f"{len(summary['plots'])} plots, {len(warnings)} warnings" + (f"; {note})" if note else ")"))
