@@ -9,6 +9,7 @@ Output directory layout::
     tables/improvement.{csv,md,tex}   probability of improvement per compared pair
     tables/verdicts.{csv,md,tex}      better / worse / equivalent / not resolved per arm (first on the page)
     tables/configs.csv                config keys that differ between groups
+    tables/mechanisms.{csv,md}        whether each remedy's mechanism acted (armorlab.analysis.mechanisms)
     recipe.yaml               the recipe as resolved (group keys, matched steps, scores)
 
 Extra sections: the caller may add its own (``extra_sections``); the report command adds the
@@ -29,7 +30,17 @@ import numpy as np
 import pandas as pd
 
 from armorlab.analysis import capacity_stats as cs
-from armorlab.analysis import collapse, freshness, memo, plots, select, stats, tables, verdict_table
+from armorlab.analysis import (
+    collapse,
+    freshness,
+    mechanisms,
+    memo,
+    plots,
+    select,
+    stats,
+    tables,
+    verdict_table,
+)
 from armorlab.analysis import groups as G
 from armorlab.analysis.figure_worker import FigureWorker, wanted
 from armorlab.analysis.html import Figure, Section, esc, write_index
@@ -407,6 +418,11 @@ def _build_report(recipe: Recipe, out: Path, *, cache: bool, progress: Callable[
     anchors = _anchor_table(rs, groups)
     if anchors is not None:
         written += tables.write_table(anchors, tdir / "anchors", formats=("csv", "md"))
+    acted = mechanisms.mechanism_table(rs, groups)
+    if acted is not None:
+        written += tables.write_table(acted[0], tdir / "mechanisms", formats=("md",),
+                                      caption="did each mechanism act? mean [95% CI] over seeds")
+        written += tables.write_table(acted[1], tdir / "mechanisms", formats=("csv",))
 
     atomic_write_yaml(out / "recipe.yaml", durable=False, obj={
         "title": recipe.title, "runs": list(recipe.runs), "group_by": list(keys), "curves": curves,
@@ -421,6 +437,9 @@ def _build_report(recipe: Recipe, out: Path, *, cache: bool, progress: Callable[
             for section, path, caption in [drawn[name]]]
     sections = _sections(recipe, out, figs, group_display, headline, poi_display, diff, per_run, matched,
                          token_display, anchors)
+    if acted is not None:  # right after the results: whether a remedy acted, beside whether it held
+        sections.insert(1, Section("Mechanisms: did each remedy act?", intro=mechanisms.INTRO,
+                                   tables=[("", acted[0])]))
     first = lead(per_run, rs, out) if lead is not None else None
     if first is not None:
         sections.insert(0, first)
