@@ -58,11 +58,18 @@ def test_verdict_states_rise_fall_and_comparison_plainly():
 def test_demo_names_and_baseline_match_the_shipped_spec():
     from importlib import resources
 
+    from armorlab.commands.demo import FIRST_STAGE
+
     spec = load_yaml_mapping(resources.files("armorlab").joinpath("demo.yaml"))
-    cfgs = [resolve({**spec["base"], **point}) for point in spec["include"]]
-    assert [demo_name(c) for c in cfgs] == ["dapo", "dapo + KL β=0.1", "up", "armor", "gate only (dapo)"]
+    first, arms = spec["stages"]
+    assert first["name"] == FIRST_STAGE and len(first["seeds"]) == 1  # one DAPO run every arm continues from
+    assert arms["from"]["stage"] == FIRST_STAGE
+    cfgs = [resolve({**spec["base"], **arms["base"], **point}) for point in arms["include"]]
+    names = [demo_name(c) for c in cfgs]
+    assert names[0] == "dapo" and names[1].startswith("dapo + KL β=") and names[2:] == ["up", "armor",
+                                                                                       "gate only (dapo)"]
     assert [all(c[k] == v for k, v in BASELINE.items()) for c in cfgs] == [True, False, False, False, False]
-    assert len(spec["seeds"]) >= 2
+    assert len(spec["seeds"]) >= 3
 
 
 def _write(root, cfg, val, reward, *, n_steps=80):
@@ -72,7 +79,7 @@ def _write(root, cfg, val, reward, *, n_steps=80):
         row = {"train/reward": reward(step)} if step else {}
         if step % 10 == 0:
             row.update({"val/acc": val(step), "val/n": 400.0, "test/acc": val(step)})
-        rd.append_metrics(step, row)
+        rd.append_metrics(step, row, rollout=step)  # one update per rollout: the demo reads rollouts
     return rd.path
 
 
@@ -103,15 +110,15 @@ def test_demo_report_leads_with_the_headline(tmp_path):
     # dapo's levels (means of 3 evals): peak = (0.80 + 0.82 + 0.80)/3 = 0.8067 around step 20, final =
     # (0.58 + 0.57 + 0.56)/3 = 0.57; the windows share no eval, so with n = 400
     # SE² = Σ p(1−p) over the six evals / (9·400) and the drop is 0.2367 / SE standard errors
-    assert table.loc["dapo", "peak (step)"] == "0.807 (20)"
+    assert table.loc["dapo", "peak (rollout)"] == "0.807 (20)"
     assert table.loc["dapo", "final"] == "0.570"
     se = math.sqrt(sum(p * (1 - p) for p in (0.80, 0.82, 0.80, 0.58, 0.57, 0.56)) / (9 * 400))
     dapo = state["runs"][state["runs"]["group"].str.contains("dapo")]
     assert dapo["drop_se"].tolist() == pytest.approx([(0.8066667 - 0.57) / se] * 2, rel=1e-4)
-    assert table.loc["dapo", "collapsed (step)"].startswith("2/2")
-    assert table.loc["armor", "collapsed (step)"].startswith("0/2")
+    assert table.loc["dapo", "collapsed (rollout)"].startswith("2/2")
+    assert table.loc["armor", "collapsed (rollout)"].startswith("0/2")
     assert table.loc["armor", "P(final > dapo)"] == "1.00"
-    assert state["sentences"][0].startswith("dapo: held-out accuracy rose from 0.750 at step 0 to a peak of 0.807")
+    assert state["sentences"][0].startswith("dapo: held-out accuracy rose from 0.750 at rollout 0 to a peak of 0.807")
     assert "ended above dapo in every seed pair, which a rank test cannot resolve with 2 vs 2 seeds" in state["sentences"][1]
     assert (tmp_path / "report" / "tables" / "demo_headline.md").is_file()
 

@@ -133,3 +133,60 @@ def test_rollout_diversity_leaves_out_the_anchor_slot_and_split_groups():
     assert total_entropy == pytest.approx(-(2 / 3) * math.log(2 / 3) - (1 / 3) * math.log(1 / 3))
     rewards[4] = math.nan  # global row 6 unscorable: not correct, leaving [5, 6] twice
     assert rollout_diversity(ids, lengths, rewards, start=2, group_size=4, threshold=1.0)[:2] == (1, 0.0)
+
+
+# --------------------------------------------------------------------------- in training
+TASK = {"name": "arithmetic", "train_size": 8, "val_size": 8, "test_size": 8}
+
+
+def _logged(trainer, name):
+    return {h["step"]: h[name] for h in trainer.state.log_history if name in h}
+
+
+def test_probe_logs_its_shares_and_leaves_training_unchanged(tmp_path):
+    from tests.trainer_support import AnswerSampler, answer_table, build, resolved, tokenizer_for
+
+    params = {}
+    for every in (2, 0):
+        cfg = resolved(objective="armor", beta=0.1, grad_share_every=every, max_steps=4, learning_rate=1e-3,
+                       ref_reset_steps=0, task=TASK)
+        table = answer_table(cfg)
+        trainer = build(tmp_path / str(every), cfg, sampler=AnswerSampler(tokenizer_for(cfg), table.get))
+        trainer.train()
+        params[every] = [p.detach().clone() for p in trainer.model.parameters()]
+        if every:
+            anchor, kl_share, cos = (_logged(trainer, f"obj/{n}") for n in ("anchor_grad_share", "kl_grad_share",
+                                                                             "kl_grad_cos"))
+            assert set(kl_share) == set(cos) == {2, 4}  # every 2nd optimizer step, nowhere else
+            assert set(anchor) <= {2, 4} and anchor, anchor  # a micro-batch may hold no anchor row
+            # 0 where the anchor rows' advantages are 0 (a group all correct), never outside [0, 1]
+            assert all(0 <= v <= 1 for v in anchor.values()) and max(anchor.values()) > 0
+            assert all(0 < v < 1 for v in kl_share.values())
+            assert all(-1 <= v <= 1 for v in cos.values())
+        else:
+            assert not _logged(trainer, "obj/kl_grad_share")
+    # the extra backward passes touch no gradient the optimizer sees: the same weights, bit for bit
+    assert all(torch.equal(a, b) for a, b in zip(params[2], params[0], strict=True))
+
+
+def test_one_correct_answer_per_prompt_has_one_derivation_and_greedy_is_scored(tmp_path):
+    from armorlab.tasks import build_task
+    from armorlab.train.models import accuracy
+    from tests.trainer_support import build, resolved
+
+    cfg = resolved(objective="dapo", max_steps=2, val_every=2, val_samples=2, val_temperature=1.0, val_greedy=True,
+                   kl_probe_prompts=0, task=TASK)
+    trainer = build(tmp_path, cfg, with_eval=True)
+    task = build_task(cfg["task"])
+    # step 0's policy is the base model: its greedy accuracy, scored independently
+    greedy = accuracy(trainer.model, trainer.processing_class, task, list(task.val["prompt"]), list(task.val["answer"]))
+    trainer.train()
+    assert _logged(trainer, "val/acc_greedy")[0] == pytest.approx(greedy)
+    assert _logged(trainer, "val/n_greedy") == {0: 8.0, 2: 8.0}
+    assert _logged(trainer, "val/n") == {0: 16.0, 2: 16.0}
+    assert set(_logged(trainer, "test/acc_greedy")) == {0, 2}
+    # arithmetic has one correct completion per prompt: whenever a group has one, it has one kind
+    distinct = _logged(trainer, "train/correct_distinct")
+    assert distinct and set(distinct.values()) == {1.0}
+    assert set(_logged(trainer, "train/correct_entropy").values()) == {0.0}
+    assert set(_logged(trainer, "val/correct_distinct").values()) <= {1.0}

@@ -367,13 +367,41 @@ class RunSet:
         return out
 
 
+# a sweep dir's manifest (the run-dir contract in docs/design; written by armorlab.sweeps.manifest)
+MANIFEST = "sweep.json"
+
+
+def in_stages(run_dirs: Iterable[RunDir], stages: Iterable[str]) -> list[RunDir]:
+    """The runs that their sweep's manifest (``sweep.json``, its ``stages`` map: run id → stage)
+    puts in one of ``stages``; a run of a sweep without stages is in none."""
+    wanted, maps = set(stages), {}
+    out = []
+    for rd in run_dirs:
+        sweep = rd.path.parent
+        if sweep not in maps:
+            try:
+                maps[sweep] = dict(json.loads((sweep / MANIFEST).read_text(encoding="utf-8")).get("stages") or {})
+            except (OSError, ValueError, AttributeError):
+                maps[sweep] = {}
+        if maps[sweep].get(rd.id) in wanted:
+            out.append(rd)
+    return out
+
+
 def load(paths: Iterable[str | os.PathLike], *, cache: bool = True,
-         progress: Callable[[int, int], None] | None = None) -> RunSet:
-    """Load run dirs (run dirs, sweep dirs, roots of sweeps, or globs of those) into a RunSet.
+         progress: Callable[[int, int], None] | None = None, stages: Iterable[str] | None = None) -> RunSet:
+    """Load run dirs (run dirs, sweep dirs, roots of sweeps, or globs of those) into a RunSet;
+    with ``stages``, only the runs of those stages of their sweeps (``in_stages``).
 
     ``progress(done, total)`` is called as runs are parsed. No run found is an ArmorLabError.
     """
     run_dirs = find_run_dirs(expand_globs(paths))
+    if stages is not None:
+        stages = list(stages)
+        run_dirs = in_stages(run_dirs, stages)
+        if not run_dirs:
+            raise ArmorLabError(f"no run of stage(s) {', '.join(stages)} found (a sweep's sweep.json lists its "
+                                f"runs' stages)", key="stages", value=stages)
     if not run_dirs:
         raise ArmorLabError("no run directories found", key="runs", value=[str(p) for p in paths])
     by_sweep: dict[Path, list[RunDir]] = {}

@@ -262,7 +262,7 @@ def _build_report(recipe: Recipe, out: Path, *, cache: bool, progress: Callable[
     file = str(recipe.path) if recipe.path else None
     key = freshness.input_key(recipe, out)  # before reading: a run growing meanwhile makes it stale
     freshness.forget(out)
-    rs = load(recipe.runs, cache=cache, progress=progress)
+    rs = load(recipe.runs, cache=cache, progress=progress, stages=recipe.stages)
     rs.counter = recipe.x  # steps in optimizer steps or rollouts, everywhere below
     notes = G.Notes(list(rs.warnings))
     _state_notes(rs, notes)

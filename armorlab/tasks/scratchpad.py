@@ -1,27 +1,25 @@
 """Multi-term addition/subtraction with a scratchpad: several correct derivations per prompt, each
 checkable step by step.
 
-Prompt: the arithmetic task's (``07+42+05=``, operands zero-padded to ``digits``; same problem
+Prompt: the arithmetic task's (``07+42+05=``, operands zero-padded to ``digits``; the same problem
 space and splits, so val/test never overlap train and ``train_size`` changes train only).
 
-Completion: a derivation, steps joined by ``,``; a step ``x+y=z`` or ``x-y=z`` combines two values
-that are *available* — terms of the prompt not used yet, or results of earlier steps not used
-yet — into their result, which becomes available in turn. With n terms a derivation has n − 1
-steps and its last result is the answer: ``07+42+05=`` → ``7+42=49,49+5=54``, or
-``5+42=47,47+7=54``, or ``42+5=47,7+47=54``: the order of partial results is free. Terms are
-signed: in ``12-34+56=`` the terms are 12, −34 and 56, so ``56-34=22,12+22=34`` and
-``12-34=-22,-22+56=34`` are both right (a negative result is written with its ``-``).
+Completion: a running sum over the terms in an order of the policy's choosing, each step written
+out: a first term, then ``+y=z`` or ``-y=z`` per remaining term, ``z`` the new partial result:
+``07+42+05=`` → ``7+42=49+5=54``, or ``5+42=47+7=54``, or ``42+5=47+7=54`` — the order of the
+partial results is free (n terms: up to n! derivations). Terms are signed: in ``12-34+56=`` the
+terms are 12, −34 and 56, so ``56-34=22+12=34`` and ``12-34=-22+56=34`` and ``-34+56=22+12=34``
+are all right (a negative number is written with its ``-``).
 
-Reward (``derivation_reward``): 1.0 only when every step parses, consumes two available values
-(``x`` as written, and ``y`` with the step's sign: ``-34`` consumes the term −34), its result is
-the exact value, there are exactly n − 1 steps and the last result equals the answer; else 0.0.
-Leading zeros are read as numbers (``07`` is 7).
+Reward (``derivation_reward``): 1.0 only when the first number and every step's signed operand
+are terms of the prompt not used yet, every partial result is exact, every term is used (n − 1
+steps) and the last result is the answer; else 0.0. Leading zeros are read as numbers (``07`` is 7).
 
-Answer column: the problem and its value, ``7+42+5=54`` (the verifier needs the terms, and
-TRL hands reward functions the dataset's ``answer`` column). ``target_completion`` writes the
+Answer column: the problem and its value, ``7+42+5=54`` (the verifier needs the terms, and TRL
+hands reward functions the dataset's ``answer`` column). ``target_completion`` writes the
 left-to-right derivation; the tiny model's warm start learns from a seeded mix of STYLES (column
 ``target`` of ``warm_start``), so the base model already writes several correct derivations of
-one prompt and RL can collapse them to one (``train/correct_distinct``, docs/metrics.md).
+one prompt and RL can collapse them onto one (``train/correct_distinct``, docs/metrics.md).
 """
 
 from __future__ import annotations
@@ -37,8 +35,8 @@ from armorlab.tasks import arithmetic
 from armorlab.tasks.base import Task
 from armorlab.tasks.rewards import _pairs, completion_text
 
-STEP_SEP = ","
-_STEP_RE = re.compile(r"(-?\d{1,12})([+-])(\d{1,12})=(-?\d{1,13})")
+_CHAIN_RE = re.compile(r"(-?\d{1,12})((?:[+-]\d{1,12}=-?\d{1,13})+)")
+_STEP_RE = re.compile(r"([+-])(\d{1,12})=(-?\d{1,13})")
 # Warm-start mix: each pool row gets one style, drawn with this seed offset from split_seed.
 STYLE_SEED = 7
 
@@ -68,18 +66,13 @@ def parse_answer(answer: str) -> tuple[list[int], int] | None:
 
 
 # --------------------------------------------------------------------------- derivations
-def step_text(x: int, y: int) -> str:
-    """One step adding the signed value ``y`` to ``x``: ``x+y=z`` or ``x-|y|=z``."""
-    return f"{x}{'+' if y >= 0 else '-'}{abs(y)}={x + y}"
-
-
 def running_sum(order: Sequence[int]) -> str:
-    """The derivation that adds the terms in ``order`` one by one to a running sum."""
-    steps, acc = [], order[0]
+    """The derivation that adds the terms in ``order`` one by one: ``7+42=49+5=54``."""
+    text, acc = str(order[0]), order[0]
     for t in order[1:]:
-        steps.append(step_text(acc, t))
         acc += t
-    return STEP_SEP.join(steps)
+        text += f"{'+' if t >= 0 else '-'}{abs(t)}={acc}"
+    return text
 
 
 # The warm start's styles: each a running sum over the terms in its own order.
@@ -96,25 +89,22 @@ def derivation(terms: Sequence[int], style: str = "left to right") -> str:
 
 def check_derivation(text: str, terms: Sequence[int], value: int) -> bool:
     """Whether ``text`` derives ``value`` from ``terms`` by valid steps (see the module docstring)."""
-    steps = text.split(STEP_SEP)
-    if len(steps) != len(terms) - 1:
+    chain = _CHAIN_RE.fullmatch(text)
+    if chain is None:
         return False
     available = Counter(terms)
-    result = None
-    for step in steps:
-        m = _STEP_RE.fullmatch(step)
-        if m is None:
-            return False
-        x, y = int(m.group(1)), int(m.group(3)) * (1 if m.group(2) == "+" else -1)
-        result = int(m.group(4))
-        if result != x + y:
-            return False
-        available[x] -= 1
+    acc = int(chain.group(1))
+    available[acc] -= 1
+    if available[acc] < 0:
+        return False
+    steps = 0
+    for op, digits, result in _STEP_RE.findall(chain.group(2)):
+        y = int(digits) if op == "+" else -int(digits)
         available[y] -= 1
-        if available[x] < 0 or available[y] < 0:
+        if available[y] < 0 or int(result) != acc + y:
             return False
-        available[result] += 1
-    return result == value
+        acc, steps = acc + y, steps + 1
+    return steps == len(terms) - 1 and acc == value
 
 
 def derivation_reward(prompts: Sequence[Any] | None = None, completions: Sequence[Any] | None = None,
@@ -130,13 +120,12 @@ def derivation_reward(prompts: Sequence[Any] | None = None, completions: Sequenc
 
 
 def longest_derivation(digits: int, operands: int, operators: str) -> int:
-    """Characters of the longest correct derivation the settings allow (a generation bound)."""
-    m = 10 ** digits - 1
-    neg = "-" in operators
-    # every number written is at most operands·m in magnitude, with a sign when negative
-    number = len(str(operands * m)) + (1 if neg else 0)
-    step = 3 * number + 2  # x, y, z and the two operators (a sign of y is its operator)
-    return (operands - 1) * step + (operands - 2)
+    """Characters of the longest correct derivation the settings allow (a generation bound): a first
+    term, then per step an operator, a term, ``=`` and a partial result, every number at most
+    operands·(10^digits − 1) in magnitude and signed when ``-`` is allowed."""
+    term = digits + (1 if "-" in operators else 0)
+    partial = len(str(operands * (10 ** digits - 1))) + (1 if "-" in operators else 0)
+    return term + (operands - 1) * (1 + digits + 1 + partial)
 
 
 def gold_derivation(answer: str) -> str:
