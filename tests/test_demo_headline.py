@@ -132,3 +132,40 @@ def test_printed_headline_opens_with_the_verdicts(capsys):
     out = capsys.readouterr().out
     assert out.index("verdicts against DAPO") < out.index("armor vs dapo: −0.031") < out.index("headline") \
         < out.index("dapo: held-out accuracy rose")
+
+
+@pytest.mark.slow
+def test_demo_runs_both_stages_and_prints_verdicts_headline_and_mechanisms(tmp_path):
+    """`armorlab demo` end to end at one rollout per run: stage 1's single DAPO run, then the 15 arms
+    continuing from its selected checkpoint, the report of the arms only, the printed verdicts,
+    headline and mechanism table. The model skips its warm start and the held-out splits are tiny:
+    this checks the plumbing, not the numbers (docs/results.md has those)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests.trainer_support import model_cache
+
+    env = {**os.environ, "ARMORLAB_CACHE": model_cache(), "HF_HUB_OFFLINE": "1"}
+    sets = ["max_rollouts=1", "val_every=1", "task.val_size=8", "task.test_size=8", "kl_probe_prompts=2",
+            "model.warm_start_steps=0"]
+    args = [sys.executable, "-m", "armorlab.cli", "demo", "--root", str(tmp_path / "runs"), "--out",
+            str(tmp_path / "report"), *[x for s in sets for x in ("--set", s)]]
+    done = subprocess.run(args, capture_output=True, text=True, env=env, timeout=3600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
+    assert out.index("verdicts against DAPO") < out.index("headline") < out.index("did each mechanism act?")
+    assert "stage 1 (DAPO from the warm start, seed 0)" in out
+    sweep = tmp_path / "runs" / "demo"
+    stages = json.loads((sweep / "sweep.json").read_text())["stages"]
+    assert sorted(stages.values()).count("dapo") == 1 and sorted(stages.values()).count("continue") == 15
+    parent = next(r for r, s in stages.items() if s == "dapo")
+    for run, stage in stages.items():
+        assert json.loads((sweep / run / "status.json").read_text())["state"] == "completed"
+        if stage == "continue":  # every arm started from the checkpoint stage 1 selected
+            init = json.loads((sweep / run / "init.json").read_text())
+            assert init["run"] == f"demo/{parent}"
+    runs = (tmp_path / "report" / "tables" / "runs.csv").read_text().splitlines()
+    assert len(runs) == 1 + 15  # the report holds the arms, not stage 1
+    assert (tmp_path / "report" / "tables" / "mechanisms.csv").is_file()
