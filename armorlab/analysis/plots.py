@@ -71,7 +71,7 @@ def metric_label(metric: str) -> str:
     """Axis label with units: ``val/acc (accuracy, avg@k)``, ``kl/forward_k3 (nats/sequence)``.
 
     The trainer logs every ``kl/*`` value as a per-sequence sum of the per-token estimate,
-    averaged over sequences (README, "Train a run"), so KL is in nats per sequence."""
+    averaged over sequences (docs/training.md, "What a run logs"), so KL is in nats per sequence."""
     ns, _, name = metric.partition("/")
     if ns == "kl":
         unit = "nats/sequence"
