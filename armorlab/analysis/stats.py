@@ -40,9 +40,9 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.special import stdtrit
 
 from armorlab.analysis.memo import cached
-from armorlab.analysis.tdist import t_quantile
 
 log = logging.getLogger(__name__)
 
@@ -61,12 +61,7 @@ sps = _LazyScipyStats()
 
 @functools.lru_cache(maxsize=1024)
 def t_ppf(q: float, df: float) -> float:
-    """Student-t quantile: armorlab.analysis.tdist for integer degrees of freedom (scipy's
-    numbers to ~10⁻¹⁴, without importing scipy), scipy.special.stdtrit for any other df."""
-    if float(df).is_integer() and df >= 1:
-        return t_quantile(q, int(df))
-    from scipy.special import stdtrit
-
+    """Student-t quantile (scipy.special.stdtrit), kept per (q, df): the same few are asked for often."""
     return float(stdtrit(df, q))
 
 CONFIDENCE = 0.95
