@@ -82,16 +82,8 @@ def _click_exceptions() -> tuple[type[BaseException], ...]:
 
 
 def run() -> None:
-    """The process's entry point (the ``armorlab`` script, ``python -m armorlab.cli``): main(),
-    then the exit, without the interpreter's teardown where the command allowed it
-    (armorlab.core.process_exit). Tests call main() in-process, which never ends the process early."""
-    from armorlab.core.process_exit import end
-
-    try:
-        main()
-    except SystemExit as exc:
-        end(exc.code)
-    end(0)
+    """The process's entry point (the ``armorlab`` script, ``python -m armorlab[.cli]``)."""
+    main()
 
 
 if __name__ == "__main__":

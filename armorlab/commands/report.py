@@ -36,11 +36,6 @@ def register(app: typer.Typer) -> None:
         else:
             recipe = recipe_for_paths(inputs, group_by=keys)
         write_report(recipe, out, cache=not no_cache)
-        # every output is renamed into place and the figure worker has exited: the ~0.1 s the
-        # interpreter's teardown takes to free the runs' tables would only delay the prompt
-        from armorlab.core.process_exit import skip_teardown
-
-        skip_teardown()
 
 
 def _figure_worker(recipe):
