@@ -5,13 +5,13 @@ the group-by keys, and a group keeps its colour across figures."""
 from __future__ import annotations
 
 import functools
+import io
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 
 from armorlab.analysis.memo import rendered
-from armorlab.analysis.png import encode_rgba
 from armorlab.analysis.stats import CurveBand
 from armorlab.analysis.values import fmt_value
 from armorlab.core.fsutil import atomic_file
@@ -271,12 +271,16 @@ def _save(fig, path: Path) -> Path:
     bbox_inches="tight": that draws the figure twice, and the first draw was a fifth of the
     report's figure time. One draw of the canvas at the PNG's resolution runs a layout engine
     (measuring text at that resolution) and draws: savefig's pixels (its facecolor "auto" is
-    the figure's), without savefig's extra layout draw or its encoder (armorlab.analysis.png
-    says why)."""
+    the figure's), without savefig's extra layout draw; the canvas is then encoded by the writer
+    savefig itself uses (matplotlib.image.imsave, Pillow)."""
     if fig.dpi != DPI:
         fig.set_dpi(DPI)
     fig.canvas.draw()
-    data = encode_rgba(fig.canvas.buffer_rgba(), dpi=DPI, text={"Software": _software()})
+    from matplotlib.image import imsave
+
+    buf = io.BytesIO()
+    imsave(buf, np.asarray(fig.canvas.buffer_rgba()), format="png", dpi=DPI, metadata={"Software": _software()})
+    data = buf.getvalue()
     # renamed into place: a figure process orphaned by a killed worker may still be writing the
     # PNG that the main process draws again (the same bytes)
     with atomic_file(path) as tmp:
