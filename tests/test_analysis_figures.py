@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from armorlab.analysis import figure_worker as W
-from armorlab.analysis import memo, plots
+from armorlab.analysis import plots
 from armorlab.analysis import report as R
 from armorlab.analysis.recipe import Recipe
 from armorlab.analysis.stats import CurveBand
@@ -45,11 +45,6 @@ def test_figures_from_the_worker_are_the_files_drawn_in_process(tmp_path):
         assert a.read_bytes() == b.read_bytes(), a.name
     assert (tmp_path / "here" / "index.html").read_text().count("<img") == \
         (tmp_path / "there" / "index.html").read_text().count("<img")
-    # the worker's PNGs are recorded in the memo like in-process ones: not drawn again
-    stamps = {p: p.stat().st_mtime_ns for p in there.plots}
-    (tmp_path / "there" / ".armorlab-report.json").unlink()   # force a rebuild, not a freshness skip
-    again = R.build_report(recipe, tmp_path / "there", figure_worker=True)
-    assert {p: p.stat().st_mtime_ns for p in again.plots} == stamps
 
 
 def test_a_dead_worker_leaves_the_figure_to_the_main_process(tmp_path):
@@ -149,39 +144,6 @@ def test_without_fork_the_worker_draws_the_figure_itself(tmp_path, monkeypatch):
             os.close(w)
 
 
-def test_memo_keys_do_not_depend_on_object_sharing():
-    # the same values, one label shared between two arguments or copied: the same key
-    label = "alpha=0.5"
-    copy = "".join(["alpha=", "0.5"])
-    assert label == copy and label is not copy
-    assert memo._key(len, ({label: 1}, [label]), {}) == memo._key(len, ({label: 1}, [copy]), {})
-    assert memo._key(len, ({label: 1}, [label]), {}) != memo._key(len, ({label: 2}, [label]), {})
-
-
-def test_rendered_later_submits_misses_only(tmp_path):
-    drawn = []
-
-    @memo.rendered
-    def figure(values, path):
-        drawn.append(list(values))
-        path.write_text(str(values))
-        return path
-
-    submitted = []
-
-    def submit(fn, *args, **kwargs):
-        submitted.append(fn)
-        return memo._call_now(fn, *args, **kwargs)
-
-    store, png = tmp_path / "memo.pickle", tmp_path / "f.png"
-    with memo.using(store):
-        assert figure.later(submit, [1], png)() == png
-    assert len(submitted) == 1 and submitted[0] is figure.__wrapped__   # the plain function is sent
-    with memo.using(store):
-        assert figure.later(submit, [1], png)() == png                 # a hit: nothing submitted
-    assert len(submitted) == 1 and drawn == [[1]]
-
-
 def _bands(groups, label_len=0, scale=1.0, steps=100):
     x = np.arange(0, float(steps))
     return {f"alpha={0.5 + 0.01 * g:.2f}, ref_reset_steps={g * 25}" + "x" * label_len: CurveBand(
@@ -232,14 +194,14 @@ def test_legends_stay_on_the_canvas(tmp_path, groups, panels, label_len):
     grid = {f"metric/number_{k}": _bands(groups, label_len, scale=scales[k]) for k in range(panels)}
     plots._save = spy
     try:
-        plots.plot_curves.__wrapped__(_bands(groups, label_len), "val/acc", tmp_path / "val.png",
+        plots.plot_curves(_bands(groups, label_len), "val/acc", tmp_path / "val.png",
                                       matched_steps=[50], **kw)
-        plots.plot_overoptimisation.__wrapped__(_bands(groups, label_len), _bands(groups, label_len, scale=3.0),
+        plots.plot_overoptimisation(_bands(groups, label_len), _bands(groups, label_len, scale=3.0),
                                                 "train/reward", "val/acc", tmp_path / "over.png", **kw)
-        plots.plot_kl.__wrapped__({m: _bands(groups, label_len) for m in ("kl/reverse_k3", "kl/forward_k3",
+        plots.plot_kl({m: _bands(groups, label_len) for m in ("kl/reverse_k3", "kl/forward_k3",
                                                                            "kl/exact_reverse")[:min(panels, 3)]},
                                   tmp_path / "kl.png", **kw)
-        plots.plot_curve_grid.__wrapped__(grid, tmp_path / "grid.png", **kw)
+        plots.plot_curve_grid(grid, tmp_path / "grid.png", **kw)
     finally:
         plots._save = real_save
     assert set(seen) == {"val.png", "over.png", "kl.png", "grid.png"}
@@ -271,7 +233,7 @@ def test_ablation_figure_stays_on_the_canvas(tmp_path, xs, hues):
 
     plots._save = spy
     try:
-        plots.plot_ablation.__wrapped__(rows, per_run, scores, {"test_acc": "test/acc @ val-best step"}, "alpha",
+        plots.plot_ablation(rows, per_run, scores, {"test_acc": "test/acc @ val-best step"}, "alpha",
                                         ["ref_reset_steps"] if hues else [], tmp_path / "ablation.png",
                                         colors=plots.group_colors([r["group"] for r in rows]))
     finally:

@@ -260,9 +260,9 @@ class FigureWorker:
         return _Done(fn(*args, **kwargs))
 
     def draw(self, plot: Callable[..., Path], *args: Any, **kwargs: Any) -> Callable[[], Path]:
-        """``plot(*args, **kwargs)`` (a @rendered plot function), drawn by the worker; returns a
-        function that waits for the PNG's path."""
-        return plot.later(self.submit, *args, **kwargs)
+        """``plot(*args, **kwargs)`` (a plot function of armorlab.analysis.plots), drawn by the
+        worker; returns a function that waits for the PNG's path."""
+        return self.submit(plot, *args, **kwargs).result
 
     def close(self) -> None:
         """End of requests: the worker's loop ends and it exits at once (no teardown)."""

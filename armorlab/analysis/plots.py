@@ -11,7 +11,6 @@ from pathlib import Path
 
 import numpy as np
 
-from armorlab.analysis.memo import rendered
 from armorlab.analysis.stats import CurveBand
 from armorlab.analysis.values import fmt_value
 from armorlab.core.fsutil import atomic_file
@@ -335,7 +334,6 @@ def _band(ax, band: CurveBand, color, label: str | None, *, linestyle="-") -> No
     ax.plot(band.steps, band.mean, color=color, linestyle=linestyle, linewidth=1.6, label=label)
 
 
-@rendered
 def plot_curves(bands: Mapping[str, CurveBand], metric: str, path: Path, *, legend_title: str,
                 colors: Mapping[str, tuple], markers: Mapping[str, Sequence[tuple]] | None = None,
                 matched_steps: Sequence[int] = (), title: str | None = None,
@@ -378,7 +376,6 @@ def plot_curves(bands: Mapping[str, CurveBand], metric: str, path: Path, *, lege
     return _finish(fig, ax, path, legend_title, extra_handles=extra)
 
 
-@rendered
 def plot_overoptimisation(train: Mapping[str, CurveBand], val: Mapping[str, CurveBand], train_metric: str,
                           val_metric: str, path: Path, *, legend_title: str,
                           colors: Mapping[str, tuple]) -> Path:
@@ -410,7 +407,6 @@ def _panel_grid(n: int, *, max_cols: int, panel_size: tuple[float, float]):
     return fig, flat
 
 
-@rendered
 def plot_kl(panels: Mapping[str, Mapping[str, CurveBand]], path: Path, *, legend_title: str,
             colors: Mapping[str, tuple]) -> Path:
     """Forward and reverse KL over steps, one panel per KL metric (ARMOR Fig. 2b style)."""
@@ -438,7 +434,6 @@ def _ecdf(ax, x: np.ndarray, color, label: str, linestyle="-") -> None:
     ax.step(x, y, where="post", color=color, label=f"{label} (n={x.size:,})", linestyle=linestyle)
 
 
-@rendered
 def plot_capacity(per_group: Mapping[str, np.ndarray], counterfactual: Mapping[str, np.ndarray], path: Path,
                   *, legend_title: str, colors: Mapping[str, tuple]) -> Path:
     """ECDF of probability capacity of A > 0 tokens: left, each group under its own objective;
@@ -469,7 +464,6 @@ def plot_capacity(per_group: Mapping[str, np.ndarray], counterfactual: Mapping[s
     return _save(fig, path)
 
 
-@rendered
 def plot_ablation(summary_rows: Sequence[Mapping], per_run: Mapping[str, Mapping[str, np.ndarray]],
                   scores: Sequence[str], score_labels: Mapping[str, str], x_key: str, hue_keys: Sequence[str],
                   path: Path, *, colors: Mapping[str, tuple]) -> Path:
@@ -539,7 +533,6 @@ def plot_ablation(summary_rows: Sequence[Mapping], per_run: Mapping[str, Mapping
     return _save(fig, path)
 
 
-@rendered
 def plot_curve_grid(panels: Mapping[str, Mapping[str, CurveBand]], path: Path, *, legend_title: str,
                     colors: Mapping[str, tuple]) -> Path:
     """Small multiples: every recipe curve, one panel per metric."""

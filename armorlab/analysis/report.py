@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from armorlab.analysis import capacity_stats as cs
-from armorlab.analysis import collapse, freshness, memo, plots, select, stats, tables
+from armorlab.analysis import collapse, freshness, plots, select, stats, tables
 from armorlab.analysis import groups as G
 from armorlab.analysis.figure_worker import FigureWorker, wanted
 from armorlab.analysis.html import Figure, Section, esc, write_index
@@ -198,7 +198,6 @@ def _token_samples(rs: RunSet, groups: G.Groups, notes: G.Notes):
     return per_run, per_group, cf
 
 
-MEMO = ".armorlab-cache/memo.pickle"  # in the output dir: bootstrap results, bands, drawn figures
 MAX_ONSET_LABELS = 40  # collapse onsets labelled with their fall in SE, at most
 
 def build_report(recipe: Recipe, out_dir: str | Path | None = None, *, cache: bool = True,
@@ -210,8 +209,8 @@ def build_report(recipe: Recipe, out_dir: str | Path | None = None, *, cache: bo
 
     ``extra_sections(out_dir, warn)`` returns sections appended after the run report's; ``warn``
     adds a note to the report's warnings. ``lead(per_run, runs, out_dir)`` may return a section
-    shown first (the demo's headline). With ``cache``, results of unchanged inputs come from
-    the last report in the same output dir (armorlab.analysis.memo). ``figure_worker``: draw
+    shown first (the demo's headline). With ``cache``, the runs' parsed metrics come from the
+    metrics cache (armorlab.analysis.load). ``figure_worker``: draw
     the figures in a worker process (None: when figure_worker.wanted says it pays off), or in
     this one worker (started by the caller before it imported this module, so that matplotlib's
     import overlaps pandas'; closed here); the report is the same either way."""
@@ -221,9 +220,8 @@ def build_report(recipe: Recipe, out_dir: str | Path | None = None, *, cache: bo
     else:
         worker = FigureWorker(wanted(recipe.runs) if figure_worker is None else figure_worker)
     try:
-        with memo.using(out / MEMO, enabled=cache):
-            return _build_report(recipe, out, cache=cache, progress=progress, extra_sections=extra_sections,
-                                 lead=lead, worker=worker)
+        return _build_report(recipe, out, cache=cache, progress=progress, extra_sections=extra_sections,
+                             lead=lead, worker=worker)
     finally:
         worker.close()
 

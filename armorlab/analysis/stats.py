@@ -42,8 +42,6 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.special import stdtrit
 
-from armorlab.analysis.memo import cached
-
 log = logging.getLogger(__name__)
 
 
@@ -156,7 +154,6 @@ def mean_ci(x, *, confidence: float = CONFIDENCE, n_resamples: int = N_RESAMPLES
     return math.nan, math.nan, method
 
 
-@cached
 def summarise(values, *, confidence: float = CONFIDENCE, n_resamples: int = N_RESAMPLES,
               seed: int = SEED) -> Summary:
     """Aggregate one score over seeds (NaNs, i.e. missing runs, are dropped).
@@ -281,7 +278,6 @@ def mann_whitney_p(x, y) -> float:
     return float(sps.mannwhitneyu(x, y, alternative="two-sided", method="auto").pvalue)
 
 
-@cached
 def poi_with_ci(x, y, *, confidence: float = CONFIDENCE, n_resamples: int = N_RESAMPLES,
                 seed: int = SEED) -> tuple[float, float, float]:
     """(S2) with a percentile-bootstrap CI (S5: scipy.stats.bootstrap's, paired=False), resampling
@@ -372,7 +368,6 @@ def minmax_indices(y: np.ndarray, max_points: int) -> np.ndarray:
     return np.unique(np.concatenate([[0, size - 1], starts + low, starts + high]))
 
 
-@cached
 def curve_band(aligned: AlignedCurves, *, max_points: int = 200, confidence: float = CONFIDENCE,
                n_resamples: int = 500, seed: int = SEED) -> CurveBand:
     """Mean and CI band per grid step (S3: Student-t where fewer than 30 seeds are present, BCa
