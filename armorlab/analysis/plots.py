@@ -18,10 +18,10 @@ from armorlab.core.fsutil import atomic_file
 
 @functools.cache
 def _matplotlib():
-    """The matplotlib names the figures use, imported at the first figure: the report's main
-    process may leave every figure to its worker (armorlab.analysis.report) and never pay for it.
-    A Figure on an Agg canvas, not pyplot: a report only writes PNGs, and pyplot's import, its
-    figure registry and its per-change interactive-redraw hook were ~4 % of the figures' cost."""
+    """The matplotlib names the figures use, imported at the first figure (a report without
+    figures never pays for it). A Figure on an Agg canvas, not pyplot: a report only writes PNGs,
+    and pyplot's import, its figure registry and its per-change interactive-redraw hook were ~4 %
+    of the figures' cost."""
     import types
 
     import matplotlib
@@ -280,8 +280,7 @@ def _save(fig, path: Path) -> Path:
     buf = io.BytesIO()
     imsave(buf, np.asarray(fig.canvas.buffer_rgba()), format="png", dpi=DPI, metadata={"Software": _software()})
     data = buf.getvalue()
-    # renamed into place: a figure process orphaned by a killed worker may still be writing the
-    # PNG that the main process draws again (the same bytes)
+    # renamed into place: a reader never sees half a PNG
     with atomic_file(path) as tmp:
         tmp.write_bytes(data)
     return path

@@ -30,7 +30,6 @@ import pandas as pd
 from armorlab.analysis import capacity_stats as cs
 from armorlab.analysis import collapse, freshness, plots, select, stats, tables
 from armorlab.analysis import groups as G
-from armorlab.analysis.figure_worker import FigureWorker, wanted
 from armorlab.analysis.html import Figure, Section, esc, write_index
 from armorlab.analysis.load import RunSet, load
 from armorlab.analysis.recipe import DEFAULT_CURVES, Recipe, default_out_dir  # noqa: F401 (re-export)
@@ -203,33 +202,26 @@ MAX_ONSET_LABELS = 40  # collapse onsets labelled with their fall in SE, at most
 def build_report(recipe: Recipe, out_dir: str | Path | None = None, *, cache: bool = True,
                  progress: Callable[[int, int], None] | None = None,
                  extra_sections: Callable[[Path, Callable[[str], None]], list[Section]] | None = None,
-                 lead: Callable[[pd.DataFrame, RunSet, Path], Section | None] | None = None,
-                 figure_worker: bool | FigureWorker | None = None) -> ReportResult:
+                 lead: Callable[[pd.DataFrame, RunSet, Path], Section | None] | None = None) -> ReportResult:
     """Write the whole report for ``recipe`` and return what was written.
 
     ``extra_sections(out_dir, warn)`` returns sections appended after the run report's; ``warn``
     adds a note to the report's warnings. ``lead(per_run, runs, out_dir)`` may return a section
     shown first (the demo's headline). With ``cache``, the runs' parsed metrics come from the
-    metrics cache (armorlab.analysis.load). ``figure_worker``: draw
-    the figures in a worker process (None: when figure_worker.wanted says it pays off), or in
-    this one worker (started by the caller before it imported this module, so that matplotlib's
-    import overlaps pandas'; closed here); the report is the same either way."""
+    metrics cache (armorlab.analysis.load)."""
     out = Path(out_dir) if out_dir is not None else default_out_dir(recipe)
-    if isinstance(figure_worker, FigureWorker):
-        worker = figure_worker
-    else:
-        worker = FigureWorker(wanted(recipe.runs) if figure_worker is None else figure_worker)
-    try:
-        return _build_report(recipe, out, cache=cache, progress=progress, extra_sections=extra_sections,
-                             lead=lead, worker=worker)
-    finally:
-        worker.close()
+    return _build_report(recipe, out, cache=cache, progress=progress, extra_sections=extra_sections, lead=lead)
+
+
+def _draw(plot: Callable[..., Path], *args: Any, **kwargs: Any) -> Callable[[], Path]:
+    """Draw one figure (a function of armorlab.analysis.plots) now; the page asks for its path."""
+    path = plot(*args, **kwargs)
+    return lambda: path
 
 
 def _build_report(recipe: Recipe, out: Path, *, cache: bool, progress: Callable[[int, int], None] | None,
                   extra_sections: Callable[[Path, Callable[[str], None]], list[Section]] | None,
-                  lead: Callable[[pd.DataFrame, RunSet, Path], Section | None] | None = None,
-                  worker: FigureWorker) -> ReportResult:
+                  lead: Callable[[pd.DataFrame, RunSet, Path], Section | None] | None = None) -> ReportResult:
     file = str(recipe.path) if recipe.path else None
     key = freshness.input_key(recipe, out)  # before reading: a run growing meanwhile makes it stale
     freshness.forget(out)
@@ -242,11 +234,7 @@ def _build_report(recipe: Recipe, out: Path, *, cache: bool, progress: Callable[
     sel = recipe.select
 
     curves = _curves(recipe, rs)
-    # the worker's figures in the order that keeps both cores busy to the end: the KL figure
-    # first (drawn while the notes and scores are computed: a core would otherwise idle after
-    # the loading), then the figures that wait on the scores (the largest, the collapse curve,
-    # and the ablation), then the other curves, which need only bands. Notes are added in the
-    # order the page always listed them.
+    # notes are added in the order the page always listed them, whatever order the figures take
     colors = plots.group_colors(groups.labels)
     computed: dict[str, dict[str, stats.CurveBand]] = {}
 
@@ -262,7 +250,7 @@ def _build_report(recipe: Recipe, out: Path, *, cache: bool, progress: Callable[
     kl_panels = {m: band(m, kl_notes) for m in recipe.kl}
     kl_panels = {m: b for m, b in kl_panels.items() if b}
     if kl_panels:
-        drawn["kl"] = ("kl", worker.draw(plots.plot_kl, kl_panels, plot_dir / "kl.png", legend_title=legend,
+        drawn["kl"] = ("kl", _draw(plots.plot_kl, kl_panels, plot_dir / "kl.png", legend_title=legend,
                                          colors=colors),
                        "reverse KL(π_θ‖π_ref) and forward KL(π_ref‖π_θ) over steps")
     explicit = set(recipe.curves or ()) | {sel.metric, sel.report}
@@ -307,7 +295,7 @@ def _build_report(recipe: Recipe, out: Path, *, cache: bool, progress: Callable[
         labelled = n_onsets <= MAX_ONSET_LABELS
         if not labelled:  # past this they overlap into a smear (and cost a fifth of all figure time)
             markers = {g: [(x, y, "") for x, y, _ in pts] for g, pts in markers.items()}
-        drawn["val"] = ("results", worker.draw(plots.plot_curves, band(sel.metric), sel.metric,
+        drawn["val"] = ("results", _draw(plots.plot_curves, band(sel.metric), sel.metric,
                                                plot_dir / "val.png", legend_title=legend, colors=colors,
                                                markers=markers, matched_steps=matched,
                                                noise=_noise_bands(rs, groups, sel.metric)),
@@ -331,13 +319,13 @@ def _build_report(recipe: Recipe, out: Path, *, cache: bool, progress: Callable[
         hue = [k for k in keys if k != x_key and k in varying]
         at, numeric = G.group_rows(per_run), G.numeric_columns(per_run, scores)
         seeds = {g: {s: numeric[s][at.get(g, np.empty(0, dtype=np.int64))] for s in scores} for g in groups.labels}
-        drawn["ablation"] = ("results", worker.draw(plots.plot_ablation, summary.to_dict("records"), seeds,
+        drawn["ablation"] = ("results", _draw(plots.plot_ablation, summary.to_dict("records"), seeds,
                                                     scores, label, x_key, hue, plot_dir / "ablation.png",
                                                     colors=colors),
                              f"headline scores by {x_key}: mean with 95% CI (Student-t below "
                              f"{stats.T_MIN_BOOTSTRAP} seeds); dots are seeds")
     if band(sel.metric) and band(col.train):
-        drawn["overoptimisation"] = ("results", worker.draw(
+        drawn["overoptimisation"] = ("results", _draw(
             plots.plot_overoptimisation, band(col.train), band(sel.metric), col.train, sel.metric,
             plot_dir / "overoptimisation.png", legend_title=legend, colors=colors),
             f"{col.train} (dashed) against {sel.metric} (solid): the over-optimisation picture")
@@ -346,13 +334,13 @@ def _build_report(recipe: Recipe, out: Path, *, cache: bool, progress: Callable[
     shown = {sel.metric, col.train, *kl_panels} if sel.metric in bands else set(kl_panels)
     others = {m: b for m, b in bands.items() if m not in shown}
     if others:
-        drawn["curves"] = ("curves", worker.draw(plots.plot_curve_grid, others, plot_dir / "curves.png",
+        drawn["curves"] = ("curves", _draw(plots.plot_curve_grid, others, plot_dir / "curves.png",
                                                  legend_title=legend, colors=colors),
                            f"the recipe's other curves: mean over seeds with 95% CI (Student-t below "
                            f"{stats.T_MIN_BOOTSTRAP} seeds, BCa bootstrap from {stats.T_MIN_BOOTSTRAP})")
     notes.extend(score_notes)
     if cap_groups:
-        drawn["capacity"] = ("capacity", worker.draw(plots.plot_capacity, cap_groups, cap_cf,
+        drawn["capacity"] = ("capacity", _draw(plots.plot_capacity, cap_groups, cap_cf,
                                                      plot_dir / "capacity.png", legend_title=legend,
                                                      colors=colors),
                              "ECDF of probability capacity of A>0 tokens from tokens/ samples")

@@ -46,8 +46,8 @@ log = logging.getLogger(__name__)
 
 
 class _LazyScipyStats:
-    """scipy.stats, imported at first use (half a second): a report's worker process and the
-    commands that only read run dirs never need it."""
+    """scipy.stats, imported at first use (half a second): most reports and the commands that
+    only read run dirs never need it."""
     def __getattr__(self, name: str):
         from scipy import stats
 

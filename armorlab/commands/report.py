@@ -38,34 +38,19 @@ def register(app: typer.Typer) -> None:
         write_report(recipe, out, cache=not no_cache)
 
 
-def _figure_worker(recipe):
-    from armorlab.analysis.figure_worker import FigureWorker, wanted
-
-    return FigureWorker(wanted(recipe.runs))
-
-
-def compose_report(recipe, out: Path | None, *, cache: bool = True, progress=None, lead=None, worker=None):
+def compose_report(recipe, out: Path | None, *, cache: bool = True, progress=None, lead=None):
     """The run report (armorlab.analysis.report) plus an Optuna section per study dir among the
-    inputs (armorlab.tune.study): composed here so that analysis never imports tune. ``worker``:
-    the figure worker, started by the caller as early as it could (build_report closes it)."""
-    # the figure worker first: its interpreter and matplotlib import run on the other core while
-    # this process imports pandas (build_report takes it over and closes it)
-    worker = _figure_worker(recipe) if worker is None else worker
-    try:
-        from armorlab.analysis.report import build_report  # pandas: after the cheap checks
-        from armorlab.tune.study import is_study_dir  # light: optuna only inside the section builder
+    inputs (armorlab.tune.study): composed here so that analysis never imports tune."""
+    from armorlab.analysis.report import build_report  # pandas: after the cheap checks
+    from armorlab.tune.study import is_study_dir  # light: optuna only inside the section builder
 
-        studies = [p for p in recipe.runs if Path(p).is_dir() and is_study_dir(p)]
-        extra = None
-        if studies:
-            from armorlab.tune.study import report_sections
+    studies = [p for p in recipe.runs if Path(p).is_dir() and is_study_dir(p)]
+    extra = None
+    if studies:
+        from armorlab.tune.study import report_sections
 
-            extra = functools.partial(report_sections, studies)
-    except BaseException:
-        worker.close()
-        raise
-    return build_report(recipe, out, cache=cache, progress=progress, extra_sections=extra, lead=lead,
-                        figure_worker=worker)
+        extra = functools.partial(report_sections, studies)
+    return build_report(recipe, out, cache=cache, progress=progress, extra_sections=extra, lead=lead)
 
 
 def write_report(recipe, out: Path | None, *, cache: bool = True, lead=None) -> None:
@@ -83,18 +68,14 @@ def write_report(recipe, out: Path | None, *, cache: bool = True, lead=None) -> 
         _print_summary(summary, note="unchanged: inputs, recipe and code are as when it was written")
         return
 
-    worker = _figure_worker(recipe)  # before rich's import too: every hundredth of a second overlaps
-    try:
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-    except BaseException:
-        worker.close()
-        raise
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
     console = Console(stderr=True)
     with Progress(TextColumn("reading runs"), BarColumn(), MofNCompleteColumn(), console=console,
                   transient=True) as bar:
         task = bar.add_task("runs", total=None)
-        result = compose_report(recipe, target, cache=cache, lead=lead, worker=worker,
+        result = compose_report(recipe, target, cache=cache, lead=lead,
                                 progress=lambda done, total: bar.update(task, completed=done, total=total))
     from armorlab.analysis.report import result_summary  # imported by compose_report already
 
