@@ -28,7 +28,9 @@ time of each side, ``ratio`` = the median over rounds of that round's after/befo
 ran seconds apart, so the machine's slow and fast spells cancel in the pair), the same by CPU time
 (``cpu_ratio``: user + sys of the command and its children) and ``gain`` = 1 − ratio. Last, per
 replacement, its largest gain over its figures and the verdict: ``keep`` where that gain is ≥ 20 %
-(the bar of issue 24), else ``drop``.
+(the bar of issue 24), else ``drop``. A replacement already dropped (its module gone: armorlab uses
+the library) is named and skipped; run this file from a checkout that still has it to time it.
+The results and what was dropped: benchmarks/README.md, "Library replacements".
 """
 
 from __future__ import annotations
@@ -106,13 +108,15 @@ def _no_memo(module) -> None:
     module.using = _mark(using_disabled)
 
 
+# name → (module patched, patch, attribute it swaps, the module that replaced the library)
 LIBRARY = {
-    "coercion": ("armorlab.commands.coercion", _coercion_by_typer, "install"),
-    "png": ("armorlab.analysis.plots", _png_by_matplotlib, "encode_rgba"),
-    "tdist": ("armorlab.analysis.tdist", _tdist_by_scipy, "t_quantiles"),
-    "process_exit": ("armorlab.core.process_exit", _teardown_kept, "skip_teardown"),
-    "figure_worker": ("armorlab.analysis.figure_worker", _figures_in_process, "wanted"),
-    "memo": ("armorlab.analysis.memo", _no_memo, "using"),
+    "coercion": ("armorlab.commands.coercion", _coercion_by_typer, "install", "armorlab.commands.coercion"),
+    "png": ("armorlab.analysis.plots", _png_by_matplotlib, "encode_rgba", "armorlab.analysis.png"),
+    "tdist": ("armorlab.analysis.tdist", _tdist_by_scipy, "t_quantiles", "armorlab.analysis.tdist"),
+    "process_exit": ("armorlab.core.process_exit", _teardown_kept, "skip_teardown", "armorlab.core.process_exit"),
+    "figure_worker": ("armorlab.analysis.figure_worker", _figures_in_process, "wanted",
+                      "armorlab.analysis.figure_worker"),
+    "memo": ("armorlab.analysis.memo", _no_memo, "using", "armorlab.analysis.memo"),
 }
 
 
@@ -141,7 +145,7 @@ class _PatchAfterImport(importlib.abc.MetaPathFinder):
 def use_library(name: str) -> None:
     """Called by the sitecustomize in every timed process: ``name`` = the replacement to swap for its
     library, "" = none (the same finder is installed either way, so both sides pay the same)."""
-    target, patch = (LIBRARY[name][0], LIBRARY[name][1]) if name else (None, None)
+    target, patch = LIBRARY[name][:2] if name else (None, None)
     sys.meta_path.insert(0, _PatchAfterImport(target, patch))
 
 
@@ -209,9 +213,16 @@ def main() -> None:
             raise SystemExit(f"{' '.join(cmd)} ({library or 'as shipped'}) failed:\n{res.stderr[-3000:]}")
         return wall, (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime), res
 
+    # a replacement already dropped (its module gone: armorlab uses the library) has nothing to compare
+    dropped = [n for n in chosen if importlib.util.find_spec(LIBRARY[n][3]) is None]
+    for name in dropped:
+        print(f"# {name}: {LIBRARY[name][3]} is gone (dropped: armorlab uses the library); not timed")
+    chosen = [n for n in chosen if n not in dropped]
+    if not chosen:
+        return
     # every swap must really be in place (a renamed function would silently time the same code twice)
     for name in chosen:
-        module, _, attr = LIBRARY[name]
+        module, _, attr, _ = LIBRARY[name]
         probe = (f"import {module} as m; print(bool(getattr(getattr(m, {attr!r}), "
                  "'armorlab_bench_library', False)))")
         for library, expected in ((name, "True"), ("", "False")):
