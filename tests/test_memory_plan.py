@@ -88,6 +88,19 @@ def test_kv_cache_adam_tile_probe_and_engine_by_hand():
     forward = 2 * 3 * 10 * 2 + 8 * (3 * 6 + 4 * 4) * 2 + 2 * 4 * 10 * 2
     assert mp.probe_chunk_bytes(SMALL, rows=2, prompt=1, completion=3, b=2) == max(forward, 1980)
     assert mp.vllm_engine_bytes(0.3, 80 * GIB) == int(0.3 * 80 * GIB)
+    # no-grad forward: one layer's gate, silu(gate), up (3·6) and the residual in/out (4·4), per token
+    assert mp.forward_no_grad_bytes(SMALL, tokens=5, b=2) == 5 * (18 + 16) * 2
+    assert mp.layer_backward_bytes(SMALL, 2) == (3 * 6 + 4 * 4) * 2
+    # FSDP2: two decoder layers + the LM head gathered (and as many unsharded gradients in backward)
+    assert mp.fsdp_unit_bytes(SMALL, 2, grads=False) == (2 * 136 + 40) * 2
+    assert mp.fsdp_unit_bytes(SMALL, 2, grads=True) == 2 * (2 * 136 + 40) * 2
+    # vLLM's start-up profile: 4096 batched tokens through one layer, float32 logits and probabilities
+    # of max_num_seqs rows, CUDA graphs
+    assert mp.vllm_overhead_bytes(SMALL, max_seqs=3, b=2) == 4096 * 34 * 2 + 2 * 3 * 10 * 4 + GIB
+    # generate: the larger of the prefill and the last step (full cache + one layer + sampling)
+    prefill = mp.kv_cache_bytes(SMALL, 2 * 3, 2) + mp.forward_no_grad_bytes(SMALL, 6, 2) + 2 * 9 + 2 * 10 * 4
+    decode = mp.kv_cache_bytes(SMALL, 2 * 8, 2) * 3 // 2 + 2 * 64 + 2 * 10 * 46
+    assert mp.generate_bytes(SMALL, rows=2, prompt=3, new=5, b=2) == max(prefill, decode)
     # gradient checkpointing keeps each layer's input (d·b) instead of every saved tensor
     stored = mp.training_activation_bytes(SMALL, tokens=7, b=2, checkpointing=True)
     assert stored == 7 * (2 * 4 * 2 + (4 + 4) * 4 + 4 * 2)
@@ -276,6 +289,15 @@ def test_train_refuses_before_loading_on_a_gpu_too_small(tmp_path, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "1")
     with pytest.raises(ArmorLabError, match="memory plan: 'AdamW state"):
         launch.check_memory(cfg, "config.yaml")  # fp32 weights, gradients and moments of 7.6 B parameters
+
+
+def test_plan_of_a_run_config_on_a_cpu_profile_only_prints(tmp_path, capsys):
+    config = tmp_path / "run.yaml"
+    config.write_text("objective: armor\nanchor: true\n")
+    code, out, _ = _cli(["plan", str(config), "--profile", str(REPO / "slurm" / "local.yaml")], capsys)
+    assert code == 0 and "tiny" in out and "not checked: no gpu_memory_gb" in out
+    code, _, err = _cli(["plan", str(config), "--set", "model=/nowhere/Unknown-13B"], capsys)
+    assert code == 2 and "no config.json for this model" in err
 
 
 def test_profiles_state_their_gpu_memory(tmp_path):

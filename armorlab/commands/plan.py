@@ -27,14 +27,14 @@ def register(app: typer.Typer) -> None:
         from armorlab.errors import ArmorLabError
 
         groups, where = plans_of(config, profile, set_, prompt_tokens or DEFAULT_PROMPT_TOKENS)
-        console = Console(width=max(Console().width, 120))
+        console = Console(width=max(Console().width, 140))
         refused = []
         for memory, labels in groups:
             console.print(table(memory, labels, where))
             why = memory.overflow()
             if why:
                 refused.append((memory, labels, why))
-                console.print(f"[red]refused[/] {why}", soft_wrap=True)
+                console.print(f"[red]refused:[/] {why}", soft_wrap=True)
             console.print()
         if refused:
             memory, labels, why = refused[0]
@@ -94,8 +94,20 @@ def _label(point: dict) -> str:
     return ", ".join(f"{k}={v}" for k, v in point.items()) or "base"
 
 
+def _short(source: str) -> str:
+    """A path under the working directory, relative to it."""
+    import os
+
+    try:
+        rel = os.path.relpath(source)
+    except ValueError:
+        return source
+    return source if rel.startswith("..") or not os.path.exists(source) else rel
+
+
 def _gib(n: int) -> str:
-    return f"{n / 2**30:.1f}"
+    gib = n / 2**30
+    return f"{gib:.1f}" if gib >= 0.95 or gib == 0 else f"{gib:.2g}"
 
 
 def table(memory, labels: list[str], where: str):
@@ -105,8 +117,9 @@ def table(memory, labels: list[str], where: str):
     s, par, gpu = memory.shape, memory.parallel, memory.gpu_bytes
     runs = labels[0] if len(labels) == 1 else f"{len(labels)} runs: {'; '.join(labels[:4])}" + (
         " ..." if len(labels) > 4 else "")
-    title = (f"memory per GPU — {s.name} ({s.params / 1e9:.2f} B params; shapes from {s.source})\n"
-             f"{par.kind} × {par.processes} ({par.source}), GPU {'%.0f GiB' % (gpu / 2**30) if gpu else 'size unknown'}"
+    params = f"{s.params / 1e9:.2f} B" if s.params >= 1e8 else f"{s.params / 1e6:.2f} M"
+    title = (f"memory per GPU — {s.name} ({params} params; shapes from {_short(s.source)})\n"
+             f"{par.kind} × {par.processes} ({_short(par.source)}), GPU {'%.0f GiB' % (gpu / 2**30) if gpu else 'size unknown'}"
              f" · {runs}")
     t = Table(title=title, title_justify="left", show_lines=False)
     t.add_column("line", overflow="fold")
@@ -129,7 +142,7 @@ def table(memory, labels: list[str], where: str):
         mark = "red" if needs > share else ""
         t.add_row(f"{label}: needs / share", _gib(needs), f"[{mark}]{_gib(share)}[/]" if mark else _gib(share),
                   "weights + profile activations + one max-length sequence of KV cache")
-    verdict = ("fits" if memory.overflow() is None else "[red]does not fit[/]") if gpu else "not checked (no gpu_memory_gb)"
+    verdict = ("fits" if memory.overflow() is None else "[red]does not fit[/]") if gpu else "not checked: no gpu_memory_gb"
     t.add_row("[bold]peak[/]", "", f"[bold]{_gib(memory.peak_bytes)}[/]",
               f"{peak.label if peak else 'resident'}; {verdict}")
     return t

@@ -426,7 +426,7 @@ def plan_memory(shape: ModelShape, par: Parallelism, run: RunMemory, gpu_bytes: 
     upcast = " (fp32 master: accelerate upcasts under FSDP mixed precision)" if par.kind == "fsdp" and w == 4 else ""
     res = plan.resident
     res.append(Line("weights", f"policy weights ({_dt(w)}{_per(shard_w)})", on_gpu * n * w // shard_w,
-                    f"{n / 1e9:.2f} B params × {w} B{upcast}", fix_state))
+                    f"{n:,} params × {w} B{upcast}", fix_state))
     res.append(Line("grads", f"gradients ({_dt(g)}{_per(shard_g)})", on_gpu * n * g // shard_g,
                     "one per parameter", fix_state))
     if par.kind == "ddp":
@@ -541,7 +541,9 @@ def _phases(plan: MemoryPlan, w: int, b: int, fb: int) -> None:
         probe = Line("probe", f"exact-KL probe logits ({rows} rows × {run.completion_tokens} × {s.vocab_size})",
                      probe_chunk_bytes(s, rows, run.prompt_tokens, run.completion_tokens, fb),
                      "two models' full-vocabulary logits + float32 KL terms, per_device_train_batch_size rows",
-                     "kl_probe_prompts: 0, or a smaller per_device_train_batch_size (the probe's chunk)")
+                     "kl_probe_prompts: 0, or a smaller per_device_train_batch_size (the probe's chunk"
+                     + _rows_that_fit(plan, probe_chunk_bytes(s, 1, run.prompt_tokens, run.completion_tokens, fb)
+                                      + sum(x.bytes for x in ref_gather)) + ")")
         sample = Line("gen", f"probe sampling KV ({run.eval_rows} rows × {seq} tokens)",
                       generate_bytes(s, run.eval_rows, run.prompt_tokens, run.completion_tokens, fb),
                       "HF generate on the policy and π_ref", "a smaller per_device_eval_batch_size")
@@ -550,7 +552,8 @@ def _phases(plan: MemoryPlan, w: int, b: int, fb: int) -> None:
     if run.resets and run.reference:
         plan.phases.append(Phase("reset", "π_ref reset", (
             Line("reset", "one parameter's local shard, cast" if fsdp else "in-place copy",
-                 s.largest_param * max(w, 4) // par.processes if fsdp else 0, "local shards copied"),)))
+                 s.largest_param * max(w, 4) // par.processes if fsdp else 0,
+                 "each rank copies its own shards" if fsdp else "copy_ into π_ref's tensors, nothing gathered"),)))
     # 7. weight pushes into colocated engines, one full parameter at a time (full_tensor() under FSDP2):
     # the policy's before each generation, π_ref's after each reset
     if run.use_vllm and run.vllm_mode == "colocate":
@@ -571,6 +574,14 @@ def _phases(plan: MemoryPlan, w: int, b: int, fb: int) -> None:
         plan.phases.append(Phase("optim", "optimizer step (foreach AdamW)", (
             Line("optim_tmp", "AdamW temporaries", s.params * _state_bytes(par, run)[2] // 2 // shard,
                  "one state-sized temporary", "optim: adamw_torch_fused"),)))
+
+
+def _rows_that_fit(plan: MemoryPlan, one_row: int) -> str:
+    """', at most N rows fit' for a phase whose bytes grow about linearly in its rows."""
+    if plan.gpu_bytes is None:
+        return ""
+    rows = (plan.gpu_bytes - plan.resident_bytes) // max(one_row, 1)
+    return f": at most {rows} rows fit" if rows > 0 else ": not even one row fits"
 
 
 def _engine_dtype(s: ModelShape) -> str:
@@ -599,4 +610,5 @@ def _engines(plan: MemoryPlan) -> None:
                  + kv_cache_bytes(s, max_len, eb) // run.ref_vllm_tp)
         plan.engines.append((f"the π_ref vLLM engine ({_dt(eb)}, TP {run.ref_vllm_tp})", needs,
                              vllm_engine_bytes(run.ref_vllm_share, plan.gpu_bytes),
-                             "a larger ref_vllm_memory, ref_vllm_dtype: bfloat16, or ref_vllm_tensor_parallel_size > 1"))
+                             "a larger ref_vllm_memory" + (", ref_vllm_dtype: bfloat16" if eb == 4 else "")
+                             + ", or ref_vllm_tensor_parallel_size > 1"))
