@@ -226,17 +226,22 @@ def run_memory(cfg: Mapping[str, Any], shape: ModelShape, par: Parallelism, *,
 
 # --------------------------------------------------------------------------- one call
 _SHAPES: dict[str, ModelShape] = {}
+_PLANS: dict[tuple, MemoryPlan] = {}  # most runs of a sweep differ in nothing that sizes memory
 
 
 def plan_config(cfg: Mapping[str, Any], par: Parallelism, gpu_bytes: int | None, *,
                 prompt_tokens: int = DEFAULT_PROMPT_TOKENS, file: str | None = None) -> MemoryPlan:
     """The memory plan of one resolved run config (shapes read once per model per process)."""
     model = cfg.get("model") or TINY_MODEL
-    key = json.dumps(model, sort_keys=True, default=str)
+    key = repr(sorted(model.items())) if isinstance(model, Mapping) else str(model)
     if key not in _SHAPES:
         _SHAPES[key] = load_shape(model, file=file)
     shape = _SHAPES[key]
-    return plan_memory(shape, par, run_memory(cfg, shape, par, prompt_tokens=prompt_tokens), gpu_bytes)
+    run = run_memory(cfg, shape, par, prompt_tokens=prompt_tokens)
+    plan_key = (key, run, par, gpu_bytes)
+    if plan_key not in _PLANS:
+        _PLANS[plan_key] = plan_memory(shape, par, run, gpu_bytes)
+    return _PLANS[plan_key]
 
 
 def memory_check_enabled(env: Mapping[str, str] | None = None) -> bool:

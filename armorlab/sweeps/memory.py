@@ -25,12 +25,10 @@ def plan_runs(profile: Any, runs: Iterable[Any], *, file: str | None = None) -> 
     if gpu is None:
         return []
     par = parallelism_from_profile(profile)
-    groups: dict[tuple, tuple[MemoryPlan, list[str]]] = {}
+    groups: dict[int, tuple[MemoryPlan, list[str]]] = {}
     for run in runs:
-        memory = plan_config(run.view, par, gpu, file=file)
-        key = (memory.shape.name, tuple(x.bytes for x in memory.resident), tuple(p.bytes for p in memory.phases),
-               tuple(e[1] for e in memory.engines))
-        groups.setdefault(key, (memory, []))[1].append(run.run_id)
+        memory = plan_config(run.view, par, gpu, file=file)  # one object per distinct plan (cached)
+        groups.setdefault(id(memory), (memory, []))[1].append(run.run_id)
     return list(groups.values())
 
 
