@@ -332,7 +332,6 @@ class MemoryPlan:
     resident: list[Line] = field(default_factory=list)
     phases: list[Phase] = field(default_factory=list)
     engines: list[tuple[str, int, int, str]] = field(default_factory=list)  # (label, needs, share, fix)
-    notes: list[str] = field(default_factory=list)
 
     @property
     def resident_bytes(self) -> int:
@@ -395,10 +394,16 @@ FIX_MICRO = ("a smaller micro-batch: per_device_train_batch_size (raise gradient
              "the optimiser batch), gradient_checkpointing: true")
 
 
+def _mixed(par: Parallelism, run: RunMemory) -> bool:
+    """Mixed precision is on: the accelerate config asks for it, or the run config (bf16/fp16: the
+    Trainer passes it to its Accelerator)."""
+    return par.mixed_precision != "no" or run.compute_dtype != "float32"
+
+
 def _state_bytes(par: Parallelism, run: RunMemory) -> tuple[int, int, int]:
     """(weight, gradient, optimiser-state) bytes per parameter, where the training keeps them."""
     load = DTYPE_BYTES[run.load_dtype]
-    if par.kind == "fsdp" and par.mixed_precision != "no":
+    if par.kind == "fsdp" and _mixed(par, run):
         # accelerate upcasts trainable parameters to fp32 master weights (fsdp2_prepare_model);
         # the moments follow the parameters' dtype
         return 4, 4, 8
@@ -459,7 +464,7 @@ def plan_memory(shape: ModelShape, par: Parallelism, run: RunMemory, gpu_bytes: 
 def _forward_bytes(par: Parallelism, run: RunMemory) -> int:
     """The dtype of a forward outside autocast (generation, validation, the probe): FSDP's
     mixed-precision policy gathers parameters in the 16-bit dtype; otherwise the weights' own."""
-    if par.kind in ("fsdp", "zero3") and par.mixed_precision != "no":
+    if par.kind in ("fsdp", "zero3") and _mixed(par, run):
         return DTYPE_BYTES[run.compute_dtype]
     return DTYPE_BYTES[run.load_dtype]
 
