@@ -9,6 +9,7 @@ lie within the runs' budget — otherwise the report would come out empty or sil
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -93,8 +94,12 @@ def _stand_ins(spec, tmp_path: Path) -> list[str]:
     overrides = []
     model = spec.base.get("model")
     if isinstance(model, str) and model != "tiny":
+        from armorlab.core.known_models import known_config
+
+        # the named model's own config.json where armorlab knows it: the dry run plans its memory
+        known = known_config(model)
         (tmp_path / "model").mkdir()
-        (tmp_path / "model" / "config.json").write_text('{"model_type": "qwen2"}')
+        (tmp_path / "model" / "config.json").write_text(json.dumps(known[1] if known else {"model_type": "qwen2"}))
         overrides.append(f"model={tmp_path / 'model'}")
     task = spec.base.get("task")
     if isinstance(task, dict) and task.get("path"):

@@ -127,6 +127,11 @@ def _print_dry_run(plan, workers: int | None, cluster_max: Callable[[], int]) ->
         waits = sum(1 for r in todo if r.parent is not None and plan.actions.get(r.parent) == "submit")
         lines.append(f"would train {len(todo)} run(s) on this machine, {workers or plan.profile.workers} at a "
                      "time" + (f"; {waits} of them once the run they continue from has completed" if waits else ""))
+    if todo and plan.profile.gpu_memory_gb is not None:
+        from armorlab.sweeps.memory import plan_runs, summary
+
+        lines.append("")
+        lines += [summary(memory, ids) for memory, ids in plan_runs(plan.profile, todo, file=plan.spec.file)]
     if plan.profile.vllm_servers is not None and todo:
         from armorlab.sweeps.jobs import train_argv
         from armorlab.vllm.servers import describe

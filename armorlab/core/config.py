@@ -450,7 +450,7 @@ def _check_section(fields: Mapping[str, Field], raw: Mapping[str, Any], prefix: 
     return out
 
 
-def _resolve_task(raw: Any, file: str | None) -> dict[str, Any]:
+def _resolve_task(raw: Any, file: str | None, check_paths: bool = True) -> dict[str, Any]:
     if raw is None:
         raw = {"name": "arithmetic"}
     if isinstance(raw, str):
@@ -463,8 +463,9 @@ def _resolve_task(raw: Any, file: str | None) -> dict[str, Any]:
                             file=file)
     out = {"name": name, **_check_section(TASK_FIELDS[name], raw, "task", file)}
     if name == "math":
-        ident = data_identity(out["path"], file=file)
-        out["path"], out["fingerprint"] = ident["path"], ident["fingerprint"]
+        if check_paths:
+            ident = data_identity(out["path"], file=file)
+            out["path"], out["fingerprint"] = ident["path"], ident["fingerprint"]
         template = out["prompt_template"]
         if template is not None and "{problem}" not in template:
             raise ArmorLabError("must contain {problem} where the problem goes", key="task.prompt_template",
@@ -472,7 +473,7 @@ def _resolve_task(raw: Any, file: str | None) -> dict[str, Any]:
     return out
 
 
-def _resolve_model(raw: Any, file: str | None) -> dict[str, Any]:
+def _resolve_model(raw: Any, file: str | None, check_paths: bool = True) -> dict[str, Any]:
     if raw is None:
         raw = {"name": TINY_MODEL}
     if isinstance(raw, str):
@@ -495,12 +496,16 @@ def _resolve_model(raw: Any, file: str | None) -> dict[str, Any]:
     if extra:
         raise ArmorLabError("a model path takes no other keys", key=f"model.{extra[0]}",
                             value=raw[extra[0]], file=file)
-
+    if not check_paths:
+        return {"name": name}
     return model_identity(name, file=file)  # {name: absolute path or hub id, fingerprint}
 
 
-def resolve(raw: Mapping[str, Any], *, file: str | None = None) -> dict[str, Any]:
+def resolve(raw: Mapping[str, Any], *, file: str | None = None, check_paths: bool = True) -> dict[str, Any]:
     """Validate ``raw`` and return the fully resolved config (all armorlab defaults filled).
+
+    ``check_paths=False`` (``armorlab plan``) leaves the model and data paths unchecked and
+    unfingerprinted: the result plans memory but is no run config (its run id is not the run's).
 
     TRL keys are checked here by name and, for numbers and booleans, by kind (cheap); the rest
     of their values is checked by GRPOConfig itself when the job starts.
@@ -574,8 +579,8 @@ def resolve(raw: Mapping[str, Any], *, file: str | None = None) -> dict[str, Any
         raise ArmorLabError("a reference engine only samples anchors: set anchor or anchor_gate, or "
                             "ref_vllm_mode: none", key="ref_vllm_mode", value=out["ref_vllm_mode"], file=file)
     check_vllm_servers(out, file)
-    out["task"] = _resolve_task(raw.get("task"), file)
-    out["model"] = _resolve_model(raw.get("model"), file)
+    out["task"] = _resolve_task(raw.get("task"), file, check_paths)
+    out["model"] = _resolve_model(raw.get("model"), file, check_paths)
     _normalise_inert(out)
     return out
 

@@ -40,6 +40,7 @@ from armorlab.sweeps.manifest import (
     locked,
     parent_failed_reason,
 )
+from armorlab.sweeps.memory import check_sweep_memory
 from armorlab.sweeps.profile import EXECUTORS, Profile, load_profile
 from armorlab.sweeps.spec import RunPlan, SweepSpec, control_pairs, describe_run, expand, load_spec
 from armorlab.vllm.server_checks import check_runs
@@ -94,6 +95,7 @@ def plan_sweep(spec_path: str | Path, *, root: str | Path = "runs", executor: st
     check_runs(prof.vllm_servers, plan.runs, profile_file=str(prof.path) if prof.path else "<profile>",
                spec_file=spec.file, executor=executor)
     plan.actions = classify(plan.sweep_dir, plan.runs, retry_failed=retry_failed, executor=executor)
+    check_sweep_memory(prof, [r for r in plan.runs if plan.actions[r.run_id] == SUBMIT], spec_file=spec.file)
     return plan
 
 

@@ -253,6 +253,21 @@ def check_unchanged(stored: dict[str, Any], cfg: dict[str, Any], file: str) -> N
 
 
 # --------------------------------------------------------------------------- building
+def check_memory(cfg: dict[str, Any], file: str) -> None:
+    """The memory plan (armorlab.core.memory_plan) of this process's share of the run on this GPU:
+    ArmorLabError when it does not fit. The parallelism is what the launcher put in the environment;
+    without CUDA nothing is refused."""
+    import torch
+
+    from armorlab.core.plan_inputs import memory_check_enabled, parallelism_from_env, plan_config
+
+    if not torch.cuda.is_available() or not memory_check_enabled():
+        return
+    device = min(int(os.environ.get("LOCAL_RANK") or 0), torch.cuda.device_count() - 1)
+    total = torch.cuda.get_device_properties(device).total_memory
+    plan_config(cfg, parallelism_from_env(), total, file=file).check(file=file)
+
+
 def make_args(cfg: dict[str, Any], run_dir: RunDir) -> Any:
     """ArmorLabConfig from a resolved config; TRL keys are checked against the real GRPOConfig."""
     import dataclasses
@@ -413,6 +428,7 @@ def _train_owned(run_dir: RunDir, callbacks: Iterable[Any]) -> Outcome:
             cfg = resolve({**stored, **read_endpoints()}, file=str(run_dir.config_path))
             check_unchanged(stored, cfg, str(run_dir.config_path))
             start = find_start(run_dir, cfg["init_from"]) if cfg.get("init_from") else None
+            check_memory(cfg, str(run_dir.config_path))  # before any model is loaded
             trainer = build_trainer(cfg, run_dir, [control.callback(), health.callback(), *callbacks],
                                     start_from=start.checkpoint if start else None)
             checkpoint = complete_checkpoint(run_dir)
