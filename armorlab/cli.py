@@ -8,7 +8,18 @@ import sys
 import typer
 
 from armorlab import __version__
-from armorlab.commands import check_task, coercion, demo, evaluate, plan, report, sweep, train, tune, vllm_serve
+from armorlab.commands import (
+    check_task,
+    coercion,
+    demo,
+    evaluate,
+    plan,
+    report,
+    sweep,
+    train,
+    tune,
+    vllm_serve,
+)
 from armorlab.core.exits import EXIT_USER_ERROR
 from armorlab.errors import ArmorLabError
 
