@@ -265,6 +265,7 @@ def _until_resolved(spec: Path, *, root: Path, executor: str | None, profile: Pa
         if st.stopped:
             raise typer.Exit(1)
         return
+    progress = None
     while True:
         st = advance(chain, by="local", on_look=on_look)
         if st.finished or st.stopped:
@@ -272,10 +273,14 @@ def _until_resolved(spec: Path, *, root: Path, executor: str | None, profile: Pa
             if st.stopped:
                 raise typer.Exit(1)
             return
-        if not st.plan.to_submit:
+        done = (len(st.looks), sum(a == "completed" for a in st.plan.actions.values()))
+        if not st.plan.to_submit or done == progress:
             typer.echo("\n".join(describe(st, chain)))
-            typer.echo(f"look {st.look}: its runs are running elsewhere; run this command again once they end")
+            typer.echo(f"look {st.look}: its runs are running elsewhere; run this command again once they end"
+                       if not st.plan.to_submit else
+                       f"look {st.look}: its runs stopped without completing; run this command again to resume them")
             return
+        progress = done
         console.print(f"look {st.look}: " + ", ".join(f"{a} {n}" for a, n in st.want.items()) + " seeds per arm")
         run_plan_locally(st.plan, workers, detach=detach, exit_on_failure=False)
 
@@ -291,14 +296,10 @@ def _wait_chain(chain, st, on_look, interval: float = 5.0):
         seen = len(st.looks)
         if not st.finished and not st.ready and not st.decision_jobs():
             break  # nothing queued will carry it on (runs outside Slurm): say where it stands
-    typer.echo("\n".join(chain_describe(chain, st)))
-    return st
-
-
-def chain_describe(chain, st) -> list[str]:
     from armorlab.sweeps.until_resolved import describe
 
-    return describe(st, chain)
+    typer.echo("\n".join(describe(st, chain)))
+    return st
 
 
 # --------------------------------------------------------------------------- status
@@ -330,6 +331,8 @@ def _print_status(st) -> None:
             console.print(f"[red]failed[/] {r.run_id}: {r.reason}", soft_wrap=True)
         for w in r.warnings:
             console.print(f"[yellow]warning[/] {r.run_id}: {w}", soft_wrap=True)
+    if st.looks:
+        console.print(st.looks, soft_wrap=True)
     if st.warning:
         console.print(f"[yellow]{st.warning}[/]")
 

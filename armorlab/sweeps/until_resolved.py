@@ -59,6 +59,7 @@ from armorlab.sweeps.compare import CompareSpec, from_controls
 from armorlab.sweeps.controls import arm_key, matches
 from armorlab.sweeps.manifest import (
     LOGS_DIR,
+    LOOKS,
     SPEC_COPY,
     is_local,
     load_manifest,
@@ -83,7 +84,6 @@ from armorlab.sweeps.submit import (
 
 log = logging.getLogger(__name__)
 
-LOOKS = "looks.json"
 DEFAULT_MAX_SEEDS, DEFAULT_SEEDS_PER_LOOK = 10, 2
 DECISION_TIME_MIN, DECISION_MEM = 30, "2G"
 # the design keys a re-run may not change once a look is recorded (the error rate assumes them)
@@ -411,10 +411,14 @@ class Chain:
                else "run `armorlab sweep ... --until-resolved` again to resume them")
         return f"look {st.look} waits: {'; '.join(bad[:5])}{' …' if len(bad) > 5 else ''}; {fix}"
 
-    def record_stop(self, st: Standing, reason: str) -> None:
+    def record_stop(self, st: Standing, reason: str | None) -> None:
+        """Record why the chain stopped at the look in progress (None: it goes on again)."""
         with locked(self.sweep_dir):
             design, looks, chain = read_looks(self.sweep_dir)
-            chain = {**self.chain_record(chain), "stopped": {"look": st.look, "reason": reason, "at": now_iso()}}
+            chain = self.chain_record(chain)
+            chain.pop("stopped", None)
+            if reason is not None:
+                chain["stopped"] = {"look": st.look, "reason": reason, "at": now_iso()}
             write_looks(self.sweep_dir, design or self.design, looks, chain)
 
     # ------------------------------------------------------------------ deciding
@@ -544,6 +548,9 @@ def advance(chain: Chain, *, by: str, resubmit: bool = True, on_look: OnLook | N
         if why is not None:
             chain.record_stop(st, why)
             return chain.stand()
+        if st.stopped:  # what stopped it is mended (a retry, runs resumed): it goes on
+            chain.record_stop(st, None)
+            st = chain.stand()
         if chain.executor != "slurm":
             return st
         if any(st.plan.actions[r.run_id] == SUBMIT for r in st.plan.runs) and submit_slurm(st.plan):
