@@ -20,7 +20,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from sweep_support import VAL_LEVELS as LEVELS
 from sweep_support import run_cli, standin_command, write_spec
+from sweep_support import standin_val_level as val_level
 
 from armorlab.analysis.sequential import SPENDING, Design, decide_look, looks_record
 from armorlab.core.runs import RunDir
@@ -31,13 +33,7 @@ from armorlab.sweeps.manifest import LOOKS, load_manifest
 from armorlab.sweeps.submit import load_sweep
 from armorlab.sweeps.until_resolved import Chain, extended_seeds
 
-LEVELS = {"dapo": [0.5, 0.02], "armor": [0.9, 0.02], "up": [0.55, 0.02]}
 SELECT = {"metric": "val/acc", "mode": "max"}
-
-
-def val_level(seed: int, level: float, spread: float) -> float:
-    """The stand-in's flat val/acc, restated."""
-    return level + spread * (((seed * 7919 + 31) % 1000) / 1000.0 - 0.5)
 
 
 @pytest.fixture
