@@ -306,3 +306,61 @@ def test_the_looks_file_name_is_one_across_layers():
     from armorlab.analysis.looks_report import LOOKS_FILE
 
     assert LOOKS_FILE == LOOKS
+
+
+# --------------------------------------------------------------------------- a decision, without processes
+def _complete(chain: Chain, runs, level_of, n_eval=None) -> None:
+    """Write each run's dir as a finished trainer would: flat val/acc (and val/n), completed."""
+    for r in runs:
+        rd = RunDir.create(chain.sweep_dir, r.config)
+        if rd.read_status()["state"] == "completed":
+            continue
+        v = level_of(r.view)
+        for step in range(4):
+            rd.append_metrics(step, {"val/acc": v, **({"val/n": n_eval} if n_eval else {})})
+        rd.write_status("running")
+        rd.write_status("completed")
+
+
+def test_delta_is_set_from_val_n_at_the_first_look_and_kept(tmp_path):
+    spec = _flat_spec(tmp_path)
+    raw = _load_yaml(spec)
+    raw["compare"]["delta"] = None
+    spec = write_spec(spec, raw)
+    chain = _chain(spec, tmp_path / "runs")
+    assert math.isnan(chain.design.delta)
+
+    def level_of(cfg):
+        return val_level(cfg["seed"], *LEVELS[cfg["objective"]])
+
+    chain.begin()
+    st = chain.stand()
+    _complete(chain, st.plan.runs, level_of, n_eval=400)
+    st = chain.stand()
+    assert st.ready
+    look = chain.decide(st, by="test")
+    record = json.loads((chain.sweep_dir / LOOKS).read_text())
+    finals = [level_of(r.view) for r in st.plan.runs]
+    p = float(np.mean(finals))
+    delta = 2 * math.sqrt(p * (1 - p) / 400)  # (D1) over the compared runs' final level
+    assert record["design"]["delta"] == pytest.approx(delta, rel=1e-12)
+    assert "n = 400 (val/n)" in record["chain"]["delta"] and look["by"] == "test"
+    assert chain.decide(st, by="again") is None  # that look is recorded: a stale standing decides nothing
+    # look 2 with other levels: δ stays what the first look fixed
+    st = chain.stand()
+    _complete(chain, st.plan.runs, lambda cfg: level_of(cfg) - 0.3, n_eval=400)
+    chain.decide(chain.stand(), by="test")
+    record = json.loads((chain.sweep_dir / LOOKS).read_text())
+    assert len(record["looks"]) == 2 and record["design"]["delta"] == pytest.approx(delta, rel=1e-12)
+    # a completed run without the endpoint stops the chain, naming it
+    fresh = _chain(_flat_spec(tmp_path, "empty"), tmp_path / "runs")
+    fresh.begin()
+    st = fresh.stand()
+    for r in st.plan.runs:
+        rd = RunDir.create(fresh.sweep_dir, r.config)
+        rd.write_status("running")
+        rd.write_status("completed")
+    from armorlab.sweeps.until_resolved import advance
+
+    st = advance(fresh, by="test")
+    assert st.stopped and "completed without a value of final" in st.stopped and st.plan.runs[0].run_id in st.stopped

@@ -8,6 +8,7 @@ seeds: [0, 1, 2]                            # every grid/include point is crosse
 include: [{objective: dapo}]                # extra points (also crossed with the seeds)
 exclude: [{alpha: 0.7, ref_reset_steps: 0}] # drops grid points whose resolved config matches
 profile: slurm/default.yaml                 # where to run; `armorlab sweep --profile` overrides it
+compare: {baseline: {objective: dapo}}      # `--until-resolved`: the baseline arm (armorlab.sweeps.compare)
 ```
 Stages (the ARMOR paper's continual protocol): each stage is a grid of its own (``base`` merged
 over the spec's, ``grid``/``include``/``exclude``/``seeds``/``controls``); a stage with ``from``
