@@ -286,18 +286,21 @@ def _until_resolved(spec: Path, *, root: Path, executor: str | None, profile: Pa
 
 
 def _wait_chain(chain, st, on_look, interval: float = 5.0):
-    """--wait on Slurm: show each look as its decision job records it, until the chain ends."""
-    seen = len(st.looks)
-    while not (st.finished or st.stopped):
+    """--wait on Slurm: show each look as its decision job records it, until the chain ends (or no
+    decision job is left to carry it on: then say where it stands)."""
+    from armorlab.sweeps import slurmctl
+    from armorlab.sweeps.until_resolved import describe
+
+    seen, idle = len(st.looks), 0
+    while not (st.finished or st.stopped) and idle < 2:
         time.sleep(interval)
         st = chain.stand()
         for look in st.looks[seen:]:
             on_look(look, st.design)
         seen = len(st.looks)
-        if not st.finished and not st.ready and not st.decision_jobs():
-            break  # nothing queued will carry it on (runs outside Slurm): say where it stands
-    from armorlab.sweeps.until_resolved import describe
-
+        jobs = [d["job_id"] for d in st.chain.get("decision_jobs", ())]
+        live = jobs and any(slurmctl.is_active(s) for s in slurmctl.squeue_states(jobs).values())
+        idle = 0 if live else idle + 1  # twice in a row: one decision job hands over to the next
     typer.echo("\n".join(describe(st, chain)))
     return st
 
