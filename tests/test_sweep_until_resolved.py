@@ -29,9 +29,10 @@ from armorlab.core.runs import RunDir
 from armorlab.errors import ArmorLabError
 from armorlab.sweeps.compare import SPENDINGS
 from armorlab.sweeps.jobs import ENV_COMMAND
+from armorlab.sweeps.looks import extended_seeds
 from armorlab.sweeps.manifest import LOOKS, load_manifest
 from armorlab.sweeps.submit import load_sweep
-from armorlab.sweeps.until_resolved import Chain, extended_seeds
+from armorlab.sweeps.until_resolved import Chain
 
 SELECT = {"metric": "val/acc", "mode": "max"}
 

@@ -12,5 +12,6 @@ Torch-free by design: a job meets training only through its run directory, by ru
     submit.py     plan → what still needs submitting → submit → manifest
     status.py     per-run state for `armorlab status`, and cancel
     compare.py    the spec's `compare:` (what `--until-resolved` compares)
-    until_resolved.py  seeds in looks until resolved: looks.json, the Slurm decision job
+    looks.py      looks.json and the seeds each look runs
+    until_resolved.py  seeds in looks until resolved: the loop, the Slurm decision job
 """

@@ -29,7 +29,6 @@ command — does the same thing from wherever the last one stopped (``advance``)
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
 import os
@@ -46,17 +45,15 @@ from armorlab.analysis.sequential import (
     Design,
     decide_look,
     latest_comparisons,
-    looks_record,
-    read_looks_record,
 )
 from armorlab.analysis.verdicts import LOWER_IS_BETTER
 from armorlab.core.checks import Invalid
-from armorlab.core.fsutil import atomic_write_json
 from armorlab.core.runs import RunDir, now_iso
 from armorlab.errors import ArmorLabError
 from armorlab.sweeps import slurmctl
 from armorlab.sweeps.compare import CompareSpec, from_controls
 from armorlab.sweeps.controls import arm_key, matches
+from armorlab.sweeps.looks import extend_spec, read_looks, write_looks
 from armorlab.sweeps.manifest import (
     LOGS_DIR,
     LOOKS,
@@ -88,92 +85,12 @@ DEFAULT_MAX_SEEDS, DEFAULT_SEEDS_PER_LOOK = 10, 2
 DECISION_TIME_MIN, DECISION_MEM = 30, "2G"
 # the design keys a re-run may not change once a look is recorded (the error rate assumes them)
 FIXED_KEYS = ("baseline", "arms", "endpoint", "alpha", "spending", "first_look", "power", "higher_is_better")
-
-
 ACTION_WORDS = {SUBMIT: "to run", DONE: "completed", ACTIVE: "queued/running", FAILED: "failed",
                 BLOCKED: "not started: parent failed", WAIT: "waiting for a parent run elsewhere"}
 
 
 class ChainStopped(Exception):
     """A look cannot be decided until someone acts (a run failed, a value is missing)."""
-
-
-# --------------------------------------------------------------------------- looks.json
-def read_looks(sweep_dir: Path) -> tuple[Design | None, list[dict[str, Any]], dict[str, Any]]:
-    """The design, looks and chain record of a sweep dir's looks.json (None, [], {} without one)."""
-    path = Path(sweep_dir) / LOOKS
-    if not path.exists():
-        return None, [], {}
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ArmorLabError(f"unreadable looks.json: {exc}", file=str(path)) from None
-    design, looks = read_looks_record(data, file=str(path))
-    chain = data.get("chain") if isinstance(data.get("chain"), dict) else {}
-    return design, looks, chain
-
-
-def _plain(v: Any) -> Any:
-    """NaN and infinities as null: looks.json is strict JSON."""
-    if isinstance(v, float) and not math.isfinite(v):
-        return None
-    if isinstance(v, Mapping):
-        return {k: _plain(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_plain(x) for x in v]
-    return v
-
-
-def write_looks(sweep_dir: Path, design: Design, looks: Sequence[Mapping[str, Any]], chain: Mapping[str, Any]) -> None:
-    record = {**looks_record(design, looks), "chain": dict(chain)}
-    atomic_write_json(Path(sweep_dir) / LOOKS, _plain(record))
-
-
-# --------------------------------------------------------------------------- the plan
-def extended_seeds(seeds: Sequence[int], n: int) -> list[int]:
-    """The first ``n`` seeds of the looks: the spec's, then the next after its largest."""
-    out = list(seeds)
-    nxt = max(out) + 1
-    while len(out) < n:
-        out.append(nxt)
-        nxt += 1
-    return out[:max(n, len(seeds))]
-
-
-def _extend_spec(spec: SweepSpec, stage: str, n: int) -> tuple[SweepSpec, list[int], int]:
-    """The spec with the compared stage's seeds extended to ``n`` and every stage it continues
-    from given the parent seeds those need; returns it, the compared stage's seed list and how
-    many of those the spec gives (the first look's)."""
-    stages = spec.stage_list()
-    by_name = {st.name: st for st in stages}
-
-    def seeds_of(name: str) -> list[int] | None:
-        st = by_name[name]
-        return st.seeds if st.seeds is not None else spec.seeds
-
-    first = seeds_of(stage)
-    if first is None:
-        raise ArmorLabError("--until-resolved starts from the spec's seeds (the first look's): add e.g. "
-                            "`seeds: [0, 1, 2]`", key="seeds", value=None, file=spec.file)
-    seeds = {stage: extended_seeds(first, n)}
-    st = by_name[stage]
-    while st.parent is not None:
-        want = []
-        for s in seeds[st.name]:
-            p = st.parent.parent_seed(s)
-            if p is None:
-                raise ArmorLabError(f"--until-resolved adds seed {s} to stage {st.name!r}, but `from.seeds` maps no "
-                                    "parent seed to it: use `same` or one seed, or map every seed up to "
-                                    "--max-seeds", key=f"stages.{st.name}.from.seeds", value=st.parent.seeds,
-                                    file=spec.file)
-            want.append(p)
-        have = seeds_of(st.parent.stage) or []
-        seeds[st.parent.stage] = list(have) + sorted(set(want) - set(have))
-        st = by_name[st.parent.stage]
-    if spec.stages is None:
-        return dataclasses.replace(spec, seeds=seeds[stage]), seeds[stage], len(first)
-    new = [dataclasses.replace(s, seeds=seeds[s.name]) if s.name in seeds else s for s in spec.stages]
-    return dataclasses.replace(spec, stages=new), seeds[stage], len(first)
 
 
 @dataclass
@@ -227,16 +144,15 @@ class Chain:
         for key, v in (("--max-seeds", n_max), ("--seeds-per-look", k)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ArmorLabError("must be a positive integer", key=key, value=v)
-        extended, self.seeds, self.first = _extend_spec(spec, self.stage_name, n_max)
+        extended, self.seeds, self.first = extend_spec(spec, self.stage_name, n_max)
         runs = expand(extended)
         self.order = [r.run_id for r in runs]
         self.runs = {r.run_id: r for r in runs}
         original = expand(spec)
         self.original = [r.run_id for r in original]
         self.controls = control_pairs(spec, original)
-        self.arm_runs, labels = self._arms([r for r in runs if r.stage == self.stage])
-        self.arm_of = {rid: arm for arm, by_seed in self.arm_runs.items() for rid in by_seed.values()}
-        baseline = self._baseline(labels)
+        self.arm_runs, arm_configs = self._arms([r for r in runs if r.stage == self.stage])
+        baseline = self._baseline(arm_configs)
         template = self._design(baseline, [a for a in self.arm_runs if a != baseline], n_max, k)
         self.design = self._settle(template, recorded, looks, explicit={"max_seeds": max_seeds, "seeds_per_look":
                                                                         seeds_per_look})
@@ -615,15 +531,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     own = _clean_slurm_env()
+    chain = None
     try:
         chain = Chain.from_sweep_dir(args.sweep_dir, self_job=own)
         st = advance(chain, by=f"slurm job {own}" if own else "decision job", resubmit=False,
                      on_look=lambda look, design: print(look_line(look, design), flush=True))
     except ArmorLabError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        if chain is not None:  # `armorlab status` and a re-run say why the chain stopped
+            chain.record_stop(chain.stand(), f"the decision job failed: {exc}")
         return 2
     print("\n".join(describe(st, chain)))
-    return 0
+    return 1 if st.stopped else 0  # a stopped chain waits for someone: sacct shows it
 
 
 if __name__ == "__main__":
