@@ -376,7 +376,11 @@ class Chain:
         ids = [j for j in st.decision_jobs() if j != self.self_job]
         if not ids:
             return None
-        states = slurmctl.squeue_states(ids)
+        try:
+            states = slurmctl.squeue_states(ids)
+        except slurmctl.SlurmUnavailable as exc:  # guessing "gone" could queue a second decision job
+            raise ArmorLabError(f"cannot tell whether the decision job is still queued ({exc})", key="sweep",
+                                value=str(self.sweep_dir)) from None
         live = [j for j in ids if slurmctl.is_active(states.get(j))]
         return live[-1] if live else None
 
