@@ -7,7 +7,8 @@ Output directory layout::
     tables/groups.{csv,md,tex}        one row per group (CSV: numbers; md/tex: mean [95% CI])
     tables/runs.csv                   one row per run, every score
     tables/improvement.{csv,md,tex}   probability of improvement per compared pair
-    tables/verdicts.{csv,md,tex}      better / worse / equivalent / not resolved per arm (first on the page)
+    tables/verdicts.{csv,md,tex}      better / worse / equivalent / not resolved per arm (first on the page;
+                                      a sweep run until resolved: its looks.json's, analysis/looks_report.py)
     tables/configs.csv                config keys that differ between groups
     recipe.yaml               the recipe as resolved (group keys, matched steps, scores)
 
@@ -29,7 +30,17 @@ import numpy as np
 import pandas as pd
 
 from armorlab.analysis import capacity_stats as cs
-from armorlab.analysis import collapse, freshness, memo, plots, select, stats, tables, verdict_table
+from armorlab.analysis import (
+    collapse,
+    freshness,
+    looks_report,
+    memo,
+    plots,
+    select,
+    stats,
+    tables,
+    verdict_table,
+)
 from armorlab.analysis import groups as G
 from armorlab.analysis.figure_worker import FigureWorker, wanted
 from armorlab.analysis.html import Figure, Section, esc, write_index
@@ -379,7 +390,14 @@ def _build_report(recipe: Recipe, out: Path, *, cache: bool, progress: Callable[
                              "ECDF of probability capacity of A>0 tokens from tokens/ samples")
     pairs = G.comparison_pairs(rs.runs, groups, recipe)
     poi = G.improvement_table(per_run, pairs, scores)
-    verdicts = verdict_table.build(per_run, rs, recipe, pairs, notes, names(per_run, rs) if names else None)
+    # a sweep run until resolved: its looks.json's verdicts; fixed-sample ones would ignore the looks
+    sequential = looks_report.find(recipe.runs)
+    if sequential:
+        looks_report.prepare(sequential, sel.metric, sel.report)
+        looks_report.check(sequential, per_run, rs, notes)
+        verdicts = None
+    else:
+        verdicts = verdict_table.build(per_run, rs, recipe, pairs, notes, names(per_run, rs) if names else None)
 
     tdir = out / "tables"
     group_display = tables.display_group_table(summary, keys, cols, sel.metric, sel.report)
@@ -404,6 +422,8 @@ def _build_report(recipe: Recipe, out: Path, *, cache: bool, progress: Callable[
     written += tables.write_table(diff, tdir / "configs", formats=("csv",))
     if verdicts is not None:
         written += verdict_table.write(verdicts, tdir)
+    if sequential:
+        written += looks_report.write(sequential, tdir)
     anchors = _anchor_table(rs, groups)
     if anchors is not None:
         written += tables.write_table(anchors, tdir / "anchors", formats=("csv", "md"))
@@ -426,14 +446,17 @@ def _build_report(recipe: Recipe, out: Path, *, cache: bool, progress: Callable[
         sections.insert(0, first)
     if verdicts is not None:
         sections.insert(0, verdict_table.section(verdicts, len(pairs)))
+    if sequential:
+        sections.insert(0, looks_report.section(sequential))
     if extra_sections is not None:
         sections += extra_sections(out, notes.add)
     meta = (f"{len(rs.run_ids)} runs in {len(groups.labels)} groups (group_by: {esc(legend)}) · "
             f"selection on {esc(sel.metric)} ({sel.mode}), reported on {esc(sel.report)} · "
             f"matched steps {esc(', '.join(map(str, matched)) or 'none')} · generated {esc(now_iso())}")
     index = write_index(out, recipe.title, meta, notes.items, sections)
+    sentences = verdicts.sentences if verdicts is not None else [x for s in sequential for x in s.sentences]
     result = ReportResult(out, index, [p for _, p, _ in figs], written, list(notes.items), len(rs.run_ids),
-                          len(groups.labels), verdicts.sentences if verdicts is not None else [])
+                          len(groups.labels), sentences)
     # every figure under plots/, the extra sections' too (an Optuna study's)
     figures = [p for p in (out / "plots").rglob("*") if p.is_file()] if (out / "plots").is_dir() else []
     freshness.write_stamp(out, key, result_summary(result),

@@ -6,6 +6,7 @@
               .submitit/    submitit's sbatch files, pickles and job logs; one <A>_array.pkl per job array
               .logs/        local executor: one log per run
               .lock         held while a command decides and records submissions
+              looks.json    `--until-resolved`: the design, every look, the decision jobs
               <run-id>/     run directories (runs.py)
 ```
 ``jobs`` maps each run id to the job ids of its submissions, oldest first; the last one is the
@@ -35,6 +36,7 @@ from armorlab.core.runs import now_iso
 from armorlab.errors import ArmorLabError
 
 MANIFEST, SPEC_COPY, SUBMITIT_DIR, LOGS_DIR, LOCK = "sweep.json", "spec.yaml", ".submitit", ".logs", ".lock"
+LOOKS = "looks.json"  # a sweep run until resolved (armorlab.sweeps.until_resolved)
 VERSION = 1
 
 

@@ -8,6 +8,7 @@ seeds: [0, 1, 2]                            # every grid/include point is crosse
 include: [{objective: dapo}]                # extra points (also crossed with the seeds)
 exclude: [{alpha: 0.7, ref_reset_steps: 0}] # drops grid points whose resolved config matches
 profile: slurm/default.yaml                 # where to run; `armorlab sweep --profile` overrides it
+compare: {baseline: {objective: dapo}}      # `--until-resolved`: the baseline arm (armorlab.sweeps.compare)
 ```
 Stages (the ARMOR paper's continual protocol): each stage is a grid of its own (``base`` merged
 over the spec's, ``grid``/``include``/``exclude``/``seeds``/``controls``); a stage with ``from``
@@ -52,6 +53,7 @@ from armorlab.core.config import (
 )
 from armorlab.core.runs import canonical_json, run_id
 from armorlab.errors import ArmorLabError
+from armorlab.sweeps.compare import CompareSpec, parse_compare
 from armorlab.sweeps.controls import Controls, Pair, check, matches, parse_controls
 from armorlab.sweeps.fastcopy import _copier, _SeededRunId
 from armorlab.sweeps.parsing import (
@@ -66,7 +68,7 @@ from armorlab.sweeps.parsing import (
 from armorlab.sweeps.stages import Stage, parse_stages
 
 SPEC_KEYS = ("name", "description", "base", "grid", "seeds", "include", "exclude", "profile", "search", "stages",
-             "controls")
+             "controls", "compare")
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,7 @@ class SweepSpec:
     description: str | None = None
     stages: list[Stage] | None = None
     controls: list[Controls] = field(default_factory=list)
+    compare: CompareSpec | None = None   # what `--until-resolved` compares (armorlab.sweeps.compare)
 
     @property
     def file(self) -> str:
@@ -109,6 +112,8 @@ class SweepSpec:
             out["controls"] = [c.to_dict() for c in self.controls]
         if self.stages is not None:
             out["stages"] = [st.to_dict() for st in self.stages]
+        if self.compare is not None:
+            out["compare"] = self.compare.to_dict()
         return out
 
     def stage_list(self) -> list[Stage]:
@@ -209,9 +214,14 @@ def parse_spec(data: Mapping[str, Any], *, path: str | Path | None = None) -> Sw
         raise ArmorLabError("must be a mapping (see `armorlab tune`)", key="search", value=search, file=file)
     if search is not None and stages is not None:
         raise ArmorLabError("a search (`armorlab tune`) has no stages", key="stages", value="...", file=file)
+    compare = parse_compare(data.get("compare"), file)
+    if compare is not None and compare.stage is not None and compare.stage not in [st.name for st in stages or ()]:
+        raise ArmorLabError(f"must name a stage of this spec (stages: "
+                            f"{', '.join(st.name for st in stages or ()) or 'none'})", key="compare.stage",
+                            value=compare.stage, file=file)
     return SweepSpec(name=name, base=base, grid=grid, seeds=seeds, include=include, exclude=exclude,
                      profile=profile, search=dict(search) if search is not None else None, path=path,
-                     description=description, stages=stages, controls=controls)
+                     description=description, stages=stages, controls=controls, compare=compare)
 
 
 # --------------------------------------------------------------------------- expansion
