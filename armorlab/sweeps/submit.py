@@ -110,7 +110,7 @@ def plan_runs(spec: SweepSpec, runs: list[RunPlan], *, root: str | Path, profile
     check_runs(profile.vllm_servers, plan.runs, profile_file=str(profile.path) if profile.path else "<profile>",
                spec_file=spec.file, executor=executor)
     plan.actions = classify(plan.sweep_dir, plan.runs, retry_failed=retry_failed, executor=executor)
-    check_sweep_memory(prof, [r for r in plan.runs if plan.actions[r.run_id] == SUBMIT], spec_file=spec.file)
+    check_sweep_memory(profile, [r for r in plan.runs if plan.actions[r.run_id] == SUBMIT], spec_file=spec.file)
     return plan
 
 
