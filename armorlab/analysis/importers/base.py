@@ -1,0 +1,236 @@
+"""What every importer shares: the imported run, name mapping onto armorlab's namespaces, and the
+step-aligned metrics table built from per-metric series.
+
+An importer reads a source (files some other library wrote) and returns :class:`ImportedRun`\\ s:
+a pyarrow table of int64 ``step`` + one float64 column per metric, named in armorlab's namespaces
+(``train/``, ``val/``, ``obj/``, ...) by the source's :class:`NameMap`; a metric no rule maps keeps
+its source name under ``src/<name>``. Merging follows metrics.jsonl's rule (armorlab.analysis.load):
+a metric logged twice at a step keeps the later value, and a missing value (NaN, null) never
+erases a number.
+
+Nothing here writes a file: importing is read-only (tests snapshot the sources to prove it).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+SRC = "src/"
+# how a run ended, where the source says (an armorlab run's status.json states, plus "unknown")
+STATES = ("completed", "running", "failed", "unknown")
+# metrics every importer is asked about: which of them a source cannot give is said per run
+CORE_METRICS = ("val/acc", "val/n", "val/pass@k", "train/reward", "train/entropy", "train/length",
+                "kl/reverse_k3", "kl/forward_k3", "cap/pos_mean", "anchor/rate")
+
+
+@dataclass(frozen=True)
+class Rule:
+    """``pattern`` (a regular expression matched against the whole source name) → ``target``
+    (armorlab's name; ``{group}`` fills in a named group). ``note`` says how the two differ."""
+    pattern: str
+    target: str
+    note: str = ""
+
+    @property
+    def regex(self) -> re.Pattern[str]:
+        return _compile(self.pattern)
+
+
+@cache
+def _compile(pattern: str) -> re.Pattern[str]:
+    return re.compile(pattern)
+
+
+class NameMap:
+    """Source metric name → armorlab name: the first rule that matches, else ``src/<name>``. A
+    target of ``None`` drops the metric (a step counter, a summary)."""
+
+    def __init__(self, rules: Iterable[Rule], *, drop: Iterable[str] = ()) -> None:
+        self.rules = tuple(rules)
+        self.drop = frozenset(drop)
+        self._cache: dict[str, str | None] = {}
+
+    def __call__(self, name: str) -> str | None:
+        try:
+            return self._cache[name]
+        except KeyError:
+            pass
+        target: str | None = SRC + name
+        if name in self.drop:
+            target = None
+        else:
+            for rule in self.rules:
+                m = rule.regex.fullmatch(name)
+                if m:
+                    target = rule.target.format(**m.groupdict())
+                    break
+        self._cache[name] = target
+        return target
+
+
+@dataclass
+class ImportedRun:
+    """One run read from another library's files, in armorlab's terms.
+
+    ``table``: pyarrow Table, int64 ``step`` (strictly increasing) + float64 metric columns.
+    ``config``: the run's config as the source recorded it (flat dotted keys), {} when it records
+    none. ``unavailable``: armorlab metrics this source cannot give. ``origin``: armorlab name →
+    the source name(s) it came from."""
+    name: str
+    path: Path
+    format: str
+    table: Any
+    config: dict[str, Any] = field(default_factory=dict)
+    flavour: str | None = None          # the trainer that wrote it: trl, verl, openrlhf
+    project: str | None = None          # the source's grouping of runs (W&B/trackio project, ...)
+    state: str = "unknown"
+    reason: str | None = None
+    warnings: list[str] = field(default_factory=list)
+    unavailable: list[str] = field(default_factory=list)
+    origin: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def metrics(self) -> list[str]:
+        return [c for c in self.table.column_names if c != "step"]
+
+
+# --------------------------------------------------------------------------- values
+def as_float(value: Any) -> float:
+    """A logged value as float: numbers and booleans; the strings JSON writers use for
+    non-finite floats ("NaN", "Infinity", "-Infinity"); anything else NaN (not a metric)."""
+    if isinstance(value, bool):
+        return 1.0 if value else 0.0
+    if isinstance(value, (int, float)):
+        try:
+            return float(value)
+        except OverflowError:  # an int past float's range
+            return math.inf if value > 0 else -math.inf
+    if isinstance(value, str) and value in ("NaN", "Infinity", "-Infinity", "nan", "inf", "-inf"):
+        return float(value.replace("Infinity", "inf"))
+    return math.nan
+
+
+def is_metric_value(value: Any) -> bool:
+    return isinstance(value, (bool, int, float)) or (
+        isinstance(value, str) and value in ("NaN", "Infinity", "-Infinity"))
+
+
+# --------------------------------------------------------------------------- series → table
+def dedupe(steps: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One value per step: the last non-NaN one logged (metrics.jsonl's merge rule)."""
+    keep = ~np.isnan(values)
+    if not keep.all():
+        steps, values = steps[keep], values[keep]
+    if steps.size < 2 or bool(np.all(steps[1:] > steps[:-1])):
+        return steps, values
+    order = np.argsort(steps, kind="stable")
+    s, v = steps[order], values[order]
+    last = np.r_[s[1:] != s[:-1], True]
+    return s[last], v[last]
+
+
+def build_table(series: Mapping[str, tuple[np.ndarray, np.ndarray]], names: NameMap,
+                extra: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None):
+    """Per-metric (steps, values) under their source names → (pyarrow Table of armorlab names
+    on the union of steps, origin). Two source names mapped to one armorlab name (an old and a
+    new spelling) are coalesced: at each step the value of the first one read, where it has one.
+    ``extra``: series already under armorlab names (computed by the importer)."""
+    import pyarrow as pa
+
+    grouped: dict[str, list[tuple[str, np.ndarray, np.ndarray]]] = {}
+    for src, (steps, values) in series.items():
+        target = names(src)
+        if target is None:
+            continue
+        s, v = dedupe(np.asarray(steps, dtype=np.int64), np.asarray(values, dtype=np.float64))
+        if s.size:
+            grouped.setdefault(target, []).append((src, s, v))
+    for target, (steps, values) in (extra or {}).items():
+        s, v = dedupe(np.asarray(steps, dtype=np.int64), np.asarray(values, dtype=np.float64))
+        if s.size:
+            grouped.setdefault(target, []).insert(0, ("(computed)", s, v))
+    if not grouped:
+        return pa.table({"step": pa.array([], pa.int64())}), {}
+    all_steps = np.unique(np.concatenate([s for parts in grouped.values() for _, s, _ in parts]))
+    cols, origin = {}, {}
+    for target in sorted(grouped):
+        parts = grouped[target]
+        col = np.full(all_steps.size, np.nan)
+        # the first part written last wins: rules earlier in the table take precedence
+        for _, s, v in reversed(parts):
+            col[np.searchsorted(all_steps, s)] = v
+        cols[target] = col
+        origin[target] = [src for src, _, _ in parts]
+    arrays = [pa.array(all_steps, pa.int64())] + [pa.array(c, pa.float64(), from_pandas=True) for c in cols.values()]
+    return pa.Table.from_arrays(arrays, names=["step", *cols]), origin
+
+
+def rows_to_series(rows: Iterable[tuple[int, Mapping[str, Any]]]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """(step, {name: value}) rows → per-name (steps, values); values that are not numbers are
+    left out (strings, lists, media)."""
+    steps: dict[str, list[int]] = {}
+    values: dict[str, list[float]] = {}
+    for step, row in rows:
+        for k, v in row.items():
+            if not is_metric_value(v):
+                continue
+            steps.setdefault(k, []).append(step)
+            values.setdefault(k, []).append(as_float(v))
+    return {k: (np.asarray(steps[k], dtype=np.int64), np.asarray(values[k], dtype=np.float64)) for k in steps}
+
+
+# --------------------------------------------------------------------------- configs
+def flatten(cfg: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested config → flat dotted keys; lists become JSON text (groupable)."""
+    out: dict[str, Any] = {}
+    for key, value in cfg.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            out.update(flatten(value, f"{name}."))
+        elif isinstance(value, (list, tuple)):
+            out[name] = json.dumps(value, default=str)
+        else:
+            out[name] = value
+    return out
+
+
+SEED_RE = re.compile(r"(^|[._])(data_loader_|data_|)seed$")
+
+
+def seed_and_config(flat: Mapping[str, Any], drop: Iterable[str] = ()) -> dict[str, Any]:
+    """The config columns of an imported run: identity keys (output paths, run names) dropped —
+    they differ between every pair of runs and are no experimental factor — and the source's
+    seed keys folded into one ``seed`` (seeds are what the report aggregates over, never a
+    group): the value of ``seed`` when the source has that key, else the seed keys that are set,
+    as ``key=value`` text."""
+    drop = set(drop)
+    out = {k: v for k, v in flat.items() if k not in drop and not any(k.startswith(d + ".") for d in drop)}
+    seeds = {k: out.pop(k) for k in [k for k in out if SEED_RE.search(k)]}
+    if "seed" in seeds:
+        out["seed"] = seeds["seed"]
+    elif seeds:
+        set_ = {k: v for k, v in seeds.items() if v is not None}
+        if set_:
+            out["seed"] = ", ".join(f"{k}={v}" for k, v in sorted(set_.items()))
+    return out
+
+
+def unavailable(table_metrics: Iterable[str], cannot: Iterable[str]) -> list[str]:
+    """The metrics a source cannot give (its list), less any this run has after all."""
+    have = set(table_metrics)
+    return [m for m in cannot if m not in have]
+
+
+def read_json_file(path: Path) -> Any:
+    """json.load of a file, raising ArmorLabError-free ValueError/OSError to the caller."""
+    with open(path, "rb") as fh:
+        return json.loads(fh.read())
