@@ -30,6 +30,8 @@ from armorlab.core.config import load_yaml_mapping
 from armorlab.core.runs import CONFIG, METRICS, STATUS, RunDir, expand_globs, find_run_dirs
 from armorlab.errors import ArmorLabError
 
+# the config column a runs.yaml's ``group`` goes to ("group" is the report's own column of labels)
+GROUP_KEY = "run_group"
 MAX_DEPTH = 6  # how deep below a given dir sources are looked for
 _SKIP_DIRS = {"checkpoints", "tokens", "report", "node_modules", "__pycache__", "media", "artifacts"}
 
@@ -103,6 +105,18 @@ def detect(path: str | os.PathLike) -> str | None:
     return None
 
 
+def holds_imports(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is or holds another library's runs (where armorlab must write nothing)."""
+    path = Path(path)
+    if detect(path) not in (None, "armorlab"):
+        return True
+    if not path.is_dir():
+        return False
+    found: list[tuple[str, Path]] = []
+    _walk(path, 0, set(), found)
+    return any(kind != "armorlab" for kind, _ in found)
+
+
 def find_native(path: Path) -> list[RunDir]:
     try:
         return [rd for rd in find_run_dirs([path]) if is_native_run(rd.path)]
@@ -172,6 +186,7 @@ def plan(paths: Iterable[str | os.PathLike], *, format: str | None = None, mappi
     out = Plan()
     seen_native: set[Path] = set()
     wandb_runs: dict[str, Source] = {}
+    seen_sources: set[tuple[str, Path]] = set()
     for p in expand_globs(given):
         if not p.exists():
             raise ArmorLabError("path not found", key="path", value=str(p))
@@ -191,6 +206,10 @@ def plan(paths: Iterable[str | os.PathLike], *, format: str | None = None, mappi
                     seen_native.add(src.resolve())
                     out.native.append(rd)
                 continue
+            key = (kind, src.resolve())
+            if key in seen_sources:  # named twice (a glob and its match, a dir and a run in it)
+                continue
+            seen_sources.add(key)
             e = (mapping.entry_for(src) if mapping else None) or entry
             if kind == "wandb":
                 folder = src.parent if src.is_file() else src
@@ -233,11 +252,11 @@ def read_source(src: Source) -> list[ImportedRun]:
 
 
 def apply_entry(run: ImportedRun, e: Entry | None, val_n: int | None = None) -> None:
-    """A runs.yaml entry's group and seed into the run's config; its val_n (else ``val_n``) as
+    """A runs.yaml entry's group (as ``run_group``) and seed into the run's config; its val_n (else ``val_n``) as
     ``val/n`` at each ``val/acc`` step of a run that does not log one."""
     if e is not None:
         if e.group is not None:
-            run.config["group"] = e.group
+            run.config[GROUP_KEY] = e.group
         if e.seed is not None:
             run.config["seed"] = e.seed
     n = (e.val_n if e is not None else None) or val_n

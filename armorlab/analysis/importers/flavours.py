@@ -62,6 +62,16 @@ TRL_IDENTITY = ("output_dir", "logging_dir", "run_name", "hub_model_id", "hub_to
                 "_Username", "_Group")
 
 
+def readable(pattern: str) -> str:
+    """A rule's pattern as the docs show it: ``rewards/(?P<f>.+)/mean`` → ``rewards/<f>/mean``."""
+    return re.sub(r"\(\?P<(\w+)>(?:[^()]|\([^()]*\))*\)", r"<\1>", pattern)
+
+
+def readable_target(target: str) -> str:
+    """A rule's target as the docs show it: ``val/{ds}/acc`` → ``val/<ds>/acc``."""
+    return re.sub(r"\{(\w+)\}", r"<\1>", target)
+
+
 def trl_raw(name: str) -> str:
     """Undo transformers' rewrite_logs (the W&B/TensorBoard/trackio callbacks' renaming)."""
     if name.startswith("train/"):

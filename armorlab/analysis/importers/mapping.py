@@ -61,14 +61,23 @@ class RunsMap:
     val_n: int | None = None
 
     def entry_for(self, path: str | os.PathLike) -> Entry | None:
-        """The entry whose path is ``path`` or its closest ancestor."""
+        """What the entries say about ``path``: every entry whose path is ``path`` or one of its
+        ancestors, a more specific one overriding the values it gives."""
         p = Path(path).resolve()
-        best, depth = None, -1
+        hits = []
         for e in self.entries:
-            for q in e.paths:
-                if (p == q or q in p.parents) and len(q.parts) > depth:
-                    best, depth = e, len(q.parts)
-        return best
+            depth = max((len(q.parts) for q in e.paths if p == q or q in p.parents), default=-1)
+            if depth >= 0:
+                hits.append((depth, e))
+        if not hits:
+            return None
+        hits.sort(key=lambda t: t[0])
+        merged = Entry(hits[-1][1].pattern, list(hits[-1][1].paths))
+        for _, e in hits:
+            for k in ENTRY_KEYS:
+                if getattr(e, k) is not None:
+                    setattr(merged, k, getattr(e, k))
+        return merged
 
 
 def _positive_int(v: Any) -> bool:
