@@ -13,6 +13,7 @@ Nothing here writes a file: importing is read-only (tests snapshot the sources t
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import re
@@ -160,10 +161,19 @@ def build_table(series: Mapping[str, tuple[np.ndarray, np.ndarray]], names: Name
             grouped.setdefault(target, []).insert(0, ("(computed)", s, v))
     if not grouped:
         return pa.table({"step": pa.array([], pa.int64())}), {}
-    all_steps = np.unique(np.concatenate([s for parts in grouped.values() for _, s, _ in parts]))
+    step_arrays = [s for parts in grouped.values() for _, s, _ in parts]
+    first = step_arrays[0]
+    if all(s is first or (s.size == first.size and np.array_equal(s, first)) for s in step_arrays):
+        all_steps = first  # every metric at every step (the common case): no union to sort
+    else:
+        all_steps = np.unique(np.concatenate(step_arrays))
     cols, origin = {}, {}
     for target in sorted(grouped):
         parts = grouped[target]
+        if len(parts) == 1 and parts[0][1] is all_steps:
+            cols[target] = parts[0][2]
+            origin[target] = [parts[0][0]]
+            continue
         col = np.full(all_steps.size, np.nan)
         # the first part written last wins: rules earlier in the table take precedence
         for _, s, v in reversed(parts):
@@ -176,7 +186,62 @@ def build_table(series: Mapping[str, tuple[np.ndarray, np.ndarray]], names: Name
 
 def rows_to_series(rows: Iterable[tuple[int, Mapping[str, Any]]]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """(step, {name: value}) rows → per-name (steps, values); values that are not numbers are
-    left out (strings, lists, media)."""
+    left out (strings, lists, media). Columnar (pandas builds the columns of the union of the
+    rows' keys in C); a column of mixed types (a "NaN" string among floats) is read value by value."""
+    import pandas as pd
+
+    rows = list(rows)
+    if not rows:
+        return {}
+    frame = pd.DataFrame.from_records([r for _, r in rows])
+    steps = np.fromiter((s for s, _ in rows), dtype=np.int64, count=len(rows))
+    out = {}
+    for name in frame.columns:
+        col = frame[name]
+        if pd.api.types.is_bool_dtype(col) or pd.api.types.is_numeric_dtype(col):
+            values = col.to_numpy(dtype=np.float64, na_value=np.nan)
+        elif col.dtype == object:
+            values = np.fromiter((as_float(v) for v in col.tolist()), dtype=np.float64, count=len(col))
+        else:
+            continue
+        keep = ~np.isnan(values)
+        if keep.any():
+            out[str(name)] = (steps[keep], values[keep]) if not keep.all() else (steps, values)
+    return out
+
+
+def shallow(data: bytes, per_line: int = 4) -> bool:
+    """Whether no line of JSON-lines ``data`` can nest deeper than ``per_line`` objects/arrays:
+    what pyarrow's JSON reader is given (a pathologically deep line is for json.loads, which
+    raises RecursionError instead of exhausting the C stack)."""
+    return data.count(b"{") + data.count(b"[") <= per_line * (data.count(b"\n") + 1)
+
+
+def json_lines_columns(data: bytes, n_rows: int) -> dict[str, np.ndarray] | None:
+    """JSON lines of flat objects → one float64 array per numeric key (NaN where a line lacks
+    it), parsed in C++ by pyarrow; None when pyarrow cannot (a line that is not an object, types
+    that change between lines, deep nesting): the caller then parses line by line."""
+    import pyarrow as pa
+    import pyarrow.json as pj
+
+    if not data.strip() or not shallow(data):
+        return None
+    try:
+        table = pj.read_json(io.BytesIO(data), read_options=pj.ReadOptions(
+            use_threads=False, block_size=max(1 << 20, len(data) + 1)))
+    except Exception:  # ArrowInvalid
+        return None
+    if table.num_rows != n_rows:
+        return None
+    out = {}
+    for name, col in zip(table.column_names, table.columns, strict=True):
+        t = col.type
+        if (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)) and col.null_count < len(col):
+            out[name] = col.cast(pa.float64(), safe=False).to_numpy(zero_copy_only=False)
+    return out
+
+
+def _rows_to_series_slow(rows: Iterable[tuple[int, Mapping[str, Any]]]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     steps: dict[str, list[int]] = {}
     values: dict[str, list[float]] = {}
     for step, row in rows:

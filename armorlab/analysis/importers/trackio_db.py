@@ -21,10 +21,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+import numpy as np
+
 from armorlab.analysis.importers import flavours as F
 from armorlab.analysis.importers.base import (
     ImportedRun,
     flatten,
+    json_lines_columns,
     rows_to_series,
     seed_and_config,
     unavailable,
@@ -56,11 +59,11 @@ def is_project_db(path: Path) -> bool:
     return "metrics" in tables
 
 
-def _columns(con: sqlite3.Connection, table: str) -> set[str]:
+def _table_columns(con: sqlite3.Connection, table: str) -> set[str]:
     return {r[1] for r in con.execute(f"PRAGMA table_info({table})")}
 
 
-def _text(blob: Any) -> str:
+def _text(blob: Any) -> str:  # configs: TEXT in older trackio, orjson bytes now
     return blob.decode("utf-8", errors="replace") if isinstance(blob, (bytes, bytearray)) else str(blob)
 
 
@@ -70,12 +73,12 @@ def read_project(path: Path, *, flavour: str | None = None, only: set[str] | Non
     try:
         con = connect(path)
         try:
-            has_id = "run_id" in _columns(con, "metrics")
+            has_id = "run_id" in _table_columns(con, "metrics")
             key = "run_id" if has_id else "run_name"
             rows = con.execute(f"SELECT {key}, run_name, step, metrics FROM metrics ORDER BY id").fetchall()
             configs: dict[str, Any] = {}
             if "configs" in {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}:
-                ckey = "run_id" if "run_id" in _columns(con, "configs") else "run_name"
+                ckey = "run_id" if "run_id" in _table_columns(con, "configs") else "run_name"
                 for rid, blob in con.execute(f"SELECT {ckey}, config FROM configs"):
                     try:
                         configs[rid] = json.loads(_text(blob))
@@ -85,46 +88,59 @@ def read_project(path: Path, *, flavour: str | None = None, only: set[str] | Non
             con.close()
     except sqlite3.Error as exc:
         raise ArmorLabError(f"cannot read trackio database: {exc}", key="path", value=str(path)) from None
-    by_run: dict[str, tuple[str, list[int], list[str]]] = {}
+    by_run: dict[str, tuple[str, list[int], list[bytes]]] = {}
     for rid, run_name, step, blob in rows:
         entry = by_run.setdefault(rid, (run_name, [], []))
         entry[1].append(int(step))
-        entry[2].append(_text(blob))
+        entry[2].append(blob if isinstance(blob, bytes) else str(blob).encode())
     names = [name for name, _, _ in by_run.values()]
     out = []
-    for rid, (run_name, steps, texts) in by_run.items():
+    for rid, (run_name, steps, blobs) in by_run.items():
         if only and rid not in only and run_name not in only:
             continue
-        # one parse for the run's rows: trackio stores one JSON object per row
-        decoded = json.loads("[" + ",".join(texts) + "]")
-        out.append(_run(path, rid, run_name, steps, decoded, configs.get(rid) or {}, flavour,
-                        unique=names.count(run_name) == 1))
+        out.append(_run(path, rid, run_name, np.asarray(steps, dtype=np.int64), _columns(blobs),
+                        configs.get(rid) or {}, flavour, unique=names.count(run_name) == 1))
     return out
 
 
-def _run(path: Path, rid: str, run_name: str, steps: list[int], decoded: list[Any], raw_config: dict[str, Any],
-         flavour: str | None, unique: bool) -> ImportedRun:
+def _columns(blobs: list[bytes]) -> dict[str, np.ndarray]:
+    """The rows' metrics as one float64 array per name (NaN where a row lacks it): pyarrow's
+    JSON reader over the rows, else one json.loads for all of them (mixed types, "NaN" strings)."""
+    cols = json_lines_columns(b"\n".join(b.replace(b"\n", b" ") for b in blobs), len(blobs))
+    if cols is not None:
+        return cols
+    decoded = json.loads(b"[" + b",".join(blobs) + b"]")
+    series = rows_to_series((i, row) for i, row in enumerate(decoded) if isinstance(row, dict))
+    out = {}
+    for name, (idx, values) in series.items():
+        col = np.full(len(blobs), np.nan)
+        col[idx] = values
+        out[name] = col
+    return out
+
+
+def _run(path: Path, rid: str, run_name: str, steps: np.ndarray, cols: dict[str, np.ndarray],
+         raw_config: dict[str, Any], flavour: str | None, unique: bool) -> ImportedRun:
     warnings: list[str] = []
     flat = flatten({k: v for k, v in raw_config.items() if not k.startswith("_")})
-    names = {k for row in decoded if isinstance(row, dict) for k in row}
-    fl = F.FLAVOURS[flavour] if flavour else F.detect(flat, names)
-    step_keys = [k for k in fl.step_keys if k in names]
-    rows = []
-    skipped = 0
-    for step, row in zip(steps, decoded, strict=True):
-        if not isinstance(row, dict):
-            continue
-        if step_keys:
-            own = next((row[k] for k in step_keys if isinstance(row.get(k), (int, float))), None)
-            if own is None:
-                skipped += 1
-                continue
-            step = int(own)
-        rows.append((step, row))
-    if skipped:
-        warnings.append(f"{skipped} rows without the trainer's step ({', '.join(step_keys)}) left out "
-                        "(their trackio step counts log calls)")
-    series = rows_to_series(rows)
+    fl = F.FLAVOURS[flavour] if flavour else F.detect(flat, cols)
+    own = [cols[k] for k in fl.step_keys if k in cols]
+    keep = None
+    if own:  # the trainer's step where its rows carry it; rows without it are left out
+        trainer_step = own[0].copy()
+        for other in own[1:]:
+            trainer_step = np.where(np.isnan(trainer_step), other, trainer_step)
+        keep = ~np.isnan(trainer_step)
+        if not keep.all():
+            warnings.append(f"{int((~keep).sum())} rows without the trainer's step "
+                            f"({', '.join(k for k in fl.step_keys if k in cols)}) left out (their trackio step "
+                            "counts log calls)")
+        steps = trainer_step[keep].astype(np.int64)
+    series = {}
+    for name, col in cols.items():
+        values = col if keep is None else col[keep]
+        ok = ~np.isnan(values)
+        series[name] = (steps, values) if ok.all() else (steps[ok], values[ok])
     table, origin = F.mapped_table(series, fl, flat, warnings)
     return ImportedRun(name=run_name if unique else f"{run_name}-{str(rid)[:8]}", path=path, format="trackio",
                        table=table, config=seed_and_config(flat, fl.identity), flavour=fl.name,

@@ -33,6 +33,7 @@ from armorlab.analysis.importers.base import (
     flatten,
     is_metric_value,
     seed_and_config,
+    shallow,
     unavailable,
 )
 
@@ -49,13 +50,6 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     if n - c < k:
         return 1.0
     return 1.0 - float(np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
-
-
-def shallow(data: bytes, per_line: int = 4) -> bool:
-    """Whether no line can nest deeper than ``per_line`` objects/arrays: what pyarrow's JSON
-    reader is given (a pathologically deep line is for json.loads, which raises RecursionError
-    instead of exhausting the C stack)."""
-    return data.count(b"{") + data.count(b"[") <= per_line * (data.count(b"\n") + 1)
 
 
 def _arrow_rows(data: bytes):
