@@ -299,3 +299,50 @@ def read_json_file(path: Path) -> Any:
     """json.load of a file, raising ArmorLabError-free ValueError/OSError to the caller."""
     with open(path, "rb") as fh:
         return json.loads(fh.read())
+
+
+# --------------------------------------------------------------------------- protobuf
+def derived_message(name: str, source: Any, retype: dict[str, int], repeat: tuple[str, ...] = (),
+                    message: dict[str, Any] | None = None) -> Any:
+    """A message class with the layout of ``source`` (a class of the library's own protobufs: its
+    field numbers and names, read from the installed descriptors) but some fields read as raw bytes (``retype``: field → wire
+    type) or as repeated (``repeat``): parsing then stops at those fields, or collects every
+    occurrence of them from a concatenation of messages (protobuf merges repeated fields by
+    appending), or as another message (``message``: field → a class made here; occurrences of a
+    singular message field merge, so their repeated fields append too). Built once per process in
+    protobuf's default pool."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    pool = descriptor_pool.Default()
+    full = f"armorlab_lite.{name}"
+    try:
+        return message_factory.GetMessageClass(pool.FindMessageTypeByName(full))
+    except KeyError:
+        pass
+    msg = descriptor_pb2.DescriptorProto()
+    source.DESCRIPTOR.CopyToProto(msg)
+    msg.name = name
+    del msg.nested_type[:]  # the fields keep wandb's fully qualified type names
+    for f in msg.field:
+        if f.name in retype:
+            f.type = retype[f.name]
+            f.ClearField("type_name")
+        if f.name in repeat:
+            f.label = descriptor_pb2.FieldDescriptorProto.LABEL_REPEATED
+            f.ClearField("oneof_index")
+            f.ClearField("proto3_optional")
+        if message and f.name in message:
+            f.type = descriptor_pb2.FieldDescriptorProto.TYPE_MESSAGE
+            f.type_name = "." + message[f.name].DESCRIPTOR.full_name
+            f.label = descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL
+    keep_oneofs = {f.oneof_index for f in msg.field if f.HasField("oneof_index")}
+    if not keep_oneofs:
+        del msg.oneof_decl[:]
+    file = descriptor_pb2.FileDescriptorProto(name=f"armorlab_lite_{name}.proto", package="armorlab_lite",
+                                              syntax="proto3")
+    home = source.DESCRIPTOR.file
+    file.dependency.extend([home.name, *(d.name for d in home.dependencies),
+                            *(c.DESCRIPTOR.file.name for c in (message or {}).values())])
+    file.message_type.add().CopyFrom(msg)
+    pool.Add(file)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName(full))

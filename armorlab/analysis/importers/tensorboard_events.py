@@ -29,7 +29,13 @@ from typing import Any
 import numpy as np
 
 from armorlab.analysis.importers import flavours as F
-from armorlab.analysis.importers.base import ImportedRun, flatten, seed_and_config, unavailable
+from armorlab.analysis.importers.base import (
+    ImportedRun,
+    derived_message,
+    flatten,
+    seed_and_config,
+    unavailable,
+)
 from armorlab.errors import ArmorLabError
 
 PATTERN = "events.out.tfevents.*"
@@ -100,20 +106,102 @@ def _tensor_scalar(t: Any) -> float | None:
     return None
 
 
+MARK = "\x00armorlab-event\x01"   # a tag no writer uses
+SENT_STEP = -(2**62) + 7            # a step no writer uses
+SENT_VALUE = -1.2345678e38          # a float32 no scalar is (checked: the counts must agree)
+
+
+def _lite_classes():
+    """tensorboard's Event read as one merged message over a concatenation of events: step
+    repeated (one entry per event that has a non-zero step), and its summary values merged into
+    one Value whose tag, simple_value and tensor are repeated (every value's, in order)."""
+    from google.protobuf.descriptor_pb2 import FieldDescriptorProto as FDP
+    from tensorboard.compat.proto import event_pb2, summary_pb2
+
+    value_cls = summary_pb2.Summary.Value
+    value = derived_message("TbValueAll", value_cls,
+                            {f.name: FDP.TYPE_BYTES for f in value_cls.DESCRIPTOR.fields if f.message_type is not None},
+                            repeat=tuple(f.name for f in value_cls.DESCRIPTOR.fields))
+    summary = derived_message("TbSummaryAll", summary_pb2.Summary, {}, message={"value": value})
+    event_fields = event_pb2.Event.DESCRIPTOR.fields
+    event = derived_message("TbEventAll", event_pb2.Event,
+                            {f.name: FDP.TYPE_BYTES for f in event_fields
+                             if f.message_type is not None and f.name != "summary"},
+                            repeat=tuple(f.name for f in event_fields if f.name != "summary"),
+                            message={"summary": summary})
+    return event_pb2, summary_pb2, event
+
+
+def _marker() -> bytes:
+    event_pb2, summary_pb2, _ = _lite_classes()
+    return event_pb2.Event(step=SENT_STEP, summary=summary_pb2.Summary(
+        value=[summary_pb2.Summary.Value(tag=MARK, simple_value=SENT_VALUE)])).SerializeToString()
+
+
+def _fast(payloads: list[bytes]):
+    """(tag code per scalar, tags by code, value per scalar, step per scalar, indices of the events
+    to read one by one) from one parse of all events (see _lite_classes), or None when the
+    markers do not line up. An event whose values are not all simple_value (text, tensors,
+    images) is left to the event-by-event path."""
+    import pandas as pd
+
+    _, _, event_all = _lite_classes()
+    n = len(payloads)
+    marker = _marker()
+    merged = event_all.FromString(marker.join(payloads) + marker)
+    steps = np.asarray(merged.step, dtype=np.int64)
+    values = merged.summary.value
+    codes, tags = pd.factorize(np.asarray(values.tag, dtype=object))
+    simple = np.asarray(values.simple_value, dtype=np.float64)
+    at = np.flatnonzero(tags == MARK)
+    m_step = np.flatnonzero(steps == SENT_STEP)
+    m_tag = np.flatnonzero(codes == at[0]) if at.size == 1 else np.empty(0, np.int64)
+    m_val = np.flatnonzero(simple == float(np.float32(SENT_VALUE)))
+    if not (m_step.size == m_tag.size == m_val.size == n):
+        return None
+    gaps = np.diff(np.concatenate([[-1], m_step]))
+    if np.any(gaps > 2):
+        return None
+    event_step = np.where(gaps == 2, steps[np.maximum(m_step - 1, 0)], 0)
+    n_tags = np.diff(np.concatenate([[-1], m_tag])) - 1
+    n_vals = np.diff(np.concatenate([[-1], m_val])) - 1
+    pure = n_tags == n_vals
+    tag_event = np.repeat(np.arange(n), n_tags + 1)      # markers included, to be dropped
+    val_event = np.repeat(np.arange(n), n_vals + 1)
+    keep_t = pure[tag_event]
+    keep_t[m_tag] = False
+    keep_v = pure[val_event]
+    keep_v[m_val] = False
+    return (codes[keep_t], list(tags), simple[keep_v], event_step[tag_event[keep_t]],
+            np.flatnonzero(~pure))
+
+
 def read_dir(logdir: Path) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], dict[str, str], list[str]]:
     """A run's event files → (per-tag (steps, values), text summaries by tag, warnings)."""
     Event = _event_class()
     parse = Event.FromString
-    acc: dict[str, list[float]] = {}
     texts: dict[str, str] = {}
     warnings: list[str] = []
+    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []   # (tag, step, value) per scalar
     for path in event_files(logdir):
         try:
             data = path.read_bytes()
         except OSError as exc:
             warnings.append(f"cannot read {path}: {exc.strerror or exc}")
             continue
-        for raw in records(data, str(path), warnings):
+        payloads = list(records(data, str(path), warnings))
+        try:
+            fast = _fast(payloads)
+        except Exception:  # DecodeError: a damaged record; the event-by-event path finds it
+            fast = None
+        if fast is not None:
+            codes, tags, values, steps, slow = fast
+            parts.append((np.asarray(tags, dtype=object)[codes], steps, values))
+            one_by_one = [payloads[i] for i in slow.tolist()]
+        else:
+            one_by_one = payloads
+        acc_tags, acc_steps, acc_values = [], [], []
+        for raw in one_by_one:
             try:
                 ev = parse(raw)
             except Exception as exc:  # DecodeError: a corrupted record; what follows is not trusted
@@ -137,16 +225,29 @@ def read_dir(logdir: Path) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], di
                         continue
                 else:
                     continue
-                lst = acc.get(v.tag)
-                if lst is None:
-                    lst = acc[v.tag] = []
-                lst.append(step)
-                lst.append(value)
-    series = {}
-    for tag, lst in acc.items():
-        arr = np.asarray(lst, dtype=np.float64)
-        series[tag] = (arr[0::2].astype(np.int64), arr[1::2])
-    return series, texts, warnings
+                acc_tags.append(v.tag)
+                acc_steps.append(step)
+                acc_values.append(value)
+        if acc_tags:
+            parts.append((np.asarray(acc_tags, dtype=object), np.asarray(acc_steps, dtype=np.int64),
+                          np.asarray(acc_values, dtype=np.float64)))
+    return _by_tag(parts), texts, warnings
+
+
+def _by_tag(parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Scalars in file order → per tag (steps, values) in that order (later files after earlier)."""
+    import pandas as pd
+
+    if not parts:
+        return {}
+    tags = np.concatenate([p[0] for p in parts])
+    steps = np.concatenate([p[1] for p in parts])
+    values = np.concatenate([p[2] for p in parts])
+    codes, uniques = pd.factorize(tags)
+    order = np.argsort(codes, kind="stable")
+    bounds = np.concatenate([[0], np.cumsum(np.bincount(codes, minlength=len(uniques)))])
+    return {str(tag): (steps[order[bounds[i]:bounds[i + 1]]], values[order[bounds[i]:bounds[i + 1]]])
+            for i, tag in enumerate(uniques)}
 
 
 def read_texts(logdir: Path) -> dict[str, str]:

@@ -30,7 +30,14 @@ from typing import Any
 import numpy as np
 
 from armorlab.analysis.importers import flavours as F
-from armorlab.analysis.importers.base import ImportedRun, as_float, flatten, seed_and_config, unavailable
+from armorlab.analysis.importers.base import (
+    ImportedRun,
+    as_float,
+    derived_message,
+    flatten,
+    seed_and_config,
+    unavailable,
+)
 from armorlab.errors import ArmorLabError
 
 HEADER = struct.Struct("<4sHB")
@@ -49,15 +56,6 @@ def available() -> bool:
     except ImportError:
         return False
     return True
-
-
-def _record_class():
-    try:
-        from wandb.proto.wandb_internal_pb2 import Record
-    except ImportError as exc:
-        raise ArmorLabError("reading W&B run folders needs the wandb package: pip install 'armorlab[wandb]'",
-                            key="format", value="wandb") from exc
-    return Record
 
 
 def records(data: bytes, source: str, warnings: list[str]) -> Iterator[bytes]:
@@ -108,49 +106,166 @@ def records(data: bytes, source: str, warnings: list[str]) -> Iterator[bytes]:
                 parts = None
 
 
+def _lite_classes():
+    """(Record with every field repeated and every message as raw bytes: a whole log's records
+    concatenated parse at once into the list of each kind; HistoryRecord with its items read as
+    one merged HistoryItem whose key, nested_key and value_json are repeated — every item's, in
+    order — and its step repeated; that HistoryItem)."""
+    from google.protobuf.descriptor_pb2 import FieldDescriptorProto as FDP
+
+    try:
+        from wandb.proto import wandb_internal_pb2 as pb
+    except ImportError as exc:
+        raise ArmorLabError("reading W&B run folders needs the wandb package: pip install 'armorlab[wandb]'",
+                            key="format", value="wandb") from exc
+    fields = pb.Record.DESCRIPTOR.fields
+    record = derived_message("RecordAll", pb.Record, {f.name: FDP.TYPE_BYTES for f in fields if f.message_type is not None},
+                      repeat=tuple(f.name for f in fields))
+    items = derived_message("ItemsFlat", pb.HistoryItem, {}, repeat=("key", "value_json"))
+    history = derived_message("HistoryMerged", pb.HistoryRecord, {}, repeat=("step",), message={"item": items})
+    return pb, record, history, items
+
+
+MARK = "\x00armorlab-row\x01"  # a name no wandb metric has (numpy would strip a trailing NUL)
+
+
 class _History:
-    """History rows grouped by their key sets: one list of steps and one of JSON value texts per
-    key set, decoded at the end in one json.loads per key set (a run logs the same keys each step)."""
+    """A run's history records (their raw HistoryRecord bytes), decoded at the end by one C parse
+    instead of one Python step per item: the records concatenated with a marker item after each
+    (protobuf merges concatenated messages) give every record's step and every item's name and
+    value text in order, the markers delimiting the records; Arrow converts the values. Runs
+    whose items do not line up (names in ``key`` rather than ``nested_key``, the typed values
+    newer wandb may write) are read item by item with wandb's HistoryRecord."""
 
     def __init__(self) -> None:
-        self.schemas: dict[tuple[str, ...], tuple[list[int], list[str]]] = {}
+        self.raw: list[bytes] = []
+        self._decoded: tuple[np.ndarray, list[str], np.ndarray, np.ndarray, np.ndarray] | None = None
 
-    def add(self, step: int, keys: tuple[str, ...], values: list[str]) -> None:
-        entry = self.schemas.get(keys)
-        if entry is None:
-            entry = self.schemas[keys] = ([], [])
-        entry[0].append(step)
-        entry[1].append(",".join(values))
+    def _items(self) -> tuple[np.ndarray, list[str], np.ndarray, np.ndarray, np.ndarray]:
+        """(name code per item, names by code, float value per item, items per record, step per record)."""
+        if self._decoded is None:
+            self._decoded = self._decode_fast() or self._decode_slow()
+        return self._decoded
+
+    def _decode_fast(self):
+        import pandas as pd
+
+        pb, _, merged_cls, _ = _lite_classes()
+        n = len(self.raw)
+        item = pb.HistoryItem(nested_key=[MARK], value_json="0").SerializeToString()
+        marker = b"\x0a" + _varint(len(item)) + item  # HistoryRecord field 1 (item), length-delimited
+        merged = merged_cls.FromString(marker.join(self.raw) + marker)
+        items = merged.item
+        if len(merged.step) != n or len(items.key) or len(items.nested_key) != len(items.value_json):
+            return None
+        codes, uniques = pd.factorize(np.asarray(items.nested_key, dtype=object))
+        at = np.flatnonzero(uniques == MARK)
+        if at.size != 1:
+            return None
+        is_mark = codes == at[0]
+        marks = np.flatnonzero(is_mark)
+        if marks.size != n:
+            return None
+        counts = np.diff(np.concatenate([[-1], marks])) - 1
+        steps = np.fromiter((s.num for s in merged.step), dtype=np.int64, count=n)
+        keep = ~is_mark
+        values = _floats(items.value_json)[keep]
+        return codes[keep], list(uniques), values, counts, steps
+
+    def _decode_slow(self):
+        import pandas as pd
+
+        pb = _lite_classes()[0]
+        names, values, counts, steps = [], [], [], []
+        for raw in self.raw:
+            h = pb.HistoryRecord.FromString(raw)
+            steps.append(h.step.num)
+            counts.append(len(h.item))
+            for it in h.item:
+                names.append(_item_key(it))
+                values.append(as_float(_item_value(it)))
+        codes, uniques = pd.factorize(np.asarray(names, dtype=object)) if names else (np.empty(0, np.int64), [])
+        return codes, list(uniques), np.asarray(values, dtype=np.float64), np.asarray(counts, dtype=np.int64), \
+            np.asarray(steps, dtype=np.int64)
 
     def names(self) -> set[str]:
-        return {k for keys in self.schemas for k in keys}
+        return set(self._items()[1]) if self.raw else set()
 
     def series(self, step_keys: tuple[str, ...], drop: set[str]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-        out: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
-        for keys, (w_steps, texts) in self.schemas.items():
-            flat = json.loads("[" + ",".join(texts) + "]")
+        """Per metric (steps, values). wandb writes a row's items in no fixed order (they come
+        from a Go map), so items are grouped by name, not rows by key set."""
+        if not self.raw:
+            return {}
+        codes, uniques, values, counts, rec_steps = self._items()
+        record = np.repeat(np.arange(counts.size), counts)
+        position = {name: i for i, name in enumerate(uniques)}
+        trainer = np.full(counts.size, np.nan)
+        for k in step_keys:  # the trainer's own step where its rows log one (the first key that a row has)
+            if k in position:
+                at = codes == position[k]
+                own = np.full(counts.size, np.nan)
+                own[record[at]] = values[at]
+                trainer = np.where(np.isnan(trainer), own, trainer)
+        rec_steps = np.where(np.isfinite(trainer), trainer, rec_steps).astype(np.int64)
+        item_steps = rec_steps[record]
+        order = np.argsort(codes, kind="stable")
+        bounds = np.concatenate([[0], np.cumsum(np.bincount(codes, minlength=len(uniques)))])
+        out = {}
+        for i, name in enumerate(uniques):
+            if name in drop or name.startswith("_") or name == MARK:
+                continue
+            sl = order[bounds[i]:bounds[i + 1]]
+            if sl.size:
+                out[name] = (item_steps[sl], values[sl])
+        return out
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        b, n = n & 0x7F, n >> 7
+        out.append(b | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _floats(raw: Any) -> np.ndarray:
+    """JSON value texts as float64: converted by Arrow (numbers, NaN, Infinity), else by
+    json.loads one by one (booleans, media, tables: not numbers → NaN)."""
+    import pyarrow as pa
+
+    texts = list(raw)
+    try:
+        return pa.array(texts, pa.string()).cast(pa.float64()).to_numpy(zero_copy_only=False)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+        out = np.empty(len(texts))
+        for i, v in enumerate(texts):
             try:
-                block = np.array(flat, dtype=np.float64)
-            except (TypeError, ValueError):  # media, tables, strings among the values
-                block = np.array([as_float(v) for v in flat], dtype=np.float64)
-            block = block.reshape(len(w_steps), len(keys))
-            steps = np.asarray(w_steps, dtype=np.int64)
-            for k in step_keys:
-                if k in keys:
-                    col = block[:, keys.index(k)]
-                    ok = np.isfinite(col)
-                    steps = np.where(ok, col, steps).astype(np.int64)
-                    break
-            for j, k in enumerate(keys):
-                if k in drop or k.startswith("_"):
-                    continue
-                out.setdefault(k, []).append((steps, block[:, j]))
-        return {k: (np.concatenate([s for s, _ in parts]), np.concatenate([v for _, v in parts]))
-                if len(parts) > 1 else parts[0] for k, parts in out.items()}
+                out[i] = as_float(json.loads(v))
+            except ValueError:
+                out[i] = np.nan
+        return out
 
 
 def _item_key(item: Any) -> str:
     return item.key or ".".join(item.nested_key)
+
+
+def _item_value(item: Any) -> Any:
+    """A history item's value: value_json (what wandb writes), else the typed fields newer
+    versions may use."""
+    if item.value_json:
+        try:
+            return json.loads(item.value_json)
+        except ValueError:
+            return None
+    for field in ("number", "integer", "boolean"):
+        try:
+            if item.HasField(field):
+                return getattr(item, field)
+        except ValueError:  # a plain proto3 scalar (no presence) in this wandb version
+            continue
+    return None
 
 
 def _config_update(config: dict[str, Any], items: Any) -> None:
@@ -162,39 +277,49 @@ def _config_update(config: dict[str, Any], items: Any) -> None:
 
 
 def read_file(path: Path, history: _History, info: dict[str, Any], warnings: list[str]) -> None:
-    """Add one .wandb file's history rows to ``history`` and its run facts to ``info``."""
-    Record = _record_class()
-    parse = Record.FromString
+    """Add one .wandb file's history rows to ``history`` and its run facts to ``info``: its records
+    parsed in one call (RecordAll), the run, config and exit records then with wandb's classes."""
+    pb, all_cls, _, _ = _lite_classes()
     try:
         data = path.read_bytes()
     except OSError as exc:
         warnings.append(f"cannot read {path}: {exc.strerror or exc}")
         return
+    payloads = list(records(data, str(path), warnings))
+    try:
+        merged = all_cls.FromString(b"".join(payloads))
+    except Exception:  # DecodeError: a damaged record among them; find and skip it record by record
+        merged = None
+        ok = []
+        for raw in payloads:
+            try:
+                all_cls.FromString(raw)
+                ok.append(raw)
+            except Exception as exc:
+                warnings.append(f"{path}: unreadable record skipped ({type(exc).__name__})")
+        merged = all_cls.FromString(b"".join(ok))
+    history.raw.extend(merged.history)
+    by_name = pb.Record.DESCRIPTOR.fields_by_name
+    cls = {k: message_factory_class(by_name[k].message_type) for k in ("run", "config", "exit")}
     config = info.setdefault("config", {})
-    add = history.add
-    for raw in records(data, str(path), warnings):
-        try:
-            rec = parse(raw)
-        except Exception as exc:  # DecodeError on a damaged record: skip it
-            warnings.append(f"{path}: unreadable record skipped ({type(exc).__name__})")
-            continue
-        kind = rec.WhichOneof("record_type")
-        if kind == "history":
-            h = rec.history
-            items = h.item
-            keys = tuple([it.key or ".".join(it.nested_key) for it in items])
-            add(h.step.num, keys, [it.value_json for it in items])
-        elif kind == "run":
-            run = rec.run
-            info.update(run_id=run.run_id or info.get("run_id"), name=run.display_name or info.get("name"),
-                        project=run.project or info.get("project"), group=run.run_group or info.get("group"))
-            _config_update(config, run.config.update)
-        elif kind == "config":
-            _config_update(config, rec.config.update)
-            for item in rec.config.remove:
-                config.pop(_item_key(item), None)
-        elif kind == "exit":
-            info["exit_code"] = rec.exit.exit_code
+    for raw in merged.run:
+        run = cls["run"].FromString(raw)
+        info.update(run_id=run.run_id or info.get("run_id"), name=run.display_name or info.get("name"),
+                    project=run.project or info.get("project"), group=run.run_group or info.get("group"))
+        _config_update(config, run.config.update)
+    for raw in merged.config:
+        update = cls["config"].FromString(raw)
+        _config_update(config, update.update)
+        for item in update.remove:
+            config.pop(_item_key(item), None)
+    for raw in merged.exit:
+        info["exit_code"] = cls["exit"].FromString(raw).exit_code
+
+
+def message_factory_class(descriptor: Any) -> Any:
+    from google.protobuf import message_factory
+
+    return message_factory.GetMessageClass(descriptor)
 
 
 def wandb_file(run_dir: Path) -> Path | None:
