@@ -223,6 +223,16 @@ def test_wandb_torn_log_keeps_what_was_written(wandb_runs, tmp_path):
         load([dst])
 
 
+@needs_wandb
+def test_wandb_one_parse_and_item_by_item_read_the_same(wandb_runs, monkeypatch):
+    folders = sorted((wandb_runs / "wandb").glob("offline-run-*"))
+    fast = [importers.wandb_local.read([f]) for f in folders]
+    monkeypatch.setattr(importers.wandb_local._History, "_decode_fast", lambda self: None)
+    slow = [importers.wandb_local.read([f]) for f in folders]
+    for a, b in zip(fast, slow, strict=True):
+        assert a.table.equals(b.table) and a.config == b.config and a.name == b.name
+
+
 # =========================================================================== TensorBoard
 @needs_tb
 def test_tensorboard_keeps_every_point_and_tolerates_a_torn_record(tmp_path):
@@ -264,6 +274,27 @@ def test_tensorboard_scalar_tensor_summaries(tmp_path):
     assert curve(rs, rid, "train/reward") == (list(range(5)), [s / 4 for s in range(5)])
     assert np.allclose(curve(rs, rid, "val/acc")[1], [0.5 + s / 10 for s in range(5)])
     assert curve(rs, rid, "train/step_count")[1] == [0.0, 1.0, 2.0, 3.0, 4.0]
+
+
+@needs_tb
+def test_tensorboard_one_parse_and_event_by_event_read_the_same(tmp_path, monkeypatch):
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(str(tmp_path / "run"))
+    writer.add_text("args", '{"seed": 5, "beta": 0.1}')  # a text event among scalars: read one by one
+    for step in range(0, 50):
+        writer.add_scalar("train/reward", step / 50, step)
+        writer.add_scalar("val/acc", 0.0 if step % 7 == 0 else 1 / (step + 1), step)  # zeros are values too
+        if step == 20:
+            writer.add_histogram("weights", np.arange(10.0), step)
+    writer.close()
+    fast = importers.tensorboard_events.read(tmp_path / "run")
+    monkeypatch.setattr(importers.tensorboard_events, "_fast", lambda payloads: None)
+    slow = importers.tensorboard_events.read(tmp_path / "run")
+    assert fast.table.equals(slow.table) and fast.table.num_rows == 50
+    steps, values = fast.table.column("step").to_pylist(), fast.table.column("val/acc").to_pylist()
+    assert steps == list(range(50)) and values[0] == 0.0 and values[7] == 0.0
+    assert importers.tensorboard_events.read_texts(tmp_path / "run")["args/text_summary"].startswith('{"seed"')
 
 
 # =========================================================================== verl
@@ -496,3 +527,13 @@ def test_docs_list_every_rule():
         for rule in fl.rules:
             assert f"`{flavours.readable(rule.pattern)}`" in doc, (fl.name, rule.pattern)
             assert f"`{flavours.readable_target(rule.target)}`" in doc, (fl.name, rule.target)
+
+
+def test_reports_of_imported_runs_are_rebuilt_not_served_stale(tmp_path):
+    from armorlab.analysis import freshness
+    from armorlab.analysis.recipe import recipe_for_paths
+
+    W.write_trainer_state(tmp_path / "trl", [{"step": 1, "reward": 0.1}], max_steps=4, checkpoint=1)
+    # a new checkpoint adds a dir, not a file at the top: a stamp over the top dir's files would miss it
+    assert freshness.input_key(recipe_for_paths([str(tmp_path / "trl")]), tmp_path / "rep") is None
+    assert freshness.input_key(recipe_for_paths([], runs_map="runs.yaml"), tmp_path / "rep") is None
