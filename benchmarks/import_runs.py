@@ -126,7 +126,10 @@ def write_one(kind: str, root: Path, steps: int, tags: int) -> Path:
 def replicate(kind: str, one: Path, root: Path, runs: int) -> list[Path]:
     out = []
     for i in range(runs):
-        dst = root / f"r{i:02d}" / one.name
+        name = one.name
+        if kind == "wandb":  # W&B folders of one run id are one (resumed) run: give each copy its own id
+            name = f"{name.rsplit('-', 1)[0]}-bench{i:04d}"
+        dst = root / f"r{i:02d}" / name
         dst.parent.mkdir(parents=True, exist_ok=True)
         if one.is_dir():
             shutil.copytree(one, dst)

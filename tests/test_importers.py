@@ -330,6 +330,8 @@ def test_verl_file_logger_and_validation_dumps(tmp_path):
     assert curve(rs, rid, "val/acc") == ([0, 3], [0.375, 0.5]) and curve(rs, rid, "val/best@4_biased")[0] == [0, 3]
     assert "src/timing_s/gen" in rs.metrics and "val/n" not in rs.metrics
     assert any("records no config" in w for w in rs.warnings)
+    assert rs.runs.iloc[0]["unavailable"].split(", ")[:2] == ["val/n", "val/pass@k"]
+    assert any("cannot give val/n, val/pass@k, kl/reverse_k3" in w for w in rs.warnings)
 
     mapping = tmp_path / "runs.yaml"
     mapping.write_text(f"runs:\n  {path}:\n    group: verl grpo\n    seed: 0\n    val_dumps: {dumps}\n")
@@ -343,7 +345,8 @@ def test_verl_file_logger_and_validation_dumps(tmp_path):
     # pass@1 = mean over prompts of c/n; pass@2 = 1 − C(n−c,2)/C(n,2) per prompt
     assert curve(rs, rid, "val/pass@1")[1] == pytest.approx([(2 / 4 + 1 / 4) / 2, (1 + 0) / 2])
     assert curve(rs, rid, "val/pass@2")[1] == pytest.approx([((1 - 1 / 6) + (1 - 3 / 6)) / 2, 0.5])
-    assert "val/n" not in rs.runs.iloc[0] and not any("val/n unknown" in w for w in rs.warnings)
+    assert not any("val/n unknown" in w for w in rs.warnings)
+    assert "val/n" not in rs.runs.iloc[0]["unavailable"] and "kl/reverse_k3" in rs.runs.iloc[0]["unavailable"]
 
 
 def test_verl_resumed_file_says_what_it_lost(tmp_path):

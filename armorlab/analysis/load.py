@@ -49,7 +49,7 @@ CACHE_DIR = ".armorlab-cache"
 CACHE_FILE = "metrics.arrow"
 CACHE_VERSION = 4
 OLD_CACHE_FILES = ("metrics.parquet",)  # earlier formats, removed when the cache is rewritten
-META_COLUMNS = ("run_id", "sweep", "path", "state", "reason", "world_size", "format")
+META_COLUMNS = ("run_id", "sweep", "path", "state", "reason", "world_size", "format", "unavailable")
 _META_KEY = b"armorlab_cache"
 
 
@@ -534,6 +534,7 @@ def _with_imported(rs: RunSet | None, imported: list[importers.ImportedRun]) -> 
 
     taken = set(rs.run_ids) if rs is not None else set()
     rows, frames, ids, warnings, unknown_n = [], [], [], [], []
+    cannot: dict[tuple[str, str | None, tuple[str, ...]], list[str]] = {}
     for run in imported:
         rid = run.name
         for candidate in (rid, f"{run.project}/{rid}" if run.project else rid):
@@ -545,7 +546,10 @@ def _with_imported(rs: RunSet | None, imported: list[importers.ImportedRun]) -> 
             rid, i = f"{run.name}#{i}", i + 1
         taken.add(rid)
         rows.append({"run_id": rid, "sweep": run.project, "path": str(run.path), "state": run.state,
-                     "reason": run.reason, "world_size": None, "format": run.format, **run.config})
+                     "reason": run.reason, "world_size": None, "format": run.format,
+                     "unavailable": ", ".join(run.unavailable), **run.config})
+        if run.unavailable:
+            cannot.setdefault((run.format, run.flavour, tuple(run.unavailable)), []).append(rid)
         warnings.extend(f"run {rid}: {w}" for w in run.warnings)
         if "val/acc" in run.metrics and "val/n" not in run.metrics:
             unknown_n.append(rid)
@@ -555,6 +559,9 @@ def _with_imported(rs: RunSet | None, imported: list[importers.ImportedRun]) -> 
         warnings.extend(f"run {rid}: {w}" for w in _health(run.table, final=run.state in ("completed", "failed")))
         frames.append(run.table)
         ids.append(rid)
+    for (fmt, flavour, metrics), rids in cannot.items():
+        warnings.append(f"{len(rids)} run(s) imported from {fmt}" + (f" ({flavour})" if flavour and flavour != fmt else "")
+                        + f" cannot give {', '.join(metrics)}: their source does not log them")
     if unknown_n:
         warnings.append(f"val/n unknown for {len(unknown_n)} imported run(s) ({', '.join(unknown_n[:6])}"
                         + (" …" if len(unknown_n) > 6 else "") + "): their sources do not log how many completions "

@@ -208,7 +208,7 @@ def read(path: Path, *, name: str | None = None, val_dumps: Path | None = None,
             warnings.append(f"{path.name} starts at step {steps[0]}: verl's file logger rewrites its file when a "
                             "run resumes, so the steps before the resume are not in it")
     table, origin = F.mapped_table(series, F.VERL, flat, warnings, extra)
-    cannot = [m for m in F.VERL_CANNOT if not (extra and m in ("val/n", "val/pass@k"))]
+    cannot = [m for m in F.VERL_CANNOT if not (val_dumps is not None and m in ("val/n", "val/pass@k"))]
     if not config:
         warnings.append("verl's file logger records no config: give the seed (and a config file) in a runs.yaml "
                         "mapping")
