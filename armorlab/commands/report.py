@@ -11,6 +11,7 @@ import typer
 def register(app: typer.Typer) -> None:
     @app.command("report")
     def report(
+        ctx: typer.Context,
         inputs: list[str] = typer.Argument(None, metavar="RECIPE.yaml|PATH...",
                                            help="A recipe (analysis/*.yaml), or paths and globs: armorlab "
                                            "run/sweep dirs, TRL output dirs, W&B run folders, TensorBoard log dirs, "
@@ -37,7 +38,7 @@ def register(app: typer.Typer) -> None:
         inputs = list(inputs or [])
         keys = [k.strip() for item in group_by for k in item.split(",") if k.strip()] or None
         if not inputs and runs_map is None:
-            raise ArmorLabError("give a recipe, run paths, or --map runs.yaml", key="inputs", value=[])
+            raise typer.BadParameter("Missing argument 'RECIPE.yaml|PATH...' (or --map runs.yaml).", ctx=ctx)
         if runs_map is not None and not runs_map.is_file():
             raise ArmorLabError("mapping file not found", key="--map", value=str(runs_map))
         if format is not None:
