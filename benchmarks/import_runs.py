@@ -295,6 +295,8 @@ def main() -> None:
                     one = write_one(kind, root / "one", args.steps, args.tags)
                     one_marker.write_text(str(one))
                 shutil.rmtree(root / "runs", ignore_errors=True)
+                for stale in root.glob(".done-*"):  # the copies of another run count are gone
+                    stale.unlink()
                 paths = replicate(kind, one, root / "runs", args.runs)
                 marker.write_text(json.dumps([str(p) for p in paths]))
                 print(f"{kind}: wrote {args.runs} runs in {time.perf_counter() - t:.1f} s", file=sys.stderr)
