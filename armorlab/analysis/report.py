@@ -110,6 +110,8 @@ def _missing_metric_notes(rs: RunSet, metrics: Sequence[str], notes: G.Notes, ex
 
 def _state_notes(rs: RunSet, notes: G.Notes) -> None:
     for run in rs.runs.itertuples(index=False):
+        if run.state == "unknown":  # an imported run whose source does not record how it ended
+            continue
         if run.state != "completed":
             reason = f": {run.reason}" if isinstance(run.reason, str) and run.reason else ""
             notes.add(f"run {run.run_id} is {run.state}{reason} (its curves end early)")
@@ -262,7 +264,8 @@ def _build_report(recipe: Recipe, out: Path, *, cache: bool, progress: Callable[
     file = str(recipe.path) if recipe.path else None
     key = freshness.input_key(recipe, out)  # before reading: a run growing meanwhile makes it stale
     freshness.forget(out)
-    rs = load(recipe.runs, cache=cache, progress=progress)
+    rs = load(recipe.runs, cache=cache, progress=progress, format=recipe.format, mapping=recipe.runs_map,
+              val_n=recipe.val_n)
     rs.counter = recipe.x  # steps in optimizer steps or rollouts, everywhere below
     notes = G.Notes(list(rs.warnings))
     _state_notes(rs, notes)

@@ -11,30 +11,59 @@ import typer
 def register(app: typer.Typer) -> None:
     @app.command("report")
     def report(
-        inputs: list[str] = typer.Argument(..., metavar="RECIPE.yaml|RUN_OR_SWEEP_DIR",
-                                           help="A recipe (analysis/*.yaml), or run/sweep dirs and globs."),
+        ctx: typer.Context,
+        inputs: list[str] = typer.Argument(None, metavar="RECIPE.yaml|PATH...",
+                                           help="A recipe (analysis/*.yaml), or paths and globs: armorlab "
+                                           "run/sweep dirs, TRL output dirs, W&B run folders, TensorBoard log dirs, "
+                                           "verl JSONL files, trackio .db files (detected per path)."),
         out: Path = typer.Option(None, "--out", help="Output dir (default: recipe `out:`, a run's or "
-                                 "sweep's report/, else reports/<recipe>)."),
+                                 "sweep's report/, else reports/<recipe or dir name>)."),
         group_by: list[str] = typer.Option([], "--group-by", help="Config keys to group on, e.g. "
-                                           "--group-by objective,alpha (default: the keys that tell runs "
-                                           "apart; seeds are always aggregated)."),
+                                           "--group-by objective,alpha, or keys an imported run's source recorded "
+                                           "(--group-by beta,learning_rate) (default: the keys that tell runs "
+                                           "apart, or run_group from --map; seeds are always aggregated)."),
         no_cache: bool = typer.Option(False, "--no-cache", help="Rebuild everything: re-parse every "
                                       "metrics.jsonl, read and write no cache."),
+        format: str = typer.Option(None, "--format", help="Read every PATH as this format: armorlab, trl, "
+                                   "wandb, tensorboard, verl, trackio (default: detected per path)."),
+        runs_map: Path = typer.Option(None, "--map", help="runs.yaml: imported runs' group, seed and val_n by "
+                                      "path (its paths are the inputs when no PATH is given)."),
+        val_n: int = typer.Option(None, "--val-n", min=1, help="Completions behind each validation of "
+                                  "imported runs that do not log val/n (the binomial noise of val/acc)."),
     ) -> None:
         """Compare runs: seed statistics, collapse metrics, KL, capacity -> PNG, CSV/MD/LaTeX, HTML."""
         from armorlab.analysis.recipe import load_recipe, recipe_for_paths
         from armorlab.errors import ArmorLabError
 
+        inputs = list(inputs or [])
         keys = [k.strip() for item in group_by for k in item.split(",") if k.strip()] or None
-        first = Path(inputs[0])
-        if len(inputs) == 1 and first.suffix in (".yaml", ".yml") and not first.is_dir():
+        if not inputs and runs_map is None:
+            raise typer.BadParameter("Missing argument 'RECIPE.yaml|PATH...' (or --map runs.yaml).", ctx=ctx)
+        if runs_map is not None and not runs_map.is_file():
+            raise ArmorLabError("mapping file not found", key="--map", value=str(runs_map))
+        if format is not None:
+            from armorlab.analysis.importers import FORMATS
+
+            if format not in FORMATS:
+                raise ArmorLabError(f"unknown format (known: {', '.join(FORMATS)})", key="--format", value=format)
+        first = Path(inputs[0]) if inputs else None
+        if first is not None and len(inputs) == 1 and first.suffix in (".yaml", ".yml") and not first.is_dir():
             if not first.is_file():
                 raise ArmorLabError("recipe file not found", key="recipe", value=str(first))
             recipe = load_recipe(first)
             if keys:
                 recipe.group_by = keys
+            recipe.format = format or recipe.format
+            recipe.runs_map = str(runs_map) if runs_map is not None else recipe.runs_map
+            recipe.val_n = val_n or recipe.val_n
         else:
-            recipe = recipe_for_paths(inputs, group_by=keys)
+            recipe = recipe_for_paths(inputs, group_by=keys, format=format,
+                                      runs_map=str(runs_map) if runs_map is not None else None, val_n=val_n)
+        if recipe.group_by is None and recipe.runs_map is not None:
+            from armorlab.analysis import importers
+
+            if any(e.group is not None for e in importers.load_mapping(recipe.runs_map).entries):
+                recipe.group_by = [importers.GROUP_KEY]
         write_report(recipe, out, cache=not no_cache)
         # every output is renamed into place and the figure worker has exited: the ~0.1 s the
         # interpreter's teardown takes to free the runs' tables would only delay the prompt
