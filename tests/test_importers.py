@@ -325,7 +325,9 @@ def test_verl_file_logger_and_validation_dumps(tmp_path):
     rs = load([path])
     rid = rs.run_ids[0]
     assert curve(rs, rid, "train/reward") == ([1, 2, 3], pytest.approx([0.1, 0.2, 0.3]))
-    assert curve(rs, rid, "rollout") == ([0, 1, 2, 3], [0.0, 1.0, 2.0, 3.0])
+    rs.counter = "rollout"  # verl's step is one rollout batch: the same x in either counter
+    assert curve(rs, rid, "val/acc") == ([0, 3], [0.375, 0.5])
+    rs.counter = "step"
     assert curve(rs, rid, "obj/clip_frac")[1] == [0.01] * 3 and curve(rs, rid, "train/truncated")[1] == [0.0] * 3
     assert curve(rs, rid, "val/acc") == ([0, 3], [0.375, 0.5]) and curve(rs, rid, "val/best@4_biased")[0] == [0, 3]
     assert "src/timing_s/gen" in rs.metrics and "val/n" not in rs.metrics
