@@ -7,6 +7,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.armorlab-installed
 TORCH_CPU ?= torch==2.13.0
+VERL_PIN ?= verl==0.9.1
 PYTEST_ARGS ?=
 # pip on this kind of machine warns about missing mirror folders; keep re-runs quiet.
 PIPQ = 2>&1 | { grep -v -e "is ignored: it is neither" -e "^$$" || true; }
@@ -43,6 +44,9 @@ $(STAMP): pyproject.toml | $(PY)
 	@$(PY) -c "import torch" 2>/dev/null || { echo "installing $(TORCH_CPU) (CPU)"; $(PY) -m pip install -q $(TORCH_CPU) $(PIPQ); }
 	@echo "installing armorlab into $(VENV)"
 	@$(PY) -m pip install -q -e ".[dev]" $(PIPQ)
+	@# verl's own file logger for the importer tests: its source only (its dependencies need GPUs),
+	@# kept apart from site-packages; tests/importer_writers.py loads verl/utils/tracking.py from it
+	@$(PY) -m pip install -q --no-deps --target $(VENV)/share/verl $(VERL_PIN) $(PIPQ) || echo "verl source not installed: the verl tests write its documented format"
 	@touch $(STAMP)
 
 install: $(STAMP)

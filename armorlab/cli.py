@@ -8,7 +8,18 @@ import sys
 import typer
 
 from armorlab import __version__
-from armorlab.commands import check_task, coercion, demo, report, sweep, train, tune, vllm_serve
+from armorlab.commands import (
+    check_task,
+    coercion,
+    demo,
+    evaluate,
+    plan,
+    report,
+    sweep,
+    train,
+    tune,
+    vllm_serve,
+)
 from armorlab.core.exits import EXIT_USER_ERROR
 from armorlab.errors import ArmorLabError
 
@@ -42,7 +53,7 @@ def _root(
                         format="%(levelname)s %(name)s: %(message)s")
 
 
-for module in (train, check_task, sweep, tune, report, demo, vllm_serve):
+for module in (train, check_task, sweep, plan, tune, report, evaluate, demo, vllm_serve):
     module.register(app)
 
 

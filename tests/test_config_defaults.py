@@ -90,4 +90,3 @@ def test_tiny_sweeps_scale_tau_below_their_length(name):
         cfg = plan.config
         if cfg["objective"] == "armor" and cfg["ref_reset_schedule"] is None and cfg["ref_reset_steps"]:
             assert cfg["ref_reset_steps"] * 2 <= cfg["max_steps"], (name, plan.point)
-

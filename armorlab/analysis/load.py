@@ -36,10 +36,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from armorlab.analysis import importers
 from armorlab.core.config import LOGGING_KEYS
 from armorlab.core.fsutil import atomic_file, atomic_write_text
 from armorlab.core.health import GATE_DROP, GATE_SHARE, GATE_WINDOW, WATCHED, series_warnings
-from armorlab.core.runs import RunDir, expand_globs, find_run_dirs, valid_step
+from armorlab.core.runs import RunDir, valid_step
 from armorlab.errors import ArmorLabError
 
 log = logging.getLogger(__name__)
@@ -48,7 +49,8 @@ CACHE_DIR = ".armorlab-cache"
 CACHE_FILE = "metrics.arrow"
 CACHE_VERSION = 4
 OLD_CACHE_FILES = ("metrics.parquet",)  # earlier formats, removed when the cache is rewritten
-META_COLUMNS = ("run_id", "sweep", "path", "state", "reason", "world_size")
+META_COLUMNS = ("run_id", "sweep", "path", "state", "reason", "world_size", "format", "unavailable")
+COUNTERS = ("step", "rollout")  # the x axes a metrics line carries: optimizer steps and rollouts
 _META_KEY = b"armorlab_cache"
 
 
@@ -267,6 +269,7 @@ class RunSet:
     wide: pd.DataFrame
     warnings: list[str] = field(default_factory=list)
     slices: dict[str, tuple[int, int]] | None = None  # run_id → its rows of ``wide``, when known
+    counter: str = "step"  # the x of curve() and last_step(): "step" or "rollout" (recipe ``x``)
 
     @cached_property
     def _slices(self) -> dict[str, tuple[int, int]]:
@@ -284,8 +287,8 @@ class RunSet:
 
     @property
     def metrics(self) -> list[str]:
-        """Metric names present in at least one run."""
-        return [c for c in self.wide.columns if c not in ("run_id", "step")]
+        """Metric names present in at least one run (the counters ``step`` and ``rollout`` are not)."""
+        return [c for c in self.wide.columns if c not in ("run_id", *COUNTERS)]
 
     def has_metric(self, run_id: str, metric: str) -> bool:
         steps, _ = self.curve(run_id, metric)
@@ -297,19 +300,38 @@ class RunSet:
         return {c: self.wide[c].to_numpy() for c in self.wide.columns if c != "run_id"}
 
     def curve(self, run_id: str, metric: str) -> tuple[np.ndarray, np.ndarray]:
-        """(steps, values) of one metric of one run, NaN rows dropped."""
+        """(steps, values) of one metric of one run, NaN rows dropped; steps count ``counter``. In
+        rollouts, the lines of one rollout are averaged (one point per rollout, as verl logs) and
+        lines without the counter (runs from before it) are left out."""
         cols = self._columns
-        if metric not in cols or metric == "step" or run_id not in self._slices:
+        if metric not in cols or metric in COUNTERS or run_id not in self._slices:
             return np.empty(0, dtype=np.int64), np.empty(0)
         a, b = self._slices[run_id]
         values = cols[metric][a:b]
         keep = ~np.isnan(values)
-        return cols["step"][a:b][keep], values[keep]
+        if self.counter == "step":
+            return cols["step"][a:b][keep], values[keep]
+        if self.counter not in cols:
+            return np.empty(0, dtype=np.int64), np.empty(0)
+        x = cols[self.counter][a:b]
+        keep &= ~np.isnan(x)
+        x, values = x[keep].astype(np.int64), values[keep]
+        if x.size < 2 or np.all(x[1:] > x[:-1]):
+            return x, values
+        first, counts = np.unique(x, return_index=True, return_counts=True)[1:]
+        return x[first], np.add.reduceat(values, first) / counts
 
     def last_step(self, run_id: str) -> int | None:
-        """The last logged step of a run (None when it logged nothing)."""
+        """The last logged step (in ``counter``) of a run (None when it logged nothing)."""
         a_b = self._slices.get(run_id)
-        return None if a_b is None else int(self._columns["step"][a_b[1] - 1])
+        if a_b is None:
+            return None
+        x = self._columns.get(self.counter)
+        if x is None:
+            return None
+        last = x[a_b[0]:a_b[1]]
+        last = last[~np.isnan(last)] if last.dtype.kind == "f" else last
+        return int(last[-1]) if last.size else None
 
     def config_columns(self, varying_only: bool = False) -> list[str]:
         cols = [c for c in self.runs.columns if c not in META_COLUMNS]
@@ -347,14 +369,30 @@ class RunSet:
 
 
 def load(paths: Iterable[str | os.PathLike], *, cache: bool = True,
-         progress: Callable[[int, int], None] | None = None) -> RunSet:
-    """Load run dirs (run dirs, sweep dirs, roots of sweeps, or globs of those) into a RunSet.
+         progress: Callable[[int, int], None] | None = None, format: str | None = None,
+         mapping: str | os.PathLike | importers.RunsMap | None = None, val_n: int | None = None) -> RunSet:
+    """Load runs into a RunSet: armorlab run dirs, sweep dirs, roots of sweeps, and the runs other
+    libraries logged (TRL output dirs, W&B run folders, TensorBoard logs, verl JSONL, trackio DBs;
+    armorlab.analysis.importers), or globs of those. ``format`` reads every path as that format;
+    ``mapping`` (a runs.yaml) gives imported runs their group, seed and val_n, and its paths are
+    loaded when ``paths`` is empty; ``val_n`` is val/n for imported runs that log val/acc without it.
 
     ``progress(done, total)`` is called as runs are parsed. No run found is an ArmorLabError.
     """
-    run_dirs = find_run_dirs(expand_globs(paths))
-    if not run_dirs:
-        raise ArmorLabError("no run directories found", key="runs", value=[str(p) for p in paths])
+    paths = list(paths)
+    runs_map = importers.load_mapping(mapping) if isinstance(mapping, (str, os.PathLike)) else mapping
+    plan = importers.plan(paths, format=format, mapping=runs_map)
+    if not plan.native and not plan.sources:
+        raise ArmorLabError("no run directories found (nor TRL, W&B, TensorBoard, verl or trackio runs)",
+                            key="runs", value=[str(p) for p in paths])
+    imported = importers.read(plan, val_n=val_n if val_n is not None else (runs_map.val_n if runs_map else None))
+    if not plan.native:
+        return _with_imported(None, imported)
+    rs = _load_native(plan.native, cache=cache, progress=progress)
+    return _with_imported(rs, imported) if imported else rs
+
+
+def _load_native(run_dirs: list[RunDir], *, cache: bool, progress: Callable[[int, int], None] | None) -> RunSet:
     by_sweep: dict[Path, list[RunDir]] = {}
     for rd in run_dirs:
         by_sweep.setdefault(rd.path.parent, []).append(rd)
@@ -507,3 +545,68 @@ def load_runs(paths: Iterable[str | os.PathLike], *, cache: bool = True) -> pd.D
     ``load(paths).wide`` is the wide per-run view and ``load(paths).runs`` the per-run table.
     """
     return load(paths, cache=cache).long
+
+
+def _with_imported(rs: RunSet | None, imported: list[importers.ImportedRun]) -> RunSet:
+    """``rs`` (armorlab runs, or None) with the imported runs appended: one row each in ``runs``
+    (``format`` says where it came from; ``sweep`` is the source's project), their tables in
+    ``wide``. Their warnings, health warnings, and one note for those whose val/n is unknown."""
+    import pyarrow as pa
+
+    taken = set(rs.run_ids) if rs is not None else set()
+    rows, frames, ids, warnings, unknown_n = [], [], [], [], []
+    cannot: dict[tuple[str, str | None, tuple[str, ...]], list[str]] = {}
+    for run in imported:
+        rid = run.name
+        for candidate in (rid, f"{run.project}/{rid}" if run.project else rid):
+            if candidate not in taken:
+                rid = candidate
+                break
+        i = 2
+        while rid in taken:
+            rid, i = f"{run.name}#{i}", i + 1
+        taken.add(rid)
+        rows.append({"run_id": rid, "sweep": run.project, "path": str(run.path), "state": run.state,
+                     "reason": run.reason, "world_size": None, "format": run.format,
+                     "unavailable": ", ".join(run.unavailable), **run.config})
+        if run.unavailable:
+            cannot.setdefault((run.format, run.flavour, tuple(run.unavailable)), []).append(rid)
+        warnings.extend(f"run {rid}: {w}" for w in run.warnings)
+        if "val/acc" in run.metrics and "val/n" not in run.metrics:
+            unknown_n.append(rid)
+        if len(run.table) == 0:
+            warnings.append(f"run {rid}: no metrics in {run.path}")
+            continue
+        warnings.extend(f"run {rid}: {w}" for w in _health(run.table, final=run.state in ("completed", "failed")))
+        frames.append(run.table)
+        ids.append(rid)
+    for (fmt, flavour, metrics), rids in cannot.items():
+        warnings.append(f"{len(rids)} run(s) imported from {fmt}" + (f" ({flavour})" if flavour and flavour != fmt else "")
+                        + f" cannot give {', '.join(metrics)}: their source does not log them")
+    if unknown_n:
+        warnings.append(f"val/n unknown for {len(unknown_n)} imported run(s) ({', '.join(unknown_n[:6])}"
+                        + (" …" if len(unknown_n) > 6 else "") + "): their sources do not log how many completions "
+                        "each validation scored, so the collapse test estimates the noise from the curve; give it "
+                        "with --val-n N or val_n in a runs.yaml")
+    native_ids = list(rs._slices) if rs is not None else []
+    lengths = [b - a for a, b in rs._slices.values()] if rs is not None else []
+    tables = []
+    if native_ids:
+        native = rs.wide.drop(columns=["run_id"])
+        tables.append(pa.Table.from_pandas(native, preserve_index=False).replace_schema_metadata(None))
+    runs = pd.DataFrame(rows) if rs is None else pd.concat([rs.runs, pd.DataFrame(rows)], ignore_index=True)
+    all_ids = native_ids + ids
+    lengths += [len(f) for f in frames]
+    tables += frames
+    if tables:
+        table = pa.concat_tables(tables, promote_options="default")
+        metric_cols = sorted(c for c in table.column_names if c != "step")
+        wide = table.select(["step", *metric_cols]).to_pandas()
+        codes = np.repeat(np.arange(len(all_ids)), lengths)
+        wide.insert(0, "run_id", pd.Categorical.from_codes(codes, categories=all_ids))
+    else:
+        wide = pd.DataFrame({"run_id": pd.Series([], dtype=object), "step": pd.Series([], dtype=np.int64)})
+    starts = np.concatenate([[0], np.cumsum(lengths)]).astype(int)
+    slices = {r: (int(starts[i]), int(starts[i + 1])) for i, r in enumerate(all_ids)}
+    return RunSet(runs=runs, wide=wide, warnings=(list(rs.warnings) if rs is not None else []) + warnings,
+                  slices=slices)

@@ -61,6 +61,7 @@ def _palette(n: int) -> list[tuple[float, float, float, float]]:
 
 DPI = 110
 STEP_LABEL = "step (optimizer steps)"
+AXIS_LABELS = {"step": STEP_LABEL, "rollout": "rollout (generation batches)"}  # a recipe's ``x``
 _UNITS = {"acc": "accuracy, avg@k", "reward": "mean reward", "entropy": "nats/token",
           "length": "tokens", "approx_kl": "nats/token", "rate": "fraction", "gate_drop": "fraction",
           "pos_mean": "Δπ", "neg_mean": "Δπ", "pos_bound_frac": "fraction of A>0 tokens"}
@@ -81,11 +82,12 @@ def metric_label(metric: str) -> str:
     return f"{metric} ({unit})" if unit else metric
 
 
-def _step_axis(ax, fontsize=None) -> None:
-    """x axis in optimizer steps, integer ticks only (a short run must not show step 2.5)."""
+def _step_axis(ax, fontsize=None, label: str = STEP_LABEL) -> None:
+    """x axis in optimizer steps (or ``label``'s counter), integer ticks only (a short run must not
+    show step 2.5)."""
     from matplotlib.ticker import MaxNLocator
 
-    ax.set_xlabel(STEP_LABEL, fontsize=fontsize)
+    ax.set_xlabel(label, fontsize=fontsize)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
@@ -336,7 +338,8 @@ def _band(ax, band: CurveBand, color, label: str | None, *, linestyle="-") -> No
 def plot_curves(bands: Mapping[str, CurveBand], metric: str, path: Path, *, legend_title: str,
                 colors: Mapping[str, tuple], markers: Mapping[str, Sequence[tuple]] | None = None,
                 matched_steps: Sequence[int] = (), title: str | None = None,
-                noise: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None) -> Path:
+                noise: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None,
+                x_label: str = STEP_LABEL) -> Path:
     """One metric per group: mean over seeds with its 95 % CI band; ▼ = a seed's collapse step,
     labelled with its text when a marker is (step, value, text); ``noise`` = {group: (steps, SE)}
     draws the eval-noise band mean ± 1 SE as thin dashed lines."""
@@ -369,7 +372,7 @@ def plot_curves(bands: Mapping[str, CurveBand], metric: str, path: Path, *, lege
     if matched_steps:
         extra.append((plt.Line2D([], [], color="gray", linestyle=":"), "matched steps"))
     ax.set_title(title or f"{metric} per group (mean over seeds, 95% CI)")
-    _step_axis(ax)
+    _step_axis(ax, label=x_label)
     ax.set_ylabel(metric_label(metric))
     ax.grid(alpha=0.3)
     return _finish(fig, ax, path, legend_title, extra_handles=extra)
@@ -377,7 +380,7 @@ def plot_curves(bands: Mapping[str, CurveBand], metric: str, path: Path, *, lege
 
 def plot_overoptimisation(train: Mapping[str, CurveBand], val: Mapping[str, CurveBand], train_metric: str,
                           val_metric: str, path: Path, *, legend_title: str,
-                          colors: Mapping[str, tuple]) -> Path:
+                          colors: Mapping[str, tuple], x_label: str = STEP_LABEL) -> Path:
     """Train reward (dashed) and validation (solid) on one axis: rising train reward over falling
     validation is over-optimisation."""
     fig, ax = plt.subplots(figsize=(8, 4.6))
@@ -389,7 +392,7 @@ def plot_overoptimisation(train: Mapping[str, CurveBand], val: Mapping[str, Curv
     style = [(plt.Line2D([], [], color="gray"), val_metric),
              (plt.Line2D([], [], color="gray", linestyle="--"), train_metric)]
     ax.set_title(f"Over-optimisation: {train_metric} (dashed) vs {val_metric} (solid)")
-    _step_axis(ax)
+    _step_axis(ax, label=x_label)
     ax.set_ylabel("reward / accuracy (fraction)")
     ax.grid(alpha=0.3)
     return _finish(fig, ax, path, legend_title, extra_handles=style)
@@ -407,7 +410,7 @@ def _panel_grid(n: int, *, max_cols: int, panel_size: tuple[float, float]):
 
 
 def plot_kl(panels: Mapping[str, Mapping[str, CurveBand]], path: Path, *, legend_title: str,
-            colors: Mapping[str, tuple]) -> Path:
+            colors: Mapping[str, tuple], x_label: str = STEP_LABEL) -> Path:
     """Forward and reverse KL over steps, one panel per KL metric (ARMOR Fig. 2b style)."""
     n = len(panels)
     fig, flat = _panel_grid(n, max_cols=2, panel_size=(5.2, 4.0))
@@ -418,7 +421,7 @@ def plot_kl(panels: Mapping[str, Mapping[str, CurveBand]], path: Path, *, legend
         name = metric.split("/", 1)[-1]
         kind = next((v for k, v in titles.items() if name.startswith(k) or name.startswith(f"exact_{k}")), metric)
         ax.set_title(f"{kind}\n{metric}", fontsize=10)
-        _step_axis(ax)
+        _step_axis(ax, label=x_label)
         ax.set_ylabel(metric_label(metric))
         ax.grid(alpha=0.3)
     sup = fig.suptitle("KL to the reference policy (mean over seeds, 95% CI)")
@@ -533,7 +536,7 @@ def plot_ablation(summary_rows: Sequence[Mapping], per_run: Mapping[str, Mapping
 
 
 def plot_curve_grid(panels: Mapping[str, Mapping[str, CurveBand]], path: Path, *, legend_title: str,
-                    colors: Mapping[str, tuple]) -> Path:
+                    colors: Mapping[str, tuple], x_label: str = STEP_LABEL) -> Path:
     """Small multiples: every recipe curve, one panel per metric."""
     n = len(panels)
     fig, flat = _panel_grid(n, max_cols=3, panel_size=(4.6, 3.5))
@@ -541,7 +544,7 @@ def plot_curve_grid(panels: Mapping[str, Mapping[str, CurveBand]], path: Path, *
         for g, band in bands.items():
             _band(ax, band, colors[g], g)
         ax.set_title(metric, fontsize=10)
-        _step_axis(ax, fontsize=8)
+        _step_axis(ax, fontsize=8, label=x_label)
         ax.set_ylabel(metric_label(metric), fontsize=8)
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)

@@ -12,6 +12,7 @@ ignores them collapses into one run instead of training duplicates.
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +34,7 @@ from armorlab.core.checks import (
     text,
 )
 from armorlab.core.identity import data_identity, model_identity
+from armorlab.core.schedule import STEP_UNITS, config_per_rollout, rollout_horizon
 from armorlab.core.trl_fields import TRL_RANGES, check_trl_value, grpo_field_kinds, grpo_field_names
 from armorlab.core.vllm_config import check_vllm_servers
 from armorlab.errors import ArmorLabError
@@ -86,6 +88,38 @@ def _schedule(v: Any) -> list[list[int | None]] | None:
     return out
 
 
+# ``init_from.run``: "<sweep>/<run-id>", relative to the runs root (the sweep dir's parent), so the
+# run id does not depend on where the root lies; the sweep name as armorlab.sweeps.spec allows it.
+INIT_FROM_RUN_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}/[0-9a-f]{12}")
+SELECT_MODES = ("max", "min")
+DEFAULT_SELECT = {"metric": "val/acc", "mode": "max"}
+
+
+def _init_from(v: Any) -> dict[str, Any] | None:
+    """``{run: "<sweep>/<run-id>", select: {metric, mode}}``: start from the checkpoint that run
+    selected (its selected.json) with π_ref initialised to it; ``select`` defaults to val/acc, max."""
+    if v is None:
+        return None
+    if not isinstance(v, Mapping):
+        raise Invalid("must be a mapping {run: <sweep>/<run-id>, select: {metric, mode}} or null")
+    extra = sorted(set(map(str, v)) - {"run", "select"})
+    if extra:
+        raise Invalid(f"unknown key {extra[0]!r} (known: run, select)")
+    run = v.get("run")
+    if not isinstance(run, str) or not INIT_FROM_RUN_RE.fullmatch(run):
+        raise Invalid("run must be '<sweep name>/<12-hex run id>' (relative to the runs root)")
+    select = v.get("select")
+    select = dict(DEFAULT_SELECT) if select is None else select
+    if not isinstance(select, Mapping) or set(map(str, select)) - {"metric", "mode"}:
+        raise Invalid("select must be a mapping {metric: <name>, mode: max|min}")
+    metric, mode = select.get("metric", DEFAULT_SELECT["metric"]), select.get("mode", DEFAULT_SELECT["mode"])
+    if not isinstance(metric, str) or not metric:
+        raise Invalid("select.metric must be a metric name such as val/acc")
+    if mode not in SELECT_MODES:
+        raise Invalid("select.mode must be max or min")
+    return {"run": run, "select": {"metric": metric, "mode": mode}}
+
+
 def _operators(v: Any) -> str:
     if not isinstance(v, str) or not v or any(c not in "+-*" for c in v) or len(set(v)) != len(v):
         raise Invalid("must be a non-empty string of distinct operators from '+-*'")
@@ -128,11 +162,22 @@ FIELDS: dict[str, Field] = {
                           type=str | None),
     "anchor_reward_threshold": Field(1.0, number(), "reward at or above which an anchor is correct",
                                      type=float | None),
-    "ref_reset_steps": Field(0, integer(0), "τ: reset π_ref ← π_θ every τ steps; 0 = static", type=int),
+    "ref_reset_steps": Field(0, integer(0), "τ: reset π_ref ← π_θ every τ steps (step_unit); 0 = static", type=int),
     "ref_reset_schedule": Field(None, _schedule, "[[until_step, τ], ...]: τ for steps ≤ until_step "
-                                "(null until_step = to the end); later steps use ref_reset_steps",
-                                type=list[list[int]] | None),
-    "val_every": Field(10, integer(0), "validate every N steps (and at step 0); 0 = never", type=int),
+                                "(null until_step = to the end; steps in step_unit); later steps use "
+                                "ref_reset_steps", type=list[list[int]] | None),
+    "val_every": Field(10, integer(0), "validate every N steps (step_unit; and at step 0); 0 = never", type=int),
+    "step_unit": Field("optimizer", choice(*STEP_UNITS), "what ref_reset_steps, ref_reset_schedule and val_every "
+                       "count: optimizer steps, or rollouts (generation batches, the papers' and verl's step; "
+                       "docs/schedules.md)", type=str),
+    "max_rollouts": Field(None, optional(integer(1)), "horizon in rollouts: sets max_steps to max_rollouts × "
+                          "optimizer steps per rollout (give one of the two)", type=int | None),
+    "anchor_cache": Field(None, optional(choice("window", "off")), "reuse a prompt's reference draws until π_ref "
+                          "resets (window) or draw afresh every rollout (off); null = window when π_ref resets, "
+                          "off when it is static", type=str | None),
+    "keep_checkpoints": Field(1, integer(0), "checkpoints kept at the best validation levels (the noise-aware "
+                              "rule of selected.json), besides the last save_total_limit; 0 = none "
+                              "(TRL's rotation alone)", type=int),
     "val_samples": Field(4, integer(1), "k of avg@k / pass@k", type=int),
     "val_temperature": Field(1.0, number(0.0), "sampling temperature for validation", type=float),
     "kl_probe_prompts": Field(8, integer(0), "prompts in the exact-KL probe; 0 = off", type=int),
@@ -141,8 +186,12 @@ FIELDS: dict[str, Field] = {
     "dynamic_sampling": Field(False, boolean, "DAPO: groups whose rewards are all equal leave the loss and "
                               "its normaliser (train/zero_var_frac)", type=bool),
     "dynamic_sampling_factor": Field(1, integer(1), "generate this many times the prompts and train on the "
-                                     "first groups with unequal rewards (verl's filter_groups); 1 = no refill",
+                                     "first groups that train: with unequal rewards (dynamic_sampling) and past "
+                                     "the gate (anchor_gate); verl's filter_groups; 1 = no refill",
                                      type=int | None),
+    "init_from": Field(None, _init_from, "start from the checkpoint another run selected (its selected.json), "
+                       "π_ref initialised to it: {run: <sweep>/<run-id>, select: {metric, mode}}; a sweep's "
+                       "`stages:` set it", type=dict | None),
     "ref_vllm_mode": Field("none", choice(*REF_VLLM_MODES), "where π_ref's anchor samples come from: none = "
                            "transformers generate, colocate = a second in-process vLLM engine, server = a "
                            "vLLM server of its own (`armorlab vllm-serve`)", type=str),
@@ -162,6 +211,10 @@ FIELDS: dict[str, Field] = {
 # Execution settings of the reference engine: dropped from the resolved config while they are not
 # read (the mode off, or another mode's settings), so runs that do not use them keep their run ids.
 REF_VLLM_KEYS = ("ref_vllm_mode", "ref_vllm_memory")
+# Fields dropped from the resolved config at these values, so configs written before they existed
+# keep their run ids (the resolved config of `step_unit: optimizer` is the one without the key).
+DROPPED_AT_DEFAULT: dict[str, Any] = {"step_unit": "optimizer", "max_rollouts": None, "anchor_cache": None,
+                                      "keep_checkpoints": 1, "init_from": None}
 REF_VLLM_SERVER_KEYS = ("ref_vllm_server_host", "ref_vllm_server_port", "ref_vllm_server_base_url",
                         "ref_vllm_server_timeout", "ref_vllm_group_port")
 
@@ -397,7 +450,7 @@ def _check_section(fields: Mapping[str, Field], raw: Mapping[str, Any], prefix: 
     return out
 
 
-def _resolve_task(raw: Any, file: str | None) -> dict[str, Any]:
+def _resolve_task(raw: Any, file: str | None, check_paths: bool = True) -> dict[str, Any]:
     if raw is None:
         raw = {"name": "arithmetic"}
     if isinstance(raw, str):
@@ -410,8 +463,9 @@ def _resolve_task(raw: Any, file: str | None) -> dict[str, Any]:
                             file=file)
     out = {"name": name, **_check_section(TASK_FIELDS[name], raw, "task", file)}
     if name == "math":
-        ident = data_identity(out["path"], file=file)
-        out["path"], out["fingerprint"] = ident["path"], ident["fingerprint"]
+        if check_paths:
+            ident = data_identity(out["path"], file=file)
+            out["path"], out["fingerprint"] = ident["path"], ident["fingerprint"]
         template = out["prompt_template"]
         if template is not None and "{problem}" not in template:
             raise ArmorLabError("must contain {problem} where the problem goes", key="task.prompt_template",
@@ -419,7 +473,7 @@ def _resolve_task(raw: Any, file: str | None) -> dict[str, Any]:
     return out
 
 
-def _resolve_model(raw: Any, file: str | None) -> dict[str, Any]:
+def _resolve_model(raw: Any, file: str | None, check_paths: bool = True) -> dict[str, Any]:
     if raw is None:
         raw = {"name": TINY_MODEL}
     if isinstance(raw, str):
@@ -442,12 +496,16 @@ def _resolve_model(raw: Any, file: str | None) -> dict[str, Any]:
     if extra:
         raise ArmorLabError("a model path takes no other keys", key=f"model.{extra[0]}",
                             value=raw[extra[0]], file=file)
-
+    if not check_paths:
+        return {"name": name}
     return model_identity(name, file=file)  # {name: absolute path or hub id, fingerprint}
 
 
-def resolve(raw: Mapping[str, Any], *, file: str | None = None) -> dict[str, Any]:
+def resolve(raw: Mapping[str, Any], *, file: str | None = None, check_paths: bool = True) -> dict[str, Any]:
     """Validate ``raw`` and return the fully resolved config (all armorlab defaults filled).
+
+    ``check_paths=False`` (``armorlab plan``) leaves the model and data paths unchecked and
+    unfingerprinted: the result plans memory but is no run config (its run id is not the run's).
 
     TRL keys are checked here by name and, for numbers and booleans, by kind (cheap); the rest
     of their values is checked by GRPOConfig itself when the job starts.
@@ -504,6 +562,10 @@ def resolve(raw: Mapping[str, Any], *, file: str | None = None) -> dict[str, Any
                 if key == "num_generations":
                     exc = Invalid(f"GRPO needs at least 2 generations per prompt ({exc})")
                 raise ArmorLabError(str(exc), key=key, value=out[key], file=file) from None
+    steps = rollout_horizon(out["step_unit"], out["max_rollouts"], out["max_steps"], config_per_rollout(out),
+                            max_steps_given="max_steps" in raw, file=file)
+    if steps is not None:
+        out["max_steps"] = steps
     for key in [k for k in out if k not in FIELDS and trl_fields.is_inert_default(k, out[k])]:
         del out[key]  # `use_vllm: false` and no use_vllm are one run
     for key, value in out.items():  # dates, NaN, binary, ... cannot be hashed into a run id
@@ -517,8 +579,8 @@ def resolve(raw: Mapping[str, Any], *, file: str | None = None) -> dict[str, Any
         raise ArmorLabError("a reference engine only samples anchors: set anchor or anchor_gate, or "
                             "ref_vllm_mode: none", key="ref_vllm_mode", value=out["ref_vllm_mode"], file=file)
     check_vllm_servers(out, file)
-    out["task"] = _resolve_task(raw.get("task"), file)
-    out["model"] = _resolve_model(raw.get("model"), file)
+    out["task"] = _resolve_task(raw.get("task"), file, check_paths)
+    out["model"] = _resolve_model(raw.get("model"), file, check_paths)
     _normalise_inert(out)
     return out
 
@@ -555,7 +617,7 @@ def _check_logging_backends(report_to: Any, file: str | None) -> None:
 
 
 INERT_KEYS = frozenset({"alpha", "quantile_k", "kl_estimator", "anchor_filter", "anchor_ratio", "anchor_samples",
-                        "anchor_reward_threshold", "dynamic_sampling_factor"})
+                        "anchor_reward_threshold", "dynamic_sampling_factor", "anchor_cache"})
 
 
 def default_alpha(num_generations: int) -> float:
@@ -568,6 +630,18 @@ def default_anchor_ratio(objective: str) -> str:
     π_ref (armor); for the others the importance ratio against the policy that sampled the row,
     π_θ/π_ref (``behavior``)."""
     return "mixed" if objective_spec(objective).uses_reference else "behavior"
+
+
+def reference_resets(ref_reset_steps: int, schedule: Any) -> bool:
+    """Whether π_ref is ever reset (τ > 0 anywhere), i.e. not static."""
+    return bool(ref_reset_steps) or any(int(tau) > 0 for _, tau in schedule or ())
+
+
+def default_anchor_cache(ref_reset_steps: int, schedule: Any) -> str:
+    """What ``anchor_cache: null`` means: ``window`` when π_ref resets (draws stay valid until the
+    next reset), ``off`` when it is static (a cache would fix each prompt's anchor and gate
+    decision for the whole run, where ARMOR samples afresh)."""
+    return "window" if reference_resets(ref_reset_steps, schedule) else "off"
 
 
 def fill_objective_defaults(cfg: Any) -> None:
@@ -594,10 +668,17 @@ def _normalise_inert(cfg: dict[str, Any]) -> None:
     if not (anchor_on or cfg["anchor_gate"]):
         cfg["anchor_samples"] = None
         cfg["anchor_reward_threshold"] = None
+        cfg["anchor_cache"] = None
+    elif cfg["anchor_cache"] == default_anchor_cache(cfg["ref_reset_steps"], cfg["ref_reset_schedule"]):
+        cfg["anchor_cache"] = None  # what null means here: one run, one id
     if not (objective_spec(cfg["objective"]).uses_reference or (anchor_on and cfg["anchor_ratio"] == "mixed")):
         cfg["alpha"] = None
-    if not cfg["dynamic_sampling"]:
+    # the refill serves both filters; gate-only configs from before it did keep a null factor
+    if not cfg["dynamic_sampling"] and (not cfg["anchor_gate"] or cfg["dynamic_sampling_factor"] == 1):
         cfg["dynamic_sampling_factor"] = None
+    for key, default in DROPPED_AT_DEFAULT.items():
+        if key in cfg and cfg[key] == default:
+            del cfg[key]
     mode = cfg.get("ref_vllm_mode", "none")
     unread = (*REF_VLLM_KEYS, *REF_VLLM_SERVER_KEYS) if mode == "none" else \
         REF_VLLM_SERVER_KEYS if mode == "colocate" else ("ref_vllm_memory",)

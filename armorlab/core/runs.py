@@ -6,6 +6,7 @@
                         metrics.jsonl  {"step": int, "<ns>/<name>": float, ...} per line, append-only
                         tokens/        optional parquet token samples
                         checkpoints/   TRL/HF checkpoints (a run restarted here resumes)
+                        selected.json  the validation-selected checkpoint (rule, step, rollout, value)
                         report/        per-run report
 ```
 Torch-free; importing it is cheap.
@@ -40,6 +41,8 @@ _SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 log = logging.getLogger(__name__)
 
 STATES = ("pending", "running", "completed", "failed")
+SELECTED = "selected.json"
+SELECTED_KEYS = ("rule", "metric", "mode", "step", "rollout", "value", "checkpoint")
 CONFIG, STATUS, METRICS, TOKENS, CHECKPOINTS, REPORT = (
     "config.yaml", "status.json", "metrics.jsonl", "tokens", "checkpoints", "report")
 # flock'ed by the process training the run for its whole life (the lock dies with it); holds
@@ -128,6 +131,10 @@ class RunDir:
     @property
     def report_dir(self) -> Path:
         return self.path / REPORT
+
+    @property
+    def selected_path(self) -> Path:
+        return self.path / SELECTED
 
     # ---------------------------------------------------------------- create
     @classmethod
@@ -261,9 +268,12 @@ class RunDir:
         atomic_write_json(self.status_path, status)
 
     # ---------------------------------------------------------------- metrics
-    def append_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
-        """Append one line ``{"step": step, **metrics}``; non-finite floats become null."""
+    def append_metrics(self, step: int, metrics: Mapping[str, float], *, rollout: int | None = None) -> None:
+        """Append one line ``{"step": step, "rollout": rollout, **metrics}`` (the rollout counter when
+        given); non-finite floats become null."""
         row: dict[str, Any] = {"step": int(step)}
+        if rollout is not None:
+            row["rollout"] = int(rollout)
         for key, value in metrics.items():
             value = float(value)
             row[key] = value if math.isfinite(value) else None
@@ -371,6 +381,21 @@ class RunDir:
     def last_checkpoint(self) -> Path | None:
         cps = self.checkpoints()
         return cps[-1] if cps else None
+
+    def read_selected(self) -> dict[str, Any] | None:
+        """selected.json (the run's validation-selected checkpoint, written by the trainer), or None
+        when the run has none yet; a damaged file is an ArmorLabError naming it."""
+        try:
+            data = json.loads(self.selected_path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            raise ArmorLabError(f"cannot read the selected checkpoint: {exc}", file=str(self.selected_path)) from None
+        missing = [k for k in SELECTED_KEYS if not isinstance(data, dict) or k not in data]
+        if missing:
+            raise ArmorLabError(f"not a selected.json: {', '.join(missing)} missing", key=missing[0],
+                                file=str(self.selected_path))
+        return data
 
 
 def expand_globs(paths: Iterable[str | os.PathLike]) -> list[Path]:

@@ -202,7 +202,7 @@ def args_problems(args: Any) -> list[tuple[str, Any, str]]:
 # --------------------------------------------------------------------------- value kinds and ranges
 @lru_cache(maxsize=1)
 def grpo_field_kinds() -> dict[str, str]:
-    """GRPOConfig's fields → value kind (``float``, ``int``, ``bool``, ``str``, ``any``; ``?`` when
+    """GRPOConfig's fields → value kind (``float``, ``int``, ``bool``, ``str``, ``map``, ``any``; ``?`` when
     null is allowed), shipped as JSON (tools/gen_grpo_fields.py) so checking a spec never imports
     TRL. tests/test_config.py compares it to the installed GRPOConfig; the trainer checks names
     again against the real class when a job starts.
@@ -241,6 +241,8 @@ def check_trl_value(kind: str, value: Any) -> Any:
         return integer()(value)
     if base == "bool":
         return boolean(value)
+    if base == "map" and not isinstance(value, (str, dict)):
+        raise Invalid("must be a mapping (or its JSON text)")
     if base == "str" and not (isinstance(value, str) or (  # report_to also takes a list of names
             isinstance(value, list) and all(isinstance(x, str) for x in value))):
         raise Invalid("must be a string")

@@ -8,6 +8,7 @@ account: null
 qos: null
 nodes: 1
 gpus_per_node: 1
+gpu_memory_gb: 80           # each GPU's memory in GiB (nvidia-smi's MiB / 1024): the memory plan's limit
 cpus_per_task: 8
 mem_gb: 64
 time_min: 240               # per job; a job near its limit checkpoints and requeues itself
@@ -101,6 +102,7 @@ _CHECKS: dict[str, Callable[[Any], Any]] = {
     "qos": checks.optional(_script_text),
     "nodes": _int_at_least(1),
     "gpus_per_node": _int_at_least(0),
+    "gpu_memory_gb": _mem,
     "cpus_per_task": _int_at_least(1, optional=True),
     "mem_gb": _mem,
     "time_min": _int_at_least(1),
@@ -126,6 +128,7 @@ class Profile:
     qos: str | None = None
     nodes: int = 1
     gpus_per_node: int = 0
+    gpu_memory_gb: float | None = None  # None: no GPU or not stated (the memory plan only prints)
     cpus_per_task: int | None = None
     mem_gb: float | None = None
     time_min: int = 60

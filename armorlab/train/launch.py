@@ -9,6 +9,9 @@
   π_ref, anchor cache, TRL's generation buffer, step); metrics.jsonl is appended to, and readers
   keep the last line per step, so steps the killed attempt logged after that checkpoint are
   superseded;
+- checkpoints: one at every validation step besides ``save_steps``; kept are the last
+  ``save_total_limit``, the ``keep_checkpoints`` best by the noise-aware validation level and
+  ``selected.json`` naming the best (armorlab.train.keep); the rest are pruned as the run goes;
 - SIGUSR1/SIGTERM: finish the current optimizer step, checkpoint, status ``pending`` with
   reason ``preempted at step N``, exit 75 (submitit requeues the job);
 - ``DIR/stop_request`` (JSON ``{"reason": ...}``): stop after the current step, status
@@ -43,6 +46,7 @@ from armorlab.core.config import FIELDS, load_config, resolve, split_config
 from armorlab.core.exits import EXIT_BUSY, EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED
 from armorlab.core.runs import RunDir, slurm_job_id
 from armorlab.errors import ArmorLabError
+from armorlab.train.init_from import find_start, record_start
 from armorlab.vllm.endpoints import read_endpoints
 
 log = logging.getLogger(__name__)
@@ -249,6 +253,21 @@ def check_unchanged(stored: dict[str, Any], cfg: dict[str, Any], file: str) -> N
 
 
 # --------------------------------------------------------------------------- building
+def check_memory(cfg: dict[str, Any], file: str) -> None:
+    """The memory plan (armorlab.core.memory_plan) of this process's share of the run on this GPU:
+    ArmorLabError when it does not fit. The parallelism is what the launcher put in the environment;
+    without CUDA nothing is refused."""
+    import torch
+
+    from armorlab.core.plan_inputs import memory_check_enabled, parallelism_from_env, plan_config
+
+    if not torch.cuda.is_available() or not memory_check_enabled():
+        return
+    device = min(int(os.environ.get("LOCAL_RANK") or 0), torch.cuda.device_count() - 1)
+    total = torch.cuda.get_device_properties(device).total_memory
+    plan_config(cfg, parallelism_from_env(), total, file=file).check(file=file)
+
+
 def make_args(cfg: dict[str, Any], run_dir: RunDir) -> Any:
     """ArmorLabConfig from a resolved config; TRL keys are checked against the real GRPOConfig."""
     import dataclasses
@@ -276,10 +295,14 @@ def make_args(cfg: dict[str, Any], run_dir: RunDir) -> Any:
         raise ArmorLabError(f"GRPOConfig rejected the config: {exc}", file=file) from None
 
 
-def build_trainer(cfg: dict[str, Any], run_dir: RunDir, callbacks: Iterable[Any] = ()) -> Any:
+def build_trainer(cfg: dict[str, Any], run_dir: RunDir, callbacks: Iterable[Any] = (),
+                  start_from: str | os.PathLike | None = None) -> Any:
+    """The trainer of a resolved config; ``start_from`` (a continuing run's selected parent
+    checkpoint, init_from.find_start) replaces the config's model as the policy and π_ref."""
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
     from armorlab.tasks import build_task
+    from armorlab.train import keep
     from armorlab.train.models import has_chat_template, prepare_model
     from armorlab.train.telemetry import RunDirLogger
     from armorlab.train.trainer import ArmorLabTrainer
@@ -290,7 +313,7 @@ def build_trainer(cfg: dict[str, Any], run_dir: RunDir, callbacks: Iterable[Any]
     # the main process first: a tiny model built on another rank would not be saved (transformers'
     # save_pretrained writes on global rank 0 only once torch.distributed is up, as make_args left it)
     with PartialState().main_process_first():
-        model = prepare_model(cfg["model"], cfg["task"])
+        model = Path(start_from) if start_from is not None else prepare_model(cfg["model"], cfg["task"])
     task = build_task(cfg["task"], chat=has_chat_template(model))
     trainer = ArmorLabTrainer(str(model), task.reward_funcs, args, train_dataset=task.train,
                               val_dataset=task.val, test_dataset=task.test, tokens_dir=run_dir.tokens_dir,
@@ -302,6 +325,7 @@ def build_trainer(cfg: dict[str, Any], run_dir: RunDir, callbacks: Iterable[Any]
                             f"{trainer.accelerator.num_processes} together ({trainer.accelerator.distributed_type}); "
                             "without GPUs leave use_cpu unset (true)", key="use_cpu", value=args.use_cpu,
                             file=str(run_dir.config_path))
+    keep.install(trainer, run_dir, trainer.args.keep_checkpoints)  # the kept checkpoints and selected.json
     # keep the progress bar, drop transformers' printing of every log dict (metrics.jsonl has them)
     trainer.remove_callback(PrinterCallback)
     if trainer.pop_callback(ProgressCallback) is not None:
@@ -403,10 +427,15 @@ def _train_owned(run_dir: RunDir, callbacks: Iterable[Any]) -> Outcome:
             # where this attempt's vLLM servers listen (a job of a profile with vllm_servers)
             cfg = resolve({**stored, **read_endpoints()}, file=str(run_dir.config_path))
             check_unchanged(stored, cfg, str(run_dir.config_path))
-            trainer = build_trainer(cfg, run_dir, [control.callback(), health.callback(), *callbacks])
+            start = find_start(run_dir, cfg["init_from"]) if cfg.get("init_from") else None
+            check_memory(cfg, str(run_dir.config_path))  # before any model is loaded
+            trainer = build_trainer(cfg, run_dir, [control.callback(), health.callback(), *callbacks],
+                                    start_from=start.checkpoint if start else None)
             checkpoint = complete_checkpoint(run_dir)
             if checkpoint is not None:
                 log.info("resuming %s from %s", run_dir.path, checkpoint.name)
+            elif start is not None:  # the first step of a continuing run: record what it starts from
+                record_start(trainer, run_dir, start, write=main)
             trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
     except ArmorLabError as exc:
         write_status("failed", reason=str(exc))

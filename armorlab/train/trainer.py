@@ -12,7 +12,9 @@ TRL does the generation, rewards, advantages, batching and optimisation; this su
   rewards, lengths, and per-generation metrics as 0-d tensors: ``kl/forward_*`` on the
   unconditioned reference draws behind the anchors (``anchors.forward_kl_rows``), the gate's
   kept/dropped success rates and ``train/zero_var_frac``; with ``dynamic_sampling_factor`` > 1 it
-  over-generates and keeps the first groups with reward spread (verl's filter_groups);
+  over-generates and keeps the first groups that train — reward spread and past the gate (verl's
+  filter_groups; ARMOR's Alg. 1 samples until the batch is full) — and logs the rows it could not
+  fill (``train/refill_shortfall``);
 - ``_compute_loss``: ``armorlab.algos.loss.policy_loss`` (+ TRL's β·k3 KL term when β ≠ 0) and
   the per-step telemetry;
 - ``_save_checkpoint`` / ``_load_optimizer_and_scheduler``: π_ref, the anchor cache and TRL's
@@ -57,6 +59,8 @@ from armorlab.algos.loss import (
     vllm_corrected_loss,
 )
 from armorlab.algos.objectives import objective_spec
+from armorlab.core.config import default_anchor_cache
+from armorlab.core.schedule import rollout_horizon, updates_per_rollout
 from armorlab.errors import ArmorLabError
 from armorlab.train import anchors as anc
 from armorlab.train.evaluation import Validator
@@ -135,6 +139,9 @@ class ArmorLabTrainer(GRPOTrainer):
             from armorlab.train.vllm_reference import reload_policy_sync
 
             reload_policy_sync(self.vllm_generation)
+        # optimizer steps per rollout: what step_unit: rollout counts in (armorlab.core.schedule)
+        self.per_rollout = updates_per_rollout(args.steps_per_generation, args.num_iterations,
+                                               args.gradient_accumulation_steps)
         self._check_supported(val_dataset is not None or test_dataset is not None)
         self.reference = ReferencePolicy(self._prepare_reference(ref_model), ref_reset_steps=args.ref_reset_steps,
                                          schedule=args.ref_reset_schedule)
@@ -152,6 +159,8 @@ class ArmorLabTrainer(GRPOTrainer):
         self.reference_sampler = reference_sampler or anc.TransformersSampler(
             self.ref_model, self._tokenizer, self.armorlab_generation_config, self.eos_token_ids, batch_size=batch)
         self.anchor_rollout = None
+        # off: every rollout draws afresh; window: draws are reused until π_ref resets
+        self.anchor_cache = args.anchor_cache or default_anchor_cache(args.ref_reset_steps, args.ref_reset_schedule)
         if args.anchor or args.anchor_gate:
             self.anchor_rollout = anc.AnchorRollout(
                 self.reference_sampler, self._score_groups, k=args.anchor_samples,
@@ -185,13 +194,23 @@ class ArmorLabTrainer(GRPOTrainer):
             # π_ref is the base model; copying an adapter-wrapped state into it is not defined
             raise ArmorLabError("reference resets are not supported with a PEFT adapter",
                                 key="ref_reset_steps", value=self.args.ref_reset_steps)
+        self._check_units()
         custom_rollout = self.tools or self.rollout_func is not None or self.environment_factories is not None
-        if self.args.dynamic_sampling:
+        if self.args.dynamic_sampling or self.args.anchor_gate:
             dyn.check_refill_fits(self.args.per_device_train_batch_size * self.args.steps_per_generation,
                                   self.num_generations, self.args.dynamic_sampling_factor)
         if custom_rollout and (self.args.anchor or self.args.anchor_gate):
             raise ArmorLabError("anchors are not supported with tools, rollout_func or environments",
                                 key="anchor", value=self.args.anchor)
+
+    def _check_units(self) -> None:
+        """Rollout-counted settings need a whole U; ``max_rollouts`` sets max_steps (config.resolve
+        does the same for run configs; this covers Python users of ArmorLabConfig)."""
+        args = self.args
+        steps = rollout_horizon(args.step_unit, args.max_rollouts, args.max_steps, self.per_rollout,
+                                max_steps_given=args.max_steps > 0)
+        if steps is not None:
+            args.max_steps = steps
 
     def sync_reference_engine(self) -> None:
         """A sampler with its own copy of π_ref (vLLM) gets the reference's current weights."""
@@ -290,6 +309,8 @@ class ArmorLabTrainer(GRPOTrainer):
             idx = anc.anchor_rows(n, self.accelerator.process_index, self.num_generations)
             reqs = [anc.GroupRequest(prompts[i], prompt_ids[i], self._reward_row(self._rollout_inputs[i]))
                     for i in idx]
+            if self.anchor_cache == "off":
+                self.anchor_rollout.cache.clear()
             outcomes, generated = self.anchor_rollout.run(reqs, seed=self.args.seed, step=self.state.global_step)
             marks.update(groups=len(idx), cached=sum(o.cached for o in outcomes), generated=generated)
             rng = random.Random(f"{self.args.seed}:{self.state.global_step}:{self.accelerator.process_index}")
@@ -319,7 +340,8 @@ class ArmorLabTrainer(GRPOTrainer):
 
     def _generate_and_score_completions(self, inputs):
         target = len(inputs)
-        if self.model.training and self.args.dynamic_sampling and self.args.dynamic_sampling_factor > 1:
+        filters = self.args.dynamic_sampling or self.args.anchor_gate  # what the refill refills
+        if self.model.training and filters and self.args.dynamic_sampling_factor > 1:
             seed = (self.args.seed * 1_000_003 + self.state.global_step) * 1009 + self.accelerator.process_index
             inputs = list(inputs) + dyn.extra_prompt_rows(
                 self.train_dataset, (self.args.dynamic_sampling_factor - 1) * target // self.num_generations,
@@ -391,6 +413,9 @@ class ArmorLabTrainer(GRPOTrainer):
             output = {k: v[rows] if torch.is_tensor(v) and v.dim() and v.size(0) == n else v for k, v in output.items()}
             mask = output["completion_mask"] * output.get("tool_mask", 1)
             output["num_items_in_batch"] = self.accelerator.gather(mask.sum()).sum()
+        if filters:  # rows of the batch the filters left without a training group, refill included
+            output[f"{GENERATION_STAT}train/refill_shortfall:total"] = target - output["armorlab_keep"].sum()
+            output[f"{GENERATION_STAT}train/refill_shortfall:count"] = torch.tensor(float(target), device=device)
         # the loss normaliser's counts: the rows that train, over every process (gated, zero-spread
         # and refill-dropped rows excluded); 0-d, so every micro-batch of this generation gets them
         loss_mask = output["completion_mask"].float() * output["armorlab_keep"].unsqueeze(1)

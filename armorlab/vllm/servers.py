@@ -468,8 +468,19 @@ def _wait_group_gone(pgid: int, timeout_s: float) -> None:
 
 def server_model(run_dir: RunDir, env: Mapping[str, str]) -> str:
     """The model the servers load: the run's model path or hub id; armorlab's tiny model is built
-    (or found in $ARMORLAB_CACHE) by a helper process, so the job itself never imports torch."""
+    (or found in $ARMORLAB_CACHE) by a helper process, so the job itself never imports torch. A run
+    that continues from another (``init_from``) serves the checkpoint that run selected, as its
+    trainer loads it for the policy and π_ref."""
     cfg = run_dir.read_config()
+    if cfg.get("init_from"):  # a continuing run: the checkpoint its parent selected (armorlab.train.init_from)
+        code = ("import sys;from armorlab.core.runs import RunDir;from armorlab.train.init_from import find_start;"
+                "rd=RunDir(sys.argv[1]);print(find_start(rd,rd.read_config()['init_from']).checkpoint)")
+        out = subprocess.run([sys.executable, "-c", code, str(run_dir.path)], capture_output=True, text=True,
+                             env=dict(env), cwd=os.getcwd())
+        if out.returncode != 0:
+            tail = (out.stderr.strip().splitlines() or ["no output"])[-1]
+            raise ServerError(f"cannot find the checkpoint this run continues from: {tail}")
+        return out.stdout.strip().splitlines()[-1]
     model = cfg.get("model")
     name = model.get("name") if isinstance(model, Mapping) else model
     if name not in (None, "tiny"):
