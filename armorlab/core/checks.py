@@ -138,3 +138,13 @@ def within_max_points(n: int, what: str) -> int:
 def count_text(n: int) -> str:
     """``12,345`` or ``about 10^40`` (an int too large for a float is still printable)."""
     return f"{n:,}" if n < 10**7 else f"about 10^{len(str(int(n))) - 1}"
+
+
+def did_you_mean(word: Any, choices: Any) -> str:
+    """`` (did you mean 'learning_rate'?)`` for a near miss among ``choices`` (difflib), else ``""``."""
+    import difflib  # here: only an error message needs it
+
+    if not isinstance(word, str):
+        return ""
+    close = difflib.get_close_matches(word, [c for c in choices if isinstance(c, str)], n=1, cutoff=0.75)
+    return f" (did you mean '{close[0]}'?)" if close else ""

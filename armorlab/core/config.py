@@ -12,6 +12,7 @@ ignores them collapses into one run instead of training duplicates.
 from __future__ import annotations
 
 import copy
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,20 +27,24 @@ from armorlab.core.checks import (
     address,
     boolean,
     choice,
+    did_you_mean,
     integer,
     json_value,
     number,
     optional,
     text,
 )
+from armorlab.core.fsutil import read_regular_text
 from armorlab.core.identity import data_identity, model_identity
+from armorlab.core.model_dir import max_positions
 from armorlab.core.trl_fields import TRL_RANGES, check_trl_value, grpo_field_kinds, grpo_field_names
 from armorlab.core.vllm_config import check_vllm_servers
-from armorlab.errors import ArmorLabError
+from armorlab.errors import ArmorLabError, combine
 
 ANCHOR_RATIOS = ("mixed", "behavior", "current")
 TASKS = ("arithmetic", "math")
 TINY_MODEL = "tiny"
+TINY_MAX_POSITIONS = 1024  # the tiny model's max_position_embeddings (armorlab.train.models)
 REF_VLLM_MODES = ("none", "colocate", "server")
 
 
@@ -263,10 +268,12 @@ TASK_FIELDS: dict[str, dict[str, Field]] = {
 }
 
 MODEL_FIELDS_TINY: dict[str, Field] = {
-    "hidden_size": Field(128, integer(32), "hidden width"),
-    "num_layers": Field(3, integer(1), "transformer layers"),
-    "num_heads": Field(4, integer(1), "attention heads (head_dim = hidden/heads ≥ 32)"),
-    "warm_start_steps": Field(1000, integer(0), "max supervised warm-start steps on the task's train pool"),
+    # upper bounds: a tiny model is built on the CPU; 1e12 passed as an integer and failed at job start
+    "hidden_size": Field(128, integer(32, 8192), "hidden width"),
+    "num_layers": Field(3, integer(1, 64), "transformer layers"),
+    "num_heads": Field(4, integer(1, 256), "attention heads (head_dim = hidden/heads ≥ 32)"),
+    "warm_start_steps": Field(1000, integer(0, 1_000_000), "max supervised warm-start steps on the task's train "
+                              "pool"),
     "warm_start_target": Field(0.75, optional(number(0.0, 1.0, lo_open=True)),
                                "stop the warm start at this greedy accuracy on a dev slice of the "
                                "pool (null = run all warm_start_steps)"),
@@ -342,10 +349,12 @@ class UniqueKeyLoader(yaml.SafeLoader):
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: dict[Any, Any] = {}
-        for key_node, _ in node.value:
+        for key_node, value_node in node.value:
             if key_node.tag == "tag:yaml.org,2002:merge":  # keys a merge (<<) brings may be overridden
                 continue
             key = self.construct_object(key_node, deep=deep)
+            if _too_long_int(value_node):
+                raise LongInteger(key, value_node)
             try:
                 first = seen.setdefault(key, key_node)
             except TypeError:  # unhashable key: the base class reports it
@@ -358,24 +367,79 @@ class UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+    def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
+        if _too_long_int(node):  # in a list: no key to name, the line says where
+            raise LongInteger(None, node)
+        return super().construct_yaml_int(node)
+
+
+UniqueKeyLoader.add_constructor("tag:yaml.org,2002:int", UniqueKeyLoader.construct_yaml_int)
+_INT_TAG = "tag:yaml.org,2002:int"
+
+
+def _too_long_int(node: Any) -> bool:
+    """An int scalar that Python's int() refuses (over sys.get_int_max_str_digits() digits)."""
+    import sys
+
+    limit = sys.get_int_max_str_digits() if hasattr(sys, "get_int_max_str_digits") else 0
+    return bool(limit) and isinstance(node, yaml.ScalarNode) and node.tag == _INT_TAG and \
+        sum(c.isdigit() for c in node.value) > limit
+
+
+class LongInteger(yaml.YAMLError):
+    """An integer too long for Python to read (a pasted number, a fuzzer's 5,000 digits)."""
+
+    def __init__(self, key: Any, node: yaml.ScalarNode) -> None:
+        self.key, self.digits, self.line = key, sum(c.isdigit() for c in node.value), node.start_mark.line + 1
+        super().__init__(f"an integer of {self.digits:,} digits at line {self.line}")
+
+
+MAX_YAML_DEPTH = 100  # no armorlab file nests past a handful of levels
+
+
 def load_yaml_mapping(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     try:
-        content = path.read_text(encoding="utf-8")
+        content = read_regular_text(path)
     except OSError as exc:
-        raise ArmorLabError(f"cannot read file: {exc.strerror}", file=str(path)) from None
+        raise ArmorLabError(f"cannot read file: {exc.strerror or exc}", file=str(path)) from None
     except UnicodeDecodeError as exc:
         raise ArmorLabError(f"not UTF-8 text (byte {exc.start}: {exc.reason})", file=str(path)) from None
     try:
         data = yaml.load(content, Loader=UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except LongInteger as exc:
+        raise ArmorLabError(f"{exc}: too long to be a number (Python reads at most "
+                            f"{sys.get_int_max_str_digits():,})", key=None if exc.key is None else str(exc.key),
+                            value=f"<{exc.digits:,} digits>", file=str(path)) from None
     except yaml.YAMLError as exc:
         raise ArmorLabError(f"invalid YAML: {exc}", file=str(path)) from None
+    except ValueError as exc:  # PyYAML lets some bad scalars through as ValueError (\U escapes past U+10FFFF)
+        raise ArmorLabError(f"invalid YAML: {exc}", file=str(path)) from None
+    except RecursionError:
+        raise ArmorLabError("invalid YAML: nested too deeply to be a config", file=str(path)) from None
+    if _depth(data) > MAX_YAML_DEPTH:
+        raise ArmorLabError(f"nested more than {MAX_YAML_DEPTH} levels deep: not a config", file=str(path))
     if data is None:
         return {}
     if not isinstance(data, dict):
         raise ArmorLabError("top level must be a mapping", key="<root>", value=type(data).__name__,
                             file=str(path))
     return data
+
+
+def _depth(data: Any, limit: int = MAX_YAML_DEPTH + 1) -> int:
+    """Nesting depth of lists and mappings, counted up to ``limit`` (iteratively: no recursion)."""
+    deepest, stack = 0, [(data, 0)]
+    while stack:
+        node, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if deepest >= limit:
+            return deepest
+        if isinstance(node, dict):
+            stack.extend((v, depth + 1) for v in node.values())
+        elif isinstance(node, list):
+            stack.extend((v, depth + 1) for v in node)
+    return deepest
 
 
 # --------------------------------------------------------------------------- resolution
@@ -386,7 +450,7 @@ def _check_section(fields: Mapping[str, Field], raw: Mapping[str, Any], prefix: 
         if key == "name":
             continue
         if key not in fields:
-            raise ArmorLabError(f"unknown key (known: {', '.join(sorted(fields))})",
+            raise ArmorLabError(f"unknown key{did_you_mean(key, fields)} (known: {', '.join(sorted(fields))})",
                                 key=f"{prefix}.{key}", value=value, file=file)
     for key, field in fields.items():
         value = raw.get(key, field.default)
@@ -446,12 +510,59 @@ def _resolve_model(raw: Any, file: str | None) -> dict[str, Any]:
     return model_identity(name, file=file)  # {name: absolute path or hub id, fingerprint}
 
 
+MAX_PROBLEMS = 20
+
+
 def resolve(raw: Mapping[str, Any], *, file: str | None = None) -> dict[str, Any]:
     """Validate ``raw`` and return the fully resolved config (all armorlab defaults filled).
 
-    TRL keys are checked here by name and, for numbers and booleans, by kind (cheap); the rest
-    of their values is checked by GRPOConfig itself when the job starts.
+    TRL keys are checked here by name, by kind (numbers, booleans), by range and, for the fields
+    that take one of a fixed set of names (optim, lr_scheduler_type, report_to, scale_rewards,
+    ...), against that set; GRPOConfig checks them again when the job starts.
+
+    Every problem of the config is reported at once (armorlab.errors.combine): after the first,
+    the key it names is set aside and the rest resolved again, up to MAX_PROBLEMS.
     """
+    try:
+        return _resolve_once(raw, file=file)
+    except ArmorLabError as first:
+        if not isinstance(raw, Mapping):
+            raise
+        problems, rest = [first], copy.deepcopy(dict(raw))
+        while len(problems) < MAX_PROBLEMS and _drop_key(rest, problems[-1].key):
+            try:
+                _resolve_once(rest, file=file)
+            except ArmorLabError as exc:
+                if any(exc.key == p.key for p in problems):
+                    break
+                problems.append(exc)
+                continue
+            break
+        raise combine(problems) from None
+
+
+def _drop_key(raw: dict[str, Any], key: str | None) -> bool:
+    """Remove the (dotted) config key a problem names; False when there is none to remove."""
+    if not key:
+        return False
+    top, _, sub = key.partition(".")
+    if top not in raw:
+        return False
+    if not sub:
+        del raw[top]
+        return True
+    section = raw[top]
+    if isinstance(section, Mapping) and sub in section:
+        raw[top] = {k: v for k, v in section.items() if k != sub}
+        return True
+    if isinstance(section, str) or section is None:
+        del raw[top]
+        return True
+    return False
+
+
+def _resolve_once(raw: Mapping[str, Any], *, file: str | None = None) -> dict[str, Any]:
+    """One pass of ``resolve``: the first problem found is raised."""
     if not isinstance(raw, Mapping):
         raise ArmorLabError("config must be a mapping", key="<root>", value=raw, file=file)
     known_trl = grpo_field_names()
@@ -462,8 +573,8 @@ def resolve(raw: Mapping[str, Any], *, file: str | None = None) -> dict[str, Any
             raise ArmorLabError("set by armorlab from the run directory; remove it", key=key,
                                 value=raw[key], file=file)
         if key not in FIELDS and key not in known_trl and key not in ("task", "model"):
-            raise ArmorLabError("unknown config key (not an armorlab field nor a GRPOConfig field)",
-                                key=key, value=raw[key], file=file)
+            raise ArmorLabError("unknown config key (not an armorlab field nor a GRPOConfig field)"
+                                + did_you_mean(key, known_keys()), key=key, value=raw[key], file=file)
         problem = trl_fields.config_problem(key, raw[key]) if key not in FIELDS else None
         if problem:
             raise ArmorLabError(problem, key=key, value=raw[key], file=file)
@@ -491,7 +602,7 @@ def resolve(raw: Mapping[str, Any], *, file: str | None = None) -> dict[str, Any
             out[key] = _copied(value)
     kinds = grpo_field_kinds()
     for key in out:
-        if key in kinds and key not in FIELDS:
+        if key in kinds and key not in FIELDS and key not in trl_fields.OWN_KIND_CHECK:
             try:
                 out[key] = check_trl_value(kinds[key], out[key])
             except Invalid as exc:
@@ -519,8 +630,28 @@ def resolve(raw: Mapping[str, Any], *, file: str | None = None) -> dict[str, Any
     check_vllm_servers(out, file)
     out["task"] = _resolve_task(raw.get("task"), file)
     out["model"] = _resolve_model(raw.get("model"), file)
+    _check_lengths(out, file)
     _normalise_inert(out)
     return out
+
+
+def _check_lengths(cfg: dict[str, Any], file: str | None) -> None:
+    """A completion longer than the model's positions fails at the first generation: say so now."""
+    length = cfg.get("max_completion_length")
+    if not isinstance(length, int):
+        return
+    name = cfg["model"]["name"]
+    if name == TINY_MODEL:
+        limit = TINY_MAX_POSITIONS
+    else:
+        from armorlab.core.identity import hub_snapshot
+
+        root = Path(name) if Path(name).is_dir() else hub_snapshot(name, "model")
+        limit = max_positions(root) if root is not None else None
+    if limit is not None and length >= limit:
+        raise ArmorLabError(f"longer than the model's {limit} positions (max_position_embeddings of {name}), "
+                            "which the prompt shares: lower it", key="max_completion_length", value=length,
+                            file=file)
 
 
 _SCALARS = (str, int, float, bool, type(None))

@@ -20,6 +20,7 @@ from typing import Any
 from armorlab.core.config import deep_merge
 from armorlab.core.fsutil import atomic_write_yaml
 from armorlab.core.runs import RunDir
+from armorlab.core.vllm_config import check_vllm_installed
 from armorlab.errors import ArmorLabError
 from armorlab.sweeps import slurmctl
 from armorlab.sweeps.manifest import (
@@ -79,6 +80,9 @@ def plan_sweep(spec_path: str | Path, *, root: str | Path = "runs", executor: st
                      runs=expand(spec), retry_failed=retry_failed)
     check_runs(prof.vllm_servers, plan.runs, profile_file=str(prof.path) if prof.path else "<profile>",
                spec_file=spec.file, executor=executor)
+    if executor == "local" and prof.python is None:  # this Python trains them: vLLM must be here
+        for r in plan.runs:
+            check_vllm_installed(r.config, spec.file)
     plan.actions = classify(plan.sweep_dir, plan.runs, retry_failed=retry_failed, executor=executor)
     return plan
 

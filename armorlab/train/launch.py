@@ -42,6 +42,7 @@ from typing import Any
 from armorlab.core.config import FIELDS, load_config, resolve, split_config
 from armorlab.core.exits import EXIT_BUSY, EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED
 from armorlab.core.runs import RunDir, slurm_job_id
+from armorlab.core.vllm_config import check_vllm_installed
 from armorlab.errors import ArmorLabError
 from armorlab.vllm.endpoints import read_endpoints
 
@@ -333,6 +334,7 @@ def train_from_config(config: str | os.PathLike | None, overrides: Sequence[str]
                       out: str | os.PathLike = "runs/train") -> Outcome:
     """Resolve CONFIG + overrides, create ``OUT/<run-id>/`` and train there (resuming if it exists)."""
     cfg = load_config(config, overrides)
+    check_vllm_installed(cfg, str(config) if config is not None else "--set")
     if is_main_process():
         run_dir = RunDir.create(out, cfg)
     else:  # the main process creates it (and may still be writing config.yaml)
@@ -403,6 +405,7 @@ def _train_owned(run_dir: RunDir, callbacks: Iterable[Any]) -> Outcome:
             # where this attempt's vLLM servers listen (a job of a profile with vllm_servers)
             cfg = resolve({**stored, **read_endpoints()}, file=str(run_dir.config_path))
             check_unchanged(stored, cfg, str(run_dir.config_path))
+            check_vllm_installed(cfg, str(run_dir.config_path))
             trainer = build_trainer(cfg, run_dir, [control.callback(), health.callback(), *callbacks])
             checkpoint = complete_checkpoint(run_dir)
             if checkpoint is not None:

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from armorlab.core.config import TINY_MODEL, resolve
+from armorlab.core.config import TINY_MAX_POSITIONS, TINY_MODEL, resolve
 from armorlab.core.fsutil import cache_root
 from armorlab.errors import ArmorLabError
 
@@ -45,7 +45,7 @@ METADATA = "armorlab_model.json"
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)
 CHARS = tuple(chr(i) for i in range(32, 127)) + ("\n", "\t")  # printable ASCII + newline, tab
-MAX_POSITIONS = 1024
+MAX_POSITIONS = TINY_MAX_POSITIONS
 
 # Warm-start recipe (the step count is model.warm_start_steps; the rest is fixed here).
 WS_BATCH = 64
