@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from model_dirs import fake_model_dir
 from typer.testing import CliRunner
 
 from armorlab.analysis.recipe import load_recipe
@@ -79,8 +80,7 @@ def _stand_ins(spec, tmp_path: Path) -> list[str]:
     overrides = []
     model = spec.base.get("model")
     if isinstance(model, str) and model != "tiny":
-        (tmp_path / "model").mkdir()
-        (tmp_path / "model" / "config.json").write_text('{"model_type": "qwen2"}')
+        fake_model_dir(tmp_path / "model")
         overrides.append(f"model={tmp_path / 'model'}")
     task = spec.base.get("task")
     if isinstance(task, dict) and task.get("path"):
