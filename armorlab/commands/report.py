@@ -82,7 +82,11 @@ def write_report(recipe, out: Path | None, *, cache: bool = True, lead=None) -> 
     from armorlab.analysis import freshness
     from armorlab.analysis.recipe import default_out_dir
 
-    target = Path(out) if out is not None else default_out_dir(recipe)
+    from armorlab.core.fsutil import writable_dir
+
+    target = writable_dir(out if out is not None else default_out_dir(recipe),
+                          key="--out" if out is not None else "out",
+                          file=None if out is not None or recipe.path is None else str(recipe.path))
     summary = freshness.fresh_summary(recipe, target) if cache and lead is None else None
     if summary is not None:
         _print_summary(summary, note="unchanged: inputs, recipe and code are as when it was written")

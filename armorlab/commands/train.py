@@ -37,6 +37,8 @@ def register(app: typer.Typer) -> None:
             if outcome.already_completed:
                 typer.echo(f"already completed: {outcome.path} (nothing trained; delete the dir to train it "
                            "again)", err=True)
+            if outcome.note:
+                typer.echo(f"note: {outcome.note}", err=True)
             if outcome.state != "completed":
                 typer.echo(f"{outcome.state}: {outcome.reason}", err=True)
             for warning in outcome.warnings:

@@ -222,3 +222,21 @@ def read_regular(path: str | os.PathLike) -> bytes:
 def read_regular_text(path: str | os.PathLike) -> str:
     """read_regular decoded as UTF-8 (UnicodeDecodeError as ``Path.read_text`` raises it)."""
     return read_regular(path).decode("utf-8")
+
+
+def writable_dir(path: str | os.PathLike, *, key: str, file: str | None = None) -> Path:
+    """``path`` as a directory armorlab can write in (it need not exist yet), or an ArmorLabError
+    naming ``key`` (``--out``, ``--root``, a recipe's ``out``) when it, or the first of its
+    parents that exists, is a file or cannot be written: said before anything runs."""
+    from armorlab.errors import ArmorLabError
+
+    path = Path(path)
+    existing = next((p for p in (path, *path.parents) if p.exists()), None)
+    if existing is None:
+        return path
+    if not existing.is_dir():
+        raise ArmorLabError("must be a directory, and it is a file" if existing == path else
+                            f"cannot be created: {existing} is a file", key=key, value=str(path), file=file)
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ArmorLabError(f"cannot be written: no permission in {existing}", key=key, value=str(path), file=file)
+    return path

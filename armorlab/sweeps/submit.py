@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from armorlab.core.config import deep_merge
-from armorlab.core.fsutil import atomic_write_yaml
+from armorlab.core.fsutil import atomic_write_yaml, writable_dir
 from armorlab.core.runs import RunDir
 from armorlab.core.vllm_config import check_vllm_installed
 from armorlab.errors import ArmorLabError
@@ -76,7 +76,7 @@ def plan_sweep(spec_path: str | Path, *, root: str | Path = "runs", executor: st
     if executor not in EXECUTORS:
         raise ArmorLabError(f"unknown executor (known: {', '.join(EXECUTORS)})", key="--executor",
                             value=executor)
-    plan = SweepPlan(spec=spec, profile=prof, executor=executor, sweep_dir=Path(root) / spec.name,
+    plan = SweepPlan(spec=spec, profile=prof, executor=executor, sweep_dir=writable_dir(root, key="--root") / spec.name,
                      runs=expand(spec), retry_failed=retry_failed)
     check_runs(prof.vllm_servers, plan.runs, profile_file=str(prof.path) if prof.path else "<profile>",
                spec_file=spec.file, executor=executor)

@@ -41,6 +41,7 @@ from typing import Any
 
 from armorlab.core.config import FIELDS, load_config, resolve, split_config
 from armorlab.core.exits import EXIT_BUSY, EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED
+from armorlab.core.fsutil import writable_dir
 from armorlab.core.runs import RunDir, slurm_job_id
 from armorlab.core.vllm_config import check_vllm_installed
 from armorlab.errors import ArmorLabError
@@ -60,6 +61,7 @@ class Outcome:
     exit_code: int
     already_completed: bool = False  # nothing was trained: the run dir was completed before
     warnings: tuple[str, ...] = ()  # armorlab.core.health's, as status.json records them
+    note: str | None = None  # what the user should know about this outcome (train prints it)
 
 
 def process_layout(env: dict[str, str] | None = None) -> tuple[int, int]:
@@ -335,14 +337,36 @@ def train_from_config(config: str | os.PathLike | None, overrides: Sequence[str]
     """Resolve CONFIG + overrides, create ``OUT/<run-id>/`` and train there (resuming if it exists)."""
     cfg = load_config(config, overrides)
     check_vllm_installed(cfg, str(config) if config is not None else "--set")
-    if is_main_process():
-        run_dir = RunDir.create(out, cfg)
-    else:  # the main process creates it (and may still be writing config.yaml)
-        from armorlab.core.runs import run_id
+    from armorlab.core.runs import run_id
 
-        run_dir = RunDir(Path(out) / run_id(cfg))
+    run_dir = RunDir(Path(out) / run_id(cfg))
+    changed = _changed_logging_keys(run_dir, cfg)
+    if is_main_process():
+        run_dir = RunDir.create(writable_dir(out, key="--out"), cfg)
+    else:  # the main process creates it (and may still be writing config.yaml)
         _wait_for(run_dir.config_path)
-    return train_run_dir(run_dir.path)
+    outcome = train_run_dir(run_dir.path)
+    if outcome.already_completed and changed:
+        import dataclasses
+
+        outcome = dataclasses.replace(outcome, note=(
+            f"only logging keys differ from that run ({', '.join(changed)}); they are not part of the run id, "
+            "so this is the same run (config.yaml now has the new values)"))
+    return outcome
+
+
+def _changed_logging_keys(run_dir: RunDir, cfg: dict[str, Any]) -> list[str]:
+    """The logging keys (config.LOGGING_KEYS) whose values differ from an existing run dir's config."""
+    from armorlab.core.config import LOGGING_KEYS
+
+    try:
+        stored = run_dir.read_config() if run_dir.config_path.is_file() else None
+    except ArmorLabError:
+        return []
+    if stored is None:
+        return []
+    return sorted(k for k in LOGGING_KEYS if stored.get(k) != cfg.get(k))
+
 
 
 def _wait_for(path: Path, timeout_s: float = 120.0) -> None:

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from armorlab.core.config import resolve
-from armorlab.core.fsutil import atomic_write_json, atomic_write_yaml
+from armorlab.core.fsutil import atomic_write_json, atomic_write_yaml, writable_dir
 from armorlab.errors import ArmorLabError
 from armorlab.sweeps.sbatch import checked_executor
 from armorlab.sweeps.spec import load_spec
@@ -89,7 +89,7 @@ def prepare_study(spec_path: str | os.PathLike, *, root: str | os.PathLike = "ru
     from armorlab.tune.worker import StudyContext
 
     spec, search = load_study_spec(spec_path)
-    study_dir = Path(root) / spec.name
+    study_dir = writable_dir(root, key="--root") / spec.name
     prior = StudyContext.load(study_dir) if is_study_dir(study_dir) else None
     url = storage or search.storage or (prior.storage_url if prior else None)
     if url is not None:
