@@ -81,7 +81,6 @@ def write_report(recipe, out: Path | None, *, cache: bool = True, lead=None) -> 
     ``lead`` (the demo's headline) needs the per-run scores, so a call with one always builds."""
     from armorlab.analysis import freshness
     from armorlab.analysis.recipe import default_out_dir
-
     from armorlab.core.fsutil import writable_dir
 
     target = writable_dir(out if out is not None else default_out_dir(recipe),
