@@ -35,7 +35,7 @@ from armorlab.core.checks import (
     text,
 )
 from armorlab.core.fsutil import read_regular_text
-from armorlab.core.identity import data_identity, model_identity
+from armorlab.core.identity import data_identity, data_rows, model_identity
 from armorlab.core.model_dir import max_positions
 from armorlab.core.trl_fields import TRL_RANGES, check_trl_value, grpo_field_kinds, grpo_field_names
 from armorlab.core.vllm_config import check_vllm_servers
@@ -476,11 +476,28 @@ def _resolve_task(raw: Any, file: str | None) -> dict[str, Any]:
     if name == "math":
         ident = data_identity(out["path"], file=file)
         out["path"], out["fingerprint"] = ident["path"], ident["fingerprint"]
+        _check_held_out(out, raw, file)
         template = out["prompt_template"]
         if template is not None and "{problem}" not in template:
             raise ArmorLabError("must contain {problem} where the problem goes", key="task.prompt_template",
                                 value=template, file=file)
     return out
+
+
+def _check_held_out(task: dict[str, Any], raw: Mapping[str, Any], file: str | None) -> None:
+    """val_size + test_size must leave training rows in the data file: said here, naming the
+    config that sets them (or takes their defaults) and the fix, not the data file at job start."""
+    rows = data_rows(task["path"])
+    held = task["val_size"] + task["test_size"]
+    if rows is None or held < rows:
+        return
+    given = [k for k in ("val_size", "test_size") if k in raw]
+    how = "set" if given else "the defaults,"
+    fit = max(1, rows // 10)
+    raise ArmorLabError(f"val_size + test_size = {held} ({how} {task['val_size']} + {task['test_size']}) leave no "
+                        f"training rows: {task['path']} holds {rows}. Set smaller ones in this config, e.g. "
+                        f"task: {{val_size: {fit}, test_size: {fit}}}", key="task.val_size", value=task["val_size"],
+                        file=file)
 
 
 def _resolve_model(raw: Any, file: str | None) -> dict[str, Any]:

@@ -183,3 +183,32 @@ def data_identity(name: str, *, key: str = "task.path", file: str | None = None)
         raise ArmorLabError(f"no such file, and the hub dataset id is not in the local Hugging Face cache "
                             f"({_hub_cache_dir()}); armorlab never downloads", key=key, value=name, file=file)
     raise ArmorLabError("file not found", key=key, value=name, file=file)
+
+
+@lru_cache(maxsize=256)
+def _counted_rows(path: str, size: int, mtime_ns: int) -> int | None:  # noqa: ARG001 - cache key
+    suffix = Path(path).suffix.lower()
+    if suffix in (".parquet", ".pq"):
+        try:
+            import pyarrow.parquet as pq  # here: only a parquet data file needs it
+
+            return pq.ParquetFile(path).metadata.num_rows
+        except Exception:  # noqa: BLE001 - a damaged file: the task builder names the problem
+            return None
+    with os.fdopen(open_regular(path), "rb") as fh:
+        return sum(1 for line in fh if line.strip())
+
+
+def data_rows(path: str) -> int | None:
+    """Records in a JSONL/parquet data file (non-blank lines, the parquet's row count); None for a
+    directory, a hub id or a file that cannot be read."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    if not os.path.isfile(path):
+        return None
+    try:
+        return _counted_rows(path, st.st_size, st.st_mtime_ns)
+    except OSError:
+        return None

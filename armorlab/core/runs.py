@@ -263,7 +263,15 @@ class RunDir:
         world_size = world_size if world_size is not None else (old or {}).get("world_size")
         if world_size is not None:
             status["world_size"] = int(world_size)
-        atomic_write_json(self.status_path, status, durable=durable)
+        try:
+            atomic_write_json(self.status_path, status, durable=durable)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT) or not self.status_path.is_file():
+                raise
+            # a full disk: no room for the temp file of an atomic write. status.json exists (it
+            # said "running"); rewriting it in place reuses its block, so "failed: no space left"
+            # still gets recorded (a reader may, for an instant, see it torn: it reads as pending)
+            _rewrite_in_place(self.status_path, json.dumps(status, indent=2, sort_keys=True) + "\n")
         return status
 
     def set_warnings(self, warnings: list[str]) -> None:
@@ -404,6 +412,17 @@ class RunDir:
     def last_checkpoint(self) -> Path | None:
         cps = self.checkpoints()
         return cps[-1] if cps else None
+
+
+def _rewrite_in_place(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW)
+    try:
+        data = text.encode("utf-8")
+        os.pwrite(fd, data, 0)
+        os.ftruncate(fd, len(data))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def expand_globs(paths: Iterable[str | os.PathLike]) -> list[Path]:

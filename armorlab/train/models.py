@@ -217,7 +217,9 @@ def warm_start(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, task:
     opt = torch.optim.AdamW(model.parameters(), lr=WS_LR, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / WS_WARMUP))
     model.train()
+    bar = _progress(max_steps)
     for step in range(1, max_steps + 1):
+        bar.update(1)
         rows = torch.randint(0, ids.shape[0], (WS_BATCH,), generator=gen)
         out = model(input_ids=ids[rows], attention_mask=attention[rows], labels=labels[rows])
         opt.zero_grad(set_to_none=True)
@@ -229,10 +231,21 @@ def warm_start(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, task:
         if dev_n and (step % WS_CHECK_EVERY == 0 or step == max_steps):
             result["dev_acc"] = accuracy(model, tokenizer, task, *dev)
             log.debug("warm start step %d: loss %.4f, dev greedy acc %.3f", step, result["loss"], result["dev_acc"])
+            bar.set_postfix(dev_acc=f"{result['dev_acc']:.2f}", target=target)
             if result["dev_acc"] >= target:
                 break
+    bar.close()
     model.eval()
     return result
+
+
+def _progress(total: int) -> Any:
+    """The warm start's progress bar on stderr (a terminal only: job logs get the INFO line): it
+    runs once per tiny model and task settings, for up to minutes on a CPU."""
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="warm-starting the tiny model (once; cached)", unit="step", leave=False,
+                disable=None, mininterval=1.0)
 
 
 # --------------------------------------------------------------------------- prepare (cached)
@@ -278,6 +291,19 @@ def _build(model_cfg: Mapping[str, Any], task_cfg: Mapping[str, Any], target: Pa
     (target / METADATA).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
     log.info("built tiny model: %d params, warm start %d steps, val acc %.3f (T=1) / %.3f (greedy), %.1fs",
              meta["parameters"], ws["steps"], val_t1, val_greedy, meta["build_seconds"])
+
+
+def cached_model(model_cfg: Mapping[str, Any], task_cfg: Mapping[str, Any], *,
+                 cache_dir: str | os.PathLike | None = None) -> Path | None:
+    """The directory to load the policy from when nothing needs building: a model path or hub id,
+    or the tiny model already in the cache; None when the tiny model would be built (warm-started)
+    first. For commands that must not train (``check-task``)."""
+    resolved = resolve({"model": dict(model_cfg), "task": dict(task_cfg)})
+    model_cfg, task_cfg = resolved["model"], resolved["task"]
+    if model_cfg["name"] != TINY_MODEL:
+        return Path(model_cfg["name"])
+    final = cache_root(cache_dir) / "models" / f"tiny-{model_key(model_cfg, task_cfg)}"
+    return final.resolve() if (final / METADATA).is_file() else None
 
 
 def has_chat_template(model: str | os.PathLike) -> bool:
