@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from armorlab.core.checks import did_you_mean
 from armorlab.core.config import load_yaml_mapping
 from armorlab.errors import ArmorLabError
 
@@ -96,7 +97,7 @@ def _mapping(raw: Any, key: str, file: str | None, known: tuple[str, ...]) -> di
         raise _err("must be a mapping", key, raw, file)
     for k in raw:
         if k not in known:
-            raise _err(f"unknown key (known: {', '.join(known)})", f"{key}.{k}", raw[k], file)
+            raise _err(f"unknown key{did_you_mean(k, known)} (known: {', '.join(known)})", f"{key}.{k}", raw[k], file)
     return dict(raw)
 
 
@@ -112,7 +113,7 @@ def parse_recipe(raw: Mapping[str, Any], *, file: str | None = None, name: str |
         raise _err("a recipe must be a mapping", "<root>", raw, file)
     for k in raw:
         if k not in KEYS:
-            raise _err(f"unknown recipe key (known: {', '.join(KEYS)})", str(k), raw[k], file)
+            raise _err(f"unknown recipe key{did_you_mean(k, KEYS)} (known: {', '.join(KEYS)})", str(k), raw[k], file)
     if "runs" not in raw:
         raise _err("a recipe needs `runs:` (run dirs, sweep dirs or globs)", "runs", None, file)
     r = Recipe(runs=_str_list(raw["runs"], "runs", file))

@@ -35,12 +35,25 @@ def register(app: typer.Typer) -> None:
                 recipe.group_by = keys
         else:
             recipe = recipe_for_paths(inputs, group_by=keys)
+        if recipe.group_by is None:
+            recipe.group_by = _study_keys(recipe.runs)
         write_report(recipe, out, cache=not no_cache)
         # every output is renamed into place and the figure worker has exited: the ~0.1 s the
         # interpreter's teardown takes to free the runs' tables would only delay the prompt
         from armorlab.core.process_exit import skip_teardown
 
         skip_teardown()
+
+
+def _study_keys(runs: list[str]) -> list[str] | None:
+    """An Optuna study's trials grouped by every searched key (not only the fewest keys that tell
+    them apart: a continuous alpha alone does, which hid the learning rate searched with it);
+    None when no input is a study dir."""
+    from armorlab.tune.study import is_study_dir, searched_keys
+
+    studies = [r for r in runs if Path(r).is_dir() and is_study_dir(r)]
+    keys = [k for s in studies for k in searched_keys(s)]
+    return list(dict.fromkeys(keys)) or None
 
 
 def _figure_worker(recipe):

@@ -35,7 +35,7 @@ from armorlab.core.checks import (
     text,
 )
 from armorlab.core.fsutil import read_regular_text
-from armorlab.core.identity import data_identity, data_rows, model_identity
+from armorlab.core.identity import data_identity, data_rows, hub_snapshot, model_identity
 from armorlab.core.model_dir import max_positions
 from armorlab.core.trl_fields import TRL_RANGES, check_trl_value, grpo_field_kinds, grpo_field_names
 from armorlab.core.vllm_config import check_vllm_servers
@@ -661,8 +661,6 @@ def _check_lengths(cfg: dict[str, Any], file: str | None) -> None:
     if name == TINY_MODEL:
         limit = TINY_MAX_POSITIONS
     else:
-        from armorlab.core.identity import hub_snapshot
-
         root = Path(name) if Path(name).is_dir() else hub_snapshot(name, "model")
         limit = max_positions(root) if root is not None else None
     if limit is not None and length >= limit:

@@ -9,6 +9,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from armorlab.errors import ArmorLabError
+
 
 def _written_temp(path: Path, data: bytes, *, durable: bool) -> Path:
     """``data`` in a new file beside ``path`` (fsync'd when ``durable``), under a name unique
@@ -228,8 +230,6 @@ def writable_dir(path: str | os.PathLike, *, key: str, file: str | None = None) 
     """``path`` as a directory armorlab can write in (it need not exist yet), or an ArmorLabError
     naming ``key`` (``--out``, ``--root``, a recipe's ``out``) when it, or the first of its
     parents that exists, is a file or cannot be written: said before anything runs."""
-    from armorlab.errors import ArmorLabError
-
     path = Path(path)
     existing = next((p for p in (path, *path.parents) if p.exists()), None)
     if existing is None:

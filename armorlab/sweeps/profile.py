@@ -205,7 +205,8 @@ def parse_profile(data: Mapping[str, Any], *, path: Path | None = None) -> Profi
     values: dict[str, Any] = {}
     for key, raw in data.items():
         if key not in _CHECKS:
-            raise ArmorLabError(f"unknown profile key (known: {', '.join(_CHECKS)})", key=str(key),
+            raise ArmorLabError(f"unknown profile key{checks.did_you_mean(key, _CHECKS)} (known: {', '.join(_CHECKS)})",
+                                key=str(key),
                                 value=raw, file=file)
         try:
             values[key] = _CHECKS[key](raw)

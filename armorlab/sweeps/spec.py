@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from armorlab.core.checks import Invalid, within_max_points
+from armorlab.core.checks import Invalid, did_you_mean, within_max_points
 from armorlab.core.config import (
     LOGGING_KEYS,
     MODEL_FIELDS_TINY,
@@ -169,7 +169,8 @@ def parse_spec(data: Mapping[str, Any], *, path: str | Path | None = None) -> Sw
                             file=file)
     for key in data:
         if key not in SPEC_KEYS:
-            raise ArmorLabError(f"unknown sweep spec key (known: {', '.join(SPEC_KEYS)})", key=str(key),
+            raise ArmorLabError(f"unknown sweep spec key{did_you_mean(key, SPEC_KEYS)} (known: {', '.join(SPEC_KEYS)})",
+                                key=str(key),
                                 value=data[key], file=file)
     name = data.get("name", path.stem if path is not None else None)
     if not isinstance(name, str) or not NAME_RE.fullmatch(name):
@@ -209,7 +210,8 @@ def _check_key(key: Any, where: str, file: str) -> str:
     if ok and len(parts) > 1:
         ok = top in _SUBKEYS and len(parts) == 2 and parts[1] in _SUBKEYS[top]
     if not ok:
-        raise ArmorLabError("unknown config key (not an armorlab field, a GRPOConfig field, task.X or model.X)",
+        near = did_you_mean(key, [*known_keys(), *(f"{t}.{k}" for t, ks in _SUBKEYS.items() for k in ks)])
+        raise ArmorLabError(f"unknown config key (not an armorlab field, a GRPOConfig field, task.X or model.X){near}",
                             key=f"{where}.{key}", value=key, file=file)
     return key
 

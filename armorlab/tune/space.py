@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from armorlab.core import config as cfgmod
-from armorlab.core.checks import Invalid, count_text, within_max_points
+from armorlab.core.checks import Invalid, count_text, did_you_mean, within_max_points
 from armorlab.errors import ArmorLabError
 from armorlab.tune.secrets import redact
 
@@ -376,7 +376,8 @@ def parse_search(raw: Any, base: Mapping[str, Any], *, file: str | None = None) 
     raw = _mapping(raw, "search", file)
     for key in raw:
         if key not in SEARCH_KEYS:
-            raise _err(f"unknown key (known: {', '.join(SEARCH_KEYS)})", f"search.{key}", raw[key], file)
+            raise _err(f"unknown key{did_you_mean(key, SEARCH_KEYS)} (known: {', '.join(SEARCH_KEYS)})",
+                       f"search.{key}", raw[key], file)
     space_raw = _mapping(raw.get("space"), "search.space", file)
     if not space_raw:
         raise _err("the search space is empty", "search.space", space_raw, file)

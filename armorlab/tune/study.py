@@ -55,6 +55,18 @@ def is_study_dir(path: str | os.PathLike) -> bool:
     return (Path(path) / TUNE_DIR / STUDY_FILE).is_file()
 
 
+def searched_keys(study_dir: str | os.PathLike) -> list[str]:
+    """The config keys a study searches (its search.space), read from .tune/study.json alone."""
+    import json
+
+    try:
+        data = json.loads((Path(study_dir) / TUNE_DIR / STUDY_FILE).read_text(encoding="utf-8"))
+        space = data["search"]["space"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    return [k for k in space if isinstance(k, str)] if isinstance(space, dict) else []
+
+
 # --------------------------------------------------------------------------- spec → study dir
 def load_study_spec(path: str | os.PathLike) -> tuple[Any, Any]:
     """Read a study spec: the sweep spec part (armorlab.sweeps.spec) plus its validated search."""
