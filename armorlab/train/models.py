@@ -293,6 +293,27 @@ def _build(model_cfg: Mapping[str, Any], task_cfg: Mapping[str, Any], target: Pa
              meta["parameters"], ws["steps"], val_t1, val_greedy, meta["build_seconds"])
 
 
+def check_loadable(name: str | os.PathLike) -> None:
+    """The model's config as transformers reads it, and its architecture built on the meta device
+    (no memory, no weights read): a config.json transformers refuses (an unknown model_type, heads
+    that do not divide the hidden size, a value of the wrong type) is an ArmorLabError naming it,
+    before any weights load. The files themselves were checked by config.resolve
+    (armorlab.core.model_dir)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    where = Path(name) / "config.json" if Path(name).is_dir() else None
+    try:
+        config = AutoConfig.from_pretrained(str(name))
+        with torch.device("meta"):
+            AutoModelForCausalLM.from_config(config)
+    except Exception as exc:  # noqa: BLE001 - transformers raises ValueError, KeyError, TypeError, OSError...
+        text = str(exc).strip().splitlines()
+        raise ArmorLabError(f"transformers cannot build this model from its config.json: {type(exc).__name__}: "
+                            f"{text[0][:300] if text else ''}", key="model", value=str(name),
+                            file=str(where) if where else None) from None
+
+
 def cached_model(model_cfg: Mapping[str, Any], task_cfg: Mapping[str, Any], *,
                  cache_dir: str | os.PathLike | None = None) -> Path | None:
     """The directory to load the policy from when nothing needs building: a model path or hub id,
@@ -301,6 +322,7 @@ def cached_model(model_cfg: Mapping[str, Any], task_cfg: Mapping[str, Any], *,
     resolved = resolve({"model": dict(model_cfg), "task": dict(task_cfg)})
     model_cfg, task_cfg = resolved["model"], resolved["task"]
     if model_cfg["name"] != TINY_MODEL:
+        check_loadable(model_cfg["name"])
         return Path(model_cfg["name"])
     final = cache_root(cache_dir) / "models" / f"tiny-{model_key(model_cfg, task_cfg)}"
     return final.resolve() if (final / METADATA).is_file() else None
@@ -340,6 +362,7 @@ def prepare_model(model_cfg: Mapping[str, Any], task_cfg: Mapping[str, Any], *,
     resolved = resolve({"model": model_cfg, "task": task_cfg})
     model_cfg, task_cfg = resolved["model"], resolved["task"]
     if model_cfg["name"] != TINY_MODEL:
+        check_loadable(model_cfg["name"])
         return Path(model_cfg["name"])  # resolve() made it an absolute directory or a cached hub id
     key = model_key(model_cfg, task_cfg)
     models_dir = cache_root(cache_dir) / "models"
