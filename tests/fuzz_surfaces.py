@@ -345,7 +345,7 @@ def _wrong_pg_password(ws: Workspace, d: Path) -> list[str]:
 def _dashboard_quoting(ws: Workspace, d: Path) -> list[str]:
     """A study in SQLite at a path with `$(...)` in it; the case then runs the printed dashboard line
     through sh as a user pasting it would (with optuna-dashboard replaced by `true`)."""
-    url = f"sqlite:///{d}/$(touch {d}/PWNED).db"
+    url = f"sqlite:///{d}/$(touch PWNED).db"  # a file name sqlite accepts; sh would run it in the case dir
     return ["tune", str(_tune_spec(d)), "--root", str(d / "runs"), "--storage", url]
 
 

@@ -489,15 +489,16 @@ def _check_held_out(task: dict[str, Any], raw: Mapping[str, Any], file: str | No
     config that sets them (or takes their defaults) and the fix, not the data file at job start."""
     rows = data_rows(task["path"])
     held = task["val_size"] + task["test_size"]
-    if rows is None or held < rows:
+    if not rows or held < rows:  # an empty file: the task builder says it holds no records
         return
     given = [k for k in ("val_size", "test_size") if k in raw]
     how = "set" if given else "the defaults,"
-    fit = max(1, rows // 10)
+    fit = max(1, min(rows // 10, (rows - 1) // 2))
+    fix = (f"Set smaller ones in this config, e.g. task: {{val_size: {fit}, test_size: {fit}}}" if rows >= 3 else
+           "It needs at least 3 rows (one each for validation, test and training)")
     raise ArmorLabError(f"val_size + test_size = {held} ({how} {task['val_size']} + {task['test_size']}) leave no "
-                        f"training rows: {task['path']} holds {rows}. Set smaller ones in this config, e.g. "
-                        f"task: {{val_size: {fit}, test_size: {fit}}}", key="task.val_size", value=task["val_size"],
-                        file=file)
+                        f"training rows: {task['path']} holds {rows}. {fix}", key="task.val_size",
+                        value=task["val_size"], file=file)
 
 
 def _resolve_model(raw: Any, file: str | None) -> dict[str, Any]:
@@ -647,7 +648,8 @@ def _resolve_once(raw: Mapping[str, Any], *, file: str | None = None) -> dict[st
     check_vllm_servers(out, file)
     out["task"] = _resolve_task(raw.get("task"), file)
     out["model"] = _resolve_model(raw.get("model"), file)
-    _check_lengths(out, file)
+    if "max_completion_length" in raw:  # a preset's default is sized for common models; a set one is checked
+        _check_lengths(out, file)
     _normalise_inert(out)
     return out
 
