@@ -4,7 +4,7 @@ cases over every surface added since, counting tracebacks, hangs and executed pa
 Part 1, generated (tests/fuzz_cases.py, hypothesis): ``--cases`` configs, sweep specs (+ profiles
 with vllm_servers and sbatch exports) through ``armorlab sweep --dry-run``, damaged run dirs
 (owner.lock included) through ``armorlab status``, and fewer of the slow ones (recipes and damaged
-run dirs through ``armorlab report``). Run in-process: a case past 60 s is a hang (SIGALRM); a
+run dirs through ``armorlab report``). Run in-process: a case past 20 s is a hang (SIGALRM); a
 ``$(touch PWNED)`` that ran is a payload.
 
 Part 2, named (tests/fuzz_surfaces.py): each case in a child process with a timeout, so a hang or a

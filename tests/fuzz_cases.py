@@ -51,7 +51,7 @@ class _Hang(BaseException):
     """Raised by the alarm of a case that runs past HANG_S (a FIFO opened for reading, a loop)."""
 
 
-HANG_S = 60
+HANG_S = 20  # seconds; no case needs more than a few
 
 
 @contextlib.contextmanager

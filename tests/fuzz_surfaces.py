@@ -806,7 +806,7 @@ VALUES = [
         "report", str(_yaml(d / "r.yaml", {"runs": [str(ws.sweep)], "out": str(d / "f")}))])[1], names=("out",)),
     Case("values", "a batch no 64-row set can fill", lambda ws, d: ["train", str(_yaml(d / "c.yaml", {
         **_math(ws, ws.data, val_size=8, test_size=8), "model": str(ws.model), "per_device_train_batch_size": 4096,
-        "max_steps": 2, "val_every": 0})), "--out", str(d / "runs")],
+        "max_steps": 2, "val_every": 0, "max_completion_length": 8})), "--out", str(d / "runs")],
         names=("per_device_train_batch_size", "no step"), timeout=600, slow=True),
 ]
 

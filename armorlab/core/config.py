@@ -648,7 +648,7 @@ def _resolve_once(raw: Mapping[str, Any], *, file: str | None = None) -> dict[st
     check_vllm_servers(out, file)
     out["task"] = _resolve_task(raw.get("task"), file)
     out["model"] = _resolve_model(raw.get("model"), file)
-    if "max_completion_length" in raw:  # a preset's default is sized for common models; a set one is checked
+    if set(raw) - {"task", "model"}:  # not for a model/task section resolved on its own (models, tasks)
         _check_lengths(out, file)
     _normalise_inert(out)
     return out
