@@ -225,7 +225,7 @@ def test_lost_runs_are_shown_and_resubmitted(tmp_path, standin):
 
 def test_status_and_cancel_errors(tmp_path):
     out = run_cli("status", str(tmp_path / "nope"))
-    assert out.returncode == 2 and "not a sweep directory" in out.stderr
+    assert out.returncode == 2 and "not a sweep or run directory" in out.stderr
     (tmp_path / "empty").mkdir()
     with pytest.raises(ArmorLabError):
         collect(tmp_path / "empty")
