@@ -12,7 +12,6 @@ ignores them collapses into one run instead of training duplicates.
 from __future__ import annotations
 
 import copy
-import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,17 +33,15 @@ from armorlab.core.checks import (
     optional,
     text,
 )
-from armorlab.core.fsutil import read_regular_text
-from armorlab.core.identity import data_identity, data_rows, hub_snapshot, model_identity
-from armorlab.core.model_dir import max_positions
+from armorlab.core.fit import TINY_MAX_POSITIONS, TINY_MODEL, check_held_out, check_lengths  # noqa: F401
+from armorlab.core.identity import data_identity, model_identity
 from armorlab.core.trl_fields import TRL_RANGES, check_trl_value, grpo_field_kinds, grpo_field_names
 from armorlab.core.vllm_config import check_vllm_servers
+from armorlab.core.yamlfile import UniqueKeyLoader, load_yaml_mapping  # noqa: F401 - the config's readers
 from armorlab.errors import ArmorLabError, combine
 
 ANCHOR_RATIOS = ("mixed", "behavior", "current")
 TASKS = ("arithmetic", "math")
-TINY_MODEL = "tiny"
-TINY_MAX_POSITIONS = 1024  # the tiny model's max_position_embeddings (armorlab.train.models)
 REF_VLLM_MODES = ("none", "colocate", "server")
 
 
@@ -343,105 +340,6 @@ def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, An
     return out
 
 
-class UniqueKeyLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, except that a key given twice in one mapping is an error (PyYAML
-    silently keeps the last one: ``alpha: 0.9`` then ``alpha: 0.5`` would train 0.5)."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: dict[Any, Any] = {}
-        for key_node, value_node in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":  # keys a merge (<<) brings may be overridden
-                continue
-            key = self.construct_object(key_node, deep=deep)
-            if _too_long_int(value_node):
-                raise LongInteger(key, value_node)
-            try:
-                first = seen.setdefault(key, key_node)
-            except TypeError:  # unhashable key: the base class reports it
-                break
-            if first is not key_node:
-                raise yaml.constructor.ConstructorError(
-                    "while constructing a mapping", node.start_mark,
-                    f"found duplicate key {key!r} (first at line {first.start_mark.line + 1})",
-                    key_node.start_mark)
-        return super().construct_mapping(node, deep=deep)
-
-
-    def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
-        if _too_long_int(node):  # in a list: no key to name, the line says where
-            raise LongInteger(None, node)
-        return super().construct_yaml_int(node)
-
-
-UniqueKeyLoader.add_constructor("tag:yaml.org,2002:int", UniqueKeyLoader.construct_yaml_int)
-_INT_TAG = "tag:yaml.org,2002:int"
-
-
-def _too_long_int(node: Any) -> bool:
-    """An int scalar that Python's int() refuses (over sys.get_int_max_str_digits() digits)."""
-    import sys
-
-    limit = sys.get_int_max_str_digits() if hasattr(sys, "get_int_max_str_digits") else 0
-    return bool(limit) and isinstance(node, yaml.ScalarNode) and node.tag == _INT_TAG and \
-        sum(c.isdigit() for c in node.value) > limit
-
-
-class LongInteger(yaml.YAMLError):
-    """An integer too long for Python to read (a pasted number, a fuzzer's 5,000 digits)."""
-
-    def __init__(self, key: Any, node: yaml.ScalarNode) -> None:
-        self.key, self.digits, self.line = key, sum(c.isdigit() for c in node.value), node.start_mark.line + 1
-        super().__init__(f"an integer of {self.digits:,} digits at line {self.line}")
-
-
-MAX_YAML_DEPTH = 100  # no armorlab file nests past a handful of levels
-
-
-def load_yaml_mapping(path: str | Path) -> dict[str, Any]:
-    path = Path(path)
-    try:
-        content = read_regular_text(path)
-    except OSError as exc:
-        raise ArmorLabError(f"cannot read file: {exc.strerror or exc}", file=str(path)) from None
-    except UnicodeDecodeError as exc:
-        raise ArmorLabError(f"not UTF-8 text (byte {exc.start}: {exc.reason})", file=str(path)) from None
-    try:
-        data = yaml.load(content, Loader=UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
-    except LongInteger as exc:
-        raise ArmorLabError(f"{exc}: too long to be a number (Python reads at most "
-                            f"{sys.get_int_max_str_digits():,})", key=None if exc.key is None else str(exc.key),
-                            value=f"<{exc.digits:,} digits>", file=str(path)) from None
-    except yaml.YAMLError as exc:
-        raise ArmorLabError(f"invalid YAML: {exc}", file=str(path)) from None
-    except ValueError as exc:  # PyYAML lets some bad scalars through as ValueError (\U escapes past U+10FFFF)
-        raise ArmorLabError(f"invalid YAML: {exc}", file=str(path)) from None
-    except RecursionError:
-        raise ArmorLabError("invalid YAML: nested too deeply to be a config", file=str(path)) from None
-    if _depth(data) > MAX_YAML_DEPTH:
-        raise ArmorLabError(f"nested more than {MAX_YAML_DEPTH} levels deep: not a config", file=str(path))
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ArmorLabError("top level must be a mapping", key="<root>", value=type(data).__name__,
-                            file=str(path))
-    return data
-
-
-def _depth(data: Any, limit: int = MAX_YAML_DEPTH + 1) -> int:
-    """Nesting depth of lists and mappings, counted up to ``limit`` (iteratively: no recursion)."""
-    deepest, stack = 0, [(data, 0)]
-    while stack:
-        node, depth = stack.pop()
-        deepest = max(deepest, depth)
-        if deepest >= limit:
-            return deepest
-        if isinstance(node, dict):
-            stack.extend((v, depth + 1) for v in node.values())
-        elif isinstance(node, list):
-            stack.extend((v, depth + 1) for v in node)
-    return deepest
-
-
 # --------------------------------------------------------------------------- resolution
 def _check_section(fields: Mapping[str, Field], raw: Mapping[str, Any], prefix: str,
                    file: str | None) -> dict[str, Any]:
@@ -476,29 +374,12 @@ def _resolve_task(raw: Any, file: str | None) -> dict[str, Any]:
     if name == "math":
         ident = data_identity(out["path"], file=file)
         out["path"], out["fingerprint"] = ident["path"], ident["fingerprint"]
-        _check_held_out(out, raw, file)
+        check_held_out(out, raw, file)
         template = out["prompt_template"]
         if template is not None and "{problem}" not in template:
             raise ArmorLabError("must contain {problem} where the problem goes", key="task.prompt_template",
                                 value=template, file=file)
     return out
-
-
-def _check_held_out(task: dict[str, Any], raw: Mapping[str, Any], file: str | None) -> None:
-    """val_size + test_size must leave training rows in the data file: said here, naming the
-    config that sets them (or takes their defaults) and the fix, not the data file at job start."""
-    rows = data_rows(task["path"])
-    held = task["val_size"] + task["test_size"]
-    if not rows or held < rows:  # an empty file: the task builder says it holds no records
-        return
-    given = [k for k in ("val_size", "test_size") if k in raw]
-    how = "set" if given else "the defaults,"
-    fit = max(1, min(rows // 10, (rows - 1) // 2))
-    fix = (f"Set smaller ones in this config, e.g. task: {{val_size: {fit}, test_size: {fit}}}" if rows >= 3 else
-           "It needs at least 3 rows (one each for validation, test and training)")
-    raise ArmorLabError(f"val_size + test_size = {held} ({how} {task['val_size']} + {task['test_size']}) leave no "
-                        f"training rows: {task['path']} holds {rows}. {fix}", key="task.val_size",
-                        value=task["val_size"], file=file)
 
 
 def _resolve_model(raw: Any, file: str | None) -> dict[str, Any]:
@@ -649,26 +530,9 @@ def _resolve_once(raw: Mapping[str, Any], *, file: str | None = None) -> dict[st
     out["task"] = _resolve_task(raw.get("task"), file)
     out["model"] = _resolve_model(raw.get("model"), file)
     if set(raw) - {"task", "model"}:  # not for a model/task section resolved on its own (models, tasks)
-        _check_lengths(out, file)
+        check_lengths(out, file)
     _normalise_inert(out)
     return out
-
-
-def _check_lengths(cfg: dict[str, Any], file: str | None) -> None:
-    """A completion longer than the model's positions fails at the first generation: say so now."""
-    length = cfg.get("max_completion_length")
-    if not isinstance(length, int):
-        return
-    name = cfg["model"]["name"]
-    if name == TINY_MODEL:
-        limit = TINY_MAX_POSITIONS
-    else:
-        root = Path(name) if Path(name).is_dir() else hub_snapshot(name, "model")
-        limit = max_positions(root) if root is not None else None
-    if limit is not None and length >= limit:
-        raise ArmorLabError(f"longer than the model's {limit} positions (max_position_embeddings of {name}), "
-                            "which the prompt shares: lower it", key="max_completion_length", value=length,
-                            file=file)
 
 
 _SCALARS = (str, int, float, bool, type(None))
