@@ -74,6 +74,8 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(130)
     except _click_exceptions() as exc:  # usage errors arrive here in standalone_mode=False
         exc.show()  # the usage line and the error; UsageError's exit code is 2
+        if "unexpected extra argument" in str(exc) and "=" in str(exc):
+            typer.echo("hint: give --set once per key: --set model=tiny --set task.digits=3", err=True)
         sys.exit(exc.exit_code)
     sys.exit(rc if isinstance(rc, int) else 0)
 

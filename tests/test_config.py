@@ -1,6 +1,7 @@
 import dataclasses
 
 import pytest
+from model_dirs import fake_model_dir
 
 from armorlab.core.config import (
     load_config,
@@ -43,7 +44,7 @@ def test_short_and_dotted_sections(tmp_path):
     assert over == {"task": {"digits": 3}, "alpha": 0.7, "model": "tiny"}
     cfg = resolve({"objective": "armor", **over})
     assert cfg["task"]["digits"] == 3 and cfg["alpha"] == 0.7
-    (tmp_path / "config.json").write_text("{}")
+    fake_model_dir(tmp_path)
     model = resolve({"model": str(tmp_path)})["model"]
     assert model["name"] == str(tmp_path) and set(model) == {"name", "fingerprint"}
 

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from armorlab.analysis import importers
+from armorlab.core.checks import did_you_mean
 from armorlab.core.config import load_yaml_mapping
 from armorlab.errors import ArmorLabError
 
@@ -118,7 +119,7 @@ def _mapping(raw: Any, key: str, file: str | None, known: tuple[str, ...]) -> di
         raise _err("must be a mapping", key, raw, file)
     for k in raw:
         if k not in known:
-            raise _err(f"unknown key (known: {', '.join(known)})", f"{key}.{k}", raw[k], file)
+            raise _err(f"unknown key{did_you_mean(k, known)} (known: {', '.join(known)})", f"{key}.{k}", raw[k], file)
     return dict(raw)
 
 
@@ -134,7 +135,7 @@ def parse_recipe(raw: Mapping[str, Any], *, file: str | None = None, name: str |
         raise _err("a recipe must be a mapping", "<root>", raw, file)
     for k in raw:
         if k not in KEYS:
-            raise _err(f"unknown recipe key (known: {', '.join(KEYS)})", str(k), raw[k], file)
+            raise _err(f"unknown recipe key{did_you_mean(k, KEYS)} (known: {', '.join(KEYS)})", str(k), raw[k], file)
     if "runs" not in raw and raw.get("runs_map") is None:
         raise _err("a recipe needs `runs:` (run dirs, sweep dirs or globs) or `runs_map:`", "runs", None, file)
     r = Recipe(runs=_str_list(raw["runs"], "runs", file) if "runs" in raw else [])

@@ -64,7 +64,20 @@ def register(app: typer.Typer) -> None:
 
             if any(e.group is not None for e in importers.load_mapping(recipe.runs_map).entries):
                 recipe.group_by = [importers.GROUP_KEY]
+        if recipe.group_by is None:
+            recipe.group_by = _study_keys(recipe.runs)
         write_report(recipe, out, cache=not no_cache)
+
+
+def _study_keys(runs: list[str]) -> list[str] | None:
+    """An Optuna study's trials grouped by every searched key (not only the fewest keys that tell
+    them apart: a continuous alpha alone does, which hid the learning rate searched with it);
+    None when no input is a study dir."""
+    from armorlab.tune.study import is_study_dir, searched_keys
+
+    studies = [r for r in runs if Path(r).is_dir() and is_study_dir(r)]
+    keys = [k for s in studies for k in searched_keys(s)]
+    return list(dict.fromkeys(keys)) or None
 
 
 def compose_report(recipe, out: Path | None, *, cache: bool = True, progress=None, lead=None, names=None):
@@ -94,8 +107,11 @@ def write_report(recipe, out: Path | None, *, cache: bool = True, lead=None, ver
     ``lead`` (the demo's headline) needs the per-run scores, so a call with one always builds."""
     from armorlab.analysis import freshness
     from armorlab.analysis.recipe import default_out_dir
+    from armorlab.core.fsutil import writable_dir
 
-    target = Path(out) if out is not None else default_out_dir(recipe)
+    target = writable_dir(out if out is not None else default_out_dir(recipe),
+                          key="--out" if out is not None else "out",
+                          file=None if out is not None or recipe.path is None else str(recipe.path))
     summary = freshness.fresh_summary(recipe, target) if cache and lead is None else None
     if summary is not None:
         _print_summary(summary, note="unchanged: inputs, recipe and code are as when it was written",

@@ -32,8 +32,8 @@ def register(app: typer.Typer) -> None:
         detach: bool = typer.Option(False, "--detach", help="Local: running trainers keep going if this "
                                     "command dies or its terminal closes (default: they checkpoint and stop "
                                     "with it; a re-run resumes them)."),
-        set_: list[str] = typer.Option([], "--set", help="Override a base key of every run, e.g. "
-                                       "--set model=tiny task=arithmetic (changes the run ids)."),
+        set_: list[str] = typer.Option([], "--set", help="Override a base key of every run, once per key, e.g. "
+                                       "--set model=tiny --set task.digits=3 (changes the run ids)."),
         until_resolved: bool = typer.Option(False, "--until-resolved", help="Add seeds in looks until every "
                                             "arm of the spec's `compare:` is resolved against its baseline "
                                             "(group-sequential; docs/verdicts.md). Again = where it stands, "
@@ -60,7 +60,7 @@ def register(app: typer.Typer) -> None:
                             workers=workers, detach=detach, dry_run=dry_run, wait=wait)
             return
         cluster_max = None
-        if dry_run:  # asked now, answered while the spec expands (a Slurm dry run shows it)
+        if dry_run and executor == "slurm":  # asked now, answered while the spec expands
             from armorlab.sweeps import slurmctl
 
             cluster_max = slurmctl.max_array_size_later()
@@ -68,7 +68,11 @@ def register(app: typer.Typer) -> None:
             plan = plan_sweep(spec, root=root, executor=executor, profile=profile, retry_failed=retry == "failed",
                               overrides=parse_overrides(set_))
             if dry_run:
-                _print_dry_run(plan, workers, cluster_max)
+                if plan.executor == "slurm" and cluster_max is None:  # the profile chose Slurm
+                    from armorlab.sweeps import slurmctl
+
+                    cluster_max = slurmctl.max_array_size_later()
+                _print_dry_run(plan, workers, cluster_max)  # a local plan never asks Slurm
                 return
         finally:
             if cluster_max is not None:
@@ -115,7 +119,7 @@ def _summary(plan) -> str:
     return f"sweep {plan.spec.name}: {len(plan.runs)} run(s) in {plan.sweep_dir}: {', '.join(parts)}"
 
 
-def _print_dry_run(plan, workers: int | None, cluster_max: Callable[[], int]) -> None:
+def _print_dry_run(plan, workers: int | None, cluster_max: Callable[[], int] | None) -> None:
     from armorlab.sweeps.spec import describe_run
 
     lines = [_summary(plan), ""]
@@ -325,8 +329,16 @@ def _status_table(st):
         step = "-" if r.last_step is None else f"{r.last_step}/{r.max_steps if r.max_steps else '?'}"
         table.add_row(r.run_id, r.point, f"[{colour.get(r.state, 'white')}]{r.state}[/]", step,
                       "-" if r.val_acc is None else f"{r.val_acc:.3f}", r.slurm_state or "-", str(r.attempts),
-                      "-" if r.world_size is None else str(r.world_size), r.reason or "")
+                      "-" if r.world_size is None else str(r.world_size), _clip(r.reason or "", 200))
     return table
+
+
+def _clip(text: str, limit: int) -> str:
+    """A reason as a table or a line shows it: rich lays out every character, and a 100 KB reason
+    (a pasted log) took it a minute; the whole text stays in the run's status.json."""
+    from rich.markup import escape  # a reason is text, not rich markup
+
+    return escape(text if len(text) <= limit else f"{text[:limit]}… ({len(text):,} characters; all in status.json)")
 
 
 def _print_status(st) -> None:
@@ -336,9 +348,9 @@ def _print_status(st) -> None:
     console.print(_status_table(st))
     for r in st.rows:  # in full: a narrow table folds the reason column
         if r.state == "failed" and r.reason:
-            console.print(f"[red]failed[/] {r.run_id}: {r.reason}", soft_wrap=True)
+            console.print(f"[red]failed[/] {r.run_id}: {_clip(r.reason, 2000)}", soft_wrap=True)
         for w in r.warnings:
-            console.print(f"[yellow]warning[/] {r.run_id}: {w}", soft_wrap=True)
+            console.print(f"[yellow]warning[/] {r.run_id}: {_clip(w, 2000)}", soft_wrap=True)
     if st.looks:
         console.print(st.looks, soft_wrap=True)
     if st.warning:

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from armorlab.core.fsutil import atomic_write_text
+from armorlab.core.fsutil import atomic_write_text, read_regular_text
 from armorlab.core.runs import now_iso
 from armorlab.errors import ArmorLabError
 
@@ -112,7 +112,7 @@ def load_manifest(sweep_dir: str | os.PathLike) -> Manifest | None:
     if not path.exists():
         return None
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(read_regular_text(path))
         if not isinstance(data, dict) or not isinstance(data.get("name"), str):
             raise ValueError("not a manifest object")
         return Manifest(sweep_dir=sweep_dir, name=data["name"], runs=list(data.get("runs", [])),
@@ -124,6 +124,8 @@ def load_manifest(sweep_dir: str | os.PathLike) -> Manifest | None:
                         parents=dict(data.get("parents", {})))
     except (OSError, ValueError, TypeError, AttributeError) as exc:
         raise ArmorLabError(f"unreadable sweep manifest: {exc}", file=str(path)) from None
+    except RecursionError:
+        raise ArmorLabError("unreadable sweep manifest: nested too deeply", file=str(path)) from None
 
 
 def parent_failed_reason(parent: str, reason: str | None) -> str:

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from armorlab.core.checks import Invalid, within_max_points
+from armorlab.core.checks import Invalid, did_you_mean, within_max_points
 from armorlab.core.config import (
     deep_merge,
     load_yaml_mapping,
@@ -183,7 +183,8 @@ def parse_spec(data: Mapping[str, Any], *, path: str | Path | None = None) -> Sw
                             file=file)
     for key in data:
         if key not in SPEC_KEYS:
-            raise ArmorLabError(f"unknown sweep spec key (known: {', '.join(SPEC_KEYS)})", key=str(key),
+            raise ArmorLabError(f"unknown sweep spec key{did_you_mean(key, SPEC_KEYS)} (known: {', '.join(SPEC_KEYS)})",
+                                key=str(key),
                                 value=data[key], file=file)
     name = data.get("name", path.stem if path is not None else None)
     if not isinstance(name, str) or not NAME_RE.fullmatch(name):
@@ -419,13 +420,24 @@ def describe_run(plan: RunPlan) -> str:
 
 
 def describe_point(point: Mapping[str, Any]) -> str:
-    """``alpha=0.7 seed=1`` for tables; values shown as YAML would write them."""
-    return " ".join(f"{k}={_short(v)}" for k, v in point.items()) or "(base)"
+    """``alpha=0.7 seed=1`` for tables; values shown as YAML would write them, a float with more
+    than 6 significant digits rounded to 4 (``learning_rate=3.162e-06``: the run id tells runs apart)."""
+    return " ".join(f"{k}={short_value(v)}" for k, v in point.items()) or "(base)"
 
 
-def _short(v: Any) -> str:
-    # ints and finite floats: their repr is what JSON writes (the common case, 1,000s of rows)
-    if type(v) is int or (type(v) is float and math.isfinite(v)):
-        return repr(v)
-    text = canonical_json(v) if not isinstance(v, str) else v
+def short_value(v: Any) -> str:
+    """One value of a grid point as a table shows it (see describe_point)."""
+    if type(v) is int:
+        if abs(v) < 10**12:
+            return repr(v)
+        # str() of an int past 4,300 digits raises; a table cell needs no more than its size
+        return f"{v:.4g}" if v.bit_length() < 1000 else f"<{int(v.bit_length() * 0.30103) + 1}-digit int>"
+    if type(v) is float and math.isfinite(v):
+        text = repr(v)
+        digits = text.split("e")[0].replace("-", "").replace(".", "").strip("0")
+        return text if len(digits) <= 6 else f"{v:.4g}"
+    try:
+        text = canonical_json(v) if not isinstance(v, str) else v
+    except ValueError:  # NaN, or an int too long for str()
+        text = type(v).__name__
     return text if len(text) <= 40 else text[:37] + "..."

@@ -27,17 +27,20 @@ from typing import Any
 import yaml
 
 from armorlab.core.config import LOGGING_KEYS
+from armorlab.core.fsutil import read_regular_text
 from armorlab.core.runs import RunDir, canonical_json
 from armorlab.errors import ArmorLabError
 from armorlab.sweeps import slurmctl
 from armorlab.sweeps.manifest import (
     LOOKS,
+    MANIFEST,
     Manifest,
     is_local,
     load_manifest,
     local_job_alive,
     parent_failed_reason,
 )
+from armorlab.sweeps.spec import short_value
 
 log = logging.getLogger(__name__)
 
@@ -77,13 +80,17 @@ class SweepStatus:
 
 
 def collect(sweep_dir: str | Path) -> SweepStatus:
+    """The rows of a sweep dir, or of one run dir (the path `armorlab train` prints)."""
     sweep_dir = Path(sweep_dir)
     if not sweep_dir.is_dir():
-        raise ArmorLabError("not a sweep directory", key="SWEEP_DIR", value=str(sweep_dir))
+        raise ArmorLabError("not a sweep or run directory", key="SWEEP_DIR", value=str(sweep_dir))
+    only = None
+    if (sweep_dir / "config.yaml").is_file() and not (sweep_dir / MANIFEST).exists():
+        only, sweep_dir = sweep_dir.name, sweep_dir.parent  # a run dir: its sweep's view of it
     manifest = load_manifest(sweep_dir)
-    run_ids = list(manifest.runs) if manifest else []
+    run_ids = [r for r in manifest.runs if only in (None, r)] if manifest else []
     seen = set(run_ids)
-    for cfg in sorted(sweep_dir.glob("*/config.yaml")):
+    for cfg in [sweep_dir / only / "config.yaml"] if only else sorted(sweep_dir.glob("*/config.yaml")):
         rid = cfg.parent.name
         if not rid.startswith(".") and rid not in seen:
             run_ids.append(rid)
@@ -222,11 +229,14 @@ def _slurm_states(job_ids: list[str]) -> tuple[dict[str, str], str | None]:
 
 def _read_config(path: Path) -> dict[str, Any]:
     try:
-        data = yaml.load((path / "config.yaml").read_text(encoding="utf-8"), Loader=_Loader)
+        data = yaml.load(read_regular_text(path / "config.yaml"), Loader=_Loader)
     except FileNotFoundError:
         return {}
     except (OSError, ValueError, yaml.YAMLError) as exc:  # ValueError: not UTF-8
-        log.warning("ignoring unreadable %s: %s", path / "config.yaml", str(exc).splitlines()[0])
+        log.warning("ignoring unreadable %s: %s", path / "config.yaml", (str(exc).splitlines() or [""])[0])
+        return {}
+    except RecursionError:
+        log.warning("ignoring %s: nested too deeply", path / "config.yaml")
         return {}
     return data if isinstance(data, dict) else {}
 
@@ -251,7 +261,8 @@ def _flatten(cfg: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
             out.update(_flatten(value, f"{prefix}{key}."))
         else:
             try:
-                out[f"{prefix}{key}"] = value if isinstance(value, str) else canonical_json(value)
+                out[f"{prefix}{key}"] = short_value(value) if isinstance(value, (int, float)) and \
+                    not isinstance(value, bool) else value if isinstance(value, str) else canonical_json(value)
             except (TypeError, ValueError):  # a damaged config.yaml (dates, NaN): show, don't crash
                 out[f"{prefix}{key}"] = repr(value)
     return out

@@ -25,8 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from armorlab.core.config import deep_merge
-from armorlab.core.fsutil import atomic_write_yaml
+from armorlab.core.fsutil import atomic_write_yaml, writable_dir
 from armorlab.core.runs import RunDir
+from armorlab.core.vllm_config import check_vllm_installed
 from armorlab.errors import ArmorLabError
 from armorlab.sweeps import slurmctl
 from armorlab.sweeps.controls import Pair
@@ -104,11 +105,14 @@ def load_sweep(spec_path: str | Path, *, executor: str | None = None, profile: s
 def plan_runs(spec: SweepSpec, runs: list[RunPlan], *, root: str | Path, profile: Profile, executor: str,
               retry_failed: bool = False, controls: list[tuple[str | None, list[Pair]]] | None = None) -> SweepPlan:
     """A plan of ``runs`` (the spec's, or some of them): checked against the profile and classified."""
-    plan = SweepPlan(spec=spec, profile=profile, executor=executor, sweep_dir=Path(root) / spec.name,
+    plan = SweepPlan(spec=spec, profile=profile, executor=executor, sweep_dir=writable_dir(root, key="--root") / spec.name,
                      runs=runs, retry_failed=retry_failed)
     plan.controls = list(controls or [])
     check_runs(profile.vllm_servers, plan.runs, profile_file=str(profile.path) if profile.path else "<profile>",
                spec_file=spec.file, executor=executor)
+    if executor == "local" and profile.python is None:  # this Python trains them: vLLM must be here
+        for r in plan.runs:
+            check_vllm_installed(r.config, spec.file)
     plan.actions = classify(plan.sweep_dir, plan.runs, retry_failed=retry_failed, executor=executor)
     check_sweep_memory(profile, [r for r in plan.runs if plan.actions[r.run_id] == SUBMIT], spec_file=spec.file)
     return plan
