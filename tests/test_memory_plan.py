@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from model_dirs import fake_model_dir
 
 from armorlab.cli import main
 from armorlab.core import memory_plan as mp
@@ -263,8 +264,7 @@ def test_papers_settings_pass_on_the_fsdp_profile_and_are_refused_on_todays(mode
 def test_sweep_refuses_a_run_that_does_not_fit_before_writing_anything(tmp_path, monkeypatch):
     from armorlab.sweeps.submit import plan_sweep
 
-    (tmp_path / "model").mkdir()
-    (tmp_path / "model" / "config.json").write_text(json.dumps(KNOWN_CONFIGS["Qwen/Qwen2.5-Math-7B"]))
+    fake_model_dir(tmp_path / "model", config=KNOWN_CONFIGS["Qwen/Qwen2.5-Math-7B"])
     data = tmp_path / "data.jsonl"
     data.write_text("".join(f'{{"problem": "{i} + 1", "answer": "{i + 1}"}}\n' for i in range(1200)))
     over = {"model": str(tmp_path / "model"), "task": {"path": str(data)}}
@@ -280,8 +280,7 @@ def test_sweep_refuses_a_run_that_does_not_fit_before_writing_anything(tmp_path,
 def test_train_refuses_before_loading_on_a_gpu_too_small(tmp_path, monkeypatch):
     from armorlab.train import launch
 
-    (tmp_path / "model").mkdir()
-    (tmp_path / "model" / "config.json").write_text(json.dumps(KNOWN_CONFIGS["Qwen/Qwen2.5-Math-7B"]))
+    fake_model_dir(tmp_path / "model", config=KNOWN_CONFIGS["Qwen/Qwen2.5-Math-7B"])
     cfg = resolve({"model": str(tmp_path / "model")})
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from model_dirs import fake_model_dir
 from sweep_support import VAL_LEVELS as LEVELS
 from sweep_support import run_cli, standin_command, write_spec
 from sweep_support import standin_val_level as val_level
@@ -227,8 +228,7 @@ def test_until_resolved_locally_stops_resolved_arms_adds_seeds_to_open_ones_and_
 def test_a_failed_run_stops_the_chain_with_the_reason_and_a_retry_resumes_it(tmp_path, standin, monkeypatch):
     monkeypatch.setenv("ARMORLAB_STANDIN_VAL_LEVELS", json.dumps({"dapo": [0.5, 0.02], "up": [0.9, 0.02]}))
     model = tmp_path / "model"  # not a model the stand-in can load, until standin-model is in it
-    model.mkdir()
-    (model / "config.json").write_text("{}")
+    fake_model_dir(model)
     spec = write_spec(tmp_path / "f.yaml", {"name": "f", "base": {"max_steps": 2, "val_every": 1,
                                                                    "model": str(model)},
                                             "grid": {"objective": ["dapo", "up"]}, "seeds": [0, 1, 2],

@@ -40,7 +40,6 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.special import stdtrit
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +58,12 @@ sps = _LazyScipyStats()
 
 @functools.lru_cache(maxsize=1024)
 def t_ppf(q: float, df: float) -> float:
-    """Student-t quantile (scipy.special.stdtrit), kept per (q, df): the same few are asked for often."""
+    """Student-t quantile (scipy.special.stdtrit), kept per (q, df): the same few are asked for often.
+    scipy.special is imported here, at first use: a sweep's dry run reads this module but asks no quantile."""
+    from scipy.special import stdtrit  # lazy: a quarter second that `sweep --dry-run` would pay for nothing
+
     return float(stdtrit(df, q))
+
 
 CONFIDENCE = 0.95
 N_RESAMPLES = 2000
