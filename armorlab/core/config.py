@@ -34,13 +34,14 @@ from armorlab.core.checks import (
 )
 from armorlab.core.identity import data_identity, model_identity
 from armorlab.core.trl_fields import TRL_RANGES, check_trl_value, grpo_field_kinds, grpo_field_names
-from armorlab.core.vllm_config import check_vllm_servers
+from armorlab.core.vllm_config import check_engine_parallelism, check_vllm_servers
 from armorlab.errors import ArmorLabError
 
 ANCHOR_RATIOS = ("mixed", "behavior", "current")
 TASKS = ("arithmetic", "math")
 TINY_MODEL = "tiny"
 REF_VLLM_MODES = ("none", "colocate", "server")
+REF_VLLM_DTYPES = ("auto", "bfloat16", "float16", "float32")
 
 
 # --------------------------------------------------------------------------- value checks
@@ -158,10 +159,21 @@ FIELDS: dict[str, Field] = {
                                      type=float),
     "ref_vllm_group_port": Field(51217, integer(1, 65535), "port of the NCCL weight-update group of the "
                                  "reference's server (GPU; TRL's vllm_group_port is the policy's)", type=int),
+    "ref_vllm_dtype": Field(None, optional(choice(*REF_VLLM_DTYPES)),
+                            "dtype of the reference's colocated engine; null = the training dtype (bfloat16 "
+                            "with bf16, float16 with fp16, else the model's)", type=str | None),
+    "ref_vllm_tensor_parallel_size": Field(1, integer(1), "tensor-parallel size of the reference's colocated "
+                                           "engine (ranks per engine; with a colocated policy engine it must "
+                                           "equal vllm_tensor_parallel_size)", type=int),
+    "kl_telemetry": Field(True, boolean, "log kl/reverse_* and kl/forward_*; where nothing else reads π_ref's "
+                          "log-probs (dapo/grpo/up at β = 0 without anchors) they are computed on 1/8 of the "
+                          "rows; false: neither, and π_ref is not built when nothing else reads it", type=bool),
+    "ref_validate_resets": Field(False, boolean, "validate π_ref (ref/val_acc) at every reset; false: only at "
+                                 "resets on evaluation steps, where it is that step's val/acc", type=bool),
 }
 # Execution settings of the reference engine: dropped from the resolved config while they are not
 # read (the mode off, or another mode's settings), so runs that do not use them keep their run ids.
-REF_VLLM_KEYS = ("ref_vllm_mode", "ref_vllm_memory")
+REF_VLLM_KEYS = ("ref_vllm_mode", "ref_vllm_memory", "ref_vllm_dtype", "ref_vllm_tensor_parallel_size")
 REF_VLLM_SERVER_KEYS = ("ref_vllm_server_host", "ref_vllm_server_port", "ref_vllm_server_base_url",
                         "ref_vllm_server_timeout", "ref_vllm_group_port")
 
@@ -517,6 +529,7 @@ def resolve(raw: Mapping[str, Any], *, file: str | None = None) -> dict[str, Any
         raise ArmorLabError("a reference engine only samples anchors: set anchor or anchor_gate, or "
                             "ref_vllm_mode: none", key="ref_vllm_mode", value=out["ref_vllm_mode"], file=file)
     check_vllm_servers(out, file)
+    check_engine_parallelism(out, file)
     out["task"] = _resolve_task(raw.get("task"), file)
     out["model"] = _resolve_model(raw.get("model"), file)
     _normalise_inert(out)
@@ -553,6 +566,11 @@ def _check_logging_backends(report_to: Any, file: str | None) -> None:
             raise ArmorLabError(f"the '{name}' logging backend is not installed: pip install {how}",
                                 key="report_to", value=report_to, file=file)
 
+
+# Fields added after run ids were in use: dropped from the resolved config at these values (the
+# default, or the value that does nothing), so a config that does not use them keeps its run id.
+ADDED_DEFAULTS: dict[str, Any] = {"ref_vllm_dtype": None, "ref_vllm_tensor_parallel_size": 1,
+                                  "kl_telemetry": True, "ref_validate_resets": False}
 
 INERT_KEYS = frozenset({"alpha", "quantile_k", "kl_estimator", "anchor_filter", "anchor_ratio", "anchor_samples",
                         "anchor_reward_threshold", "dynamic_sampling_factor"})
@@ -600,9 +618,14 @@ def _normalise_inert(cfg: dict[str, Any]) -> None:
         cfg["dynamic_sampling_factor"] = None
     mode = cfg.get("ref_vllm_mode", "none")
     unread = (*REF_VLLM_KEYS, *REF_VLLM_SERVER_KEYS) if mode == "none" else \
-        REF_VLLM_SERVER_KEYS if mode == "colocate" else ("ref_vllm_memory",)
+        REF_VLLM_SERVER_KEYS if mode == "colocate" else ("ref_vllm_memory", "ref_vllm_dtype",
+                                                         "ref_vllm_tensor_parallel_size")
     for key in unread:
         cfg.pop(key, None)
+    # fields added later: absent at their default, so configs written before them keep their run ids
+    for key, default in ADDED_DEFAULTS.items():
+        if key in cfg and cfg[key] == default:
+            del cfg[key]
 
 
 def split_config(cfg: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
