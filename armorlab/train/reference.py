@@ -240,19 +240,22 @@ def copy_tensor(target: Any, source: Any) -> None:
         target.copy_(source)
 
 
-def full_parameters(model: Any) -> Any:
+def full_parameters(model: Any, device: Any = None) -> Any:
     """(plain name, whole tensor) of each parameter, one at a time (tied ones once).
 
     A DTensor is gathered with ``full_tensor()`` — a collective, so every process of the mesh must
     iterate to the end — and the previous one is freed before the next is gathered: the peak is
     one parameter, never the model. This is what a weight push streams (``load_weights`` takes
-    any iterable of pairs).
+    any iterable of pairs). ``device``: where a shard offloaded to the CPU is gathered (NCCL
+    moves CUDA tensors only), as TRL does for its policy engine.
     """
     from torch.distributed.tensor import DTensor
 
     for name, param in model.named_parameters():
         tensor = param.detach()
         if isinstance(tensor, DTensor):
+            if device is not None and tensor.device.type == "cpu" and getattr(device, "type", "cpu") != "cpu":
+                tensor = tensor.to(device)
             tensor = tensor.full_tensor()
         yield plain_name(name), tensor
 
