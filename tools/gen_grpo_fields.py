@@ -20,7 +20,9 @@ def kind(annotation):
     args = set(typing.get_args(annotation)) or {annotation}
     optional = type(None) in args
     args.discard(type(None))
-    if str in args or any(isinstance(a, type) and issubclass(a, str) for a in args):
+    if dict in args or any(typing.get_origin(a) is dict for a in args):
+        k = "any"  # a mapping, or its JSON text (model_init_kwargs, generation_kwargs, ...)
+    elif str in args or any(isinstance(a, type) and issubclass(a, str) for a in args):
         k = "str"
     elif float in args:
         k = "float"
