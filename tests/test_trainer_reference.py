@@ -35,13 +35,15 @@ def _logged(trainer, name):
     return [h[name] for h in trainer.state.log_history if name in h]
 
 
-def test_dapo_at_beta_0_scores_only_the_telemetry_rows_with_the_reference(tmp_path):
-    trainer = build(tmp_path, resolved(objective="dapo", max_steps=2))
+def test_dapo_at_beta_0_scores_only_the_telemetry_generations_with_the_reference(tmp_path):
+    """1/8 of the rows for kl/reverse_*, as whole generations: the 1st, 9th, ... (2 steps each)."""
+    trainer = build(tmp_path, resolved(objective="dapo", max_steps=18))
     rows = _count_reference_rows(trainer)
     trainer.train()
-    assert sum(rows) == math.ceil(ROWS / 8)  # one generation: 1/8 of its 32 rows, for kl/reverse_*
-    reverse = _logged(trainer, "kl/reverse_k3")
-    assert len(reverse) == 2 and all(math.isfinite(x) and x >= 0 for x in reverse)
+    assert sum(rows) == 2 * ROWS  # generations 0 and 8 of 9
+    steps = [h["step"] for h in trainer.state.log_history if "kl/reverse_k3" in h]
+    assert steps == [1, 2, 17, 18]  # logged on the steps that train on a scored generation
+    assert all(math.isfinite(x) and x >= 0 for x in _logged(trainer, "kl/reverse_k3"))
 
 
 def test_armor_scores_every_row_with_the_reference(tmp_path):

@@ -153,6 +153,42 @@ def test_filter_any_injects_the_first_sample_even_when_wrong():
     assert o.anchor.text == "9" and o.reward == 0.0 and not o.solvable
 
 
+class _Tok:
+    pad_token_id = 0
+
+    @staticmethod
+    def batch_decode(ids, skip_special_tokens=True):
+        return [" ".join(map(str, i)) for i in ids]
+
+
+class _GenerateRecorder(torch.nn.Module):
+    """A 'model' whose generate appends token 7 then eos (2) to each row and records each call's rows."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(1))
+        self.calls = []
+
+    def generate(self, input_ids, attention_mask, generation_config):
+        self.calls.append(input_ids.size(0))
+        tail = torch.tensor([[7, 2]] * input_ids.size(0))
+        return torch.cat([input_ids, tail], dim=1)
+
+
+def test_transformers_sampler_generates_in_chunks_and_pads_calls_to_the_busiest_process():
+    model = _GenerateRecorder()
+    sampler = anc.TransformersSampler(model, _Tok(), None, [2], batch_size=3)
+    out = sampler.sample([[5, 6], [8]], 4)  # 8 rows in chunks of 3: 3 calls
+    assert model.calls == [3, 3, 2] and sampler.generate_calls == 3
+    assert [[c.ids for c in group] for group in out] == [[(7, 2)] * 4, [(7, 2)] * 4]
+    synced = anc.TransformersSampler(model, _Tok(), None, [2], batch_size=3, sync=lambda mine: max(mine, 5))
+    model.calls.clear()
+    assert synced.sample([[5]], 2) == [[anc.Completion((7, 2), "7 2")] * 2]
+    assert model.calls == [2, 1, 1, 1, 1]  # its own chunk, then one-row dummies up to the busiest's 5 calls
+    model.calls.clear()
+    assert synced.sample([], 4) == [] and model.calls == [1] * 5  # nothing to draw: still 5 calls
+
+
 def test_with_sync_every_process_runs_every_round_also_with_nothing_to_draw():
     """The rounds go on while any process has a prompt pending (the sync says how many the busiest
     has): a process whose prompts are all cached still calls the sampler in each round."""

@@ -112,8 +112,8 @@ class ArmorLabTrainer(GRPOTrainer):
     # rows: two no-grad forwards on n/8 rows against generating and training n rows keeps the step
     # overhead near 5 % at any batch size (benchmarks/step_overhead.py part 3); 0 turns it off
     forward_kl_share = 0.125
-    # rows whose π_ref log-probs are computed for kl/reverse_* alone (dapo/grpo/up at β = 0 without
-    # anchors: nothing else reads them), as a share of the process's generation rows; 0 turns it off
+    # share of the rows whose π_ref log-probs are computed for kl/reverse_* alone (dapo/grpo/up at
+    # β = 0 without anchors: nothing else reads them), as whole generations (_reference_scored); 0 = off
     reverse_kl_share = 0.125
 
     def __init__(self, model: Any, reward_funcs: Any, args: ArmorLabConfig, *, val_dataset: Any = None,
@@ -480,47 +480,37 @@ class ArmorLabTrainer(GRPOTrainer):
         totals, sequences = sequence_kl_estimates(ref, logp, mask, names=("k1", "k3"))
         return {"kl/forward_k1": (totals[0], sequences), "kl/forward_k3": (totals[1], sequences)}
 
-    def _reference_rows(self, n: int) -> torch.Tensor | None:
-        """Local rows of a generation whose π_ref log-probs are computed: None = all of them.
+    def _reference_scored(self) -> bool:
+        """Whether this generation's rows get π_ref's log-probs.
 
-        All where something trains on them or records them (armor's r_mix, β·KL, anchor rows'
-        ratios, the token dump); else, for the ``kl/reverse_*`` telemetry, a seeded uniform
-        subsample of ``reverse_kl_share`` of the rows (the same count on every process, so the
-        forwards of a sharded π_ref stay collective); none without telemetry or π_ref.
+        Always where something trains on them or records them (armor's r_mix, β·KL, anchor rows'
+        ratios, the token dump). Else only for the ``kl/reverse_*`` telemetry, on a share
+        ``reverse_kl_share`` of the rows: every (1/share)-th generation, the first included, in
+        full. Whole generations rather than a share of each: one forward in 8 instead of 8 small
+        ones, so the fixed cost of a forward (under FSDP, gathering every parameter) is paid 8×
+        less, and each logged value stands on a whole generation's sequences. The choice is the
+        same on every process (a sharded π_ref's forwards stay collective). None without telemetry.
         """
         args = self.args
         if objective_spec(args.objective).uses_reference or self.beta != 0.0 or args.anchor \
                 or args.token_sample_rate > 0:
-            return None
+            return True
         if self.ref_model is None or not args.kl_telemetry or self.reverse_kl_share <= 0:
-            return torch.zeros(0, dtype=torch.long)
-        count = min(n, max(1, math.ceil(n * self.reverse_kl_share)))
-        rng = random.Random(f"{args.seed}:{self.state.global_step}:{self.accelerator.process_index}:ref")
-        return torch.tensor(sorted(rng.sample(range(n), count)), dtype=torch.long)
+            return False
+        every = max(1, round(1.0 / self.reverse_kl_share))
+        return (self._step // (self.args.steps_per_generation * self.num_iterations)) % every == 0
 
     @torch.no_grad()
     def _add_reference_logps(self, output: dict) -> None:
-        """``ref_per_token_logps`` (and, when only some rows have them, ``armorlab_ref_rows``: 1/0 per row)."""
-        n = output["completion_ids"].size(0)
-        rows = self._reference_rows(n)
-        if rows is not None and rows.numel() == 0:
+        """``ref_per_token_logps`` of every row, on the generations that are scored (``_reference_scored``)."""
+        if not self._reference_scored():
             return
         ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
         att = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
-        if rows is not None:
-            rows = rows.to(ids.device)
-            ids, att = ids[rows], att[rows]
         batch = self.args.per_device_train_batch_size if self.model.training else self.args.per_device_eval_batch_size
         logps, _, _ = self._get_per_token_logps_and_entropies(
             self.ref_model, ids, att, output["completion_ids"].size(1), batch_size=batch)
-        if rows is None:
-            output["ref_per_token_logps"] = logps
-            return
-        full = logps.new_zeros((n, logps.size(1)))
-        full[rows] = logps
-        marked = torch.zeros(n, device=logps.device)
-        marked[rows] = 1.0
-        output["ref_per_token_logps"], output["armorlab_ref_rows"] = full, marked
+        output["ref_per_token_logps"] = logps
 
     # ------------------------------------------------------------------ loss
     def _compute_loss(self, model, inputs):
@@ -617,9 +607,7 @@ class ArmorLabTrainer(GRPOTrainer):
             defined = math.isfinite(value)  # NaN: every token masked on this process
             stats.add(name, value if defined else 0.0, 1.0 if defined else 0.0)
         if ref is not None:
-            scored = inputs.get("armorlab_ref_rows")  # only a subsample of rows has π_ref's log-probs
-            ref_tok = on_tok if scored is None else on_tok * scored.unsqueeze(1)
-            totals, count = sequence_kl_estimates(logp, ref, ref_tok)  # samples of π_θ: KL(π_θ‖π_ref)
+            totals, count = sequence_kl_estimates(logp, ref, on_tok)  # samples of π_θ: KL(π_θ‖π_ref)
             for i, name in enumerate(("k1", "k2", "k3")):
                 stats.add(f"kl/reverse_{name}", totals[i], count)
             if self.args.anchor:  # reward-filtered π_ref samples: neither direction, logged as such
