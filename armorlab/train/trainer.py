@@ -108,12 +108,13 @@ class ArmorLabTrainer(GRPOTrainer):
     """
 
     _tag_names = ["trl", "grpo", "armorlab"]
-    # reference draws scored for kl/forward_* per generation, as a share of the process's generation
-    # rows: two no-grad forwards on n/8 rows against generating and training n rows keeps the step
-    # overhead near 5 % at any batch size (benchmarks/step_overhead.py part 3); 0 turns it off
+    # generations whose fresh reference draws are scored for kl/forward_* (two no-grad forwards, policy
+    # and π_ref, on each fresh prompt's first draw): every (1/share)-th, the first included; 0 = off
     forward_kl_share = 0.125
     # share of the rows whose π_ref log-probs are computed for kl/reverse_* alone (dapo/grpo/up at
-    # β = 0 without anchors: nothing else reads them), as whole generations (_reference_scored); 0 = off
+    # β = 0 without anchors: nothing else reads them), as whole generations (_reference_scored); 0 = off.
+    # Whole generations rather than a share of each: one forward in 8 instead of 8 small ones, so the
+    # fixed cost of a forward (under FSDP: gathering every parameter) is paid 8× less
     reverse_kl_share = 0.125
 
     def __init__(self, model: Any, reward_funcs: Any, args: ArmorLabConfig, *, val_dataset: Any = None,
@@ -325,9 +326,9 @@ class ArmorLabTrainer(GRPOTrainer):
                 outcomes, generated = self.anchor_rollout.run(reqs, seed=self.args.seed, step=self.state.global_step)
             marks.update(groups=len(idx), cached=sum(o.cached for o in outcomes), generated=generated,
                          sampled=sum(not o.cached for o in outcomes))
-            rng = random.Random(f"{self.args.seed}:{self.state.global_step}:{self.accelerator.process_index}")
-            limit = max(1, int(n * self.forward_kl_share)) if self.forward_kl_share > 0 else 0
-            marks["forward_rows"] = anc.forward_kl_rows(reqs, outcomes, limit, rng)
+            if self._telemetry_generation(self.forward_kl_share) and self.args.kl_telemetry:
+                rng = random.Random(f"{self.args.seed}:{self.state.global_step}:{self.accelerator.process_index}")
+                marks["forward_rows"] = anc.forward_kl_rows(reqs, outcomes, n, rng)
             for i, o in zip(idx, outcomes, strict=True):
                 solvable[i] = float(o.solvable)
                 if self.args.anchor and o.anchor is not None:
@@ -421,8 +422,8 @@ class ArmorLabTrainer(GRPOTrainer):
             per_generation = anc.gate_success(
                 self._rewards_gathered.to(device), self.accelerator.gather(marks["is_anchor"].float().to(device)),
                 solvable, self.num_generations, self.args.anchor_reward_threshold)
-            if self.args.kl_telemetry:
-                per_generation.update(self._forward_kl(marks.get("forward_rows", [])))
+            if "forward_rows" in marks:  # the same generations on every process: _forward_kl is a collective
+                per_generation.update(self._forward_kl(marks["forward_rows"]))
             # reference draws per prompt sampled now (each asks for one anchor): adaptive rejection's cost
             per_generation["anchor/draws_per_anchor"] = (generated, sampled)
             for name, (total, count) in per_generation.items():
@@ -485,19 +486,22 @@ class ArmorLabTrainer(GRPOTrainer):
 
         Always where something trains on them or records them (armor's r_mix, β·KL, anchor rows'
         ratios, the token dump). Else only for the ``kl/reverse_*`` telemetry, on a share
-        ``reverse_kl_share`` of the rows: every (1/share)-th generation, the first included, in
-        full. Whole generations rather than a share of each: one forward in 8 instead of 8 small
-        ones, so the fixed cost of a forward (under FSDP, gathering every parameter) is paid 8×
-        less, and each logged value stands on a whole generation's sequences. The choice is the
-        same on every process (a sharded π_ref's forwards stay collective). None without telemetry.
+        ``reverse_kl_share`` of the rows: every (1/share)-th generation in full, so each logged
+        value stands on a whole generation's sequences. The choice is the same on every process (a
+        sharded π_ref's forwards stay collective). Never without telemetry.
         """
         args = self.args
         if objective_spec(args.objective).uses_reference or self.beta != 0.0 or args.anchor \
                 or args.token_sample_rate > 0:
             return True
-        if self.ref_model is None or not args.kl_telemetry or self.reverse_kl_share <= 0:
+        return self.ref_model is not None and args.kl_telemetry and self._telemetry_generation(self.reverse_kl_share)
+
+    def _telemetry_generation(self, share: float) -> bool:
+        """Whether this generation is one of the ``share`` of generations that telemetry scores: every
+        (1/share)-th, the first included (TRL's micro-step counter ``_step`` says which one it is)."""
+        if share <= 0:
             return False
-        every = max(1, round(1.0 / self.reverse_kl_share))
+        every = max(1, round(1.0 / share))
         return (self._step // (self.args.steps_per_generation * self.num_iterations)) % every == 0
 
     @torch.no_grad()

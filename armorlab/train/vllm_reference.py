@@ -84,7 +84,7 @@ class VLLMReferenceSampler:
         if not pooled:
             return []
         params = SamplingParams(n=int(k), **self.sampling)
-        with self._awake():
+        with self.awake():
             outputs = self.llm.generate([{"prompt_token_ids": p} for p in pooled], sampling_params=params,
                                         use_tqdm=False)
         self.prompts_sent += len(mine)
@@ -103,7 +103,7 @@ class VLLMReferenceSampler:
         me = dist.get_rank(group=self.tp_group)
         return [p for share in shares for p in share], sum(len(share) for share in shares[:me])
 
-    def _awake(self, tags: list[str] | None = None) -> Any:
+    def awake(self, tags: list[str] | None = None) -> Any:
         """Wake the engine for a block (``tags`` as vLLM's ``wake_up``), then let it sleep again."""
         import contextlib
 
@@ -132,7 +132,7 @@ class VLLMReferenceSampler:
         import torch
 
         stream = ((name, t.detach()) for name, t in named_tensors)
-        with self._awake(tags=["weights"]):
+        with self.awake(tags=["weights"]):
             if torch.cuda.is_available():
                 model = self.llm.llm_engine.model_executor.driver_worker.model_runner.model
                 for name, tensor in stream:
