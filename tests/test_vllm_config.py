@@ -101,3 +101,49 @@ def test_two_colocated_engines_need_one_tensor_parallel_size():
     with pytest.raises(ArmorLabError) as err:
         resolve({**base, "ref_vllm_dtype": "int8"})
     assert err.value.key == "ref_vllm_dtype"
+
+
+def test_reference_engine_dtype_is_the_training_dtype_unless_set():
+    from types import SimpleNamespace
+
+    import torch
+
+    from armorlab.train.vllm_reference import engine_dtype
+
+    fp32 = SimpleNamespace(dtype=torch.float32)
+    args = SimpleNamespace(ref_vllm_dtype=None, bf16=True, fp16=False)
+    assert engine_dtype(args, fp32) == "bfloat16"  # fp32 master weights, bf16 training: a bf16 engine
+    assert engine_dtype(SimpleNamespace(ref_vllm_dtype=None, bf16=False, fp16=True), fp32) == "float16"
+    assert engine_dtype(SimpleNamespace(ref_vllm_dtype=None, bf16=False, fp16=False), fp32) == "float32"
+    assert engine_dtype(SimpleNamespace(ref_vllm_dtype="auto", bf16=True, fp16=False), fp32) == "auto"
+
+
+def test_a_sleeping_reference_engine_wakes_for_a_push_and_sleeps_again(monkeypatch):
+    """Sleep mode (CUDA only, so not runnable here with a real engine): the weights are woken before
+    the stream goes in, the prefix cache cleared, and the engine put back to sleep (level 1: weights
+    parked in host memory, which the next wake brings back)."""
+    import torch
+
+    from armorlab.train.vllm_reference import VLLMReferenceSampler
+
+    calls = []
+
+    class Engine:
+        def wake_up(self, tags=None):
+            calls.append(("wake_up", tags))
+
+        def sleep(self, level=1):
+            calls.append(("sleep", level))
+
+        def collective_rpc(self, method, kwargs):
+            calls.append((method, [name for name, _ in kwargs["weights_iterator"]]))
+
+        def reset_prefix_cache(self):
+            calls.append(("reset_prefix_cache",))
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the reload path (CUDA: load_weights)
+    sampler = VLLMReferenceSampler(Engine(), None, {}, [0], sleeps=True)
+    sampler.load_weights(iter([("a", torch.zeros(2)), ("b", torch.ones(1))]))
+    assert calls == [("wake_up", ["weights"]), ("reload_weights", ["a", "b"]), ("reset_prefix_cache",),
+                     ("sleep", 1)]
+    assert sampler.weight_pushes == 1
