@@ -239,9 +239,9 @@ def main() -> None:
             target = f"  # target ≤ {TARGETS[name]:.2f}" if name in TARGETS else ""
             say(f"{prefix}{slug(name)}_ratio={ratios[name]:.3f}{target}")
             if name in splits:  # mean over rounds of each round's mean cycle split
-                parts = [statistics.mean(r[i] for r in splits[name]) for i in range(4)]
+                means = [statistics.mean(r[i] for r in splits[name]) for i in range(4)]
                 say(f"{prefix}{slug(name)}_split_ms=" + ",".join(
-                    f"{label}:{1000 * v:.1f}" for label, v in zip(SPLIT, parts, strict=True)))
+                    f"{label}:{1000 * v:.1f}" for label, v in zip(SPLIT, means, strict=True)))
         if opts.control:
             control = ratios.pop("stock again")
             say(f"{prefix}stock_vs_stock_ratio={control:.3f}  # known truth 1.000")
