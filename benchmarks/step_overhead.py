@@ -32,8 +32,8 @@ Part 2: anchor rollout (ARMOR, gate on) on a train set of exactly one generation
 prompts, so each recurs 4× per reference window (τ = 4 generations): reference samples per
 step and cycle time with the per-window cache and with it disabled (run one after the other).
 
-Part 3: the forward-KL estimate (``kl/forward_*`` on the unconditioned reference draws behind
-the anchors, ``ArmorLabTrainer.forward_kl_share`` of the generation's rows) against the same
+Part 3: the forward-KL estimate (``kl/forward_*`` on the unconditioned first reference draws
+behind the anchors of ``ArmorLabTrainer.forward_kl_share`` of the generations) against the same
 ARMOR run with it off (``forward_kl_share = 0``), anchors and gate on, learning rate 0, in
 lockstep; ``forward_kl_overhead=`` is the median over cycles of on's cycle / off's. Target ≤ 1.10.
 
@@ -301,9 +301,9 @@ def main() -> None:
                 fwd_cycles[name].extend(per_cycle[name])
             fwd_paired.extend(on / off for on, off in zip(*per_cycle.values(), strict=True))
         fwd_ratio = statistics.median(fwd_paired)
-        rows = int(cfg0["per_device_train_batch_size"] * spg * ArmorLabTrainer.forward_kl_share)
-        print(f"# forward KL: armor (anchors + gate on), {rows} reference draws scored per generation; "
-              "on and off in lockstep, ratio = median over cycles of on's cycle / off's same cycle")
+        every = round(1 / ArmorLabTrainer.forward_kl_share)
+        print(f"# forward KL: armor (anchors + gate on), each fresh prompt's first reference draw scored on 1 "
+              f"generation in {every}; on and off in lockstep, ratio = median over cycles of on's cycle / off's same cycle")
         for name, c in fwd_cycles.items():
             print(f"{slug(name)}_ms_per_cycle={1000 * statistics.median(c):.1f}")
             print(f"{slug(name)}_cycles={len(c)}")

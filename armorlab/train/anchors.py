@@ -77,6 +77,21 @@ def max_over_processes(value: int, device: Any = None) -> int:
     return int(t.item())
 
 
+def process_syncs(num_processes: int, device: Any, sharded: bool) -> tuple[Sync | None, Sync | None]:
+    """(max over processes, the same where the models' forwards are collectives), for a trainer.
+
+    Under FSDP and ZeRO-3 (``sharded``) a forward gathers parameters from every process, so
+    armorlab's own generation and probe forwards must come in equal numbers on every process;
+    DDP's forward is local. None in a single process.
+    """
+    if num_processes == 1:
+        return None, None
+    import functools
+
+    max_fn = functools.partial(max_over_processes, device=device)
+    return max_fn, (max_fn if sharded else None)
+
+
 class TransformersSampler:
     """:class:`ReferenceSampler` on a transformers model with ``generate``, in chunks of
     ``batch_size`` rows (left-padded), so the KV cache of one call is one chunk's.

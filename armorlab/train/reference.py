@@ -67,6 +67,28 @@ def reference_needed(args: Any, validating: bool) -> bool:
                 or (validates and (args.kl_probe_prompts > 0 or (resets and args.ref_validate_resets))))
 
 
+def telemetry_generation(generation: int, share: float) -> bool:
+    """Whether generation ``generation`` (0-based) is one of the ``share`` of generations the KL
+    telemetry scores: every (1/share)-th, the first included; none at share 0."""
+    return share > 0 and generation % max(1, round(1.0 / share)) == 0
+
+
+def reference_scored(args: Any, *, beta: float, has_reference: bool, telemetry_now: bool) -> bool:
+    """Whether a generation's rows get π_ref's log-probs.
+
+    Always where something trains on them or records them (armor's r_mix, β·KL, anchor rows'
+    ratios, the token dump). Else only for the ``kl/reverse_*`` telemetry on the generations it
+    scores (``telemetry_now``: whole generations, so each logged value stands on a generation's
+    sequences and a sharded π_ref runs one full forward in 8 generations, not a small one in
+    each); the choice is the same on every process. Never without telemetry or π_ref.
+    """
+    from armorlab.algos.objectives import objective_spec
+
+    if objective_spec(args.objective).uses_reference or beta != 0.0 or args.anchor or args.token_sample_rate > 0:
+        return True
+    return has_reference and bool(args.kl_telemetry) and telemetry_now
+
+
 # --------------------------------------------------------------------------- model holder
 def build_reference_model(model: Any, args: Any) -> Any:
     """A frozen, eval-mode copy of the policy, made BEFORE ``GRPOTrainer.__init__``.

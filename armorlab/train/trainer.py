@@ -61,7 +61,13 @@ from armorlab.errors import ArmorLabError
 from armorlab.train import anchors as anc
 from armorlab.train.evaluation import Validator
 from armorlab.train.hooks import ArmorLabCallback, EpochSeededRepeatSampler, policy_server_client
-from armorlab.train.reference import ReferencePolicy, build_reference_model, reference_needed
+from armorlab.train.reference import (
+    ReferencePolicy,
+    build_reference_model,
+    reference_needed,
+    reference_scored,
+    telemetry_generation,
+)
 from armorlab.train.telemetry import StepStats, TokenDump, sequence_kl_estimates
 from armorlab.train.trainer_config import ArmorLabConfig
 
@@ -205,20 +211,10 @@ class ArmorLabTrainer(GRPOTrainer):
                                 key="anchor", value=self.args.anchor)
 
     def _process_syncs(self) -> tuple[anc.Sync | None, anc.Sync | None]:
-        """(max over processes, the same where π_ref's and the policy's forwards are collectives).
-
-        Under FSDP and ZeRO-3 a forward gathers parameters from every process, so armorlab's own
-        generation and probe forwards must come in equal numbers on every process (anchors.py);
-        DDP's forward is local. None in a single process.
-        """
-        if self.accelerator.num_processes == 1:
-            return None, None
-        import functools
-
-        max_fn = functools.partial(anc.max_over_processes, device=self.accelerator.device)
+        """(max over processes, the same where π_ref's and the policy's forwards are collectives)."""
         plugin = getattr(self.accelerator.state, "deepspeed_plugin", None)
         sharded = self.is_fsdp_enabled or (self.is_deepspeed_enabled and getattr(plugin, "zero_stage", 0) == 3)
-        return max_fn, (max_fn if sharded else None)
+        return anc.process_syncs(self.accelerator.num_processes, self.accelerator.device, sharded)
 
     def sync_reference_engine(self) -> None:
         """A sampler with its own copy of π_ref (vLLM) gets the reference's current weights."""
@@ -482,27 +478,13 @@ class ArmorLabTrainer(GRPOTrainer):
         return {"kl/forward_k1": (totals[0], sequences), "kl/forward_k3": (totals[1], sequences)}
 
     def _reference_scored(self) -> bool:
-        """Whether this generation's rows get π_ref's log-probs.
-
-        Always where something trains on them or records them (armor's r_mix, β·KL, anchor rows'
-        ratios, the token dump). Else only for the ``kl/reverse_*`` telemetry, on a share
-        ``reverse_kl_share`` of the rows: every (1/share)-th generation in full, so each logged
-        value stands on a whole generation's sequences. The choice is the same on every process (a
-        sharded π_ref's forwards stay collective). Never without telemetry.
-        """
-        args = self.args
-        if objective_spec(args.objective).uses_reference or self.beta != 0.0 or args.anchor \
-                or args.token_sample_rate > 0:
-            return True
-        return self.ref_model is not None and args.kl_telemetry and self._telemetry_generation(self.reverse_kl_share)
+        """Whether this generation's rows get π_ref's log-probs (``reference.reference_scored``)."""
+        return reference_scored(self.args, beta=self.beta, has_reference=self.ref_model is not None,
+                                telemetry_now=self._telemetry_generation(self.reverse_kl_share))
 
     def _telemetry_generation(self, share: float) -> bool:
-        """Whether this generation is one of the ``share`` of generations that telemetry scores: every
-        (1/share)-th, the first included (TRL's micro-step counter ``_step`` says which one it is)."""
-        if share <= 0:
-            return False
-        every = max(1, round(1.0 / share))
-        return (self._step // (self.args.steps_per_generation * self.num_iterations)) % every == 0
+        """Whether this generation (TRL's micro-step counter ``_step`` says which) is one telemetry scores."""
+        return telemetry_generation(self._step // (self.args.steps_per_generation * self.num_iterations), share)
 
     @torch.no_grad()
     def _add_reference_logps(self, output: dict) -> None:
