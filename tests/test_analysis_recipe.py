@@ -47,9 +47,25 @@ def test_defaults_for_directories():
     ({"runs": ["x"], "collapse": {"train": 3}}, "collapse.train"),
     ({"runs": ["x"], "compare": {"baseline": {"objective": "dapo"}, "pairs": []}}, "compare"),
     ({"runs": ["x"], "compare": {"pairs": [[{"objective": "armor"}]]}}, "compare.pairs[0]"),
-    ({"runs": ["x"], "compare": {"baseline": "dapo"}}, "compare.baseline"),
+    ({"runs": ["x"], "compare": {"baseline": 3}}, "compare.baseline"),
+    ({"runs": ["x"], "compare": {"baseline": ""}}, "compare.baseline"),
+    ({"runs": ["x"], "compare": {"endpoints": []}}, "compare.endpoints"),
+    ({"runs": ["x"], "compare": {"endpoints": ["final", 3]}}, "compare.endpoints"),
+    ({"runs": ["x"], "compare": {"delta": 0}}, "compare.delta"),
+    ({"runs": ["x"], "compare": {"delta": True}}, "compare.delta"),
+    ({"runs": ["x"], "compare": {"delta": "0.03"}}, "compare.delta"),
+    ({"runs": ["x"], "compare": {"alpha": 0.1}}, "compare.alpha"),
 ])
 def test_bad_recipes_name_key_value_and_file(raw, key):
     with pytest.raises(ArmorLabError) as exc:
         parse_recipe(raw, file="analysis/x.yaml")
     assert f"'{key}'" in str(exc.value) and "analysis/x.yaml" in str(exc.value)
+
+
+def test_compare_names_a_baseline_group_its_endpoints_and_delta():
+    r = parse_recipe({"runs": ["x"], "compare": {"baseline": "objective=dapo", "endpoints": ["final", "auc", "final"],
+                                                 "delta": 0.02}})
+    assert r.compare == Compare("objective=dapo", None, ["final", "auc"], 0.02)
+    r = parse_recipe({"runs": ["x"], "compare": {"baseline": {"objective": "dapo"}, "endpoints": "drop", "delta": None}})
+    assert r.compare == Compare({"objective": "dapo"}, None, ["drop"], None)
+    assert parse_recipe({"runs": ["x"]}).compare == Compare()

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from armorlab.analysis import headline as H
-from armorlab.commands.demo import BASELINE, demo_name, demo_recipe, headline_section
+from armorlab.commands.demo import BASELINE, demo_name, demo_recipe, group_names, headline_section
 from armorlab.core.config import load_yaml_mapping, resolve
 from armorlab.core.runs import RunDir
 
@@ -38,14 +38,14 @@ def test_verdict_states_rise_fall_and_comparison_plainly():
     lines = H.verdict(t, "dapo", {"dapo": "DAPO", "armor": "ARMOR"})
     assert lines[0].startswith("DAPO: held-out accuracy rose from 0.750 at step 0 to a peak of 0.810")
     assert "ended at 0.610" in lines[0] and "0.60 → 0.90" in lines[0] and "2/2 seeds" in lines[0]
-    assert "no consistent difference from DAPO (Mann–Whitney p = 1.00)" in lines[1]
+    assert "no consistent ordering against DAPO (Mann–Whitney p = 1.00)" in lines[1]
     assert "2 seed(s) per group" in lines[-1]
     better = _runs()
     better.loc[better["group"] == "armor", "final"] = [0.70, 0.65]
     t = H.group_rows(better, ["dapo", "armor"], "dapo")
     # 2 vs 2 seeds: the smallest exact two-sided Mann–Whitney p is 2/C(4, 2) = 1/3, never significant
     line = H.verdict(t, "dapo", {"dapo": "DAPO"})[1]
-    assert "ended above DAPO in every seed pair, which 2 vs 2 seeds cannot resolve" in line
+    assert "ended above DAPO in every seed pair, which a rank test cannot resolve with 2 vs 2 seeds" in line
     assert "p = 0.33" in line
     # 5 vs 5 seeds fully separated: exact p = 2/C(10, 5) = 0.0079 → stated as a difference
     five = pd.concat([_runs()] * 3, ignore_index=True).iloc[:10].copy()
@@ -91,9 +91,14 @@ def test_demo_report_leads_with_the_headline(tmp_path):
     from armorlab.analysis.report import build_report
 
     state = {}
-    result = build_report(demo_recipe(dirs), tmp_path / "report", cache=False, lead=headline_section(state))
+    result = build_report(demo_recipe(dirs), tmp_path / "report", cache=False, lead=headline_section(state),
+                          names=group_names)
     html = result.index.read_text()
-    assert html.index("Headline: does validation collapse") < html.index("Results per group")
+    assert html.index("<h2>Verdicts</h2>") < html.index("Headline: does validation collapse") < html.index(
+        "Results per group")
+    # final levels 0.57 (dapo) and 0.783 (armor) in both seeds: no spread, so the difference is exact
+    assert result.verdicts == ["armor vs dapo: +0.213 [+0.213, +0.213] final val/acc — better, resolved with "
+                               "2 seeds per arm"]
     table = state["table"].set_index("group")
     # dapo's levels (means of 3 evals): peak = (0.80 + 0.82 + 0.80)/3 = 0.8067 around step 20, final =
     # (0.58 + 0.57 + 0.56)/3 = 0.57; the windows share no eval, so with n = 400
@@ -107,5 +112,16 @@ def test_demo_report_leads_with_the_headline(tmp_path):
     assert table.loc["armor", "collapsed (step)"].startswith("0/2")
     assert table.loc["armor", "P(final > dapo)"] == "1.00"
     assert state["sentences"][0].startswith("dapo: held-out accuracy rose from 0.750 at step 0 to a peak of 0.807")
-    assert "ended above dapo in every seed pair, which 2 vs 2 seeds cannot resolve" in state["sentences"][1]
+    assert "ended above dapo in every seed pair, which a rank test cannot resolve with 2 vs 2 seeds" in state["sentences"][1]
     assert (tmp_path / "report" / "tables" / "demo_headline.md").is_file()
+
+
+def test_printed_headline_opens_with_the_verdicts(capsys):
+    from armorlab.commands.demo import print_headline
+
+    table = pd.DataFrame([{"group": "dapo", "final": "0.670"}])
+    print_headline({"table": table, "sentences": ["dapo: held-out accuracy rose"]},
+                   ["armor vs dapo: −0.031 [−0.093, +0.031] final val/acc — not resolved with 3 seeds per arm"])
+    out = capsys.readouterr().out
+    assert out.index("verdicts against DAPO") < out.index("armor vs dapo: −0.031") < out.index("headline") \
+        < out.index("dapo: held-out accuracy rose")

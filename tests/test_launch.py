@@ -114,10 +114,14 @@ def test_preempted_run_resumes_to_the_same_metrics_as_an_uninterrupted_one(tmp_p
     # the signal is seen at the next step end: finish step 5, checkpoint, exit 75
     assert (first.state, first.reason, first.exit_code) == ("pending", "preempted at step 5", EXIT_PREEMPTED)
     assert split.read_status()["state"] == "pending"
-    assert [p.name for p in split.checkpoints()] == ["checkpoint-5"]
+    # step 3 validated, so it was saved too (a validation step's checkpoint may be the selected one)
+    assert [p.name for p in split.checkpoints()] == ["checkpoint-3", "checkpoint-5"]
     second = train_run_dir(split.path)
     assert second.exit_code == 0 and split.read_status()["attempt"] == 2
     assert _metrics_without_timing(split) == _metrics_without_timing(straight)
+    # the resumed run read its evals back and selected what the uninterrupted one did
+    assert split.read_selected() == straight.read_selected() and split.read_selected()["step"] == 3
+    assert [p.name for p in split.checkpoints()] == [p.name for p in straight.checkpoints()]
 
 
 def _wait_for_step(run_dir, step, proc, timeout=300):

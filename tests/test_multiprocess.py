@@ -108,6 +108,11 @@ def test_two_processes_train_armor_and_resume_after_a_kill(tmp_path):
     assert (status["state"], status["attempt"], status["world_size"]) == ("completed", 2, 2)
     got = _last_per_step(killed)
     assert sorted(got) == [0, 1, 2, 3, 4]
+    # one selection, by the main process, the same after the kill; its checkpoint kept
+    assert killed.read_selected() == ref.read_selected() and ref.read_selected()["step"] == 2
+    assert (killed.path / killed.read_selected()["checkpoint"] / "trainer_state.json").is_file()
+    assert [got[s]["rollout"] for s in sorted(got)] == [0, 1, 2, 3, 4]   # one update per rollout
+    assert all(0.0 <= got[s]["train/refill_shortfall"] <= 1.0 for s in (1, 2, 3, 4))   # the gate is on
     for s, row in want.items():
         keys = [k for k in COMPARED if k in row and row[k] is not None]
         assert {k: got[s].get(k) for k in keys} == pytest.approx({k: row[k] for k in keys}, rel=1e-5, abs=1e-6), s

@@ -244,4 +244,5 @@ def test_shipped_specs_expand(path):
     if spec.profile:
         assert spec.profile_path().is_file()
     raw = yaml.safe_load(path.read_text())
-    assert set(raw) <= {"name", "description", "base", "grid", "seeds", "include", "exclude", "profile"}
+    assert set(raw) <= {"name", "description", "base", "grid", "seeds", "include", "exclude", "profile", "controls",
+                        "stages"}

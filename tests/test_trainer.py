@@ -150,8 +150,9 @@ def test_gate_only_control_samples_the_reference_but_injects_nothing(tmp_path):
 def test_cache_reuses_reference_samples_until_a_reset(tmp_path):
     table = answer_table(resolved())
     # 4 training prompts = exactly one generation batch (16 rows / 8 per prompt × 2 steps)
+    # a static π_ref with the window cache asked for (null = off when static: tests/test_protocol_runs.py)
     static, s_static = _run_with_reference(tmp_path / "a", table.__getitem__, anchor=True, max_steps=6,
-                                           task={"name": "arithmetic", "train_size": 4})
+                                           anchor_cache="window", task={"name": "arithmetic", "train_size": 4})
     assert len(s_static.asked) == 4                       # 3 generations, only the first samples
     hits = [h["anchor/cache_hit"] for h in static.state.log_history if "anchor/cache_hit" in h]
     assert hits == [0.0, 1.0, 1.0]

@@ -3,7 +3,10 @@
 A group whose rewards are all equal has zero advantage on every row: it contributes nothing but
 a larger denominator, so dynamic sampling masks it (the trainer multiplies it into the same
 per-row keep mask as the anchor gate). With an over-generation factor f the trainer samples f×
-the prompt groups and keeps the first groups that train, so the batch keeps its size.
+the prompt groups and keeps the first groups that train — with reward spread and, with ARMOR's
+gate on, solvable by the reference — so the batch keeps its size: DAPO (§3.2) and ARMOR's
+Algorithm 1 keep sampling until the batch is full; f bounds how far (verl's max_num_gen_batches).
+What f× could not fill stays in the batch, masked, and is logged as ``train/refill_shortfall``.
 """
 
 from __future__ import annotations

@@ -4,12 +4,18 @@ Pure numpy/pandas (plus matplotlib for plots); it never imports torch or the tra
 training only through run directories (armorlab.core.runs). Importing this package is cheap: each
 submodule imports what it needs.
 
-    load       run dirs → long/wide DataFrames (vectorised parse, Arrow IPC cache)
+    load       run dirs → long/wide DataFrames (vectorised parse, Arrow IPC cache); other libraries'
+               runs through importers
+    importers  TRL, W&B, TensorBoard, verl, trackio (and OpenRLHF through W&B/TensorBoard) logs →
+               armorlab's metric names, read-only
     kl         Schulman's k1/k2/k3 estimators (both directions) and exact categorical KL
     capacity_stats  probability-capacity statistics of tokens/ samples (formulas: armorlab.algos.capacity)
     collapse   peak, drop, collapse step, AUC, divergence, entropy collapse, length blow-up
     stats      seed aggregation: mean, std, n, bootstrap CI, IQM, probability of improvement
     select     "best on val, reported on test" and "at matched steps"
+    verdicts   better / worse / equivalent / not resolved per arm, and the seeds that would resolve it
+    sequential seeds until resolved: Lan–DeMets group-sequential boundaries, decide_look, looks.json
+    verdict_table  the report's verdict table (first on the page)
     recipe     report recipes (analysis/*.yaml)
     tables, plots, html, report   the `armorlab report` outputs
 """

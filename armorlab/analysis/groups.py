@@ -337,6 +337,11 @@ def comparison_pairs(runs: pd.DataFrame, groups: Groups, recipe: Recipe) -> list
             out += [(x, y) for x in pick(a, f"compare.pairs[{i}][0]") for y in pick(b, f"compare.pairs[{i}][1]")
                     if x != y]
         return list(dict.fromkeys(out))
+    if isinstance(cmp_.baseline, str):
+        if cmp_.baseline not in labels:
+            raise ArmorLabError(f"not a group of these runs (groups: {'; '.join(labels)})",
+                                key="compare.baseline", value=cmp_.baseline, file=file)
+        return [(x, cmp_.baseline) for x in labels if x != cmp_.baseline]
     if cmp_.baseline:
         base = pick(cmp_.baseline, "compare.baseline")
         return [(x, y) for y in base for x in labels if x not in base]

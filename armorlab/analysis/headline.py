@@ -124,11 +124,11 @@ def verdict(table: pd.DataFrame, baseline: str | None, names: dict[str, str] | N
             how = (f"ended {'above' if p > 0.5 else 'below'} {name(baseline)} "
                    f"(Mann–Whitney p = {r['mw_p']:.3f})")
         elif p >= 0.999 or p <= 0.001:
-            how = (f"ended {'above' if p > 0.5 else 'below'} {name(baseline)} in every seed pair, which "
-                   f"{r['seeds']} vs {rows[baseline]['seeds']} seeds cannot resolve (Mann–Whitney p = "
-                   f"{r['mw_p']:.2f}): no evidence either way")
+            how = (f"ended {'above' if p > 0.5 else 'below'} {name(baseline)} in every seed pair, which a rank "
+                   f"test cannot resolve with {r['seeds']} vs {rows[baseline]['seeds']} seeds (Mann–Whitney p = "
+                   f"{r['mw_p']:.2f}; the verdicts compare means)")
         else:
-            how = f"no consistent difference from {name(baseline)} (Mann–Whitney p = {r['mw_p']:.2f})"
+            how = f"no consistent ordering against {name(baseline)} (Mann–Whitney p = {r['mw_p']:.2f})"
         final_b = rows[baseline]["final"] if baseline in rows else math.nan
         lines.append(f"{name(g)}: final {r['final']:.3f} vs {final_b:.3f}, P(final > {name(baseline)}) = {p:.2f}: "
                      f"{how}; drop from its own peak {r['drop']:.3f} ({r['drop_se']:.1f} SEs), collapse "

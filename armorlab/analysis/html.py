@@ -38,11 +38,13 @@ class Figure:
 
 @dataclass
 class Section:
-    """One titled part of the page: free HTML (already escaped), then figures, then tables."""
+    """One titled part of the page: free HTML (already escaped), then figures, then tables.
+    ``lead`` sections open the page, above the warnings (the verdict table)."""
     title: str
     intro: str = ""
     figures: list[Figure] = field(default_factory=list)
     tables: list[tuple[str, pd.DataFrame]] = field(default_factory=list)
+    lead: bool = False
 
 
 def esc(text: object) -> str:
@@ -107,24 +109,32 @@ def render(title: str, meta: str, warnings: Sequence[str], sections: Sequence[Se
     parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
              f"<title>{esc(title)}</title><style>{_CSS}</style></head><body>",
              f"<h1>{esc(title)}</h1>", f'<p class="meta">{meta}</p>']
+    for s in sections:
+        if s.lead:
+            _section(parts, s)
     parts.append("<h2>Warnings</h2>")
     if warnings:
         parts.append('<div class="warn"><ul>' + "".join(f"<li>{esc(w)}</li>" for w in warnings) + "</ul></div>")
     else:
         parts.append("<p>None.</p>")
     for s in sections:
-        parts.append(f"<h2>{esc(s.title)}</h2>")
-        if s.intro:
-            parts.append(s.intro)
-        for cap, df in s.tables:
-            if cap:
-                parts.append(f"<p><b>{esc(cap)}</b></p>")
-            parts.append(table_html(df))
-        for f in s.figures:
-            parts.append(f'<figure><img src="{esc(f.src)}" alt="{esc(f.caption)}">'
-                         f"<figcaption>{esc(f.caption)}</figcaption></figure>")
+        if not s.lead:
+            _section(parts, s)
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"
+
+
+def _section(parts: list[str], s: Section) -> None:
+    parts.append(f"<h2>{esc(s.title)}</h2>")
+    if s.intro:
+        parts.append(s.intro)
+    for cap, df in s.tables:
+        if cap:
+            parts.append(f"<p><b>{esc(cap)}</b></p>")
+        parts.append(table_html(df))
+    for f in s.figures:
+        parts.append(f'<figure><img src="{esc(f.src)}" alt="{esc(f.caption)}">'
+                     f"<figcaption>{esc(f.caption)}</figcaption></figure>")
 
 
 def write_index(out_dir: Path, title: str, meta: str, warnings: Sequence[str],

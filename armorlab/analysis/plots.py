@@ -5,13 +5,12 @@ the group-by keys, and a group keeps its colour across figures."""
 from __future__ import annotations
 
 import functools
+import io
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 
-from armorlab.analysis.memo import rendered
-from armorlab.analysis.png import encode_rgba
 from armorlab.analysis.stats import CurveBand
 from armorlab.analysis.values import fmt_value
 from armorlab.core.fsutil import atomic_file
@@ -19,10 +18,10 @@ from armorlab.core.fsutil import atomic_file
 
 @functools.cache
 def _matplotlib():
-    """The matplotlib names the figures use, imported at the first figure: the report's main
-    process may leave every figure to its worker (armorlab.analysis.report) and never pay for it.
-    A Figure on an Agg canvas, not pyplot: a report only writes PNGs, and pyplot's import, its
-    figure registry and its per-change interactive-redraw hook were ~4 % of the figures' cost."""
+    """The matplotlib names the figures use, imported at the first figure (a report without
+    figures never pays for it). A Figure on an Agg canvas, not pyplot: a report only writes PNGs,
+    and pyplot's import, its figure registry and its per-change interactive-redraw hook were ~4 %
+    of the figures' cost."""
     import types
 
     import matplotlib
@@ -62,6 +61,7 @@ def _palette(n: int) -> list[tuple[float, float, float, float]]:
 
 DPI = 110
 STEP_LABEL = "step (optimizer steps)"
+AXIS_LABELS = {"step": STEP_LABEL, "rollout": "rollout (generation batches)"}  # a recipe's ``x``
 _UNITS = {"acc": "accuracy, avg@k", "reward": "mean reward", "entropy": "nats/token",
           "length": "tokens", "approx_kl": "nats/token", "rate": "fraction", "gate_drop": "fraction",
           "pos_mean": "Δπ", "neg_mean": "Δπ", "pos_bound_frac": "fraction of A>0 tokens"}
@@ -71,7 +71,7 @@ def metric_label(metric: str) -> str:
     """Axis label with units: ``val/acc (accuracy, avg@k)``, ``kl/forward_k3 (nats/sequence)``.
 
     The trainer logs every ``kl/*`` value as a per-sequence sum of the per-token estimate,
-    averaged over sequences (README, "Train a run"), so KL is in nats per sequence."""
+    averaged over sequences (docs/training.md, "What a run logs"), so KL is in nats per sequence."""
     ns, _, name = metric.partition("/")
     if ns == "kl":
         unit = "nats/sequence"
@@ -82,11 +82,12 @@ def metric_label(metric: str) -> str:
     return f"{metric} ({unit})" if unit else metric
 
 
-def _step_axis(ax, fontsize=None) -> None:
-    """x axis in optimizer steps, integer ticks only (a short run must not show step 2.5)."""
+def _step_axis(ax, fontsize=None, label: str = STEP_LABEL) -> None:
+    """x axis in optimizer steps (or ``label``'s counter), integer ticks only (a short run must not
+    show step 2.5)."""
     from matplotlib.ticker import MaxNLocator
 
-    ax.set_xlabel(STEP_LABEL, fontsize=fontsize)
+    ax.set_xlabel(label, fontsize=fontsize)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
@@ -271,14 +272,17 @@ def _save(fig, path: Path) -> Path:
     bbox_inches="tight": that draws the figure twice, and the first draw was a fifth of the
     report's figure time. One draw of the canvas at the PNG's resolution runs a layout engine
     (measuring text at that resolution) and draws: savefig's pixels (its facecolor "auto" is
-    the figure's), without savefig's extra layout draw or its encoder (armorlab.analysis.png
-    says why)."""
+    the figure's), without savefig's extra layout draw; the canvas is then encoded by the writer
+    savefig itself uses (matplotlib.image.imsave, Pillow)."""
     if fig.dpi != DPI:
         fig.set_dpi(DPI)
     fig.canvas.draw()
-    data = encode_rgba(fig.canvas.buffer_rgba(), dpi=DPI, text={"Software": _software()})
-    # renamed into place: a figure process orphaned by a killed worker may still be writing the
-    # PNG that the main process draws again (the same bytes)
+    from matplotlib.image import imsave
+
+    buf = io.BytesIO()
+    imsave(buf, np.asarray(fig.canvas.buffer_rgba()), format="png", dpi=DPI, metadata={"Software": _software()})
+    data = buf.getvalue()
+    # renamed into place: a reader never sees half a PNG
     with atomic_file(path) as tmp:
         tmp.write_bytes(data)
     return path
@@ -331,11 +335,11 @@ def _band(ax, band: CurveBand, color, label: str | None, *, linestyle="-") -> No
     ax.plot(band.steps, band.mean, color=color, linestyle=linestyle, linewidth=1.6, label=label)
 
 
-@rendered
 def plot_curves(bands: Mapping[str, CurveBand], metric: str, path: Path, *, legend_title: str,
                 colors: Mapping[str, tuple], markers: Mapping[str, Sequence[tuple]] | None = None,
                 matched_steps: Sequence[int] = (), title: str | None = None,
-                noise: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None) -> Path:
+                noise: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None,
+                x_label: str = STEP_LABEL) -> Path:
     """One metric per group: mean over seeds with its 95 % CI band; ▼ = a seed's collapse step,
     labelled with its text when a marker is (step, value, text); ``noise`` = {group: (steps, SE)}
     draws the eval-noise band mean ± 1 SE as thin dashed lines."""
@@ -368,16 +372,15 @@ def plot_curves(bands: Mapping[str, CurveBand], metric: str, path: Path, *, lege
     if matched_steps:
         extra.append((plt.Line2D([], [], color="gray", linestyle=":"), "matched steps"))
     ax.set_title(title or f"{metric} per group (mean over seeds, 95% CI)")
-    _step_axis(ax)
+    _step_axis(ax, label=x_label)
     ax.set_ylabel(metric_label(metric))
     ax.grid(alpha=0.3)
     return _finish(fig, ax, path, legend_title, extra_handles=extra)
 
 
-@rendered
 def plot_overoptimisation(train: Mapping[str, CurveBand], val: Mapping[str, CurveBand], train_metric: str,
                           val_metric: str, path: Path, *, legend_title: str,
-                          colors: Mapping[str, tuple]) -> Path:
+                          colors: Mapping[str, tuple], x_label: str = STEP_LABEL) -> Path:
     """Train reward (dashed) and validation (solid) on one axis: rising train reward over falling
     validation is over-optimisation."""
     fig, ax = plt.subplots(figsize=(8, 4.6))
@@ -389,7 +392,7 @@ def plot_overoptimisation(train: Mapping[str, CurveBand], val: Mapping[str, Curv
     style = [(plt.Line2D([], [], color="gray"), val_metric),
              (plt.Line2D([], [], color="gray", linestyle="--"), train_metric)]
     ax.set_title(f"Over-optimisation: {train_metric} (dashed) vs {val_metric} (solid)")
-    _step_axis(ax)
+    _step_axis(ax, label=x_label)
     ax.set_ylabel("reward / accuracy (fraction)")
     ax.grid(alpha=0.3)
     return _finish(fig, ax, path, legend_title, extra_handles=style)
@@ -406,9 +409,8 @@ def _panel_grid(n: int, *, max_cols: int, panel_size: tuple[float, float]):
     return fig, flat
 
 
-@rendered
 def plot_kl(panels: Mapping[str, Mapping[str, CurveBand]], path: Path, *, legend_title: str,
-            colors: Mapping[str, tuple]) -> Path:
+            colors: Mapping[str, tuple], x_label: str = STEP_LABEL) -> Path:
     """Forward and reverse KL over steps, one panel per KL metric (ARMOR Fig. 2b style)."""
     n = len(panels)
     fig, flat = _panel_grid(n, max_cols=2, panel_size=(5.2, 4.0))
@@ -419,7 +421,7 @@ def plot_kl(panels: Mapping[str, Mapping[str, CurveBand]], path: Path, *, legend
         name = metric.split("/", 1)[-1]
         kind = next((v for k, v in titles.items() if name.startswith(k) or name.startswith(f"exact_{k}")), metric)
         ax.set_title(f"{kind}\n{metric}", fontsize=10)
-        _step_axis(ax)
+        _step_axis(ax, label=x_label)
         ax.set_ylabel(metric_label(metric))
         ax.grid(alpha=0.3)
     sup = fig.suptitle("KL to the reference policy (mean over seeds, 95% CI)")
@@ -434,7 +436,6 @@ def _ecdf(ax, x: np.ndarray, color, label: str, linestyle="-") -> None:
     ax.step(x, y, where="post", color=color, label=f"{label} (n={x.size:,})", linestyle=linestyle)
 
 
-@rendered
 def plot_capacity(per_group: Mapping[str, np.ndarray], counterfactual: Mapping[str, np.ndarray], path: Path,
                   *, legend_title: str, colors: Mapping[str, tuple]) -> Path:
     """ECDF of probability capacity of A > 0 tokens: left, each group under its own objective;
@@ -465,7 +466,6 @@ def plot_capacity(per_group: Mapping[str, np.ndarray], counterfactual: Mapping[s
     return _save(fig, path)
 
 
-@rendered
 def plot_ablation(summary_rows: Sequence[Mapping], per_run: Mapping[str, Mapping[str, np.ndarray]],
                   scores: Sequence[str], score_labels: Mapping[str, str], x_key: str, hue_keys: Sequence[str],
                   path: Path, *, colors: Mapping[str, tuple]) -> Path:
@@ -535,9 +535,8 @@ def plot_ablation(summary_rows: Sequence[Mapping], per_run: Mapping[str, Mapping
     return _save(fig, path)
 
 
-@rendered
 def plot_curve_grid(panels: Mapping[str, Mapping[str, CurveBand]], path: Path, *, legend_title: str,
-                    colors: Mapping[str, tuple]) -> Path:
+                    colors: Mapping[str, tuple], x_label: str = STEP_LABEL) -> Path:
     """Small multiples: every recipe curve, one panel per metric."""
     n = len(panels)
     fig, flat = _panel_grid(n, max_cols=3, panel_size=(4.6, 3.5))
@@ -545,7 +544,7 @@ def plot_curve_grid(panels: Mapping[str, Mapping[str, CurveBand]], path: Path, *
         for g, band in bands.items():
             _band(ax, band, colors[g], g)
         ax.set_title(metric, fontsize=10)
-        _step_axis(ax, fontsize=8)
+        _step_axis(ax, fontsize=8, label=x_label)
         ax.set_ylabel(metric_label(metric), fontsize=8)
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)

@@ -7,15 +7,23 @@ group_by: [objective, alpha]            # config keys (dotted ok); default: the 
 curves: [val/acc, train/reward, kl/forward_k3, kl/reverse_k3, cap/pos_mean, train/entropy]
 select: {metric: val/acc, mode: max, report: test/acc}   # (R1) best on val, reported on test
 matched_steps: [100, 200, 400]          # (R2); default: ¼, ½, 1 of the shortest run
+x: step                                 # the x axis of curves and steps: step (optimizer) or rollout
 scores: [selected_test, test@400, auc]  # headline scores: probability of improvement + bar charts
-compare: {baseline: {objective: dapo}}  # or {pairs: [[{objective: armor}, {objective: dapo}]]}
+compare: {baseline: {objective: dapo},  # a selector or a group label; or pairs: [[{objective: armor}, {objective: dapo}]]
+          endpoints: [final, drop, selected_test],   # verdicts (verdicts.py): the first is primary
+          delta: null}                  # smallest effect of interest; null = 2 SE of one eval (val/n)
 collapse: {delta: 0.03, patience: 3, alpha: 0.04, entropy_frac: 0.1,   # collapse.py (C1)–(C7)
            train: train/reward, entropy: train/entropy, length: train/length}
 kl: [kl/reverse_k3, kl/forward_k3]      # the KL figure (default: these and kl/exact_*, if logged)
 out: reports/armor_vs_dapo              # default: reports/<recipe name>
+format: tensorboard                     # read every path as this format (default: detected per path)
+runs_map: runs.yaml                     # imported runs' group, seed, val_n (armorlab.analysis.importers.mapping)
+val_n: 500                              # val/n of imported runs that log val/acc without it
 ```
 Every key but ``runs`` is optional; unknown keys and bad values are errors naming the key, the
 value and the file. Seeds are never a group key: they are what the statistics aggregate.
+With ``x: rollout`` every step of the report (curves, matched_steps, peak, collapse and selected
+steps) counts rollouts, the metrics lines' ``rollout`` counter; lines of one rollout are averaged.
 """
 
 from __future__ import annotations
@@ -26,16 +34,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from armorlab.analysis import importers
+from armorlab.core.checks import did_you_mean
 from armorlab.core.config import load_yaml_mapping
 from armorlab.errors import ArmorLabError
 
 DEFAULT_CURVES = ("val/acc", "train/reward", "kl/reverse_k3", "kl/forward_k3", "cap/pos_mean",
                   "train/entropy", "val/length", "anchor/rate", "anchor/gate_drop_success",
-                  "anchor/gate_keep_success")
+                  "anchor/gate_keep_success", "obj/beta_kl")
 DEFAULT_KL = ("kl/reverse_k3", "kl/forward_k3", "kl/exact_reverse", "kl/exact_forward")
 SEED_KEYS = ("seed",)
 KEYS = ("title", "runs", "group_by", "curves", "select", "matched_steps", "scores", "compare",
-        "collapse", "kl", "out")
+        "collapse", "kl", "out", "x", "format", "runs_map", "val_n")
+X_AXES = ("step", "rollout")  # the counters a metrics line carries (armorlab.core.schedule)
 
 
 @dataclass(frozen=True)
@@ -56,11 +67,19 @@ class CollapseParams:
     length: str = "train/length"
 
 
+DEFAULT_ENDPOINTS = ("final", "drop", "selected_test")
+
+
 @dataclass(frozen=True)
 class Compare:
-    """Pairs of group selectors for probability of improvement; both None = automatic."""
-    baseline: dict[str, Any] | None = None
+    """Which groups are compared (probability of improvement, verdicts): a baseline (a selector
+    mapping or a group label) or pairs of selectors; both None = automatic. ``endpoints``: the
+    per-run scores the verdicts judge, the first the primary (None = DEFAULT_ENDPOINTS);
+    ``delta``: the smallest effect of interest (None = twice one evaluation's standard error)."""
+    baseline: dict[str, Any] | str | None = None
     pairs: list[tuple[dict[str, Any], dict[str, Any]]] | None = None
+    endpoints: list[str] | None = None
+    delta: float | None = None
 
 
 @dataclass
@@ -76,6 +95,10 @@ class Recipe:
     collapse: CollapseParams = field(default_factory=CollapseParams)
     kl: list[str] = field(default_factory=lambda: list(DEFAULT_KL))
     out: str | None = None
+    x: str = "step"
+    format: str | None = None        # imported runs (armorlab.analysis.importers): read every path as this
+    runs_map: str | None = None      # runs.yaml: imported runs' group, seed, val_n
+    val_n: int | None = None         # val/n of imported runs that log val/acc without it
     path: Path | None = None
 
 
@@ -96,7 +119,7 @@ def _mapping(raw: Any, key: str, file: str | None, known: tuple[str, ...]) -> di
         raise _err("must be a mapping", key, raw, file)
     for k in raw:
         if k not in known:
-            raise _err(f"unknown key (known: {', '.join(known)})", f"{key}.{k}", raw[k], file)
+            raise _err(f"unknown key{did_you_mean(k, known)} (known: {', '.join(known)})", f"{key}.{k}", raw[k], file)
     return dict(raw)
 
 
@@ -112,10 +135,10 @@ def parse_recipe(raw: Mapping[str, Any], *, file: str | None = None, name: str |
         raise _err("a recipe must be a mapping", "<root>", raw, file)
     for k in raw:
         if k not in KEYS:
-            raise _err(f"unknown recipe key (known: {', '.join(KEYS)})", str(k), raw[k], file)
-    if "runs" not in raw:
-        raise _err("a recipe needs `runs:` (run dirs, sweep dirs or globs)", "runs", None, file)
-    r = Recipe(runs=_str_list(raw["runs"], "runs", file))
+            raise _err(f"unknown recipe key{did_you_mean(k, KEYS)} (known: {', '.join(KEYS)})", str(k), raw[k], file)
+    if "runs" not in raw and raw.get("runs_map") is None:
+        raise _err("a recipe needs `runs:` (run dirs, sweep dirs or globs) or `runs_map:`", "runs", None, file)
+    r = Recipe(runs=_str_list(raw["runs"], "runs", file) if "runs" in raw else [])
     r.title = raw.get("title") or name or r.title
     if not isinstance(r.title, str):
         raise _err("must be a string", "title", r.title, file)
@@ -162,10 +185,21 @@ def parse_recipe(raw: Mapping[str, Any], *, file: str | None = None, name: str |
                 raise _err("must be a metric name", f"collapse.{k}", v, file)
         r.collapse = CollapseParams(**col)
     if raw.get("compare") is not None:
-        cmp_ = _mapping(raw["compare"], "compare", file, ("baseline", "pairs"))
+        cmp_ = _mapping(raw["compare"], "compare", file, ("baseline", "pairs", "endpoints", "delta"))
         if "baseline" in cmp_ and "pairs" in cmp_:
             raise _err("give either baseline or pairs", "compare", cmp_, file)
-        baseline = _selector(cmp_["baseline"], "compare.baseline", file) if "baseline" in cmp_ else None
+        baseline = None
+        if isinstance(cmp_.get("baseline"), str) and cmp_["baseline"]:
+            baseline = cmp_["baseline"]  # a group label, as the report names groups
+        elif "baseline" in cmp_:
+            baseline = _selector(cmp_["baseline"], "compare.baseline", file)
+        endpoints = (_str_list(cmp_["endpoints"], "compare.endpoints", file)
+                     if cmp_.get("endpoints") is not None else None)
+        delta = cmp_.get("delta")
+        if delta is not None and (isinstance(delta, bool) or not isinstance(delta, (int, float))
+                                  or not math.isfinite(delta) or delta <= 0):
+            raise _err("must be a number > 0 (or null: twice one evaluation's standard error)",
+                       "compare.delta", delta, file)
         pairs = None
         if "pairs" in cmp_:
             if not isinstance(cmp_["pairs"], list) or not cmp_["pairs"]:
@@ -176,11 +210,29 @@ def parse_recipe(raw: Mapping[str, Any], *, file: str | None = None, name: str |
                     raise _err("each pair is [selector, selector]", f"compare.pairs[{i}]", pair, file)
                 pairs.append((_selector(pair[0], f"compare.pairs[{i}][0]", file),
                               _selector(pair[1], f"compare.pairs[{i}][1]", file)))
-        r.compare = Compare(baseline, pairs)
+        r.compare = Compare(baseline, pairs, list(dict.fromkeys(endpoints)) if endpoints else None,
+                            float(delta) if delta is not None else None)
+    if raw.get("x") is not None:
+        if raw["x"] not in X_AXES:
+            raise _err(f"must be one of {', '.join(X_AXES)}", "x", raw["x"], file)
+        r.x = raw["x"]
     if raw.get("out") is not None:
         if not isinstance(raw["out"], str) or not raw["out"]:
             raise _err("must be a directory path", "out", raw["out"], file)
         r.out = raw["out"]
+    if raw.get("format") is not None:
+        if raw["format"] not in importers.FORMATS:
+            raise _err(f"must be one of {', '.join(importers.FORMATS)}", "format", raw["format"], file)
+        r.format = raw["format"]
+    if raw.get("runs_map") is not None:
+        if not isinstance(raw["runs_map"], str) or not raw["runs_map"]:
+            raise _err("must be the path of a runs.yaml", "runs_map", raw["runs_map"], file)
+        r.runs_map = raw["runs_map"]
+    if raw.get("val_n") is not None:
+        v = raw["val_n"]
+        if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+            raise _err("must be a positive integer (completions per evaluation)", "val_n", v, file)
+        r.val_n = v
     return r
 
 
@@ -192,21 +244,25 @@ def load_recipe(path: str | Path) -> Recipe:
     return recipe
 
 
-def recipe_for_paths(paths: list[str], *, group_by: list[str] | None = None) -> Recipe:
+def recipe_for_paths(paths: list[str], *, group_by: list[str] | None = None, format: str | None = None,
+                     runs_map: str | None = None, val_n: int | None = None) -> Recipe:
     """The recipe behind ``armorlab report DIR...``: every default, the given dirs as runs."""
-    names = [Path(p).name or str(p) for p in paths]
+    names = [Path(p).name or str(p) for p in paths] or [Path(runs_map).stem if runs_map else "runs"]
     title = names[0] if len(names) == 1 else " vs ".join(names[:3]) + (" …" if len(names) > 3 else "")
-    return Recipe(runs=list(paths), title=title, group_by=group_by)
+    return Recipe(runs=list(paths), title=title, group_by=group_by, format=format, runs_map=runs_map, val_n=val_n)
 
 
 def default_out_dir(recipe: Recipe) -> Path:
     """recipe ``out:``; else a single run's ``report/``; a single sweep's ``<sweep>/report``;
-    else ``reports/<recipe name>``."""
+    else ``reports/<recipe name>`` (and ``reports/<name>`` for another library's run: importing
+    never writes into its directory)."""
     if recipe.out:
         return Path(recipe.out)
     if recipe.path is None and len(recipe.runs) == 1:
         p = Path(recipe.runs[0])
         if (p / "config.yaml").is_file() or p.is_dir():
-            return p / "report"
+            if not importers.holds_imports(p):
+                return p / "report"
+            return Path("reports") / (p.resolve().name or "compare")
     name = recipe.path.stem if recipe.path else "compare"
     return Path("reports") / name

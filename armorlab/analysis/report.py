@@ -7,6 +7,8 @@ Output directory layout::
     tables/groups.{csv,md,tex}        one row per group (CSV: numbers; md/tex: mean [95% CI])
     tables/runs.csv                   one row per run, every score
     tables/improvement.{csv,md,tex}   probability of improvement per compared pair
+    tables/verdicts.{csv,md,tex}      better / worse / equivalent / not resolved per arm (first on the page;
+                                      a sweep run until resolved: its looks.json's, analysis/looks_report.py)
     tables/configs.csv                config keys that differ between groups
     recipe.yaml               the recipe as resolved (group keys, matched steps, scores)
 
@@ -28,9 +30,17 @@ import numpy as np
 import pandas as pd
 
 from armorlab.analysis import capacity_stats as cs
-from armorlab.analysis import collapse, freshness, memo, plots, select, stats, tables
+from armorlab.analysis import (
+    collapse,
+    freshness,
+    looks_report,
+    plots,
+    select,
+    stats,
+    tables,
+    verdict_table,
+)
 from armorlab.analysis import groups as G
-from armorlab.analysis.figure_worker import FigureWorker, wanted
 from armorlab.analysis.html import Figure, Section, esc, write_index
 from armorlab.analysis.load import RunSet, load
 from armorlab.analysis.recipe import DEFAULT_CURVES, Recipe, default_out_dir  # noqa: F401 (re-export)
@@ -51,6 +61,7 @@ class ReportResult:
     warnings: list[str] = field(default_factory=list)
     n_runs: int = 0
     n_groups: int = 0
+    verdicts: list[str] = field(default_factory=list)   # one sentence per compared arm
 
 
 def _curves(recipe: Recipe, rs: RunSet) -> list[str]:
@@ -97,11 +108,24 @@ def _missing_metric_notes(rs: RunSet, metrics: Sequence[str], notes: G.Notes, ex
 
 def _state_notes(rs: RunSet, notes: G.Notes) -> None:
     for run in rs.runs.itertuples(index=False):
+        if run.state == "unknown":  # an imported run whose source does not record how it ended
+            continue
         if run.state != "completed":
             reason = f": {run.reason}" if isinstance(run.reason, str) and run.reason else ""
             notes.add(f"run {run.run_id} is {run.state}{reason} (its curves end early)")
         elif isinstance(run.reason, str) and run.reason.startswith("stopped"):
             notes.add(f"run {run.run_id} {run.reason}")
+
+
+def _counter_notes(rs: RunSet, notes: G.Notes) -> None:
+    """With ``x: rollout``, name the runs whose lines carry no rollout counter (written before it
+    existed): their curves are left out."""
+    if rs.counter == "step":
+        return
+    lacking = [r for r in rs.run_ids if rs.last_step(r) is None]
+    if lacking:
+        notes.add(f"{len(lacking)} run(s) log no `{rs.counter}` counter and are left out of the curves: "
+                  f"{', '.join(lacking[:6])}" + (" …" if len(lacking) > 6 else ""))
 
 
 def _bands(rs: RunSet, groups: G.Groups, metric: str, notes: G.Notes) -> dict[str, stats.CurveBand]:
@@ -198,57 +222,52 @@ def _token_samples(rs: RunSet, groups: G.Groups, notes: G.Notes):
     return per_run, per_group, cf
 
 
-MEMO = ".armorlab-cache/memo.pickle"  # in the output dir: bootstrap results, bands, drawn figures
 MAX_ONSET_LABELS = 40  # collapse onsets labelled with their fall in SE, at most
 
 def build_report(recipe: Recipe, out_dir: str | Path | None = None, *, cache: bool = True,
                  progress: Callable[[int, int], None] | None = None,
                  extra_sections: Callable[[Path, Callable[[str], None]], list[Section]] | None = None,
                  lead: Callable[[pd.DataFrame, RunSet, Path], Section | None] | None = None,
-                 figure_worker: bool | FigureWorker | None = None) -> ReportResult:
+                 names: Callable[[pd.DataFrame, RunSet], Mapping[str, str]] | None = None) -> ReportResult:
     """Write the whole report for ``recipe`` and return what was written.
 
     ``extra_sections(out_dir, warn)`` returns sections appended after the run report's; ``warn``
     adds a note to the report's warnings. ``lead(per_run, runs, out_dir)`` may return a section
-    shown first (the demo's headline). With ``cache``, results of unchanged inputs come from
-    the last report in the same output dir (armorlab.analysis.memo). ``figure_worker``: draw
-    the figures in a worker process (None: when figure_worker.wanted says it pays off), or in
-    this one worker (started by the caller before it imported this module, so that matplotlib's
-    import overlaps pandas'; closed here); the report is the same either way."""
+    shown first (the demo's headline); ``names(per_run, runs)`` the groups' names in the verdict
+    sentences (default: their labels). With ``cache``, the runs' parsed metrics come from the
+    metrics cache (armorlab.analysis.load)."""
     out = Path(out_dir) if out_dir is not None else default_out_dir(recipe)
-    if isinstance(figure_worker, FigureWorker):
-        worker = figure_worker
-    else:
-        worker = FigureWorker(wanted(recipe.runs) if figure_worker is None else figure_worker)
-    try:
-        with memo.using(out / MEMO, enabled=cache):
-            return _build_report(recipe, out, cache=cache, progress=progress, extra_sections=extra_sections,
-                                 lead=lead, worker=worker)
-    finally:
-        worker.close()
+    return _build_report(recipe, out, cache=cache, progress=progress, extra_sections=extra_sections, lead=lead,
+                         names=names)
+
+
+def _draw(plot: Callable[..., Path], *args: Any, **kwargs: Any) -> Callable[[], Path]:
+    """Draw one figure (a function of armorlab.analysis.plots) now; the page asks for its path."""
+    path = plot(*args, **kwargs)
+    return lambda: path
 
 
 def _build_report(recipe: Recipe, out: Path, *, cache: bool, progress: Callable[[int, int], None] | None,
                   extra_sections: Callable[[Path, Callable[[str], None]], list[Section]] | None,
                   lead: Callable[[pd.DataFrame, RunSet, Path], Section | None] | None = None,
-                  worker: FigureWorker) -> ReportResult:
+                  names: Callable[[pd.DataFrame, RunSet], Mapping[str, str]] | None = None) -> ReportResult:
     file = str(recipe.path) if recipe.path else None
     key = freshness.input_key(recipe, out)  # before reading: a run growing meanwhile makes it stale
     freshness.forget(out)
-    rs = load(recipe.runs, cache=cache, progress=progress)
+    rs = load(recipe.runs, cache=cache, progress=progress, format=recipe.format, mapping=recipe.runs_map,
+              val_n=recipe.val_n)
+    rs.counter = recipe.x  # steps in optimizer steps or rollouts, everywhere below
     notes = G.Notes(list(rs.warnings))
     _state_notes(rs, notes)
+    _counter_notes(rs, notes)
+    axis = {} if recipe.x == "step" else {"x_label": plots.AXIS_LABELS[recipe.x]}
     keys = recipe.group_by if recipe.group_by is not None else G.auto_group_by(rs.runs)
     groups = G.make_groups(rs.runs, keys, file=file)
     legend = ", ".join(keys) if keys else "group"
     sel = recipe.select
 
     curves = _curves(recipe, rs)
-    # the worker's figures in the order that keeps both cores busy to the end: the KL figure
-    # first (drawn while the notes and scores are computed: a core would otherwise idle after
-    # the loading), then the figures that wait on the scores (the largest, the collapse curve,
-    # and the ablation), then the other curves, which need only bands. Notes are added in the
-    # order the page always listed them.
+    # notes are added in the order the page always listed them, whatever order the figures take
     colors = plots.group_colors(groups.labels)
     computed: dict[str, dict[str, stats.CurveBand]] = {}
 
@@ -264,8 +283,8 @@ def _build_report(recipe: Recipe, out: Path, *, cache: bool, progress: Callable[
     kl_panels = {m: band(m, kl_notes) for m in recipe.kl}
     kl_panels = {m: b for m, b in kl_panels.items() if b}
     if kl_panels:
-        drawn["kl"] = ("kl", worker.draw(plots.plot_kl, kl_panels, plot_dir / "kl.png", legend_title=legend,
-                                         colors=colors),
+        drawn["kl"] = ("kl", _draw(plots.plot_kl, kl_panels, plot_dir / "kl.png", legend_title=legend,
+                                         colors=colors, **axis),
                        "reverse KL(π_θ‖π_ref) and forward KL(π_ref‖π_θ) over steps")
     explicit = set(recipe.curves or ()) | {sel.metric, sel.report}
     _missing_metric_notes(rs, list(dict.fromkeys([sel.metric, sel.report, *curves])), notes, explicit)
@@ -309,10 +328,10 @@ def _build_report(recipe: Recipe, out: Path, *, cache: bool, progress: Callable[
         labelled = n_onsets <= MAX_ONSET_LABELS
         if not labelled:  # past this they overlap into a smear (and cost a fifth of all figure time)
             markers = {g: [(x, y, "") for x, y, _ in pts] for g, pts in markers.items()}
-        drawn["val"] = ("results", worker.draw(plots.plot_curves, band(sel.metric), sel.metric,
+        drawn["val"] = ("results", _draw(plots.plot_curves, band(sel.metric), sel.metric,
                                                plot_dir / "val.png", legend_title=legend, colors=colors,
                                                markers=markers, matched_steps=matched,
-                                               noise=_noise_bands(rs, groups, sel.metric)),
+                                               noise=_noise_bands(rs, groups, sel.metric), **axis),
                         f"{sel.metric} per group: mean over seeds with its 95% CI (shaded); thin dashed lines: ±1 SE "
                         f"of eval noise (binomial from val/n where logged, else estimated from the curve); ▼ = a "
                         f"seed's collapse onset, "
@@ -333,33 +352,41 @@ def _build_report(recipe: Recipe, out: Path, *, cache: bool, progress: Callable[
         hue = [k for k in keys if k != x_key and k in varying]
         at, numeric = G.group_rows(per_run), G.numeric_columns(per_run, scores)
         seeds = {g: {s: numeric[s][at.get(g, np.empty(0, dtype=np.int64))] for s in scores} for g in groups.labels}
-        drawn["ablation"] = ("results", worker.draw(plots.plot_ablation, summary.to_dict("records"), seeds,
+        drawn["ablation"] = ("results", _draw(plots.plot_ablation, summary.to_dict("records"), seeds,
                                                     scores, label, x_key, hue, plot_dir / "ablation.png",
                                                     colors=colors),
                              f"headline scores by {x_key}: mean with 95% CI (Student-t below "
                              f"{stats.T_MIN_BOOTSTRAP} seeds); dots are seeds")
     if band(sel.metric) and band(col.train):
-        drawn["overoptimisation"] = ("results", worker.draw(
+        drawn["overoptimisation"] = ("results", _draw(
             plots.plot_overoptimisation, band(col.train), band(sel.metric), col.train, sel.metric,
-            plot_dir / "overoptimisation.png", legend_title=legend, colors=colors),
+            plot_dir / "overoptimisation.png", legend_title=legend, colors=colors, **axis),
             f"{col.train} (dashed) against {sel.metric} (solid): the over-optimisation picture")
     bands = {m: band(m) for m in curves if band(m)}
     # the small multiples show only what no figure above shows: each extra figure costs a second
     shown = {sel.metric, col.train, *kl_panels} if sel.metric in bands else set(kl_panels)
     others = {m: b for m, b in bands.items() if m not in shown}
     if others:
-        drawn["curves"] = ("curves", worker.draw(plots.plot_curve_grid, others, plot_dir / "curves.png",
-                                                 legend_title=legend, colors=colors),
+        drawn["curves"] = ("curves", _draw(plots.plot_curve_grid, others, plot_dir / "curves.png",
+                                                 legend_title=legend, colors=colors, **axis),
                            f"the recipe's other curves: mean over seeds with 95% CI (Student-t below "
                            f"{stats.T_MIN_BOOTSTRAP} seeds, BCa bootstrap from {stats.T_MIN_BOOTSTRAP})")
     notes.extend(score_notes)
     if cap_groups:
-        drawn["capacity"] = ("capacity", worker.draw(plots.plot_capacity, cap_groups, cap_cf,
+        drawn["capacity"] = ("capacity", _draw(plots.plot_capacity, cap_groups, cap_cf,
                                                      plot_dir / "capacity.png", legend_title=legend,
                                                      colors=colors),
                              "ECDF of probability capacity of A>0 tokens from tokens/ samples")
     pairs = G.comparison_pairs(rs.runs, groups, recipe)
     poi = G.improvement_table(per_run, pairs, scores)
+    # a sweep run until resolved: its looks.json's verdicts; fixed-sample ones would ignore the looks
+    sequential = looks_report.find(recipe.runs)
+    if sequential:
+        looks_report.prepare(sequential, sel.metric, sel.report)
+        looks_report.check(sequential, per_run, rs, notes)
+        verdicts = None
+    else:
+        verdicts = verdict_table.build(per_run, rs, recipe, pairs, notes, names(per_run, rs) if names else None)
 
     tdir = out / "tables"
     group_display = tables.display_group_table(summary, keys, cols, sel.metric, sel.report)
@@ -382,6 +409,10 @@ def _build_report(recipe: Recipe, out: Path, *, cache: bool, progress: Callable[
     written += tables.write_table(poi_display, tdir / "improvement", formats=("md", "tex"),
                                   caption="probability of improvement P(X > Y) over seeds")
     written += tables.write_table(diff, tdir / "configs", formats=("csv",))
+    if verdicts is not None:
+        written += verdict_table.write(verdicts, tdir)
+    if sequential:
+        written += looks_report.write(sequential, tdir)
     anchors = _anchor_table(rs, groups)
     if anchors is not None:
         written += tables.write_table(anchors, tdir / "anchors", formats=("csv", "md"))
@@ -390,7 +421,9 @@ def _build_report(recipe: Recipe, out: Path, *, cache: bool, progress: Callable[
         "title": recipe.title, "runs": list(recipe.runs), "group_by": list(keys), "curves": curves,
         "select": {"metric": sel.metric, "mode": sel.mode, "report": sel.report},
         "matched_steps": list(matched), "scores": scores, "kl": list(recipe.kl),
-        "collapse": dict(vars(recipe.collapse))})
+        "collapse": dict(vars(recipe.collapse)),
+        "compare": {"endpoints": list(recipe.compare.endpoints or verdict_table.DEFAULT_ENDPOINTS),
+                    "delta": {e: d for e, (d, _) in verdicts.deltas.items()} if verdicts else recipe.compare.delta}})
 
     order = ("val", "overoptimisation", "kl", "capacity", "ablation", "curves")  # their place on the page
     figs = [(section, path(), caption) for name in order if name in drawn
@@ -400,14 +433,19 @@ def _build_report(recipe: Recipe, out: Path, *, cache: bool, progress: Callable[
     first = lead(per_run, rs, out) if lead is not None else None
     if first is not None:
         sections.insert(0, first)
+    if verdicts is not None:
+        sections.insert(0, verdict_table.section(verdicts, len(pairs)))
+    if sequential:
+        sections.insert(0, looks_report.section(sequential))
     if extra_sections is not None:
         sections += extra_sections(out, notes.add)
     meta = (f"{len(rs.run_ids)} runs in {len(groups.labels)} groups (group_by: {esc(legend)}) · "
             f"selection on {esc(sel.metric)} ({sel.mode}), reported on {esc(sel.report)} · "
             f"matched steps {esc(', '.join(map(str, matched)) or 'none')} · generated {esc(now_iso())}")
     index = write_index(out, recipe.title, meta, notes.items, sections)
+    sentences = verdicts.sentences if verdicts is not None else [x for s in sequential for x in s.sentences]
     result = ReportResult(out, index, [p for _, p, _ in figs], written, list(notes.items), len(rs.run_ids),
-                          len(groups.labels))
+                          len(groups.labels), sentences)
     # every figure under plots/, the extra sections' too (an Optuna study's)
     figures = [p for p in (out / "plots").rglob("*") if p.is_file()] if (out / "plots").is_dir() else []
     freshness.write_stamp(out, key, result_summary(result),
@@ -419,7 +457,7 @@ def result_summary(result: ReportResult) -> dict[str, Any]:
     """What the CLI prints about a report, as JSON (kept in the freshness stamp)."""
     return {"index": str(result.index), "plots": [str(p) for p in result.plots],
             "tables": [str(p) for p in result.tables], "warnings": list(result.warnings),
-            "n_runs": result.n_runs, "n_groups": result.n_groups}
+            "n_runs": result.n_runs, "n_groups": result.n_groups, "verdicts": list(result.verdicts)}
 
 
 

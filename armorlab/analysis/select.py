@@ -8,6 +8,10 @@
 
 The gap between (R1)'s val value and the matched-step values is the best-checkpoint selection
 bias the ARMOR review names.
+
+A run's *kept* checkpoint (selected.json, written by the trainer) is chosen by the report's
+noise-aware peak instead (``select_checkpoints``): the best level of several evals, not (R1)'s raw
+maximum, so a lucky eval does not decide which weights a later stage continues from.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from armorlab.analysis.collapse import clean_curve
+from armorlab.analysis.collapse import PATIENCE, clean_curve
 
 
 @dataclass(frozen=True)
@@ -88,3 +92,74 @@ def default_matched_steps(eval_steps_per_run: list[np.ndarray],
     targets = [last_common * f for f in fractions]
     picked = sorted({int(logged[np.argmin(np.abs(logged - t))]) for t in targets})
     return picked
+
+
+# --------------------------------------------------------------------------- the kept checkpoint
+@dataclass(frozen=True)
+class Pick:
+    """A checkpoint chosen by :func:`select_checkpoints`: its ``step``, the ``level`` that chose it
+    and the eval steps that level averages (``window``)."""
+    step: int | float
+    level: float
+    window: tuple[int | float, ...]
+
+
+def level_rule(patience: int = PATIENCE, metric: str = "val/acc", mode: str = "max") -> str:
+    """selected.json's ``rule``: how :func:`select_checkpoints` chose, in words."""
+    best = "highest" if mode == "max" else "lowest"
+    return (f"peak level: the {best} mean of {patience} consecutive {metric} evals (analysis.collapse C1/C2, "
+            f"the report's peak); the checkpoint of the window's middle eval")
+
+
+def select_checkpoints(steps, values, *, eligible=None, patience: int = PATIENCE, mode: str = "max",
+                       top: int = 1) -> list[Pick]:
+    """The ``top`` checkpoints by noise-aware level, best first: the report's peak rule (C2 of
+    armorlab.analysis.collapse) instead of a raw maximum, which on a noisy eval picks a lucky step.
+
+    Levels are means of m = min(patience, K) consecutive evals of the K logged ones (C1); a
+    window stands for its middle eval (C2's peak_step: index i + (m − 1)//2). Only windows whose
+    middle eval is in ``eligible`` (steps that have a checkpoint; default: every step > 0, as
+    step 0 is the initial model) compete; ties go to the earlier window. When no window has an
+    eligible middle (two evals, the first at step 0), the same rule runs on the eligible evals
+    alone. Each step is picked once; fewer than ``top`` picks when fewer steps qualify.
+    """
+    if mode not in ("max", "min"):
+        raise ValueError(f"mode must be 'max' or 'min', got {mode!r}")
+    s, v = clean_curve(steps, values)
+    ok = (lambda x: x > 0) if eligible is None else (lambda x, e=frozenset(eligible): x in e)
+    picks = _ranked(s, v, ok, patience, mode, top)
+    if not picks:
+        keep = np.array([ok(x) for x in s], dtype=bool)
+        picks = _ranked(s[keep], v[keep], ok, patience, mode, top)
+    return picks
+
+
+def _ranked(s: np.ndarray, v: np.ndarray, ok, patience: int, mode: str, top: int) -> list[Pick]:
+    if v.size == 0:
+        return []
+    m = min(patience, v.size)
+    c = np.concatenate([[0.0], np.cumsum(v)])
+    levels = (c[m:] - c[:-m]) / m                      # (C1)
+    middle = np.arange(levels.size) + (m - 1) // 2     # (C2) the eval a window stands for
+    order = np.argsort(-levels if mode == "max" else levels, kind="stable")
+    picks: list[Pick] = []
+    for i in order:
+        step = _as_step(s[middle[i]])
+        if ok(step) and all(p.step != step for p in picks):
+            picks.append(Pick(step, float(levels[i]), tuple(_as_step(x) for x in s[i:i + m])))
+            if len(picks) == top:
+                break
+    return picks
+
+
+def pending_steps(steps, patience: int = PATIENCE) -> list[int | float]:
+    """Eval steps a later eval may still make a window's middle (their checkpoints must stay until
+    then): with K evals so far, the next window's middle is eval K − ⌈(m − 1)/2⌉ (0-based), and
+    every later window's middle comes after it (also while K < m, where m shrinks to K)."""
+    s = np.unique(np.asarray(steps, dtype=np.float64))
+    first = max(0, s.size - math.ceil((patience - 1) / 2))
+    return [_as_step(x) for x in s[first:]]
+
+
+def _as_step(x: float) -> int | float:
+    return int(x) if float(x).is_integer() else float(x)

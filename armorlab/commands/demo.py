@@ -4,8 +4,10 @@ The spec ships with the package (armorlab/demo.yaml), so the demo runs from any 
 executor, the tiny warm-started model, the synthetic arithmetic task, CPU, offline. While it
 trains, a live table shows every run's step and held-out accuracy. Running it again resumes:
 completed runs are kept, interrupted ones continue from their checkpoints, and the report is
-rendered again. The report opens with the headline (armorlab.analysis.headline): DAPO's rise and
-fall in standard errors, and each remedy against DAPO, stated in plain sentences.
+rendered again. The report and the printed headline open with the verdicts
+(armorlab.analysis.verdicts: each remedy better, worse, equivalent or not resolved against DAPO,
+with the seeds that would resolve it), then the headline (armorlab.analysis.headline): DAPO's
+rise and fall in standard errors, and each remedy against DAPO, stated in plain sentences.
 """
 
 from __future__ import annotations
@@ -60,8 +62,15 @@ def demo_recipe(run_dirs: list[Path]):
         "curves": ["val/acc", "train/reward", "train/entropy", "kl/reverse_k3", "kl/exact_reverse",
                    "anchor/rate", "anchor/gate_drop"],
         "select": {"metric": "val/acc", "mode": "max", "report": "test/acc"},
-        "compare": {"baseline": BASELINE},
+        "compare": {"baseline": BASELINE, "endpoints": ["final", "drop", "selected_test"]},
     }, name="demo")
+
+
+def group_names(per_run, rs) -> dict[str, str]:
+    """Each group's short demo name (demo_name of its first run's config)."""
+    by_run = rs.runs.set_index("run_id")
+    return {g: demo_name(by_run.loc[per_run.loc[per_run["group"] == g, "run_id"].iloc[0]])
+            for g in dict.fromkeys(per_run["group"])}
 
 
 def headline_section(state: dict[str, Any]):
@@ -74,11 +83,10 @@ def headline_section(state: dict[str, Any]):
     def lead(per_run, rs, out: Path):
         runs = H.run_rows(per_run, rs.curve)
         by_run = rs.runs.set_index("run_id")
-        names: dict[str, str] = {}
+        names = group_names(per_run, rs)
         baseline = None
-        for g in dict.fromkeys(per_run["group"]):
+        for g in names:
             cfg = by_run.loc[per_run.loc[per_run["group"] == g, "run_id"].iloc[0]]
-            names[g] = demo_name(cfg)
             if all(fmt_value(cfg.get(k)) == fmt_value(v) for k, v in BASELINE.items()):
                 baseline = g
         table = H.group_rows(runs, list(names), baseline)
@@ -183,15 +191,21 @@ def run_with_live_table(plan, workers: int, root: Path) -> list[str]:
     return failed
 
 
-def print_headline(state: dict[str, Any]) -> None:
+def print_headline(state: dict[str, Any], verdicts: list[str] | tuple[str, ...] = ()) -> None:
+    """The verdicts (one sentence per remedy against DAPO), then the headline table and its sentences."""
     from rich.console import Console
     from rich.table import Table
 
+    console = Console()
+    console = Console(width=max(console.width, 130))  # a pipe reports 80 columns: too narrow for the table
+    if verdicts:
+        console.print("verdicts against DAPO (Welch interval, Holm-adjusted over the remedies):",
+                      highlight=False)
+        for v in verdicts:
+            console.print(f"  {v}", highlight=False)
     table = state.get("table")
     if table is None:
         return
-    console = Console()
-    console = Console(width=max(console.width, 130))  # a pipe reports 80 columns: too narrow for the table
     t = Table(title="headline (means over seeds; val/acc = greedy accuracy on held-out prompts)")
     for col in table.columns:
         t.add_column(str(col))
@@ -222,9 +236,9 @@ def register(app: typer.Typer) -> None:
         plan = plan_sweep(effective_spec(root, set_), root=root, executor="local")
         failed = run_with_live_table(plan, workers, root)
         state: dict[str, Any] = {}
-        write_report(demo_recipe([plan.sweep_dir / r.run_id for r in plan.runs]), out,
-                     lead=headline_section(state))
-        print_headline(state)
+        summary = write_report(demo_recipe([plan.sweep_dir / r.run_id for r in plan.runs]), out,
+                               lead=headline_section(state), verdicts=False, names=group_names)
+        print_headline(state, summary.get("verdicts", ()))
         minutes = (time.perf_counter() - started) / 60
         typer.echo(f"demo finished in {minutes:.1f} min" if not math.isnan(minutes) else "demo finished")
         if failed:

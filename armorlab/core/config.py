@@ -12,6 +12,7 @@ ignores them collapses into one run instead of training duplicates.
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,20 +27,23 @@ from armorlab.core.checks import (
     address,
     boolean,
     choice,
+    did_you_mean,
     integer,
     json_value,
     number,
     optional,
     text,
 )
+from armorlab.core.fit import TINY_MAX_POSITIONS, TINY_MODEL, check_held_out, check_lengths  # noqa: F401
 from armorlab.core.identity import data_identity, model_identity
+from armorlab.core.schedule import STEP_UNITS, config_per_rollout, rollout_horizon
 from armorlab.core.trl_fields import TRL_RANGES, check_trl_value, grpo_field_kinds, grpo_field_names
 from armorlab.core.vllm_config import check_engine_parallelism, check_vllm_servers
-from armorlab.errors import ArmorLabError
+from armorlab.core.yamlfile import UniqueKeyLoader, load_yaml_mapping  # noqa: F401 - the config's readers
+from armorlab.errors import ArmorLabError, combine
 
 ANCHOR_RATIOS = ("mixed", "behavior", "current")
 TASKS = ("arithmetic", "math")
-TINY_MODEL = "tiny"
 REF_VLLM_MODES = ("none", "colocate", "server")
 REF_VLLM_DTYPES = ("auto", "bfloat16", "float16", "float32")
 
@@ -87,6 +91,38 @@ def _schedule(v: Any) -> list[list[int | None]] | None:
     return out
 
 
+# ``init_from.run``: "<sweep>/<run-id>", relative to the runs root (the sweep dir's parent), so the
+# run id does not depend on where the root lies; the sweep name as armorlab.sweeps.spec allows it.
+INIT_FROM_RUN_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}/[0-9a-f]{12}")
+SELECT_MODES = ("max", "min")
+DEFAULT_SELECT = {"metric": "val/acc", "mode": "max"}
+
+
+def _init_from(v: Any) -> dict[str, Any] | None:
+    """``{run: "<sweep>/<run-id>", select: {metric, mode}}``: start from the checkpoint that run
+    selected (its selected.json) with π_ref initialised to it; ``select`` defaults to val/acc, max."""
+    if v is None:
+        return None
+    if not isinstance(v, Mapping):
+        raise Invalid("must be a mapping {run: <sweep>/<run-id>, select: {metric, mode}} or null")
+    extra = sorted(set(map(str, v)) - {"run", "select"})
+    if extra:
+        raise Invalid(f"unknown key {extra[0]!r} (known: run, select)")
+    run = v.get("run")
+    if not isinstance(run, str) or not INIT_FROM_RUN_RE.fullmatch(run):
+        raise Invalid("run must be '<sweep name>/<12-hex run id>' (relative to the runs root)")
+    select = v.get("select")
+    select = dict(DEFAULT_SELECT) if select is None else select
+    if not isinstance(select, Mapping) or set(map(str, select)) - {"metric", "mode"}:
+        raise Invalid("select must be a mapping {metric: <name>, mode: max|min}")
+    metric, mode = select.get("metric", DEFAULT_SELECT["metric"]), select.get("mode", DEFAULT_SELECT["mode"])
+    if not isinstance(metric, str) or not metric:
+        raise Invalid("select.metric must be a metric name such as val/acc")
+    if mode not in SELECT_MODES:
+        raise Invalid("select.mode must be max or min")
+    return {"run": run, "select": {"metric": metric, "mode": mode}}
+
+
 def _operators(v: Any) -> str:
     if not isinstance(v, str) or not v or any(c not in "+-*" for c in v) or len(set(v)) != len(v):
         raise Invalid("must be a non-empty string of distinct operators from '+-*'")
@@ -129,11 +165,22 @@ FIELDS: dict[str, Field] = {
                           type=str | None),
     "anchor_reward_threshold": Field(1.0, number(), "reward at or above which an anchor is correct",
                                      type=float | None),
-    "ref_reset_steps": Field(0, integer(0), "τ: reset π_ref ← π_θ every τ steps; 0 = static", type=int),
+    "ref_reset_steps": Field(0, integer(0), "τ: reset π_ref ← π_θ every τ steps (step_unit); 0 = static", type=int),
     "ref_reset_schedule": Field(None, _schedule, "[[until_step, τ], ...]: τ for steps ≤ until_step "
-                                "(null until_step = to the end); later steps use ref_reset_steps",
-                                type=list[list[int]] | None),
-    "val_every": Field(10, integer(0), "validate every N steps (and at step 0); 0 = never", type=int),
+                                "(null until_step = to the end; steps in step_unit); later steps use "
+                                "ref_reset_steps", type=list[list[int]] | None),
+    "val_every": Field(10, integer(0), "validate every N steps (step_unit; and at step 0); 0 = never", type=int),
+    "step_unit": Field("optimizer", choice(*STEP_UNITS), "what ref_reset_steps, ref_reset_schedule and val_every "
+                       "count: optimizer steps, or rollouts (generation batches, the papers' and verl's step; "
+                       "docs/schedules.md)", type=str),
+    "max_rollouts": Field(None, optional(integer(1)), "horizon in rollouts: sets max_steps to max_rollouts × "
+                          "optimizer steps per rollout (give one of the two)", type=int | None),
+    "anchor_cache": Field(None, optional(choice("window", "off")), "reuse a prompt's reference draws until π_ref "
+                          "resets (window) or draw afresh every rollout (off); null = window when π_ref resets, "
+                          "off when it is static", type=str | None),
+    "keep_checkpoints": Field(1, integer(0), "checkpoints kept at the best validation levels (the noise-aware "
+                              "rule of selected.json), besides the last save_total_limit; 0 = none "
+                              "(TRL's rotation alone)", type=int),
     "val_samples": Field(4, integer(1), "k of avg@k / pass@k", type=int),
     "val_temperature": Field(1.0, number(0.0), "sampling temperature for validation", type=float),
     "kl_probe_prompts": Field(8, integer(0), "prompts in the exact-KL probe; 0 = off", type=int),
@@ -142,8 +189,12 @@ FIELDS: dict[str, Field] = {
     "dynamic_sampling": Field(False, boolean, "DAPO: groups whose rewards are all equal leave the loss and "
                               "its normaliser (train/zero_var_frac)", type=bool),
     "dynamic_sampling_factor": Field(1, integer(1), "generate this many times the prompts and train on the "
-                                     "first groups with unequal rewards (verl's filter_groups); 1 = no refill",
+                                     "first groups that train: with unequal rewards (dynamic_sampling) and past "
+                                     "the gate (anchor_gate); verl's filter_groups; 1 = no refill",
                                      type=int | None),
+    "init_from": Field(None, _init_from, "start from the checkpoint another run selected (its selected.json), "
+                       "π_ref initialised to it: {run: <sweep>/<run-id>, select: {metric, mode}}; a sweep's "
+                       "`stages:` set it", type=dict | None),
     "ref_vllm_mode": Field("none", choice(*REF_VLLM_MODES), "where π_ref's anchor samples come from: none = "
                            "transformers generate, colocate = a second in-process vLLM engine, server = a "
                            "vLLM server of its own (`armorlab vllm-serve`)", type=str),
@@ -174,6 +225,13 @@ FIELDS: dict[str, Field] = {
 # Execution settings of the reference engine: dropped from the resolved config while they are not
 # read (the mode off, or another mode's settings), so runs that do not use them keep their run ids.
 REF_VLLM_KEYS = ("ref_vllm_mode", "ref_vllm_memory", "ref_vllm_dtype", "ref_vllm_tensor_parallel_size")
+# Fields dropped from the resolved config at these values (the default, or the value that does
+# nothing), so configs written before they existed keep their run ids (the resolved config of
+# `step_unit: optimizer` is the one without the key).
+DROPPED_AT_DEFAULT: dict[str, Any] = {"step_unit": "optimizer", "max_rollouts": None, "anchor_cache": None,
+                                      "keep_checkpoints": 1, "init_from": None,
+                                      "ref_vllm_dtype": None, "ref_vllm_tensor_parallel_size": 1,
+                                      "kl_telemetry": True, "ref_validate_resets": False}
 REF_VLLM_SERVER_KEYS = ("ref_vllm_server_host", "ref_vllm_server_port", "ref_vllm_server_base_url",
                         "ref_vllm_server_timeout", "ref_vllm_group_port")
 
@@ -275,10 +333,12 @@ TASK_FIELDS: dict[str, dict[str, Field]] = {
 }
 
 MODEL_FIELDS_TINY: dict[str, Field] = {
-    "hidden_size": Field(128, integer(32), "hidden width"),
-    "num_layers": Field(3, integer(1), "transformer layers"),
-    "num_heads": Field(4, integer(1), "attention heads (head_dim = hidden/heads ≥ 32)"),
-    "warm_start_steps": Field(1000, integer(0), "max supervised warm-start steps on the task's train pool"),
+    # upper bounds: a tiny model is built on the CPU; 1e12 passed as an integer and failed at job start
+    "hidden_size": Field(128, integer(32, 8192), "hidden width"),
+    "num_layers": Field(3, integer(1, 64), "transformer layers"),
+    "num_heads": Field(4, integer(1, 256), "attention heads (head_dim = hidden/heads ≥ 32)"),
+    "warm_start_steps": Field(1000, integer(0, 1_000_000), "max supervised warm-start steps on the task's train "
+                              "pool"),
     "warm_start_target": Field(0.75, optional(number(0.0, 1.0, lo_open=True)),
                                "stop the warm start at this greedy accuracy on a dev slice of the "
                                "pool (null = run all warm_start_steps)"),
@@ -348,48 +408,6 @@ def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, An
     return out
 
 
-class UniqueKeyLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, except that a key given twice in one mapping is an error (PyYAML
-    silently keeps the last one: ``alpha: 0.9`` then ``alpha: 0.5`` would train 0.5)."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: dict[Any, Any] = {}
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":  # keys a merge (<<) brings may be overridden
-                continue
-            key = self.construct_object(key_node, deep=deep)
-            try:
-                first = seen.setdefault(key, key_node)
-            except TypeError:  # unhashable key: the base class reports it
-                break
-            if first is not key_node:
-                raise yaml.constructor.ConstructorError(
-                    "while constructing a mapping", node.start_mark,
-                    f"found duplicate key {key!r} (first at line {first.start_mark.line + 1})",
-                    key_node.start_mark)
-        return super().construct_mapping(node, deep=deep)
-
-
-def load_yaml_mapping(path: str | Path) -> dict[str, Any]:
-    path = Path(path)
-    try:
-        content = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ArmorLabError(f"cannot read file: {exc.strerror}", file=str(path)) from None
-    except UnicodeDecodeError as exc:
-        raise ArmorLabError(f"not UTF-8 text (byte {exc.start}: {exc.reason})", file=str(path)) from None
-    try:
-        data = yaml.load(content, Loader=UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
-    except yaml.YAMLError as exc:
-        raise ArmorLabError(f"invalid YAML: {exc}", file=str(path)) from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ArmorLabError("top level must be a mapping", key="<root>", value=type(data).__name__,
-                            file=str(path))
-    return data
-
-
 # --------------------------------------------------------------------------- resolution
 def _check_section(fields: Mapping[str, Field], raw: Mapping[str, Any], prefix: str,
                    file: str | None) -> dict[str, Any]:
@@ -398,7 +416,7 @@ def _check_section(fields: Mapping[str, Field], raw: Mapping[str, Any], prefix: 
         if key == "name":
             continue
         if key not in fields:
-            raise ArmorLabError(f"unknown key (known: {', '.join(sorted(fields))})",
+            raise ArmorLabError(f"unknown key{did_you_mean(key, fields)} (known: {', '.join(sorted(fields))})",
                                 key=f"{prefix}.{key}", value=value, file=file)
     for key, field in fields.items():
         value = raw.get(key, field.default)
@@ -409,7 +427,7 @@ def _check_section(fields: Mapping[str, Field], raw: Mapping[str, Any], prefix: 
     return out
 
 
-def _resolve_task(raw: Any, file: str | None) -> dict[str, Any]:
+def _resolve_task(raw: Any, file: str | None, check_paths: bool = True) -> dict[str, Any]:
     if raw is None:
         raw = {"name": "arithmetic"}
     if isinstance(raw, str):
@@ -422,8 +440,10 @@ def _resolve_task(raw: Any, file: str | None) -> dict[str, Any]:
                             file=file)
     out = {"name": name, **_check_section(TASK_FIELDS[name], raw, "task", file)}
     if name == "math":
-        ident = data_identity(out["path"], file=file)
-        out["path"], out["fingerprint"] = ident["path"], ident["fingerprint"]
+        if check_paths:
+            ident = data_identity(out["path"], file=file)
+            out["path"], out["fingerprint"] = ident["path"], ident["fingerprint"]
+            check_held_out(out, raw, file)
         template = out["prompt_template"]
         if template is not None and "{problem}" not in template:
             raise ArmorLabError("must contain {problem} where the problem goes", key="task.prompt_template",
@@ -431,7 +451,7 @@ def _resolve_task(raw: Any, file: str | None) -> dict[str, Any]:
     return out
 
 
-def _resolve_model(raw: Any, file: str | None) -> dict[str, Any]:
+def _resolve_model(raw: Any, file: str | None, check_paths: bool = True) -> dict[str, Any]:
     if raw is None:
         raw = {"name": TINY_MODEL}
     if isinstance(raw, str):
@@ -454,16 +474,67 @@ def _resolve_model(raw: Any, file: str | None) -> dict[str, Any]:
     if extra:
         raise ArmorLabError("a model path takes no other keys", key=f"model.{extra[0]}",
                             value=raw[extra[0]], file=file)
-
+    if not check_paths:
+        return {"name": name}
     return model_identity(name, file=file)  # {name: absolute path or hub id, fingerprint}
 
 
-def resolve(raw: Mapping[str, Any], *, file: str | None = None) -> dict[str, Any]:
+MAX_PROBLEMS = 20
+
+
+def resolve(raw: Mapping[str, Any], *, file: str | None = None, check_paths: bool = True) -> dict[str, Any]:
     """Validate ``raw`` and return the fully resolved config (all armorlab defaults filled).
 
-    TRL keys are checked here by name and, for numbers and booleans, by kind (cheap); the rest
-    of their values is checked by GRPOConfig itself when the job starts.
+    ``check_paths=False`` (``armorlab plan``) leaves the model and data paths unchecked and
+    unfingerprinted: the result plans memory but is no run config (its run id is not the run's).
+
+    TRL keys are checked here by name, by kind (numbers, booleans), by range and, for the fields
+    that take one of a fixed set of names (optim, lr_scheduler_type, report_to, scale_rewards,
+    ...), against that set; GRPOConfig checks them again when the job starts.
+
+    Every problem of the config is reported at once (armorlab.errors.combine): after the first,
+    the key it names is set aside and the rest resolved again, up to MAX_PROBLEMS.
     """
+    try:
+        return _resolve_once(raw, file=file, check_paths=check_paths)
+    except ArmorLabError as first:
+        if not isinstance(raw, Mapping):
+            raise
+        problems, rest = [first], copy.deepcopy(dict(raw))
+        while len(problems) < MAX_PROBLEMS and _drop_key(rest, problems[-1].key):
+            try:
+                _resolve_once(rest, file=file, check_paths=check_paths)
+            except ArmorLabError as exc:
+                if any(exc.key == p.key for p in problems):
+                    break
+                problems.append(exc)
+                continue
+            break
+        raise combine(problems) from None
+
+
+def _drop_key(raw: dict[str, Any], key: str | None) -> bool:
+    """Remove the (dotted) config key a problem names; False when there is none to remove."""
+    if not key:
+        return False
+    top, _, sub = key.partition(".")
+    if top not in raw:
+        return False
+    if not sub:
+        del raw[top]
+        return True
+    section = raw[top]
+    if isinstance(section, Mapping) and sub in section:
+        raw[top] = {k: v for k, v in section.items() if k != sub}
+        return True
+    if isinstance(section, str) or section is None:
+        del raw[top]
+        return True
+    return False
+
+
+def _resolve_once(raw: Mapping[str, Any], *, file: str | None = None, check_paths: bool = True) -> dict[str, Any]:
+    """One pass of ``resolve``: the first problem found is raised."""
     if not isinstance(raw, Mapping):
         raise ArmorLabError("config must be a mapping", key="<root>", value=raw, file=file)
     known_trl = grpo_field_names()
@@ -474,8 +545,8 @@ def resolve(raw: Mapping[str, Any], *, file: str | None = None) -> dict[str, Any
             raise ArmorLabError("set by armorlab from the run directory; remove it", key=key,
                                 value=raw[key], file=file)
         if key not in FIELDS and key not in known_trl and key not in ("task", "model"):
-            raise ArmorLabError("unknown config key (not an armorlab field nor a GRPOConfig field)",
-                                key=key, value=raw[key], file=file)
+            raise ArmorLabError("unknown config key (not an armorlab field nor a GRPOConfig field)"
+                                + did_you_mean(key, known_keys()), key=key, value=raw[key], file=file)
         problem = trl_fields.config_problem(key, raw[key]) if key not in FIELDS else None
         if problem:
             raise ArmorLabError(problem, key=key, value=raw[key], file=file)
@@ -503,7 +574,7 @@ def resolve(raw: Mapping[str, Any], *, file: str | None = None) -> dict[str, Any
             out[key] = _copied(value)
     kinds = grpo_field_kinds()
     for key in out:
-        if key in kinds and key not in FIELDS:
+        if key in kinds and key not in FIELDS and key not in trl_fields.OWN_KIND_CHECK:
             try:
                 out[key] = check_trl_value(kinds[key], out[key])
             except Invalid as exc:
@@ -516,6 +587,10 @@ def resolve(raw: Mapping[str, Any], *, file: str | None = None) -> dict[str, Any
                 if key == "num_generations":
                     exc = Invalid(f"GRPO needs at least 2 generations per prompt ({exc})")
                 raise ArmorLabError(str(exc), key=key, value=out[key], file=file) from None
+    steps = rollout_horizon(out["step_unit"], out["max_rollouts"], out["max_steps"], config_per_rollout(out),
+                            max_steps_given="max_steps" in raw, file=file)
+    if steps is not None:
+        out["max_steps"] = steps
     for key in [k for k in out if k not in FIELDS and trl_fields.is_inert_default(k, out[k])]:
         del out[key]  # `use_vllm: false` and no use_vllm are one run
     for key, value in out.items():  # dates, NaN, binary, ... cannot be hashed into a run id
@@ -530,8 +605,10 @@ def resolve(raw: Mapping[str, Any], *, file: str | None = None) -> dict[str, Any
                             "ref_vllm_mode: none", key="ref_vllm_mode", value=out["ref_vllm_mode"], file=file)
     check_vllm_servers(out, file)
     check_engine_parallelism(out, file)
-    out["task"] = _resolve_task(raw.get("task"), file)
-    out["model"] = _resolve_model(raw.get("model"), file)
+    out["task"] = _resolve_task(raw.get("task"), file, check_paths)
+    out["model"] = _resolve_model(raw.get("model"), file, check_paths)
+    if check_paths and set(raw) - {"task", "model"}:  # not for a model/task section resolved on its own
+        check_lengths(out, file)
     _normalise_inert(out)
     return out
 
@@ -567,13 +644,8 @@ def _check_logging_backends(report_to: Any, file: str | None) -> None:
                                 key="report_to", value=report_to, file=file)
 
 
-# Fields added after run ids were in use: dropped from the resolved config at these values (the
-# default, or the value that does nothing), so a config that does not use them keeps its run id.
-ADDED_DEFAULTS: dict[str, Any] = {"ref_vllm_dtype": None, "ref_vllm_tensor_parallel_size": 1,
-                                  "kl_telemetry": True, "ref_validate_resets": False}
-
 INERT_KEYS = frozenset({"alpha", "quantile_k", "kl_estimator", "anchor_filter", "anchor_ratio", "anchor_samples",
-                        "anchor_reward_threshold", "dynamic_sampling_factor"})
+                        "anchor_reward_threshold", "dynamic_sampling_factor", "anchor_cache"})
 
 
 def default_alpha(num_generations: int) -> float:
@@ -586,6 +658,18 @@ def default_anchor_ratio(objective: str) -> str:
     π_ref (armor); for the others the importance ratio against the policy that sampled the row,
     π_θ/π_ref (``behavior``)."""
     return "mixed" if objective_spec(objective).uses_reference else "behavior"
+
+
+def reference_resets(ref_reset_steps: int, schedule: Any) -> bool:
+    """Whether π_ref is ever reset (τ > 0 anywhere), i.e. not static."""
+    return bool(ref_reset_steps) or any(int(tau) > 0 for _, tau in schedule or ())
+
+
+def default_anchor_cache(ref_reset_steps: int, schedule: Any) -> str:
+    """What ``anchor_cache: null`` means: ``window`` when π_ref resets (draws stay valid until the
+    next reset), ``off`` when it is static (a cache would fix each prompt's anchor and gate
+    decision for the whole run, where ARMOR samples afresh)."""
+    return "window" if reference_resets(ref_reset_steps, schedule) else "off"
 
 
 def fill_objective_defaults(cfg: Any) -> None:
@@ -612,20 +696,23 @@ def _normalise_inert(cfg: dict[str, Any]) -> None:
     if not (anchor_on or cfg["anchor_gate"]):
         cfg["anchor_samples"] = None
         cfg["anchor_reward_threshold"] = None
+        cfg["anchor_cache"] = None
+    elif cfg["anchor_cache"] == default_anchor_cache(cfg["ref_reset_steps"], cfg["ref_reset_schedule"]):
+        cfg["anchor_cache"] = None  # what null means here: one run, one id
     if not (objective_spec(cfg["objective"]).uses_reference or (anchor_on and cfg["anchor_ratio"] == "mixed")):
         cfg["alpha"] = None
-    if not cfg["dynamic_sampling"]:
+    # the refill serves both filters; gate-only configs from before it did keep a null factor
+    if not cfg["dynamic_sampling"] and (not cfg["anchor_gate"] or cfg["dynamic_sampling_factor"] == 1):
         cfg["dynamic_sampling_factor"] = None
+    for key, default in DROPPED_AT_DEFAULT.items():
+        if key in cfg and cfg[key] == default:
+            del cfg[key]
     mode = cfg.get("ref_vllm_mode", "none")
     unread = (*REF_VLLM_KEYS, *REF_VLLM_SERVER_KEYS) if mode == "none" else \
         REF_VLLM_SERVER_KEYS if mode == "colocate" else ("ref_vllm_memory", "ref_vllm_dtype",
                                                          "ref_vllm_tensor_parallel_size")
     for key in unread:
         cfg.pop(key, None)
-    # fields added later: absent at their default, so configs written before them keep their run ids
-    for key, default in ADDED_DEFAULTS.items():
-        if key in cfg and cfg[key] == default:
-            del cfg[key]
 
 
 def split_config(cfg: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -9,7 +9,10 @@
   for every array task and holds no run name or config value: each task unpickles a TrainJob
   holding its run dir (and the run's config, which the job writes there, when the sweep left
   the run dir to the job). An array's tasks go into one file, not one pickle each
-  (armorlab.sweeps.array_task), and its script is the one ``--dry-run`` shows.
+  (armorlab.sweeps.array_task), and its script is the one ``--dry-run`` shows. An array of a
+  later stage's runs waits for the job of the run they continue from: ``--dependency=afterok:<job>``
+  (``<array>_<task>`` for one task of an array) with ``--kill-on-invalid-dep=yes``, so Slurm
+  cancels it when that job fails instead of leaving it pending forever.
 """
 
 from __future__ import annotations
@@ -19,15 +22,17 @@ import math
 import os
 import signal
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from armorlab.core.exits import EXIT_FAILED
 from armorlab.core.fsutil import atomic_write_bytes
+from armorlab.core.runs import RunDir
 from armorlab.errors import ArmorLabError
 from armorlab.sweeps import slurmctl
 from armorlab.sweeps.array_task import ARRAY_SUFFIX, array_bytes, task_entry
-from armorlab.sweeps.manifest import LOGS_DIR, SUBMITIT_DIR
+from armorlab.sweeps.manifest import LOGS_DIR, SUBMITIT_DIR, parent_failed_reason
 from armorlab.sweeps.profile import Profile
 from armorlab.sweeps.sbatch import (
     check_names,
@@ -74,8 +79,12 @@ class LocalExecutor:
         return local_thread_env(self.workers)
 
     def run(self, run_dirs: Sequence[Path], job_ids: Sequence[str], *,
-            on_event: OnEvent | None = None) -> dict[str, JobOutcome]:
-        """Train every run dir, ``workers`` at a time; returns each run's outcome by run id."""
+            on_event: OnEvent | None = None, after: Mapping[str, str] | None = None) -> dict[str, JobOutcome]:
+        """Train every run dir, ``workers`` at a time; returns each run's outcome by run id.
+
+        ``after`` maps a run id to the run id of this batch it continues from (a later stage): the
+        run starts once that one has completed; if it ends failed, the run is marked failed with
+        the reason instead of starting (and so are the runs that continue from it)."""
         from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
         from armorlab.sweeps.jobs import TrainJob  # lazy: it loads the vLLM server machinery
@@ -103,18 +112,44 @@ class LocalExecutor:
             return outcome
 
         results: dict[str, JobOutcome] = {}
+        after = dict(after or {})
+        batch = {Path(rd).name: (Path(rd), jid) for rd, jid in zip(run_dirs, job_ids, strict=True)}
+        waiting: dict[str, list[str]] = {}  # parent run id → runs of this batch waiting for it
+        for rid, parent in after.items():
+            if rid in batch and parent in batch:
+                waiting.setdefault(parent, []).append(rid)
         restore = _raise_on_sigterm()
         pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="armorlab-job")
-        futures: dict[Future, str] = {pool.submit(one, Path(rd), jid): Path(rd).name
-                                      for rd, jid in zip(run_dirs, job_ids, strict=True)}
+        futures: dict[Future, str] = {}
+
+        def start(rid: str) -> None:
+            futures[pool.submit(one, *batch[rid])] = rid
+
+        def settle(rid: str, outcome: JobOutcome) -> None:
+            """Start the runs that waited for ``rid``, or fail them (and theirs) if it failed."""
+            for child in waiting.pop(rid, []):
+                if outcome.state == "completed":
+                    start(child)
+                elif outcome.state == "failed":
+                    failed = _fail_for_parent(batch[child][0], rid, outcome.reason)
+                    results[child] = failed
+                    on_event("done", child, failed)
+                    settle(child, failed)
+                # else (stopped, preempted): it stays pending for the next run of the sweep
+
+        for rid in batch:
+            if after.get(rid) not in batch:
+                start(rid)
         try:
-            pending = set(futures)
-            while pending:
-                done, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
+            seen: set[Future] = set()
+            while len(seen) < len(futures):  # settle() may start more
+                done, _ = wait([f for f in futures if f not in seen], timeout=0.5, return_when=FIRST_COMPLETED)
                 for fut in done:
+                    seen.add(fut)
                     outcome = fut.result()
                     if outcome is not None:
                         results[futures[fut]] = outcome
+                        settle(futures[fut], outcome)
         except KeyboardInterrupt:
             log.warning("stopping: asking %d running trainer(s) to checkpoint", len(active))
             with lock:
@@ -135,6 +170,15 @@ class LocalExecutor:
             pool.shutdown(wait=True)
             restore()
         return results
+
+
+def _fail_for_parent(run_dir: Path, parent: str, reason: str | None) -> JobOutcome:
+    """Mark a run that will not start because the run it continues from failed."""
+    from armorlab.sweeps.jobs import JobOutcome  # lazy: it loads the vLLM server machinery
+
+    why = parent_failed_reason(parent, reason)
+    RunDir(run_dir).write_status("failed", reason=why)
+    return JobOutcome(str(run_dir), EXIT_FAILED, "failed", why)
 
 
 def _raise_on_sigterm() -> Callable[[], None]:
@@ -164,6 +208,15 @@ class SlurmSubmitter:
         self.profile = profile
         self.job_name = job_name
         self.folder = self.sweep_dir / SUBMITIT_DIR
+        self.dependency: str | None = None  # the job the next arrays wait for (afterok), if any
+
+    def parameters(self) -> dict[str, Any]:
+        """The profile's submitit parameters, plus the dependency of the arrays being queued."""
+        params = self.profile.submitit_parameters(job_name=self.job_name)
+        if self.dependency is not None:
+            params["additional_parameters"] = {**params.get("additional_parameters", {}),
+                                               **dependency_parameters(self.dependency)}
+        return params
 
     def chunk_size(self, cluster_max: int | None = None) -> int:
         """Runs per array: the cluster's MaxArraySize, capped by the profile's max_array_size."""
@@ -177,8 +230,8 @@ class SlurmSubmitter:
 
     def _rendered(self, n_runs: int) -> str | None:
         check_names(self.folder, self.job_name)
-        return render_script(self.folder, self.profile.submitit_parameters(job_name=self.job_name),
-                             python=self.profile.python, map_count=n_runs if n_runs > 1 else None)
+        return render_script(self.folder, self.parameters(), python=self.profile.python,
+                             map_count=n_runs if n_runs > 1 else None)
 
     def sbatch_text(self, n_runs: int) -> str:
         """The sbatch script submitit writes for an array of ``n_runs`` (what --dry-run shows),
@@ -195,16 +248,15 @@ class SlurmSubmitter:
         (armorlab.sweeps.array_task: one pickle file per array) for an array."""
         return ex._submitit_command_str if n_runs == 1 else submit_command(ex.folder, ex.python, array=True)
 
-    @classmethod
-    def _submitit_text(cls, ex: Any, n_runs: int) -> str:
+    def _submitit_text(self, ex: Any, n_runs: int) -> str:
         """The script submitit writes for ``n_runs`` tasks: an array's renders the executor's
         parameters plus ``map_count``, as submitit's array submission does (and ``_submit_array``)."""
-        params = ex.parameters
+        params = self._with_dependency(ex.parameters)
         if n_runs > 1:
             params = {**params, "map_count": n_runs}
         saved, ex.parameters = ex.parameters, params
         try:
-            return ex._make_submission_file_text(cls._command(ex, n_runs), "dry-run")
+            return ex._make_submission_file_text(self._command(ex, n_runs), "dry-run")
         finally:
             ex.parameters = saved
 
@@ -245,7 +297,7 @@ class SlurmSubmitter:
         import uuid
 
 
-        params = self.profile.submitit_parameters(job_name=self.job_name)
+        params = self.parameters()
         timeout_min, countdown = params.get("time", 5), self.profile.max_num_timeout  # as submitit sets them
         folder = executor_folder(self.folder)
         folder.mkdir(parents=True, exist_ok=True)
@@ -257,7 +309,7 @@ class SlurmSubmitter:
             else:
                 import submitit
 
-                saved, ex.parameters = ex.parameters, {**ex.parameters, "map_count": len(jobs)}
+                saved, ex.parameters = ex.parameters, {**self._with_dependency(ex.parameters), "map_count": len(jobs)}
                 try:
                     ex._throttle()
                     array_id = ex._submit_command(self._command(ex, len(jobs))).job_id
@@ -272,7 +324,8 @@ class SlurmSubmitter:
 
     def submit(self, runs: Sequence[str | Path | tuple[str | Path, dict[str, Any] | None]], *, chunk: int,
                on_array: Callable[[list[str], list[str]], None],
-               before_array: Callable[[list[str]], None] | None = None) -> list[str]:
+               before_array: Callable[[list[str]], None] | None = None,
+               dependency: str | None = None) -> list[str]:
         """Queue run dirs (or ``(run dir, config)`` pairs) as arrays of at most ``chunk``; a config
         (not None) is written to its run dir by the job (TrainJob.config). ``before_array(run_ids)`` is
         called before each sbatch and ``on_array(run_ids, job_ids)`` right after it, so the
@@ -281,7 +334,18 @@ class SlurmSubmitter:
         An array is queued with the script ``--dry-run`` shows (sbatch.render_script, byte for
         byte submitit's; tests hold them equal), without importing submitit. submitit queues a
         single run (its plain job) and an array whose profile render_script does not model;
-        then its script is checked against the dry run's and a difference is logged."""
+        then its script is checked against the dry run's and a difference is logged.
+
+        ``dependency``: a job id every array of this call waits for (``dependency_parameters``)."""
+        self.dependency = dependency
+        try:
+            return self._submit(runs, chunk=chunk, on_array=on_array, before_array=before_array)
+        finally:
+            self.dependency = None
+
+    def _submit(self, runs: Sequence[str | Path | tuple[str | Path, dict[str, Any] | None]], *, chunk: int,
+                on_array: Callable[[list[str], list[str]], None],
+                before_array: Callable[[list[str]], None] | None) -> list[str]:
         from armorlab.sweeps.jobs import TrainJob  # lazy: it loads the vLLM server machinery
 
         runs = [r if isinstance(r, tuple) else (r, None) for r in runs]
@@ -316,10 +380,26 @@ class SlurmSubmitter:
     def _submit_single(self, ex: Any, job: Any) -> str:
         import submitit
 
+        saved, ex.parameters = ex.parameters, self._with_dependency(ex.parameters)
         try:
             return ex.submit(job).job_id
         except submitit.core.utils.FailedJobError as exc:
             raise self._refused(str(exc).strip()) from None
+        finally:
+            ex.parameters = saved
+
+    def _with_dependency(self, params: dict[str, Any]) -> dict[str, Any]:
+        """submitit's executor parameters with this submission's dependency among its sbatch options."""
+        if self.dependency is None:
+            return params
+        extra = {**(params.get("additional_parameters") or {}), **dependency_parameters(self.dependency)}
+        return {**params, "additional_parameters": extra}
+
+
+def dependency_parameters(job_id: str) -> dict[str, str]:
+    """sbatch options making a job wait for ``job_id`` to complete successfully, and be cancelled
+    by Slurm when it cannot (its parent failed, was cancelled or timed out for good)."""
+    return {"dependency": f"afterok:{job_id}", "kill_on_invalid_dep": "yes"}
 
 
 def n_arrays(n_runs: int, chunk: int) -> int:

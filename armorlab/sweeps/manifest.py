@@ -6,10 +6,13 @@
               .submitit/    submitit's sbatch files, pickles and job logs; one <A>_array.pkl per job array
               .logs/        local executor: one log per run
               .lock         held while a command decides and records submissions
+              looks.json    `--until-resolved`: the design, every look, the decision jobs
               <run-id>/     run directories (runs.py)
 ```
 ``jobs`` maps each run id to the job ids of its submissions, oldest first; the last one is the
-job that may still be queued or running. ``pending`` lists the runs of a submission in flight:
+job that may still be queued or running. In a sweep with stages, ``stages`` maps each run id to
+its stage and ``parents`` a later stage's run to the run it continues from (its job waits for
+that run's job: afterok). ``pending`` lists the runs of a submission in flight:
 saved (fsync'd) before sbatch, emptied when the job ids are recorded. It is what makes a sweep
 crash-safe without fsyncing every run dir: a crash leaves it non-empty, and the next `armorlab
 sweep` first recovers the jobs queued for those runs (their entries in ``.submitit`` array files
@@ -28,11 +31,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from armorlab.core.fsutil import atomic_write_text
+from armorlab.core.fsutil import atomic_write_text, read_regular_text
 from armorlab.core.runs import now_iso
 from armorlab.errors import ArmorLabError
 
 MANIFEST, SPEC_COPY, SUBMITIT_DIR, LOGS_DIR, LOCK = "sweep.json", "spec.yaml", ".submitit", ".logs", ".lock"
+LOOKS = "looks.json"  # a sweep run until resolved (armorlab.sweeps.until_resolved)
 VERSION = 1
 
 
@@ -47,6 +51,8 @@ class Manifest:
     created: str = field(default_factory=now_iso)
     source: str | None = None
     pending: list[str] = field(default_factory=list)  # runs of a submission not yet recorded
+    stages: dict[str, str] = field(default_factory=dict)   # run id → its stage (sweeps with stages)
+    parents: dict[str, str] = field(default_factory=dict)  # run id → the run id it continues from
 
     @property
     def path(self) -> Path:
@@ -60,7 +66,7 @@ class Manifest:
         return {"version": VERSION, "name": self.name, "created": self.created, "updated": now_iso(),
                 "source": self.source, "spec": SPEC_COPY, "submitit_folder": SUBMITIT_DIR,
                 "runs": self.runs, "labels": self.labels, "jobs": self.jobs, "submissions": self.submissions,
-                "pending": self.pending}
+                "pending": self.pending, "stages": self.stages, "parents": self.parents}
 
     def save(self) -> None:
         atomic_write_text(self.path, manifest_text(self.to_dict()))
@@ -106,7 +112,7 @@ def load_manifest(sweep_dir: str | os.PathLike) -> Manifest | None:
     if not path.exists():
         return None
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(read_regular_text(path))
         if not isinstance(data, dict) or not isinstance(data.get("name"), str):
             raise ValueError("not a manifest object")
         return Manifest(sweep_dir=sweep_dir, name=data["name"], runs=list(data.get("runs", [])),
@@ -114,9 +120,17 @@ def load_manifest(sweep_dir: str | os.PathLike) -> Manifest | None:
                         jobs={k: list(v) for k, v in data.get("jobs", {}).items()},
                         submissions=list(data.get("submissions", [])),
                         created=data.get("created") or now_iso(), source=data.get("source"),
-                        pending=list(data.get("pending", [])))
+                        pending=list(data.get("pending", [])), stages=dict(data.get("stages", {})),
+                        parents=dict(data.get("parents", {})))
     except (OSError, ValueError, TypeError, AttributeError) as exc:
         raise ArmorLabError(f"unreadable sweep manifest: {exc}", file=str(path)) from None
+    except RecursionError:
+        raise ArmorLabError("unreadable sweep manifest: nested too deeply", file=str(path)) from None
+
+
+def parent_failed_reason(parent: str, reason: str | None) -> str:
+    """Why a run of a later stage did not (and will not) start: the run it continues from failed."""
+    return f"not started: the run it continues from ({parent}) failed" + (f": {reason}" if reason else "")
 
 
 @contextlib.contextmanager

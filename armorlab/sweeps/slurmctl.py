@@ -21,6 +21,10 @@ ACTIVE_STATES = frozenset({
     "SUSPENDED", "RESIZING", "SIGNALING", "STAGE_OUT", "RESV_DEL_HOLD", "STOPPED",
 })
 _TIMEOUT_S = 30
+# A pending job whose dependency can never be satisfied (the job it waits for failed): squeue
+# says PENDING, reason DependencyNeverSatisfied. It will never run, so armorlab treats it as
+# ended (not active) under this name; with --kill-on-invalid-dep=yes Slurm cancels it anyway.
+NEVER_SATISFIED = "DEPENDENCY_NEVER_SATISFIED"
 
 
 class SlurmUnavailable(RuntimeError):
@@ -110,11 +114,13 @@ def _parse(text: str) -> dict[str, str]:
     for line in text.splitlines():
         if "|" not in line:
             continue
-        jid, state = line.split("|", 1)
+        jid, state, *reason = line.split("|", 2)
         jid = jid.strip()
         if not jid or "." in jid:  # job steps (123.batch) are not jobs
             continue
         state = state.strip().split(" ", 1)[0]  # "CANCELLED by 0" → CANCELLED
+        if state == "PENDING" and reason and reason[0].strip() == "DependencyNeverSatisfied":
+            state = NEVER_SATISFIED
         for one in _expand(jid):
             states[one] = state
     return states
@@ -126,7 +132,7 @@ def squeue_states(job_ids: Iterable[str]) -> dict[str, str]:
     bases = sorted({base_id(j) for j in job_ids})
     if not bases:
         return {}
-    out = _run(["squeue", "-h", "-r", "-o", "%i|%T", "-j", ",".join(bases)])
+    out = _run(["squeue", "-h", "-r", "-o", "%i|%T|%r", "-j", ",".join(bases)])
     if out.returncode != 0:
         if "Invalid job id" in out.stderr:
             # every id is gone from the controller's memory (finished long ago): none is live

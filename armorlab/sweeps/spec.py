@@ -8,7 +8,26 @@ seeds: [0, 1, 2]                            # every grid/include point is crosse
 include: [{objective: dapo}]                # extra points (also crossed with the seeds)
 exclude: [{alpha: 0.7, ref_reset_steps: 0}] # drops grid points whose resolved config matches
 profile: slurm/default.yaml                 # where to run; `armorlab sweep --profile` overrides it
+compare: {baseline: {objective: dapo}}      # `--until-resolved`: the baseline arm (armorlab.sweeps.compare)
 ```
+Stages (the ARMOR paper's continual protocol): each stage is a grid of its own (``base`` merged
+over the spec's, ``grid``/``include``/``exclude``/``seeds``/``controls``); a stage with ``from``
+continues from an earlier stage's runs — each of its runs gets ``init_from`` (the parent run and
+the selection rule; armorlab.train.init_from), so it starts from the checkpoint its parent
+selected, π_ref included, and its run id follows the parent:
+```yaml
+base: {objective: dapo}
+seeds: [0, 1, 2]
+stages:
+  - {name: dapo}
+  - name: continue
+    from: {stage: dapo, select: {metric: val/acc, mode: max}, seeds: same}
+    include: [{objective: dapo}, {objective: armor}]
+```
+``from.seeds``: ``same`` (default: a run continues from the parent run of its own seed), one seed
+(every run continues from that parent seed's runs: one shared stage 1), or a mapping child seed →
+parent seed. A run continues from every run of the parent stage with its parent seed (one, unless
+that stage is a grid). Without ``stages:`` the spec is one stage.
 Every expanded point goes through ``armorlab.core.config.resolve`` — the training config's own
 validation — so a bad value is reported with its key, value and the spec file before anything
 runs. Points are deduplicated by run id (first occurrence kept), in a stable order: grid points
@@ -18,38 +37,38 @@ in product order (first axis slowest), then includes, each with its seeds in the
 from __future__ import annotations
 
 import copy
-import hashlib
 import itertools
-import marshal
 import math
-import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from armorlab.core.checks import Invalid, within_max_points
+from armorlab.core.checks import Invalid, did_you_mean, within_max_points
 from armorlab.core.config import (
-    LOGGING_KEYS,
-    MODEL_FIELDS_TINY,
-    TASK_FIELDS,
-    get_dotted,
-    known_keys,
+    deep_merge,
     load_yaml_mapping,
     resolve,
     set_dotted,
 )
-from armorlab.core.runs import canonical_json, identity, run_id
+from armorlab.core.runs import canonical_json, run_id
 from armorlab.errors import ArmorLabError
+from armorlab.sweeps.compare import CompareSpec, parse_compare
+from armorlab.sweeps.controls import Controls, Pair, check, matches, parse_controls
+from armorlab.sweeps.fastcopy import _copier, _SeededRunId
+from armorlab.sweeps.parsing import (
+    NAME_RE,
+    check_seed_keys,
+    find_relative,
+    parse_base,
+    parse_grid,
+    parse_points,
+    parse_seeds,
+)
+from armorlab.sweeps.stages import Stage, parse_stages
 
-SPEC_KEYS = ("name", "description", "base", "grid", "seeds", "include", "exclude", "profile", "search")
-# Sweep names become directory names and Slurm job names: keep them to a shell- and path-safe set.
-NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")  # fullmatch: `$` would allow a final newline
-_SUBKEYS = {
-    "task": frozenset({"name"}).union(*(set(f) for f in TASK_FIELDS.values())),
-    "model": frozenset({"name"}) | frozenset(MODEL_FIELDS_TINY),
-}
-_MISSING = object()
+SPEC_KEYS = ("name", "description", "base", "grid", "seeds", "include", "exclude", "profile", "search", "stages",
+             "controls", "compare")
 
 
 @dataclass(frozen=True)
@@ -64,6 +83,9 @@ class SweepSpec:
     search: dict[str, Any] | None
     path: Path | None
     description: str | None = None
+    stages: list[Stage] | None = None
+    controls: list[Controls] = field(default_factory=list)
+    compare: CompareSpec | None = None   # what `--until-resolved` compares (armorlab.sweeps.compare)
 
     @property
     def file(self) -> str:
@@ -86,7 +108,19 @@ class SweepSpec:
             value = getattr(self, key)
             if value not in (None, [], {}):
                 out[key] = copy.deepcopy(value)
+        if self.controls:
+            out["controls"] = [c.to_dict() for c in self.controls]
+        if self.stages is not None:
+            out["stages"] = [st.to_dict() for st in self.stages]
+        if self.compare is not None:
+            out["compare"] = self.compare.to_dict()
         return out
+
+    def stage_list(self) -> list[Stage]:
+        """The stages; a spec without ``stages:`` is one stage named after the spec."""
+        if self.stages is not None:
+            return self.stages
+        return [Stage(self.name, {}, self.grid, self.seeds, self.include, self.exclude, None, self.controls)]
 
 
 class RunPlan:
@@ -95,15 +129,18 @@ class RunPlan:
     run of 1,000 runs reads none; a submit reads each once, into its job's pickle); ``view``, the
     same values shallow (nested ones shared with the point's other seeds), is for reading only."""
 
-    __slots__ = ("run_id", "point", "_config", "_make", "_view")
+    __slots__ = ("run_id", "point", "_config", "_make", "_view", "stage", "parent")
 
     def __init__(self, run_id: str, config: dict[str, Any] | None = None, point: dict[str, Any] | None = None,
-                 *, make: Callable[[], dict[str, Any]] | None = None, view: Mapping[str, Any] | None = None) -> None:
+                 *, make: Callable[[], dict[str, Any]] | None = None, view: Mapping[str, Any] | None = None,
+                 stage: str | None = None, parent: str | None = None) -> None:
         if (config is None) == (make is None):
             raise TypeError("RunPlan needs a config or a function making it")
         self.run_id = run_id
         self.point = {} if point is None else point
         self._config, self._make, self._view = config, make, view
+        self.stage = stage    # the stage's name in a spec with `stages:`, else None
+        self.parent = parent  # the run id this run continues from (init_from), else None
 
     @property
     def view(self) -> Mapping[str, Any]:
@@ -126,31 +163,8 @@ class RunPlan:
     __hash__ = None  # the frozen dataclass it replaces could not hash its dicts either
 
     def __repr__(self) -> str:
-        return f"RunPlan(run_id={self.run_id!r}, point={self.point!r})"
-
-
-def find_relative(value: str, spec_path: Path | None, *, key: str) -> Path:
-    """Resolve a path written in a spec: as given if absolute; else next to the spec file, then
-    in the spec's ancestor folders (so ``slurm/default.yaml`` in ``sweeps/x.yaml`` finds the repo's
-    ``slurm/``), then relative to the working directory."""
-    p = Path(value).expanduser()
-    if p.is_absolute():
-        candidates = [p]
-    else:
-        candidates = []
-        if spec_path is not None:
-            here = Path(spec_path).resolve().parent
-            candidates += [d / p for d in (here, *here.parents)]
-        candidates.append(Path.cwd() / p)
-    for c in candidates:
-        try:
-            if c.is_file():
-                return c
-        except OSError:  # a name too long for the file system, a symlink loop: not this one
-            continue
-    raise ArmorLabError("file not found (looked next to the spec, in its parent folders and in the "
-                        "working directory)", key=key, value=value,
-                        file=str(spec_path) if spec_path is not None else None)
+        extra = f", stage={self.stage!r}, parent={self.parent!r}" if self.stage is not None else ""
+        return f"RunPlan(run_id={self.run_id!r}, point={self.point!r}{extra})"
 
 
 # --------------------------------------------------------------------------- parsing
@@ -169,7 +183,8 @@ def parse_spec(data: Mapping[str, Any], *, path: str | Path | None = None) -> Sw
                             file=file)
     for key in data:
         if key not in SPEC_KEYS:
-            raise ArmorLabError(f"unknown sweep spec key (known: {', '.join(SPEC_KEYS)})", key=str(key),
+            raise ArmorLabError(f"unknown sweep spec key{did_you_mean(key, SPEC_KEYS)} (known: {', '.join(SPEC_KEYS)})",
+                                key=str(key),
                                 value=data[key], file=file)
     name = data.get("name", path.stem if path is not None else None)
     if not isinstance(name, str) or not NAME_RE.fullmatch(name):
@@ -178,99 +193,40 @@ def parse_spec(data: Mapping[str, Any], *, path: str | Path | None = None) -> Sw
     description = data.get("description")
     if description is not None and not isinstance(description, str):
         raise ArmorLabError("must be a string", key="description", value=description, file=file)
-    base = _parse_base(data.get("base"), path, file)
-    grid = _parse_grid(data.get("grid"), file)
-    seeds = _parse_seeds(data.get("seeds"), file)
-    include = _parse_points(data.get("include"), "include", file, allow_empty=True)
-    exclude = _parse_points(data.get("exclude"), "exclude", file, allow_empty=False)
-    if seeds is not None:
-        for where, points in (("grid", [grid]), ("include", include)):
-            if any("seed" in p for p in points):
-                raise ArmorLabError("set seeds either in `seeds:` or as a key, not both", key=f"{where}.seed",
-                                    value=seeds, file=file)
+    base = parse_base(data.get("base"), path, file)
+    grid = parse_grid(data.get("grid"), file)
+    seeds = parse_seeds(data.get("seeds"), file)
+    include = parse_points(data.get("include"), "include", file, allow_empty=True)
+    exclude = parse_points(data.get("exclude"), "exclude", file, allow_empty=False)
+    check_seed_keys(seeds, grid, include, "", file)
+    controls = parse_controls(data.get("controls"), "controls", file)
+    stages = None
+    if data.get("stages") is not None:
+        for key in ("grid", "include", "exclude", "controls"):
+            if data.get(key) is not None:
+                raise ArmorLabError("with `stages:`, each stage has its own grid, include, exclude and controls",
+                                    key=key, value=data[key], file=file)
+        stages = parse_stages(data["stages"], seeds, path, file)
     profile = data.get("profile")
     if profile is not None and (not isinstance(profile, str) or not profile):
         raise ArmorLabError("must be a path to a profile YAML", key="profile", value=profile, file=file)
     search = data.get("search")
     if search is not None and not isinstance(search, Mapping):
         raise ArmorLabError("must be a mapping (see `armorlab tune`)", key="search", value=search, file=file)
+    if search is not None and stages is not None:
+        raise ArmorLabError("a search (`armorlab tune`) has no stages", key="stages", value="...", file=file)
+    compare = parse_compare(data.get("compare"), file)
+    if compare is not None and compare.stage is not None and compare.stage not in [st.name for st in stages or ()]:
+        raise ArmorLabError(f"must name a stage of this spec (stages: "
+                            f"{', '.join(st.name for st in stages or ()) or 'none'})", key="compare.stage",
+                            value=compare.stage, file=file)
     return SweepSpec(name=name, base=base, grid=grid, seeds=seeds, include=include, exclude=exclude,
                      profile=profile, search=dict(search) if search is not None else None, path=path,
-                     description=description)
-
-
-def _check_key(key: Any, where: str, file: str) -> str:
-    """A point's key must name a config field: a top-level key, or ``task.X`` / ``model.X``."""
-    if not isinstance(key, str) or not key:
-        raise ArmorLabError("keys must be non-empty strings", key=f"{where}.{key}", value=key, file=file)
-    parts = key.split(".")
-    top = parts[0]
-    ok = top in known_keys() and all(parts)
-    if ok and len(parts) > 1:
-        ok = top in _SUBKEYS and len(parts) == 2 and parts[1] in _SUBKEYS[top]
-    if not ok:
-        raise ArmorLabError("unknown config key (not an armorlab field, a GRPOConfig field, task.X or model.X)",
-                            key=f"{where}.{key}", value=key, file=file)
-    return key
-
-
-def _parse_base(raw: Any, path: Path | None, file: str) -> dict[str, Any]:
-    if raw is None:
-        return {}
-    if isinstance(raw, str):
-        base_path = find_relative(raw, path, key="base")
-        raw = load_yaml_mapping(base_path)
-    if not isinstance(raw, Mapping):
-        raise ArmorLabError("must be a run config mapping or a path to one", key="base", value=raw, file=file)
-    for key in raw:
-        if not isinstance(key, str) or "." in key:
-            raise ArmorLabError("base keys are plain config keys (nest task/model settings)",
-                                key=f"base.{key}", value=raw[key], file=file)
-    return copy.deepcopy(dict(raw))
-
-
-def _parse_grid(raw: Any, file: str) -> dict[str, list[Any]]:
-    if raw is None:
-        return {}
-    if not isinstance(raw, Mapping):
-        raise ArmorLabError("must map config keys to lists of values", key="grid", value=raw, file=file)
-    grid = {}
-    for key, values in raw.items():
-        key = _check_key(key, "grid", file)
-        if not isinstance(values, list) or not values:
-            raise ArmorLabError("a grid axis must be a non-empty list of values", key=f"grid.{key}",
-                                value=values, file=file)
-        grid[key] = copy.deepcopy(values)
-    return grid
-
-
-def _parse_seeds(raw: Any, file: str) -> list[int] | None:
-    if raw is None:
-        return None
-    if not isinstance(raw, list) or not raw:
-        raise ArmorLabError("must be a non-empty list of seeds", key="seeds", value=raw, file=file)
-    for s in raw:
-        if isinstance(s, bool) or not isinstance(s, int) or s < 0:
-            raise ArmorLabError("seeds must be non-negative integers", key="seeds", value=s, file=file)
-    return list(raw)
-
-
-def _parse_points(raw: Any, where: str, file: str, *, allow_empty: bool) -> list[dict[str, Any]]:
-    if raw is None:
-        return []
-    if not isinstance(raw, list):
-        raise ArmorLabError("must be a list of mappings", key=where, value=raw, file=file)
-    points = []
-    for i, point in enumerate(raw):
-        if not isinstance(point, Mapping) or (not point and not allow_empty):
-            raise ArmorLabError("each entry must be a non-empty mapping of config keys to values",
-                                key=f"{where}[{i}]", value=point, file=file)
-        points.append({_check_key(k, where, file): copy.deepcopy(v) for k, v in point.items()})
-    return points
+                     description=description, stages=stages, controls=controls, compare=compare)
 
 
 # --------------------------------------------------------------------------- expansion
-def points(spec: SweepSpec) -> list[tuple[str, dict[str, Any]]]:
+def points(spec: SweepSpec | Stage) -> list[tuple[str, dict[str, Any]]]:
     """(origin, point) pairs before seeds: the grid product in order, then the includes."""
     keys = list(spec.grid)
     out = [("grid", dict(zip(keys, combo, strict=True))) for combo in itertools.product(*spec.grid.values())]
@@ -279,29 +235,55 @@ def points(spec: SweepSpec) -> list[tuple[str, dict[str, Any]]]:
 
 
 def count_points(spec: SweepSpec) -> int:
-    """Runs the spec expands to before deduplication, counted without expanding it."""
-    n_seeds = len(spec.seeds) if spec.seeds is not None else 1
-    return (math.prod(len(v) for v in spec.grid.values()) + len(spec.include)) * n_seeds
+    """Runs the spec expands to before deduplication, counted without expanding it (a stage that
+    continues runs of a grid counts each of its runs once per parent of its seed: at most the
+    parent stage's points)."""
+    total, per_seed = 0, {}
+    for st in spec.stage_list():
+        seeds = st.seeds if st.seeds is not None else spec.seeds
+        n_points = math.prod(len(v) for v in st.grid.values()) + len(st.include)
+        per_seed[st.name] = n_points * (per_seed[st.parent.stage] if st.parent is not None else 1)
+        total += per_seed[st.name] * (len(seeds) if seeds is not None else 1)
+    return total
 
 
 def expand(spec: SweepSpec) -> list[RunPlan]:
-    """All runs of the spec: resolved configs, deduplicated by run id, in a stable order.
-    Refuses (before expanding) a spec of more than ``checks.max_points()`` runs."""
+    """All runs of the spec, stage by stage: resolved configs, deduplicated by run id, in a stable
+    order. Refuses (before expanding) a spec of more than ``checks.max_points()`` runs."""
     try:
         within_max_points(count_points(spec), "the grid × seeds")
     except Invalid as exc:
-        raise ArmorLabError(str(exc), key="grid", value={k: len(v) for k, v in spec.grid.items()},
+        sizes = {k: len(v) for k, v in spec.grid.items()} if spec.stages is None else \
+            {st.name: {k: len(v) for k, v in st.grid.items()} for st in spec.stages}
+        raise ArmorLabError(str(exc), key="grid" if spec.stages is None else "stages", value=sizes,
                             file=spec.file) from None
-    seeds: list[int | None] = list(spec.seeds) if spec.seeds is not None else [None]
     plans: list[RunPlan] = []
     seen: set[str] = set()
-    for origin, point in points(spec):
-        raw = copy.deepcopy(spec.base)
+    by_stage: dict[str, list[RunPlan]] = {}
+    for i, st in enumerate(spec.stage_list()):
+        base = deep_merge(spec.base, st.base) if st.base else spec.base
+        seeds = st.seeds if st.seeds is not None else spec.seeds
+        name = st.name if spec.stages is not None else None
+        if st.parent is None:
+            got = _expand_stage(st, base, seeds, spec.file, seen, name)
+        else:
+            got = _expand_continuing(spec, i, st, base, seeds, by_stage[st.parent.stage], seen)
+        by_stage[st.name] = got
+        plans += got
+    return plans
+
+
+def _expand_stage(st: Stage, base: dict[str, Any], spec_seeds: list[int] | None, file: str, seen: set[str],
+                  name: str | None) -> list[RunPlan]:
+    seeds: list[int | None] = list(spec_seeds) if spec_seeds is not None else [None]
+    plans: list[RunPlan] = []
+    for origin, point in points(st):
+        raw = copy.deepcopy(base)
         for key, value in point.items():
-            set_dotted(raw, key, copy.deepcopy(value), file=spec.file)
+            set_dotted(raw, key, copy.deepcopy(value), file=file)
         if seeds != [None]:
             raw["seed"] = seeds[0]
-        resolved = _resolve(raw, spec.file)
+        resolved = _resolve(raw, file)
         seeded_id = _SeededRunId(resolved) if seeds != [None] else None
         copy_resolved = _copier(resolved)
         for seed in seeds:
@@ -313,17 +295,73 @@ def expand(spec: SweepSpec) -> list[RunPlan]:
                 view = {**resolved, "seed": seed}  # read-only here; each plan makes its own copy
             else:
                 view = resolved
-            if origin == "grid" and any(_matches(view, ex) for ex in spec.exclude):
+            if origin == "grid" and any(matches(view, ex) for ex in st.exclude):
                 continue
-            rid = (seeded_id(seed) if seeded_id is not None else None) or _run_id(view, spec.file)
+            rid = (seeded_id(seed) if seeded_id is not None else None) or _run_id(view, file)
             if rid in seen:
                 continue
             seen.add(rid)
             if seed is None:
-                plans.append(RunPlan(rid, resolved, full_point))
+                plans.append(RunPlan(rid, resolved, full_point, stage=name))
             else:
-                plans.append(RunPlan(rid, point=full_point, make=_with_seed(copy_resolved, seed), view=view))
+                plans.append(RunPlan(rid, point=full_point, make=_with_seed(copy_resolved, seed), view=view,
+                                     stage=name))
     return plans
+
+
+def _expand_continuing(spec: SweepSpec, index: int, st: Stage, base: dict[str, Any], spec_seeds: list[int] | None,
+                       parents: list[RunPlan], seen: set[str]) -> list[RunPlan]:
+    """A stage whose runs continue from ``parents`` (the earlier stage's runs): each point × seed
+    × parent of that seed, with ``init_from`` naming the parent (so the run id follows it)."""
+    assert st.parent is not None
+    file, select = spec.file, st.parent.select
+    by_seed: dict[int, list[RunPlan]] = {}
+    for par in parents:
+        by_seed.setdefault(par.view["seed"], []).append(par)
+    seeds: list[int | None] = list(spec_seeds) if spec_seeds is not None else [None]
+    plans: list[RunPlan] = []
+    for origin, point in points(st):
+        raw = copy.deepcopy(base)
+        for key, value in point.items():
+            set_dotted(raw, key, copy.deepcopy(value), file=file)
+        if seeds != [None]:
+            raw["seed"] = seeds[0]
+        # resolved once per point: init_from and seed are checked as given and nothing derives from them
+        raw["init_from"] = {"run": f"{spec.name}/{'0' * 12}", "select": dict(select)}
+        resolved = _resolve(raw, file)
+        copy_resolved = _copier(resolved)
+        for seed in seeds:
+            own = resolved["seed"] if seed is None else seed
+            want = st.parent.parent_seed(own)
+            if want is None or want not in by_seed:
+                why = f"maps no parent seed to seed {own}" if want is None else \
+                    f"names seed {want} for seed {own}, but no run of stage {st.parent.stage!r} has it"
+                raise ArmorLabError(f"{why} (that stage's seeds: {sorted(by_seed)})",
+                                    key=f"stages[{index}].from.seeds", value=st.parent.seeds, file=file)
+            for par in by_seed[want]:
+                init = {"run": f"{spec.name}/{par.run_id}", "select": dict(select)}
+                view = {**resolved, "seed": own, "init_from": init}
+                if origin == "grid" and any(matches(view, ex) for ex in st.exclude):
+                    continue
+                rid = _run_id(view, file)
+                if rid in seen:
+                    continue
+                seen.add(rid)
+                full_point = dict(point) if seed is None else {**point, "seed": seed}
+                plans.append(RunPlan(rid, point=full_point, make=_continuing(copy_resolved, own, init), view=view,
+                                     stage=st.name, parent=par.run_id))
+    return plans
+
+
+def _continuing(copy_config: Callable[[], dict[str, Any]], seed: int,
+                init: dict[str, Any]) -> Callable[[], dict[str, Any]]:
+    def make() -> dict[str, Any]:
+        cfg = copy_config()
+        cfg["seed"] = seed
+        cfg["init_from"] = copy.deepcopy(init)
+        return cfg
+
+    return make
 
 
 def _with_seed(copy_config: Callable[[], dict[str, Any]], seed: int) -> Callable[[], dict[str, Any]]:
@@ -333,69 +371,6 @@ def _with_seed(copy_config: Callable[[], dict[str, Any]], seed: int) -> Callable
         return cfg
 
     return make
-
-
-class _SeededRunId:
-    """runs.run_id of a resolved config for each of its seeds, serialising the config once: the
-    canonical JSON is written with a marker string as the seed, and each seed's text is that with
-    the marker replaced by the seed's JSON (the same bytes canonical_json writes for the config
-    with that seed, so the same id). Returns None where this shortcut does not apply (a logging
-    key called seed, the marker already in the config, a value JSON refuses): the caller then
-    computes the id the ordinary way."""
-
-    _MARK = "\x00armorlab-seed\x00"
-
-    def __init__(self, resolved: Mapping[str, Any]) -> None:
-        self._text: str | None = None
-        if "seed" in LOGGING_KEYS:
-            return
-        try:
-            text = canonical_json({**identity(resolved), "seed": self._MARK})
-        except (TypeError, ValueError):
-            return
-        self._mark_json = canonical_json(self._MARK)
-        if text.count(self._mark_json) == 1:
-            self._text = text
-
-    def __call__(self, seed: Any) -> str | None:
-        if self._text is None or type(seed) is not int:
-            return None
-        text = self._text.replace(self._mark_json, str(seed))  # an int's JSON is its decimal text
-        return hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
-
-
-def _copy_data(obj: Any) -> Any:
-    """deepcopy for plain YAML data (dicts, lists, scalars), several times faster: a marshal round
-    trip (C code; keeps dict order and every scalar type) where the data allows it."""
-    return _copier(obj)()
-
-
-def _copier(obj: Any) -> Callable[[], Any]:
-    """A function returning a fresh deep copy of plain data ``obj`` at each call (a point's
-    configs, one per seed). A mapping's scalars are shared (immutable) and its dicts and lists
-    serialised once (marshal), so each copy is a shallow copy plus one load of the nested part."""
-    nested = {k: v for k, v in obj.items() if isinstance(v, (dict, list))} if isinstance(obj, dict) else obj
-    try:
-        blob = marshal.dumps(nested)
-    except ValueError:  # something marshal cannot write: copy it by hand
-        return lambda: _copy_plain(obj)
-    if nested is obj:
-        return lambda: marshal.loads(blob)
-
-    def copy_mapping() -> dict[str, Any]:
-        out = dict(obj)
-        out.update(marshal.loads(blob))  # existing keys: the order stays obj's
-        return out
-
-    return copy_mapping
-
-
-def _copy_plain(obj: Any) -> Any:
-    if isinstance(obj, dict):
-        return {k: _copy_plain(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_copy_plain(v) for v in obj]
-    return obj
 
 
 def _resolve(raw: dict[str, Any], file: str) -> dict[str, Any]:
@@ -421,35 +396,48 @@ def _run_id(cfg: dict[str, Any], file: str) -> str:
         raise
 
 
-def _matches(cfg: Mapping[str, Any], exclude: Mapping[str, Any]) -> bool:
-    """True when every key of the exclude entry equals the resolved config's value."""
-    for key, want in exclude.items():
-        have = get_dotted(cfg, key, _MISSING)
-        if key in ("task", "model") and isinstance(want, str) and isinstance(have, Mapping):
-            have = have.get("name")  # `task: arithmetic` is the short form of {name: arithmetic}
-        if isinstance(want, Mapping) and isinstance(have, Mapping):
-            if not _matches(have, want):
-                return False
-        elif have is _MISSING or not _same(have, want):
-            return False
-    return True
+def control_pairs(spec: SweepSpec, plans: list[RunPlan]) -> list[tuple[str | None, list[Pair]]]:
+    """For each stage that declares ``controls:``, its compared pairs (armorlab.sweeps.controls.check;
+    an arm that differs from its baseline outside its named factor is an ArmorLabError)."""
+    out = []
+    for st in spec.stage_list():
+        if not st.controls:
+            continue
+        name = st.name if spec.stages is not None else None
+        runs = [(describe_point({k: v for k, v in r.point.items() if k != "seed"}), r.view)
+                for r in plans if r.stage == name]
+        out.append((name, check(st.controls, runs, file=spec.file)))
+    return out
 
 
-def _same(a: Any, b: Any) -> bool:
-    # bool is an int in Python: `anchor: 1` must not match `anchor: true`
-    if isinstance(a, bool) or isinstance(b, bool):
-        return type(a) is type(b) and a == b
-    return a == b
+def describe_run(plan: RunPlan) -> str:
+    """A run's label for tables and the manifest: its point, and in a staged sweep its stage and
+    the run it continues from (``continue: objective=armor seed=1 <- 3f2a...``)."""
+    text = describe_point(plan.point)
+    if plan.stage is None:
+        return text
+    return f"{plan.stage}: {text}" + (f" <- {plan.parent}" if plan.parent else "")
 
 
 def describe_point(point: Mapping[str, Any]) -> str:
-    """``alpha=0.7 seed=1`` for tables; values shown as YAML would write them."""
-    return " ".join(f"{k}={_short(v)}" for k, v in point.items()) or "(base)"
+    """``alpha=0.7 seed=1`` for tables; values shown as YAML would write them, a float with more
+    than 6 significant digits rounded to 4 (``learning_rate=3.162e-06``: the run id tells runs apart)."""
+    return " ".join(f"{k}={short_value(v)}" for k, v in point.items()) or "(base)"
 
 
-def _short(v: Any) -> str:
-    # ints and finite floats: their repr is what JSON writes (the common case, 1,000s of rows)
-    if type(v) is int or (type(v) is float and math.isfinite(v)):
-        return repr(v)
-    text = canonical_json(v) if not isinstance(v, str) else v
+def short_value(v: Any) -> str:
+    """One value of a grid point as a table shows it (see describe_point)."""
+    if type(v) is int:
+        if abs(v) < 10**12:
+            return repr(v)
+        # str() of an int past 4,300 digits raises; a table cell needs no more than its size
+        return f"{v:.4g}" if v.bit_length() < 1000 else f"<{int(v.bit_length() * 0.30103) + 1}-digit int>"
+    if type(v) is float and math.isfinite(v):
+        text = repr(v)
+        digits = text.split("e")[0].replace("-", "").replace(".", "").strip("0")
+        return text if len(digits) <= 6 else f"{v:.4g}"
+    try:
+        text = canonical_json(v) if not isinstance(v, str) else v
+    except ValueError:  # NaN, or an int too long for str()
+        text = type(v).__name__
     return text if len(text) <= 40 else text[:37] + "..."

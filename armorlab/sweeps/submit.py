@@ -4,6 +4,13 @@ A run is submitted when it is not completed, has no job queued or running (the m
 job id for it, checked with squeue / the local process table) and — unless ``retry_failed`` — has
 not failed. Running the same sweep again therefore submits nothing new, resumes preempted or
 lost runs from their run dirs, and never starts a second job for a run.
+
+Stages: a run of a later stage continues from a run of an earlier one (its parent). On Slurm it
+is queued at once, its array waiting for the parent's job (``afterok``; none when the parent has
+completed); locally it starts when its parent completes. A run whose parent failed is not
+submitted: it is marked failed with the reason (``--retry failed`` retries both). A run whose
+parent is running outside this sweep's reach (a live trainer with no Slurm job) waits for the
+next `armorlab sweep`.
 """
 
 from __future__ import annotations
@@ -18,10 +25,12 @@ from pathlib import Path
 from typing import Any
 
 from armorlab.core.config import deep_merge
-from armorlab.core.fsutil import atomic_write_yaml
+from armorlab.core.fsutil import atomic_write_yaml, writable_dir
 from armorlab.core.runs import RunDir
+from armorlab.core.vllm_config import check_vllm_installed
 from armorlab.errors import ArmorLabError
 from armorlab.sweeps import slurmctl
+from armorlab.sweeps.controls import Pair
 from armorlab.sweeps.manifest import (
     SPEC_COPY,
     Manifest,
@@ -30,15 +39,18 @@ from armorlab.sweeps.manifest import (
     local_job_alive,
     local_job_id,
     locked,
+    parent_failed_reason,
 )
+from armorlab.sweeps.memory import check_sweep_memory
 from armorlab.sweeps.profile import EXECUTORS, Profile, load_profile
-from armorlab.sweeps.spec import RunPlan, SweepSpec, describe_point, expand, load_spec
+from armorlab.sweeps.spec import RunPlan, SweepSpec, control_pairs, describe_run, expand, load_spec
 from armorlab.vllm.server_checks import check_runs
 
 log = logging.getLogger(__name__)
 
 # Why a run is or is not submitted this time.
 SUBMIT, DONE, ACTIVE, FAILED = "submit", "completed", "queued/running", "failed"
+BLOCKED, WAIT = "parent failed", "waits for parent"
 
 
 @dataclass
@@ -49,7 +61,8 @@ class SweepPlan:
     sweep_dir: Path
     runs: list[RunPlan]
     retry_failed: bool = False
-    actions: dict[str, str] = field(default_factory=dict)  # run id → SUBMIT / DONE / ACTIVE / FAILED
+    actions: dict[str, str] = field(default_factory=dict)  # run id → SUBMIT / DONE / ACTIVE / FAILED / ...
+    controls: list[tuple[str | None, list[Pair]]] = field(default_factory=list)  # stage → compared pairs
 
     @property
     def to_submit(self) -> list[RunPlan]:
@@ -64,9 +77,20 @@ def plan_sweep(spec_path: str | Path, *, root: str | Path = "runs", executor: st
                overrides: Mapping[str, Any] | None = None) -> SweepPlan:
     """Load, expand and classify: nothing is written. ``overrides`` (nested, as from
     ``config.parse_overrides``) replace keys of the spec's base in every run."""
+    spec, prof, executor = load_sweep(spec_path, executor=executor, profile=profile, overrides=overrides)
+    runs = expand(spec)
+    return plan_runs(spec, runs, root=root, profile=prof, executor=executor, retry_failed=retry_failed,
+                     controls=control_pairs(spec, runs))
+
+
+def load_sweep(spec_path: str | Path, *, executor: str | None = None, profile: str | Path | None = None,
+               overrides: Mapping[str, Any] | None = None) -> tuple[SweepSpec, Profile, str]:
+    """The spec (``overrides`` applied), its profile and the executor to use."""
     spec = load_spec(spec_path)
-    if overrides:
-        spec = dataclasses.replace(spec, base=deep_merge(spec.base, overrides))
+    if overrides:  # over every stage's base too: an override wins over what the spec says
+        stages = None if spec.stages is None else \
+            [dataclasses.replace(st, base=deep_merge(st.base, overrides)) for st in spec.stages]
+        spec = dataclasses.replace(spec, base=deep_merge(spec.base, overrides), stages=stages)
     if spec.search is not None:
         raise ArmorLabError("this spec has a `search:` section: run it with `armorlab tune`", key="search",
                             value="...", file=spec.file)
@@ -75,11 +99,22 @@ def plan_sweep(spec_path: str | Path, *, root: str | Path = "runs", executor: st
     if executor not in EXECUTORS:
         raise ArmorLabError(f"unknown executor (known: {', '.join(EXECUTORS)})", key="--executor",
                             value=executor)
-    plan = SweepPlan(spec=spec, profile=prof, executor=executor, sweep_dir=Path(root) / spec.name,
-                     runs=expand(spec), retry_failed=retry_failed)
-    check_runs(prof.vllm_servers, plan.runs, profile_file=str(prof.path) if prof.path else "<profile>",
+    return spec, prof, executor
+
+
+def plan_runs(spec: SweepSpec, runs: list[RunPlan], *, root: str | Path, profile: Profile, executor: str,
+              retry_failed: bool = False, controls: list[tuple[str | None, list[Pair]]] | None = None) -> SweepPlan:
+    """A plan of ``runs`` (the spec's, or some of them): checked against the profile and classified."""
+    plan = SweepPlan(spec=spec, profile=profile, executor=executor, sweep_dir=writable_dir(root, key="--root") / spec.name,
+                     runs=runs, retry_failed=retry_failed)
+    plan.controls = list(controls or [])
+    check_runs(profile.vllm_servers, plan.runs, profile_file=str(profile.path) if profile.path else "<profile>",
                spec_file=spec.file, executor=executor)
+    if executor == "local" and profile.python is None:  # this Python trains them: vLLM must be here
+        for r in plan.runs:
+            check_vllm_installed(r.config, spec.file)
     plan.actions = classify(plan.sweep_dir, plan.runs, retry_failed=retry_failed, executor=executor)
+    check_sweep_memory(profile, [r for r in plan.runs if plan.actions[r.run_id] == SUBMIT], spec_file=spec.file)
     return plan
 
 
@@ -101,7 +136,19 @@ def classify(sweep_dir: Path, runs: list[RunPlan], *, retry_failed: bool, execut
             actions[r.run_id] = FAILED
         else:
             actions[r.run_id] = SUBMIT
+        if r.parent is not None and actions[r.run_id] == SUBMIT:  # parents come first in plan order
+            parent = actions.get(r.parent)
+            if parent in (FAILED, BLOCKED):
+                actions[r.run_id] = BLOCKED
+            elif parent == WAIT or (parent == ACTIVE and not _waitable(last_jobs.get(r.parent), active, executor)):
+                actions[r.run_id] = WAIT
     return actions
+
+
+def _waitable(job_id: str | None, active: set[str], executor: str) -> bool:
+    """Whether a queued/running parent's job is a live Slurm job another Slurm job can wait for
+    (not when the parent is a trainer outside Slurm, or the sweep runs locally)."""
+    return executor == "slurm" and job_id is not None and not is_local(job_id) and job_id in active
 
 
 def _active_jobs(job_ids: list[str], *, executor: str) -> set[str]:
@@ -138,10 +185,13 @@ def prepare(plan: SweepPlan, *, defer_new: bool = False,
     # no fsync: the spec copy is for reading; every sweep of this dir writes it again
     atomic_write_yaml(plan.sweep_dir / SPEC_COPY, plan.spec.to_dict(), durable=False)
     manifest = load_manifest(plan.sweep_dir) or Manifest(sweep_dir=plan.sweep_dir, name=plan.spec.name)
-    manifest.source = str(plan.spec.path) if plan.spec.path else None
+    if plan.spec.path is None or Path(plan.spec.path).resolve() != (plan.sweep_dir / SPEC_COPY).resolve():
+        manifest.source = str(plan.spec.path) if plan.spec.path else None  # not the copy a decision job reads
     known = set(manifest.runs)
     manifest.runs += [r.run_id for r in plan.runs if r.run_id not in known]
-    manifest.labels.update({r.run_id: describe_point(r.point) for r in plan.runs})
+    manifest.labels.update({r.run_id: describe_run(r) for r in plan.runs})
+    manifest.stages.update({r.run_id: r.stage for r in plan.runs if r.stage is not None})
+    manifest.parents.update({r.run_id: r.parent for r in plan.runs if r.parent is not None})
     if save:
         manifest.save()
     present = set(os.listdir(plan.sweep_dir))
@@ -155,7 +205,22 @@ def prepare(plan: SweepPlan, *, defer_new: bool = False,
         todo.append((f"{base}/{r.run_id}", None))
         if r.run_id in present:
             _reset_failed(RunDir(plan.sweep_dir / r.run_id))
+    _mark_blocked(plan, present)
     return manifest, todo
+
+
+def _mark_blocked(plan: SweepPlan, present: set[str]) -> None:
+    """Runs whose parent failed are failed too, with the reason (status shows it; --retry failed
+    retries parent and child)."""
+    for r in plan.runs:
+        if plan.actions.get(r.run_id) != BLOCKED:
+            continue
+        parent = RunDir(plan.sweep_dir / r.parent).read_status()
+        why = parent_failed_reason(r.parent, parent.get("reason"))
+        rd = RunDir(plan.sweep_dir / r.run_id) if r.run_id in present else RunDir.create(plan.sweep_dir, r.config)
+        status = rd.read_status()
+        if status["state"] != "failed" or status.get("reason") != why:
+            rd.write_status("failed", reason=why)
 
 
 def recover_submitted(manifest: Manifest) -> int:
@@ -224,16 +289,53 @@ def submit_slurm(plan: SweepPlan) -> list[str]:
                 recover_submitted(manifest)
             # decide again under the lock: another `armorlab sweep` may have queued runs meanwhile
             plan.actions = classify(plan.sweep_dir, plan.runs, retry_failed=plan.retry_failed, executor="slurm")
+            _cancel_never_satisfied(plan)
             manifest, todo = prepare(plan, defer_new=True, save=False)
             if not todo:
                 manifest.save()
                 return []
             # the first ``begin`` saves the manifest (planned runs and the array's pending ids) before sbatch
             submitter = SlurmSubmitter(plan.sweep_dir, plan.profile, job_name=plan.spec.name)
-            return submitter.submit(todo, chunk=submitter.chunk_size(cluster_max()), before_array=manifest.begin,
-                                    on_array=lambda rids, jids: manifest.record("slurm", rids, jids))
+            chunk = submitter.chunk_size(cluster_max())
+            job_ids: list[str] = []
+            for parent, group in dependency_groups(plan, todo):
+                # a parent's job is known by now: it was queued before (ACTIVE) or by an earlier group
+                after = manifest.last_job(parent) if parent is not None else None
+                job_ids += submitter.submit(group, chunk=chunk, before_array=manifest.begin, dependency=after,
+                                            on_array=lambda rids, jids: manifest.record("slurm", rids, jids))
+            return job_ids
     finally:
         cluster_max()  # reaps scontrol when no array was cut
+
+
+def _cancel_never_satisfied(plan: SweepPlan) -> None:
+    """A run about to be queued again may still have a job pending for a dependency that can never
+    be satisfied (a cluster that ignored --kill-on-invalid-dep): cancel it, it would never run."""
+    manifest = load_manifest(plan.sweep_dir)
+    if manifest is None:
+        return
+    last = [j for r in plan.to_submit if (j := manifest.last_job(r.run_id)) and not is_local(j)]
+    if not last:
+        return
+    states = slurmctl.squeue_states(last)
+    stale = [j for j in last if states.get(j) == slurmctl.NEVER_SATISFIED]
+    if stale:
+        log.info("cancelling %d job(s) whose dependency can never be satisfied", len(stale))
+        slurmctl.scancel(stale)
+
+
+def dependency_groups(plan: SweepPlan, todo: list[tuple[str, dict[str, Any] | None]]
+                      ) -> list[tuple[str | None, list[tuple[str, dict[str, Any] | None]]]]:
+    """The runs to queue, grouped by the run whose job they wait for (None: none, their parent has
+    completed or they have none), in the order a group's job ids become known: runs without a wait
+    first, then each parent's children (parents come before children in plan order)."""
+    by_id = {r.run_id: r for r in plan.runs}
+    groups: dict[str | None, list[tuple[str, dict[str, Any] | None]]] = {None: []}
+    for item in todo:
+        r = by_id[os.path.basename(item[0])]
+        waits = r.parent is not None and plan.actions.get(r.parent) in (SUBMIT, ACTIVE)
+        groups.setdefault(r.parent if waits else None, []).append(item)
+    return [(parent, group) for parent, group in groups.items() if group]
 
 
 def run_local(plan: SweepPlan, *, workers: int | None = None, on_event: Any = None,
@@ -252,7 +354,9 @@ def run_local(plan: SweepPlan, *, workers: int | None = None, on_event: Any = No
             manifest.record("local", [rd.name for rd in todo], job_ids)
     if not todo:
         return {}
-    return executor.run(todo, job_ids, on_event=on_event)
+    # a run starts when the run it continues from has completed here (none: it had before)
+    after = {r.run_id: r.parent for r in plan.to_submit if r.parent is not None}
+    return executor.run(todo, job_ids, on_event=on_event, after=after)
 
 
 def _reset_failed(rd: RunDir) -> None:

@@ -121,6 +121,27 @@ class Validator:
                 policy.train(was_training)
         return stats.reduce(tr.accelerator)
 
+    def scores(self, step: int, k: int | None = None) -> dict[str, float]:
+        """``val/*`` and ``test/*`` (acc, pass@k, length, n) of the current policy, without the KL
+        probe, in the RNG stream of step ``step``: with k = val_samples exactly what the run logged
+        at that step from the same weights (``armorlab evaluate`` reads kept checkpoints with it)."""
+        tr = self.trainer
+        stats = StepStats()
+        world, rank = tr.accelerator.num_processes, tr.accelerator.process_index
+        saved, self.k = self.k, int(k or self.k)
+        try:
+            with forked_rng(tr.args.seed * 100_003 + step), tr.unwrapped_policy() as policy:
+                was_training = policy.training
+                policy.eval()
+                try:
+                    for name, ds in self.splits.items():
+                        self._split(stats, name, ds, rank, world, policy)
+                finally:
+                    policy.train(was_training)
+        finally:
+            self.k = saved
+        return stats.reduce(tr.accelerator)
+
     def reference_accuracy(self, step: int) -> float | None:
         """avg@k of π_ref on the val split (``ref/val_acc``): the quality of the anchor source."""
         if "val" not in self.splits or self.trainer.ref_model is None:

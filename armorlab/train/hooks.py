@@ -11,6 +11,7 @@ import torch
 from transformers import TrainerCallback
 from trl.trainer.utils import RepeatSampler
 
+from armorlab.core.schedule import every_due, unit_count
 from armorlab.train.trainer_config import ArmorLabConfig
 
 
@@ -46,6 +47,12 @@ def policy_server_client(args: ArmorLabConfig) -> contextlib.AbstractContextMana
     return trl_builds_weight_sync_clients(args)
 
 
+def validation_due(trainer: Any, args: ArmorLabConfig, step: int) -> bool:
+    """Whether the trainer validates at the end of optimizer step ``step`` (> 0): every ``val_every``
+    units of ``step_unit`` (armorlab.core.schedule), when it has something to validate on."""
+    return trainer.validator.enabled and every_due(step, args.val_every, args.step_unit, trainer.per_rollout)
+
+
 class ArmorLabCallback(TrainerCallback):
     """Step-0 and periodic validation (before any reset, so the probe sees the step's π_ref),
     reference resets, token-dump flushes."""
@@ -68,12 +75,13 @@ class ArmorLabCallback(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         tr, step = self.trainer, state.global_step
         validated: dict[str, float] = {}
-        if args.val_every > 0 and step % args.val_every == 0 and tr.validator.enabled:
+        if validation_due(tr, args, step):
             validated = tr.validator.run(step)
             for name, value in validated.items():
                 tr._metrics["train"][name].append(value)
             control.should_log = True
-        if tr.reference.due(step):
+        count = unit_count(step, args.step_unit, tr.per_rollout)  # None inside a rollout (step_unit: rollout)
+        if count is not None and tr.reference.due(count):
             tr.reference.reset_from(tr.accelerator.unwrap_model(tr.model), step)
             tr.sync_reference_engine()
             if tr.anchor_rollout is not None:

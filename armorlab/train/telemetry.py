@@ -20,6 +20,7 @@ from transformers import TrainerCallback
 
 from armorlab.algos import kl
 from armorlab.core.fsutil import atomic_file
+from armorlab.core.schedule import rollout_at, updates_per_rollout
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +149,9 @@ def design_names(logs: Mapping[str, Any]) -> dict[str, float]:
 
 
 class RunDirLogger(TrainerCallback):
-    """Writes each log of the main process as one metrics.jsonl line ``{"step": N, ...}``."""
+    """Writes each log of the main process as one metrics.jsonl line ``{"step": N, "rollout": R, ...}``:
+    both counters, optimizer steps and rollouts (armorlab.core.schedule.rollout_at: the rollout
+    whose updates the step belongs to; 0 at step 0)."""
 
     def __init__(self, run_dir: Any) -> None:
         self.run_dir = run_dir
@@ -158,7 +161,8 @@ class RunDirLogger(TrainerCallback):
             return
         metrics = design_names(logs)
         if metrics:
-            self.run_dir.append_metrics(state.global_step, metrics)
+            per = updates_per_rollout(args.steps_per_generation, args.num_iterations, args.gradient_accumulation_steps)
+            self.run_dir.append_metrics(state.global_step, metrics, rollout=rollout_at(state.global_step, per))
 
 
 # --------------------------------------------------------------------------- token dump

@@ -12,7 +12,9 @@ TRL does the generation, rewards, advantages, batching and optimisation; this su
   rewards, lengths, and per-generation metrics as 0-d tensors: ``kl/forward_*`` on the
   unconditioned reference draws behind the anchors (``anchors.forward_kl_rows``), the gate's
   kept/dropped success rates and ``train/zero_var_frac``; with ``dynamic_sampling_factor`` > 1 it
-  over-generates and keeps the first groups with reward spread (verl's filter_groups);
+  over-generates and keeps the first groups that train — reward spread and past the gate (verl's
+  filter_groups; ARMOR's Alg. 1 samples until the batch is full) — and logs the rows it could not
+  fill (``train/refill_shortfall``);
 - ``_compute_loss``: ``armorlab.algos.loss.policy_loss`` (+ TRL's β·k3 KL term when β ≠ 0) and
   the per-step telemetry;
 - ``_save_checkpoint`` / ``_load_optimizer_and_scheduler``: π_ref, the anchor cache and TRL's
@@ -57,6 +59,8 @@ from armorlab.algos.loss import (
     vllm_corrected_loss,
 )
 from armorlab.algos.objectives import objective_spec
+from armorlab.core.config import default_anchor_cache
+from armorlab.core.schedule import rollout_horizon, updates_per_rollout
 from armorlab.errors import ArmorLabError
 from armorlab.train import anchors as anc
 from armorlab.train.evaluation import Validator
@@ -146,6 +150,9 @@ class ArmorLabTrainer(GRPOTrainer):
             from armorlab.train.vllm_reference import reload_policy_sync
 
             reload_policy_sync(self.vllm_generation)
+        # optimizer steps per rollout: what step_unit: rollout counts in (armorlab.core.schedule)
+        self.per_rollout = updates_per_rollout(args.steps_per_generation, args.num_iterations,
+                                               args.gradient_accumulation_steps)
         self._check_supported(val_dataset is not None or test_dataset is not None)
         self.reference = ReferencePolicy(None if ref_model is None else self._prepare_reference(ref_model),
                                          ref_reset_steps=args.ref_reset_steps, schedule=args.ref_reset_schedule)
@@ -166,6 +173,8 @@ class ArmorLabTrainer(GRPOTrainer):
                 batch_size=args.per_device_eval_batch_size, sync=self.collective_sync)
         self.reference_sampler = reference_sampler
         self.anchor_rollout = None
+        # off: every rollout draws afresh; window: draws are reused until π_ref resets
+        self.anchor_cache = args.anchor_cache or default_anchor_cache(args.ref_reset_steps, args.ref_reset_schedule)
         if args.anchor or args.anchor_gate:
             collective = getattr(self.reference_sampler, "collective", False)
             self.anchor_rollout = anc.AnchorRollout(
@@ -202,8 +211,9 @@ class ArmorLabTrainer(GRPOTrainer):
             # π_ref is the base model; copying an adapter-wrapped state into it is not defined
             raise ArmorLabError("reference resets are not supported with a PEFT adapter",
                                 key="ref_reset_steps", value=self.args.ref_reset_steps)
+        self._check_units()
         custom_rollout = self.tools or self.rollout_func is not None or self.environment_factories is not None
-        if self.args.dynamic_sampling:
+        if self.args.dynamic_sampling or self.args.anchor_gate:
             dyn.check_refill_fits(self.args.per_device_train_batch_size * self.args.steps_per_generation,
                                   self.num_generations, self.args.dynamic_sampling_factor)
         if custom_rollout and (self.args.anchor or self.args.anchor_gate):
@@ -215,6 +225,15 @@ class ArmorLabTrainer(GRPOTrainer):
         plugin = getattr(self.accelerator.state, "deepspeed_plugin", None)
         sharded = self.is_fsdp_enabled or (self.is_deepspeed_enabled and getattr(plugin, "zero_stage", 0) == 3)
         return anc.process_syncs(self.accelerator.num_processes, self.accelerator.device, sharded)
+
+    def _check_units(self) -> None:
+        """Rollout-counted settings need a whole U; ``max_rollouts`` sets max_steps (config.resolve
+        does the same for run configs; this covers Python users of ArmorLabConfig)."""
+        args = self.args
+        steps = rollout_horizon(args.step_unit, args.max_rollouts, args.max_steps, self.per_rollout,
+                                max_steps_given=args.max_steps > 0)
+        if steps is not None:
+            args.max_steps = steps
 
     def sync_reference_engine(self) -> None:
         """A sampler with its own copy of π_ref (vLLM) gets the reference's current weights."""
@@ -303,6 +322,8 @@ class ArmorLabTrainer(GRPOTrainer):
     def _generate(self, prompts: list):
         anchoring = self.model.training and self.anchor_rollout is not None
         idx = anc.anchor_rows(len(prompts), self.accelerator.process_index, self.num_generations) if anchoring else []
+        if anchoring and self.anchor_cache == "off":
+            self.anchor_rollout.cache.clear()
         beside = self._start_anchors_beside(prompts, idx) if anchoring else None
         out = super()._generate(prompts)
         if not self.model.training:
@@ -369,7 +390,8 @@ class ArmorLabTrainer(GRPOTrainer):
 
     def _generate_and_score_completions(self, inputs):
         target = len(inputs)
-        if self.model.training and self.args.dynamic_sampling and self.args.dynamic_sampling_factor > 1:
+        filters = self.args.dynamic_sampling or self.args.anchor_gate  # what the refill refills
+        if self.model.training and filters and self.args.dynamic_sampling_factor > 1:
             seed = (self.args.seed * 1_000_003 + self.state.global_step) * 1009 + self.accelerator.process_index
             inputs = list(inputs) + dyn.extra_prompt_rows(
                 self.train_dataset, (self.args.dynamic_sampling_factor - 1) * target // self.num_generations,
@@ -444,6 +466,9 @@ class ArmorLabTrainer(GRPOTrainer):
             output = {k: v[rows] if torch.is_tensor(v) and v.dim() and v.size(0) == n else v for k, v in output.items()}
             mask = output["completion_mask"] * output.get("tool_mask", 1)
             output["num_items_in_batch"] = self.accelerator.gather(mask.sum()).sum()
+        if filters:  # rows of the batch the filters left without a training group, refill included
+            output[f"{GENERATION_STAT}train/refill_shortfall:total"] = target - output["armorlab_keep"].sum()
+            output[f"{GENERATION_STAT}train/refill_shortfall:count"] = torch.tensor(float(target), device=device)
         # the loss normaliser's counts: the rows that train, over every process (gated, zero-spread
         # and refill-dropped rows excluded); 0-d, so every micro-batch of this generation gets them
         loss_mask = output["completion_mask"].float() * output["armorlab_keep"].unsqueeze(1)

@@ -13,6 +13,7 @@ from optuna.pruners import BasePruner
 from optuna.trial import FrozenTrial
 
 from armorlab.analysis.collapse import collapse_step
+from armorlab.core.schedule import config_val_every_steps
 from armorlab.tune.space import SearchSpec
 
 EVAL_N_ATTR = "eval_n"  # trial user attr: completions behind each eval of the objective (its val/n)
@@ -54,8 +55,9 @@ class CollapsePruner(BasePruner):
 
 
 def planned_evals(cfg: Mapping[str, Any]) -> int | None:
-    """Evals a run of ``cfg`` will log: step 0, every ``val_every`` steps, and the last step."""
-    every, total = cfg.get("val_every"), cfg.get("max_steps")
+    """Evals a run of ``cfg`` will log: step 0, every ``val_every`` steps (in optimizer steps, also
+    when ``step_unit: rollout`` counts it in rollouts), and the last step."""
+    every, total = config_val_every_steps(cfg), cfg.get("max_steps")
     if not every or not total or every <= 0 or total <= 0:
         return None
     return int(total) // int(every) + 1 + (1 if int(total) % int(every) else 0)
@@ -73,7 +75,7 @@ def make_pruner(search: SearchSpec, base_cfg: Mapping[str, Any]) -> BasePruner:
         # Resources are training steps; validation happens every val_every steps, so the first
         # rung cannot be earlier than the first validation.
         return optuna.pruners.HyperbandPruner(
-            min_resource=p.get("min_resource", max(1, int(base_cfg.get("val_every") or 1))),
+            min_resource=p.get("min_resource", max(1, config_val_every_steps(base_cfg) or 1)),
             max_resource=p.get("max_resource", int(base_cfg["max_steps"])),
             reduction_factor=p.get("reduction_factor", 3))
     if kind == "collapse":

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from armorlab.core.checks import Invalid, integer, number
+from armorlab.core.checks import Invalid, integer, no_nul, number, startup_hook
 from armorlab.core.exits import describe_exit
 from armorlab.core.fsutil import atomic_write_json
 from armorlab.core.runs import RunDir, now_iso
@@ -139,6 +139,8 @@ def _command(value: Any, file: str) -> tuple[str, ...]:
     if not isinstance(words, list) or not words or not all(isinstance(w, str) and w for w in words):
         raise ArmorLabError("must be a command line or a list of argv words", key="vllm_servers.command",
                             value=value, file=file)
+    if any("\x00" in w for w in words):
+        raise ArmorLabError("must not contain a NUL byte", key="vllm_servers.command", value=value, file=file)
     return tuple(words)
 
 
@@ -175,6 +177,7 @@ def _args(value: Any) -> tuple[str, ...]:
     if not isinstance(words, list) or not all(isinstance(w, str) for w in words):
         raise Invalid("must be a list of argv words")
     for w in words:
+        no_nul(w)
         if w.split("=", 1)[0] in _JOB_ARGS:
             raise Invalid(f"{w.split('=', 1)[0]} is set by the job (the run's model, the server's port and host)")
     return tuple(words)
@@ -189,8 +192,14 @@ def _env(value: Any) -> tuple[tuple[str, str], ...]:
             raise Invalid(f"{k!r} is not an environment variable name")
         if k in ("CUDA_VISIBLE_DEVICES", ENDPOINTS_ENV):
             raise Invalid(f"{k} is set by the job")
+        if startup_hook(k):
+            raise Invalid(f"{k} makes a shell or the loader run code when the server starts; refused")
         if not isinstance(v, (str, int, float)) or isinstance(v, bool):
             raise Invalid(f"{k} needs a string or number")
+        try:
+            no_nul(v)
+        except Invalid as exc:
+            raise Invalid(f"{k} {exc}") from None
         out.append((k, str(v)))
     return tuple(out)
 
@@ -468,8 +477,19 @@ def _wait_group_gone(pgid: int, timeout_s: float) -> None:
 
 def server_model(run_dir: RunDir, env: Mapping[str, str]) -> str:
     """The model the servers load: the run's model path or hub id; armorlab's tiny model is built
-    (or found in $ARMORLAB_CACHE) by a helper process, so the job itself never imports torch."""
+    (or found in $ARMORLAB_CACHE) by a helper process, so the job itself never imports torch. A run
+    that continues from another (``init_from``) serves the checkpoint that run selected, as its
+    trainer loads it for the policy and π_ref."""
     cfg = run_dir.read_config()
+    if cfg.get("init_from"):  # a continuing run: the checkpoint its parent selected (armorlab.train.init_from)
+        code = ("import sys;from armorlab.core.runs import RunDir;from armorlab.train.init_from import find_start;"
+                "rd=RunDir(sys.argv[1]);print(find_start(rd,rd.read_config()['init_from']).checkpoint)")
+        out = subprocess.run([sys.executable, "-c", code, str(run_dir.path)], capture_output=True, text=True,
+                             env=dict(env), cwd=os.getcwd())
+        if out.returncode != 0:
+            tail = (out.stderr.strip().splitlines() or ["no output"])[-1]
+            raise ServerError(f"cannot find the checkpoint this run continues from: {tail}")
+        return out.stdout.strip().splitlines()[-1]
     model = cfg.get("model")
     name = model.get("name") if isinstance(model, Mapping) else model
     if name not in (None, "tiny"):

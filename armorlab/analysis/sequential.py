@@ -1,0 +1,435 @@
+"""Seeds until resolved: a group-sequential comparison of each arm with its baseline whose error
+rates hold at α however many looks it takes. Pure functions (no I/O); the sweep's orchestration
+calls ``decide_look`` after each look and appends what it returns to ``looks.json``.
+
+Method (docs/verdicts.md): a two-sided group-sequential test with Lan–DeMets alpha spending
+(Lan & DeMets 1983, Biometrika), O'Brien–Fleming type by default, Pocock type on request;
+boundaries by the recursive numerical integration of Armitage, McPherson & Rowe (1969), as
+Jennison & Turnbull (2000, "Group Sequential Methods with Applications to Clinical Trials")
+compute them; unknown variance by the significance-level approach (each z boundary is turned
+into its nominal level, and the Welch t statistic with its own degrees of freedom is held to
+that level: Pocock 1977; Jennison & Turnbull 2000); estimates as repeated confidence intervals
+(Jennison & Turnbull 1984, Controlled Clinical Trials 5:33–45; their book's chapter 9), which
+also decide equivalence within ±δ; Holm (1979) over the arms on the repeated p-values. Type I error, power and seeds used are measured
+by simulation in benchmarks/sequential_seeds.py.
+
+    (G1) information fraction of a comparison with n_x and n_y seeds:
+         t = I / I_max, I = 1/(1/n_x + 1/n_y), I_max = n_max/2 (both arms at --max-seeds)
+    (G2) O'Brien–Fleming-type spending (Lan & DeMets 1983), per side of the two-sided test, each
+         side holding α/2 (as ld98 of Reboussin et al. 2000 and gsDesign's sfLDOF do):
+         α(t) = 2·(2 − 2Φ(z_{1−α/4} / √t)) in all
+    (G3) Pocock-type spending (Lan & DeMets 1983): α(t) = α·ln(1 + (e − 1)·t) (both sides)
+    (G4) boundary c_k at look k: P₀(|Z_j| < c_j for j < k, |Z_k| ≥ c_k) = α(t_k) − α(t_{k−1}),
+         where Z_k√t_k = S(t_k) is Brownian motion with drift η (η = 0 under the null): the
+         increments S(t_k) − S(t_{k−1}) ~ N(η·(t_k − t_{k−1}), t_k − t_{k−1}) are independent.
+         The sub-density of Z_k on the continuation region is carried from look to look on a
+         Simpson grid (GRID points); the last look of a sequence spends what is left (t = 1).
+    (G5) the t statistic's boundary: nominal level a_k = 2(1 − Φ(c_k)); reject when
+         |d/se| ≥ t_{ν}^{-1}(1 − a_k/2), ν Welch's degrees of freedom (verdicts W2)
+    (G6) repeated confidence interval at look k: d ± t_{ν}^{-1}(1 − a_k/2)·se
+    (G7) Holm over the m arms on repeated p-values (the smallest level at which the boundary is
+         crossed): with r arms rejected so far (at this or an earlier look) an arm is rejected
+         when it crosses the boundary computed at level α/(m − r); repeated until none more.
+         An arm not rejected is equivalent when its (G6) interval at level α/(m − r) lies in
+         (−δ, δ). A resolved arm stops; at --max-seeds an unresolved arm is "not resolved".
+    (G8) classical boundaries on K equally spaced looks (for the published tables):
+         Pocock c_k = C_P(K, α); O'Brien–Fleming c_k = C_B(K, α)·√(K/k)
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from armorlab.analysis import verdicts as V
+from armorlab.errors import ArmorLabError
+
+GRID = 201                 # Simpson points per look on (−c, c), odd: boundaries agree to 1e-7 with 1601
+SPENDING = ("obf", "pocock")
+LOOKS_VERSION = 1
+CONTINUE = "continue"
+
+
+class _LazySpecial:
+    """scipy.special and scipy.optimize, imported at first use (the report never needs them)."""
+    def __getattr__(self, name: str):
+        from scipy import optimize, special
+
+        return getattr(special, name) if hasattr(special, name) else getattr(optimize, name)
+
+
+sp = _LazySpecial()
+
+
+# --------------------------------------------------------------------------- spending and boundaries
+def information_fraction(n_x: int, n_y: int, n_max: int) -> float:
+    """(G1) t = (1/(1/n_x + 1/n_y)) / (n_max/2), at most 1."""
+    if n_x < 1 or n_y < 1 or n_max < 1:
+        return 0.0
+    return min(1.0, (1.0 / (1.0 / n_x + 1.0 / n_y)) / (n_max / 2.0))
+
+
+def spend(t: float, alpha: float, spending: str = "obf") -> float:
+    """(G2) or (G3): the type I error spent by information fraction t ∈ [0, 1]."""
+    if t <= 0:
+        return 0.0
+    t = min(t, 1.0)
+    if spending == "obf":
+        return float(2 * (2 - 2 * sp.ndtr(float(sp.ndtri(1 - alpha / 4)) / math.sqrt(t))))
+    if spending == "pocock":
+        return alpha * math.log(1 + (math.e - 1) * t)
+    raise ValueError(f"spending must be one of {SPENDING}, got {spending!r}")
+
+
+def _simpson(c: float, n: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    n = GRID if n is None else n
+    z = np.linspace(-c, c, n)
+    w = np.ones(n)
+    w[1:-1:2], w[2:-1:2] = 4.0, 2.0
+    return z, w * (z[1] - z[0]) / 3.0
+
+
+class _Walk:
+    """The sub-density of Z_k on the continuation region, carried look by look (G4)."""
+
+    def __init__(self, drift: float = 0.0):
+        self.drift = drift
+        self.t = 0.0
+        self.z: np.ndarray | None = None      # grid of the last look's continuation region
+        self.mass: np.ndarray | None = None   # density × Simpson weight on that grid
+
+    def _moments(self, t: float) -> tuple[np.ndarray, np.ndarray, float]:
+        """Given each grid point of the last look (a single start point S(0) = 0 before the
+        first): its probability mass, the mean of S(t) and the increment's sd."""
+        dt = t - self.t
+        if self.z is None:
+            return np.ones(1), np.full(1, self.drift * dt), math.sqrt(dt)
+        return self.mass, self.z * math.sqrt(self.t) + self.drift * dt, math.sqrt(dt)
+
+    def crossing(self, c: float, t: float) -> tuple[float, float]:
+        """P(reach look k, Z_k ≥ c) and P(reach look k, Z_k ≤ −c)."""
+        mass, mu, s = self._moments(t)
+        upper = float(mass @ sp.ndtr((mu - c * math.sqrt(t)) / s))
+        lower = float(mass @ sp.ndtr((-c * math.sqrt(t) - mu) / s))
+        return upper, lower
+
+    def advance(self, c: float, t: float) -> None:
+        """Carry the sub-density past look k with boundary c (an infinite c: nothing stops)."""
+        mass, mu, s = self._moments(t)
+        z, w = _simpson(c if math.isfinite(c) else 12.0)
+        x = (z[:, None] * math.sqrt(t) - mu[None, :]) / s
+        density = (np.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)) @ mass * (math.sqrt(t) / s)
+        self.z, self.mass, self.t = z, density * w, t
+
+
+def _check_fractions(fractions: Sequence[float]) -> tuple[float, ...]:
+    f = tuple(float(x) for x in fractions)
+    if not f or any(not (0 < x <= 1) for x in f) or any(b <= a for a, b in zip(f, f[1:], strict=False)):
+        raise ValueError(f"information fractions must increase within (0, 1], got {f}")
+    return f
+
+
+@functools.lru_cache(maxsize=8192)
+def _boundaries(fractions: tuple[float, ...], alpha: float, spending: str) -> tuple[float, ...]:
+    walk = _Walk()
+    out, spent = [], 0.0
+    for k, t in enumerate(fractions):
+        target = (alpha if k == len(fractions) - 1 and t >= 1 else spend(t, alpha, spending)) - spent
+        spent += max(target, 0.0)
+        if target <= 1e-15:
+            c = math.inf
+        else:
+            def excess(c, t=t, target=target):
+                up, lo = walk.crossing(c, t)
+                return up + lo - target
+            c = float(sp.brentq(excess, 0.0, 40.0, xtol=1e-10))
+        out.append(c)
+        walk.advance(c, t)
+    return tuple(out)
+
+
+def spending_boundaries(fractions: Sequence[float], alpha: float = V.ALPHA, spending: str = "obf"
+                        ) -> tuple[float, ...]:
+    """(G4) two-sided z boundaries c_1 … c_K of Lan–DeMets spending at information fractions
+    ``fractions`` (increasing, in (0, 1]); a last fraction of 1 spends all of α."""
+    if spending not in SPENDING:
+        raise ValueError(f"spending must be one of {SPENDING}, got {spending!r}")
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha must be in (0, 1), got {alpha}")
+    return _boundaries(_check_fractions(fractions), float(alpha), spending)
+
+
+def crossing_probabilities(bounds: Sequence[float], fractions: Sequence[float], drift: float = 0.0
+                           ) -> list[tuple[float, float]]:
+    """(G4) per look, P(stop there above c_k) and P(stop there below −c_k), for a drift η
+    (E[Z_k] = η√t_k)."""
+    f = _check_fractions(fractions)
+    if len(bounds) != len(f):
+        raise ValueError("one boundary per look")
+    walk, out = _Walk(drift), []
+    for c, t in zip(bounds, f, strict=True):
+        out.append(walk.crossing(c, t))
+        walk.advance(c, t)
+    return out
+
+
+def classical_boundaries(looks: int, alpha: float = V.ALPHA, shape: str = "pocock") -> tuple[float, ...]:
+    """(G8) Pocock's constant boundary or O'Brien & Fleming's C·√(K/k) on ``looks`` equally
+    spaced looks with two-sided size α, solved by (G4)'s integration."""
+    f = tuple((k + 1) / looks for k in range(looks))
+    scale = [1.0 if shape == "pocock" else math.sqrt(looks / (k + 1)) for k in range(looks)]
+    if shape not in ("pocock", "obf"):
+        raise ValueError(f"shape must be pocock or obf, got {shape!r}")
+
+    def size(c):
+        return sum(u + lo for u, lo in crossing_probabilities([c * s for s in scale], f)) - alpha
+    c = float(sp.brentq(size, 0.5, 10.0, xtol=1e-10))
+    return tuple(c * s for s in scale)
+
+
+def nominal_level(c: float) -> float:
+    """(G5) the two-sided nominal level of a z boundary: 2(1 − Φ(c))."""
+    return 0.0 if math.isinf(c) else float(2 * sp.ndtr(-c))
+
+
+def t_boundary(c: float, df: float) -> float:
+    """(G5) the |t| a statistic with ``df`` degrees of freedom must reach at nominal level of c."""
+    a = nominal_level(c)
+    if a <= 0:
+        return math.inf
+    return float(sp.stdtrit(df, 1 - a / 2))
+
+
+# --------------------------------------------------------------------------- the design and a look
+@dataclass(frozen=True)
+class Design:
+    """A sequential comparison fixed before its first look: arms against ``baseline`` on
+    ``endpoint`` (a report score: final, drop, selected_test, ...), looks of ``seeds_per_look``
+    per arm after a first look of ``first_look``, up to ``max_seeds``; ``delta`` the smallest
+    effect of interest (equivalence margin and the power statement); ``spending`` obf|pocock."""
+    baseline: str
+    arms: tuple[str, ...]
+    endpoint: str = "final"
+    delta: float = math.nan
+    alpha: float = V.ALPHA
+    spending: str = "obf"
+    first_look: int = 3
+    seeds_per_look: int = 2
+    max_seeds: int = 10
+    power: float = V.POWER
+    higher_is_better: bool | None = None
+    method: str = field(default="", compare=False)
+
+    def __post_init__(self):
+        checks = [("spending", self.spending in SPENDING, f"one of {', '.join(SPENDING)}"),
+                  ("alpha", 0 < self.alpha < 1, "a number in (0, 1)"),
+                  ("first_look", isinstance(self.first_look, int) and self.first_look >= 2, "an integer ≥ 2"),
+                  ("seeds_per_look", isinstance(self.seeds_per_look, int) and self.seeds_per_look >= 1,
+                   "an integer ≥ 1"),
+                  ("max_seeds", isinstance(self.max_seeds, int) and self.max_seeds >= self.first_look,
+                   f"an integer ≥ first_look ({self.first_look})"),
+                  ("power", 0 < self.power < 1, "a number in (0, 1)"),
+                  ("arms", bool(self.arms) and self.baseline not in self.arms, "arms other than the baseline"),
+                  ("delta", math.isnan(self.delta) or self.delta > 0, "a number > 0 (or unset)")]
+        for key, ok, want in checks:
+            if not ok:
+                raise ArmorLabError(f"must be {want}", key=key, value=getattr(self, key))
+        if self.higher_is_better is None:
+            object.__setattr__(self, "higher_is_better", self.endpoint not in V.LOWER_IS_BETTER)
+        object.__setattr__(self, "arms", tuple(self.arms))
+        if not self.method:
+            object.__setattr__(self, "method", METHOD[self.spending])
+
+    def schedule(self) -> list[int]:
+        """Seeds per arm at each look: first_look, then + seeds_per_look, capped at max_seeds."""
+        out = [self.first_look]
+        while out[-1] < self.max_seeds:
+            out.append(min(out[-1] + self.seeds_per_look, self.max_seeds))
+        return out
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["arms"] = list(self.arms)
+        d["delta"] = None if math.isnan(self.delta) else self.delta
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Design:
+        known = set(cls.__dataclass_fields__)
+        unknown = [k for k in d if k not in known]
+        if unknown:
+            raise ArmorLabError(f"unknown design key (known: {', '.join(sorted(known))})", key=unknown[0],
+                                value=d[unknown[0]])
+        d = dict(d)
+        d["arms"] = tuple(d.get("arms") or ())
+        try:
+            d["delta"] = math.nan if d.get("delta") is None else float(d["delta"])
+            return cls(**d)
+        except (TypeError, ValueError) as exc:
+            if isinstance(exc, ArmorLabError):
+                raise
+            raise ArmorLabError(f"malformed design ({exc})", key="design", value=dict(d)) from None
+
+
+METHOD = {s: (f"group-sequential Welch t-test, Lan–DeMets {name}-type alpha spending, repeated "
+              f"confidence intervals, Holm over arms")
+          for s, name in (("obf", "O'Brien–Fleming"), ("pocock", "Pocock"))}
+
+
+def _history(looks: Sequence[Mapping[str, Any]], arm: str) -> tuple[list[float], dict | None]:
+    """The information fractions at which ``arm`` was tested, and its resolving comparison."""
+    fractions, done = [], None
+    for look in looks:
+        for c in look.get("comparisons", ()):
+            if c.get("arm") != arm:
+                continue
+            if c.get("tested"):
+                fractions.append(float(c["fraction"]))
+            if c.get("verdict") != CONTINUE:
+                done = dict(c)
+    return fractions, done
+
+
+def _stats(values: Sequence[float]) -> dict[str, Any]:
+    x = np.asarray([v for v in values if v is not None and math.isfinite(v)], dtype=np.float64)
+    return {"n": int(x.size), "mean": float(x.mean()) if x.size else None,
+            "sd": float(x.std(ddof=1)) if x.size > 1 else None, "values": [float(v) for v in x]}
+
+
+def decide_look(design: Design, values: Mapping[str, Sequence[float]],
+                looks: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
+    """The decision after one look (G1–G7), as the JSON record appended to looks.json.
+
+    ``values``: every arm's endpoint values so far (one per completed seed; the baseline's too);
+    ``looks``: the records of the earlier looks (their ``comparisons`` carry each arm's tested
+    fractions and any final verdict). An arm resolved earlier keeps its verdict and is not tested
+    again. Returns ``{"look", "seeds", "stats", "comparisons", "next", "done"}``: ``next`` maps
+    each arm that goes on (the baseline included while any arm does) to the seeds it should have
+    at the next look; ``done`` is true when nothing goes on."""
+    missing = [a for a in (design.baseline, *design.arms) if a not in values]
+    if missing:
+        raise ArmorLabError("no values for this arm at the look", key="values", value=missing[0])
+    m = len(design.arms)
+    base = _finite_list(values[design.baseline])
+    state = {a: _history(looks, a) for a in design.arms}
+    rejected_before = sum(1 for _, done in state.values() if done and done["verdict"] in (V.BETTER, V.WORSE))
+    comps: dict[str, dict[str, Any]] = {}
+    pending: dict[str, tuple[V.Welch, list[float]]] = {}
+    for a in design.arms:
+        fractions, done = state[a]
+        if done is not None:
+            comps[a] = {**done, "tested": False, "carried": True}
+            continue
+        x = _finite_list(values[a])
+        w = V.welch(x, base)
+        final = len(x) >= design.max_seeds and len(base) >= design.max_seeds
+        t = 1.0 if final else information_fraction(len(x), len(base), design.max_seeds)
+        grew = not fractions or t > fractions[-1]
+        comps[a] = {"arm": a, "baseline": design.baseline, "n": [len(x), len(base)], "diff": w.diff,
+                    "se": w.se, "df": w.df, "fraction": t, "final": final,
+                    "tested": bool(grew and math.isfinite(w.se)), "verdict": CONTINUE}
+        if comps[a]["tested"]:
+            pending[a] = (w, [*fractions, t])
+    # (G7) Holm's step-down over repeated p-values: boundaries at α/(m − r)
+    r = rejected_before
+    rejected: dict[str, float] = {}
+    while True:
+        level = design.alpha / (m - r) if r < m else design.alpha
+        new = [a for a, (w, f) in pending.items() if a not in rejected and _crosses(w, f, level, design.spending)]
+        if not new:
+            break
+        for a in new:
+            rejected[a] = level
+        r += len(new)
+    rest = design.alpha / (m - r) if r < m else design.alpha
+    for a, (w, f) in pending.items():
+        level = rejected.get(a, rest)
+        c = spending_boundaries(f, level, design.spending)[-1]
+        tb = t_boundary(c, w.df) if w.se > 0 else 0.0
+        lo, hi = (w.diff - tb * w.se, w.diff + tb * w.se) if w.se > 0 else (w.diff, w.diff)
+        verdict, inside = V.classify(w.diff, lo, hi, a in rejected, design.delta, design.higher_is_better)
+        if verdict == V.UNRESOLVED and not comps[a]["final"]:
+            verdict = CONTINUE
+        comps[a].update(level=level, z_bound=c, t_bound=tb, t=w.diff / w.se if w.se > 0 else math.copysign(
+            math.inf, w.diff), ci=[lo, hi], verdict=verdict, within_delta=inside)
+        if verdict == V.UNRESOLVED:
+            comps[a]["seeds_needed"] = V.seeds_for_power(design.delta, w.pooled_sd, design.alpha / m,
+                                                         design.power)
+    going = [a for a in design.arms if comps[a]["verdict"] == CONTINUE]
+    nxt = {}
+    for a in going:
+        nxt[a] = _next_size(len(_finite_list(values[a])), design)
+    if going:
+        nxt[design.baseline] = max(_next_size(len(base), design), max(nxt.values()))
+    return {"look": len(looks) + 1,
+            "seeds": {a: len(_finite_list(values[a])) for a in (design.baseline, *design.arms)},
+            "stats": {a: _stats(values[a]) for a in (design.baseline, *design.arms)},
+            "comparisons": [_jsonable(comps[a]) for a in design.arms],
+            "next": nxt, "done": not going}
+
+
+def _next_size(n: int, design: Design) -> int:
+    for s in design.schedule():
+        if s > n:
+            return s
+    return design.max_seeds
+
+
+def _crosses(w: V.Welch, fractions: list[float], level: float, spending: str) -> bool:
+    if w.se == 0:
+        return w.diff != 0
+    c = spending_boundaries(fractions, level, spending)[-1]
+    return abs(w.diff) / w.se >= t_boundary(c, w.df)
+
+
+def _finite_list(values: Sequence[float]) -> list[float]:
+    return [float(v) for v in values if v is not None and math.isfinite(float(v))]
+
+
+def _jsonable(d: Mapping[str, Any]) -> dict[str, Any]:
+    """NaN and ±inf as null (JSON has neither)."""
+    def fix(v):
+        if isinstance(v, float) and not math.isfinite(v):
+            return None
+        if isinstance(v, list):
+            return [fix(x) for x in v]
+        return v
+    return {k: fix(v) for k, v in d.items()}
+
+
+def latest_comparisons(looks: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each arm's comparison at the last look (a resolved arm's carries its final verdict): what
+    a report shows for a sweep run until resolved."""
+    return {c["arm"]: dict(c) for c in looks[-1].get("comparisons", ())} if looks else {}
+
+
+# --------------------------------------------------------------------------- looks.json
+def looks_record(design: Design, looks: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """What looks.json holds: ``{"version", "method", "design", "looks": [...]}``."""
+    return {"version": LOOKS_VERSION, "method": design.method, "design": design.as_dict(), "looks": list(looks)}
+
+
+def read_looks_record(record: Mapping[str, Any], *, file: str | None = None) -> tuple[Design, list[dict]]:
+    """The design and looks of a looks.json mapping; ArmorLabError naming the key when malformed."""
+    if not isinstance(record, Mapping):
+        raise ArmorLabError("looks.json must hold a mapping", key="<root>", value=type(record).__name__, file=file)
+    if record.get("version") != LOOKS_VERSION:
+        raise ArmorLabError(f"unsupported looks.json version (this armorlab reads {LOOKS_VERSION})",
+                            key="version", value=record.get("version"), file=file)
+    design_raw = record.get("design")
+    if not isinstance(design_raw, Mapping):
+        raise ArmorLabError("must be a mapping", key="design", value=design_raw, file=file)
+    try:
+        design = Design.from_dict(design_raw)
+    except ArmorLabError as exc:
+        raise ArmorLabError(f"bad design: {exc}", key="design", value=dict(design_raw), file=file) from None
+    looks = record.get("looks")
+    if not isinstance(looks, list) or not all(isinstance(x, Mapping) and isinstance(x.get("comparisons"), list)
+                                             for x in looks):
+        raise ArmorLabError("must be a list of look records with comparisons", key="looks", value=looks, file=file)
+    return design, [dict(x) for x in looks]

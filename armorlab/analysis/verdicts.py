@@ -1,0 +1,295 @@
+"""The verdict of a comparison: is an arm better than, worse than or equivalent to its baseline
+on an endpoint, or not resolved yet — and then how many seeds would resolve it. Pure functions
+over per-seed values (no I/O); armorlab.analysis.verdict_table turns a report's per-run scores
+into them, armorlab.analysis.sequential reuses them look by look.
+
+    (W1) Welch's difference of means: d = x̄ − ȳ, se² = s_x²/n_x + s_y²/n_y (s² with ddof 1)
+    (W2) Welch–Satterthwaite degrees of freedom:
+         ν = se⁴ / (s_x⁴/(n_x²(n_x − 1)) + s_y⁴/(n_y²(n_y − 1)))
+    (W3) Welch interval at level a: d ± t_{1−a/2, ν} · se; two-sided p = 2·(1 − F_ν(|d|/se))
+    (H1) Holm (1979) over the m arms compared: sort the p-values, p₍₁₎ ≤ … ≤ p₍ₘ₎; reject the
+         first r for which p₍ⱼ₎ ≤ α/(m − j + 1) holds at every j ≤ r. Each arm's interval is
+         given at the level it was tested at: α/(m − j + 1) for the j-th rejection, α/(m − r)
+         for the arms left (so an interval excludes 0 exactly when Holm rejects).
+    (E1) Equivalence within ±δ (two one-sided tests, Schuirmann 1987): the interval of (H1)
+         lies inside (−δ, δ). With a two-sided 1 − a interval each one-sided test runs at a/2,
+         which is conservative next to the usual 1 − 2a interval: one interval decides both.
+    (P1) Power of the two-sided two-sample t-test with n seeds per arm at a true difference δ
+         and spread σ, level a: ν = 2n − 2, λ = δ / (σ·√(2/n)), c = t_{1−a/2, ν},
+         power = 1 − F_{ν,λ}(c) + F_{ν,λ}(−c), F_{ν,λ} the noncentral-t CDF (exact, scipy).
+    (P2) Seeds per arm for power 1 − β: the smallest n ≥ 2 with (P1) ≥ 1 − β, at the first Holm
+         level a = α/m (the level every arm must pass when nothing else is rejected).
+    (D1) Default δ: twice one evaluation's standard error, 2·√(p(1 − p)/n), with n the
+         completions behind one evaluation (``val/n``) and p the compared runs' mean level.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from armorlab.analysis.stats import t_ppf
+
+ALPHA = 0.05
+POWER = 0.8
+MAX_SEEDS_PLANNED = 1000   # (P2) gives up above this many seeds per arm
+# endpoints where a smaller value is the better one (the drop from the peak)
+LOWER_IS_BETTER = frozenset({"drop", "drop_rel", "drop_z"})
+
+BETTER, WORSE, EQUIVALENT, UNRESOLVED, TOO_FEW = "better", "worse", "equivalent", "not resolved", "too few seeds"
+
+
+class _LazySpecial:
+    """scipy.special, imported at first use: only a verdict needs it, not every reader of stats."""
+    def __getattr__(self, name: str):
+        from scipy import special
+
+        return getattr(special, name)
+
+
+special = _LazySpecial()
+
+
+def _finite(x) -> np.ndarray:
+    x = np.asarray(x, dtype=np.float64).ravel()
+    return x[np.isfinite(x)]
+
+
+@dataclass(frozen=True)
+class Welch:
+    """(W1)/(W2) of arm x against baseline y."""
+    diff: float
+    se: float
+    df: float
+    n_x: int
+    n_y: int
+    mean_x: float
+    mean_y: float
+    sd_x: float
+    sd_y: float
+
+    @property
+    def pooled_sd(self) -> float:
+        """√((s_x² + s_y²)/2): the seed-to-seed spread (P1) plans with."""
+        return math.sqrt((self.sd_x ** 2 + self.sd_y ** 2) / 2)
+
+
+def welch(x, y) -> Welch:
+    """(W1)/(W2); NaNs are dropped; se and ν are NaN below two values a side. With no spread at
+    all (every seed the same) se = 0 and ν = n_x + n_y − 2."""
+    x, y = _finite(x), _finite(y)
+    nx, ny = int(x.size), int(y.size)
+    mx = float(x.mean()) if nx else math.nan
+    my = float(y.mean()) if ny else math.nan
+    if nx < 2 or ny < 2:
+        return Welch(mx - my, math.nan, math.nan, nx, ny, mx, my, math.nan, math.nan)
+    vx, vy = float(x.var(ddof=1)), float(y.var(ddof=1))
+    ax, ay = vx / nx, vy / ny
+    se2 = ax + ay
+    den = ax * ax / (nx - 1) + ay * ay / (ny - 1)
+    df = se2 * se2 / den if den > 0 else float(nx + ny - 2)
+    return Welch(mx - my, math.sqrt(se2), df, nx, ny, mx, my, math.sqrt(vx), math.sqrt(vy))
+
+
+def t_quantile(q: float, df: float) -> float:
+    """Student-t quantile for any df > 0 (stats.t_ppf: exact table for integers, scipy else)."""
+    return t_ppf(q, df)
+
+
+def welch_interval(w: Welch, level: float) -> tuple[float, float]:
+    """(W3) d ± t_{1−level/2, ν}·se (NaN without a spread estimate)."""
+    if not math.isfinite(w.se):
+        return math.nan, math.nan
+    if w.se == 0:
+        return w.diff, w.diff
+    half = t_quantile(1 - level / 2, w.df) * w.se
+    return w.diff - half, w.diff + half
+
+
+def welch_p(w: Welch) -> float:
+    """(W3) two-sided p-value of d = 0."""
+    if not math.isfinite(w.se):
+        return math.nan
+    if w.se == 0:
+        return 0.0 if w.diff != 0 else 1.0
+    return float(2 * special.stdtr(w.df, -abs(w.diff) / w.se))
+
+
+def holm(p: Sequence[float], alpha: float = ALPHA) -> tuple[list[bool], list[float]]:
+    """(H1) Which hypotheses Holm's step-down rejects, and the level each arm is tested at.
+    NaN p-values (too few seeds) are never rejected and count in m."""
+    m = len(p)
+    order = sorted(range(m), key=lambda i: (math.isnan(p[i]), p[i] if not math.isnan(p[i]) else 0.0))
+    rejected, levels = [False] * m, [alpha / m if m else alpha] * m
+    r = 0
+    for j, i in enumerate(order):
+        level = alpha / (m - j)
+        if not math.isnan(p[i]) and p[i] <= level:
+            rejected[i], levels[i], r = True, level, r + 1
+        else:
+            break
+    rest = alpha / (m - r) if r < m else alpha
+    for i in range(m):
+        if not rejected[i]:
+            levels[i] = rest
+    return rejected, levels
+
+
+def t_test_power(n: int, delta: float, sd: float, level: float = ALPHA) -> float:
+    """(P1) power of the two-sided two-sample t-test with n seeds per arm (noncentral t)."""
+    if n < 2 or not (sd > 0) or not math.isfinite(sd):
+        return math.nan
+    df = 2 * n - 2
+    ncp = abs(delta) / (sd * math.sqrt(2 / n))
+    c = t_quantile(1 - level / 2, df)
+    return float(1 - special.nctdtr(df, ncp, c) + special.nctdtr(df, ncp, -c))
+
+
+def seeds_for_power(delta: float, sd: float, level: float = ALPHA, power: float = POWER,
+                    n_max: int = MAX_SEEDS_PLANNED) -> int | None:
+    """(P2) the fewest seeds per arm whose (P1) reaches ``power``; None above ``n_max`` or
+    without a spread (sd NaN). With no spread at all, 2 seeds already resolve any δ > 0."""
+    if not (delta > 0) or not math.isfinite(sd):
+        return None
+    if sd == 0:
+        return 2
+    # (P1) rises with n: bracket by doubling, then bisect
+    hi = 2
+    while t_test_power(hi, delta, sd, level) < power:
+        if hi >= n_max:
+            return None
+        hi = min(2 * hi, n_max)
+    lo = max(2, hi // 2)
+    if t_test_power(lo, delta, sd, level) >= power:
+        return lo
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if t_test_power(mid, delta, sd, level) >= power:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def default_delta(level: float, n_eval: float) -> float:
+    """(D1) 2·√(p(1 − p)/n), p clipped to [½/n, 1 − ½/n] (an eval at 0 or 1 still has noise)."""
+    if not (n_eval > 0) or not math.isfinite(level):
+        return math.nan
+    p = min(max(level, 0.5 / n_eval), 1 - 0.5 / n_eval)
+    return 2 * math.sqrt(p * (1 - p) / n_eval)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One arm against its baseline on one endpoint. ``diff`` is arm − baseline; ``low``/``high``
+    its interval at ``level`` (Holm, H1); ``verdict`` one of better, worse, equivalent, not
+    resolved, too few seeds; ``within_delta``: the interval lies inside ±δ (E1) — also for a
+    better/worse verdict, which is then smaller than δ; ``seeds_needed``: (P2) per arm, for an
+    unresolved comparison."""
+    arm: str
+    baseline: str
+    endpoint: str
+    n_arm: int
+    n_baseline: int
+    mean_arm: float
+    mean_baseline: float
+    diff: float
+    low: float
+    high: float
+    level: float
+    p: float
+    verdict: str
+    within_delta: bool
+    delta: float
+    sd: float
+    seeds_needed: int | None
+    higher_is_better: bool
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def classify(diff: float, low: float, high: float, rejected: bool, delta: float,
+             higher_is_better: bool) -> tuple[str, bool]:
+    """The verdict of one interval: better/worse when Holm rejects (the interval excludes 0),
+    equivalent when it lies inside ±δ (E1), else not resolved; and whether it lies inside ±δ."""
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return TOO_FEW, False
+    inside = bool(math.isfinite(delta) and -delta < low and high < delta)
+    if rejected:
+        return (BETTER if (diff > 0) == higher_is_better else WORSE), inside
+    return (EQUIVALENT if inside else UNRESOLVED), inside
+
+
+def compare(values: Mapping[str, Sequence[float]], pairs: Sequence[tuple[str, str]], endpoint: str, *,
+            delta: float = math.nan, alpha: float = ALPHA, power: float = POWER,
+            higher_is_better: bool | None = None) -> list[Verdict]:
+    """Verdicts of every (arm, baseline) pair on one endpoint: Welch (W1–W3), Holm over the
+    pairs (H1), equivalence (E1), and for what stays unresolved the seeds per arm (P2)."""
+    if higher_is_better is None:
+        higher_is_better = endpoint not in LOWER_IS_BETTER
+    tests = [welch(values.get(a, ()), values.get(b, ())) for a, b in pairs]
+    p = [welch_p(w) for w in tests]
+    rejected, levels = holm(p, alpha)
+    first_level = alpha / len(pairs) if pairs else alpha
+    out = []
+    for (a, b), w, pv, rej, level in zip(pairs, tests, p, rejected, levels, strict=True):
+        lo, hi = welch_interval(w, level)
+        verdict, inside = classify(w.diff, lo, hi, rej, delta, higher_is_better)
+        sd = w.pooled_sd
+        needed = (seeds_for_power(delta, sd, first_level, power)
+                  if verdict in (UNRESOLVED, TOO_FEW) and math.isfinite(delta) else None)
+        out.append(Verdict(a, b, endpoint, w.n_x, w.n_y, w.mean_x, w.mean_y, w.diff, lo, hi, level, pv,
+                           verdict, inside, delta, sd, needed, higher_is_better))
+    return out
+
+
+# --------------------------------------------------------------------------- words
+def signed(v: float, digits: int = 3) -> str:
+    """+0.012 / −0.031 (a true minus sign); — for NaN."""
+    if v is None or not math.isfinite(v):
+        return "—"
+    text = f"{abs(v):.{digits}f}"
+    return ("−" if v < 0 and float(text) != 0 else "+") + text
+
+
+def seeds_phrase(n_arm: int, n_baseline: int) -> str:
+    return f"{n_arm} seeds per arm" if n_arm == n_baseline else f"{n_arm} vs {n_baseline} seeds"
+
+
+def more_runs(v: Verdict) -> int:
+    """Runs a fixed design of (P2) adds to this comparison: both arms up to seeds_needed."""
+    if v.seeds_needed is None:
+        return 0
+    return max(0, v.seeds_needed - v.n_arm) + max(0, v.seeds_needed - v.n_baseline)
+
+
+def sentence(v: Verdict, label: str, *, names: Mapping[str, str] | None = None,
+             hours: float | None = None) -> str:
+    """One plain sentence: ``armor vs dapo: −0.031 [−0.052, −0.010] final val/acc — worse,
+    resolved with 7 seeds per arm``; ``hours``: what the extra runs of an unresolved
+    comparison cost (None: run times unknown)."""
+    names = names or {}
+    arm, base = names.get(v.arm, v.arm), names.get(v.baseline, v.baseline)
+    head = f"{arm} vs {base}: {signed(v.diff)} [{signed(v.low)}, {signed(v.high)}] {label}"
+    seeds = seeds_phrase(v.n_arm, v.n_baseline)
+    d = f"{v.delta:.3f}" if math.isfinite(v.delta) else None
+    if v.verdict in (BETTER, WORSE):
+        small = f" (by less than δ = {d})" if v.within_delta and d else ""
+        return f"{head} — {v.verdict}{small}, resolved with {seeds}"
+    if v.verdict == EQUIVALENT:
+        return f"{head} — equivalent within ±{d}, resolved with {seeds}"
+    what = "too few seeds for an interval" if v.verdict == TOO_FEW else f"not resolved with {seeds}"
+    if d is None:
+        return f"{head} — {what} (no δ: set compare.delta to plan seeds)"
+    if v.seeds_needed is None:
+        why = ("no seed-to-seed spread measured yet" if not math.isfinite(v.sd)
+               else f"more than {MAX_SEEDS_PLANNED} seeds per arm")
+        return f"{head} — {what}; 80% power at δ = {d} needs {why}"
+    extra = more_runs(v)
+    cost = f", ≈ {hours:.1f} h of runs" if hours is not None and math.isfinite(hours) and extra else ""
+    return (f"{head} — {what}; 80% power at δ = {d} needs {v.seeds_needed} seeds per arm "
+            f"({extra} more runs{cost})")

@@ -1,0 +1,124 @@
+"""armorlab.analysis.verdicts: Welch, Holm, equivalence, power, and the plain sentences."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats as sps
+
+from armorlab.analysis import verdicts as V
+
+
+def test_welch_matches_scipy():
+    x = [0.61, 0.64, 0.60, 0.66]
+    y = [0.70, 0.69, 0.74]
+    w = V.welch(x, y)
+    ref = sps.ttest_ind(x, y, equal_var=False)
+    assert w.diff == pytest.approx(np.mean(x) - np.mean(y))
+    assert w.diff / w.se == pytest.approx(ref.statistic)
+    assert w.df == pytest.approx(ref.df)
+    assert V.welch_p(w) == pytest.approx(ref.pvalue)
+    lo, hi = V.welch_interval(w, 0.05)
+    ci = ref.confidence_interval(0.95)
+    assert (lo, hi) == pytest.approx((ci.low, ci.high))
+
+
+def test_welch_edge_cases():
+    one = V.welch([0.5], [0.4, 0.6])
+    assert one.diff == pytest.approx(0.0) and math.isnan(one.se) and math.isnan(V.welch_p(one))
+    flat = V.welch([0.5, 0.5], [0.4, 0.4, float("nan")])   # NaN (a missing run) dropped
+    assert flat.se == 0 and flat.df == 2 and V.welch_interval(flat, 0.05) == (pytest.approx(0.1), pytest.approx(0.1))
+    assert V.welch_p(flat) == 0.0
+
+
+def test_holm_by_hand():
+    # sorted: 0.01 ≤ 0.05/3 rejects; 0.03 > 0.05/2 stops: the two left are tested at 0.025
+    rejected, levels = V.holm([0.01, 0.04, 0.03], 0.05)
+    assert rejected == [True, False, False]
+    assert levels == pytest.approx([0.05 / 3, 0.025, 0.025])
+    rejected, levels = V.holm([0.012, 0.02, 0.04], 0.05)   # 0.012 ≤ 0.0167, 0.02 ≤ 0.025, 0.04 ≤ 0.05
+    assert rejected == [True, True, True] and levels == pytest.approx([0.05 / 3, 0.025, 0.05])
+    rejected, levels = V.holm([float("nan"), 0.001], 0.05)
+    assert rejected == [False, True] and levels == pytest.approx([0.05, 0.025])
+
+
+@pytest.mark.parametrize("d, n", [(0.5, 64), (0.8, 26), (1.0, 17), (1.3, 11)])
+def test_seeds_for_power_match_cohens_table(d, n):
+    # two-sided α = 0.05, power 0.80, per group (Cohen 1988; the MRC CBU statistics wiki's table, whose
+    # d = 1.2 row says 13 where the exact noncentral t gives 0.802 at 12)
+    assert V.seeds_for_power(d, 1.0, 0.05, 0.8) == n
+    assert V.seeds_for_power(2 * d, 2.0, 0.05, 0.8) == n   # only δ/σ matters
+
+
+def test_power_is_scipys_noncentral_t():
+    n, d = 12, 1.2
+    c = sps.t.ppf(0.975, 2 * n - 2)
+    ncp = d / math.sqrt(2 / n)
+    want = sps.nct.sf(c, 2 * n - 2, ncp) + sps.nct.cdf(-c, 2 * n - 2, ncp)
+    assert V.t_test_power(n, d, 1.0, 0.05) == pytest.approx(want, rel=1e-9)
+
+
+def test_power_agrees_with_simulation():
+    rng = np.random.default_rng(3)
+    n, delta, sd, reps = 6, 1.2, 1.0, 40_000
+    x = rng.normal(delta, sd, (reps, n))
+    y = rng.normal(0, sd, (reps, n))
+    p = sps.ttest_ind(x, y, axis=1).pvalue
+    simulated = float(np.mean(p < 0.05))
+    assert V.t_test_power(n, delta, sd, 0.05) == pytest.approx(simulated, abs=0.01)
+
+
+def test_seeds_for_power_limits():
+    assert V.seeds_for_power(0.05, float("nan")) is None
+    assert V.seeds_for_power(0.05, 0.0) == 2
+    assert V.seeds_for_power(0.001, 1.0, n_max=50) is None
+
+
+def test_default_delta_is_twice_one_eval_se():
+    assert V.default_delta(0.75, 400) == pytest.approx(2 * math.sqrt(0.75 * 0.25 / 400))
+    assert V.default_delta(1.0, 400) == pytest.approx(2 * math.sqrt((0.5 / 400) * (1 - 0.5 / 400) / 400))
+    assert math.isnan(V.default_delta(0.7, math.nan))
+
+
+def test_compare_gives_each_verdict_and_holm_levels():
+    rng = np.random.default_rng(0)
+    base = 0.60 + 0.01 * rng.standard_normal(8)
+    values = {"base": base,
+              "worse": base - 0.05 + 0.001 * rng.standard_normal(8),
+              "same": base + 0.001 * rng.standard_normal(8),
+              "noisy": 0.60 + 0.08 * rng.standard_normal(3)}
+    out = {v.arm: v for v in V.compare(values, [("worse", "base"), ("same", "base"), ("noisy", "base")],
+                                       "final", delta=0.02)}
+    assert out["worse"].verdict == V.WORSE and out["worse"].high < 0
+    assert out["worse"].level == pytest.approx(0.05 / 3)
+    assert out["same"].verdict == V.EQUIVALENT and out["same"].low > -0.02 and out["same"].high < 0.02
+    assert out["same"].level == pytest.approx(0.05 / 2)   # one rejection: the rest at α/2
+    noisy = out["noisy"]
+    assert noisy.verdict == V.UNRESOLVED and noisy.low < 0 < noisy.high
+    # planned at the first Holm level α/3 with the pooled spread
+    assert noisy.seeds_needed == V.seeds_for_power(0.02, noisy.sd, 0.05 / 3)
+    assert noisy.sd == pytest.approx(math.sqrt((np.var(values["noisy"], ddof=1) + np.var(base, ddof=1)) / 2))
+    # lower is better for the drop: a smaller drop than the baseline is "better"
+    drop = V.compare({"a": [0.05, 0.06, 0.05], "b": [0.15, 0.16, 0.15]}, [("a", "b")], "drop", delta=0.03)[0]
+    assert drop.verdict == V.BETTER and not drop.higher_is_better
+    tiny = V.compare({"a": [0.501, 0.5011, 0.5012], "b": [0.5, 0.5001, 0.5002]}, [("a", "b")], "final",
+                     delta=0.03)[0]
+    assert tiny.verdict == V.BETTER and tiny.within_delta   # significant, but smaller than δ
+
+
+def test_sentences_read_plainly():
+    v = V.Verdict("armor", "dapo", "final", 7, 7, 0.6, 0.63, -0.031, -0.052, -0.010, 0.05, 0.004, V.WORSE,
+                  False, 0.047, 0.02, None, True)
+    assert V.sentence(v, "final val/acc", names={"armor": "ARMOR", "dapo": "DAPO"}) == (
+        "ARMOR vs DAPO: −0.031 [−0.052, −0.010] final val/acc — worse, resolved with 7 seeds per arm")
+    open_ = V.Verdict("up", "dapo", "final", 3, 3, 0.64, 0.67, -0.03, -0.09, 0.03, 0.05, 0.2, V.UNRESOLVED,
+                      False, 0.047, 0.03, 9, True)
+    assert V.sentence(open_, "final val/acc", hours=1.25) == (
+        "up vs dapo: −0.030 [−0.090, +0.030] final val/acc — not resolved with 3 seeds per arm; 80% power "
+        "at δ = 0.047 needs 9 seeds per arm (12 more runs, ≈ 1.2 h of runs)")
+    eq = V.Verdict("kl", "dapo", "final", 5, 4, 0.6, 0.6, 0.001, -0.01, 0.012, 0.05, 0.8, V.EQUIVALENT,
+                   True, 0.047, 0.01, None, True)
+    assert V.sentence(eq, "final val/acc").endswith("— equivalent within ±0.047, resolved with 5 vs 4 seeds")
+    assert V.signed(-0.0001) == "+0.000" and V.signed(float("nan")) == "—"
