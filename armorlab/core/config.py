@@ -38,13 +38,14 @@ from armorlab.core.fit import TINY_MAX_POSITIONS, TINY_MODEL, check_held_out, ch
 from armorlab.core.identity import data_identity, model_identity
 from armorlab.core.schedule import STEP_UNITS, config_per_rollout, rollout_horizon
 from armorlab.core.trl_fields import TRL_RANGES, check_trl_value, grpo_field_kinds, grpo_field_names
-from armorlab.core.vllm_config import check_vllm_servers
+from armorlab.core.vllm_config import check_engine_parallelism, check_vllm_servers
 from armorlab.core.yamlfile import UniqueKeyLoader, load_yaml_mapping  # noqa: F401 - the config's readers
 from armorlab.errors import ArmorLabError, combine
 
 ANCHOR_RATIOS = ("mixed", "behavior", "current")
 TASKS = ("arithmetic", "math")
 REF_VLLM_MODES = ("none", "colocate", "server")
+REF_VLLM_DTYPES = ("auto", "bfloat16", "float16", "float32")
 
 
 # --------------------------------------------------------------------------- value checks
@@ -209,14 +210,28 @@ FIELDS: dict[str, Field] = {
                                      type=float),
     "ref_vllm_group_port": Field(51217, integer(1, 65535), "port of the NCCL weight-update group of the "
                                  "reference's server (GPU; TRL's vllm_group_port is the policy's)", type=int),
+    "ref_vllm_dtype": Field(None, optional(choice(*REF_VLLM_DTYPES)),
+                            "dtype of the reference's colocated engine; null = the training dtype (bfloat16 "
+                            "with bf16, float16 with fp16, else the model's)", type=str | None),
+    "ref_vllm_tensor_parallel_size": Field(1, integer(1), "tensor-parallel size of the reference's colocated "
+                                           "engine (ranks per engine; with a colocated policy engine it must "
+                                           "equal vllm_tensor_parallel_size)", type=int),
+    "kl_telemetry": Field(True, boolean, "log kl/reverse_* and kl/forward_*; where nothing else reads π_ref's "
+                          "log-probs (dapo/grpo/up at β = 0 without anchors) they are computed on 1/8 of the "
+                          "rows; false: neither, and π_ref is not built when nothing else reads it", type=bool),
+    "ref_validate_resets": Field(False, boolean, "validate π_ref (ref/val_acc) at every reset; false: only at "
+                                 "resets on evaluation steps, where it is that step's val/acc", type=bool),
 }
 # Execution settings of the reference engine: dropped from the resolved config while they are not
 # read (the mode off, or another mode's settings), so runs that do not use them keep their run ids.
-REF_VLLM_KEYS = ("ref_vllm_mode", "ref_vllm_memory")
-# Fields dropped from the resolved config at these values, so configs written before they existed
-# keep their run ids (the resolved config of `step_unit: optimizer` is the one without the key).
+REF_VLLM_KEYS = ("ref_vllm_mode", "ref_vllm_memory", "ref_vllm_dtype", "ref_vllm_tensor_parallel_size")
+# Fields dropped from the resolved config at these values (the default, or the value that does
+# nothing), so configs written before they existed keep their run ids (the resolved config of
+# `step_unit: optimizer` is the one without the key).
 DROPPED_AT_DEFAULT: dict[str, Any] = {"step_unit": "optimizer", "max_rollouts": None, "anchor_cache": None,
-                                      "keep_checkpoints": 1, "init_from": None}
+                                      "keep_checkpoints": 1, "init_from": None,
+                                      "ref_vllm_dtype": None, "ref_vllm_tensor_parallel_size": 1,
+                                      "kl_telemetry": True, "ref_validate_resets": False}
 REF_VLLM_SERVER_KEYS = ("ref_vllm_server_host", "ref_vllm_server_port", "ref_vllm_server_base_url",
                         "ref_vllm_server_timeout", "ref_vllm_group_port")
 
@@ -589,6 +604,7 @@ def _resolve_once(raw: Mapping[str, Any], *, file: str | None = None, check_path
         raise ArmorLabError("a reference engine only samples anchors: set anchor or anchor_gate, or "
                             "ref_vllm_mode: none", key="ref_vllm_mode", value=out["ref_vllm_mode"], file=file)
     check_vllm_servers(out, file)
+    check_engine_parallelism(out, file)
     out["task"] = _resolve_task(raw.get("task"), file, check_paths)
     out["model"] = _resolve_model(raw.get("model"), file, check_paths)
     if check_paths and set(raw) - {"task", "model"}:  # not for a model/task section resolved on its own
@@ -693,7 +709,8 @@ def _normalise_inert(cfg: dict[str, Any]) -> None:
             del cfg[key]
     mode = cfg.get("ref_vllm_mode", "none")
     unread = (*REF_VLLM_KEYS, *REF_VLLM_SERVER_KEYS) if mode == "none" else \
-        REF_VLLM_SERVER_KEYS if mode == "colocate" else ("ref_vllm_memory",)
+        REF_VLLM_SERVER_KEYS if mode == "colocate" else ("ref_vllm_memory", "ref_vllm_dtype",
+                                                         "ref_vllm_tensor_parallel_size")
     for key in unread:
         cfg.pop(key, None)
 

@@ -36,6 +36,8 @@ HONOURED: frozenset[str] = frozenset({
     "learning_rate", "lr_scheduler_type", "lr_scheduler_kwargs", "warmup_steps", "optim", "optim_args",
     "optim_target_modules", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm",
     "max_steps", "per_device_train_batch_size", "gradient_accumulation_steps", "auto_find_batch_size",
+    # rows per generate call of armorlab's own generation (validation, anchors, the exact-KL probe)
+    "per_device_eval_batch_size",
     "seed", "full_determinism",
     # precision, compilation, memory
     "bf16", "fp16", "tf32", "use_cpu", "gradient_checkpointing", "gradient_checkpointing_kwargs",
@@ -103,7 +105,6 @@ MAPPED: dict[str, tuple[Any, str]] = {
     "eval_accumulation_steps": (None, _EVAL),
     "eval_do_concat_batches": (True, _EVAL),
     "eval_use_gather_object": (False, _EVAL),
-    "per_device_eval_batch_size": (8, _EVAL),
     "num_generations_eval": (None, _EVAL),
     "prediction_loss_only": (False, _EVAL),
     "include_for_metrics": ([], _EVAL),

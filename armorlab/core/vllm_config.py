@@ -93,14 +93,30 @@ def check_vllm_servers(cfg: dict[str, Any], file: str | None) -> None:
                             "policy's)", key="ref_vllm_group_port", value=cfg["ref_vllm_group_port"], file=file)
 
 
+def check_engine_parallelism(cfg: dict[str, Any], file: str | None) -> None:
+    """Two colocated engines in one process share vLLM's process-wide parallel state, so their
+    tensor-parallel sizes must agree (vLLM asserts it when the second engine starts)."""
+    if cfg.get("ref_vllm_mode") != "colocate":
+        return
+    ref_tp = cfg.get("ref_vllm_tensor_parallel_size", 1)
+    policy_colocated = bool(cfg.get("use_vllm")) and cfg.get("vllm_mode", "colocate") == "colocate"
+    policy_tp = cfg.get("vllm_tensor_parallel_size", 1)
+    if policy_colocated and ref_tp != policy_tp:
+        raise ArmorLabError(f"the reference's colocated engine must use the policy engine's tensor-parallel size "
+                            f"(vllm_tensor_parallel_size: {policy_tp}): vLLM's parallel state is one per process",
+                            key="ref_vllm_tensor_parallel_size", value=ref_tp, file=file)
+
+
 def check_args(args: Any) -> None:
     """:func:`check_vllm_servers` on a built ``ArmorLabConfig`` (Python users skip ``config.resolve``)."""
     keys = ("use_vllm", "vllm_mode", "ref_vllm_mode", "ref_vllm_server_host", "ref_vllm_server_port",
-            "ref_vllm_server_base_url", "ref_vllm_group_port", *POLICY_SERVER_DEFAULTS)
+            "ref_vllm_server_base_url", "ref_vllm_group_port", "ref_vllm_tensor_parallel_size",
+            "vllm_tensor_parallel_size", *POLICY_SERVER_DEFAULTS)
     cfg = {k: getattr(args, k) for k in keys if hasattr(args, k)}
     for key in [k for k in cfg if k in OFF_SWITCHES and cfg[k] == OFF_SWITCHES[k]]:
         del cfg[key]  # as config.resolve drops TRL's defaults
     check_vllm_servers(cfg, None)
+    check_engine_parallelism(cfg, None)
 
 
 def _check_shares(cfg: dict[str, Any], file: str | None) -> None:
