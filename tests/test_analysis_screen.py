@@ -16,6 +16,8 @@ import pytest
 from armorlab.analysis import groups as G
 from armorlab.analysis import plots
 from armorlab.analysis import report as R
+from armorlab.analysis import verdict_table as VT
+from armorlab.analysis import verdicts as V
 from armorlab.analysis.recipe import Compare, Recipe, Select
 from armorlab.analysis.stats import CurveBand
 from armorlab.core.config import resolve
@@ -46,10 +48,11 @@ def test_display_names_drop_what_most_groups_share():
     assert sorted(G.display_names(_groups(sweep, ["alpha", "ref_reset_steps"])).values()) == [
         "alpha=0.5, ref_reset_steps=0", "alpha=0.5, ref_reset_steps=50", "alpha=0.9, ref_reset_steps=0",
         "alpha=0.9, ref_reset_steps=50"]
-    # α = 0.5 in two of three groups: the third keeps it, the two would both be empty → full names
+    # α = 0.5 and τ = 0 in two of three groups each: the group holding both would have no name
+    # left, so every group keeps its full name
     tied = [{"alpha": 0.5, "tau": 0}, {"alpha": 0.5, "tau": 10}, {"alpha": 0.9, "tau": 0}]
     names = G.display_names(_groups(tied, ["alpha", "tau"]))
-    assert names["alpha=0.5, tau=10"] == "tau=10" and names["alpha=0.5, tau=0"] == "alpha=0.5, tau=0"
+    assert names == {g: g for g in ("alpha=0.5, tau=0", "alpha=0.5, tau=10", "alpha=0.9, tau=0")}
 
 
 def test_rename_replaces_the_longest_label_first():
@@ -200,3 +203,25 @@ def test_the_kl_figure_shows_forward_kl_the_recipe_does_not_list_as_a_curve(tmp_
     res = R.build_report(recipe, tmp_path / "r", cache=False, figure_worker=False)
     caption = re.search(r'<img src="plots/kl.png" alt="([^"]*)"', res.index.read_text()).group(1)
     assert caption.startswith("reverse KL(π_θ‖π_ref) (kl/reverse_k3) and forward KL(π_ref‖π_θ) (kl/forward_k3)")
+
+
+def _verdicts(words: list[str], seeds_needed: int | None = None) -> VT.VerdictTable:
+    vs = [V.Verdict(f"arm{i}", "base", "final", 3, 3, 0.5, 0.5, 0.0, -0.1, 0.1, 0.05, 0.5, w, False, 0.05,
+                    0.1, seeds_needed, True) for i, w in enumerate(words)]
+    names = {f"arm{i}": f"arm {i}" for i in range(len(words))} | {"base": "dapo"}
+    return VT.VerdictTable(vs, {}, [], pd.DataFrame(), pd.DataFrame(), labels={"final": "final val/acc"},
+                           names=names, primary="final")
+
+
+def test_the_answer_names_a_few_arms_and_counts_many():
+    head = "Against dapo on final val/acc (3 seeds per arm): "
+    assert VT.answer(_verdicts(["better", "worse", "not resolved"])) == \
+        head + "arm 0 is better; arm 1 is worse; arm 2 is not resolved."
+    assert VT.answer(_verdicts(["better"] + ["not resolved"] * 5)) == \
+        head + "arm 0 is better; the other 5 arms are not resolved."
+    assert VT.answer(_verdicts(["not resolved"] * 6)) == head + "none of the 6 arms is resolved."
+    assert VT.answer(_verdicts(["equivalent", "equivalent"])) == head + "arm 0 and arm 1 are equivalent within ±δ."
+    # with a plan for every open comparison: what resolving them costs (each arm to 5 seeds, the
+    # shared baseline too: 2 + 2 + 2 runs; no run times known, so no hours)
+    assert VT.answer(_verdicts(["not resolved"] * 2, seeds_needed=5)) == \
+        head + "arm 0 and arm 1 are not resolved: 6 more runs would resolve them at 80% power."

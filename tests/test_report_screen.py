@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -80,7 +81,8 @@ def test_the_first_screen_is_the_answer_its_verdicts_and_their_figure(reports, k
     assert "Warnings" not in m["headings_above_fold"]
     text = m["answer_text"]
     if kind == "demo":  # one sentence, every arm named by its demo name, against the baseline
-        assert text.startswith("Against dapo on final val/acc (3 seeds per arm): ") and text.count(".") <= 2
+        assert text.startswith("Against dapo on final val/acc (3 seeds per arm): ")
+        assert text.endswith(".") and not re.search(r"\.\s", text)      # one sentence
         for arm in ("armor", "up", "gate only (dapo)", "dapo + KL β=0.1"):
             assert arm in text
         assert "objective=" not in text

@@ -20,7 +20,7 @@ import itertools
 import json
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -148,6 +148,45 @@ class Groups:
     @property
     def labels(self) -> list[str]:
         return self.table["group"].tolist()
+
+
+def names_of(groups: Groups, rs: RunSet,
+             names: Callable[[pd.DataFrame, RunSet], Mapping[str, str]] | None) -> dict[str, str]:
+    """Each group's name (the caller's ``names``, else groups.display_names), one per group: a
+    name given twice, or not at all, is the label."""
+    if names is None:
+        return display_names(groups)
+    ids = pd.DataFrame({"run_id": rs.run_ids, "group": [groups.of_run[r] for r in rs.run_ids]})
+    given = {g: str(n) for g, n in names(ids, rs).items()}
+    shown = [given.get(g, g) for g in groups.labels]
+    return {g: n if shown.count(n) == 1 else g for g, n in zip(groups.labels, shown, strict=True)}
+
+
+class PageNames:
+    """The report's tables as the page shows them: each group named (display names) in the first
+    column, which stays in place while a wide table scrolls, instead of its key columns."""
+
+    def __init__(self, display: Mapping[str, str], order: Sequence[str], keys: Sequence[str]) -> None:
+        self.display, self.order, self.keys = display, list(order), list(keys)
+
+    def tables(self, df: pd.DataFrame | None) -> pd.DataFrame | None:
+        """A per-group display table (one row per group in summary order): its key columns (or its
+        label) replaced by the group's name."""
+        if df is None:
+            return None
+        out = df.drop(columns=[k for k in self.keys if k in df.columns] + (["group"] if "group" in df else []))
+        out.insert(0, "group", [self.display.get(g, g) for g in self.order][:len(out)])
+        return out
+
+    def column(self, df: pd.DataFrame | None, column: str = "group") -> pd.DataFrame | None:
+        if df is None or column not in df:
+            return df
+        out = df.copy()
+        out[column] = out[column].map(lambda g: self.display.get(g, g))
+        return out
+
+    def pairs(self, df: pd.DataFrame) -> pd.DataFrame:
+        return self.column(self.column(df, "X"), "Y")
 
 
 def _sort_key(v: Any) -> tuple:

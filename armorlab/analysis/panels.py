@@ -2,7 +2,7 @@
 (ten overlapping bands of one axis do not). ``plot_arms`` is the report's first figure (the
 selection metric per compared arm, its baseline in grey in every panel, the collapse onsets and
 each panel titled with the arm's verdict); ``plot_overoptimisation`` puts train reward and
-validation of each group in its own panel from five groups on. Same conventions as
+validation of each group in its own panel from five groups on (up to MAX_PANELS). Same conventions as
 armorlab.analysis.plots: prepared numbers in, one PNG out, a group keeps its colour."""
 
 from __future__ import annotations
@@ -33,6 +33,9 @@ CONTEXT_COLOR = (0.75, 0.75, 0.75, 1.0)
 VERDICT_COLORS = {"better": "#1a7f37", "worse": "#cf222e", "equivalent": "#0550ae"}
 MAX_COLS = 4
 SINGLE_AXIS_GROUPS = 4  # the over-optimisation figure keeps one axis up to this many groups
+# and from this many on again (the first figure too): 4 columns × 4 rows of panels at page width
+# are too small to read, and each costs ~45 ms (a 20-group figure took a second more than one axis)
+MAX_PANELS = 13
 
 
 def grid_shape(n: int, max_cols: int = MAX_COLS) -> tuple[int, int]:
@@ -54,7 +57,11 @@ def _panels(n: int, width: float, panel_height: float, extra_height: float):
 def _share_axes(axes, rows: int, cols: int, x_label: str, y_label: str, bands: Sequence[CurveBand],
                 points: Sequence[float] = ()) -> None:
     """Same x and y limits in every panel (y: armorlab.analysis.plots.robust_ylim over every band
-    drawn); the x label under the lowest panel of each column, the y label left of each row."""
+    drawn), so that only the outer panels carry tick labels: the x ticks and label under the
+    lowest panel of each column, the y ticks and label left of each row. Four ticks an axis: a
+    panel is small, and each tick is a fifth of a small multiple's drawing time."""
+    from matplotlib.ticker import MaxNLocator
+
     robust_ylim(axes[0], bands, points)
     steps = [np.asarray(b.steps, dtype=np.float64) for b in bands if len(b.steps)]
     x0 = min(float(s.min()) for s in steps) if steps else 0.0
@@ -63,9 +70,12 @@ def _share_axes(axes, rows: int, cols: int, x_label: str, y_label: str, bands: S
         ax.set_ylim(axes[0].get_ylim())
         ax.set_xlim(x0, x1 if x1 > x0 else x0 + 1)
         below = i + cols < len(axes)  # another panel under this one
+        first = i % cols == 0
         _step_axis(ax, fontsize=8, label=x_label if not below else "")
-        ax.set_ylabel(y_label if i % cols == 0 else "", fontsize=8)
-        ax.tick_params(labelsize=7)
+        ax.xaxis.set_major_locator(MaxNLocator(nbins=4, integer=True))
+        ax.yaxis.set_major_locator(MaxNLocator(nbins=4))
+        ax.set_ylabel(y_label if first else "", fontsize=8)
+        ax.tick_params(labelsize=7, labelbottom=not below, labelleft=first)
         ax.grid(alpha=0.3)
 
 
@@ -82,8 +92,8 @@ def _onsets(ax, pts: Sequence[tuple], color, *, labels: bool = True) -> None:
 
 
 def _text_inches(text: str, size: float) -> float:
-    """About how wide ``text`` is at ``size`` points (DejaVu Sans averages ~0.6 em a character)."""
-    return 0.6 * len(text) * size / 72
+    """About how wide ``text`` is at ``size`` points (DejaVu Sans averages ~0.55 em a character)."""
+    return 0.55 * len(text) * size / 72
 
 
 def _legend_below(fig, handles: list, labels: list[str]):
@@ -145,7 +155,7 @@ def plot_arms(bands: Mapping[str, CurveBand], metric: str, path: Path, *, colors
         for s in matched_steps:
             ax.axvline(s, color="gray", linestyle=":", linewidth=0.9)
         word = verdicts.get(g)
-        ax.set_title(_wrapped(f"{g}: {word}" if word else g, fig.get_size_inches()[0] / cols - 0.7, 10),
+        ax.set_title(_wrapped(f"{g}: {word}" if word else g, fig.get_size_inches()[0] / cols - 0.4, 10),
                      fontsize=10, color=VERDICT_COLORS.get(word, "black"))
     _share_axes(axes, rows, cols, x_label, metric_label(metric), list(bands.values()), points)
     handles = [plt.Line2D([], [], color="black", linewidth=1.6), ]
@@ -180,13 +190,13 @@ def plot_overoptimisation(train: Mapping[str, CurveBand], val: Mapping[str, Curv
                           colors: Mapping[str, tuple], x_label: str = STEP_LABEL, width: float = 11.0) -> Path:
     """Train reward (dashed) and validation (solid): rising train reward over falling validation is
     over-optimisation. Up to SINGLE_AXIS_GROUPS groups on one axis, from there one panel per
-    group (same axes in every panel)."""
+    group (same axes in every panel), above MAX_PANELS groups on one axis again."""
     groups = list(dict.fromkeys([*val, *train]))
     title = f"Over-optimisation: {train_metric} (dashed) vs {val_metric} (solid)"
     drawn = [*val.values(), *train.values()]
     style = [(plt.Line2D([], [], color="gray"), val_metric),
              (plt.Line2D([], [], color="gray", linestyle="--"), train_metric)]
-    if len(groups) <= SINGLE_AXIS_GROUPS:
+    if len(groups) <= SINGLE_AXIS_GROUPS or len(groups) > MAX_PANELS:
         fig, ax = plt.subplots(figsize=(8, 4.6))
         for g in groups:
             if g in val:
@@ -206,7 +216,7 @@ def plot_overoptimisation(train: Mapping[str, CurveBand], val: Mapping[str, Curv
             _band(ax, val[g], colors[g], None)
         if g in train:
             _band(ax, train[g], colors[g], None, linestyle="--")
-        ax.set_title(_wrapped(g, width / cols - 0.7, 10), fontsize=10)
+        ax.set_title(_wrapped(g, width / cols - 0.4, 10), fontsize=10)
     _share_axes(axes, rows, cols, x_label, "reward / accuracy (fraction)", drawn)
     below = _legend_below(fig, [h for h, _ in style], [n for _, n in style])
     sup = fig.suptitle(_wrapped(f"{title}, one panel per group ({legend_title})", width - 0.3, 11), fontsize=11)

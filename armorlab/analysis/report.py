@@ -211,18 +211,6 @@ def _token_samples(rs: RunSet, groups: G.Groups, notes: G.Notes):
     return per_run, per_group, cf
 
 
-def _names(groups: G.Groups, rs: RunSet,
-           names: Callable[[pd.DataFrame, RunSet], Mapping[str, str]] | None) -> dict[str, str]:
-    """Each group's name (the caller's ``names``, else groups.display_names), one per group: a
-    name given twice, or not at all, is the label."""
-    if names is None:
-        return G.display_names(groups)
-    ids = pd.DataFrame({"run_id": rs.run_ids, "group": [groups.of_run[r] for r in rs.run_ids]})
-    given = {g: str(n) for g, n in names(ids, rs).items()}
-    shown = [given.get(g, g) for g in groups.labels]
-    return {g: n if shown.count(n) == 1 else g for g, n in zip(groups.labels, shown, strict=True)}
-
-
 def _kl_caption(kl_panels: Mapping[str, Any], wanted: Sequence[str]) -> str:
     """What the KL figure shows, direction by direction, from the panels it has; a direction the
     recipe asks for but no run logged is said to be missing."""
@@ -245,33 +233,6 @@ def _step_range(rs: RunSet, metric: str) -> tuple[float, float] | None:
     return (min(e[0] for e in ends), max(e[1] for e in ends)) if ends else None
 
 
-class _Page:
-    """The report's tables as the page shows them: each group named (display names) in the first
-    column, which stays in place while a wide table scrolls, instead of its key columns."""
-
-    def __init__(self, display: Mapping[str, str], order: Sequence[str], keys: Sequence[str]) -> None:
-        self.display, self.order, self.keys = display, list(order), list(keys)
-
-    def tables(self, df: pd.DataFrame | None) -> pd.DataFrame | None:
-        """A per-group display table (rows in summary order, key columns first)."""
-        if df is None:
-            return None
-        out = df.drop(columns=[k for k in self.keys if k in df.columns] + (["group"] if "group" in df else []))
-        out.insert(0, "group", [self.display.get(g, g) for g in self.order][:len(out)])
-        return out
-
-    def column(self, df: pd.DataFrame | None, column: str = "group") -> pd.DataFrame | None:
-        if df is None or column not in df:
-            return df
-        out = df.copy()
-        out[column] = out[column].map(lambda g: self.display.get(g, g))
-        return out
-
-    def pairs(self, df: pd.DataFrame) -> pd.DataFrame:
-        return self.column(self.column(df, "X"), "Y")
-
-
-MAX_ARM_PANELS = 12  # more arms than this: the first figure puts every group on one axis
 MEMO = ".armorlab-cache/memo.pickle"  # in the output dir: bootstrap results, bands, drawn figures
 MAX_ONSET_LABELS = 40  # collapse onsets labelled with their fall in SE, at most
 
@@ -323,7 +284,7 @@ def _build_report(recipe: Recipe, out: Path, *, cache: bool, progress: Callable[
     groups = G.make_groups(rs.runs, keys, file=file)
     legend = ", ".join(keys) if keys else "group"
     sel = recipe.select
-    display = _names(groups, rs, names)  # label → the group's name in figures, page and sentences
+    display = G.names_of(groups, rs, names)  # label → the group's name in figures, page and sentences
 
     def named(by_label: Mapping[str, Any]) -> dict[str, Any]:
         return {display[g]: v for g, v in by_label.items()}
@@ -398,7 +359,7 @@ def _build_report(recipe: Recipe, out: Path, *, cache: bool, progress: Callable[
             markers = {g: [(x, y, "") for x, y, _ in pts] for g, pts in markers.items()}
         noise = named(_noise_bands(rs, groups, sel.metric))
         common = {"colors": colors, "markers": markers, "matched_steps": matched, "noise": noise, **axis}
-        if 2 <= len(groups.labels) <= MAX_ARM_PANELS + 1:  # one panel per arm, its baseline in each
+        if 2 <= len(groups.labels) <= panels.MAX_PANELS:  # one panel per arm, its baseline in each
             base = verdicts.baseline() if verdicts is not None else None
             words = ({display[v.arm]: v.verdict for v in verdicts.primary_verdicts()} if base is not None else {})
             figure = worker.draw(panels.plot_arms, band(sel.metric), sel.metric, plot_dir / "val.png",
@@ -499,7 +460,7 @@ def _build_report(recipe: Recipe, out: Path, *, cache: bool, progress: Callable[
     order = ("val", "overoptimisation", "kl", "capacity", "ablation", "curves")  # their place on the page
     figs = [(section, path(), caption) for name in order if name in drawn
             for section, path, caption in [drawn[name]]]
-    page = _Page(display, summary["group"].tolist(), keys)
+    page = G.PageNames(display, summary["group"].tolist(), keys)
     sections = _sections(recipe, out, figs, page.tables(group_display), page.tables(headline),
                          page.pairs(poi_display), page.column(diff), page.column(per_run), matched,
                          page.tables(token_display), page.column(anchors))

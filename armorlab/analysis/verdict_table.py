@@ -259,6 +259,7 @@ def _open_cost(vs: Sequence[V.Verdict], table: VerdictTable) -> str:
 
 
 _WORDS = ((V.BETTER, "better"), (V.WORSE, "worse"), (V.EQUIVALENT, "equivalent within ±δ"))
+MAX_NAMED = 4  # arms named in the answer per verdict; more are counted
 
 
 def answer(table: VerdictTable) -> str:
@@ -280,17 +281,24 @@ def answer(table: VerdictTable) -> str:
     def be(items: Sequence[str]) -> str:
         return "is" if len(items) == 1 else "are"
 
+    def arms(of: Sequence[V.Verdict]) -> str:  # named up to four, counted beyond (the table names them)
+        names = [name(v.arm, v.arm) for v in of]
+        if len(names) <= MAX_NAMED:
+            return f"{join(names)} {be(names)}"
+        return f"{'the other ' if of is open_ else ''}{len(of)} arms are"
+
     open_ = [v for v in vs if v.verdict in (V.UNRESOLVED, V.TOO_FEW)]
     if base is not None:
         said = []
         for word, shown in _WORDS:
-            arms = [name(v.arm, v.arm) for v in vs if v.verdict == word]
-            if arms:
-                said.append(f"{join(arms)} {be(arms)} {shown}")
+            these = [v for v in vs if v.verdict == word]
+            if these:
+                said.append(f"{arms(these)} {shown}")
         text = f"Against {name(base, base)} on {table.labels[table.primary]} ({_seeds(vs)}): " + "; ".join(said)
         if open_:
-            arms = [name(v.arm, v.arm) for v in open_]
-            text += ("; " if said else "") + f"{join(arms)} {be(arms)} not resolved{_open_cost(vs, table)}"
+            tail = (f"none of the {len(vs)} arms is resolved" if len(open_) == len(vs) > MAX_NAMED
+                    else f"{arms(open_)} not resolved")
+            text += ("; " if said else "") + tail + _open_cost(vs, table)
         return text + "."
     wins: dict[str, set[str]] = {}
     losses: dict[str, set[str]] = {}
