@@ -103,7 +103,7 @@ def test_kl_panels_are_titled_by_the_direction_of_what_they_plot(tmp_path):
 
     plots._save = spy
     try:
-        plots.plot_kl.__wrapped__(panels, tmp_path / "kl.png", legend_title="g", colors={"g": (0, 0, 1, 1)})
+        plots.plot_kl(panels, tmp_path / "kl.png", legend_title="g", colors={"g": (0, 0, 1, 1)})
     finally:
         plots._save = real
     # each panel's title names its metric's direction, and the panel plots that metric's data
@@ -144,7 +144,7 @@ def three_arms(tmp_path_factory):
 def test_the_page_opens_with_the_answer_the_verdicts_and_their_figure(three_arms, tmp_path):
     recipe = Recipe(runs=[str(three_arms)], title="t", select=Select("val/acc", "max", "test/acc"),
                     compare=Compare(baseline={"objective": "dapo"}, endpoints=["final"]))
-    res = R.build_report(recipe, tmp_path / "r", cache=False, figure_worker=False)
+    res = R.build_report(recipe, tmp_path / "r", cache=False)
     page = res.index.read_text()
     order = ['id="answer"', 'id="verdict-table"', 'id="first-figure"', "<h2>Verdicts on every endpoint</h2>",
              "<h2>Warnings</h2>", "<h2>Results per group</h2>"]
@@ -170,7 +170,7 @@ def _table(page: str, table_id: str) -> pd.DataFrame:
 def test_every_pair_compared_reads_as_a_table_of_rows_against_columns(three_arms, tmp_path):
     recipe = Recipe(runs=[str(three_arms)], title="t", select=Select("val/acc", "max", "test/acc"),
                     compare=Compare(endpoints=["final"]))
-    res = R.build_report(recipe, tmp_path / "r", cache=False, figure_worker=False)
+    res = R.build_report(recipe, tmp_path / "r", cache=False)
     page = res.index.read_text()
     answer = re.search(r'id="answer"><b>(.*?)</b>', page).group(1)
     # armor and up end alike, dapo below both: dapo is worse than each; armor vs up stays open
@@ -200,7 +200,7 @@ def test_the_kl_figure_shows_forward_kl_the_recipe_does_not_list_as_a_curve(tmp_
             dirs.append(rd.path)
     recipe = demo_recipe(dirs)
     assert "kl/forward_k3" not in recipe.curves
-    res = R.build_report(recipe, tmp_path / "r", cache=False, figure_worker=False)
+    res = R.build_report(recipe, tmp_path / "r", cache=False)
     caption = re.search(r'<img src="plots/kl.png" alt="([^"]*)"', res.index.read_text()).group(1)
     assert caption.startswith("reverse KL(π_θ‖π_ref) (kl/reverse_k3) and forward KL(π_ref‖π_θ) (kl/forward_k3)")
 

@@ -148,8 +148,7 @@ def demo_report(run_dirs: list[Path], out: Path):
     from armorlab.analysis.report import build_report
     from armorlab.commands.demo import demo_recipe, group_names, headline_section
 
-    return build_report(demo_recipe(run_dirs), out, cache=False, lead=headline_section({}), names=group_names,
-                        figure_worker=False)
+    return build_report(demo_recipe(run_dirs), out, cache=False, lead=headline_section({}), names=group_names)
 
 
 def cli_report(inputs: list[Path], out: Path):
@@ -157,7 +156,7 @@ def cli_report(inputs: list[Path], out: Path):
     from armorlab.analysis.recipe import recipe_for_paths
     from armorlab.analysis.report import build_report
 
-    return build_report(recipe_for_paths([str(p) for p in inputs]), out, cache=False, figure_worker=False)
+    return build_report(recipe_for_paths([str(p) for p in inputs]), out, cache=False)
 
 
 # --------------------------------------------------------------------------- Chromium

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import numpy as np
 
-from armorlab.analysis.memo import rendered
 from armorlab.analysis.plots import (
     STEP_LABEL,
     _band,
@@ -116,7 +115,6 @@ def _wrapped(text: str, width: float, size: float) -> str:
     return textwrap.fill(text, max(8, int(width / _text_inches("x", size))))
 
 
-@rendered
 def plot_arms(bands: Mapping[str, CurveBand], metric: str, path: Path, *, colors: Mapping[str, tuple],
               baseline: str | None = None, verdicts: Mapping[str, str] | None = None,
               markers: Mapping[str, Sequence[tuple]] | None = None, matched_steps: Sequence[int] = (),
@@ -184,7 +182,6 @@ def plot_arms(bands: Mapping[str, CurveBand], metric: str, path: Path, *, colors
     return _save(fig, path)
 
 
-@rendered
 def plot_overoptimisation(train: Mapping[str, CurveBand], val: Mapping[str, CurveBand], train_metric: str,
                           val_metric: str, path: Path, *, legend_title: str,
                           colors: Mapping[str, tuple], x_label: str = STEP_LABEL, width: float = 11.0) -> Path:

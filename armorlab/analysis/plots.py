@@ -5,13 +5,12 @@ the group-by keys, and a group keeps its colour across figures."""
 from __future__ import annotations
 
 import functools
+import io
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 
-from armorlab.analysis.memo import rendered
-from armorlab.analysis.png import encode_rgba
 from armorlab.analysis.stats import CurveBand
 from armorlab.analysis.values import fmt_value
 from armorlab.core.fsutil import atomic_file
@@ -19,10 +18,10 @@ from armorlab.core.fsutil import atomic_file
 
 @functools.cache
 def _matplotlib():
-    """The matplotlib names the figures use, imported at the first figure: the report's main
-    process may leave every figure to its worker (armorlab.analysis.report) and never pay for it.
-    A Figure on an Agg canvas, not pyplot: a report only writes PNGs, and pyplot's import, its
-    figure registry and its per-change interactive-redraw hook were ~4 % of the figures' cost."""
+    """The matplotlib names the figures use, imported at the first figure (a report without
+    figures never pays for it). A Figure on an Agg canvas, not pyplot: a report only writes PNGs,
+    and pyplot's import, its figure registry and its per-change interactive-redraw hook were ~4 %
+    of the figures' cost."""
     import types
 
     import matplotlib
@@ -72,7 +71,7 @@ def metric_label(metric: str) -> str:
     """Axis label with units: ``val/acc (accuracy, avg@k)``, ``kl/forward_k3 (nats/sequence)``.
 
     The trainer logs every ``kl/*`` value as a per-sequence sum of the per-token estimate,
-    averaged over sequences (README, "Train a run"), so KL is in nats per sequence."""
+    averaged over sequences (docs/training.md, "What a run logs"), so KL is in nats per sequence."""
     ns, _, name = metric.partition("/")
     if ns == "kl":
         unit = "nats/sequence"
@@ -273,14 +272,17 @@ def _save(fig, path: Path) -> Path:
     bbox_inches="tight": that draws the figure twice, and the first draw was a fifth of the
     report's figure time. One draw of the canvas at the PNG's resolution runs a layout engine
     (measuring text at that resolution) and draws: savefig's pixels (its facecolor "auto" is
-    the figure's), without savefig's extra layout draw or its encoder (armorlab.analysis.png
-    says why)."""
+    the figure's), without savefig's extra layout draw; the canvas is then encoded by the writer
+    savefig itself uses (matplotlib.image.imsave, Pillow)."""
     if fig.dpi != DPI:
         fig.set_dpi(DPI)
     fig.canvas.draw()
-    data = encode_rgba(fig.canvas.buffer_rgba(), dpi=DPI, text={"Software": _software()})
-    # renamed into place: a figure process orphaned by a killed worker may still be writing the
-    # PNG that the main process draws again (the same bytes)
+    from matplotlib.image import imsave
+
+    buf = io.BytesIO()
+    imsave(buf, np.asarray(fig.canvas.buffer_rgba()), format="png", dpi=DPI, metadata={"Software": _software()})
+    data = buf.getvalue()
+    # renamed into place: a reader never sees half a PNG
     with atomic_file(path) as tmp:
         tmp.write_bytes(data)
     return path
@@ -363,7 +365,6 @@ def robust_ylim(ax, bands: Sequence[CurveBand], points: Sequence[float] = ()) ->
     return band_lo < y0 or band_hi > y1
 
 
-@rendered
 def plot_curves(bands: Mapping[str, CurveBand], metric: str, path: Path, *, legend_title: str,
                 colors: Mapping[str, tuple], markers: Mapping[str, Sequence[tuple]] | None = None,
                 matched_steps: Sequence[int] = (), title: str | None = None,
@@ -443,7 +444,6 @@ def kl_direction(metric: str) -> tuple[str, str]:
     return "", ""
 
 
-@rendered
 def plot_kl(panels: Mapping[str, Mapping[str, CurveBand]], path: Path, *, legend_title: str,
             colors: Mapping[str, tuple], x_label: str = STEP_LABEL) -> Path:
     """KL over steps, one panel per KL metric (ARMOR Fig. 2b style), each titled with the
@@ -471,7 +471,6 @@ def _ecdf(ax, x: np.ndarray, color, label: str, linestyle="-") -> None:
     ax.step(x, y, where="post", color=color, label=f"{label} (n={x.size:,})", linestyle=linestyle)
 
 
-@rendered
 def plot_capacity(per_group: Mapping[str, np.ndarray], counterfactual: Mapping[str, np.ndarray], path: Path,
                   *, legend_title: str, colors: Mapping[str, tuple]) -> Path:
     """ECDF of probability capacity of A > 0 tokens: left, each group under its own objective;
@@ -502,7 +501,6 @@ def plot_capacity(per_group: Mapping[str, np.ndarray], counterfactual: Mapping[s
     return _save(fig, path)
 
 
-@rendered
 def plot_ablation(summary_rows: Sequence[Mapping], per_run: Mapping[str, Mapping[str, np.ndarray]],
                   scores: Sequence[str], score_labels: Mapping[str, str], x_key: str, hue_keys: Sequence[str],
                   path: Path, *, colors: Mapping[str, tuple]) -> Path:
@@ -572,7 +570,6 @@ def plot_ablation(summary_rows: Sequence[Mapping], per_run: Mapping[str, Mapping
     return _save(fig, path)
 
 
-@rendered
 def plot_curve_grid(panels: Mapping[str, Mapping[str, CurveBand]], path: Path, *, legend_title: str,
                     colors: Mapping[str, tuple], x_label: str = STEP_LABEL) -> Path:
     """Small multiples: every recipe curve, one panel per metric."""

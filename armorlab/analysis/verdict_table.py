@@ -21,7 +21,7 @@ from armorlab.analysis import verdicts as V
 from armorlab.analysis.groups import Notes, group_rows, numeric_columns
 from armorlab.analysis.html import Figure, Section, esc
 from armorlab.analysis.load import RunSet
-from armorlab.analysis.recipe import DEFAULT_ENDPOINTS, Recipe
+from armorlab.analysis.recipe import DEFAULT_ENDPOINTS, Recipe, Select
 from armorlab.core.fsutil import atomic_write_text
 from armorlab.core.runs import RunDir
 from armorlab.errors import ArmorLabError
@@ -136,13 +136,8 @@ def build(per_run: pd.DataFrame, rs: RunSet, recipe: Recipe, pairs: Sequence[tup
         if cmp_.delta is not None:
             deltas[e] = (float(cmp_.delta), "compare.delta")
         else:
-            metric = _metric_of(e, sel.metric, sel.report)
-            n = eval_size(rs, run_ids, metric)
-            level = _mean_level(per_run, e, [at.get(g, none) for g in compared])
-            d = V.default_delta(level, n)
-            deltas[e] = (d, f"twice one evaluation's standard error, 2·√(p(1 − p)/n) with n = {n:g} "
-                            f"({metric.rpartition('/')[0]}/n) at p = {level:.3f}" if math.isfinite(d) else
-                         f"unknown: {metric} has no logged eval size; set compare.delta")
+            deltas[e] = default_delta_for(per_run, rs, run_ids, e, sel, [at.get(g, none) for g in compared])
+            d, metric = deltas[e][0], _metric_of(e, sel.metric, sel.report)
             if not math.isfinite(d):
                 notes.add(f"verdicts on {e}: no δ (no eval size for {metric}): equivalence and seed "
                           f"planning need compare.delta")
@@ -157,6 +152,20 @@ def build(per_run: pd.DataFrame, rs: RunSet, recipe: Recipe, pairs: Sequence[tup
                                                             group_hours),
                         pd.DataFrame([v.as_dict() for v in verdicts]), _summary(primary, group_hours, labels[endpoints[0]]),
                         labels, names, endpoints[0], group_hours)
+
+
+def default_delta_for(per_run: pd.DataFrame, rs: RunSet, run_ids: Sequence[str], endpoint: str, sel: Select,
+                      rows: list[np.ndarray]) -> tuple[float, str]:
+    """(D1)'s δ of one endpoint over the compared runs (``run_ids``, at ``rows`` of ``per_run``) and
+    how it was set; NaN when the endpoint's metric logs no eval size. ``sel``: the recipe's select."""
+    metric = _metric_of(endpoint, sel.metric, sel.report)
+    n = eval_size(rs, run_ids, metric)
+    level = _mean_level(per_run, endpoint, rows)
+    d = V.default_delta(level, n)
+    if not math.isfinite(d):
+        return d, f"unknown: {metric} has no logged eval size; set compare.delta"
+    return d, (f"twice one evaluation's standard error, 2·√(p(1 − p)/n) with n = {n:g} "
+               f"({metric.rpartition('/')[0]}/n) at p = {level:.3f}")
 
 
 def _mean_level(per_run: pd.DataFrame, endpoint: str, rows: list[np.ndarray]) -> float:
