@@ -6,6 +6,7 @@ group palette is matplotlib's."""
 import numpy as np
 import pytest
 
+from armorlab.analysis import panels as P
 from armorlab.analysis import plots
 from armorlab.analysis import report as R
 from armorlab.analysis.recipe import Recipe
@@ -78,10 +79,21 @@ def test_legends_stay_on_the_canvas(tmp_path, groups, panels, label_len):
     kw = {"legend_title": "alpha, ref_reset_steps", "colors": colors}
     grid = {f"metric/number_{k}": _bands(groups, label_len, scale=scales[k]) for k in range(panels)}
     plots._save = spy
+    P._save = spy
     try:
         plots.plot_curves(_bands(groups, label_len), "val/acc", tmp_path / "val.png",
                                       matched_steps=[50], **kw)
-        plots.plot_overoptimisation(_bands(groups, label_len), _bands(groups, label_len, scale=3.0),
+        # the first figure: one panel per arm against the first group, and with no baseline
+        bands = _bands(groups, label_len)
+        first = next(iter(bands))
+        markers = {g: [(30, 0.5, "−3.1 SE")] for g in bands}
+        noise = {g: (b.steps, np.full(b.steps.size, 0.02)) for g, b in bands.items()}
+        P.plot_arms(bands, "val/acc", tmp_path / "arms.png", colors=colors, baseline=first,
+                                     verdicts={g: "not resolved" for g in bands}, markers=markers,
+                                     matched_steps=[50], noise=noise, verdict_of="final val/acc")
+        P.plot_arms(bands, "val/acc", tmp_path / "arms_all.png", colors=colors,
+                                     markers=markers, matched_steps=[50])
+        P.plot_overoptimisation(_bands(groups, label_len), _bands(groups, label_len, scale=3.0),
                                                 "train/reward", "val/acc", tmp_path / "over.png", **kw)
         plots.plot_kl({m: _bands(groups, label_len) for m in ("kl/reverse_k3", "kl/forward_k3",
                                                                            "kl/exact_reverse")[:min(panels, 3)]},
@@ -89,7 +101,8 @@ def test_legends_stay_on_the_canvas(tmp_path, groups, panels, label_len):
         plots.plot_curve_grid(grid, tmp_path / "grid.png", **kw)
     finally:
         plots._save = real_save
-    assert set(seen) == {"val.png", "over.png", "kl.png", "grid.png"}
+        P._save = real_save
+    assert set(seen) == {"val.png", "over.png", "kl.png", "grid.png", "arms.png", "arms_all.png"}
     for name, (outside, overlaps) in seen.items():
         assert not outside and not overlaps, (name, outside, overlaps)
     assert Image.open(tmp_path / "val.png").size[0] > 0

@@ -335,6 +335,36 @@ def _band(ax, band: CurveBand, color, label: str | None, *, linestyle="-") -> No
     ax.plot(band.steps, band.mean, color=color, linestyle=linestyle, linewidth=1.6, label=label)
 
 
+CI_REACH = 0.5  # a CI may widen the y axis by at most this share of the means' range on each side
+
+
+def robust_ylim(ax, bands: Sequence[CurveBand], points: Sequence[float] = ()) -> bool:
+    """y limits that follow the mean curves (and ``points``: markers on seeds' curves), widened
+    by the CI bands by at most CI_REACH of the means' range on each side: one seed's spike makes
+    its group's interval wide (a Student-t interval of 3 seeds is ±4.3 SDs), and the axis must
+    still show where every mean goes. True when a band reaches past the limits (it is cut at the
+    frame). Nothing is set without a finite mean."""
+    means = [np.asarray(b.mean, dtype=np.float64) for b in bands]
+    means = np.concatenate([*means, np.asarray(points, dtype=np.float64)]) if means or len(points) else np.empty(0)
+    means = means[np.isfinite(means)]
+    if not means.size:
+        return False
+    lo, hi = float(means.min()), float(means.max())
+    span = hi - lo if hi > lo else max(abs(hi), 1.0) * 0.1
+    lows = np.concatenate([np.asarray(b.low, dtype=np.float64) for b in bands]) if bands else np.empty(0)
+    highs = np.concatenate([np.asarray(b.high, dtype=np.float64) for b in bands]) if bands else np.empty(0)
+    lows, highs = lows[np.isfinite(lows)], highs[np.isfinite(highs)]
+    band_lo = float(lows.min()) if lows.size else lo
+    band_hi = float(highs.max()) if highs.size else hi
+    y0 = max(min(band_lo, lo), lo - CI_REACH * span)
+    y1 = min(max(band_hi, hi), hi + CI_REACH * span)
+    if y1 - y0 < span:  # a flat curve without a band: an axis around it, not a singular one
+        y0, y1 = (y0 + y1 - span) / 2, (y0 + y1 + span) / 2
+    pad = 0.05 * (y1 - y0)
+    ax.set_ylim(y0 - pad, y1 + pad)
+    return band_lo < y0 or band_hi > y1
+
+
 def plot_curves(bands: Mapping[str, CurveBand], metric: str, path: Path, *, legend_title: str,
                 colors: Mapping[str, tuple], markers: Mapping[str, Sequence[tuple]] | None = None,
                 matched_steps: Sequence[int] = (), title: str | None = None,
@@ -371,31 +401,12 @@ def plot_curves(bands: Mapping[str, CurveBand], metric: str, path: Path, *, lege
         ax.axvline(s, color="gray", linestyle=":", linewidth=0.9)
     if matched_steps:
         extra.append((plt.Line2D([], [], color="gray", linestyle=":"), "matched steps"))
+    robust_ylim(ax, list(bands.values()), [p[1] for pts in (markers or {}).values() for p in pts])
     ax.set_title(title or f"{metric} per group (mean over seeds, 95% CI)")
     _step_axis(ax, label=x_label)
     ax.set_ylabel(metric_label(metric))
     ax.grid(alpha=0.3)
     return _finish(fig, ax, path, legend_title, extra_handles=extra)
-
-
-def plot_overoptimisation(train: Mapping[str, CurveBand], val: Mapping[str, CurveBand], train_metric: str,
-                          val_metric: str, path: Path, *, legend_title: str,
-                          colors: Mapping[str, tuple], x_label: str = STEP_LABEL) -> Path:
-    """Train reward (dashed) and validation (solid) on one axis: rising train reward over falling
-    validation is over-optimisation."""
-    fig, ax = plt.subplots(figsize=(8, 4.6))
-    for g in dict.fromkeys([*val, *train]):
-        if g in val:
-            _band(ax, val[g], colors[g], g)
-        if g in train:
-            _band(ax, train[g], colors[g], None if g in val else g, linestyle="--")
-    style = [(plt.Line2D([], [], color="gray"), val_metric),
-             (plt.Line2D([], [], color="gray", linestyle="--"), train_metric)]
-    ax.set_title(f"Over-optimisation: {train_metric} (dashed) vs {val_metric} (solid)")
-    _step_axis(ax, label=x_label)
-    ax.set_ylabel("reward / accuracy (fraction)")
-    ax.grid(alpha=0.3)
-    return _finish(fig, ax, path, legend_title, extra_handles=style)
 
 
 def _panel_grid(n: int, *, max_cols: int, panel_size: tuple[float, float]):
@@ -409,18 +420,42 @@ def _panel_grid(n: int, *, max_cols: int, panel_size: tuple[float, float]):
     return fig, flat
 
 
+KL_REVERSE, KL_FORWARD = "reverse KL(π_θ‖π_ref)", "forward KL(π_ref‖π_θ)"
+
+
+def kl_direction(metric: str) -> tuple[str, str]:
+    """(direction, where its samples come from) of a KL metric, from its name (design.md: a
+    reverse KL is estimated on samples of π_θ, a forward one on unconditioned samples of π_ref;
+    the anchors' are neither): ``("reverse KL(π_θ‖π_ref)", "k3 estimate on samples of π_θ")``.
+    ("", "") for a name that says no direction."""
+    ns, _, name = metric.partition("/")
+    if ns == "anchor" and name.startswith("kl_"):
+        return "anchor KL (neither direction)", f"{name[3:]} estimate on reward-filtered samples of π_ref"
+    if ns != "kl":
+        return "", ""
+    for prefix, direction, source in (("reverse_", KL_REVERSE, "samples of π_θ"),
+                                      ("forward_", KL_FORWARD, "unconditioned samples of π_ref")):
+        if name.startswith(prefix):
+            return direction, f"{name[len(prefix):]} estimate on {source}"
+    if name == "exact_reverse":
+        return KL_REVERSE, "exact, on samples of π_θ"
+    if name == "exact_forward":
+        return KL_FORWARD, "exact, on unconditioned samples of π_ref"
+    return "", ""
+
+
 def plot_kl(panels: Mapping[str, Mapping[str, CurveBand]], path: Path, *, legend_title: str,
             colors: Mapping[str, tuple], x_label: str = STEP_LABEL) -> Path:
-    """Forward and reverse KL over steps, one panel per KL metric (ARMOR Fig. 2b style)."""
+    """KL over steps, one panel per KL metric (ARMOR Fig. 2b style), each titled with the
+    direction its metric measures and where its samples come from (kl_direction)."""
     n = len(panels)
     fig, flat = _panel_grid(n, max_cols=2, panel_size=(5.2, 4.0))
-    titles = {"reverse": "reverse KL(π_θ‖π_ref)", "forward": "forward KL(π_ref‖π_θ)"}
     for ax, (metric, bands) in zip(flat, panels.items(), strict=False):
         for g, band in bands.items():
             _band(ax, band, colors[g], g)
-        name = metric.split("/", 1)[-1]
-        kind = next((v for k, v in titles.items() if name.startswith(k) or name.startswith(f"exact_{k}")), metric)
-        ax.set_title(f"{kind}\n{metric}", fontsize=10)
+        robust_ylim(ax, list(bands.values()))
+        direction, source = kl_direction(metric)
+        ax.set_title(f"{direction or metric}\n{metric}: {source}" if direction else metric, fontsize=9)
         _step_axis(ax, label=x_label)
         ax.set_ylabel(metric_label(metric))
         ax.grid(alpha=0.3)
@@ -543,6 +578,7 @@ def plot_curve_grid(panels: Mapping[str, Mapping[str, CurveBand]], path: Path, *
     for ax, (metric, bands) in zip(flat, panels.items(), strict=False):
         for g, band in bands.items():
             _band(ax, band, colors[g], g)
+        robust_ylim(ax, list(bands.values()))
         ax.set_title(metric, fontsize=10)
         _step_axis(ax, fontsize=8, label=x_label)
         ax.set_ylabel(metric_label(metric), fontsize=8)
