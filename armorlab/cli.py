@@ -8,7 +8,18 @@ import sys
 import typer
 
 from armorlab import __version__
-from armorlab.commands import check_task, coercion, demo, evaluate, report, sweep, train, tune, vllm_serve
+from armorlab.commands import (
+    check_task,
+    coercion,
+    demo,
+    evaluate,
+    plan,
+    report,
+    sweep,
+    train,
+    tune,
+    vllm_serve,
+)
 from armorlab.core.exits import EXIT_USER_ERROR
 from armorlab.errors import ArmorLabError
 
@@ -42,7 +53,7 @@ def _root(
                         format="%(levelname)s %(name)s: %(message)s")
 
 
-for module in (train, check_task, sweep, tune, report, evaluate, demo, vllm_serve):
+for module in (train, check_task, sweep, plan, tune, report, evaluate, demo, vllm_serve):
     module.register(app)
 
 
@@ -63,6 +74,8 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(130)
     except _click_exceptions() as exc:  # usage errors arrive here in standalone_mode=False
         exc.show()  # the usage line and the error; UsageError's exit code is 2
+        if "unexpected extra argument" in str(exc) and "=" in str(exc):
+            typer.echo("hint: give --set once per key: --set model=tiny --set task.digits=3", err=True)
         sys.exit(exc.exit_code)
     sys.exit(rc if isinstance(rc, int) else 0)
 
@@ -82,16 +95,8 @@ def _click_exceptions() -> tuple[type[BaseException], ...]:
 
 
 def run() -> None:
-    """The process's entry point (the ``armorlab`` script, ``python -m armorlab.cli``): main(),
-    then the exit, without the interpreter's teardown where the command allowed it
-    (armorlab.core.process_exit). Tests call main() in-process, which never ends the process early."""
-    from armorlab.core.process_exit import end
-
-    try:
-        main()
-    except SystemExit as exc:
-        end(exc.code)
-    end(0)
+    """The process's entry point (the ``armorlab`` script, ``python -m armorlab[.cli]``)."""
+    main()
 
 
 if __name__ == "__main__":

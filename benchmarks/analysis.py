@@ -52,15 +52,16 @@ STEP_METRICS = ("train/reward", "train/length", "train/entropy", "train/truncati
                 "cap/pos_bound_frac", "cap/neg_mean", "ref/resets")
 
 
-def write_sweep(root: Path, runs: int, steps: int, metrics: int, seed: int = 0) -> Path:
-    """Synthetic ARMOR α×τ sweep; every metric logged at every step (the worst case for parsing)."""
+def write_sweep(root: Path, runs: int, steps: int, metrics: int, seed: int = 0, groups: int = 20) -> Path:
+    """Synthetic ARMOR α×τ sweep of ``groups`` groups (≤ 20) with ``runs // groups`` seeds each; every
+    metric logged at every step (the worst case for parsing)."""
     names = [*EVAL_METRICS, *STEP_METRICS][:metrics]
     sweep = root / "bench"
     rng = np.random.default_rng(seed)
     template = "{" + '"step":%d,' + ",".join(f'"{n}":%.6g' for n in names) + "}\n"
     t = np.arange(steps, dtype=np.float64)
     for i in range(runs):
-        group, run_seed = i % 20, i // 20
+        group, run_seed = i % groups, i // groups
         alpha, tau = ALPHAS[group % len(ALPHAS)], TAUS[group // len(ALPHAS)]
         cfg = resolve({"objective": "armor", "alpha": alpha, "ref_reset_steps": tau, "seed": run_seed,
                        "max_steps": steps})

@@ -8,7 +8,8 @@ settings (temperature 1, top-p 1, no top-k, the tiny preset's 8 completion token
 an in-process vLLM engine in fp32. The two alternate, ``--rounds`` times each; rates use the
 median wall time of a round. Then the same through ``AnchorRollout`` with its cache, each prompt
 recurring 4 times per reference window (the cache is cleared at the start of each window, as a
-reset does): samples served per second, a quarter of them generated.
+reset does): samples served per second, a quarter of them generated. No sample is ever correct
+there, so every prompt takes all k draws, over the adaptive rejection's rounds (1, 1, 2 at k = 4).
 
 Needs vLLM (``make test-vllm`` builds ``.venv-vllm``); without it the script says so and exits 0.
 Last line: ``vllm_speedup=<x>`` = vLLM samples/s ÷ transformers samples/s, no cache.
@@ -79,8 +80,9 @@ def main() -> None:
         return time.perf_counter() - t
 
     def cached(s):
+        # never correct: every prompt takes all k draws (the adaptive rejection's rounds 1, 1, 2, ...)
         rollout = AnchorRollout(s, lambda reqs, samples: [[0.0] * len(g) for g in samples], k=opts.k,
-                                anchor_filter="any", threshold=1.0, cache=AnchorCache())
+                                anchor_filter="correct", threshold=1.0, cache=AnchorCache())
         reqs = [GroupRequest(p, i) for p, i in zip(prompts, ids, strict=True)]
         t, generated = time.perf_counter(), 0
         for step in range(REPEATS):

@@ -1,11 +1,22 @@
-"""Fuzz benchmark (issue 13 §4): ≥ 10,000 generated inputs through the CLI, counting tracebacks.
+"""The malformed-input campaign (issues 13 §4 and 30): generated inputs through the CLI, and the named
+cases over every surface added since, counting tracebacks, hangs and executed payloads (goal: 0 of each).
 
-Same strategies as tests/test_fuzz.py (tests/fuzz_cases.py): configs and sweep specs (+ profiles)
-through ``armorlab sweep --dry-run``, damaged run dirs through ``armorlab status``, and fewer of the
-slow ones (recipes and damaged run dirs through ``armorlab report``, which draws plots). Every case
-must end in exit 0 or exit 2. Prints ``name=value`` lines; the last is the traceback count (goal 0).
+Part 1, generated (tests/fuzz_cases.py, hypothesis): ``--cases`` configs, sweep specs (+ profiles
+with vllm_servers and sbatch exports) through ``armorlab sweep --dry-run``, damaged run dirs
+(owner.lock included) through ``armorlab status``, and fewer of the slow ones (recipes and damaged
+run dirs through ``armorlab report``). Run in-process: a case past 20 s is a hang (SIGALRM); a
+``$(touch PWNED)`` that ran is a payload.
 
-    python benchmarks/fuzz.py [--cases 10000] [--seed 0]
+Part 2, named (tests/fuzz_surfaces.py): each case in a child process with a timeout, so a hang or a
+crash (pyarrow's segfault) is measured, not suffered; it also counts inputs accepted although
+invalid, valid ones refused, errors that do not name what they must, and wrong results.
+
+Prints ``name=value`` lines, per kind and surface, then the totals. The armorlab measured is the one
+on PYTHONPATH (and, for part 2, ``--tree``, default: the same checkout): the "before" figure is
+
+    PYTHONPATH=/path/to/main python benchmarks/fuzz.py --tree /path/to/main
+
+    python benchmarks/fuzz.py [--cases 10000] [--seed 0] [--quick] [--surface security ...] [--no-generated]
 """
 
 from __future__ import annotations
@@ -14,45 +25,41 @@ import argparse
 import logging
 import os
 import sys
+import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 os.environ.setdefault("MPLBACKEND", "Agg")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from fuzz_cases import (  # noqa: E402
-    Tally,
-    Workspace,
-    case_recipe,
-    case_run_dir,
-    case_spec,
-    config_dicts,
-    mutations,
-    profile_dicts,
-    recipe_dicts,
-    run_cli,
-    run_damage,
-    spec_dicts,
-)
-from hypothesis import HealthCheck, given, seed, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
-# share of the cases per kind (report cases draw figures: ~1 s each, so few of them)
+# share of the generated cases per kind (report cases draw figures: ~1 s each, so few of them)
 MIX = {"config": 0.36, "spec": 0.36, "status": 0.25, "recipe": 0.015, "report": 0.015}
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--cases", type=int, default=10_000)
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
-    logging.disable(logging.WARNING)  # the CLI's warnings about damaged files are expected here
+def generated(n_cases: int, seed_value: int) -> tuple[dict[str, int], list[str]]:
+    from fuzz_cases import (
+        Tally,
+        Workspace,
+        case_recipe,
+        case_run_dir,
+        case_spec,
+        config_dicts,
+        mutations,
+        profile_dicts,
+        recipe_dicts,
+        run_cli,
+        run_damage,
+        spec_dicts,
+    )
+    from hypothesis import HealthCheck, given, seed, settings
+    from hypothesis import strategies as st
+
     ws, tally = Workspace(), Tally()
-    t0 = time.perf_counter()
 
     def budget(kind: str) -> settings:
-        return settings(max_examples=max(1, round(args.cases * MIX[kind])), deadline=None, database=None,
+        return settings(max_examples=max(1, round(n_cases * MIX[kind])), deadline=None, database=None,
                         suppress_health_check=list(HealthCheck), derandomize=False)
 
     def check(kind, argv_case):
@@ -84,21 +91,97 @@ def main() -> int:
     def reports(damage):
         check("report", case_run_dir(ws, damage, "report"))
 
+    cwd = os.getcwd()
+    os.chdir(ws.root)  # where a `$(touch PWNED)` that ran would leave its file
     try:
         for fn in (configs, specs, status, recipes, reports):
-            seed(args.seed)(fn)()  # the same --seed generates the same cases
+            seed(seed_value)(fn)()  # the same --seed generates the same cases
     finally:
+        os.chdir(cwd)
         ws.close()
-    for tb in tally.tracebacks:
-        print(tb, file=sys.stderr)
+    lines = []
     for kind in MIX:
         by = {rc: n for (k, rc), n in tally.counts.items() if k == kind}
-        print(f"{kind}_cases={sum(by.values())} {kind}_exit0={by.get(0, 0)} {kind}_exit2={by.get(2, 0)} "
-              f"{kind}_tracebacks={by.get('traceback', 0)}")
+        lines.append(f"{kind}_cases={sum(by.values())} {kind}_exit0={by.get(0, 0)} {kind}_exit2={by.get(2, 0)} "
+                     f"{kind}_tracebacks={by.get('traceback', 0)} {kind}_hangs={by.get('hang', 0)} "
+                     f"{kind}_payloads={by.get('payload', 0)}")
+    for tb in tally.tracebacks:
+        print(tb, file=sys.stderr)
+    totals = {"cases": tally.n, "tracebacks": tally.n_tracebacks, "hangs": tally.total("hang"),
+              "payloads": tally.total("payload")}
+    return totals, lines
+
+
+def named(tree: str, quick: bool, surfaces: list[str] | None, show: bool) -> tuple[dict[str, int], list[str]]:
+    from fuzz_surfaces import BAD, CASES, SURFACES, Workspace, available, run_case
+
+    ws = Workspace(tree=tree)
+    counts: Counter = Counter()
+    skipped = 0
+    have: dict[str | None, bool] = {}
+    try:
+        for case in CASES:
+            if (surfaces and case.surface not in surfaces) or (quick and case.slow):
+                continue
+            if case.needs not in have:
+                have[case.needs] = available(case.needs)
+            if not have[case.needs]:
+                skipped += 1
+                continue
+            result = run_case(ws, case)
+            counts[(case.surface, result.outcome)] += 1
+            if show or result.outcome in BAD:
+                print(f"[{case.surface}] {case.name}: {result.outcome} (exit {result.rc}, {result.seconds:.1f}s)"
+                      + (f"\n    {result.tail[-400:]!r}" if result.outcome in BAD else ""), file=sys.stderr)
+    finally:
+        ws.close()
+    lines = []
+    for surface in SURFACES:
+        by = {o: n for (s, o), n in counts.items() if s == surface}
+        if by:
+            lines.append(f"{surface}_cases={sum(by.values())} " + " ".join(
+                f"{surface}_{o}={by.get(o, 0)}" for o in ("ok", "error", *BAD)))
+    total = {o: sum(n for (_, oo), n in counts.items() if oo == o) for o in ("ok", "error", *BAD)}
+    total["cases"] = sum(counts.values())
+    total["skipped"] = skipped
+    return total, lines
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--cases", type=int, default=10_000, help="generated cases (part 1)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--tree", default=None, help="checkout whose armorlab part 2 runs (default: the imported one)")
+    ap.add_argument("--quick", action="store_true", help="part 2 without the cases that train or load models")
+    ap.add_argument("--surface", action="append", help="part 2: only these surfaces")
+    ap.add_argument("--no-generated", action="store_true", help="skip part 1")
+    ap.add_argument("--no-named", action="store_true", help="skip part 2")
+    ap.add_argument("--show", action="store_true", help="print every named case's outcome")
+    args = ap.parse_args()
+    logging.disable(logging.WARNING)  # the CLI's warnings about damaged files are expected here
+    import armorlab
+
+    tree = args.tree or str(Path(armorlab.__file__).resolve().parents[1])
+    print(f"armorlab={tree} load={os.getloadavg()[0]:.1f} tmp={tempfile.gettempdir()}")
+    t0 = time.perf_counter()
+    gen = {"cases": 0, "tracebacks": 0, "hangs": 0, "payloads": 0}
+    if not args.no_generated:
+        gen, lines = generated(args.cases, args.seed)
+        print("\n".join(lines))
+    nam = {"cases": 0, "traceback": 0, "hang": 0, "payload": 0}
+    if not args.no_named:
+        nam, lines = named(tree, args.quick, args.surface, args.show)
+        print("\n".join(lines))
+        print("named_" + " named_".join(f"{k}={v}" for k, v in nam.items()))
     print(f"seconds={time.perf_counter() - t0:.0f}")
-    print(f"cases={tally.n}")
-    print(f"tracebacks={tally.n_tracebacks}")
-    return 0 if tally.n_tracebacks == 0 else 1
+    print(f"cases={gen['cases'] + nam['cases']}")
+    tracebacks = gen["tracebacks"] + nam["traceback"]
+    hangs = gen["hangs"] + nam["hang"]
+    payloads = gen["payloads"] + nam["payload"]
+    print(f"tracebacks={tracebacks}")
+    print(f"hangs={hangs}")
+    print(f"payloads={payloads}")
+    return 0 if tracebacks == hangs == payloads == 0 else 1
 
 
 if __name__ == "__main__":

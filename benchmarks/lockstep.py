@@ -119,3 +119,34 @@ def cycles(steps: list[float], per_cycle: int, warmup: int = 1) -> list[float]:
     ``warmup`` cycles dropped: each cycle's summed step time."""
     whole = len(steps) // per_cycle
     return [sum(steps[c * per_cycle:(c + 1) * per_cycle]) for c in range(warmup, whole)]
+
+
+class Split:
+    """Where a trainer's generation cycles go: the clock spent inside named methods, per cycle.
+
+    ``parts`` maps a part to (object, method name); each method is wrapped on its instance and
+    its time (on ``clock``, in the calling thread) is added to the cycle the trainer is in
+    (``state.global_step // per_cycle``). Nested parts are not subtracted here: :meth:`per_cycle`
+    says what to subtract from what.
+    """
+
+    def __init__(self, trainer, parts: dict[str, tuple[object, str]], per_cycle: int,
+                 clock: Callable[[], float] = time.thread_time) -> None:
+        self.trainer, self.per_cycle, self.clock = trainer, per_cycle, clock
+        self.spent: dict[str, dict[int, float]] = {name: {} for name in parts}
+        for name, (owner, method) in parts.items():
+            setattr(owner, method, self._timed(name, getattr(owner, method)))
+
+    def _timed(self, name: str, fn: Callable) -> Callable:
+        def timed(*args, **kwargs):
+            start = self.clock()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                cycle = self.trainer.state.global_step // self.per_cycle
+                self.spent[name][cycle] = self.spent[name].get(cycle, 0.0) + self.clock() - start
+        return timed
+
+    def mean(self, name: str, cycles: range) -> float:
+        """Mean over ``cycles`` of the time spent in part ``name``."""
+        return sum(self.spent[name].get(c, 0.0) for c in cycles) / max(len(cycles), 1)

@@ -2,19 +2,27 @@
 
     .venv/bin/python benchmarks/step_overhead.py [--steps 48] [--rounds 4] [--no-control] [--wall]
 
-Part 1: stock ``GRPOTrainer(loss_type="dapo", beta=0.001)`` against ``ArmorLabTrainer`` with
-objective dapo, up and armor (anchors off; β = 0 there, and the stock side's β = 0.001 makes
-both compute reference log-probs), on the same tiny model, batch, task and seed, at learning
-rate 0 (identical completions everywhere, checked after each round). The variants train in
-lockstep (``lockstep.py``: each in its own thread, one optimizer step each in turn), so every
-step of one falls within a fraction of a second of the same step of the others and they share
-the machine's fast and slow spells, which last seconds. A sample is a generation cycle
-(``steps_per_generation`` steps: one generation and its updates, their logging included; the
-first cycle warms up and is dropped); a variant's ratio is the median over cycles of its cycle /
-stock's same cycle, over ``--rounds`` rounds of fresh trainers × ``--steps`` steps. The ArmorLab
-side writes its metrics.jsonl (a real run's cost). A second stock trainer runs beside the first
-(``--no-control`` drops it): ``stock_vs_stock_ratio=`` is the same statistic where the truth is
-1, the noise floor. Target ≤ 1.05.
+Part 1: the peer a user would pick instead, stock ``GRPOTrainer(loss_type="dapo", beta=0)`` (no
+reference model at all), against ``ArmorLabTrainer`` with objective dapo and up (targets ≤ 1.03:
+at β = 0 without anchors π_ref only scores 1/8 of the rows, for ``kl/reverse_*``), armor without
+anchors (≤ 1.15: r_mix needs π_ref's forward on every row) and armor with anchors and the gate
+(≤ 1.25 on the tiny model: also the reference draws, adaptive rejection sampling), on the same
+tiny model, batch, task and seed, at learning rate 0 (identical completions everywhere, checked
+after each round — except with anchors, whose reference draws move the generation RNG). The
+variants train in lockstep (``lockstep.py``: each in its own thread, one optimizer step each in
+turn), so every step of one falls within a fraction of a second of the same step of the others
+and they share the machine's fast and slow spells, which last seconds. A sample is a generation
+cycle (``steps_per_generation`` steps: one generation and its updates, their logging included;
+the first cycle warms up and is dropped); a variant's ratio is the median over cycles of its
+cycle / stock's same cycle, over ``--rounds`` rounds of fresh trainers × ``--steps`` steps. The
+ArmorLab side writes its metrics.jsonl (a real run's cost). A second stock trainer runs beside
+the first (``--no-control`` drops it): ``stock_vs_stock_ratio=`` is the same statistic where the
+truth is 1, the noise floor. Each variant's cycle is split into policy generation (TRL's
+``_generate_single_turn``), reference draws (the anchor sampler), scoring (the rest of
+``_generate_and_score_completions``: old and reference log-probs, rewards, anchors' bookkeeping,
+forward KL) and training (the rest of the cycle: the optimizer steps and their telemetry).
+(Stock with β = 0.001, the former peer, computes reference log-probs on every row too: against
+it the armorlab side read ≈ 1.0, hiding the reference forward a β = 0 user does not pay.)
 
 The clock is the trainer thread's CPU time (``time.thread_time``) with one intra-op thread, so
 time the scheduler gives other processes on a shared machine is not counted; ``--wall`` uses
@@ -24,8 +32,8 @@ Part 2: anchor rollout (ARMOR, gate on) on a train set of exactly one generation
 prompts, so each recurs 4× per reference window (τ = 4 generations): reference samples per
 step and cycle time with the per-window cache and with it disabled (run one after the other).
 
-Part 3: the forward-KL estimate (``kl/forward_*`` on the unconditioned reference draws behind
-the anchors, ``ArmorLabTrainer.forward_kl_share`` of the generation's rows) against the same
+Part 3: the forward-KL estimate (``kl/forward_*`` on the unconditioned first reference draws
+behind the anchors of ``ArmorLabTrainer.forward_kl_share`` of the generations) against the same
 ARMOR run with it off (``forward_kl_share = 0``), anchors and gate on, learning rate 0, in
 lockstep; ``forward_kl_overhead=`` is the median over cycles of on's cycle / off's. Target ≤ 1.10.
 
@@ -33,8 +41,8 @@ Part 4: part 1 again in 2 processes (torchrun, gloo; each process its own batch 
 size): stock TRL in 2 processes against ArmorLabTrainer in 2 processes, the main process's clock;
 ``overhead_2proc_max=<x>``.
 
-``--parts 3`` runs only part 3. Last line: ``overhead_max=<x>`` (the largest part-1 ratio, one
-process) when part 1 runs, else ``forward_kl_overhead=<x>``.
+``--parts 3`` runs only part 3. Last line: ``overhead_max=<x>`` (the larger of armorlab dapo's and
+up's part-1 ratios, one process) when part 1 runs, else ``forward_kl_overhead=<x>``.
 """
 
 from __future__ import annotations
@@ -77,6 +85,7 @@ def main() -> None:
     import transformers
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
     from trl import GRPOConfig, GRPOTrainer
+    from trl import __version__ as trl_version
 
     from armorlab.core.config import resolve
     from armorlab.core.runs import RunDir
@@ -125,7 +134,7 @@ def main() -> None:
         trl_keys = {k: v for k, v in cfg0.items() if k not in ("task", "model") and k in
                     {f for f in GRPOConfig.__dataclass_fields__}}
         args = GRPOConfig(output_dir=str(out), use_cpu=True, bf16=False, report_to=[], loss_type="dapo",
-                          **{**trl_keys, **frozen, "beta": 0.001}, save_strategy="no", disable_tqdm=True)
+                          **{**trl_keys, **frozen, "beta": 0.0}, save_strategy="no", disable_tqdm=True)
         return quiet(GRPOTrainer(model_path, task.reward_funcs, args=args, train_dataset=task.train))
 
     def armorlab(objective: str, trainer_cls=ArmorLabTrainer, **extra):
@@ -149,10 +158,11 @@ def main() -> None:
         return lockstep.cycles(steps, spg), trainer
 
     def same_completions(trainers: dict) -> None:
-        """The pairing's premise: at learning rate 0 every variant generates the same completions."""
+        """The pairing's premise: at learning rate 0 every variant generates the same completions
+        (not the anchored one: its reference draws take numbers from the generation's RNG)."""
         def lengths(trainer):
             return [h[k] for h in trainer.state.log_history for k in h if k.endswith("completions/mean_length")]
-        names = list(trainers)
+        names = [n for n in trainers if n not in UNPAIRED]
         ref = lengths(trainers[names[0]])
         for name in names[1:]:
             mine = lengths(trainers[name])
@@ -162,32 +172,51 @@ def main() -> None:
                                  f"{mine[at:at + 3]} vs {ref[at:at + 3]} from generation {at} "
                                  f"({len(mine)} vs {len(ref)} generations)")
 
-    def lockstep_round(makers: dict, root: Path) -> dict[str, list[float]]:
-        """One fresh trainer per variant, trained in lockstep; each variant's cycle times, warm-up dropped."""
-        trainers, rng = {}, {}
+    def split(trainer) -> lockstep.Split:
+        """Time a trainer's policy generation, reference draws and whole generation-and-scoring."""
+        parts = {"policy": (trainer, "_generate_single_turn"), "score": (trainer, "_generate_and_score_completions")}
+        sampler = getattr(trainer, "reference_sampler", None)
+        if getattr(trainer, "anchor_rollout", None) is not None:
+            parts["draws"] = (sampler, "sample")
+        return lockstep.Split(trainer, parts, spg, clock)
+
+    def lockstep_round(makers: dict, root: Path, splits: dict | None = None) -> dict[str, list[float]]:
+        """One fresh trainer per variant, trained in lockstep; each variant's cycle times, warm-up
+        dropped. With ``splits``, each variant's mean split of this round's cycles is appended to it."""
+        trainers, rng, timers = {}, {}, {}
         for i, (name, make) in enumerate(makers.items()):
             out = root / f"v{i}"
             shutil.rmtree(out, ignore_errors=True)
             trainers[name] = make(out)
             rng[name] = lockstep.rng_state()  # as after building it alone: Trainer.__init__ seeds
+            if splits is not None:
+                timers[name] = split(trainers[name])
         steps = lockstep.run_lockstep(trainers, clock, rng)
         same_completions(trainers)
-        return {name: lockstep.cycles(times, spg) for name, times in steps.items()}
+        per_cycle = {name: lockstep.cycles(times, spg) for name, times in steps.items()}
+        for name, timer in timers.items():
+            counted = range(1, 1 + len(per_cycle[name]))  # the cycles lockstep.cycles kept
+            policy, draws = timer.mean("policy", counted), timer.mean("draws", counted) if "draws" in timer.spent else 0.0
+            scoring = timer.mean("score", counted) - policy - draws
+            whole = statistics.mean(per_cycle[name]) if per_cycle[name] else 0.0
+            splits.setdefault(name, []).append((policy, draws, scoring, whole - policy - draws - scoring))
+        return per_cycle
 
     parts = {int(p) for p in opts.parts.split(",")}
     ratios = {}
     if 1 in parts:
         # ---------------------------------------------------------------- part 1
-        variants = {"stock dapo (beta=0.001)": stock, "armorlab dapo": armorlab("dapo", **frozen),
-                    "armorlab up": armorlab("up", **frozen),
-                    "armorlab armor (anchor off)": armorlab("armor", anchor=False, anchor_gate=False, **frozen)}
+        variants = {PEER: stock, "armorlab dapo": armorlab("dapo", **frozen), "armorlab up": armorlab("up", **frozen),
+                    "armorlab armor (anchor off)": armorlab("armor", anchor=False, anchor_gate=False, **frozen),
+                    ANCHORED: armorlab("armor", **frozen)}  # the armor preset: anchors and gate on
         if opts.control:
             variants["stock again"] = stock  # known truth 1: the noise floor of the statistic
         names = list(variants)
         paired: dict[str, list[float]] = {name: [] for name in names}
         pooled: dict[str, list[float]] = {name: [] for name in names}
+        splits: dict[str, list[tuple[float, ...]]] = {}
         for _ in range(opts.rounds):
-            per_cycle = lockstep_round(variants, work)
+            per_cycle = lockstep_round(variants, work, splits)
             for name in names:
                 pooled[name].extend(per_cycle[name])
                 paired[name].extend(mine / ref for mine, ref in zip(per_cycle[name], per_cycle[names[0]], strict=True))
@@ -197,6 +226,9 @@ def main() -> None:
         say(f"# step overhead, {procs} process(es): {opts.rounds} rounds × {opts.steps} steps, the variants in "
             f"lockstep (a step each in turn), {unit} time per generation cycle ({spg} steps); ratio = median over "
             f"cycles of the variant's cycle / {names[0]}'s same cycle (the same completions)")
+        say(f"# peer: stock trl {trl_version} GRPOTrainer(loss_type='dapo', beta=0.0): no reference model; "
+            f"tiny model, {cfg0['per_device_train_batch_size']} rows per step, G = {cfg0['num_generations']}, "
+            f"{cfg0['max_completion_length']} new tokens, learning rate 0, one intra-op thread")
         for name in names:
             ratios[name] = statistics.median(paired[name])
             say(f"{prefix}{slug(name)}_ms_per_cycle={1000 * statistics.median(pooled[name]):.1f}")
@@ -204,12 +236,17 @@ def main() -> None:
             if name != names[0]:
                 q = statistics.quantiles(paired[name], n=4)
                 say(f"# {prefix}{slug(name)} per-cycle ratios: quartiles {q[0]:.3f}, {q[1]:.3f}, {q[2]:.3f}")
-            say(f"{prefix}{slug(name)}_ratio={ratios[name]:.3f}")
+            target = f"  # target ≤ {TARGETS[name]:.2f}" if name in TARGETS else ""
+            say(f"{prefix}{slug(name)}_ratio={ratios[name]:.3f}{target}")
+            if name in splits:  # mean over rounds of each round's mean cycle split
+                means = [statistics.mean(r[i] for r in splits[name]) for i in range(4)]
+                say(f"{prefix}{slug(name)}_split_ms=" + ",".join(
+                    f"{label}:{1000 * v:.1f}" for label, v in zip(SPLIT, means, strict=True)))
         if opts.control:
             control = ratios.pop("stock again")
             say(f"{prefix}stock_vs_stock_ratio={control:.3f}  # known truth 1.000")
         if distributed:
-            say(f"overhead_2proc_max={max(r for n, r in ratios.items() if n != names[0]):.3f}")
+            say(f"overhead_2proc_max={max(ratios[n] for n in TARGETS if TARGETS[n] <= 1.03):.3f}")
             return
 
     if 2 in parts:
@@ -264,9 +301,9 @@ def main() -> None:
                 fwd_cycles[name].extend(per_cycle[name])
             fwd_paired.extend(on / off for on, off in zip(*per_cycle.values(), strict=True))
         fwd_ratio = statistics.median(fwd_paired)
-        rows = int(cfg0["per_device_train_batch_size"] * spg * ArmorLabTrainer.forward_kl_share)
-        print(f"# forward KL: armor (anchors + gate on), {rows} reference draws scored per generation; "
-              "on and off in lockstep, ratio = median over cycles of on's cycle / off's same cycle")
+        every = round(1 / ArmorLabTrainer.forward_kl_share)
+        print(f"# forward KL: armor (anchors + gate on), each fresh prompt's first reference draw scored on 1 "
+              f"generation in {every}; on and off in lockstep, ratio = median over cycles of on's cycle / off's same cycle")
         for name, c in fwd_cycles.items():
             print(f"{slug(name)}_ms_per_cycle={1000 * statistics.median(c):.1f}")
             print(f"{slug(name)}_cycles={len(c)}")
@@ -275,7 +312,14 @@ def main() -> None:
         two_process_part(opts, work / "distributed")
     shutil.rmtree(work, ignore_errors=True)
     if ratios:
-        print(f"overhead_max={max(r for n, r in ratios.items() if n != names[0]):.3f}")
+        print(f"overhead_max={max(ratios[n] for n in TARGETS if TARGETS[n] <= 1.03):.3f}")
+
+
+PEER = "stock dapo (beta=0)"
+ANCHORED = "armorlab armor (anchors + gate)"
+UNPAIRED = {ANCHORED}  # generates other completions than the peer (its reference draws use the RNG)
+TARGETS = {"armorlab dapo": 1.03, "armorlab up": 1.03, "armorlab armor (anchor off)": 1.15, ANCHORED: 1.25}
+SPLIT = ("policy_generation", "reference_draws", "scoring", "training")
 
 
 def slug(name: str) -> str:

@@ -2,7 +2,7 @@
 a ChatML chat template, saved with ``save_pretrained`` — what a user's local checkpoint looks like,
 in a few hundred KB and without a download.
 
-``python tests/checkpoint_support.py DIR`` writes one (the README's "Use your own model and data").
+``python tests/checkpoint_support.py DIR`` writes one (docs/training.md, "Your own model and data").
 """
 
 from __future__ import annotations

@@ -14,8 +14,11 @@ import contextlib
 import datetime
 import io
 import json
+import os
 import shutil
+import signal
 import tempfile
+import threading
 import traceback
 from collections import Counter
 from pathlib import Path
@@ -44,17 +47,44 @@ def _no_scontrol():
         slurmctl.max_array_size = saved
 
 
+class _Hang(BaseException):
+    """Raised by the alarm of a case that runs past HANG_S (a FIFO opened for reading, a loop)."""
+
+
+HANG_S = 20  # seconds; no case needs more than a few
+
+
+@contextlib.contextmanager
+def _alarm(seconds: int):
+    def ring(*_):
+        raise _Hang
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGALRM, ring)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
 def run_cli(argv: list[str]) -> tuple[Any, str]:
-    """(exit code, or "traceback: ..." when it crashed; stderr)."""
+    """(exit code, "hang", or "traceback: ..." when it crashed; stderr)."""
     from armorlab.cli import main
 
     err = io.StringIO()
     try:
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err), _no_scontrol():
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err), _no_scontrol(), \
+                _alarm(HANG_S):
             main(argv)
         rc: Any = 0
     except SystemExit as exc:
         rc = exc.code if isinstance(exc.code, int) else 1
+    except _Hang:
+        rc = "hang"
     except BaseException:  # noqa: BLE001 - the point: anything else is a traceback
         rc = "traceback: " + traceback.format_exc(limit=-3)
     text = err.getvalue()
@@ -64,7 +94,8 @@ def run_cli(argv: list[str]) -> tuple[Any, str]:
 
 
 class Tally:
-    """Counts outcomes; keeps the first few tracebacks with the case that caused them."""
+    """Counts outcomes; keeps the first few tracebacks with the case that caused them. A case whose
+    input ran (a ``$(touch PWNED)`` in a value executed: a PWNED file appeared) counts as a payload."""
 
     def __init__(self) -> None:
         self.counts: Counter = Counter()
@@ -72,9 +103,10 @@ class Tally:
 
     def add(self, kind: str, rc: Any, case: str) -> None:
         ok = rc in (OK, USER_ERROR)
-        self.counts[(kind, rc if ok else "traceback")] += 1
-        if not ok and len(self.tracebacks) < 20:
-            self.tracebacks.append(f"[{kind}] {str(rc)[:1500]}\ncase: {case[:1500]}")
+        outcome = "payload" if _payload_ran() else rc if ok else "hang" if rc == "hang" else "traceback"
+        self.counts[(kind, outcome)] += 1
+        if outcome not in (OK, USER_ERROR) and len(self.tracebacks) < 20:
+            self.tracebacks.append(f"[{kind}] {outcome}: {str(rc)[:1500]}\ncase: {case[:1500]}")
 
     @property
     def n(self) -> int:
@@ -83,6 +115,17 @@ class Tally:
     @property
     def n_tracebacks(self) -> int:
         return sum(v for (_, rc), v in self.counts.items() if rc == "traceback")
+
+    def total(self, outcome: str) -> int:
+        return sum(v for (_, rc), v in self.counts.items() if rc == outcome)
+
+
+def _payload_ran() -> bool:
+    """A hostile value's ``$(touch PWNED)`` ran somewhere a case could have put it (the working dir)."""
+    found = Path("PWNED").exists()
+    if found:
+        Path("PWNED").unlink()
+    return found
 
 
 # --------------------------------------------------------------------------- values
@@ -108,7 +151,11 @@ values = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=
 
 TRL_KEYS = sorted(TRL_DEFAULTS) + ["epsilon", "epsilon_high", "report_to", "label_names", "run_name", "top_p",
                                    "top_k", "num_iterations", "bf16", "use_cpu", "max_prompt_length",
-                                   "use_vllm", "loss_type", "lr_scheduler_type", "data_seed", "eval_steps"]
+                                   "use_vllm", "loss_type", "lr_scheduler_type", "data_seed", "eval_steps",
+                                   # issue 30: TRL's vLLM fields and the fields that take a name
+                                   "vllm_mode", "vllm_server_port", "vllm_server_host", "vllm_group_port",
+                                   "vllm_gpu_memory_utilization", "vllm_tensor_parallel_size", "vllm_server_base_url",
+                                   "vllm_server_timeout", "scale_rewards", "optim", "save_strategy"]
 CONFIG_KEYS = sorted(FIELDS) + TRL_KEYS + ["task", "model", "output_dir", "not_a_key", "task.digits"]
 
 
@@ -117,6 +164,11 @@ def _plausible(key: str) -> st.SearchStrategy:
     if key in ("task",):
         return st.one_of(st.sampled_from(["arithmetic", "math", "nope"]),
                          st.fixed_dictionaries({}, optional={k: values for k in ["name", *TASK_FIELDS["arithmetic"]]}))
+    if key in ("use_vllm",):
+        return st.one_of(st.booleans(), values)
+    if key in ("vllm_mode", "scale_rewards", "optim", "report_to", "lr_scheduler_type"):
+        return st.one_of(st.sampled_from(["server", "colocate", "group", "batch", "none", "adamw_torch", "cosine",
+                                          "tensorboard", "bogus", True, False]), values)
     if key == "model":
         return st.one_of(st.just("tiny"), hostile_text,
                          st.fixed_dictionaries({}, optional={k: st.one_of(st.integers(-1, 300), values)
@@ -162,11 +214,24 @@ spec_dicts = st.fixed_dictionaries(
               "include": st.one_of(st.lists(config_dicts, max_size=2), values),
               "exclude": st.one_of(st.lists(config_dicts, max_size=2), values),
               "description": values, "search": values, "bogus": values})
+_server = st.fixed_dictionaries({}, optional={
+    "gpus": st.one_of(st.integers(-1, 3), values), "port": st.one_of(st.just("auto"), st.integers(0, 70000), values),
+    "args": st.one_of(st.lists(hostile_text, max_size=3), hostile_text, values),
+    "env": st.one_of(st.dictionaries(st.sampled_from(["VLLM_X", "BASH_ENV", "ENV", "LD_PRELOAD", "A B", "X"]),
+                                     st.one_of(hostile_text, numbers), max_size=2), values),
+    "startup_timeout_s": st.one_of(numbers, values)})
+vllm_servers = st.one_of(st.fixed_dictionaries({}, optional={"policy": _server, "ref": _server,
+                                                            "command": st.one_of(hostile_text, st.lists(hostile_text))}),
+                         values)
+_export = st.builds(lambda a, b: f"ALL,{a}={b}", st.sampled_from(["BASH_ENV", "ENV", "FOO", "BASH_FUNC_x%%",
+                                                                  "LD_PRELOAD"]), hostile_text)
 profile_dicts = st.dictionaries(st.sampled_from([*PROFILE_FIELDS, "bogus"]), st.none(), max_size=6).flatmap(
-    lambda keys: st.fixed_dictionaries({k: (st.dictionaries(hostile_text, scalars, max_size=2)
+    lambda keys: st.fixed_dictionaries({k: (st.one_of(st.dictionaries(hostile_text, scalars, max_size=2),
+                                                      st.fixed_dictionaries({"export": _export}))
                                             if k == "sbatch" else st.lists(hostile_text, max_size=2)
                                             if k == "setup" else st.sampled_from(["slurm", "local"])
-                                            if k == "executor" else st.one_of(numbers, hostile_text, scalars))
+                                            if k == "executor" else vllm_servers
+                                            if k == "vllm_servers" else st.one_of(numbers, hostile_text, scalars))
                                         for k in keys}))
 recipe_dicts = st.fixed_dictionaries(
     {"runs": st.one_of(st.just(["RUNS"]), st.just(["RUNS"]), st.just(["RUNS"]), values)},
@@ -198,10 +263,13 @@ metric_rows = st.fixed_dictionaries(
 metrics_damage = st.lists(st.one_of(metric_rows.map(lambda r: json.dumps(r, default=repr).encode()),
                                     st.binary(max_size=12), st.just(b'{"step": 3, "val/ac')),
                           max_size=8).map(b"\n".join)
+_deep = st.integers(1, 4).map(  # 10^5 crashes pyarrow in-process: fuzz_surfaces has that case
+    lambda k: b'{"step": 1, "x": ' + b"[" * 10**k + b"]" * 10**k + b"}")
 run_damage = st.fixed_dictionaries({}, optional={
-    "status.json": _status_damage(), "metrics.jsonl": metrics_damage,
+    "status.json": st.one_of(_status_damage(), _deep), "metrics.jsonl": st.one_of(metrics_damage, _deep),
     "config.yaml": st.one_of(config_dicts.map(lambda d: yaml_text(d)), st.binary(max_size=20)),
-    "directory": st.sampled_from(["status.json", "metrics.jsonl", "config.yaml"])})
+    "directory": st.sampled_from(["status.json", "metrics.jsonl", "config.yaml"]),
+    "owner.lock": st.sampled_from(["directory", "fifo", "symlink"])})
 
 
 # --------------------------------------------------------------------------- the cases
@@ -260,6 +328,17 @@ def case_run_dir(ws: Workspace, damage: dict, command: str) -> tuple[list[str], 
         if name == "directory":
             (victim / content).unlink(missing_ok=True)
             (victim / content).mkdir(exist_ok=True)
+        elif name == "owner.lock":  # with a "running" status, so that status looks for its owner
+            lock = victim / "owner.lock"
+            if content == "directory":
+                lock.mkdir()
+            elif content == "fifo":
+                os.mkfifo(lock)
+            else:
+                lock.symlink_to(victim / "config.yaml")
+            status = victim / "status.json"
+            if status.is_file() and not status.is_symlink():
+                status.write_text(json.dumps({"state": "running", "attempt": 1}))
         elif (victim / name).is_file() or not (victim / name).exists():
             (victim / name).write_bytes(content)
     argv = ["status", str(sweep)] if command == "status" else ["report", str(sweep), "--out", str(d / "rep"),

@@ -6,7 +6,9 @@ exactly the metrics of an uninterrupted one. Knobs (env): ARMORLAB_STANDIN_STEP_
 step (default 0.02); ARMORLAB_STANDIN_HOLD_AT = a step at which the run parks until it is stopped
 (a signal or a stop request), so a test that interrupts it mid-run never races a fast finish on a busy
 machine. A run whose model name is neither "tiny" nor a directory holding a file ``standin-model``
-fails like a missing model would. A run that continues from another (``init_from``) records the
+fails like a missing model would. ARMORLAB_STANDIN_VAL_LEVELS = JSON {objective: [level, spread]}
+makes every val/acc of a run of that objective ``val_level(seed, level, spread)`` (flat curves whose
+final level is known exactly: tests of verdicts). A run that continues from another (``init_from``) records the
 state of that run when it started in ``standin_parent.json``. Started by a job with vLLM servers ($ARMORLAB_VLLM_ENDPOINTS), it records what it got
 in ``standin_trainer.json`` and fails like TRL's client would when the policy server stops answering.
 """
@@ -38,6 +40,12 @@ def answers(port: int) -> bool:
 
 def metric(seed: int, step: int, salt: int) -> float:
     return ((seed * 7919 + step * 104729 + salt * 31) % 1000) / 1000.0
+
+
+def val_level(seed: int, level: float, spread: float) -> float:
+    """A run's flat val/acc under ARMORLAB_STANDIN_VAL_LEVELS: the level, moved by spread × (u − ½)
+    with u = metric(seed, 0, 1) in [0, 1)."""
+    return level + spread * (metric(seed, 0, 1) - 0.5)
 
 
 def job_id() -> str | None:
@@ -75,11 +83,20 @@ def main() -> int:
         rd.write_status("failed", reason=f"cannot load model {cfg['model']['name']!r}")
         return 1
     seed, max_steps = cfg["seed"], cfg["max_steps"]
+    levels = json.loads(os.environ.get("ARMORLAB_STANDIN_VAL_LEVELS") or "{}")
+    if cfg.get("objective") in levels:
+        flat = val_level(seed, *levels[cfg["objective"]])
+
+        def val(step: int) -> float:
+            return flat
+    else:
+        def val(step: int) -> float:
+            return metric(seed, step, 1)
     val_every, save_steps = cfg["val_every"], cfg.get("save_steps") or max_steps
     last = rd.last_checkpoint()
     step = json.loads((last / "state.json").read_text())["step"] if last else 0
     if step == 0 and val_every:
-        rd.append_metrics(0, {"val/acc": metric(seed, 0, 1)})
+        rd.append_metrics(0, {"val/acc": val(0)})
 
     def save(at: int) -> None:
         ck = rd.checkpoints_dir / f"checkpoint-{at}"
@@ -97,7 +114,7 @@ def main() -> int:
         step += 1
         row = {"train/reward": metric(seed, step, 0)}
         if val_every and step % val_every == 0:
-            row["val/acc"] = metric(seed, step, 1)
+            row["val/acc"] = val(step)
         rd.append_metrics(step, row)
         if step % save_steps == 0:
             save(step)

@@ -29,6 +29,16 @@ def standin_metric(seed: int, step: int, salt: int) -> float:
     return ((seed * 7919 + step * 104729 + salt * 31) % 1000) / 1000.0
 
 
+# flat val/acc levels of the stand-in (ARMORLAB_STANDIN_VAL_LEVELS) for tests of `--until-resolved`:
+# armor is resolved against dapo at the first look (seeds 0-2), up at the second (seeds 0-4)
+VAL_LEVELS = {"dapo": [0.5, 0.02], "armor": [0.9, 0.02], "up": [0.55, 0.02]}
+
+
+def standin_val_level(seed: int, level: float, spread: float) -> float:
+    """The stand-in's flat val/acc under ARMORLAB_STANDIN_VAL_LEVELS, restated."""
+    return level + spread * (((seed * 7919 + 31) % 1000) / 1000.0 - 0.5)
+
+
 def records(path: Path) -> list[dict]:
     """What the stand-in servers recorded in ``path`` ($STANDIN_SERVER_DIR), in start order."""
     found = [json.loads(p.read_text()) for p in path.glob("*.json")]

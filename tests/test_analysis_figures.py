@@ -1,16 +1,13 @@
-"""Report figures: drawn in a worker process they are the very files drawn in-process, the worker
-falling over only moves the drawing, the layout that replaced bbox_inches="tight" keeps every
-legend on the canvas, and the hard-coded group palette is matplotlib's."""
+"""Report figures: the layout that replaced bbox_inches="tight" keeps every legend on the canvas,
+onset labels give way when they would overlap, bands are drawn as polygons, and the hard-coded
+group palette is matplotlib's."""
 
-import os
-import time
-from concurrent.futures import Future
 
 import numpy as np
 import pytest
 
-from armorlab.analysis import figure_worker as W
-from armorlab.analysis import memo, plots
+from armorlab.analysis import panels as P
+from armorlab.analysis import plots
 from armorlab.analysis import report as R
 from armorlab.analysis.recipe import Recipe
 from armorlab.analysis.stats import CurveBand
@@ -31,155 +28,6 @@ def _sweep(root, groups=3, seeds=2):
                 rd.append_metrics(s, m)
             rd.write_status("completed")
     return root
-
-
-@pytest.mark.slow
-def test_figures_from_the_worker_are_the_files_drawn_in_process(tmp_path):
-    sweep = _sweep(tmp_path / "sw")
-    recipe = Recipe(runs=[str(sweep)], group_by=["alpha"])
-    here = R.build_report(recipe, tmp_path / "here", cache=False, figure_worker=False)
-    there = R.build_report(recipe, tmp_path / "there", figure_worker=True)
-    assert [p.name for p in here.plots] == [p.name for p in there.plots]
-    assert {"val.png", "ablation.png", "kl.png", "overoptimisation.png"} <= {p.name for p in there.plots}
-    for a, b in zip(here.plots, there.plots, strict=True):
-        assert a.read_bytes() == b.read_bytes(), a.name
-    assert (tmp_path / "here" / "index.html").read_text().count("<img") == \
-        (tmp_path / "there" / "index.html").read_text().count("<img")
-    # the worker's PNGs are recorded in the memo like in-process ones: not drawn again
-    stamps = {p: p.stat().st_mtime_ns for p in there.plots}
-    (tmp_path / "there" / ".armorlab-report.json").unlink()   # force a rebuild, not a freshness skip
-    again = R.build_report(recipe, tmp_path / "there", figure_worker=True)
-    assert {p: p.stat().st_mtime_ns for p in again.plots} == stamps
-
-
-def test_a_dead_worker_leaves_the_figure_to_the_main_process(tmp_path):
-    drawn = []
-
-    def plot(values, path):
-        drawn.append(path)
-        path.write_text(str(values))
-        return path
-
-    future = Future()
-    future.set_exception(W.WorkerDied("figure worker exited with -9"))
-    fallback = W.Fallback(future, plot, ([1, 2], tmp_path / "f.png"), {})
-    assert fallback.result() == tmp_path / "f.png" and drawn == [tmp_path / "f.png"]
-    future = Future()
-    future.set_exception(ValueError("a bug in the figure"))                # not the worker's fault: raised
-    with pytest.raises(ValueError):
-        W.Fallback(future, plot, ([1], tmp_path / "g.png"), {}).result()
-    worker = W.FigureWorker(enabled=False)
-    assert worker.proc is None and worker.submit(plot, [3], tmp_path / "h.png").result() == tmp_path / "h.png"
-
-
-@pytest.mark.slow
-def test_a_killed_worker_process_still_gets_every_figure_drawn(tmp_path):
-    steps = np.arange(0, 10.0)
-    bands = {"g": CurveBand(steps, steps / 10, steps / 10 - 0.1, steps / 10 + 0.1, np.full(10, 3))}
-    args = ({"kl/reverse_k3": bands},)
-    kwargs = {"legend_title": "group", "colors": plots.group_colors(["g"])}
-    worker = W.FigureWorker(enabled=True)
-    try:
-        first = worker.draw(plots.plot_kl, *args, tmp_path / "a.png", **kwargs)   # pending when killed
-        worker.proc.kill()
-        worker.proc.wait()
-        second = worker.draw(plots.plot_kl, *args, tmp_path / "b.png", **kwargs)  # after: drawn here
-        assert first() == tmp_path / "a.png" and second() == tmp_path / "b.png"
-        assert (tmp_path / "a.png").stat().st_size > 0 and (tmp_path / "b.png").stat().st_size > 0
-    finally:
-        worker.close()
-
-
-def _dies_outside(main_pid, path):
-    """A figure whose process dies without answering, except in the main process."""
-    if os.getpid() != main_pid:
-        os._exit(3)
-    path.write_text("drawn here")
-    return path
-
-
-def _meet(mine, theirs, path):
-    """A figure that finishes only once the other one has started: drawn one after the other,
-    the first would wait in vain."""
-    mine.touch()
-    deadline = time.monotonic() + 20
-    while not theirs.exists():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{theirs} never appeared: figures drawn one at a time")
-        time.sleep(0.01)
-    path.write_text(str(os.getpid()))
-    return path
-
-
-@pytest.mark.slow
-def test_figures_draw_side_by_side_and_a_dead_figure_process_falls_back(tmp_path):
-    a, b = tmp_path / "a.started", tmp_path / "b.started"
-    worker = W.FigureWorker(enabled=True)
-    try:
-        one = worker.submit(_meet, a, b, tmp_path / "one.png")
-        two = worker.submit(_meet, b, a, tmp_path / "two.png")
-        dead = worker.submit(_dies_outside, os.getpid(), tmp_path / "dead.png")
-        assert one.result() == tmp_path / "one.png" and two.result() == tmp_path / "two.png"
-        pids = {(tmp_path / f).read_text() for f in ("one.png", "two.png")}
-        assert len(pids) == 2 and str(os.getpid()) not in pids      # two processes, neither this one
-        assert dead.result() == tmp_path / "dead.png" and (tmp_path / "dead.png").read_text() == "drawn here"
-        assert worker.proc.poll() is None                            # the worker itself lives on
-    finally:
-        worker.close()
-
-
-def _writes(path):
-    path.write_text(str(os.getpid()))
-    return path
-
-
-def test_without_fork_the_worker_draws_the_figure_itself(tmp_path, monkeypatch):
-    monkeypatch.delattr(W.os, "fork")
-    r, w = os.pipe()
-    try:
-        msg = (7, _writes.__module__, _writes.__qualname__, (tmp_path / "f.png",), {})
-        assert W._fork_figure(msg, w, {}) is None                     # answered, no child
-        with os.fdopen(r, "rb") as answers:
-            os.close(w)
-            w = None
-            assert W._recv(answers) == (7, True, tmp_path / "f.png")
-        assert (tmp_path / "f.png").read_text() == str(os.getpid())
-    finally:
-        if w is not None:
-            os.close(w)
-
-
-def test_memo_keys_do_not_depend_on_object_sharing():
-    # the same values, one label shared between two arguments or copied: the same key
-    label = "alpha=0.5"
-    copy = "".join(["alpha=", "0.5"])
-    assert label == copy and label is not copy
-    assert memo._key(len, ({label: 1}, [label]), {}) == memo._key(len, ({label: 1}, [copy]), {})
-    assert memo._key(len, ({label: 1}, [label]), {}) != memo._key(len, ({label: 2}, [label]), {})
-
-
-def test_rendered_later_submits_misses_only(tmp_path):
-    drawn = []
-
-    @memo.rendered
-    def figure(values, path):
-        drawn.append(list(values))
-        path.write_text(str(values))
-        return path
-
-    submitted = []
-
-    def submit(fn, *args, **kwargs):
-        submitted.append(fn)
-        return memo._call_now(fn, *args, **kwargs)
-
-    store, png = tmp_path / "memo.pickle", tmp_path / "f.png"
-    with memo.using(store):
-        assert figure.later(submit, [1], png)() == png
-    assert len(submitted) == 1 and submitted[0] is figure.__wrapped__   # the plain function is sent
-    with memo.using(store):
-        assert figure.later(submit, [1], png)() == png                 # a hit: nothing submitted
-    assert len(submitted) == 1 and drawn == [[1]]
 
 
 def _bands(groups, label_len=0, scale=1.0, steps=100):
@@ -231,18 +79,30 @@ def test_legends_stay_on_the_canvas(tmp_path, groups, panels, label_len):
     kw = {"legend_title": "alpha, ref_reset_steps", "colors": colors}
     grid = {f"metric/number_{k}": _bands(groups, label_len, scale=scales[k]) for k in range(panels)}
     plots._save = spy
+    P._save = spy
     try:
-        plots.plot_curves.__wrapped__(_bands(groups, label_len), "val/acc", tmp_path / "val.png",
+        plots.plot_curves(_bands(groups, label_len), "val/acc", tmp_path / "val.png",
                                       matched_steps=[50], **kw)
-        plots.plot_overoptimisation.__wrapped__(_bands(groups, label_len), _bands(groups, label_len, scale=3.0),
+        # the first figure: one panel per arm against the first group, and with no baseline
+        bands = _bands(groups, label_len)
+        first = next(iter(bands))
+        markers = {g: [(30, 0.5, "−3.1 SE")] for g in bands}
+        noise = {g: (b.steps, np.full(b.steps.size, 0.02)) for g, b in bands.items()}
+        P.plot_arms(bands, "val/acc", tmp_path / "arms.png", colors=colors, baseline=first,
+                                     verdicts={g: "not resolved" for g in bands}, markers=markers,
+                                     matched_steps=[50], noise=noise, verdict_of="final val/acc")
+        P.plot_arms(bands, "val/acc", tmp_path / "arms_all.png", colors=colors,
+                                     markers=markers, matched_steps=[50])
+        P.plot_overoptimisation(_bands(groups, label_len), _bands(groups, label_len, scale=3.0),
                                                 "train/reward", "val/acc", tmp_path / "over.png", **kw)
-        plots.plot_kl.__wrapped__({m: _bands(groups, label_len) for m in ("kl/reverse_k3", "kl/forward_k3",
+        plots.plot_kl({m: _bands(groups, label_len) for m in ("kl/reverse_k3", "kl/forward_k3",
                                                                            "kl/exact_reverse")[:min(panels, 3)]},
                                   tmp_path / "kl.png", **kw)
-        plots.plot_curve_grid.__wrapped__(grid, tmp_path / "grid.png", **kw)
+        plots.plot_curve_grid(grid, tmp_path / "grid.png", **kw)
     finally:
         plots._save = real_save
-    assert set(seen) == {"val.png", "over.png", "kl.png", "grid.png"}
+        P._save = real_save
+    assert set(seen) == {"val.png", "over.png", "kl.png", "grid.png", "arms.png", "arms_all.png"}
     for name, (outside, overlaps) in seen.items():
         assert not outside and not overlaps, (name, outside, overlaps)
     assert Image.open(tmp_path / "val.png").size[0] > 0
@@ -271,7 +131,7 @@ def test_ablation_figure_stays_on_the_canvas(tmp_path, xs, hues):
 
     plots._save = spy
     try:
-        plots.plot_ablation.__wrapped__(rows, per_run, scores, {"test_acc": "test/acc @ val-best step"}, "alpha",
+        plots.plot_ablation(rows, per_run, scores, {"test_acc": "test/acc @ val-best step"}, "alpha",
                                         ["ref_reset_steps"] if hues else [], tmp_path / "ablation.png",
                                         colors=plots.group_colors([r["group"] for r in rows]))
     finally:
@@ -292,10 +152,10 @@ def test_group_palette_is_matplotlibs():
 def test_onset_labels_give_way_to_the_runs_table_when_they_would_overlap(tmp_path, monkeypatch):
     sweep = _sweep(tmp_path / "sw")                       # alpha=0.5's two seeds collapse: 2 onsets
     recipe = Recipe(runs=[str(sweep)], group_by=["alpha"])
-    R.build_report(recipe, tmp_path / "few", cache=False, figure_worker=False)
+    R.build_report(recipe, tmp_path / "few", cache=False)
     assert "labelled with how many SEs" in (tmp_path / "few" / "index.html").read_text()
     monkeypatch.setattr(R, "MAX_ONSET_LABELS", 1)
-    R.build_report(recipe, tmp_path / "many", cache=False, figure_worker=False)
+    R.build_report(recipe, tmp_path / "many", cache=False)
     page = (tmp_path / "many" / "index.html").read_text()
     assert "unlabelled at 2 onsets" in page and "collapse_z in the Runs table" in page
     assert "labelled with how many SEs" not in page

@@ -1,13 +1,11 @@
-"""A report re-run on unchanged inputs is skipped (freshness stamp), and within a rebuilt report
-the steps whose inputs did not change are reused (memo): each case changes exactly one input."""
+"""A report re-run on unchanged inputs is skipped (freshness stamp: each case changes exactly one
+input), and a report rebuilt after one run moved is the report written from scratch."""
 
 import os
 import subprocess
 import sys
 
-import numpy as np
-
-from armorlab.analysis import freshness, memo
+from armorlab.analysis import freshness
 from armorlab.analysis import report as R
 from armorlab.analysis.recipe import Recipe
 from armorlab.core.config import resolve
@@ -86,86 +84,17 @@ def test_cli_skips_a_fresh_report_without_importing_pandas(tmp_path):
     assert first.stdout.split()[0] == again.stdout.split()[0]  # the same index.html
 
 
-def test_cached_function_reuses_results_by_argument_value(tmp_path):
-    calls = []
-
-    @memo.cached
-    def spread(x, *, scale=1.0):
-        calls.append(1)
-        return float(np.ptp(x)) * scale
-
-    a = np.array([1.0, 4.0, 2.0])
-    assert spread(a) == 3.0 and spread(a) == 3.0 and len(calls) == 2  # no store: plain calls
-    store = tmp_path / "memo.pickle"
-    with memo.using(store):
-        assert spread(a) == 3.0 and spread(a.copy()) == 3.0 and len(calls) == 3   # same values: one call
-        assert spread(a, scale=2.0) == 6.0 and len(calls) == 4                    # other argument: a call
-    with memo.using(store):  # a new report: last report's results come from the store
-        assert spread(np.array([1.0, 4.0, 2.0])) == 3.0 and len(calls) == 4
-    with memo.using(store):  # the store keeps what the last report used only
-        pass
-    with memo.using(store):
-        spread(a)
-    assert len(calls) == 5
-    store.write_bytes(b"not a pickle")  # a damaged store is an empty one
-    with memo.using(store):
-        assert spread(a) == 3.0 and len(calls) == 6
-
-
-def test_rendered_skips_a_figure_only_while_its_file_is_as_written(tmp_path):
-    drawn = []
-
-    @memo.rendered
-    def figure(values, path, *, title):
-        drawn.append(title)
-        path.write_text(f"{title}:{list(values)}")
-        return path
-
-    store, png = tmp_path / "memo.pickle", tmp_path / "f.png"
-    for _ in range(2):
-        with memo.using(store):
-            figure([1, 2], png, title="a")
-    assert drawn == ["a"]
-    with memo.using(store):
-        figure([1, 3], png, title="a")       # new data: drawn again
-    assert drawn == ["a", "a"] and png.read_text() == "a:[1, 3]"
-    png.write_text("edited by hand")
-    with memo.using(store):
-        figure([1, 3], png, title="a")       # the file is not what we wrote: drawn again
-    assert len(drawn) == 3 and png.read_text() == "a:[1, 3]"
-
-
-def test_rebuilt_report_reuses_unchanged_groups_and_matches_a_fresh_one(tmp_path):
+def test_rebuilt_report_after_one_run_moved_matches_a_fresh_one(tmp_path):
     sweep = _sweep(tmp_path / "sw", n=6)
     out, fresh = tmp_path / "rep", tmp_path / "fresh"
     recipe = Recipe(runs=[str(sweep)], group_by=["objective"])
     R.build_report(recipe, out)
     first = (out / "tables" / "groups.csv").read_text()
-    # one armor run moves: the dapo group's statistics come from the memo, the armor ones do not
+    # one armor run moves: its metrics are parsed again, the others come from the metrics cache
     armor = next(p for p in sweep.iterdir()
                  if (p / "config.yaml").is_file() and "armor" in (p / "config.yaml").read_text())
     RunDir(armor).append_metrics(20, {"val/acc": 0.9, "test/acc": 0.7, "train/reward": 1.0})
-    counts = {}
-    real_using = memo.using
-
-    def spy(path, **kw):
-        cm = real_using(path, **kw)
-
-        class Wrap:
-            def __enter__(self):
-                counts["store"] = cm.__enter__()
-                return counts["store"]
-
-            def __exit__(self, *exc):
-                return cm.__exit__(*exc)
-        return Wrap()
-
-    R.memo.using = spy
-    try:
-        R.build_report(recipe, out)
-    finally:
-        R.memo.using = real_using
-    assert counts["store"].hits > 0 and counts["store"].misses > 0
+    R.build_report(recipe, out)
     R.build_report(recipe, fresh, cache=False)
     again = (out / "tables" / "groups.csv").read_text()
     assert again != first and again == (fresh / "tables" / "groups.csv").read_text()

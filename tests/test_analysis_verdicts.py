@@ -39,17 +39,17 @@ def _recipe(sweep, **compare):
 
 @pytest.fixture(scope="module")
 def result(sweep, tmp_path_factory):
-    return R.build_report(_recipe(sweep), tmp_path_factory.mktemp("out") / "report", figure_worker=False)
+    return R.build_report(_recipe(sweep), tmp_path_factory.mktemp("out") / "report")
 
 
 def test_verdicts_open_the_page_and_the_summary(result):
     html = result.index.read_text()
-    assert html.index("<h2>Verdicts</h2>") < html.index("<h2>Warnings</h2>") < html.index("Results per group")
+    assert html.index("<h2>Verdict</h2>") < html.index("<h2>Warnings</h2>") < html.index("Results per group")
     # final levels (mean of the last 3 evals): dapo 0.2 in every seed; armor 0.5 + k/30, k = 0, 1, 2.
     # Welch: d = 0.3333, se = s_armor/√3 = (1/30)/√3, ν = 2 (dapo has no spread), t_{2, 0.975} = 4.3027
     half = 4.302653 * (1 / 30) / math.sqrt(3)
     assert 0.3333 - half == pytest.approx(0.2505, abs=1e-4)
-    sentence = "objective=armor vs objective=dapo: +0.333 [+0.251, +0.416] final val/acc — better, resolved with 3 seeds per arm"
+    sentence = "armor vs dapo: +0.333 [+0.251, +0.416] final val/acc — better, resolved with 3 seeds per arm"
     assert result.verdicts == [sentence]
     assert R.result_summary(result)["verdicts"] == [sentence]
     assert sentence in html
@@ -71,7 +71,7 @@ def test_every_endpoint_is_judged(result):
 
 
 def test_unresolved_comparisons_cost_runs_and_hours(sweep, tmp_path):
-    res = R.build_report(_recipe(sweep, endpoints=["selected_test"], delta=0.2), tmp_path / "r", figure_worker=False)
+    res = R.build_report(_recipe(sweep, endpoints=["selected_test"], delta=0.2), tmp_path / "r")
     rows = pd.read_csv(tmp_path / "r" / "tables" / "verdicts.csv")
     need = int(rows.loc[0, "seeds_needed"])
     assert need > 3
@@ -82,14 +82,13 @@ def test_unresolved_comparisons_cost_runs_and_hours(sweep, tmp_path):
 
 
 def test_a_baseline_named_by_its_group_label(sweep, tmp_path):
-    res = R.build_report(_recipe(sweep, baseline="objective=dapo", endpoints=["final"]), tmp_path / "r",
-                         figure_worker=False)
-    assert res.verdicts[0].startswith("objective=armor vs objective=dapo: +0.333")
+    res = R.build_report(_recipe(sweep, baseline="objective=dapo", endpoints=["final"]), tmp_path / "r")
+    assert res.verdicts[0].startswith("armor vs dapo: +0.333")
     with pytest.raises(ArmorLabError, match="compare.baseline"):
-        R.build_report(_recipe(sweep, baseline="objective=ppo"), tmp_path / "x", figure_worker=False)
+        R.build_report(_recipe(sweep, baseline="objective=ppo"), tmp_path / "x")
     for bad in ("nonsense", "run_id", "seed"):   # not a column; a column, but not a score
         with pytest.raises(ArmorLabError, match="compare.endpoints"):
-            R.build_report(_recipe(sweep, endpoints=["final", bad]), tmp_path / "y", figure_worker=False)
+            R.build_report(_recipe(sweep, endpoints=["final", bad]), tmp_path / "y")
 
 
 def test_no_eval_size_means_no_default_delta(tmp_path):
@@ -100,7 +99,7 @@ def test_no_eval_size_means_no_default_delta(tmp_path):
             for s in range(5):   # no val/n logged
                 rd.append_metrics(s, {"val/acc": level})
             rd.write_status("completed")
-    res = R.build_report(_recipe(root, endpoints=["final"]), tmp_path / "r", figure_worker=False)
+    res = R.build_report(_recipe(root, endpoints=["final"]), tmp_path / "r")
     assert any("no δ" in w and "compare.delta" in w for w in res.warnings)
-    assert res.verdicts == ["objective=armor vs objective=dapo: +0.005 [−0.203, +0.213] final val/acc — not "
+    assert res.verdicts == ["armor vs dapo: +0.005 [−0.203, +0.213] final val/acc — not "
                             "resolved with 2 seeds per arm (no δ: set compare.delta to plan seeds)"]

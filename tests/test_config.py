@@ -1,6 +1,7 @@
 import dataclasses
 
 import pytest
+from model_dirs import fake_model_dir
 
 from armorlab.core.config import (
     load_config,
@@ -43,7 +44,7 @@ def test_short_and_dotted_sections(tmp_path):
     assert over == {"task": {"digits": 3}, "alpha": 0.7, "model": "tiny"}
     cfg = resolve({"objective": "armor", **over})
     assert cfg["task"]["digits"] == 3 and cfg["alpha"] == 0.7
-    (tmp_path / "config.json").write_text("{}")
+    fake_model_dir(tmp_path)
     model = resolve({"model": str(tmp_path)})["model"]
     assert model["name"] == str(tmp_path) and set(model) == {"name", "fingerprint"}
 
@@ -109,7 +110,18 @@ def test_shipped_grpo_field_kinds_match_installed_trl():
             assert int in args and float not in args and str not in args, f.name
         if kinds[f.name].startswith("bool"):
             assert args - {type(None)} == {bool}, f.name
+        if kinds[f.name].startswith("map"):
+            assert any(a is dict or typing.get_origin(a) is dict for a in args), f.name
         assert kinds[f.name].endswith("?") == (type(None) in args and kinds[f.name] != "any"), f.name
+
+
+def test_mapping_fields_take_a_yaml_mapping_or_its_json_text():
+    # model_init_kwargs is `dict | str | None` in GRPOConfig: the paper configs load bf16 weights with it
+    cfg = resolve({"model_init_kwargs": {"dtype": "bfloat16"}, "generation_kwargs": '{"min_new_tokens": 2}'})
+    assert cfg["model_init_kwargs"] == {"dtype": "bfloat16"}
+    assert cfg["generation_kwargs"] == '{"min_new_tokens": 2}'
+    with pytest.raises(ArmorLabError, match="must be a mapping.*model_init_kwargs"):
+        resolve({"model_init_kwargs": ["dtype", "bfloat16"]})
 
 
 def test_trl_numbers_are_normalised_so_equal_values_share_a_run_id():

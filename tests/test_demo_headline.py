@@ -101,7 +101,7 @@ def test_demo_report_leads_with_the_headline(tmp_path):
     result = build_report(demo_recipe(dirs), tmp_path / "report", cache=False, lead=headline_section(state),
                           names=group_names)
     html = result.index.read_text()
-    assert html.index("<h2>Verdicts</h2>") < html.index("Headline: does validation collapse") < html.index(
+    assert html.index("<h2>Verdict</h2>") < html.index("Headline: does validation collapse") < html.index(
         "Results per group")
     # final levels 0.57 (dapo) and 0.783 (armor) in both seeds: no spread, so the difference is exact
     assert result.verdicts == ["armor vs dapo: +0.213 [+0.213, +0.213] final val/acc — better, resolved with "

@@ -27,3 +27,40 @@ def test_reference_reset_of_a_sharded_policy_copies_full_weights(tmp_path):
     assert sorted(saved) == sorted(policy)
     for k, v in policy.items():
         assert saved[k].shape == v.shape and torch.equal(saved[k], v), k  # whole tensors, not shards
+
+
+def test_sharded_ranks_stay_in_step_reset_by_local_shards_and_push_whole_tensors(tmp_path):
+    """Issue 25 §2 on 2 gloo processes (tests/fsdp_ranks_support.py says what each step does).
+
+    Before: process 1, whose anchors were all cached, skipped sampling while process 0's sharded
+    π_ref waited in its forward's all-gather (a hang: the script's ``nosync`` mode still does; the
+    timeout turns a regression into a failure), a reset gathered the full model on every process,
+    and the colocated push handed vLLM DTensors ("mixed torch.Tensor and DTensor").
+    """
+    import subprocess
+
+    from tests.trainer_support import resolved, tokenizer_for
+
+    tokenizer_for(resolved())
+    try:
+        proc = torchrun(2, str(HERE / "fsdp_ranks_support.py"), str(tmp_path), timeout=420)
+    except subprocess.TimeoutExpired:
+        raise AssertionError("the processes hung: one of them skipped a collective forward") from None
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r0, r1 = (json.loads((tmp_path / f"result-r{r}.json").read_text()) for r in (0, 1))
+    # 1. process 0: 3 prompts × (1 + 1 + 2) draws, never correct; process 1 drew nothing but took part
+    #    in all 3 rounds and in as many generate calls (chunks of 2 rows: 2 + 2 + 3 for 3, 3, 6 rows)
+    assert r0["anchors"] == {"generated": 12, "rounds": 3, "generate_calls": 7, "cached": [False] * 3}
+    assert r1["anchors"] == {"generated": 0, "rounds": 3, "generate_calls": 7, "cached": [True] * 2}
+    # 2. the probe counted process 0's 5 sequences (3 forwards of 2 rows; process 1 scored dummies)
+    assert (r0["probe"], r1["probe"]) == ({"count": 5.0, "finite": True}, {"count": 0.0, "finite": True})
+    assert r0["validation"] == {"prompts": 3, "generate_calls": 3} and r1["validation"] == {"prompts": 1,
+                                                                                          "generate_calls": 3}
+    for r in (r0, r1):
+        # 3. π_ref equals the trained policy, copied without a single whole-tensor gather
+        assert r["reset"] == {"equal": True, "moved": True, "gathers": [], "sharded": True}
+        # 4. the old push's error, and the new one: streamed, whole plain tensors, equal to π_ref
+        assert "mixed torch.Tensor and DTensor" in r["old_push_error"]
+        assert r["colocate_push"] == {"streamed": True, "resets": 1, "equal": True}
+    assert r0["server_push"] == {"equal": True, "meta_full_shapes": True, "resets": 1}
+    assert "server_push" not in r1  # only process 0 talks to the server

@@ -1,6 +1,7 @@
-"""Fuzzing as tests (issue 13 §4): generated configs, specs, profiles, recipes and damaged run dirs
-must end in exit 0 or 2, never a traceback. CI runs a small sample; benchmarks/fuzz.py runs
-≥ 10,000 cases of the same strategies (tests/fuzz_cases.py)."""
+"""Fuzzing as tests (issues 13 §4 and 30): generated configs, specs, profiles, recipes and damaged run
+dirs must end in exit 0 or 2, never a traceback; and a sample of the campaign's named cases over the
+surfaces added since (tests/fuzz_surfaces.py) end as each expects. CI runs these samples;
+benchmarks/fuzz.py runs ≥ 10,000 generated cases and every named one."""
 
 from __future__ import annotations
 
@@ -89,3 +90,45 @@ def test_damaged_run_dirs_never_traceback(ws, command, cfg):
         _check(tally, command, case_run_dir(ws, damage, command))
 
     run()
+
+
+# --------------------------------------------------------------------------- issue 30: named cases
+# A sample of tests/fuzz_surfaces.py (benchmarks/fuzz.py runs them all), one or two per surface, each
+# in a child process: a hang is a timeout and a crash a signal, not the end of the test session.
+SAMPLE = (
+    "owner.lock symlink (completed run)", "owner.lock FIFO: status of a running run",
+    "storage password holding '@'", "sbatch export BASH_ENV (dry run)", "NUL in vllm_servers args",
+    "vllm_servers env BASH_ENV", "a FIFO inside a save_to_disk dir", "task.path is a FIFO",
+    "model path is a symlink loop", "deep nesting in metrics.jsonl: report", "a 100 KB reason: status",
+    "one server named twice (localhost vs 127.0.0.1)", "scale_rewards: false", "three problems at once",
+    "a 5,000-digit int", "--root is a file: sweep", "status of the run dir train prints",
+    "a local dry run with a hanging scontrol",
+)
+
+
+@pytest.fixture(scope="module")
+def surfaces():
+    from fuzz_surfaces import Workspace
+
+    w = Workspace()
+    yield w
+    w.close()
+
+
+@pytest.mark.parametrize("name", SAMPLE)
+def test_named_case_ends_as_expected(surfaces, name):
+    from fuzz_surfaces import CASES, run_case
+
+    case = next(c for c in CASES if c.name == name)
+    result = run_case(surfaces, case)
+    assert result.outcome == case.expect if case.expect == "ok" else result.outcome == "error", \
+        f"{case.surface}: {name}: {result.outcome} (exit {result.rc})\n{result.tail}"
+
+
+def test_every_surface_of_the_campaign_has_cases_and_the_sample_covers_them():
+    from fuzz_surfaces import CASES, SURFACES
+
+    assert set(SURFACES) >= {"security", "data", "model", "run_dir", "vllm", "values", "disk", "new_user"}
+    assert len(CASES) >= 100 and len({c.name for c in CASES}) == len(CASES)
+    sampled = {c.surface for c in CASES if c.name in SAMPLE}
+    assert sampled >= set(SURFACES) - {"disk"}  # the full disk: tests/test_full_disk.py

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 import yaml
+from model_dirs import fake_model_dir, safetensors_bytes
 
 from armorlab.core.config import resolve
 from armorlab.core.identity import file_fingerprint, tree_fingerprint
@@ -17,13 +18,8 @@ PROBLEMS = [{"problem": f"What is {i} + {i}?", "answer": str(2 * i)} for i in ra
 
 
 def _model_dir(path, weights=b"\0" * 64):
-    """What save_pretrained leaves: config, tokenizer files, a weights file (contents do not matter here)."""
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps({"model_type": "qwen2", "hidden_size": 64}))
-    (path / "tokenizer.json").write_text(json.dumps({"model": {"type": "BPE"}}))
-    (path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>"}))
-    (path / "model.safetensors").write_bytes(weights)
-    return path
+    """What save_pretrained leaves: config, tokenizer files, a weights file (its tensors do not matter here)."""
+    return fake_model_dir(path, payload=weights)
 
 
 def _data(path, rows=PROBLEMS):
@@ -45,7 +41,7 @@ def test_run_id_follows_model_weights_tokenizer_and_data(tmp_path):
     ids = {run_id(first)}
     # rebuilt weights of the same shape and size: the mtime moves
     weights = model / "model.safetensors"
-    weights.write_bytes(b"\1" * 64)
+    weights.write_bytes(safetensors_bytes(b"\1" * 64))
     os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))
     ids.add(run_id(resolve(_cfg(model, data))))
     (model / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>"}))

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
+from model_dirs import fake_model_dir
 
 from armorlab.core.config import resolve
 from armorlab.errors import ArmorLabError
@@ -215,14 +216,12 @@ def test_other_model_names_pass_through(tmp_path, monkeypatch):
     monkeypatch.setenv("ARMORLAB_CACHE", str(tmp_path / "cache"))
     # a hub id the local HF cache holds (its layout: refs/main → snapshots/<commit>/)
     repo, commit = tmp_path / "hub" / "models--Qwen--Qwen2.5-0.5B", "a" * 40
-    (repo / "snapshots" / commit).mkdir(parents=True)
-    (repo / "snapshots" / commit / "config.json").write_text("{}")
+    fake_model_dir(repo / "snapshots" / commit)
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text(commit)
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     assert str(models.prepare_model({"name": "Qwen/Qwen2.5-0.5B"}, {"name": "arithmetic"})) == "Qwen/Qwen2.5-0.5B"
-    (tmp_path / "model").mkdir()
-    (tmp_path / "model" / "config.json").write_text("{}")
+    fake_model_dir(tmp_path / "model")
     assert models.prepare_model(str(tmp_path / "model"), "arithmetic") == tmp_path / "model"
     assert not (tmp_path / "cache").exists()  # nothing built, nothing cached
 

@@ -52,8 +52,8 @@ def _launch_with_probe(run_dir: RunDir, monkeypatch) -> DiskProbe:
     probes = []
     real = launch.build_trainer
 
-    def build_and_probe(cfg, rd, callbacks=()):
-        trainer = real(cfg, rd, callbacks)
+    def build_and_probe(cfg, rd, callbacks=(), **kw):
+        trainer = real(cfg, rd, callbacks, **kw)
         probes.append(DiskProbe(trainer, rd))
         trainer.add_callback(probes[-1])
         return trainer

@@ -12,6 +12,7 @@ import sys
 import threading
 
 import pytest
+from model_dirs import fake_model_dir
 from sweep_support import run_cli, standin_command, standin_metric, wait_for, write_spec
 
 from armorlab.core.runs import RunDir
@@ -36,8 +37,7 @@ def _spec(tmp_path, name="s", **extra):
 
 def test_local_sweep_runs_reruns_nothing_and_retries_failed(tmp_path, standin):
     broken = tmp_path / "broken-model"  # a directory the trainer cannot load: the run fails
-    broken.mkdir()
-    (broken / "config.json").write_text("{}")
+    fake_model_dir(broken, model_type="no_such_architecture")
     spec = _spec(tmp_path, include=[{"objective": "dapo", "model": str(broken)}])
     root = tmp_path / "runs"
     out = run_cli("sweep", str(spec), "--root", str(root), "--workers", "2")
@@ -225,7 +225,7 @@ def test_lost_runs_are_shown_and_resubmitted(tmp_path, standin):
 
 def test_status_and_cancel_errors(tmp_path):
     out = run_cli("status", str(tmp_path / "nope"))
-    assert out.returncode == 2 and "not a sweep directory" in out.stderr
+    assert out.returncode == 2 and "not a sweep or run directory" in out.stderr
     (tmp_path / "empty").mkdir()
     with pytest.raises(ArmorLabError):
         collect(tmp_path / "empty")

@@ -11,6 +11,7 @@ import math
 import os
 
 import pytest
+from model_dirs import fake_model_dir
 from sweep_support import (
     preempt_after_first_step,
     run_cli,
@@ -295,8 +296,7 @@ def test_real_sweep_of_six_runs_completes_and_a_rerun_submits_nothing(tmp_path, 
 
 def test_real_failed_run_is_reported_with_its_reason(tmp_path, profile, model_cache):
     broken = tmp_path / "broken-model"  # a model dir transformers cannot load: the job fails
-    broken.mkdir()
-    (broken / "config.json").write_text("{}")
+    fake_model_dir(broken, model_type="no_such_architecture")
     spec = write_spec(tmp_path / "bad.yaml", {"name": "bad", "base": {**TINY, "model": str(broken)}})
     root = tmp_path / "runs"
     _sweep(str(spec), "--root", str(root), "--profile", str(profile), ARMORLAB_CACHE=model_cache)

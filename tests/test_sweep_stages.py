@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from model_dirs import fake_model_dir
 from sweep_support import run_cli, standin_command, write_spec
 
 from armorlab.core.config import resolve
@@ -203,9 +204,7 @@ def test_a_parent_running_outside_slurm_makes_its_children_wait(tmp_path, monkey
 
 # --------------------------------------------------------------------------- end to end, locally
 def test_local_stages_start_after_their_parent_and_a_failed_parent_fails_its_children(tmp_path, standin):
-    broken = tmp_path / "broken-model"
-    broken.mkdir()
-    (broken / "config.json").write_text("{}")
+    broken = fake_model_dir(tmp_path / "broken-model")  # well-formed on disk; the stand-in cannot load it
     raw = _two_stage()
     raw["seeds"] = [0]
     raw["stages"][0]["include"] = [{"model": str(broken)}]  # stage 1: the base point and a broken one

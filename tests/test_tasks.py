@@ -223,7 +223,8 @@ def test_math_task_bad_files(tmp_path):
     with pytest.raises(ArmorLabError, match="JSONL .* or parquet"):
         math_task(bad_suffix)
     bad_json = tmp_path / "bad.jsonl"
-    bad_json.write_text('{"problem": "a", "answer": "1"}\n{"problem": \n')
+    # rows enough for the held-out sets (counted when the config resolves), line 2 torn
+    bad_json.write_text('{"problem": "a", "answer": "1"}\n{"problem": \n' + '{"problem": "b", "answer": "2"}\n' * 10)
     with pytest.raises(ArmorLabError, match=r"line 2 is not valid JSON.*bad.jsonl"):
         math_task(bad_json)
     with pytest.raises(ArmorLabError, match=r"no column 'question'.*task.problem_key.*math_sample.jsonl"):

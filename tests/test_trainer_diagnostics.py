@@ -85,17 +85,28 @@ def test_forward_kl_is_estimated_on_every_unconditioned_reference_draw(tmp_path)
     trainer = build(tmp_path, cfg, trainer_cls=ForwardCheck)
     trainer.checks = []
     recording = trainer.anchor_rollout.sampler = Recording(trainer.anchor_rollout.sampler)
+    run = trainer.anchor_rollout.run
+    generations = []  # where each generation's sampler calls start in recording.draws
+
+    def marking(*args, **kwargs):
+        generations.append(len(recording.draws))
+        return run(*args, **kwargs)
+
+    trainer.anchor_rollout.run = marking
     torch.manual_seed(1)
     with torch.no_grad():  # a reference that differs from the policy, so the KL is not 0
         for w in trainer.ref_model.parameters():
             w.add_(0.005 * torch.randn_like(w))
     trainer.train()
-    assert len(trainer.checks) == 2 == len(recording.draws)  # one per generation (4 steps, 2 per generation)
+    assert len(trainer.checks) == 2 == len(generations)  # one per generation (4 steps, 2 per generation)
     fwd1, fwd3 = _logged(trainer, "kl/forward_k1"), _logged(trainer, "kl/forward_k3")
     for g, (rows, k1, k3, logged) in enumerate(trainer.checks):
-        # all k draws of every fresh group, before any rejection: 4 groups × k=4
-        assert rows == [(p, c) for p, group in recording.draws[g] for c in group if c]
-        assert len(rows) == 16
+        # the first draw of every fresh group, whatever its reward (the first round of the adaptive
+        # rejection draws one sample for each of the 4 groups): unconditioned samples of π_ref
+        first_round = recording.draws[generations[g]]
+        assert [len(group) for _, group in first_round] == [1] * 4
+        assert rows == [(p, group[0]) for p, group in first_round if group[0]]
+        assert len(rows) == 4
         assert logged["kl/forward_k1"] == pytest.approx(k1, rel=1e-4, abs=1e-5)
         assert logged["kl/forward_k3"] == pytest.approx(k3, rel=1e-4, abs=1e-5)
         for step in (2 * g + 1, 2 * g + 2):  # logged on both steps of the generation
@@ -164,8 +175,10 @@ class PolicyAccuracy(TrainerCallback):
 def test_eval_rows_say_their_size_and_resets_log_the_reference_accuracy(tmp_path):
     # resets at 2 (τ = 2 up to step 2, the boundary included) and 3 (τ = 3); validation at 0, 2, 4:
     # step 2 resets where a validation runs, step 3 where none does
+    # (ref_validate_resets: π_ref is validated at the reset between evaluations too; without it only
+    # resets on evaluation steps log ref/val_acc, tests/test_trainer_reference.py)
     cfg = resolved(objective="dapo", max_steps=4, val_every=2, ref_reset_steps=3, ref_reset_schedule=[[2, 2]],
-                   kl_probe_prompts=0, learning_rate=1e-3, task=TASK)
+                   kl_probe_prompts=0, learning_rate=1e-3, task=TASK, ref_validate_resets=True)
     trainer = build(tmp_path, cfg, with_eval=True)
     probe = PolicyAccuracy(trainer)
     trainer.add_callback(probe)

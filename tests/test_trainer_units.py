@@ -52,15 +52,23 @@ def test_schedule_segments_then_fallback():
 
 # --------------------------------------------------------------------------- anchors
 class CountingSampler:
-    """A reference that answers with fixed texts; counts the prompts it was asked for."""
+    """A reference that answers each prompt from a fixed stream of texts: its j-th draw of a prompt
+    (over all calls) is ``texts[j % len(texts)]`` with ids (j, 99). Records every prompt asked for."""
 
     def __init__(self, texts):
         self.texts = texts
         self.prompts = []
+        self.drawn: dict[tuple, int] = {}
 
     def sample(self, prompt_ids, k):
-        self.prompts.extend(tuple(p) for p in prompt_ids)
-        return [[anc.Completion((i, 99), self.texts[i % len(self.texts)]) for i in range(k)] for _ in prompt_ids]
+        out = []
+        for p in prompt_ids:
+            p = tuple(p)
+            self.prompts.append(p)
+            start = self.drawn.get(p, 0)
+            self.drawn[p] = start + k
+            out.append([anc.Completion((j, 99), self.texts[j % len(self.texts)]) for j in range(start, start + k)])
+        return out
 
 
 def exact_score(requests, samples):
@@ -71,35 +79,71 @@ def req(prompt, answer):
     return anc.GroupRequest(prompt, [ord(c) for c in prompt], {"answer": answer})
 
 
-def test_fresh_draw_keeps_first_correct_and_counts_samples():
-    sampler = CountingSampler(["1", "2", "3", "2"])  # sample 1 and 3 are "2"
+def test_round_sizes_double_what_was_drawn_and_sum_to_k():
+    assert anc.round_sizes(1) == [1]
+    assert anc.round_sizes(2) == [1, 1]
+    assert anc.round_sizes(4) == [1, 1, 2]
+    assert anc.round_sizes(5) == [1, 1, 2, 1]
+    assert anc.round_sizes(8) == [1, 1, 2, 4]
+
+
+def test_fresh_draw_keeps_first_correct_and_draws_only_for_prompts_still_without_one():
+    sampler = CountingSampler(["1", "2", "3", "2"])  # draws 1 and 3 of a prompt are "2"
     rollout = anc.AnchorRollout(sampler, exact_score, k=4, anchor_filter="correct", threshold=1.0)
     outcomes, generated = rollout.run([req("a", "2"), req("b", "7")], seed=0, step=0)
-    assert generated == 8
+    # round 1: a and b one draw each ("1": both wrong); round 2: one more each (a gets "2", done);
+    # round 3: two more for b alone ("3", "2": still wrong) -> a 2 draws, b 4 = k
+    assert sampler.prompts == [(97,), (98,), (97,), (98,), (98,)]
+    assert generated == 6
     assert outcomes[0].anchor.ids == (1, 99) and outcomes[0].reward == 1.0 and outcomes[0].solvable
     assert outcomes[1].anchor is None and not outcomes[1].solvable
     assert not outcomes[0].cached and not outcomes[1].cached
+    # forward-KL rows: only each prompt's first draw (unconditioned), whatever came after
+    assert [o.fresh for o in outcomes] == [(anc.Completion((0, 99), "1"),), (anc.Completion((0, 99), "1"),)]
+
+
+def test_adaptive_rejection_draws_about_the_truncated_geometric_mean_with_the_same_anchor_law():
+    """Bernoulli(p) correctness: E[draws] = Σ_r size_r·(1−p)^(drawn before r) and P(anchor) = 1−(1−p)^k,
+    the law of plain rejection sampling over k draws."""
+    p, k, prompts = 0.3, 4, 3000
+    gen = random.Random(0)
+
+    class Bernoulli:
+        def sample(self, prompt_ids, m):
+            return [[anc.Completion((1,), "ok" if gen.random() < p else "no") for _ in range(m)] for _ in prompt_ids]
+
+    def score(requests, samples):
+        return [[1.0 if c.text == "ok" else 0.0 for c in group] for group in samples]
+
+    rollout = anc.AnchorRollout(Bernoulli(), score, k=k, anchor_filter="correct", threshold=1.0)
+    outcomes, generated = rollout.run([req(f"q{i}", "") for i in range(prompts)], seed=0, step=0)
+    q = 1 - p
+    expected_draws = 1 + q + 2 * q ** 2  # rounds of 1, 1, 2 samples (by hand, for k = 4)
+    assert abs(generated / prompts - expected_draws) < 4 * 1.2 / math.sqrt(prompts)  # sd of draws ≤ 1.2
+    solved = sum(o.anchor is not None for o in outcomes) / prompts
+    assert abs(solved - (1 - q ** k)) < 4 * math.sqrt(0.25 / prompts)
+    assert rollout.rounds == 3
 
 
 def test_cache_reuse_within_window_and_resample_after_clear():
     sampler = CountingSampler(["1", "2", "3", "2"])
     rollout = anc.AnchorRollout(sampler, exact_score, k=4, anchor_filter="correct", threshold=1.0)
-    rollout.run([req("a", "2")], seed=0, step=0)
+    rollout.run([req("a", "2")], seed=0, step=0)  # draws "1", "2": asked twice
     # the same prompt twice in one batch and again later: no new samples
     outcomes, generated = rollout.run([req("a", "2"), req("a", "2")], seed=0, step=1)
     assert generated == 0 and all(o.cached for o in outcomes)
     assert all(o.anchor.text == "2" for o in outcomes)  # a random CORRECT one
-    assert len(sampler.prompts) == 1
+    assert len(sampler.prompts) == 2
     rollout.cache.clear()  # what a reference reset does
-    _, generated = rollout.run([req("a", "2")], seed=0, step=2)
-    assert generated == 4 and len(sampler.prompts) == 2
+    _, generated = rollout.run([req("a", "2")], seed=0, step=2)  # the stream goes on: "3", then "2"
+    assert generated == 2 and len(sampler.prompts) == 4
 
 
 def test_duplicate_prompts_in_one_batch_are_sampled_once():
     sampler = CountingSampler(["x"])
     rollout = anc.AnchorRollout(sampler, exact_score, k=3, anchor_filter="any", threshold=1.0)
     outcomes, generated = rollout.run([req("a", "1"), req("a", "1")], seed=0, step=0)
-    assert generated == 3 and len(sampler.prompts) == 1
+    assert generated == 1 and len(sampler.prompts) == 1  # "any": the first draw is the anchor
     assert [o.cached for o in outcomes] == [False, True]
 
 
@@ -107,6 +151,65 @@ def test_filter_any_injects_the_first_sample_even_when_wrong():
     rollout = anc.AnchorRollout(CountingSampler(["9", "8"]), exact_score, k=2, anchor_filter="any", threshold=1.0)
     (o,), _ = rollout.run([req("a", "1")], seed=0, step=0)
     assert o.anchor.text == "9" and o.reward == 0.0 and not o.solvable
+
+
+class _Tok:
+    pad_token_id = 0
+
+    @staticmethod
+    def batch_decode(ids, skip_special_tokens=True):
+        return [" ".join(map(str, i)) for i in ids]
+
+
+class _GenerateRecorder(torch.nn.Module):
+    """A 'model' whose generate appends token 7 then eos (2) to each row and records each call's rows."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(1))
+        self.calls = []
+
+    def generate(self, input_ids, attention_mask, generation_config):
+        self.calls.append(input_ids.size(0))
+        tail = torch.tensor([[7, 2]] * input_ids.size(0))
+        return torch.cat([input_ids, tail], dim=1)
+
+
+def test_transformers_sampler_generates_in_chunks_and_pads_calls_to_the_busiest_process():
+    model = _GenerateRecorder()
+    sampler = anc.TransformersSampler(model, _Tok(), None, [2], batch_size=3)
+    out = sampler.sample([[5, 6], [8]], 4)  # 8 rows in chunks of 3: 3 calls
+    assert model.calls == [3, 3, 2] and sampler.generate_calls == 3
+    assert [[c.ids for c in group] for group in out] == [[(7, 2)] * 4, [(7, 2)] * 4]
+    synced = anc.TransformersSampler(model, _Tok(), None, [2], batch_size=3, sync=lambda mine: max(mine, 5))
+    model.calls.clear()
+    assert synced.sample([[5]], 2) == [[anc.Completion((7, 2), "7 2")] * 2]
+    assert model.calls == [2, 1, 1, 1, 1]  # its own chunk, then one-row dummies up to the busiest's 5 calls
+    model.calls.clear()
+    assert synced.sample([], 4) == [] and model.calls == [1] * 5  # nothing to draw: still 5 calls
+
+
+def test_with_sync_every_process_runs_every_round_also_with_nothing_to_draw():
+    """The rounds go on while any process has a prompt pending (the sync says how many the busiest
+    has): a process whose prompts are all cached still calls the sampler in each round."""
+    calls = []
+
+    class Recording:
+        def sample(self, prompt_ids, m):
+            calls.append((len(prompt_ids), m))
+            return [[] for _ in prompt_ids]
+
+    others_pending = iter([3, 2, 1])  # the busiest other process: 3, 2 and 1 prompts pending in rounds 1-3
+    rollout = anc.AnchorRollout(Recording(), exact_score, k=4, anchor_filter="correct", threshold=1.0,
+                                sync=lambda mine: max(mine, next(others_pending)))
+    rollout.cache.put(anc.prompt_key("a"), anc.ReferenceDraw([anc.Completion((1,), "2")], [1.0]))
+    outcomes, generated = rollout.run([req("a", "2")], seed=0, step=0)
+    assert calls == [(0, 1), (0, 1), (0, 2)] and generated == 0 and outcomes[0].cached
+    alone = anc.AnchorRollout(Recording(), exact_score, k=4, anchor_filter="correct", threshold=1.0)
+    alone.cache.put(anc.prompt_key("a"), anc.ReferenceDraw([anc.Completion((1,), "2")], [1.0]))
+    calls.clear()
+    alone.run([req("a", "2")], seed=0, step=0)
+    assert calls == []  # one process: nothing to draw, no call
 
 
 def test_pick_anchor_on_reuse_chooses_uniformly_among_correct():

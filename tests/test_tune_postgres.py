@@ -36,6 +36,13 @@ def pg_trials(url: str, name: str):
     return optuna.load_study(study_name=name, storage=rdb_url(url)).get_trials(deepcopy=False)
 
 
+def worker_env(ctx) -> dict[str, str]:
+    """The environment `armorlab tune` gives the workers it starts (PGPASSWORD)."""
+    from armorlab.tune.secrets import worker_env as env
+
+    return env(ctx.storage_url)
+
+
 def steps_logged(rd: RunDir) -> Counter:
     return Counter(row["step"] for row in rd.iter_metrics())
 
@@ -122,8 +129,10 @@ def test_local_workers_share_postgres_two_studies_stay_apart_and_a_rerun_adds_no
     assert len(pg_trials(postgres_db, "pg_a")) == 5
     status = study_status(ctx_a.study_dir)
     assert status["counts"]["complete"] == 5 and status["counts"]["running"] == 0
-    assert status["dashboard"].startswith('optuna-dashboard "postgresql+psycopg://')
-    out = run_cli("tune", str(ctx_a.study_dir), "--status", timeout=120)
+    assert status["dashboard"].startswith("optuna-dashboard 'postgresql+psycopg://")
+    # a later process reads the password from the environment (or ~/.pgpass): no file holds it
+    password = __import__("armorlab.tune.secrets", fromlist=["x"]).split_password(postgres_db)[1]
+    out = run_cli("tune", str(ctx_a.study_dir), "--status", timeout=120, env={"PGPASSWORD": password})
     assert out.returncode == 0 and "dashboard: optuna-dashboard" in out.stdout, out.stdout + out.stderr
 
 
@@ -136,8 +145,9 @@ def test_a_preempted_worker_requeues_its_trial_on_postgres_without_counting_a_re
     p = spec(tmp_path, "pg_term", "space: {alpha: [0.5, 0.7]}\nsampler: {type: grid}\n",
              base="{objective: armor, max_steps: 40, val_every: 5}")
     ctx = prepare_study(p, root=tmp_path / "runs", storage=postgres_db)
+    # a worker started by hand reads the password from the environment (the study stores none)
     w = subprocess.Popen([sys.executable, "-m", "armorlab.tune.worker", str(ctx.study_dir), "--poll", "0.1"],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, **worker_env(ctx)})
     wait_for(lambda: any((RunDir(d).last_step() or 0) >= 3 for d in ctx.study_dir.iterdir()
                          if (d / "metrics.jsonl").is_file()) or w.poll() is not None, 120, "a trial to train")
     w.send_signal(signal.SIGTERM)  # what scancel, a preemption or Ctrl-C deliver
@@ -212,14 +222,14 @@ def test_workers_ride_out_a_server_restart(tmp_path, monkeypatch, postgres_serve
                   "heartbeat: {interval: 1, grace: 2}\n")
         ctx2 = prepare_study(p2, root=tmp_path / "runs", storage=url)
         w = subprocess.Popen([sys.executable, "-m", "armorlab.tune.worker", str(ctx2.study_dir), "--poll", "0.1"],
-                             env={**os.environ, "ARMORLAB_DB_RETRY_S": "3"}, stdout=subprocess.PIPE,
+                             env={**os.environ, **worker_env(ctx2), "ARMORLAB_DB_RETRY_S": "3"}, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True)
         wait_for(lambda: any((RunDir(d).last_step() or 0) >= 3 for d in ctx2.study_dir.iterdir()
                              if (d / "metrics.jsonl").is_file()), 120, "the trial to start")
         subprocess.run(stop, env=env, check=True, timeout=60)
         out, _ = w.communicate(timeout=120)
         assert w.returncode == 3, out
-        assert "was unreachable for" in out and "armorlab:***@127.0.0.1" in out
+        assert "was unreachable for" in out and "armorlab@127.0.0.1" in out and "armorlab:armorlab" not in out
         subprocess.run(start, env={**env, "ARMORLAB_PG_FRESH": "0"}, capture_output=True, check=True, timeout=120)
         time.sleep(2.5)  # past the grace: the dead worker's trial is stale
         assert run_local(ctx2, 1, poll_s=0.2, worker_poll_s=0.1)["worker_exit_codes"] == [0]

@@ -35,6 +35,23 @@ def test_on_cuda_every_sync_method_is_trls(monkeypatch):
     assert client.sync_dir is None and calls == []
 
 
+@pytest.mark.parametrize(("base_url", "expected"), [("http://127.0.0.1:8001", "127.0.0.1"),
+                                                     ("http://localhost:8001", "127.0.0.1"),
+                                                     ("http://10.1.2.3:8001", None)])
+def test_on_cuda_a_loopback_server_gets_the_loopback_address_for_the_weight_sync_group(monkeypatch, base_url,
+                                                                                      expected):
+    """TRL's init_communicator names the NCCL group's address with vLLM's get_ip(), which reads
+    VLLM_HOST_IP: for a server on this node's loopback it must be 127.0.0.1 (as on CPU)."""
+    seen = []
+    monkeypatch.delenv("VLLM_HOST_IP", raising=False)
+    monkeypatch.setattr(VLLMClient, "init_communicator",
+                        lambda self, device=0: seen.append(os.environ.get("VLLM_HOST_IP")))
+    client = _client([])
+    client.base_url = base_url
+    client.init_communicator(device=torch.device("cuda", 0))
+    assert seen == [expected]
+
+
 def test_off_cuda_the_weights_go_through_a_file_and_vllms_reload_weights(tmp_path, monkeypatch):
     monkeypatch.setenv("ARMORLAB_VLLM_SYNC_DIR", str(tmp_path))
     calls = []

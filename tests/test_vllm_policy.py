@@ -20,16 +20,26 @@ def test_policy_rollouts_from_vllm_train_with_anchors_and_the_correction_skips_t
     Capture = capturing("armorlab_is_anchor", "importance_sampling_ratio")
 
     cfg = resolved(objective="armor", max_steps=2, use_vllm=True, vllm_mode="colocate",
-                   vllm_importance_sampling_mode="token_truncate")
+                   vllm_importance_sampling_mode="token_truncate", val_every=2, val_temperature=0.0)
     table = answer_table(cfg)
     sampler = AnswerSampler(tokenizer_for(cfg), table.__getitem__)  # always correct: every group is anchored
-    trainer = build(tmp_path, cfg, trainer_cls=Capture, sampler=sampler)
+    trainer = build(tmp_path, cfg, trainer_cls=Capture, sampler=sampler, with_eval=True)
+    engine_calls = []
+    generate = trainer.vllm_generation.generate
+    trainer.vllm_generation.generate = lambda **kw: engine_calls.append(len(kw["prompts"])) or generate(**kw)
+    trainer.validator._sampler = None  # validation must not fall back to HF generate (the probe is off)
     assert trainer.use_vllm and trainer.vllm_generation.mode == "colocate"
     trainer.captured = []
     trainer.train()
     assert trainer.state.global_step == 2 and trainer.captured
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     assert len(losses) == 2 and all(math.isfinite(x) for x in losses)
+    # validation at steps 0 and 2 through the policy's engine: val and test, 64 prompts × k = 4 rows each,
+    # beside the one training generation (32 rows)
+    assert sorted(engine_calls) == [32] + [64 * 4] * 4
+    accs = [h["val/acc"] for h in trainer.state.log_history if "val/acc" in h]
+    assert len(accs) == 2 and all(0.0 <= a <= 1.0 for a in accs)
+    assert [h["val/n"] for h in trainer.state.log_history if "val/n" in h] == [256.0, 256.0]
     for out in trainer.captured:
         ratio, anchor = out["importance_sampling_ratio"], out["armorlab_is_anchor"]
         assert int(anchor.sum()) == anchor.numel() // trainer.num_generations  # one anchor per group
@@ -66,6 +76,7 @@ def test_policy_engine_and_reference_engine_together(tmp_path):
     assert trainer.reference_sampler.llm is not trainer.vllm_generation.llm
     trainer.train()
     assert trainer.state.global_step == 2 and trainer.reference.resets == 2
-    assert trainer.reference_sampler.generate_calls == 1 and trainer.reference_sampler.prompts_sent > 0
+    rounds = trainer.anchor_rollout.rounds  # adaptive rejection: one generate call per sampling round
+    assert trainer.reference_sampler.generate_calls == rounds >= 1 and trainer.reference_sampler.prompts_sent > 0
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     assert len(losses) == 2 and all(math.isfinite(x) for x in losses)

@@ -34,6 +34,18 @@ def test_serve_command_on_gpu_is_trls_own():
     assert env == {"VLLM_SERVER_DEV_MODE": "1"}
 
 
+def test_serve_command_on_gpu_on_loopback_sets_the_loopback_host_ip_as_on_cpu():
+    """The job's servers listen on 127.0.0.1 beside the trainer: vLLM's rendezvous and the NCCL
+    weight-sync group must meet there too (VLLM_HOST_IP), on CUDA as on CPU; a set value is kept."""
+    from armorlab.vllm.serve import serve_command
+
+    _, env = serve_command("/models/m", host="127.0.0.1", port=8000, cuda=True, vllm_cli=True, environ={})
+    assert env == {"VLLM_SERVER_DEV_MODE": "1", "VLLM_HOST_IP": "127.0.0.1"}  # no CPU KV-cache setting
+    _, env = serve_command("/models/m", host="localhost", port=8000, cuda=True, vllm_cli=True,
+                           environ={"VLLM_HOST_IP": "10.0.0.7"})
+    assert env["VLLM_HOST_IP"] == "10.0.0.7"
+
+
 def test_cli_passes_options_and_the_args_after_the_double_dash(monkeypatch):
     import armorlab.vllm.serve as vs
     from armorlab.cli import main

@@ -114,7 +114,8 @@ def trained(server, tmp_path_factory):
     trainer.train()
     sampler = trainer.reference_sampler
     # as training left them (the server is shared with the policy test, which runs in any order)
-    trainer.trained_counts = (sampler.generate_calls, sampler.prompts_sent, sampler.client.weight_pushes)
+    trainer.trained_counts = (sampler.generate_calls, sampler.prompts_sent, sampler.client.weight_pushes,
+                              trainer.anchor_rollout.rounds)
     policy = trainer.accelerator.unwrap_model(trainer.model)
     trainer.trained_gap = max_gap(_server_logps(sampler.client, _rows(trainer._tokenizer)),
                                    hf_logps(policy, _rows(trainer._tokenizer)))
@@ -126,9 +127,11 @@ def test_armor_trains_with_anchors_from_the_reference_server(trained):
 
     assert isinstance(trained.reference_sampler, VLLMServerReferenceSampler)
     assert trained.state.global_step == 2 and trained.reference.resets == 2
-    generate_calls, prompts_sent, pushes = trained.trained_counts
-    assert generate_calls == 1  # one batched request per generation batch (2 steps per generation)
-    assert 0 < prompts_sent <= 16 * 2 // 8  # groups of the batch
+    generate_calls, prompts_sent, pushes, rounds = trained.trained_counts
+    # one batched request per sampling round (adaptive rejection, ≤ 3 rounds at k = 4) of the one
+    # generation batch (2 steps per generation)
+    assert 1 <= generate_calls == rounds <= 3
+    assert 0 < prompts_sent <= 16 * 2 // 8 * rounds  # groups of the batch, fewer in later rounds
     assert pushes == 1 + 2  # this run's π_ref at set-up, then one per reset
     anchors = sum(int(c["armorlab_is_anchor"].sum()) for c in trained.captured)
     assert anchors > 0, "the warm-started reference found no correct sample: nothing was anchored"
@@ -175,11 +178,12 @@ def test_cached_prompts_are_not_sent_to_the_server(trained):
             return [[1.0] * len(s) for s in samples]
 
         rollout = AnchorRollout(sampler, score, k=3, anchor_filter="correct", threshold=1.0, cache=AnchorCache())
+        # every sample scores 1: each prompt's first draw is its anchor (one round, one sample each)
         outcomes, generated = rollout.run([req("1+1="), req("2+2="), req("1+1=")], seed=0, step=0)
-        assert posts == [[tok("1+1=")["input_ids"], tok("2+2=")["input_ids"]]] and generated == 6
-        assert [o.cached for o in outcomes] == [False, False, True] and all(len(o.fresh) == 3 for o in outcomes[:2])
+        assert posts == [[tok("1+1=")["input_ids"], tok("2+2=")["input_ids"]]] and generated == 2
+        assert [o.cached for o in outcomes] == [False, False, True] and all(len(o.fresh) == 1 for o in outcomes[:2])
         outcomes, generated = rollout.run([req("2+2="), req("5+5="), req("1+1=")], seed=0, step=1)
-        assert posts[1:] == [[tok("5+5=")["input_ids"]]] and generated == 3
+        assert posts[1:] == [[tok("5+5=")["input_ids"]]] and generated == 1
         outcomes, generated = rollout.run([req("2+2="), req("1+1=")], seed=0, step=2)
         assert len(posts) == 2 and generated == 0  # everything cached: no request at all
     finally:

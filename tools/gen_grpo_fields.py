@@ -3,7 +3,8 @@
 
     .venv/bin/python tools/gen_grpo_fields.py > armorlab/core/grpo_fields.json
 
-kind: str / float / int / bool, "?" when null is allowed, "any" for other types. armorlab.core.config
+kind: str / float / int / bool / map (a mapping, or its JSON text), "?" when null is allowed, "any" for
+other types. armorlab.core.config
 checks TRL values by kind without importing TRL; tests/test_config.py checks the file is current.
 After a TRL upgrade also classify any new field in armorlab/core/trl_fields.py (honoured, mapped or
 rejected): tests/test_trl_fields.py fails on an unclassified one.
@@ -20,7 +21,9 @@ def kind(annotation):
     args = set(typing.get_args(annotation)) or {annotation}
     optional = type(None) in args
     args.discard(type(None))
-    if str in args or any(isinstance(a, type) and issubclass(a, str) for a in args):
+    if any(a is dict or typing.get_origin(a) is dict for a in args):
+        k = "map"  # e.g. model_init_kwargs: dict | str | None (TrainingArguments parses a JSON string)
+    elif str in args or any(isinstance(a, type) and issubclass(a, str) for a in args):
         k = "str"
     elif float in args:
         k = "float"

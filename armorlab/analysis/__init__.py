@@ -4,7 +4,10 @@ Pure numpy/pandas (plus matplotlib for plots); it never imports torch or the tra
 training only through run directories (armorlab.core.runs). Importing this package is cheap: each
 submodule imports what it needs.
 
-    load       run dirs → long/wide DataFrames (vectorised parse, Arrow IPC cache)
+    load       run dirs → long/wide DataFrames (vectorised parse, Arrow IPC cache); other libraries'
+               runs through importers
+    importers  TRL, W&B, TensorBoard, verl, trackio (and OpenRLHF through W&B/TensorBoard) logs →
+               armorlab's metric names, read-only
     kl         Schulman's k1/k2/k3 estimators (both directions) and exact categorical KL
     capacity_stats  probability-capacity statistics of tokens/ samples (formulas: armorlab.algos.capacity)
     collapse   peak, drop, collapse step, AUC, divergence, entropy collapse, length blow-up

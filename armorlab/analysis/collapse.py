@@ -76,9 +76,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from scipy.special import ndtri, stdtrit
 
 from armorlab.analysis.stats import t_ppf  # cached there
-from armorlab.analysis.tdist import normal_ppf, t_quantiles
 from armorlab.core.fsutil import atomic_file, cache_root
 
 DELTA = 0.03
@@ -158,7 +158,7 @@ def _trim_consistency(kept: int, total: int) -> float:
     if f >= 1:
         return 1.0
 
-    q = normal_ppf(0.5 + f / 2)
+    q = float(ndtri(0.5 + f / 2))
     return 1.0 - 2.0 * q * math.exp(-q * q / 2) / math.sqrt(2 * math.pi) / f
 
 
@@ -455,10 +455,8 @@ def _rises_screen(ts: np.ndarray, tv: np.ndarray, lo: np.ndarray, hi: np.ndarray
 
 
 def _t_quantiles(q: float, df: np.ndarray) -> np.ndarray:
-    """Student-t quantiles for many integer degrees of freedom, from the table stats.t_ppf reads
-    too (armorlab.analysis.tdist: the same numbers)."""
-
-    return t_quantiles(q, df)
+    """Student-t quantiles for many degrees of freedom (scipy.special.stdtrit, as stats.t_ppf)."""
+    return stdtrit(np.asarray(df, dtype=np.float64), q)
 
 
 def divergence_step(steps, values, train_steps, train_values, delta: float = DELTA,

@@ -83,9 +83,19 @@ def input_key(recipe: Any, out_dir: str | os.PathLike) -> str | None:
     (a missing path, a glob that matches nothing: the report itself will say what is wrong)."""
 
     recipe_state = {k: v for k, v in dataclasses.asdict(recipe).items() if k != "path"}
+    if getattr(recipe, "format", None) or getattr(recipe, "runs_map", None) or not recipe.runs:
+        return None  # imported runs (armorlab.analysis.importers): their files are not tracked here
     try:
         inputs = expand_globs(recipe.runs)
-        run_dirs = find_run_dirs(inputs)
+        run_dirs, seen = [], set()
+        for p in inputs:
+            found = [] if p.is_file() else find_run_dirs([p])
+            if not found:  # another library's logs (or nothing): always rebuilt
+                return None
+            for rd in found:
+                if rd.path.resolve() not in seen:
+                    seen.add(rd.path.resolve())
+                    run_dirs.append(rd)
     except ArmorLabError:
         return None
     runs = []

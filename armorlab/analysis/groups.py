@@ -20,7 +20,7 @@ import itertools
 import json
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -90,6 +90,52 @@ def group_label(keys: Sequence[str], values: Sequence[Any]) -> str:
     return ", ".join(parts) if parts else "all runs"
 
 
+def display_names(groups: Groups) -> dict[str, str]:
+    """Each group's name on the page, in legends and in sentences: ``armor``, ``dapo (beta=0.1)``.
+
+    The objective's value stands bare, the other keys in brackets after it; a key is named only
+    where its value differs from the one most groups share (``beta=0`` in four of five groups is
+    left out of those four). When
+    that leaves a name empty or two names equal, the name is the label (``objective=`` dropped).
+    Labels stay the groups' identities in CSV files and in a recipe's ``compare``."""
+    keys = groups.keys
+    rows = groups.table.to_dict("records")
+    common: dict[str, str] = {}
+    for k in keys:
+        if k == "objective":
+            continue
+        counts: dict[str, int] = {}
+        for r in rows:
+            v = fmt_value(r[k])
+            counts[v] = counts.get(v, 0) + 1
+        ranked = sorted(counts.values(), reverse=True)
+        if ranked[0] >= 2 and (len(ranked) == 1 or ranked[0] > ranked[1]):
+            common[k] = max(counts, key=counts.get)
+
+    def name(r, short: bool) -> str:
+        parts = [f"{k}={fmt_value(r[k])}" for k in keys if k != "objective" and norm_value(r[k]) is not None
+                 and not (short and common.get(k) == fmt_value(r[k]))]
+        objective = norm_value(r["objective"]) if "objective" in keys else None
+        if objective is None:
+            return ", ".join(parts)
+        return f"{fmt_value(objective)} ({', '.join(parts)})" if parts else fmt_value(objective)
+
+    short = {r["group"]: name(r, True) for r in rows}
+    if all(short.values()) and len(set(short.values())) == len(short):
+        return short
+    full = {r["group"]: name(r, False) or r["group"] for r in rows}
+    return full if len(set(full.values())) == len(full) else {g: g for g in full}
+
+
+def rename(text: str, names: Mapping[str, str]) -> str:
+    """``text`` with every group label in it replaced by the group's name (longest label first, so
+    that a label inside another one is not replaced in it)."""
+    for label in sorted(names, key=len, reverse=True):
+        if label != names[label] and label in text:
+            text = text.replace(label, names[label])
+    return text
+
+
 @dataclass
 class Groups:
     """Runs assigned to groups. ``table``: one row per group (label, keys..., n_runs), in display
@@ -102,6 +148,45 @@ class Groups:
     @property
     def labels(self) -> list[str]:
         return self.table["group"].tolist()
+
+
+def names_of(groups: Groups, rs: RunSet,
+             names: Callable[[pd.DataFrame, RunSet], Mapping[str, str]] | None) -> dict[str, str]:
+    """Each group's name (the caller's ``names``, else groups.display_names), one per group: a
+    name given twice, or not at all, is the label."""
+    if names is None:
+        return display_names(groups)
+    ids = pd.DataFrame({"run_id": rs.run_ids, "group": [groups.of_run[r] for r in rs.run_ids]})
+    given = {g: str(n) for g, n in names(ids, rs).items()}
+    shown = [given.get(g, g) for g in groups.labels]
+    return {g: n if shown.count(n) == 1 else g for g, n in zip(groups.labels, shown, strict=True)}
+
+
+class PageNames:
+    """The report's tables as the page shows them: each group named (display names) in the first
+    column, which stays in place while a wide table scrolls, instead of its key columns."""
+
+    def __init__(self, display: Mapping[str, str], order: Sequence[str], keys: Sequence[str]) -> None:
+        self.display, self.order, self.keys = display, list(order), list(keys)
+
+    def tables(self, df: pd.DataFrame | None) -> pd.DataFrame | None:
+        """A per-group display table (one row per group in summary order): its key columns (or its
+        label) replaced by the group's name."""
+        if df is None:
+            return None
+        out = df.drop(columns=[k for k in self.keys if k in df.columns] + (["group"] if "group" in df else []))
+        out.insert(0, "group", [self.display.get(g, g) for g in self.order][:len(out)])
+        return out
+
+    def column(self, df: pd.DataFrame | None, column: str = "group") -> pd.DataFrame | None:
+        if df is None or column not in df:
+            return df
+        out = df.copy()
+        out[column] = out[column].map(lambda g: self.display.get(g, g))
+        return out
+
+    def pairs(self, df: pd.DataFrame) -> pd.DataFrame:
+        return self.column(self.column(df, "X"), "Y")
 
 
 def _sort_key(v: Any) -> tuple:
@@ -255,9 +340,15 @@ def token_columns(per_run: pd.DataFrame) -> list[str]:
     return [c for c in per_run.columns if c.startswith("tok_") and c != "tok_tokens"]
 
 
-def group_summary(per_run: pd.DataFrame, groups: Groups, cols: Sequence[str]) -> pd.DataFrame:
+STEP_SCORES = ("peak_step", "collapse_step", "selected_step", "divergence_step", "entropy_collapse_step")
+
+
+def group_summary(per_run: pd.DataFrame, groups: Groups, cols: Sequence[str],
+                  step_range: tuple[float, float] | None = None) -> pd.DataFrame:
     """One row per group: keys, n (runs), collapsed (runs with a collapse step), and per score
-    ``<score>_mean/_ci_low/_ci_high/_std/_iqm/_n`` (stats.summarise over seeds)."""
+    ``<score>_mean/_ci_low/_ci_high/_std/_iqm/_n`` (stats.summarise over seeds). The interval of
+    a step score (STEP_SCORES) is clipped to ``step_range``, the steps that exist: a Student-t
+    interval of the mean peak step 25 over three seeds can read [−3, 53]."""
     rows = []
     at = group_rows(per_run)
     numeric = numeric_columns(per_run, cols)
@@ -270,6 +361,11 @@ def group_summary(per_run: pd.DataFrame, groups: Groups, cols: Sequence[str]) ->
         row["collapsed"] = int(collapsed[idx].sum()) if collapsed is not None else 0
         for c in cols:
             row.update(stats.summarise(numeric[c][idx]).as_dict(f"{c}_"))
+            if c in STEP_SCORES and step_range is not None:
+                for end in ("ci_low", "ci_high"):
+                    v = row[f"{c}_{end}"]
+                    if v is not None and math.isfinite(v):
+                        row[f"{c}_{end}"] = min(max(v, step_range[0]), step_range[1])
         rows.append(row)
     return pd.DataFrame(rows)
 

@@ -16,35 +16,44 @@ import pandas as pd
 from armorlab.core.fsutil import atomic_write_text
 
 _CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:2rem auto;max-width:1200px;
+body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:1.2rem auto;max-width:1320px;
      padding:0 1rem;color:#222;line-height:1.45}
-h1{font-size:1.6rem;margin-bottom:.2rem} h2{font-size:1.25rem;border-bottom:1px solid #ddd;padding-bottom:.2rem;
-     margin-top:2rem} .meta{color:#666;font-size:.9rem}
-table{border-collapse:collapse;font-size:.82rem;margin:.6rem 0;display:block;overflow-x:auto}
-th,td{border:1px solid #ddd;padding:.25rem .5rem;text-align:left;white-space:nowrap} th{background:#f5f5f5}
-tr:nth-child(even) td{background:#fafafa}
+h1{font-size:1.45rem;margin:0 0 .2rem} h2{font-size:1.25rem;border-bottom:1px solid #ddd;padding-bottom:.2rem;
+     margin-top:2rem} .meta{color:#666;font-size:.85rem;margin:.2rem 0 .6rem}
+.answer{font-size:1.05rem;margin:.4rem 0 .5rem} .answer b{font-weight:650}
+.tbl{overflow-x:auto;max-width:100%;margin:.6rem 0}
+table{border-collapse:separate;border-spacing:0;font-size:.82rem}
+th,td{border-right:1px solid #ddd;border-bottom:1px solid #ddd;padding:.25rem .5rem;text-align:left;
+     white-space:nowrap;background:#fff}
+tr>:first-child{border-left:1px solid #ddd} thead tr>*{border-top:1px solid #ddd}
+th{background:#f5f5f5} tr:nth-child(even) td{background:#fafafa}
+.tbl tr>:first-child{position:sticky;left:0;z-index:1;box-shadow:1px 0 0 #bbb}
+#verdict-table{font-size:.8rem} #verdict-table th,#verdict-table td{padding:.25rem .4rem}
 .warn{background:#fff7e0;border-left:4px solid #e0a800;padding:.5rem 1rem}
-.warn li{margin:.15rem 0} figure{margin:1rem 0} figure img{max-width:100%;border:1px solid #eee}
-figcaption{color:#555;font-size:.85rem} code{background:#f3f3f3;padding:0 .2rem}
+.warn li{margin:.15rem 0} figure{margin:.6rem 0} figure img{max-width:100%;height:auto;border:1px solid #eee}
+figcaption{color:#555;font-size:.8rem} code{background:#f3f3f3;padding:0 .2rem}
 """
 
 
 @dataclass
 class Figure:
-    """A PNG (path relative to the report dir) and its caption."""
+    """A PNG (path relative to the report dir), its caption, and an element id for links."""
     src: str
     caption: str
+    id: str | None = None
 
 
 @dataclass
 class Section:
-    """One titled part of the page: free HTML (already escaped), then figures, then tables.
-    ``lead`` sections open the page, above the warnings (the verdict table)."""
+    """One titled part of the page: free HTML (already escaped), then tables, then figures (or
+    figures first with ``figures_first``). A table is (caption, frame) or (caption, frame,
+    element id). ``lead`` sections open the page, above the warnings (the verdict table)."""
     title: str
     intro: str = ""
     figures: list[Figure] = field(default_factory=list)
-    tables: list[tuple[str, pd.DataFrame]] = field(default_factory=list)
+    tables: list[tuple] = field(default_factory=list)
     lead: bool = False
+    figures_first: bool = False
 
 
 def esc(text: object) -> str:
@@ -124,17 +133,30 @@ def render(title: str, meta: str, warnings: Sequence[str], sections: Sequence[Se
     return "\n".join(parts) + "\n"
 
 
+def table_block(df: pd.DataFrame, table_id: str | None = None) -> str:
+    """A table in its own horizontally scrolling box, so that a wide one never widens the page:
+    its first column (what a row is) stays in place while the rest scrolls (CSS ``.tbl``)."""
+    html_ = table_html(df)
+    if table_id:
+        html_ = html_.replace("<table ", f'<table id="{esc(table_id)}" ', 1)
+    return f'<div class="tbl">{html_}</div>'
+
+
 def _section(parts: list[str], s: Section) -> None:
     parts.append(f"<h2>{esc(s.title)}</h2>")
     if s.intro:
         parts.append(s.intro)
-    for cap, df in s.tables:
+    tables = []
+    for cap, df, *table_id in s.tables:
         if cap:
-            parts.append(f"<p><b>{esc(cap)}</b></p>")
-        parts.append(table_html(df))
+            tables.append(f"<p><b>{esc(cap)}</b></p>")
+        tables.append(table_block(df, table_id[0] if table_id else None))
+    figures = []
     for f in s.figures:
-        parts.append(f'<figure><img src="{esc(f.src)}" alt="{esc(f.caption)}">'
-                     f"<figcaption>{esc(f.caption)}</figcaption></figure>")
+        ident = f' id="{esc(f.id)}"' if f.id else ""
+        figures.append(f'<figure><img{ident} src="{esc(f.src)}" alt="{esc(f.caption)}">'
+                       f"<figcaption>{esc(f.caption)}</figcaption></figure>")
+    parts.extend([*figures, *tables] if s.figures_first else [*tables, *figures])
 
 
 def write_index(out_dir: Path, title: str, meta: str, warnings: Sequence[str],

@@ -16,8 +16,10 @@ run discovery skips it), an uncompressed Arrow IPC file: written at memory speed
 memory-mapping (parquet's encoding cost ~1 s per 100 MB here and bought nothing: noisy floats do
 not compress). Each run's entry is keyed on the size and mtime_ns of its
 metrics.jsonl and config.yaml; a run whose files changed is re-parsed, the others come from the
-cache, and parse warnings are stored with the entry so a cached load warns the same way. A cache
-that cannot be read or written is ignored (logged), never an error.
+cache, and parse warnings are stored with the entry so a cached load warns the same way. Each
+entry also carries a digest of its rows, checked when it is read: a damaged or edited cache
+(rows shifted between runs) is re-parsed, never read as other values. A cache that cannot be
+read or written is ignored (logged), never an error.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import io
 import json
 import logging
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -36,19 +38,20 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from armorlab.analysis import importers
 from armorlab.core.config import LOGGING_KEYS
-from armorlab.core.fsutil import atomic_file, atomic_write_text
+from armorlab.core.fsutil import atomic_file, atomic_write_text, read_regular
 from armorlab.core.health import GATE_DROP, GATE_SHARE, GATE_WINDOW, WATCHED, series_warnings
-from armorlab.core.runs import RunDir, expand_globs, find_run_dirs, valid_step
+from armorlab.core.runs import RunDir, valid_step
 from armorlab.errors import ArmorLabError
 
 log = logging.getLogger(__name__)
 
 CACHE_DIR = ".armorlab-cache"
 CACHE_FILE = "metrics.arrow"
-CACHE_VERSION = 4
+CACHE_VERSION = 5  # 5: each entry carries a digest of its rows
 OLD_CACHE_FILES = ("metrics.parquet",)  # earlier formats, removed when the cache is rewritten
-META_COLUMNS = ("run_id", "sweep", "path", "state", "reason", "world_size")
+META_COLUMNS = ("run_id", "sweep", "path", "state", "reason", "world_size", "format", "unavailable")
 COUNTERS = ("step", "rollout")  # the x axes a metrics line carries: optimizer steps and rollouts
 _META_KEY = b"armorlab_cache"
 
@@ -111,6 +114,8 @@ def parse_metrics_table(data: bytes, source: str = "metrics.jsonl"):
     if not data.strip():
         return _empty_table(), []
     try:
+        if not shallow(data):  # pyarrow's JSON reader crashes the process on deep nesting
+            raise ValueError("nested too deeply for pyarrow: the line-by-line parser reads it")
         import pyarrow.compute as pc
         import pyarrow.json as pj
 
@@ -132,6 +137,27 @@ def parse_metrics_table(data: bytes, source: str = "metrics.jsonl"):
     return pa.Table.from_pandas(frame, preserve_index=False).replace_schema_metadata(None), warnings
 
 
+MAX_FAST_DEPTH = 64  # metrics lines are flat objects (depth 1); pyarrow segfaults near 100,000
+
+
+def shallow(data: bytes, limit: int = MAX_FAST_DEPTH, chunk: int = 1 << 24) -> bool:
+    """Whether no bracket nesting in ``data`` goes deeper than ``limit``: what pyarrow's JSON reader
+    may be handed (it recurses without a limit). Brackets inside strings count too, which only
+    sends an odd file down the safe line-by-line path. Metrics lines have no ``[`` and one ``{``
+    each, which two byte counts establish; anything else is counted, in chunks."""
+    if b"[" not in data and data.count(b"{") <= data.count(b"\n") + 1:
+        return True
+    depth = 0
+    for start in range(0, len(data), chunk):
+        arr = np.frombuffer(data, dtype=np.uint8, count=min(chunk, len(data) - start), offset=start)
+        delta = (arr == ord("[")).astype(np.int64) + (arr == ord("{")) - (arr == ord("]")) - (arr == ord("}"))
+        running = np.cumsum(delta) + depth
+        if running.size and running.max() > limit:
+            return False
+        depth = int(running[-1]) if running.size else depth
+    return True
+
+
 def _parse_lines(data: bytes, source: str) -> tuple[pd.DataFrame, list[str]]:
     """Line by line, exactly like RunDir.iter_metrics (the slow path for damaged files)."""
     warnings: list[str] = []
@@ -141,7 +167,7 @@ def _parse_lines(data: bytes, source: str) -> tuple[pd.DataFrame, list[str]]:
             continue
         try:
             row = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # torn, or nested past json's recursion limit
             warnings.append(f"skipped torn line {lineno} of {source}")
             continue
         if isinstance(row, dict) and valid_step(row.get("step")):
@@ -163,7 +189,7 @@ def parse_metrics_file(path: str | os.PathLike):
     """Parse one metrics.jsonl (missing file → empty table) → (pyarrow Table, warnings)."""
     path = Path(path)
     try:
-        data = path.read_bytes()
+        data = read_regular(path)
     except FileNotFoundError:
         data = b""
     except OSError as exc:  # unreadable, or a directory: the rest of the report still gets written
@@ -207,6 +233,9 @@ class _Entry:
 
 
 def _read_cache(sweep_dir: Path) -> dict[str, _Entry]:
+    """The cached entries whose rows are what was written: the cache validates itself (its layout,
+    and each entry's digest of its rows, written with it), so a damaged or edited metrics.arrow
+    costs a re-parse of the runs it no longer vouches for, never other peak or final values."""
     path = sweep_dir / CACHE_DIR / CACHE_FILE
     if not path.is_file():
         return {}
@@ -216,19 +245,63 @@ def _read_cache(sweep_dir: Path) -> dict[str, _Entry]:
         with pa.memory_map(str(path)) as source:
             table = pa.ipc.open_file(source).read_all()
         meta = json.loads((table.schema.metadata or {}).get(_META_KEY, b"{}"))
-        if meta.get("version") != CACHE_VERSION:
+        if not isinstance(meta, dict) or meta.get("version") != CACHE_VERSION:
             return {}
         table = table.replace_schema_metadata(None)
-    except Exception as exc:  # a broken cache is only a missed speed-up
-        log.info("ignoring unreadable analysis cache %s: %s", path, exc)
+        runs = meta["runs"]
+        bounds = [tuple(info["rows"]) for info in runs.values()]
+        if not _contiguous(bounds, table.num_rows) or "step" not in table.column_names:
+            raise ValueError("its row ranges do not tile the table")
+        digests = _digests(table, bounds)
+        entries: dict[str, _Entry] = {}
+        for (name, info), (a, b), digest in zip(runs.items(), bounds, digests, strict=True):
+            if info.get("digest") != digest:
+                log.warning("analysis cache %s: the rows of run %s do not match their digest; re-reading it",
+                            path, name)
+                continue
+            # a zero-copy slice; metrics a run never logged are all-null columns, i.e. absent
+            entries[name] = _Entry(table.slice(a, b - a), list(info["metrics_key"]), list(info["config_key"]),
+                                   info["config"] if isinstance(info["config"], dict) else None,
+                                   [str(w) for w in info["warnings"]])
+        return entries
+    except Exception as exc:  # noqa: BLE001 - a broken cache is only a missed speed-up
+        log.warning("ignoring damaged analysis cache %s (%s: %s); rebuilding it", path, type(exc).__name__, exc)
         return {}
-    entries: dict[str, _Entry] = {}
-    for name, info in meta["runs"].items():
-        a, b = info["rows"]
-        # a zero-copy slice; metrics a run never logged are all-null columns, i.e. absent
-        entries[name] = _Entry(table.slice(a, b - a), info["metrics_key"], info["config_key"], info["config"],
-                               info["warnings"])
-    return entries
+
+
+def _contiguous(bounds: list[tuple[Any, ...]], n_rows: int) -> bool:
+    """The entries' [a, b) row ranges follow one another from 0 to the table's end."""
+    at = 0
+    for bound in bounds:
+        if len(bound) != 2 or not all(type(x) is int for x in bound) or bound[0] != at or bound[1] < at:
+            return False
+        at = bound[1]
+    return at == n_rows
+
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _digests(table: Any, bounds: list[tuple[int, int]]) -> list[str]:
+    """Per entry, a 64-bit digest of its rows: Σ over cells of value bits × (row + 1) × column
+    weight, wrapping. Any changed, moved or swapped value changes it (a row range shifted by one
+    or by a whole run included); it costs a pass over the table at memory speed."""
+    import hashlib
+
+    n = table.num_rows
+    starts = np.array([a for a, b in bounds if b > a], dtype=np.int64)
+    total = np.zeros(starts.size, dtype=np.uint64)
+    if n and starts.size:
+        weights = (np.arange(1, n + 1, dtype=np.uint64) * _GOLDEN) | np.uint64(1)
+        for name in sorted(table.column_names):
+            col = table.column(name)
+            values = np.asarray(col.to_numpy())
+            bits = np.ascontiguousarray(values).view(np.uint64) if values.dtype.itemsize == 8 else \
+                values.astype(np.float64).view(np.uint64)
+            salt = np.uint64(int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "little") | 1)
+            total += np.add.reduceat(bits * weights, starts) * salt
+    it = iter(total.tolist())
+    return [f"{next(it):016x}" if b > a else "empty" for a, b in bounds]
 
 
 def _write_cache(sweep_dir: Path, entries: dict[str, _Entry]) -> None:
@@ -246,6 +319,9 @@ def _write_cache(sweep_dir: Path, entries: dict[str, _Entry]) -> None:
         if len(e.frame):
             frames.append(e.frame)
     table = pa.concat_tables(frames, promote_options="default") if frames else _empty_table()
+    for info, digest in zip(meta_runs.values(), _digests(table, [tuple(i["rows"]) for i in meta_runs.values()]),
+                            strict=True):
+        info["digest"] = digest
     meta = json.dumps({"version": CACHE_VERSION, "runs": meta_runs}).encode()
     table = table.replace_schema_metadata({**(table.schema.metadata or {}), _META_KEY: meta})
     path = sweep_dir / CACHE_DIR / CACHE_FILE
@@ -338,6 +414,20 @@ class RunSet:
             cols = [c for c in cols if self.runs[c].astype(str).nunique(dropna=False) > 1]
         return cols
 
+    def groups(self, group_by: Sequence[str] | None = None) -> pd.Series:
+        """The report's group of each run (index run_id, values its label, e.g.
+        ``"objective=armor, alpha=0.8"``): grouped by ``group_by`` as a recipe's ``group_by``, or
+        by the keys the report picks itself (the fewest varying keys that tell the configs apart,
+        armorlab.analysis.groups.auto_group_by); seeds are never a group key. For a plot per group:
+        ``rs.long.assign(group=rs.long["run_id"].map(rs.groups()))``."""
+        # lazy: groups imports the statistics stack (scipy); loading runs does not need it
+        from armorlab.analysis.groups import auto_group_by, make_groups
+
+        keys = list(group_by) if group_by is not None else auto_group_by(self.runs)
+        of_run = make_groups(self.runs, keys).of_run
+        return pd.Series([of_run[r] for r in self.run_ids], index=pd.Index(self.run_ids, name="run_id"),
+                         name="group")
+
     @cached_property
     def long(self) -> pd.DataFrame:
         """(run_id, <config keys that vary between runs>, step, metric, value), NaNs dropped."""
@@ -389,21 +479,38 @@ def in_stages(run_dirs: Iterable[RunDir], stages: Iterable[str]) -> list[RunDir]
 
 
 def load(paths: Iterable[str | os.PathLike], *, cache: bool = True,
-         progress: Callable[[int, int], None] | None = None, stages: Iterable[str] | None = None) -> RunSet:
-    """Load run dirs (run dirs, sweep dirs, roots of sweeps, or globs of those) into a RunSet;
-    with ``stages``, only the runs of those stages of their sweeps (``in_stages``).
+         progress: Callable[[int, int], None] | None = None, format: str | None = None,
+         mapping: str | os.PathLike | importers.RunsMap | None = None, val_n: int | None = None,
+         stages: Iterable[str] | None = None) -> RunSet:
+    """Load runs into a RunSet: armorlab run dirs, sweep dirs, roots of sweeps, and the runs other
+    libraries logged (TRL output dirs, W&B run folders, TensorBoard logs, verl JSONL, trackio DBs;
+    armorlab.analysis.importers), or globs of those. ``format`` reads every path as that format;
+    ``mapping`` (a runs.yaml) gives imported runs their group, seed and val_n, and its paths are
+    loaded when ``paths`` is empty; ``val_n`` is val/n for imported runs that log val/acc without it.
+    With ``stages``, only the armorlab runs of those stages of their sweeps (``in_stages``).
 
     ``progress(done, total)`` is called as runs are parsed. No run found is an ArmorLabError.
     """
-    run_dirs = find_run_dirs(expand_globs(paths))
+    paths = list(paths)
+    runs_map = importers.load_mapping(mapping) if isinstance(mapping, (str, os.PathLike)) else mapping
+    plan = importers.plan(paths, format=format, mapping=runs_map)
     if stages is not None:
         stages = list(stages)
-        run_dirs = in_stages(run_dirs, stages)
-        if not run_dirs:
+        plan.native = in_stages(plan.native, stages)
+        if not plan.native and not plan.sources:
             raise ArmorLabError(f"no run of stage(s) {', '.join(stages)} found (a sweep's sweep.json lists its "
                                 f"runs' stages)", key="stages", value=stages)
-    if not run_dirs:
-        raise ArmorLabError("no run directories found", key="runs", value=[str(p) for p in paths])
+    if not plan.native and not plan.sources:
+        raise ArmorLabError("no run directories found (nor TRL, W&B, TensorBoard, verl or trackio runs)",
+                            key="runs", value=[str(p) for p in paths])
+    imported = importers.read(plan, val_n=val_n if val_n is not None else (runs_map.val_n if runs_map else None))
+    if not plan.native:
+        return _with_imported(None, imported)
+    rs = _load_native(plan.native, cache=cache, progress=progress)
+    return _with_imported(rs, imported) if imported else rs
+
+
+def _load_native(run_dirs: list[RunDir], *, cache: bool, progress: Callable[[int, int], None] | None) -> RunSet:
     by_sweep: dict[Path, list[RunDir]] = {}
     for rd in run_dirs:
         by_sweep.setdefault(rd.path.parent, []).append(rd)
@@ -556,3 +663,68 @@ def load_runs(paths: Iterable[str | os.PathLike], *, cache: bool = True) -> pd.D
     ``load(paths).wide`` is the wide per-run view and ``load(paths).runs`` the per-run table.
     """
     return load(paths, cache=cache).long
+
+
+def _with_imported(rs: RunSet | None, imported: list[importers.ImportedRun]) -> RunSet:
+    """``rs`` (armorlab runs, or None) with the imported runs appended: one row each in ``runs``
+    (``format`` says where it came from; ``sweep`` is the source's project), their tables in
+    ``wide``. Their warnings, health warnings, and one note for those whose val/n is unknown."""
+    import pyarrow as pa
+
+    taken = set(rs.run_ids) if rs is not None else set()
+    rows, frames, ids, warnings, unknown_n = [], [], [], [], []
+    cannot: dict[tuple[str, str | None, tuple[str, ...]], list[str]] = {}
+    for run in imported:
+        rid = run.name
+        for candidate in (rid, f"{run.project}/{rid}" if run.project else rid):
+            if candidate not in taken:
+                rid = candidate
+                break
+        i = 2
+        while rid in taken:
+            rid, i = f"{run.name}#{i}", i + 1
+        taken.add(rid)
+        rows.append({"run_id": rid, "sweep": run.project, "path": str(run.path), "state": run.state,
+                     "reason": run.reason, "world_size": None, "format": run.format,
+                     "unavailable": ", ".join(run.unavailable), **run.config})
+        if run.unavailable:
+            cannot.setdefault((run.format, run.flavour, tuple(run.unavailable)), []).append(rid)
+        warnings.extend(f"run {rid}: {w}" for w in run.warnings)
+        if "val/acc" in run.metrics and "val/n" not in run.metrics:
+            unknown_n.append(rid)
+        if len(run.table) == 0:
+            warnings.append(f"run {rid}: no metrics in {run.path}")
+            continue
+        warnings.extend(f"run {rid}: {w}" for w in _health(run.table, final=run.state in ("completed", "failed")))
+        frames.append(run.table)
+        ids.append(rid)
+    for (fmt, flavour, metrics), rids in cannot.items():
+        warnings.append(f"{len(rids)} run(s) imported from {fmt}" + (f" ({flavour})" if flavour and flavour != fmt else "")
+                        + f" cannot give {', '.join(metrics)}: their source does not log them")
+    if unknown_n:
+        warnings.append(f"val/n unknown for {len(unknown_n)} imported run(s) ({', '.join(unknown_n[:6])}"
+                        + (" …" if len(unknown_n) > 6 else "") + "): their sources do not log how many completions "
+                        "each validation scored, so the collapse test estimates the noise from the curve; give it "
+                        "with --val-n N or val_n in a runs.yaml")
+    native_ids = list(rs._slices) if rs is not None else []
+    lengths = [b - a for a, b in rs._slices.values()] if rs is not None else []
+    tables = []
+    if native_ids:
+        native = rs.wide.drop(columns=["run_id"])
+        tables.append(pa.Table.from_pandas(native, preserve_index=False).replace_schema_metadata(None))
+    runs = pd.DataFrame(rows) if rs is None else pd.concat([rs.runs, pd.DataFrame(rows)], ignore_index=True)
+    all_ids = native_ids + ids
+    lengths += [len(f) for f in frames]
+    tables += frames
+    if tables:
+        table = pa.concat_tables(tables, promote_options="default")
+        metric_cols = sorted(c for c in table.column_names if c != "step")
+        wide = table.select(["step", *metric_cols]).to_pandas()
+        codes = np.repeat(np.arange(len(all_ids)), lengths)
+        wide.insert(0, "run_id", pd.Categorical.from_codes(codes, categories=all_ids))
+    else:
+        wide = pd.DataFrame({"run_id": pd.Series([], dtype=object), "step": pd.Series([], dtype=np.int64)})
+    starts = np.concatenate([[0], np.cumsum(lengths)]).astype(int)
+    slices = {r: (int(starts[i]), int(starts[i + 1])) for i, r in enumerate(all_ids)}
+    return RunSet(runs=runs, wide=wide, warnings=(list(rs.warnings) if rs is not None else []) + warnings,
+                  slices=slices)

@@ -5,13 +5,12 @@ the group-by keys, and a group keeps its colour across figures."""
 from __future__ import annotations
 
 import functools
+import io
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 
-from armorlab.analysis.memo import rendered
-from armorlab.analysis.png import encode_rgba
 from armorlab.analysis.stats import CurveBand
 from armorlab.analysis.values import fmt_value
 from armorlab.core.fsutil import atomic_file
@@ -19,10 +18,10 @@ from armorlab.core.fsutil import atomic_file
 
 @functools.cache
 def _matplotlib():
-    """The matplotlib names the figures use, imported at the first figure: the report's main
-    process may leave every figure to its worker (armorlab.analysis.report) and never pay for it.
-    A Figure on an Agg canvas, not pyplot: a report only writes PNGs, and pyplot's import, its
-    figure registry and its per-change interactive-redraw hook were ~4 % of the figures' cost."""
+    """The matplotlib names the figures use, imported at the first figure (a report without
+    figures never pays for it). A Figure on an Agg canvas, not pyplot: a report only writes PNGs,
+    and pyplot's import, its figure registry and its per-change interactive-redraw hook were ~4 %
+    of the figures' cost."""
     import types
 
     import matplotlib
@@ -72,7 +71,7 @@ def metric_label(metric: str) -> str:
     """Axis label with units: ``val/acc (accuracy, avg@k)``, ``kl/forward_k3 (nats/sequence)``.
 
     The trainer logs every ``kl/*`` value as a per-sequence sum of the per-token estimate,
-    averaged over sequences (README, "Train a run"), so KL is in nats per sequence."""
+    averaged over sequences (docs/training.md, "What a run logs"), so KL is in nats per sequence."""
     ns, _, name = metric.partition("/")
     if ns == "kl":
         unit = "nats/sequence"
@@ -273,14 +272,17 @@ def _save(fig, path: Path) -> Path:
     bbox_inches="tight": that draws the figure twice, and the first draw was a fifth of the
     report's figure time. One draw of the canvas at the PNG's resolution runs a layout engine
     (measuring text at that resolution) and draws: savefig's pixels (its facecolor "auto" is
-    the figure's), without savefig's extra layout draw or its encoder (armorlab.analysis.png
-    says why)."""
+    the figure's), without savefig's extra layout draw; the canvas is then encoded by the writer
+    savefig itself uses (matplotlib.image.imsave, Pillow)."""
     if fig.dpi != DPI:
         fig.set_dpi(DPI)
     fig.canvas.draw()
-    data = encode_rgba(fig.canvas.buffer_rgba(), dpi=DPI, text={"Software": _software()})
-    # renamed into place: a figure process orphaned by a killed worker may still be writing the
-    # PNG that the main process draws again (the same bytes)
+    from matplotlib.image import imsave
+
+    buf = io.BytesIO()
+    imsave(buf, np.asarray(fig.canvas.buffer_rgba()), format="png", dpi=DPI, metadata={"Software": _software()})
+    data = buf.getvalue()
+    # renamed into place: a reader never sees half a PNG
     with atomic_file(path) as tmp:
         tmp.write_bytes(data)
     return path
@@ -333,7 +335,36 @@ def _band(ax, band: CurveBand, color, label: str | None, *, linestyle="-") -> No
     ax.plot(band.steps, band.mean, color=color, linestyle=linestyle, linewidth=1.6, label=label)
 
 
-@rendered
+CI_REACH = 0.5  # a CI may widen the y axis by at most this share of the means' range on each side
+
+
+def robust_ylim(ax, bands: Sequence[CurveBand], points: Sequence[float] = ()) -> bool:
+    """y limits that follow the mean curves (and ``points``: markers on seeds' curves), widened
+    by the CI bands by at most CI_REACH of the means' range on each side: one seed's spike makes
+    its group's interval wide (a Student-t interval of 3 seeds is ±4.3 SDs), and the axis must
+    still show where every mean goes. True when a band reaches past the limits (it is cut at the
+    frame). Nothing is set without a finite mean."""
+    means = [np.asarray(b.mean, dtype=np.float64) for b in bands]
+    means = np.concatenate([*means, np.asarray(points, dtype=np.float64)]) if means or len(points) else np.empty(0)
+    means = means[np.isfinite(means)]
+    if not means.size:
+        return False
+    lo, hi = float(means.min()), float(means.max())
+    span = hi - lo if hi > lo else max(abs(hi), 1.0) * 0.1
+    lows = np.concatenate([np.asarray(b.low, dtype=np.float64) for b in bands]) if bands else np.empty(0)
+    highs = np.concatenate([np.asarray(b.high, dtype=np.float64) for b in bands]) if bands else np.empty(0)
+    lows, highs = lows[np.isfinite(lows)], highs[np.isfinite(highs)]
+    band_lo = float(lows.min()) if lows.size else lo
+    band_hi = float(highs.max()) if highs.size else hi
+    y0 = max(min(band_lo, lo), lo - CI_REACH * span)
+    y1 = min(max(band_hi, hi), hi + CI_REACH * span)
+    if y1 - y0 < span:  # a flat curve without a band: an axis around it, not a singular one
+        y0, y1 = (y0 + y1 - span) / 2, (y0 + y1 + span) / 2
+    pad = 0.05 * (y1 - y0)
+    ax.set_ylim(y0 - pad, y1 + pad)
+    return band_lo < y0 or band_hi > y1
+
+
 def plot_curves(bands: Mapping[str, CurveBand], metric: str, path: Path, *, legend_title: str,
                 colors: Mapping[str, tuple], markers: Mapping[str, Sequence[tuple]] | None = None,
                 matched_steps: Sequence[int] = (), title: str | None = None,
@@ -370,32 +401,12 @@ def plot_curves(bands: Mapping[str, CurveBand], metric: str, path: Path, *, lege
         ax.axvline(s, color="gray", linestyle=":", linewidth=0.9)
     if matched_steps:
         extra.append((plt.Line2D([], [], color="gray", linestyle=":"), "matched steps"))
+    robust_ylim(ax, list(bands.values()), [p[1] for pts in (markers or {}).values() for p in pts])
     ax.set_title(title or f"{metric} per group (mean over seeds, 95% CI)")
     _step_axis(ax, label=x_label)
     ax.set_ylabel(metric_label(metric))
     ax.grid(alpha=0.3)
     return _finish(fig, ax, path, legend_title, extra_handles=extra)
-
-
-@rendered
-def plot_overoptimisation(train: Mapping[str, CurveBand], val: Mapping[str, CurveBand], train_metric: str,
-                          val_metric: str, path: Path, *, legend_title: str,
-                          colors: Mapping[str, tuple], x_label: str = STEP_LABEL) -> Path:
-    """Train reward (dashed) and validation (solid) on one axis: rising train reward over falling
-    validation is over-optimisation."""
-    fig, ax = plt.subplots(figsize=(8, 4.6))
-    for g in dict.fromkeys([*val, *train]):
-        if g in val:
-            _band(ax, val[g], colors[g], g)
-        if g in train:
-            _band(ax, train[g], colors[g], None if g in val else g, linestyle="--")
-    style = [(plt.Line2D([], [], color="gray"), val_metric),
-             (plt.Line2D([], [], color="gray", linestyle="--"), train_metric)]
-    ax.set_title(f"Over-optimisation: {train_metric} (dashed) vs {val_metric} (solid)")
-    _step_axis(ax, label=x_label)
-    ax.set_ylabel("reward / accuracy (fraction)")
-    ax.grid(alpha=0.3)
-    return _finish(fig, ax, path, legend_title, extra_handles=style)
 
 
 def _panel_grid(n: int, *, max_cols: int, panel_size: tuple[float, float]):
@@ -409,19 +420,42 @@ def _panel_grid(n: int, *, max_cols: int, panel_size: tuple[float, float]):
     return fig, flat
 
 
-@rendered
+KL_REVERSE, KL_FORWARD = "reverse KL(π_θ‖π_ref)", "forward KL(π_ref‖π_θ)"
+
+
+def kl_direction(metric: str) -> tuple[str, str]:
+    """(direction, where its samples come from) of a KL metric, from its name (design.md: a
+    reverse KL is estimated on samples of π_θ, a forward one on unconditioned samples of π_ref;
+    the anchors' are neither): ``("reverse KL(π_θ‖π_ref)", "k3 estimate on samples of π_θ")``.
+    ("", "") for a name that says no direction."""
+    ns, _, name = metric.partition("/")
+    if ns == "anchor" and name.startswith("kl_"):
+        return "anchor KL (neither direction)", f"{name[3:]} estimate on reward-filtered samples of π_ref"
+    if ns != "kl":
+        return "", ""
+    for prefix, direction, source in (("reverse_", KL_REVERSE, "samples of π_θ"),
+                                      ("forward_", KL_FORWARD, "unconditioned samples of π_ref")):
+        if name.startswith(prefix):
+            return direction, f"{name[len(prefix):]} estimate on {source}"
+    if name == "exact_reverse":
+        return KL_REVERSE, "exact, on samples of π_θ"
+    if name == "exact_forward":
+        return KL_FORWARD, "exact, on unconditioned samples of π_ref"
+    return "", ""
+
+
 def plot_kl(panels: Mapping[str, Mapping[str, CurveBand]], path: Path, *, legend_title: str,
             colors: Mapping[str, tuple], x_label: str = STEP_LABEL) -> Path:
-    """Forward and reverse KL over steps, one panel per KL metric (ARMOR Fig. 2b style)."""
+    """KL over steps, one panel per KL metric (ARMOR Fig. 2b style), each titled with the
+    direction its metric measures and where its samples come from (kl_direction)."""
     n = len(panels)
     fig, flat = _panel_grid(n, max_cols=2, panel_size=(5.2, 4.0))
-    titles = {"reverse": "reverse KL(π_θ‖π_ref)", "forward": "forward KL(π_ref‖π_θ)"}
     for ax, (metric, bands) in zip(flat, panels.items(), strict=False):
         for g, band in bands.items():
             _band(ax, band, colors[g], g)
-        name = metric.split("/", 1)[-1]
-        kind = next((v for k, v in titles.items() if name.startswith(k) or name.startswith(f"exact_{k}")), metric)
-        ax.set_title(f"{kind}\n{metric}", fontsize=10)
+        robust_ylim(ax, list(bands.values()))
+        direction, source = kl_direction(metric)
+        ax.set_title(f"{direction or metric}\n{metric}: {source}" if direction else metric, fontsize=9)
         _step_axis(ax, label=x_label)
         ax.set_ylabel(metric_label(metric))
         ax.grid(alpha=0.3)
@@ -437,7 +471,6 @@ def _ecdf(ax, x: np.ndarray, color, label: str, linestyle="-") -> None:
     ax.step(x, y, where="post", color=color, label=f"{label} (n={x.size:,})", linestyle=linestyle)
 
 
-@rendered
 def plot_capacity(per_group: Mapping[str, np.ndarray], counterfactual: Mapping[str, np.ndarray], path: Path,
                   *, legend_title: str, colors: Mapping[str, tuple]) -> Path:
     """ECDF of probability capacity of A > 0 tokens: left, each group under its own objective;
@@ -468,7 +501,6 @@ def plot_capacity(per_group: Mapping[str, np.ndarray], counterfactual: Mapping[s
     return _save(fig, path)
 
 
-@rendered
 def plot_ablation(summary_rows: Sequence[Mapping], per_run: Mapping[str, Mapping[str, np.ndarray]],
                   scores: Sequence[str], score_labels: Mapping[str, str], x_key: str, hue_keys: Sequence[str],
                   path: Path, *, colors: Mapping[str, tuple]) -> Path:
@@ -538,7 +570,6 @@ def plot_ablation(summary_rows: Sequence[Mapping], per_run: Mapping[str, Mapping
     return _save(fig, path)
 
 
-@rendered
 def plot_curve_grid(panels: Mapping[str, Mapping[str, CurveBand]], path: Path, *, legend_title: str,
                     colors: Mapping[str, tuple], x_label: str = STEP_LABEL) -> Path:
     """Small multiples: every recipe curve, one panel per metric."""
@@ -547,6 +578,7 @@ def plot_curve_grid(panels: Mapping[str, Mapping[str, CurveBand]], path: Path, *
     for ax, (metric, bands) in zip(flat, panels.items(), strict=False):
         for g, band in bands.items():
             _band(ax, band, colors[g], g)
+        robust_ylim(ax, list(bands.values()))
         ax.set_title(metric, fontsize=10)
         _step_axis(ax, fontsize=8, label=x_label)
         ax.set_ylabel(metric_label(metric), fontsize=8)

@@ -17,6 +17,9 @@ collapse: {delta: 0.03, patience: 3, alpha: 0.04, entropy_frac: 0.1,   # collaps
            train: train/reward, entropy: train/entropy, length: train/length}
 kl: [kl/reverse_k3, kl/forward_k3]      # the KL figure (default: these and kl/exact_*, if logged)
 out: reports/armor_vs_dapo              # default: reports/<recipe name>
+format: tensorboard                     # read every path as this format (default: detected per path)
+runs_map: runs.yaml                     # imported runs' group, seed, val_n (armorlab.analysis.importers.mapping)
+val_n: 500                              # val/n of imported runs that log val/acc without it
 ```
 Every key but ``runs`` is optional; unknown keys and bad values are errors naming the key, the
 value and the file. Seeds are never a group key: they are what the statistics aggregate.
@@ -32,16 +35,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from armorlab.analysis import importers
+from armorlab.core.checks import did_you_mean
 from armorlab.core.config import load_yaml_mapping
 from armorlab.errors import ArmorLabError
 
 DEFAULT_CURVES = ("val/acc", "train/reward", "kl/reverse_k3", "kl/forward_k3", "cap/pos_mean",
                   "train/entropy", "val/length", "anchor/rate", "anchor/gate_drop_success",
-                  "anchor/gate_keep_success")
+                  "anchor/gate_keep_success", "obj/beta_kl")
 DEFAULT_KL = ("kl/reverse_k3", "kl/forward_k3", "kl/exact_reverse", "kl/exact_forward")
 SEED_KEYS = ("seed",)
 KEYS = ("title", "runs", "stages", "group_by", "curves", "select", "matched_steps", "scores", "compare",
-        "collapse", "kl", "out", "x")
+        "collapse", "kl", "out", "x", "format", "runs_map", "val_n")
 X_AXES = ("step", "rollout")  # the counters a metrics line carries (armorlab.core.schedule)
 
 
@@ -92,7 +97,10 @@ class Recipe:
     kl: list[str] = field(default_factory=lambda: list(DEFAULT_KL))
     out: str | None = None
     x: str = "step"
-    stages: list[str] | None = None
+    stages: list[str] | None = None  # only the runs of these stages of their sweeps (sweep.json)
+    format: str | None = None        # imported runs (armorlab.analysis.importers): read every path as this
+    runs_map: str | None = None      # runs.yaml: imported runs' group, seed, val_n
+    val_n: int | None = None         # val/n of imported runs that log val/acc without it
     path: Path | None = None
 
 
@@ -113,7 +121,7 @@ def _mapping(raw: Any, key: str, file: str | None, known: tuple[str, ...]) -> di
         raise _err("must be a mapping", key, raw, file)
     for k in raw:
         if k not in known:
-            raise _err(f"unknown key (known: {', '.join(known)})", f"{key}.{k}", raw[k], file)
+            raise _err(f"unknown key{did_you_mean(k, known)} (known: {', '.join(known)})", f"{key}.{k}", raw[k], file)
     return dict(raw)
 
 
@@ -129,10 +137,10 @@ def parse_recipe(raw: Mapping[str, Any], *, file: str | None = None, name: str |
         raise _err("a recipe must be a mapping", "<root>", raw, file)
     for k in raw:
         if k not in KEYS:
-            raise _err(f"unknown recipe key (known: {', '.join(KEYS)})", str(k), raw[k], file)
-    if "runs" not in raw:
-        raise _err("a recipe needs `runs:` (run dirs, sweep dirs or globs)", "runs", None, file)
-    r = Recipe(runs=_str_list(raw["runs"], "runs", file))
+            raise _err(f"unknown recipe key{did_you_mean(k, KEYS)} (known: {', '.join(KEYS)})", str(k), raw[k], file)
+    if "runs" not in raw and raw.get("runs_map") is None:
+        raise _err("a recipe needs `runs:` (run dirs, sweep dirs or globs) or `runs_map:`", "runs", None, file)
+    r = Recipe(runs=_str_list(raw["runs"], "runs", file) if "runs" in raw else [])
     r.title = raw.get("title") or name or r.title
     if not isinstance(r.title, str):
         raise _err("must be a string", "title", r.title, file)
@@ -216,6 +224,19 @@ def parse_recipe(raw: Mapping[str, Any], *, file: str | None = None, name: str |
         r.out = raw["out"]
     if raw.get("stages") is not None:
         r.stages = _str_list(raw["stages"], "stages", file)
+    if raw.get("format") is not None:
+        if raw["format"] not in importers.FORMATS:
+            raise _err(f"must be one of {', '.join(importers.FORMATS)}", "format", raw["format"], file)
+        r.format = raw["format"]
+    if raw.get("runs_map") is not None:
+        if not isinstance(raw["runs_map"], str) or not raw["runs_map"]:
+            raise _err("must be the path of a runs.yaml", "runs_map", raw["runs_map"], file)
+        r.runs_map = raw["runs_map"]
+    if raw.get("val_n") is not None:
+        v = raw["val_n"]
+        if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+            raise _err("must be a positive integer (completions per evaluation)", "val_n", v, file)
+        r.val_n = v
     return r
 
 
@@ -227,21 +248,25 @@ def load_recipe(path: str | Path) -> Recipe:
     return recipe
 
 
-def recipe_for_paths(paths: list[str], *, group_by: list[str] | None = None) -> Recipe:
+def recipe_for_paths(paths: list[str], *, group_by: list[str] | None = None, format: str | None = None,
+                     runs_map: str | None = None, val_n: int | None = None) -> Recipe:
     """The recipe behind ``armorlab report DIR...``: every default, the given dirs as runs."""
-    names = [Path(p).name or str(p) for p in paths]
+    names = [Path(p).name or str(p) for p in paths] or [Path(runs_map).stem if runs_map else "runs"]
     title = names[0] if len(names) == 1 else " vs ".join(names[:3]) + (" …" if len(names) > 3 else "")
-    return Recipe(runs=list(paths), title=title, group_by=group_by)
+    return Recipe(runs=list(paths), title=title, group_by=group_by, format=format, runs_map=runs_map, val_n=val_n)
 
 
 def default_out_dir(recipe: Recipe) -> Path:
     """recipe ``out:``; else a single run's ``report/``; a single sweep's ``<sweep>/report``;
-    else ``reports/<recipe name>``."""
+    else ``reports/<recipe name>`` (and ``reports/<name>`` for another library's run: importing
+    never writes into its directory)."""
     if recipe.out:
         return Path(recipe.out)
     if recipe.path is None and len(recipe.runs) == 1:
         p = Path(recipe.runs[0])
         if (p / "config.yaml").is_file() or p.is_dir():
-            return p / "report"
+            if not importers.holds_imports(p):
+                return p / "report"
+            return Path("reports") / (p.resolve().name or "compare")
     name = recipe.path.stem if recipe.path else "compare"
     return Path("reports") / name

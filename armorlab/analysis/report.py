@@ -7,7 +7,8 @@ Output directory layout::
     tables/groups.{csv,md,tex}        one row per group (CSV: numbers; md/tex: mean [95% CI])
     tables/runs.csv                   one row per run, every score
     tables/improvement.{csv,md,tex}   probability of improvement per compared pair
-    tables/verdicts.{csv,md,tex}      better / worse / equivalent / not resolved per arm (first on the page)
+    tables/verdicts.{csv,md,tex}      better / worse / equivalent / not resolved per arm (first on the page;
+                                      a sweep run until resolved: its looks.json's, analysis/looks_report.py)
     tables/configs.csv                config keys that differ between groups
     tables/mechanisms.{csv,md}        whether each remedy's mechanism acted (armorlab.analysis.mechanisms)
     recipe.yaml               the recipe as resolved (group keys, matched steps, scores)
@@ -33,8 +34,9 @@ from armorlab.analysis import capacity_stats as cs
 from armorlab.analysis import (
     collapse,
     freshness,
+    looks_report,
     mechanisms,
-    memo,
+    panels,
     plots,
     select,
     stats,
@@ -42,7 +44,6 @@ from armorlab.analysis import (
     verdict_table,
 )
 from armorlab.analysis import groups as G
-from armorlab.analysis.figure_worker import FigureWorker, wanted
 from armorlab.analysis.html import Figure, Section, esc, write_index
 from armorlab.analysis.load import RunSet, load
 from armorlab.analysis.recipe import DEFAULT_CURVES, Recipe, default_out_dir  # noqa: F401 (re-export)
@@ -110,6 +111,8 @@ def _missing_metric_notes(rs: RunSet, metrics: Sequence[str], notes: G.Notes, ex
 
 def _state_notes(rs: RunSet, notes: G.Notes) -> None:
     for run in rs.runs.itertuples(index=False):
+        if run.state == "unknown":  # an imported run whose source does not record how it ended
+            continue
         if run.state != "completed":
             reason = f": {run.reason}" if isinstance(run.reason, str) and run.reason else ""
             notes.add(f"run {run.run_id} is {run.state}{reason} (its curves end early)")
@@ -222,47 +225,63 @@ def _token_samples(rs: RunSet, groups: G.Groups, notes: G.Notes):
     return per_run, per_group, cf
 
 
-MEMO = ".armorlab-cache/memo.pickle"  # in the output dir: bootstrap results, bands, drawn figures
+def _kl_caption(kl_panels: Mapping[str, Any], wanted: Sequence[str]) -> str:
+    """What the KL figure shows, direction by direction, from the panels it has; a direction the
+    recipe asks for but no run logged is said to be missing."""
+    by_direction: dict[str, list[str]] = {}
+    for m in kl_panels:
+        by_direction.setdefault(plots.kl_direction(m)[0] or "other", []).append(m)
+    parts = [f"{d} ({', '.join(ms)})" for d, ms in by_direction.items()]
+    text = (" and ".join(parts) + " over steps, mean over seeds with its 95% CI; reverse KL is estimated on "
+            "samples of π_θ, forward KL on unconditioned samples of π_ref (panel titles say which)")
+    if plots.KL_FORWARD not in by_direction and any(plots.kl_direction(m)[0] == plots.KL_FORWARD for m in wanted):
+        text += ("; no forward KL: these runs log none (kl/forward_k* needs anchors or the gate, kl/exact_forward "
+                 "the probe, kl_probe_prompts > 0)")
+    return text
+
+
+def _step_range(rs: RunSet, metric: str) -> tuple[float, float] | None:
+    """The first and last step at which any run logged ``metric``: a step score's interval lies
+    inside it (a mean step's Student-t interval can reach before the first step)."""
+    ends = [(float(s[0]), float(s[-1])) for r in rs.run_ids for s, _ in [rs.curve(r, metric)] if s.size]
+    return (min(e[0] for e in ends), max(e[1] for e in ends)) if ends else None
+
+
 MAX_ONSET_LABELS = 40  # collapse onsets labelled with their fall in SE, at most
 
 def build_report(recipe: Recipe, out_dir: str | Path | None = None, *, cache: bool = True,
                  progress: Callable[[int, int], None] | None = None,
                  extra_sections: Callable[[Path, Callable[[str], None]], list[Section]] | None = None,
                  lead: Callable[[pd.DataFrame, RunSet, Path], Section | None] | None = None,
-                 figure_worker: bool | FigureWorker | None = None,
                  names: Callable[[pd.DataFrame, RunSet], Mapping[str, str]] | None = None) -> ReportResult:
     """Write the whole report for ``recipe`` and return what was written.
 
     ``extra_sections(out_dir, warn)`` returns sections appended after the run report's; ``warn``
     adds a note to the report's warnings. ``lead(per_run, runs, out_dir)`` may return a section
-    shown first (the demo's headline); ``names(per_run, runs)`` the groups' names in the verdict
-    sentences (default: their labels). With ``cache``, results of unchanged inputs come from
-    the last report in the same output dir (armorlab.analysis.memo). ``figure_worker``: draw
-    the figures in a worker process (None: when figure_worker.wanted says it pays off), or in
-    this one worker (started by the caller before it imported this module, so that matplotlib's
-    import overlaps pandas'; closed here); the report is the same either way."""
+    shown first (the demo's headline); ``names(runs_groups, runs)`` the groups' names in figures,
+    tables, warnings and verdict sentences, from a frame of the runs' ``run_id`` and ``group``
+    (default: groups.display_names). With ``cache``, the runs' parsed metrics come from the
+    metrics cache (armorlab.analysis.load)."""
     out = Path(out_dir) if out_dir is not None else default_out_dir(recipe)
-    if isinstance(figure_worker, FigureWorker):
-        worker = figure_worker
-    else:
-        worker = FigureWorker(wanted(recipe.runs) if figure_worker is None else figure_worker)
-    try:
-        with memo.using(out / MEMO, enabled=cache):
-            return _build_report(recipe, out, cache=cache, progress=progress, extra_sections=extra_sections,
-                                 lead=lead, worker=worker, names=names)
-    finally:
-        worker.close()
+    return _build_report(recipe, out, cache=cache, progress=progress, extra_sections=extra_sections, lead=lead,
+                         names=names)
+
+
+def _draw(plot: Callable[..., Path], *args: Any, **kwargs: Any) -> Callable[[], Path]:
+    """Draw one figure (a function of armorlab.analysis.plots) now; the page asks for its path."""
+    path = plot(*args, **kwargs)
+    return lambda: path
 
 
 def _build_report(recipe: Recipe, out: Path, *, cache: bool, progress: Callable[[int, int], None] | None,
                   extra_sections: Callable[[Path, Callable[[str], None]], list[Section]] | None,
                   lead: Callable[[pd.DataFrame, RunSet, Path], Section | None] | None = None,
-                  worker: FigureWorker,
                   names: Callable[[pd.DataFrame, RunSet], Mapping[str, str]] | None = None) -> ReportResult:
     file = str(recipe.path) if recipe.path else None
     key = freshness.input_key(recipe, out)  # before reading: a run growing meanwhile makes it stale
     freshness.forget(out)
-    rs = load(recipe.runs, cache=cache, progress=progress, stages=recipe.stages)
+    rs = load(recipe.runs, cache=cache, progress=progress, format=recipe.format, mapping=recipe.runs_map,
+              val_n=recipe.val_n, stages=recipe.stages)
     rs.counter = recipe.x  # steps in optimizer steps or rollouts, everywhere below
     notes = G.Notes(list(rs.warnings))
     _state_notes(rs, notes)
@@ -272,19 +291,20 @@ def _build_report(recipe: Recipe, out: Path, *, cache: bool, progress: Callable[
     groups = G.make_groups(rs.runs, keys, file=file)
     legend = ", ".join(keys) if keys else "group"
     sel = recipe.select
+    display = G.names_of(groups, rs, names)  # label → the group's name in figures, page and sentences
+
+    def named(by_label: Mapping[str, Any]) -> dict[str, Any]:
+        return {display[g]: v for g, v in by_label.items()}
 
     curves = _curves(recipe, rs)
-    # the worker's figures in the order that keeps both cores busy to the end: the KL figure
-    # first (drawn while the notes and scores are computed: a core would otherwise idle after
-    # the loading), then the figures that wait on the scores (the largest, the collapse curve,
-    # and the ablation), then the other curves, which need only bands. Notes are added in the
-    # order the page always listed them.
-    colors = plots.group_colors(groups.labels)
+    # notes are added in the order the page always listed them, whatever order the figures take
+    colors = plots.group_colors([display[g] for g in groups.labels])
     computed: dict[str, dict[str, stats.CurveBand]] = {}
 
     def band(m: str, into: G.Notes = notes) -> dict[str, stats.CurveBand]:
+        """The groups' bands of ``m`` by name (the KL figure's metrics whether or not they are curves)."""
         if m not in computed:
-            computed[m] = _bands(rs, groups, m, into) if m in curves else {}
+            computed[m] = named(_bands(rs, groups, m, into)) if m in curves or m in recipe.kl else {}
         return computed[m]
 
     plot_dir = out / "plots"
@@ -294,9 +314,8 @@ def _build_report(recipe: Recipe, out: Path, *, cache: bool, progress: Callable[
     kl_panels = {m: band(m, kl_notes) for m in recipe.kl}
     kl_panels = {m: b for m, b in kl_panels.items() if b}
     if kl_panels:
-        drawn["kl"] = ("kl", worker.draw(plots.plot_kl, kl_panels, plot_dir / "kl.png", legend_title=legend,
-                                         colors=colors, **axis),
-                       "reverse KL(π_θ‖π_ref) and forward KL(π_ref‖π_θ) over steps")
+        drawn["kl"] = ("kl", _draw(plots.plot_kl, kl_panels, plot_dir / "kl.png", legend_title=legend,
+                                         colors=colors, **axis), _kl_caption(kl_panels, recipe.kl))
     explicit = set(recipe.curves or ()) | {sel.metric, sel.report}
     _missing_metric_notes(rs, list(dict.fromkeys([sel.metric, sel.report, *curves])), notes, explicit)
     single = [g for g in groups.labels if len(groups.members[g]) == 1]
@@ -322,6 +341,15 @@ def _build_report(recipe: Recipe, out: Path, *, cache: bool, progress: Callable[
     tok_stats, cap_groups, cap_cf = _token_samples(rs, groups, score_notes)
     matched = G.resolve_matched_steps(rs, recipe)
     per_run = G.run_scores(rs, groups, recipe, matched, score_notes, tok_stats)
+    pairs = G.comparison_pairs(rs.runs, groups, recipe)
+    # a sweep run until resolved: its looks.json's verdicts; fixed-sample ones would ignore the looks
+    sequential = looks_report.find(recipe.runs)
+    if sequential:
+        looks_report.prepare(sequential, sel.metric, sel.report)
+        looks_report.check(sequential, per_run, rs, notes)
+        verdicts = None
+    else:
+        verdicts = verdict_table.build(per_run, rs, recipe, pairs, notes, display)
     if band(sel.metric):
         markers = {}
         records = per_run.to_dict("records")
@@ -334,16 +362,29 @@ def _build_report(recipe: Recipe, out: Path, *, cache: bool, progress: Callable[
                     v = select.value_at(*rs.curve(r["run_id"], sel.metric), cs).value
                     z = r.get("collapse_z", math.nan)
                     pts.append((cs, v, f"−{z:.1f} SE" if math.isfinite(z) else "−∞ SE" if z == math.inf else ""))
-            markers[g] = pts
+            markers[display[g]] = pts
         n_onsets = sum(len(p) for p in markers.values())
         labelled = n_onsets <= MAX_ONSET_LABELS
         if not labelled:  # past this they overlap into a smear (and cost a fifth of all figure time)
             markers = {g: [(x, y, "") for x, y, _ in pts] for g, pts in markers.items()}
-        drawn["val"] = ("results", worker.draw(plots.plot_curves, band(sel.metric), sel.metric,
-                                               plot_dir / "val.png", legend_title=legend, colors=colors,
-                                               markers=markers, matched_steps=matched,
-                                               noise=_noise_bands(rs, groups, sel.metric), **axis),
-                        f"{sel.metric} per group: mean over seeds with its 95% CI (shaded); thin dashed lines: ±1 SE "
+        noise = named(_noise_bands(rs, groups, sel.metric))
+        common = {"colors": colors, "markers": markers, "matched_steps": matched, "noise": noise, **axis}
+        if 2 <= len(groups.labels) <= panels.MAX_PANELS:  # one panel per arm, its baseline in each
+            base = verdicts.baseline() if verdicts is not None else None
+            words = ({display[v.arm]: v.verdict for v in verdicts.primary_verdicts()} if base is not None else {})
+            figure = _draw(panels.plot_arms, band(sel.metric), sel.metric, plot_dir / "val.png",
+                                 baseline=display.get(base), verdicts=words,
+                                 verdict_of=verdicts.labels[verdicts.primary] if verdicts else "", **common)
+            how = (f"one panel per arm, its baseline {display[base]} in grey in each" if base is not None else
+                   "one panel per group, the other groups' means in light grey")
+            how += f"; panel titles: each arm's verdict on {verdicts.labels[verdicts.primary]}" if words else ""
+        else:
+            figure = _draw(plots.plot_curves, band(sel.metric), sel.metric, plot_dir / "val.png",
+                                 legend_title=legend, **common)
+            how = "all groups on one axis"
+        drawn["val"] = ("first", figure,
+                        f"{sel.metric}, {how}: mean over seeds with its 95% CI (shaded; the y axis follows the "
+                        f"means, a wider CI is cut at the frame); thin dashed lines: ±1 SE "
                         f"of eval noise (binomial from val/n where logged, else estimated from the curve); ▼ = a "
                         f"seed's collapse onset, "
                         + ("labelled with how many SEs its level fell below the earlier peak " if labelled else
@@ -353,7 +394,8 @@ def _build_report(recipe: Recipe, out: Path, *, cache: bool, progress: Callable[
                         f"matched steps")
     cols = G.score_columns(per_run, matched)
     tok_cols = G.token_columns(per_run)
-    summary = G.group_summary(per_run, groups, cols + G.extra_columns(per_run) + tok_cols)
+    summary = G.group_summary(per_run, groups, cols + G.extra_columns(per_run) + tok_cols,
+                              step_range=_step_range(rs, sel.metric))
     scores = G.resolve_scores(recipe, per_run, matched)
     label = {s: tables.score_label(s, sel.metric, sel.report) for s in cols + tok_cols}
 
@@ -363,14 +405,14 @@ def _build_report(recipe: Recipe, out: Path, *, cache: bool, progress: Callable[
         hue = [k for k in keys if k != x_key and k in varying]
         at, numeric = G.group_rows(per_run), G.numeric_columns(per_run, scores)
         seeds = {g: {s: numeric[s][at.get(g, np.empty(0, dtype=np.int64))] for s in scores} for g in groups.labels}
-        drawn["ablation"] = ("results", worker.draw(plots.plot_ablation, summary.to_dict("records"), seeds,
+        drawn["ablation"] = ("results", _draw(plots.plot_ablation, summary.to_dict("records"), seeds,
                                                     scores, label, x_key, hue, plot_dir / "ablation.png",
-                                                    colors=colors),
+                                                    colors={g: colors[display[g]] for g in groups.labels}),
                              f"headline scores by {x_key}: mean with 95% CI (Student-t below "
                              f"{stats.T_MIN_BOOTSTRAP} seeds); dots are seeds")
     if band(sel.metric) and band(col.train):
-        drawn["overoptimisation"] = ("results", worker.draw(
-            plots.plot_overoptimisation, band(col.train), band(sel.metric), col.train, sel.metric,
+        drawn["overoptimisation"] = ("results", _draw(
+            panels.plot_overoptimisation, band(col.train), band(sel.metric), col.train, sel.metric,
             plot_dir / "overoptimisation.png", legend_title=legend, colors=colors, **axis),
             f"{col.train} (dashed) against {sel.metric} (solid): the over-optimisation picture")
     bands = {m: band(m) for m in curves if band(m)}
@@ -378,19 +420,17 @@ def _build_report(recipe: Recipe, out: Path, *, cache: bool, progress: Callable[
     shown = {sel.metric, col.train, *kl_panels} if sel.metric in bands else set(kl_panels)
     others = {m: b for m, b in bands.items() if m not in shown}
     if others:
-        drawn["curves"] = ("curves", worker.draw(plots.plot_curve_grid, others, plot_dir / "curves.png",
+        drawn["curves"] = ("curves", _draw(plots.plot_curve_grid, others, plot_dir / "curves.png",
                                                  legend_title=legend, colors=colors, **axis),
                            f"the recipe's other curves: mean over seeds with 95% CI (Student-t below "
                            f"{stats.T_MIN_BOOTSTRAP} seeds, BCa bootstrap from {stats.T_MIN_BOOTSTRAP})")
     notes.extend(score_notes)
     if cap_groups:
-        drawn["capacity"] = ("capacity", worker.draw(plots.plot_capacity, cap_groups, cap_cf,
+        drawn["capacity"] = ("capacity", _draw(plots.plot_capacity, named(cap_groups), cap_cf,
                                                      plot_dir / "capacity.png", legend_title=legend,
                                                      colors=colors),
                              "ECDF of probability capacity of A>0 tokens from tokens/ samples")
-    pairs = G.comparison_pairs(rs.runs, groups, recipe)
     poi = G.improvement_table(per_run, pairs, scores)
-    verdicts = verdict_table.build(per_run, rs, recipe, pairs, notes, names(per_run, rs) if names else None)
 
     tdir = out / "tables"
     group_display = tables.display_group_table(summary, keys, cols, sel.metric, sel.report)
@@ -415,6 +455,8 @@ def _build_report(recipe: Recipe, out: Path, *, cache: bool, progress: Callable[
     written += tables.write_table(diff, tdir / "configs", formats=("csv",))
     if verdicts is not None:
         written += verdict_table.write(verdicts, tdir)
+    if sequential:
+        written += looks_report.write(sequential, tdir)
     anchors = _anchor_table(rs, groups)
     if anchors is not None:
         written += tables.write_table(anchors, tdir / "anchors", formats=("csv", "md"))
@@ -435,24 +477,33 @@ def _build_report(recipe: Recipe, out: Path, *, cache: bool, progress: Callable[
     order = ("val", "overoptimisation", "kl", "capacity", "ablation", "curves")  # their place on the page
     figs = [(section, path(), caption) for name in order if name in drawn
             for section, path, caption in [drawn[name]]]
-    sections = _sections(recipe, out, figs, group_display, headline, poi_display, diff, per_run, matched,
-                         token_display, anchors)
+    page = G.PageNames(display, summary["group"].tolist(), keys)
+    sections = _sections(recipe, out, figs, page.tables(group_display), page.tables(headline),
+                         page.pairs(poi_display), page.column(diff), page.column(per_run), matched,
+                         page.tables(token_display), page.column(anchors))
     if acted is not None:  # right after the results: whether a remedy acted, beside whether it held
         sections.insert(1, Section("Mechanisms: did each remedy act?", intro=mechanisms.INTRO,
-                                   tables=[("", acted[0])]))
+                                   tables=[("", page.column(acted[0]))]))
     first = lead(per_run, rs, out) if lead is not None else None
     if first is not None:
         sections.insert(0, first)
+    top = [Figure(str(p.relative_to(out)), cap, "first-figure") for k, p, cap in figs if k == "first"]
     if verdicts is not None:
-        sections.insert(0, verdict_table.section(verdicts, len(pairs)))
+        sections[:0] = verdict_table.section(verdicts, len(pairs), top[0] if top else None)
+    elif top:
+        sections.insert(0, Section(f"{sel.metric} per group", figures=top, lead=True))
+    if sequential:
+        sections.insert(0, looks_report.section(sequential))
     if extra_sections is not None:
         sections += extra_sections(out, notes.add)
+    notes.items[:] = [G.rename(n, display) for n in notes.items]
     meta = (f"{len(rs.run_ids)} runs in {len(groups.labels)} groups (group_by: {esc(legend)}) · "
             f"selection on {esc(sel.metric)} ({sel.mode}), reported on {esc(sel.report)} · "
             f"matched steps {esc(', '.join(map(str, matched)) or 'none')} · generated {esc(now_iso())}")
     index = write_index(out, recipe.title, meta, notes.items, sections)
+    sentences = verdicts.sentences if verdicts is not None else [x for s in sequential for x in s.sentences]
     result = ReportResult(out, index, [p for _, p, _ in figs], written, list(notes.items), len(rs.run_ids),
-                          len(groups.labels), verdicts.sentences if verdicts is not None else [])
+                          len(groups.labels), sentences)
     # every figure under plots/, the extra sections' too (an Optuna study's)
     figures = [p for p in (out / "plots").rglob("*") if p.is_file()] if (out / "plots").is_dir() else []
     freshness.write_stamp(out, key, result_summary(result),

@@ -47,7 +47,6 @@ from typing import Any
 import numpy as np
 
 from armorlab.analysis import verdicts as V
-from armorlab.analysis.tdist import normal_ppf
 from armorlab.errors import ArmorLabError
 
 GRID = 201                 # Simpson points per look on (−c, c), odd: boundaries agree to 1e-7 with 1601
@@ -81,7 +80,7 @@ def spend(t: float, alpha: float, spending: str = "obf") -> float:
         return 0.0
     t = min(t, 1.0)
     if spending == "obf":
-        return float(2 * (2 - 2 * sp.ndtr(normal_ppf(1 - alpha / 4) / math.sqrt(t))))
+        return float(2 * (2 - 2 * sp.ndtr(float(sp.ndtri(1 - alpha / 4)) / math.sqrt(t))))
     if spending == "pocock":
         return alpha * math.log(1 + (math.e - 1) * t)
     raise ValueError(f"spending must be one of {SPENDING}, got {spending!r}")

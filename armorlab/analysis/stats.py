@@ -41,15 +41,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from armorlab.analysis.memo import cached
-from armorlab.analysis.tdist import t_quantile
-
 log = logging.getLogger(__name__)
 
 
 class _LazyScipyStats:
-    """scipy.stats, imported at first use (half a second): a report's worker process and the
-    commands that only read run dirs never need it."""
+    """scipy.stats, imported at first use (half a second): most reports and the commands that
+    only read run dirs never need it."""
     def __getattr__(self, name: str):
         from scipy import stats
 
@@ -61,13 +58,12 @@ sps = _LazyScipyStats()
 
 @functools.lru_cache(maxsize=1024)
 def t_ppf(q: float, df: float) -> float:
-    """Student-t quantile: armorlab.analysis.tdist for integer degrees of freedom (scipy's
-    numbers to ~10⁻¹⁴, without importing scipy), scipy.special.stdtrit for any other df."""
-    if float(df).is_integer() and df >= 1:
-        return t_quantile(q, int(df))
-    from scipy.special import stdtrit
+    """Student-t quantile (scipy.special.stdtrit), kept per (q, df): the same few are asked for often.
+    scipy.special is imported here, at first use: a sweep's dry run reads this module but asks no quantile."""
+    from scipy.special import stdtrit  # lazy: a quarter second that `sweep --dry-run` would pay for nothing
 
     return float(stdtrit(df, q))
+
 
 CONFIDENCE = 0.95
 N_RESAMPLES = 2000
@@ -161,7 +157,6 @@ def mean_ci(x, *, confidence: float = CONFIDENCE, n_resamples: int = N_RESAMPLES
     return math.nan, math.nan, method
 
 
-@cached
 def summarise(values, *, confidence: float = CONFIDENCE, n_resamples: int = N_RESAMPLES,
               seed: int = SEED) -> Summary:
     """Aggregate one score over seeds (NaNs, i.e. missing runs, are dropped).
@@ -286,7 +281,6 @@ def mann_whitney_p(x, y) -> float:
     return float(sps.mannwhitneyu(x, y, alternative="two-sided", method="auto").pvalue)
 
 
-@cached
 def poi_with_ci(x, y, *, confidence: float = CONFIDENCE, n_resamples: int = N_RESAMPLES,
                 seed: int = SEED) -> tuple[float, float, float]:
     """(S2) with a percentile-bootstrap CI (S5: scipy.stats.bootstrap's, paired=False), resampling
@@ -377,7 +371,6 @@ def minmax_indices(y: np.ndarray, max_points: int) -> np.ndarray:
     return np.unique(np.concatenate([[0, size - 1], starts + low, starts + high]))
 
 
-@cached
 def curve_band(aligned: AlignedCurves, *, max_points: int = 200, confidence: float = CONFIDENCE,
                n_resamples: int = 500, seed: int = SEED) -> CurveBand:
     """Mean and CI band per grid step (S3: Student-t where fewer than 30 seeds are present, BCa

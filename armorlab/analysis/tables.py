@@ -11,11 +11,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from armorlab.analysis.groups import fmt_value
+from armorlab.analysis.groups import STEP_SCORES, fmt_value
 from armorlab.analysis.stats import CI_METHOD_NAMES, LOW_POWER_N, ci_method
 from armorlab.core.fsutil import atomic_write_text
-
-STEP_SCORES = ("peak_step", "collapse_step", "selected_step", "divergence_step", "entropy_collapse_step")
 
 
 def score_label(score: str, val_metric: str, test_metric: str) -> str:

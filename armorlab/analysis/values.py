@@ -1,5 +1,5 @@
 """Config values as the report shows them: numpy scalars as Python ones, floats in ``%g``. Kept
-apart from armorlab.analysis.groups (pandas) so that the figure worker can label with it without
+apart from armorlab.analysis.groups (pandas) so that the figures can label with it without
 importing pandas."""
 
 from __future__ import annotations

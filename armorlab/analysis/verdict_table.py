@@ -19,9 +19,9 @@ import pandas as pd
 from armorlab.analysis import stats, tables
 from armorlab.analysis import verdicts as V
 from armorlab.analysis.groups import Notes, group_rows, numeric_columns
-from armorlab.analysis.html import Section, esc
+from armorlab.analysis.html import Figure, Section, esc
 from armorlab.analysis.load import RunSet
-from armorlab.analysis.recipe import DEFAULT_ENDPOINTS, Recipe
+from armorlab.analysis.recipe import DEFAULT_ENDPOINTS, Recipe, Select
 from armorlab.core.fsutil import atomic_write_text
 from armorlab.core.runs import RunDir
 from armorlab.errors import ArmorLabError
@@ -36,6 +36,17 @@ class VerdictTable:
     numbers: pd.DataFrame
     summary: str = ""
     labels: dict[str, str] = field(default_factory=dict)
+    names: dict[str, str] = field(default_factory=dict)     # group label → its name on the page
+    primary: str = ""                                       # the endpoint the sentences are on
+    hours: dict[str, float] = field(default_factory=dict)   # group label → mean hours of its runs
+
+    def primary_verdicts(self) -> list[V.Verdict]:
+        return [v for v in self.verdicts if v.endpoint == self.primary]
+
+    def baseline(self) -> str | None:
+        """The one baseline every primary comparison is against (its label), else None."""
+        bases = {v.baseline for v in self.primary_verdicts()}
+        return bases.pop() if len(bases) == 1 else None
 
 
 def endpoint_label(endpoint: str, val_metric: str, test_metric: str) -> str:
@@ -125,13 +136,8 @@ def build(per_run: pd.DataFrame, rs: RunSet, recipe: Recipe, pairs: Sequence[tup
         if cmp_.delta is not None:
             deltas[e] = (float(cmp_.delta), "compare.delta")
         else:
-            metric = _metric_of(e, sel.metric, sel.report)
-            n = eval_size(rs, run_ids, metric)
-            level = _mean_level(per_run, e, [at.get(g, none) for g in compared])
-            d = V.default_delta(level, n)
-            deltas[e] = (d, f"twice one evaluation's standard error, 2·√(p(1 − p)/n) with n = {n:g} "
-                            f"({metric.rpartition('/')[0]}/n) at p = {level:.3f}" if math.isfinite(d) else
-                         f"unknown: {metric} has no logged eval size; set compare.delta")
+            deltas[e] = default_delta_for(per_run, rs, run_ids, e, sel, [at.get(g, none) for g in compared])
+            d, metric = deltas[e][0], _metric_of(e, sel.metric, sel.report)
             if not math.isfinite(d):
                 notes.add(f"verdicts on {e}: no δ (no eval size for {metric}): equivalence and seed "
                           f"planning need compare.delta")
@@ -145,7 +151,21 @@ def build(per_run: pd.DataFrame, rs: RunSet, recipe: Recipe, pairs: Sequence[tup
     return VerdictTable(verdicts, deltas, sentences, _display(verdicts, labels, names, per_run, at, numeric,
                                                             group_hours),
                         pd.DataFrame([v.as_dict() for v in verdicts]), _summary(primary, group_hours, labels[endpoints[0]]),
-                        labels)
+                        labels, names, endpoints[0], group_hours)
+
+
+def default_delta_for(per_run: pd.DataFrame, rs: RunSet, run_ids: Sequence[str], endpoint: str, sel: Select,
+                      rows: list[np.ndarray]) -> tuple[float, str]:
+    """(D1)'s δ of one endpoint over the compared runs (``run_ids``, at ``rows`` of ``per_run``) and
+    how it was set; NaN when the endpoint's metric logs no eval size. ``sel``: the recipe's select."""
+    metric = _metric_of(endpoint, sel.metric, sel.report)
+    n = eval_size(rs, run_ids, metric)
+    level = _mean_level(per_run, endpoint, rows)
+    d = V.default_delta(level, n)
+    if not math.isfinite(d):
+        return d, f"unknown: {metric} has no logged eval size; set compare.delta"
+    return d, (f"twice one evaluation's standard error, 2·√(p(1 − p)/n) with n = {n:g} "
+               f"({metric.rpartition('/')[0]}/n) at p = {level:.3f}")
 
 
 def _mean_level(per_run: pd.DataFrame, endpoint: str, rows: list[np.ndarray]) -> float:
@@ -166,12 +186,11 @@ def _hours(v: V.Verdict, group_hours: Mapping[str, float]) -> float | None:
             + max(0, v.seeds_needed - v.n_baseline) * group_hours[v.baseline])
 
 
-def _summary(primary: Sequence[V.Verdict], group_hours: Mapping[str, float], label: str) -> str:
+def open_cost(primary: Sequence[V.Verdict], group_hours: Mapping[str, float]) -> tuple[int, float | None]:
     """The cost of resolving every open comparison on the primary endpoint at once: each arm up
-    to its planned seeds, the shared baseline up to the largest."""
+    to its planned seeds, the shared baseline up to the largest: (more runs, their hours, None
+    where a run time is unknown)."""
     open_ = [v for v in primary if v.seeds_needed is not None and V.more_runs(v)]
-    if not open_:
-        return ""
     runs, hours, known = 0, 0.0, True
     base_need: dict[str, tuple[int, int]] = {}
     for v in open_:
@@ -190,7 +209,14 @@ def _summary(primary: Sequence[V.Verdict], group_hours: Mapping[str, float], lab
             hours += extra * group_hours[b]
         elif extra:
             known = False
-    cost = f", ≈ {hours:.1f} h of runs at the measured run times" if known else ""
+    return runs, hours if known else None
+
+
+def _summary(primary: Sequence[V.Verdict], group_hours: Mapping[str, float], label: str) -> str:
+    runs, hours = open_cost(primary, group_hours)
+    if not runs:
+        return ""
+    cost = f", ≈ {hours:.1f} h of runs at the measured run times" if hours is not None else ""
     return (f"Resolving every open comparison on {label} at 80% power takes {runs} more runs"
             f"{cost} (each arm up to its planned seeds, the shared baseline up to the largest).")
 
@@ -220,9 +246,151 @@ def _display(verdicts, labels, names, per_run, at, numeric, group_hours) -> pd.D
     return pd.DataFrame(rows)
 
 
-def section(table: VerdictTable, n_pairs: int) -> Section:
+def _seeds(vs: Sequence[V.Verdict]) -> str:
+    counts = sorted({v.n_arm for v in vs} | {v.n_baseline for v in vs})
+    if len(counts) == 1:
+        return f"{counts[0]} seed{'s' if counts[0] != 1 else ''} per arm"
+    return f"{counts[0]}–{counts[-1]} seeds per arm"
+
+
+def _open_cost(vs: Sequence[V.Verdict], table: VerdictTable) -> str:
+    """': 24 more runs (≈ 3.1 h) would resolve them at 80% power' for the open comparisons
+    (nothing where a comparison has no plan: no δ or no spread yet)."""
+    open_ = [v for v in vs if v.verdict in (V.UNRESOLVED, V.TOO_FEW)]
+    if not open_ or any(v.seeds_needed is None for v in open_):
+        return ""
+    runs, hours = open_cost(vs, table.hours)
+    if not runs:
+        return ""
+    it = "it" if len(open_) == 1 else "them"
+    return (f": {runs} more runs" + (f" (≈ {hours:.1f} h)" if hours is not None else "")
+            + f" would resolve {it} at 80% power")
+
+
+_WORDS = ((V.BETTER, "better"), (V.WORSE, "worse"), (V.EQUIVALENT, "equivalent within ±δ"))
+MAX_NAMED = 4  # arms named in the answer per verdict; more are counted
+
+
+def answer(table: VerdictTable) -> str:
+    """The report's answer in one sentence, on the primary endpoint: ``Against dapo on final
+    val/acc (3 seeds per arm): armor is better, up is worse; gate only (dapo) is not resolved:
+    8 more runs (≈ 1.2 h) would resolve it at 80% power.`` With several baselines (every pair
+    compared): the group better (worse) than every other one, and how many pairs are resolved."""
+    vs = table.primary_verdicts()
+    if not vs:
+        return ""
+    base = table.baseline()
+    name = table.names.get
+    sep = "; " if any("," in name(g, g) for v in vs for g in (v.arm, v.baseline)) else ", "
+
+    def join(items: Sequence[str]) -> str:
+        items = list(items)
+        return items[0] if len(items) == 1 else sep.join(items[:-1]) + " and " + items[-1]
+
+    def be(items: Sequence[str]) -> str:
+        return "is" if len(items) == 1 else "are"
+
+    def arms(of: Sequence[V.Verdict]) -> str:  # named up to four, counted beyond (the table names them)
+        names = [name(v.arm, v.arm) for v in of]
+        if len(names) <= MAX_NAMED:
+            return f"{join(names)} {be(names)}"
+        return f"{'the other ' if of is open_ else ''}{len(of)} arms are"
+
+    open_ = [v for v in vs if v.verdict in (V.UNRESOLVED, V.TOO_FEW)]
+    if base is not None:
+        said = []
+        for word, shown in _WORDS:
+            these = [v for v in vs if v.verdict == word]
+            if these:
+                said.append(f"{arms(these)} {shown}")
+        text = f"Against {name(base, base)} on {table.labels[table.primary]} ({_seeds(vs)}): " + "; ".join(said)
+        if open_:
+            tail = (f"none of the {len(vs)} arms is resolved" if len(open_) == len(vs) > MAX_NAMED
+                    else f"{arms(open_)} not resolved")
+            text += ("; " if said else "") + tail + _open_cost(vs, table)
+        return text + "."
+    wins: dict[str, set[str]] = {}
+    losses: dict[str, set[str]] = {}
+    rivals: dict[str, set[str]] = {}
+    for v in vs:
+        rivals.setdefault(v.arm, set()).add(v.baseline)
+        rivals.setdefault(v.baseline, set()).add(v.arm)
+        if v.verdict in (V.BETTER, V.WORSE):
+            up, down = (v.arm, v.baseline) if v.verdict == V.BETTER else (v.baseline, v.arm)
+            wins.setdefault(up, set()).add(down)
+            losses.setdefault(down, set()).add(up)
+    said = []
+    for g, others in rivals.items():
+        if len(others) > 1 and wins.get(g) == others:
+            said.append(f"{name(g, g)} is better than each of the {len(others)} others")
+        if len(others) > 1 and losses.get(g) == others:
+            said.append(f"{name(g, g)} is worse than each of the {len(others)} others")
+    resolved = len(vs) - len(open_)
+    count = f"{resolved} of {len(vs)} pairs are resolved"
+    if open_:
+        count += _open_cost(vs, table).replace(" would resolve them", " would resolve the rest").replace(
+            " would resolve it", " would resolve the last")
+    return f"On {table.labels[table.primary]} ({_seeds(vs)}): " + "; ".join([*said, count]) + "."
+
+
+def _cell(v: V.Verdict, mirrored: bool) -> str:
+    """One comparison as a cell of the pairwise table, read as row vs column."""
+    diff = -v.diff if mirrored else v.diff
+    word = v.verdict
+    if mirrored and word in (V.BETTER, V.WORSE):
+        word = V.WORSE if word == V.BETTER else V.BETTER
+    if word in (V.UNRESOLVED, V.TOO_FEW) and v.seeds_needed is not None:
+        return f"{word} {V.signed(diff)} ({v.seeds_needed} seeds)"
+    return f"{word} {V.signed(diff)}"
+
+
+def first_screen_table(table: VerdictTable) -> pd.DataFrame:
+    """The verdicts on the primary endpoint in the columns that answer the question (the full
+    table, every endpoint, follows under the figure): with one baseline, one row per arm; with
+    several (every pair compared), one row and one column per group, a cell reading row vs
+    column."""
+    label = table.labels[table.primary]
+    vs = table.primary_verdicts()
+    if table.baseline() is None:
+        order = list(dict.fromkeys(g for v in vs for g in (v.arm, v.baseline)))
+        shown = [table.names.get(g, g) for g in order]
+        cells = {g: dict.fromkeys(order, "") for g in order}
+        for v in vs:
+            cells[v.arm][v.baseline] = _cell(v, False)
+            cells[v.baseline][v.arm] = _cell(v, True)
+        head = f"{label}: row vs column"
+        return pd.DataFrame([{head: shown[i], **{shown[j]: cells[g][h] or ("·" if g == h else "—")
+                                                 for j, h in enumerate(order)}}
+                             for i, g in enumerate(order)])
+    rows = []
+    for v in vs:
+        hours = _hours(v, table.hours)
+        if v.seeds_needed is None:
+            plan = "—"
+        else:
+            extra = V.more_runs(v)
+            plan = (f"{v.seeds_needed} seeds per arm ({extra} more runs"
+                    + (f", ≈ {hours:.1f} h" if hours is not None and extra else "") + ")")
+        rows.append({
+            "arm vs baseline": f"{table.names.get(v.arm, v.arm)} vs {table.names.get(v.baseline, v.baseline)}",
+            "verdict": v.verdict + (" (< δ)" if v.verdict in (V.BETTER, V.WORSE) and v.within_delta else ""),
+            f"{label}: arm − baseline [CI]": f"{V.signed(v.diff)} [{V.signed(v.low)}, {V.signed(v.high)}]",
+            "arm / baseline": f"{v.mean_arm:.3f} / {v.mean_baseline:.3f}",
+            "seeds": V.seeds_phrase(v.n_arm, v.n_baseline).replace(" seeds per arm", " per arm"),
+            "to resolve (80% power at δ)": plan,
+        })
+    return pd.DataFrame(rows)
+
+
+def section(table: VerdictTable, n_pairs: int, figure: Figure | None = None) -> list[Section]:
+    """The page's first screen (the answer in one sentence, the verdicts on the primary endpoint
+    and ``figure``, the one that shows them), then the verdicts on every endpoint with their
+    sentences and how they are made; both open the page."""
     deltas = "; ".join(f"{table.labels[e]}: δ = {d:.3f} ({how})" if math.isfinite(d) else
                        f"{table.labels[e]}: δ {how}" for e, (d, how) in table.deltas.items())
+    first = Section("Verdict", intro=f'<p class="answer" id="answer"><b>{esc(answer(table))}</b></p>',
+                    tables=[("", first_screen_table(table), "verdict-table")],
+                    figures=[figure] if figure is not None else [], lead=True)
     intro = ("<p>" + "".join(f"{esc(s)}.<br>" for s in table.sentences) + "</p>"
              + (f"<p>{esc(table.summary)}</p>" if table.summary else "")
              + "<p>Difference: arm − baseline, mean over seeds, with Welch's interval; the interval's "
@@ -233,8 +401,10 @@ def section(table: VerdictTable, n_pairs: int) -> Section:
              f"Holm level), the runs that adds and their hours at the measured run times. {esc(deltas)}. "
              "P(arm better): the chance that a seed of the arm beats a seed of the baseline (ties ½). "
              "These are fixed-sample verdicts: seeds added until something looked significant need the "
-             "sequential rule (docs/verdicts.md).</p>")
-    return Section("Verdicts", intro=intro, tables=[("", table.display)], lead=True)
+             "sequential rule (docs/verdicts.md)."
+             + (" In the pairwise table above a cell reads row vs column (row − column); (n seeds): the seeds "
+                "per arm that 80% power at δ needs." if table.baseline() is None else "") + "</p>")
+    return [first, Section("Verdicts on every endpoint", intro=intro, tables=[("", table.display)], lead=True)]
 
 
 def write(table: VerdictTable, tdir: Path) -> list[Path]:

@@ -4,6 +4,8 @@ For a few rows it prints the prompt exactly as the model receives it (after the 
 template, as TRL renders it), the reference answer, the reward of that answer written the way
 the task expects it (``\\boxed{answer}`` for math: 1.0 unless math-verify cannot read the
 answer), and one completion sampled from the model with the run's settings and its reward.
+It never trains: with ``model: tiny`` the sample needs the warm-started tiny model, which the
+first ``armorlab train`` of the config builds; until then the sample is skipped with a note.
 """
 
 from __future__ import annotations
@@ -21,11 +23,20 @@ def check_rows(cfg: dict[str, Any], *, rows: int, split: str, seed: int) -> list
     from trl.data_utils import maybe_apply_chat_template
 
     from armorlab.tasks import build_task
-    from armorlab.train.models import has_chat_template, prepare_model
+    from armorlab.train.models import cached_model, has_chat_template
 
-    model_path = prepare_model(cfg["model"], cfg["task"])
-    task = build_task(cfg["task"], chat=has_chat_template(model_path))
+    model_path = cached_model(cfg["model"], cfg["task"])  # never builds: check-task does not train
+    task = build_task(cfg["task"], chat=has_chat_template(model_path) if model_path is not None else False)
     data = {"train": task.train, "val": task.val, "test": task.test}[split]
+    if model_path is None:  # the tiny model is not built: prompts and gold rewards only
+        out = []
+        for row in data.select(range(min(rows, len(data)))):
+            gold = task.target_completion(row["answer"])
+            out.append({"prompt": row["prompt"] if isinstance(row["prompt"], str) else str(row["prompt"]),
+                        "answer": row["answer"], "gold_completion": gold,
+                        "gold_reward": task.score([_as_completion(gold, row["prompt"])], [row["answer"]])[0],
+                        "sample": None, "reward": None, "truncated": False})
+        return out
     tokenizer = AutoTokenizer.from_pretrained(str(model_path))
     model = AutoModelForCausalLM.from_pretrained(str(model_path))
     model.eval()
@@ -74,13 +85,20 @@ def register(app: typer.Typer) -> None:
             raise ArmorLabError("must be train, val or test", key="--split", value=split)
         cfg = load_config(config, set_)
         unreadable = 0
-        for i, r in enumerate(check_rows(cfg, rows=rows, split=split, seed=seed), 1):
+        facts = check_rows(cfg, rows=rows, split=split, seed=seed)
+        for i, r in enumerate(facts, 1):
             typer.echo(f"─── row {i} ({split}) " + "─" * 40)
             typer.echo(f"prompt (as the model sees it):\n{r['prompt']}")
             typer.echo(f"answer: {r['answer']!r}   {r['gold_completion']!r} scores {r['gold_reward']:.1f}")
-            cut = " (cut at max_completion_length)" if r["truncated"] else ""
-            typer.echo(f"sample{cut}:\n{r['sample']}\nreward: {r['reward']:.1f}")
+            if r["sample"] is not None:
+                cut = " (cut at max_completion_length)" if r["truncated"] else ""
+                typer.echo(f"sample{cut}:\n{r['sample']}\nreward: {r['reward']:.1f}")
             unreadable += r["gold_reward"] < 1.0
+        if any(r["sample"] is None for r in facts):
+            typer.echo("note: no sample: the tiny model is not built for this task yet, and check-task does not "
+                       "train. The first `armorlab train` of this config warm-starts it on the task's train split "
+                       "(once, cached; minutes on a CPU, with a progress bar); check-task samples from it after.",
+                       err=True)
         if unreadable:
             typer.echo(f"warning: {unreadable} reference answer(s) do not score 1.0 even written as the task "
                        "expects: math-verify cannot read them", err=True)

@@ -11,67 +11,89 @@ import typer
 def register(app: typer.Typer) -> None:
     @app.command("report")
     def report(
-        inputs: list[str] = typer.Argument(..., metavar="RECIPE.yaml|RUN_OR_SWEEP_DIR",
-                                           help="A recipe (analysis/*.yaml), or run/sweep dirs and globs."),
+        ctx: typer.Context,
+        inputs: list[str] = typer.Argument(None, metavar="RECIPE.yaml|PATH...",
+                                           help="A recipe (analysis/*.yaml), or paths and globs: armorlab "
+                                           "run/sweep dirs, TRL output dirs, W&B run folders, TensorBoard log dirs, "
+                                           "verl JSONL files, trackio .db files (detected per path)."),
         out: Path = typer.Option(None, "--out", help="Output dir (default: recipe `out:`, a run's or "
-                                 "sweep's report/, else reports/<recipe>)."),
+                                 "sweep's report/, else reports/<recipe or dir name>)."),
         group_by: list[str] = typer.Option([], "--group-by", help="Config keys to group on, e.g. "
-                                           "--group-by objective,alpha (default: the keys that tell runs "
-                                           "apart; seeds are always aggregated)."),
+                                           "--group-by objective,alpha, or keys an imported run's source recorded "
+                                           "(--group-by beta,learning_rate) (default: the keys that tell runs "
+                                           "apart, or run_group from --map; seeds are always aggregated)."),
         no_cache: bool = typer.Option(False, "--no-cache", help="Rebuild everything: re-parse every "
                                       "metrics.jsonl, read and write no cache."),
+        format: str = typer.Option(None, "--format", help="Read every PATH as this format: armorlab, trl, "
+                                   "wandb, tensorboard, verl, trackio (default: detected per path)."),
+        runs_map: Path = typer.Option(None, "--map", help="runs.yaml: imported runs' group, seed and val_n by "
+                                      "path (its paths are the inputs when no PATH is given)."),
+        val_n: int = typer.Option(None, "--val-n", min=1, help="Completions behind each validation of "
+                                  "imported runs that do not log val/n (the binomial noise of val/acc)."),
     ) -> None:
         """Compare runs: seed statistics, collapse metrics, KL, capacity -> PNG, CSV/MD/LaTeX, HTML."""
         from armorlab.analysis.recipe import load_recipe, recipe_for_paths
         from armorlab.errors import ArmorLabError
 
+        inputs = list(inputs or [])
         keys = [k.strip() for item in group_by for k in item.split(",") if k.strip()] or None
-        first = Path(inputs[0])
-        if len(inputs) == 1 and first.suffix in (".yaml", ".yml") and not first.is_dir():
+        if not inputs and runs_map is None:
+            raise typer.BadParameter("Missing argument 'RECIPE.yaml|PATH...' (or --map runs.yaml).", ctx=ctx)
+        if runs_map is not None and not runs_map.is_file():
+            raise ArmorLabError("mapping file not found", key="--map", value=str(runs_map))
+        if format is not None:
+            from armorlab.analysis.importers import FORMATS
+
+            if format not in FORMATS:
+                raise ArmorLabError(f"unknown format (known: {', '.join(FORMATS)})", key="--format", value=format)
+        first = Path(inputs[0]) if inputs else None
+        if first is not None and len(inputs) == 1 and first.suffix in (".yaml", ".yml") and not first.is_dir():
             if not first.is_file():
                 raise ArmorLabError("recipe file not found", key="recipe", value=str(first))
             recipe = load_recipe(first)
             if keys:
                 recipe.group_by = keys
+            recipe.format = format or recipe.format
+            recipe.runs_map = str(runs_map) if runs_map is not None else recipe.runs_map
+            recipe.val_n = val_n or recipe.val_n
         else:
-            recipe = recipe_for_paths(inputs, group_by=keys)
+            recipe = recipe_for_paths(inputs, group_by=keys, format=format,
+                                      runs_map=str(runs_map) if runs_map is not None else None, val_n=val_n)
+        if recipe.group_by is None and recipe.runs_map is not None:
+            from armorlab.analysis import importers
+
+            if any(e.group is not None for e in importers.load_mapping(recipe.runs_map).entries):
+                recipe.group_by = [importers.GROUP_KEY]
+        if recipe.group_by is None:
+            recipe.group_by = _study_keys(recipe.runs)
         write_report(recipe, out, cache=not no_cache)
-        # every output is renamed into place and the figure worker has exited: the ~0.1 s the
-        # interpreter's teardown takes to free the runs' tables would only delay the prompt
-        from armorlab.core.process_exit import skip_teardown
-
-        skip_teardown()
 
 
-def _figure_worker(recipe):
-    from armorlab.analysis.figure_worker import FigureWorker, wanted
+def _study_keys(runs: list[str]) -> list[str] | None:
+    """An Optuna study's trials grouped by every searched key (not only the fewest keys that tell
+    them apart: a continuous alpha alone does, which hid the learning rate searched with it);
+    None when no input is a study dir."""
+    from armorlab.tune.study import is_study_dir, searched_keys
 
-    return FigureWorker(wanted(recipe.runs))
+    studies = [r for r in runs if Path(r).is_dir() and is_study_dir(r)]
+    keys = [k for s in studies for k in searched_keys(s)]
+    return list(dict.fromkeys(keys)) or None
 
 
-def compose_report(recipe, out: Path | None, *, cache: bool = True, progress=None, lead=None, worker=None,
-                   names=None):
+def compose_report(recipe, out: Path | None, *, cache: bool = True, progress=None, lead=None, names=None):
     """The run report (armorlab.analysis.report) plus an Optuna section per study dir among the
-    inputs (armorlab.tune.study): composed here so that analysis never imports tune. ``worker``:
-    the figure worker, started by the caller as early as it could (build_report closes it)."""
-    # the figure worker first: its interpreter and matplotlib import run on the other core while
-    # this process imports pandas (build_report takes it over and closes it)
-    worker = _figure_worker(recipe) if worker is None else worker
-    try:
-        from armorlab.analysis.report import build_report  # pandas: after the cheap checks
-        from armorlab.tune.study import is_study_dir  # light: optuna only inside the section builder
+    inputs (armorlab.tune.study): composed here so that analysis never imports tune."""
+    from armorlab.analysis.report import build_report  # pandas: after the cheap checks
+    from armorlab.tune.study import is_study_dir  # light: optuna only inside the section builder
 
-        studies = [p for p in recipe.runs if Path(p).is_dir() and is_study_dir(p)]
-        extra = None
-        if studies:
-            from armorlab.tune.study import report_sections
+    studies = [p for p in recipe.runs if Path(p).is_dir() and is_study_dir(p)]
+    extra = None
+    if studies:
+        from armorlab.tune.study import report_sections
 
-            extra = functools.partial(report_sections, studies)
-    except BaseException:
-        worker.close()
-        raise
+        extra = functools.partial(report_sections, studies)
     return build_report(recipe, out, cache=cache, progress=progress, extra_sections=extra, lead=lead,
-                        figure_worker=worker, names=names)
+                        names=names)
 
 
 def write_report(recipe, out: Path | None, *, cache: bool = True, lead=None, verdicts: bool = True,
@@ -85,26 +107,25 @@ def write_report(recipe, out: Path | None, *, cache: bool = True, lead=None, ver
     ``lead`` (the demo's headline) needs the per-run scores, so a call with one always builds."""
     from armorlab.analysis import freshness
     from armorlab.analysis.recipe import default_out_dir
+    from armorlab.core.fsutil import writable_dir
 
-    target = Path(out) if out is not None else default_out_dir(recipe)
+    target = writable_dir(out if out is not None else default_out_dir(recipe),
+                          key="--out" if out is not None else "out",
+                          file=None if out is not None or recipe.path is None else str(recipe.path))
     summary = freshness.fresh_summary(recipe, target) if cache and lead is None else None
     if summary is not None:
         _print_summary(summary, note="unchanged: inputs, recipe and code are as when it was written",
                        verdicts=verdicts)
         return summary
 
-    worker = _figure_worker(recipe)  # before rich's import too: every hundredth of a second overlaps
-    try:
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-    except BaseException:
-        worker.close()
-        raise
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
     console = Console(stderr=True)
     with Progress(TextColumn("reading runs"), BarColumn(), MofNCompleteColumn(), console=console,
                   transient=True) as bar:
         task = bar.add_task("runs", total=None)
-        result = compose_report(recipe, target, cache=cache, lead=lead, worker=worker, names=names,
+        result = compose_report(recipe, target, cache=cache, lead=lead, names=names,
                                 progress=lambda done, total: bar.update(task, completed=done, total=total))
     from armorlab.analysis.report import result_summary  # imported by compose_report already
 

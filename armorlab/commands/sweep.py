@@ -32,8 +32,16 @@ def register(app: typer.Typer) -> None:
         detach: bool = typer.Option(False, "--detach", help="Local: running trainers keep going if this "
                                     "command dies or its terminal closes (default: they checkpoint and stop "
                                     "with it; a re-run resumes them)."),
-        set_: list[str] = typer.Option([], "--set", help="Override a base key of every run, e.g. "
-                                       "--set model=tiny task=arithmetic (changes the run ids)."),
+        set_: list[str] = typer.Option([], "--set", help="Override a base key of every run, once per key, e.g. "
+                                       "--set model=tiny --set task.digits=3 (changes the run ids)."),
+        until_resolved: bool = typer.Option(False, "--until-resolved", help="Add seeds in looks until every "
+                                            "arm of the spec's `compare:` is resolved against its baseline "
+                                            "(group-sequential; docs/verdicts.md). Again = where it stands, "
+                                            "and resume."),
+        max_seeds: int = typer.Option(None, "--max-seeds", help="--until-resolved: at most this many seeds "
+                                      "per arm (default 10); then 'not resolved'."),
+        seeds_per_look: int = typer.Option(None, "--seeds-per-look", help="--until-resolved: seeds added per "
+                                           "look after the first (the spec's seeds); default 2."),
     ) -> None:
         """Run a sweep: every grid point × seed once; again = resume (completed/queued runs are skipped)."""
         from armorlab.core.config import parse_overrides
@@ -42,8 +50,17 @@ def register(app: typer.Typer) -> None:
 
         if retry is not None and retry not in RETRY_CHOICES:
             raise ArmorLabError("only failed runs can be retried", key="--retry", value=retry)
+        if not until_resolved:
+            for flag, value in (("--max-seeds", max_seeds), ("--seeds-per-look", seeds_per_look)):
+                if value is not None:
+                    raise ArmorLabError("only with --until-resolved", key=flag, value=value)
+        else:
+            _until_resolved(spec, root=root, executor=executor, profile=profile, overrides=parse_overrides(set_),
+                            retry_failed=retry == "failed", max_seeds=max_seeds, seeds_per_look=seeds_per_look,
+                            workers=workers, detach=detach, dry_run=dry_run, wait=wait)
+            return
         cluster_max = None
-        if dry_run:  # asked now, answered while the spec expands (a Slurm dry run shows it)
+        if dry_run and executor == "slurm":  # asked now, answered while the spec expands
             from armorlab.sweeps import slurmctl
 
             cluster_max = slurmctl.max_array_size_later()
@@ -51,7 +68,11 @@ def register(app: typer.Typer) -> None:
             plan = plan_sweep(spec, root=root, executor=executor, profile=profile, retry_failed=retry == "failed",
                               overrides=parse_overrides(set_))
             if dry_run:
-                _print_dry_run(plan, workers, cluster_max)
+                if plan.executor == "slurm" and cluster_max is None:  # the profile chose Slurm
+                    from armorlab.sweeps import slurmctl
+
+                    cluster_max = slurmctl.max_array_size_later()
+                _print_dry_run(plan, workers, cluster_max)  # a local plan never asks Slurm
                 return
         finally:
             if cluster_max is not None:
@@ -98,7 +119,7 @@ def _summary(plan) -> str:
     return f"sweep {plan.spec.name}: {len(plan.runs)} run(s) in {plan.sweep_dir}: {', '.join(parts)}"
 
 
-def _print_dry_run(plan, workers: int | None, cluster_max: Callable[[], int]) -> None:
+def _print_dry_run(plan, workers: int | None, cluster_max: Callable[[], int] | None) -> None:
     from armorlab.sweeps.spec import describe_run
 
     lines = [_summary(plan), ""]
@@ -127,6 +148,11 @@ def _print_dry_run(plan, workers: int | None, cluster_max: Callable[[], int]) ->
         waits = sum(1 for r in todo if r.parent is not None and plan.actions.get(r.parent) == "submit")
         lines.append(f"would train {len(todo)} run(s) on this machine, {workers or plan.profile.workers} at a "
                      "time" + (f"; {waits} of them once the run they continue from has completed" if waits else ""))
+    if todo and plan.profile.gpu_memory_gb is not None:
+        from armorlab.sweeps.memory import plan_runs, summary
+
+        lines.append("")
+        lines += [summary(memory, ids) for memory, ids in plan_runs(plan.profile, todo, file=plan.spec.file)]
     if plan.profile.vllm_servers is not None and todo:
         from armorlab.sweeps.jobs import train_argv
         from armorlab.vllm.servers import describe
@@ -164,8 +190,9 @@ def _submit_slurm(plan, wait: bool) -> None:
         _watch(plan.sweep_dir, 5.0)
 
 
-def run_plan_locally(plan, workers: int | None, *, detach: bool = False) -> None:
-    """Train a plan's runs here with a progress bar (also used by `armorlab demo`)."""
+def run_plan_locally(plan, workers: int | None, *, detach: bool = False, exit_on_failure: bool = True) -> list[str]:
+    """Train a plan's runs here with a progress bar (also used by `armorlab demo`); returns the
+    runs that failed (exit 1 when one did, unless not ``exit_on_failure``)."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -176,7 +203,7 @@ def run_plan_locally(plan, workers: int | None, *, detach: bool = False) -> None
     n = len(plan.to_submit)
     if not n:
         console.print("nothing to run")
-        return
+        return []
     failed: list[str] = []
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console, transient=False) as progress:
@@ -200,8 +227,91 @@ def run_plan_locally(plan, workers: int | None, *, detach: bool = False) -> None
             console.print("stopped: running trainers checkpointed; run the same command again to resume")
             raise typer.Exit(130) from None
     console.print(f"results in {plan.sweep_dir}; see: armorlab status {plan.sweep_dir}")
-    if failed:
+    if failed and exit_on_failure:
         raise typer.Exit(1)
+    return failed
+
+
+# --------------------------------------------------------------------------- until resolved
+def _until_resolved(spec: Path, *, root: Path, executor: str | None, profile: Path | None, overrides,
+                    retry_failed: bool, max_seeds: int | None, seeds_per_look: int | None, workers: int | None,
+                    detach: bool, dry_run: bool, wait: bool) -> None:
+    """Seeds in looks until resolved (armorlab.sweeps.until_resolved): locally a foreground loop,
+    on Slurm the look's arrays and a decision job that carries the chain on by itself."""
+    from rich.console import Console
+
+    from armorlab.sweeps.submit import load_sweep
+    from armorlab.sweeps.until_resolved import Chain, advance, describe, look_line
+
+    console = Console(stderr=True)
+    cluster_max = None
+    if dry_run:
+        from armorlab.sweeps import slurmctl
+
+        cluster_max = slurmctl.max_array_size_later()
+    try:
+        spec_, prof, executor = load_sweep(spec, executor=executor, profile=profile, overrides=overrides)
+        chain = Chain(spec_, prof, executor, root=root, max_seeds=max_seeds, seeds_per_look=seeds_per_look,
+                      retry_failed=retry_failed)
+        if dry_run:
+            st = chain.stand()
+            sys.stdout.write("\n".join(describe(st, chain)) + "\n\n")
+            if not st.finished:
+                _print_dry_run(st.plan, workers, cluster_max)
+            return
+    finally:
+        if cluster_max is not None:
+            cluster_max()
+
+    def on_look(look, design) -> None:
+        console.print(look_line(look, design), soft_wrap=True)
+
+    if executor == "slurm":
+        st = advance(chain, by="armorlab sweep", on_look=on_look)
+        typer.echo("\n".join(describe(st, chain)))
+        if wait:
+            st = _wait_chain(chain, st, on_look)
+        if st.stopped:
+            raise typer.Exit(1)
+        return
+    progress = None
+    while True:
+        st = advance(chain, by="local", on_look=on_look)
+        if st.finished or st.stopped:
+            typer.echo("\n".join(describe(st, chain)))
+            if st.stopped:
+                raise typer.Exit(1)
+            return
+        done = (len(st.looks), sum(a == "completed" for a in st.plan.actions.values()))
+        if not st.plan.to_submit or done == progress:
+            typer.echo("\n".join(describe(st, chain)))
+            typer.echo(f"look {st.look}: its runs are running elsewhere; run this command again once they end"
+                       if not st.plan.to_submit else
+                       f"look {st.look}: its runs stopped without completing; run this command again to resume them")
+            return
+        progress = done
+        console.print(f"look {st.look}: " + ", ".join(f"{a} {n}" for a, n in st.want.items()) + " seeds per arm")
+        run_plan_locally(st.plan, workers, detach=detach, exit_on_failure=False)
+
+
+def _wait_chain(chain, st, on_look, interval: float = 5.0):
+    """--wait on Slurm: show each look as its decision job records it, until the chain ends (or no
+    decision job is left to carry it on: then say where it stands)."""
+    from armorlab.sweeps import slurmctl
+    from armorlab.sweeps.until_resolved import describe
+
+    seen, idle = len(st.looks), 0
+    while not (st.finished or st.stopped) and idle < 2:
+        time.sleep(interval)
+        st = chain.stand()
+        for look in st.looks[seen:]:
+            on_look(look, st.design)
+        seen = len(st.looks)
+        jobs = [d["job_id"] for d in st.chain.get("decision_jobs", ())]
+        live = jobs and any(slurmctl.is_active(s) for s in slurmctl.squeue_states(jobs).values())
+        idle = 0 if live else idle + 1  # twice in a row: one decision job hands over to the next
+    typer.echo("\n".join(describe(st, chain)))
+    return st
 
 
 # --------------------------------------------------------------------------- status
@@ -219,8 +329,16 @@ def _status_table(st):
         step = "-" if r.last_step is None else f"{r.last_step}/{r.max_steps if r.max_steps else '?'}"
         table.add_row(r.run_id, r.point, f"[{colour.get(r.state, 'white')}]{r.state}[/]", step,
                       "-" if r.val_acc is None else f"{r.val_acc:.3f}", r.slurm_state or "-", str(r.attempts),
-                      "-" if r.world_size is None else str(r.world_size), r.reason or "")
+                      "-" if r.world_size is None else str(r.world_size), _clip(r.reason or "", 200))
     return table
+
+
+def _clip(text: str, limit: int) -> str:
+    """A reason as a table or a line shows it: rich lays out every character, and a 100 KB reason
+    (a pasted log) took it a minute; the whole text stays in the run's status.json."""
+    from rich.markup import escape  # a reason is text, not rich markup
+
+    return escape(text if len(text) <= limit else f"{text[:limit]}… ({len(text):,} characters; all in status.json)")
 
 
 def _print_status(st) -> None:
@@ -230,9 +348,11 @@ def _print_status(st) -> None:
     console.print(_status_table(st))
     for r in st.rows:  # in full: a narrow table folds the reason column
         if r.state == "failed" and r.reason:
-            console.print(f"[red]failed[/] {r.run_id}: {r.reason}", soft_wrap=True)
+            console.print(f"[red]failed[/] {r.run_id}: {_clip(r.reason, 2000)}", soft_wrap=True)
         for w in r.warnings:
-            console.print(f"[yellow]warning[/] {r.run_id}: {w}", soft_wrap=True)
+            console.print(f"[yellow]warning[/] {r.run_id}: {_clip(w, 2000)}", soft_wrap=True)
+    if st.looks:
+        console.print(st.looks, soft_wrap=True)
     if st.warning:
         console.print(f"[yellow]{st.warning}[/]")
 

@@ -1,7 +1,8 @@
 """`armorlab train`: resolve a config, write its run directory, train in it (resuming if possible).
 
-Exit codes (the process contract sweeps rely on): 0 completed, 1 failed, 2 user/config error,
-75 preempted (checkpointed; run it again to resume).
+Exit codes (the process contract sweeps rely on, armorlab.core.exits): 0 completed, 1 failed,
+2 user/config error, 73 another process trains this run dir, 74 the disk is full (free space, run
+it again to resume), 75 preempted (checkpointed; run it again to resume).
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ def register(app: typer.Typer) -> None:
             if outcome.already_completed:
                 typer.echo(f"already completed: {outcome.path} (nothing trained; delete the dir to train it "
                            "again)", err=True)
+            if outcome.note:
+                typer.echo(f"note: {outcome.note}", err=True)
             if outcome.state != "completed":
                 typer.echo(f"{outcome.state}: {outcome.reason}", err=True)
             for warning in outcome.warnings:

@@ -138,3 +138,34 @@ def within_max_points(n: int, what: str) -> int:
 def count_text(n: int) -> str:
     """``12,345`` or ``about 10^40`` (an int too large for a float is still printable)."""
     return f"{n:,}" if n < 10**7 else f"about 10^{len(str(int(n))) - 1}"
+
+
+def did_you_mean(word: Any, choices: Any) -> str:
+    """`` (did you mean 'learning_rate'?)`` for a near miss among ``choices`` (difflib), else ``""``."""
+    import difflib  # here: only an error message needs it
+
+    if not isinstance(word, str):
+        return ""
+    close = difflib.get_close_matches(word, [c for c in choices if isinstance(c, str)], n=1, cutoff=0.75)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+# Environment variables that make a shell or the dynamic loader run code of their choosing when a
+# process starts: bash sources $BASH_ENV (sh: $ENV) before a non-interactive script, exported
+# BASH_FUNC_x%% functions replace commands, SHELLOPTS/BASHOPTS switch on xtrace with a PS4 that
+# runs $(...), PROMPT_COMMAND runs at each prompt, LD_PRELOAD/LD_AUDIT load a library into every
+# program. A profile's sbatch `export` and vllm_servers `env` may not set them.
+STARTUP_HOOKS = ("BASH_ENV", "ENV", "SHELLOPTS", "BASHOPTS", "PS4", "PROMPT_COMMAND", "LD_PRELOAD", "LD_AUDIT")
+
+
+def startup_hook(name: str) -> bool:
+    """Whether setting the environment variable ``name`` can run code at a process's start."""
+    return name in STARTUP_HOOKS or name.startswith("BASH_FUNC_")
+
+
+def no_nul(v: Any) -> Any:
+    """``v`` unchanged unless its text holds a NUL byte (no argv word or environment value can:
+    the process start fails with "embedded null byte" long after the check would have)."""
+    if "\x00" in str(v):
+        raise Invalid("must not contain a NUL byte")
+    return v

@@ -27,22 +27,25 @@ from armorlab.core.checks import (
     address,
     boolean,
     choice,
+    did_you_mean,
     integer,
     json_value,
     number,
     optional,
     text,
 )
+from armorlab.core.fit import TINY_MAX_POSITIONS, TINY_MODEL, check_held_out, check_lengths  # noqa: F401
 from armorlab.core.identity import data_identity, model_identity
 from armorlab.core.schedule import STEP_UNITS, config_per_rollout, rollout_horizon
 from armorlab.core.trl_fields import TRL_RANGES, check_trl_value, grpo_field_kinds, grpo_field_names
-from armorlab.core.vllm_config import check_vllm_servers
-from armorlab.errors import ArmorLabError
+from armorlab.core.vllm_config import check_engine_parallelism, check_vllm_servers
+from armorlab.core.yamlfile import UniqueKeyLoader, load_yaml_mapping  # noqa: F401 - the config's readers
+from armorlab.errors import ArmorLabError, combine
 
 ANCHOR_RATIOS = ("mixed", "behavior", "current")
 TASKS = ("arithmetic", "scratchpad", "math")
-TINY_MODEL = "tiny"
 REF_VLLM_MODES = ("none", "colocate", "server")
+REF_VLLM_DTYPES = ("auto", "bfloat16", "float16", "float32")
 
 
 # --------------------------------------------------------------------------- value checks
@@ -219,15 +222,29 @@ FIELDS: dict[str, Field] = {
                                      type=float),
     "ref_vllm_group_port": Field(51217, integer(1, 65535), "port of the NCCL weight-update group of the "
                                  "reference's server (GPU; TRL's vllm_group_port is the policy's)", type=int),
+    "ref_vllm_dtype": Field(None, optional(choice(*REF_VLLM_DTYPES)),
+                            "dtype of the reference's colocated engine; null = the training dtype (bfloat16 "
+                            "with bf16, float16 with fp16, else the model's)", type=str | None),
+    "ref_vllm_tensor_parallel_size": Field(1, integer(1), "tensor-parallel size of the reference's colocated "
+                                           "engine (ranks per engine; with a colocated policy engine it must "
+                                           "equal vllm_tensor_parallel_size)", type=int),
+    "kl_telemetry": Field(True, boolean, "log kl/reverse_* and kl/forward_*; where nothing else reads π_ref's "
+                          "log-probs (dapo/grpo/up at β = 0 without anchors) they are computed on 1/8 of the "
+                          "rows; false: neither, and π_ref is not built when nothing else reads it", type=bool),
+    "ref_validate_resets": Field(False, boolean, "validate π_ref (ref/val_acc) at every reset; false: only at "
+                                 "resets on evaluation steps, where it is that step's val/acc", type=bool),
 }
 # Execution settings of the reference engine: dropped from the resolved config while they are not
 # read (the mode off, or another mode's settings), so runs that do not use them keep their run ids.
-REF_VLLM_KEYS = ("ref_vllm_mode", "ref_vllm_memory")
-# Fields dropped from the resolved config at these values, so configs written before they existed
-# keep their run ids (the resolved config of `step_unit: optimizer` is the one without the key).
+REF_VLLM_KEYS = ("ref_vllm_mode", "ref_vllm_memory", "ref_vllm_dtype", "ref_vllm_tensor_parallel_size")
+# Fields dropped from the resolved config at these values (the default, or the value that does
+# nothing), so configs written before they existed keep their run ids (the resolved config of
+# `step_unit: optimizer` is the one without the key).
 DROPPED_AT_DEFAULT: dict[str, Any] = {"step_unit": "optimizer", "max_rollouts": None, "anchor_cache": None,
                                       "keep_checkpoints": 1, "init_from": None, "val_greedy": False,
-                                      "grad_share_every": 10}
+                                      "grad_share_every": 10,
+                                      "ref_vllm_dtype": None, "ref_vllm_tensor_parallel_size": 1,
+                                      "kl_telemetry": True, "ref_validate_resets": False}
 REF_VLLM_SERVER_KEYS = ("ref_vllm_server_host", "ref_vllm_server_port", "ref_vllm_server_base_url",
                         "ref_vllm_server_timeout", "ref_vllm_group_port")
 
@@ -339,10 +356,12 @@ TASK_FIELDS: dict[str, dict[str, Field]] = {
 }
 
 MODEL_FIELDS_TINY: dict[str, Field] = {
-    "hidden_size": Field(128, integer(32), "hidden width"),
-    "num_layers": Field(3, integer(1), "transformer layers"),
-    "num_heads": Field(4, integer(1), "attention heads (head_dim = hidden/heads ≥ 32)"),
-    "warm_start_steps": Field(1000, integer(0), "max supervised warm-start steps on the task's train pool"),
+    # upper bounds: a tiny model is built on the CPU; 1e12 passed as an integer and failed at job start
+    "hidden_size": Field(128, integer(32, 8192), "hidden width"),
+    "num_layers": Field(3, integer(1, 64), "transformer layers"),
+    "num_heads": Field(4, integer(1, 256), "attention heads (head_dim = hidden/heads ≥ 32)"),
+    "warm_start_steps": Field(1000, integer(0, 1_000_000), "max supervised warm-start steps on the task's train "
+                              "pool"),
     "warm_start_target": Field(0.75, optional(number(0.0, 1.0, lo_open=True)),
                                "stop the warm start at this greedy accuracy on a dev slice of the "
                                "pool (null = run all warm_start_steps)"),
@@ -412,48 +431,6 @@ def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, An
     return out
 
 
-class UniqueKeyLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, except that a key given twice in one mapping is an error (PyYAML
-    silently keeps the last one: ``alpha: 0.9`` then ``alpha: 0.5`` would train 0.5)."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: dict[Any, Any] = {}
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":  # keys a merge (<<) brings may be overridden
-                continue
-            key = self.construct_object(key_node, deep=deep)
-            try:
-                first = seen.setdefault(key, key_node)
-            except TypeError:  # unhashable key: the base class reports it
-                break
-            if first is not key_node:
-                raise yaml.constructor.ConstructorError(
-                    "while constructing a mapping", node.start_mark,
-                    f"found duplicate key {key!r} (first at line {first.start_mark.line + 1})",
-                    key_node.start_mark)
-        return super().construct_mapping(node, deep=deep)
-
-
-def load_yaml_mapping(path: str | Path) -> dict[str, Any]:
-    path = Path(path)
-    try:
-        content = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ArmorLabError(f"cannot read file: {exc.strerror}", file=str(path)) from None
-    except UnicodeDecodeError as exc:
-        raise ArmorLabError(f"not UTF-8 text (byte {exc.start}: {exc.reason})", file=str(path)) from None
-    try:
-        data = yaml.load(content, Loader=UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
-    except yaml.YAMLError as exc:
-        raise ArmorLabError(f"invalid YAML: {exc}", file=str(path)) from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ArmorLabError("top level must be a mapping", key="<root>", value=type(data).__name__,
-                            file=str(path))
-    return data
-
-
 # --------------------------------------------------------------------------- resolution
 def _check_section(fields: Mapping[str, Field], raw: Mapping[str, Any], prefix: str,
                    file: str | None) -> dict[str, Any]:
@@ -462,7 +439,7 @@ def _check_section(fields: Mapping[str, Field], raw: Mapping[str, Any], prefix: 
         if key == "name":
             continue
         if key not in fields:
-            raise ArmorLabError(f"unknown key (known: {', '.join(sorted(fields))})",
+            raise ArmorLabError(f"unknown key{did_you_mean(key, fields)} (known: {', '.join(sorted(fields))})",
                                 key=f"{prefix}.{key}", value=value, file=file)
     for key, field in fields.items():
         value = raw.get(key, field.default)
@@ -473,7 +450,7 @@ def _check_section(fields: Mapping[str, Field], raw: Mapping[str, Any], prefix: 
     return out
 
 
-def _resolve_task(raw: Any, file: str | None) -> dict[str, Any]:
+def _resolve_task(raw: Any, file: str | None, check_paths: bool = True) -> dict[str, Any]:
     if raw is None:
         raw = {"name": "arithmetic"}
     if isinstance(raw, str):
@@ -486,8 +463,10 @@ def _resolve_task(raw: Any, file: str | None) -> dict[str, Any]:
                             file=file)
     out = {"name": name, **_check_section(TASK_FIELDS[name], raw, "task", file)}
     if name == "math":
-        ident = data_identity(out["path"], file=file)
-        out["path"], out["fingerprint"] = ident["path"], ident["fingerprint"]
+        if check_paths:
+            ident = data_identity(out["path"], file=file)
+            out["path"], out["fingerprint"] = ident["path"], ident["fingerprint"]
+            check_held_out(out, raw, file)
         template = out["prompt_template"]
         if template is not None and "{problem}" not in template:
             raise ArmorLabError("must contain {problem} where the problem goes", key="task.prompt_template",
@@ -495,7 +474,7 @@ def _resolve_task(raw: Any, file: str | None) -> dict[str, Any]:
     return out
 
 
-def _resolve_model(raw: Any, file: str | None) -> dict[str, Any]:
+def _resolve_model(raw: Any, file: str | None, check_paths: bool = True) -> dict[str, Any]:
     if raw is None:
         raw = {"name": TINY_MODEL}
     if isinstance(raw, str):
@@ -518,16 +497,67 @@ def _resolve_model(raw: Any, file: str | None) -> dict[str, Any]:
     if extra:
         raise ArmorLabError("a model path takes no other keys", key=f"model.{extra[0]}",
                             value=raw[extra[0]], file=file)
-
+    if not check_paths:
+        return {"name": name}
     return model_identity(name, file=file)  # {name: absolute path or hub id, fingerprint}
 
 
-def resolve(raw: Mapping[str, Any], *, file: str | None = None) -> dict[str, Any]:
+MAX_PROBLEMS = 20
+
+
+def resolve(raw: Mapping[str, Any], *, file: str | None = None, check_paths: bool = True) -> dict[str, Any]:
     """Validate ``raw`` and return the fully resolved config (all armorlab defaults filled).
 
-    TRL keys are checked here by name and, for numbers and booleans, by kind (cheap); the rest
-    of their values is checked by GRPOConfig itself when the job starts.
+    ``check_paths=False`` (``armorlab plan``) leaves the model and data paths unchecked and
+    unfingerprinted: the result plans memory but is no run config (its run id is not the run's).
+
+    TRL keys are checked here by name, by kind (numbers, booleans), by range and, for the fields
+    that take one of a fixed set of names (optim, lr_scheduler_type, report_to, scale_rewards,
+    ...), against that set; GRPOConfig checks them again when the job starts.
+
+    Every problem of the config is reported at once (armorlab.errors.combine): after the first,
+    the key it names is set aside and the rest resolved again, up to MAX_PROBLEMS.
     """
+    try:
+        return _resolve_once(raw, file=file, check_paths=check_paths)
+    except ArmorLabError as first:
+        if not isinstance(raw, Mapping):
+            raise
+        problems, rest = [first], copy.deepcopy(dict(raw))
+        while len(problems) < MAX_PROBLEMS and _drop_key(rest, problems[-1].key):
+            try:
+                _resolve_once(rest, file=file, check_paths=check_paths)
+            except ArmorLabError as exc:
+                if any(exc.key == p.key for p in problems):
+                    break
+                problems.append(exc)
+                continue
+            break
+        raise combine(problems) from None
+
+
+def _drop_key(raw: dict[str, Any], key: str | None) -> bool:
+    """Remove the (dotted) config key a problem names; False when there is none to remove."""
+    if not key:
+        return False
+    top, _, sub = key.partition(".")
+    if top not in raw:
+        return False
+    if not sub:
+        del raw[top]
+        return True
+    section = raw[top]
+    if isinstance(section, Mapping) and sub in section:
+        raw[top] = {k: v for k, v in section.items() if k != sub}
+        return True
+    if isinstance(section, str) or section is None:
+        del raw[top]
+        return True
+    return False
+
+
+def _resolve_once(raw: Mapping[str, Any], *, file: str | None = None, check_paths: bool = True) -> dict[str, Any]:
+    """One pass of ``resolve``: the first problem found is raised."""
     if not isinstance(raw, Mapping):
         raise ArmorLabError("config must be a mapping", key="<root>", value=raw, file=file)
     known_trl = grpo_field_names()
@@ -538,8 +568,8 @@ def resolve(raw: Mapping[str, Any], *, file: str | None = None) -> dict[str, Any
             raise ArmorLabError("set by armorlab from the run directory; remove it", key=key,
                                 value=raw[key], file=file)
         if key not in FIELDS and key not in known_trl and key not in ("task", "model"):
-            raise ArmorLabError("unknown config key (not an armorlab field nor a GRPOConfig field)",
-                                key=key, value=raw[key], file=file)
+            raise ArmorLabError("unknown config key (not an armorlab field nor a GRPOConfig field)"
+                                + did_you_mean(key, known_keys()), key=key, value=raw[key], file=file)
         problem = trl_fields.config_problem(key, raw[key]) if key not in FIELDS else None
         if problem:
             raise ArmorLabError(problem, key=key, value=raw[key], file=file)
@@ -567,7 +597,7 @@ def resolve(raw: Mapping[str, Any], *, file: str | None = None) -> dict[str, Any
             out[key] = _copied(value)
     kinds = grpo_field_kinds()
     for key in out:
-        if key in kinds and key not in FIELDS:
+        if key in kinds and key not in FIELDS and key not in trl_fields.OWN_KIND_CHECK:
             try:
                 out[key] = check_trl_value(kinds[key], out[key])
             except Invalid as exc:
@@ -597,8 +627,11 @@ def resolve(raw: Mapping[str, Any], *, file: str | None = None) -> dict[str, Any
         raise ArmorLabError("a reference engine only samples anchors: set anchor or anchor_gate, or "
                             "ref_vllm_mode: none", key="ref_vllm_mode", value=out["ref_vllm_mode"], file=file)
     check_vllm_servers(out, file)
-    out["task"] = _resolve_task(raw.get("task"), file)
-    out["model"] = _resolve_model(raw.get("model"), file)
+    check_engine_parallelism(out, file)
+    out["task"] = _resolve_task(raw.get("task"), file, check_paths)
+    out["model"] = _resolve_model(raw.get("model"), file, check_paths)
+    if check_paths and set(raw) - {"task", "model"}:  # not for a model/task section resolved on its own
+        check_lengths(out, file)
     _normalise_inert(out)
     return out
 
@@ -701,7 +734,8 @@ def _normalise_inert(cfg: dict[str, Any]) -> None:
             del cfg[key]
     mode = cfg.get("ref_vllm_mode", "none")
     unread = (*REF_VLLM_KEYS, *REF_VLLM_SERVER_KEYS) if mode == "none" else \
-        REF_VLLM_SERVER_KEYS if mode == "colocate" else ("ref_vllm_memory",)
+        REF_VLLM_SERVER_KEYS if mode == "colocate" else ("ref_vllm_memory", "ref_vllm_dtype",
+                                                         "ref_vllm_tensor_parallel_size")
     for key in unread:
         cfg.pop(key, None)
 

@@ -9,6 +9,8 @@ EXIT_OK = 0            # done (also: the run was already completed)
 EXIT_FAILED = 1        # the run failed; status.json says why
 EXIT_USER_ERROR = 2    # bad config, spec, path or value (ArmorLabError): nothing was started
 EXIT_BUSY = 73         # another live process owns (trains) this run dir: nothing was done (EX_CANTCREAT)
+EXIT_NO_SPACE = 74     # the disk filled up (a checkpoint or log write failed); status.json says where; free
+                       # space and run it again to resume from the last complete checkpoint (EX_IOERR)
 EXIT_PREEMPTED = 75    # stopped by a preemption signal after a checkpoint: resume it (EX_TEMPFAIL)
 
 

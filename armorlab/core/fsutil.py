@@ -9,6 +9,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from armorlab.errors import ArmorLabError
+
 
 def _written_temp(path: Path, data: bytes, *, durable: bool) -> Path:
     """``data`` in a new file beside ``path`` (fsync'd when ``durable``), under a name unique
@@ -170,3 +172,71 @@ def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
         return Path(cache_dir).expanduser()
     env = os.environ.get("ARMORLAB_CACHE")
     return Path(env).expanduser() if env else Path.home() / ".cache" / "armorlab"
+
+
+class NotRegularFile(OSError):
+    """A path that must be a plain file is a FIFO, socket, device or directory: opening it to
+    read could block forever (a FIFO with no writer) or read an endless stream (a device)."""
+
+
+def _kind(mode: int) -> str:
+    import stat
+
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def open_regular(path: str | os.PathLike, flags: int = os.O_RDONLY, mode: int = 0o666, *,
+                 follow_symlinks: bool = True) -> int:
+    """``os.open`` that never blocks on, or hands back, anything but a regular file: the open is
+    non-blocking (a FIFO opens at once instead of waiting for a writer), and a FIFO, socket,
+    device or directory raises NotRegularFile naming what it is. ``follow_symlinks=False`` refuses
+    a symlink too (O_NOFOLLOW: ELOOP). The returned descriptor is blocking again."""
+    import stat
+
+    extra = os.O_NONBLOCK | (0 if follow_symlinks else os.O_NOFOLLOW)
+    fd = os.open(path, flags | extra, mode)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotRegularFile(f"{_kind(st.st_mode)}, not a regular file")
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_regular(path: str | os.PathLike) -> bytes:
+    """The bytes of a regular file (see open_regular; a directory raises NotRegularFile too)."""
+    try:
+        fd = open_regular(path)
+    except IsADirectoryError:
+        raise NotRegularFile("a directory, not a regular file") from None
+    with os.fdopen(fd, "rb") as fh:
+        return fh.read()
+
+
+def read_regular_text(path: str | os.PathLike) -> str:
+    """read_regular decoded as UTF-8 (UnicodeDecodeError as ``Path.read_text`` raises it)."""
+    return read_regular(path).decode("utf-8")
+
+
+def writable_dir(path: str | os.PathLike, *, key: str, file: str | None = None) -> Path:
+    """``path`` as a directory armorlab can write in (it need not exist yet), or an ArmorLabError
+    naming ``key`` (``--out``, ``--root``, a recipe's ``out``) when it, or the first of its
+    parents that exists, is a file or cannot be written: said before anything runs."""
+    path = Path(path)
+    existing = next((p for p in (path, *path.parents) if p.exists()), None)
+    if existing is None:
+        return path
+    if not existing.is_dir():
+        raise ArmorLabError("must be a directory, and it is a file" if existing == path else
+                            f"cannot be created: {existing} is a file", key=key, value=str(path), file=file)
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ArmorLabError(f"cannot be written: no permission in {existing}", key=key, value=str(path), file=file)
+    return path

@@ -31,7 +31,15 @@ from typing import Any
 import yaml
 
 from armorlab.core.config import LOGGING_KEYS
-from armorlab.core.fsutil import append_line, atomic_write_json, atomic_write_yaml, yaml_text
+from armorlab.core.fsutil import (
+    NotRegularFile,
+    append_line,
+    atomic_write_json,
+    atomic_write_yaml,
+    open_regular,
+    read_regular_text,
+    yaml_text,
+)
 from armorlab.errors import ArmorLabError
 
 # libyaml's safe loader when PyYAML was built with it: a report reads hundreds of configs, and
@@ -183,9 +191,12 @@ class RunDir:
     # ---------------------------------------------------------------- config
     def read_config(self) -> dict[str, Any]:
         try:
-            data = yaml.load(self.config_path.read_text(encoding="utf-8"), Loader=_SAFE_LOADER)
+            data = yaml.load(read_regular_text(self.config_path), Loader=_SAFE_LOADER)
         except OSError as exc:
-            raise ArmorLabError(f"cannot read run config: {exc.strerror}", file=str(self.config_path)) \
+            raise ArmorLabError(f"cannot read run config: {exc.strerror or exc}", file=str(self.config_path)) \
+                from None
+        except RecursionError:
+            raise ArmorLabError("run config is nested too deeply to be a config", file=str(self.config_path)) \
                 from None
         except UnicodeDecodeError as exc:
             raise ArmorLabError(f"run config is not UTF-8 text ({exc.reason})", file=str(self.config_path)) \
@@ -200,8 +211,8 @@ class RunDir:
     def _stored_status(self) -> dict[str, Any] | None:
         """status.json as stored when it is a readable status, else None (no warning)."""
         try:
-            data = json.loads(self.status_path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+            data = json.loads(read_regular_text(self.status_path))
+        except (OSError, ValueError, RecursionError):
             return None
         return data if isinstance(data, dict) and data.get("state") in STATES else None
 
@@ -212,11 +223,14 @@ class RunDir:
         empty = {"state": "pending", "reason": None, "attempt": 0, "job_id": None,
                  "started": None, "ended": None}
         try:
-            data = json.loads(self.status_path.read_text(encoding="utf-8"))
+            data = json.loads(read_regular_text(self.status_path))
         except FileNotFoundError:
             return empty
         except (OSError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
             log.warning("ignoring unreadable %s: %s", self.status_path, exc)
+            return empty
+        except RecursionError:  # json's C parser recurses per nesting level
+            log.warning("ignoring %s: nested too deeply to be a status", self.status_path)
             return empty
         if not isinstance(data, dict) or data.get("state") not in STATES:
             log.warning("ignoring %s: no valid state", self.status_path)
@@ -256,7 +270,15 @@ class RunDir:
         world_size = world_size if world_size is not None else (old or {}).get("world_size")
         if world_size is not None:
             status["world_size"] = int(world_size)
-        atomic_write_json(self.status_path, status, durable=durable)
+        try:
+            atomic_write_json(self.status_path, status, durable=durable)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT) or not self.status_path.is_file():
+                raise
+            # a full disk: no room for the temp file of an atomic write. status.json exists (it
+            # said "running"); rewriting it in place reuses its block, so "failed: no space left"
+            # still gets recorded (a reader may, for an instant, see it torn: it reads as pending)
+            _rewrite_in_place(self.status_path, json.dumps(status, indent=2, sort_keys=True) + "\n")
         return status
 
     def set_warnings(self, warnings: list[str]) -> None:
@@ -283,7 +305,7 @@ class RunDir:
         """Yield the parsed lines in file order; a torn (unparseable) line, or one whose step is not
         an integer in [0, 2^63), is skipped with a warning; an unreadable file yields nothing."""
         try:
-            fh = open(self.metrics_path, encoding="utf-8", errors="replace")  # noqa: SIM115
+            fh = open(open_regular(self.metrics_path), encoding="utf-8", errors="replace")  # noqa: SIM115
         except FileNotFoundError:
             return
         except OSError as exc:
@@ -296,7 +318,7 @@ class RunDir:
                         continue
                     try:
                         row = json.loads(line)
-                    except ValueError:
+                    except (ValueError, RecursionError):  # torn, or nested past json's recursion limit
                         log.warning("skipping torn line %d of %s", lineno, self.metrics_path)
                         continue
                     if isinstance(row, dict) and valid_step(row.get("step")):
@@ -323,8 +345,12 @@ class RunDir:
     def acquire_owner(self, *, wait_s: float = OWNER_WAIT_S) -> int | None:
         """Take the run dir's exclusive lock for this process; returns its fd (keep it open while
         training; closing it or exiting releases the lock), or None when another live process
-        holds it. Only one process may train a run dir at a time."""
-        fd = os.open(self.owner_path, os.O_RDWR | os.O_CREAT, 0o666)
+        holds it. Only one process may train a run dir at a time.
+
+        The lock file is opened without following a symlink and must be a regular file: a link
+        planted there would otherwise have the owner record written into whatever it points to,
+        and a FIFO would block. Anything else there is an ArmorLabError (exit 2)."""
+        fd = self._open_owner(os.O_RDWR | os.O_CREAT)
         deadline = time.monotonic() + wait_s
         while True:
             try:
@@ -344,12 +370,27 @@ class RunDir:
         os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
         return fd
 
+    def _open_owner(self, flags: int) -> int:
+        try:
+            return open_regular(self.owner_path, flags, 0o666, follow_symlinks=False)
+        except (NotRegularFile, IsADirectoryError) as exc:
+            what = str(exc) if isinstance(exc, NotRegularFile) else "a directory, not a regular file"
+            raise ArmorLabError(f"the run dir's lock file is {what}: remove it (armorlab creates it)",
+                                key=OWNER, value=None, file=str(self.owner_path)) from None
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:  # O_NOFOLLOW met a symlink
+                raise ArmorLabError("the run dir's lock file is a symlink: remove it (armorlab never follows "
+                                    "one there)", key=OWNER, value=os.readlink(self.owner_path),
+                                    file=str(self.owner_path)) from None
+            raise
+
     def owner(self) -> dict[str, Any] | None:
         """The live process training this run (its pid, host, since), or None when no process holds
-        the run dir's lock: a run whose status says running without an owner is dead."""
+        the run dir's lock: a run whose status says running without an owner is dead. A lock file
+        that is no regular file (see acquire_owner) has no owner; it is never opened to block."""
         try:
-            fd = os.open(self.owner_path, os.O_RDONLY)
-        except OSError:
+            fd = self._open_owner(os.O_RDONLY)
+        except (OSError, ArmorLabError):
             return None
         try:
             try:
@@ -396,6 +437,17 @@ class RunDir:
             raise ArmorLabError(f"not a selected.json: {', '.join(missing)} missing", key=missing[0],
                                 file=str(self.selected_path))
         return data
+
+
+def _rewrite_in_place(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW)
+    try:
+        data = text.encode("utf-8")
+        os.pwrite(fd, data, 0)
+        os.ftruncate(fd, len(data))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def expand_globs(paths: Iterable[str | os.PathLike]) -> list[Path]:

@@ -22,7 +22,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from armorlab.core.checks import Invalid, boolean, integer, number, optional
+from armorlab.core.checks import Invalid, address, boolean, did_you_mean, integer, number, optional
 
 _EVAL = "armorlab validates on its own val/test sets: use val_every, val_samples, val_temperature"
 _PICK = "checkpoints are compared offline: `armorlab report` with select: {metric: val/acc, ...}"
@@ -36,6 +36,8 @@ HONOURED: frozenset[str] = frozenset({
     "learning_rate", "lr_scheduler_type", "lr_scheduler_kwargs", "warmup_steps", "optim", "optim_args",
     "optim_target_modules", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm",
     "max_steps", "per_device_train_batch_size", "gradient_accumulation_steps", "auto_find_batch_size",
+    # rows per generate call of armorlab's own generation (validation, anchors, the exact-KL probe)
+    "per_device_eval_batch_size",
     "seed", "full_determinism",
     # precision, compilation, memory
     "bf16", "fp16", "tf32", "use_cpu", "gradient_checkpointing", "gradient_checkpointing_kwargs",
@@ -103,7 +105,6 @@ MAPPED: dict[str, tuple[Any, str]] = {
     "eval_accumulation_steps": (None, _EVAL),
     "eval_do_concat_batches": (True, _EVAL),
     "eval_use_gather_object": (False, _EVAL),
-    "per_device_eval_batch_size": (8, _EVAL),
     "num_generations_eval": (None, _EVAL),
     "prediction_loss_only": (False, _EVAL),
     "include_for_metrics": ([], _EVAL),
@@ -202,7 +203,7 @@ def args_problems(args: Any) -> list[tuple[str, Any, str]]:
 # --------------------------------------------------------------------------- value kinds and ranges
 @lru_cache(maxsize=1)
 def grpo_field_kinds() -> dict[str, str]:
-    """GRPOConfig's fields → value kind (``float``, ``int``, ``bool``, ``str``, ``any``; ``?`` when
+    """GRPOConfig's fields → value kind (``float``, ``int``, ``bool``, ``str``, ``map``, ``any``; ``?`` when
     null is allowed), shipped as JSON (tools/gen_grpo_fields.py) so checking a spec never imports
     TRL. tests/test_config.py compares it to the installed GRPOConfig; the trainer checks names
     again against the real class when a job starts.
@@ -241,6 +242,8 @@ def check_trl_value(kind: str, value: Any) -> Any:
         return integer()(value)
     if base == "bool":
         return boolean(value)
+    if base == "map" and not isinstance(value, (str, dict)):
+        raise Invalid("must be a mapping (or its JSON text)")
     if base == "str" and not (isinstance(value, str) or (  # report_to also takes a list of names
             isinstance(value, list) and all(isinstance(x, str) for x in value))):
         raise Invalid("must be a string")
@@ -282,4 +285,88 @@ TRL_RANGES: dict[str, Callable[[Any], Any]] = {
     "epsilon": number(0.0),
     "epsilon_high": optional(number(0.0)),
     "dataloader_num_workers": integer(0),
+    # TRL's vLLM fields: a bad one surfaced as a connection error or a traceback inside the job
+    "vllm_server_port": integer(1, 65535),
+    "vllm_group_port": integer(1, 65535),
+    "vllm_server_host": address,
+    "vllm_server_base_url": optional(address),
+    "vllm_server_timeout": number(0.0, lo_open=True),
+    "vllm_gpu_memory_utilization": number(0.0, 1.0, lo_open=True),
+    "vllm_tensor_parallel_size": integer(1),
+    "vllm_max_model_length": optional(integer(1)),
 }
+
+
+# --------------------------------------------------------------------------- fields that take a name
+# The names TRL/transformers accept, written here so a spec is checked without importing them:
+# transformers' enums (OptimizerNames, SchedulerType, IntervalStrategy, SaveStrategy, HubStrategy,
+# its log levels and reporting integrations) and TRL's documented choices (grpo_config.py).
+# tests/test_trl_choices.py compares them with the installed versions.
+OPTIMIZERS = (
+    "adamw_torch", "adamw_torch_fused", "adamw_torch_xla", "adamw_torch_npu_fused", "adafactor",
+    "adamw_anyprecision", "adamw_torch_4bit", "adamw_torch_8bit", "ademamix", "sgd", "adagrad", "adamw_bnb_8bit",
+    "adamw_8bit", "ademamix_8bit", "lion_8bit", "lion_32bit", "paged_adamw_32bit", "paged_adamw_8bit",
+    "paged_ademamix_32bit", "paged_ademamix_8bit", "paged_lion_32bit", "paged_lion_8bit", "rmsprop", "rmsprop_bnb",
+    "rmsprop_bnb_8bit", "rmsprop_bnb_32bit", "galore_adamw", "galore_adamw_8bit", "galore_adafactor",
+    "galore_adamw_layerwise", "galore_adamw_8bit_layerwise", "galore_adafactor_layerwise", "lomo", "adalomo",
+    "grokadamw", "schedule_free_radam", "schedule_free_adamw", "schedule_free_sgd", "apollo_adamw",
+    "apollo_adamw_layerwise", "stable_adamw")
+SCHEDULERS = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup",
+              "inverse_sqrt", "reduce_lr_on_plateau", "cosine_with_min_lr", "cosine_warmup_with_min_lr",
+              "warmup_stable_decay", "greedy")
+REPORT_TO = ("all", "none", "azure_ml", "comet_ml", "mlflow", "neptune", "tensorboard", "trackio", "wandb",
+             "codecarbon", "clearml", "dagshub", "flyte", "dvclive", "swanlab", "kubeflow")
+LOG_LEVELS = ("detail", "debug", "info", "warning", "error", "critical", "passive")
+SCALE_REWARDS = ("group", "batch", "none")
+TRL_CHOICES: dict[str, tuple[str, ...]] = {
+    "optim": OPTIMIZERS,
+    "lr_scheduler_type": SCHEDULERS,
+    "logging_strategy": ("no", "steps", "epoch"),
+    "save_strategy": ("no", "steps", "epoch", "best"),
+    "hub_strategy": ("end", "every_save", "checkpoint", "all_checkpoints"),
+    "log_level": LOG_LEVELS,
+    "log_level_replica": LOG_LEVELS,
+    "dataloader_multiprocessing_context": ("fork", "spawn", "forkserver"),
+    "ddp_backend": ("nccl", "gloo", "mpi", "xccl", "hccl", "cncl", "mccl"),
+    "vllm_mode": ("server", "colocate"),
+    "vllm_importance_sampling_mode": ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask"),
+    "multi_objective_aggregation": ("sum_then_normalize", "normalize_then_sum"),
+}
+
+
+def _named(key: str, choices: tuple[str, ...]) -> Callable[[Any], Any]:
+    def check(v: Any) -> Any:
+        if v is None and key in ("dataloader_multiprocessing_context", "ddp_backend"):
+            return None
+        if v not in choices:
+            raise Invalid(f"must be one of {', '.join(choices)}{did_you_mean(v, choices)}")
+        return v
+    return check
+
+
+def _scale_rewards(v: Any) -> Any:
+    """TRL takes a name or a bool (true = "group", false = "none", as its GRPOConfig maps them)."""
+    if isinstance(v, bool):
+        return "group" if v else "none"
+    if v not in SCALE_REWARDS:
+        raise Invalid(f"must be one of {', '.join(SCALE_REWARDS)}, true (= group) or false (= none)")
+    return v
+
+
+def _report_to(v: Any) -> Any:
+    names = [v] if isinstance(v, str) else v
+    if v is None:
+        return None
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise Invalid("must be a backend name or a list of them")
+    for n in names:
+        if n not in REPORT_TO:
+            raise Invalid(f"unknown logging backend {n!r}{did_you_mean(n, REPORT_TO)} (known: {', '.join(REPORT_TO)})")
+    return v
+
+
+TRL_RANGES.update({key: _named(key, choices) for key, choices in TRL_CHOICES.items()})
+TRL_RANGES.update({"scale_rewards": _scale_rewards, "report_to": _report_to})
+# fields whose TRL_RANGES check is their whole check (the shipped kind would refuse a valid value:
+# scale_rewards is typed str but takes a bool)
+OWN_KIND_CHECK = frozenset({"scale_rewards"})

@@ -6,6 +6,7 @@
               .submitit/    submitit's sbatch files, pickles and job logs; one <A>_array.pkl per job array
               .logs/        local executor: one log per run
               .lock         held while a command decides and records submissions
+              looks.json    `--until-resolved`: the design, every look, the decision jobs
               <run-id>/     run directories (runs.py)
 ```
 ``jobs`` maps each run id to the job ids of its submissions, oldest first; the last one is the
@@ -30,11 +31,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from armorlab.core.fsutil import atomic_write_text
+from armorlab.core.fsutil import atomic_write_text, read_regular_text
 from armorlab.core.runs import now_iso
 from armorlab.errors import ArmorLabError
 
 MANIFEST, SPEC_COPY, SUBMITIT_DIR, LOGS_DIR, LOCK = "sweep.json", "spec.yaml", ".submitit", ".logs", ".lock"
+LOOKS = "looks.json"  # a sweep run until resolved (armorlab.sweeps.until_resolved)
 VERSION = 1
 
 
@@ -110,7 +112,7 @@ def load_manifest(sweep_dir: str | os.PathLike) -> Manifest | None:
     if not path.exists():
         return None
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(read_regular_text(path))
         if not isinstance(data, dict) or not isinstance(data.get("name"), str):
             raise ValueError("not a manifest object")
         return Manifest(sweep_dir=sweep_dir, name=data["name"], runs=list(data.get("runs", [])),
@@ -122,6 +124,8 @@ def load_manifest(sweep_dir: str | os.PathLike) -> Manifest | None:
                         parents=dict(data.get("parents", {})))
     except (OSError, ValueError, TypeError, AttributeError) as exc:
         raise ArmorLabError(f"unreadable sweep manifest: {exc}", file=str(path)) from None
+    except RecursionError:
+        raise ArmorLabError("unreadable sweep manifest: nested too deeply", file=str(path)) from None
 
 
 def parent_failed_reason(parent: str, reason: str | None) -> str:

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from armorlab.core.checks import did_you_mean
 from armorlab.core.config import MODEL_FIELDS_TINY, TASK_FIELDS, known_keys, load_yaml_mapping
 from armorlab.errors import ArmorLabError
 
@@ -54,7 +55,8 @@ def check_key(key: Any, where: str, file: str) -> str:
     if ok and len(parts) > 1:
         ok = top in _SUBKEYS and len(parts) == 2 and parts[1] in _SUBKEYS[top]
     if not ok:
-        raise ArmorLabError("unknown config key (not an armorlab field, a GRPOConfig field, task.X or model.X)",
+        near = did_you_mean(key, [*known_keys(), *(f"{t}.{k}" for t, ks in _SUBKEYS.items() for k in ks)])
+        raise ArmorLabError(f"unknown config key (not an armorlab field, a GRPOConfig field, task.X or model.X){near}",
                             key=f"{where}.{key}", value=key, file=file)
     return key
 

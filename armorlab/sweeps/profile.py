@@ -8,6 +8,7 @@ account: null
 qos: null
 nodes: 1
 gpus_per_node: 1
+gpu_memory_gb: 80           # each GPU's memory in GiB (nvidia-smi's MiB / 1024): the memory plan's limit
 cpus_per_task: 8
 mem_gb: 64
 time_min: 240               # per job; a job near its limit checkpoints and requeues itself
@@ -90,7 +91,25 @@ def _sbatch(v: Any) -> dict[str, Any]:
             script_value(value)
         except Invalid as exc:
             raise Invalid(f"option {key!r} {exc}") from None
+        if key in ("export", "export-file", "export_file"):
+            _export(key, value)
     return dict(v)
+
+
+_EXPORT_NAME = re.compile(r"(?:^|,)\s*['\"]?([A-Za-z_][A-Za-z0-9_%]*)")
+
+
+def _export(key: str, value: Any) -> None:
+    """sbatch's ``--export=ALL,NAME=value,...`` may not set a start-up hook (checks.STARTUP_HOOKS):
+    bash would run the file ``BASH_ENV`` names before the job script, on the node; an export file
+    is refused (its variables cannot be checked here)."""
+    if key != "export":
+        raise Invalid(f"option {key!r} is refused: the variables it sets cannot be checked for start-up hooks "
+                      "(BASH_ENV, ...); use export: ALL,NAME=value")
+    for name in _EXPORT_NAME.findall(str(value)):
+        if checks.startup_hook(name):
+            raise Invalid(f"option 'export' sets {name}, which makes the job's shell run code before the job "
+                          f"starts; refused (start-up hooks: {', '.join(checks.STARTUP_HOOKS)}, BASH_FUNC_*)")
 
 
 _CHECKS: dict[str, Callable[[Any], Any]] = {
@@ -101,6 +120,7 @@ _CHECKS: dict[str, Callable[[Any], Any]] = {
     "qos": checks.optional(_script_text),
     "nodes": _int_at_least(1),
     "gpus_per_node": _int_at_least(0),
+    "gpu_memory_gb": _mem,
     "cpus_per_task": _int_at_least(1, optional=True),
     "mem_gb": _mem,
     "time_min": _int_at_least(1),
@@ -126,6 +146,7 @@ class Profile:
     qos: str | None = None
     nodes: int = 1
     gpus_per_node: int = 0
+    gpu_memory_gb: float | None = None  # None: no GPU or not stated (the memory plan only prints)
     cpus_per_task: int | None = None
     mem_gb: float | None = None
     time_min: int = 60
@@ -187,7 +208,8 @@ def parse_profile(data: Mapping[str, Any], *, path: Path | None = None) -> Profi
     values: dict[str, Any] = {}
     for key, raw in data.items():
         if key not in _CHECKS:
-            raise ArmorLabError(f"unknown profile key (known: {', '.join(_CHECKS)})", key=str(key),
+            raise ArmorLabError(f"unknown profile key{checks.did_you_mean(key, _CHECKS)} (known: {', '.join(_CHECKS)})",
+                                key=str(key),
                                 value=raw, file=file)
         try:
             values[key] = _CHECKS[key](raw)

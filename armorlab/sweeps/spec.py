@@ -8,6 +8,7 @@ seeds: [0, 1, 2]                            # every grid/include point is crosse
 include: [{objective: dapo}]                # extra points (also crossed with the seeds)
 exclude: [{alpha: 0.7, ref_reset_steps: 0}] # drops grid points whose resolved config matches
 profile: slurm/default.yaml                 # where to run; `armorlab sweep --profile` overrides it
+compare: {baseline: {objective: dapo}}      # `--until-resolved`: the baseline arm (armorlab.sweeps.compare)
 ```
 Stages (the ARMOR paper's continual protocol): each stage is a grid of its own (``base`` merged
 over the spec's, ``grid``/``include``/``exclude``/``seeds``/``controls``); a stage with ``from``
@@ -43,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from armorlab.core.checks import Invalid, within_max_points
+from armorlab.core.checks import Invalid, did_you_mean, within_max_points
 from armorlab.core.config import (
     deep_merge,
     load_yaml_mapping,
@@ -52,6 +53,7 @@ from armorlab.core.config import (
 )
 from armorlab.core.runs import canonical_json, run_id
 from armorlab.errors import ArmorLabError
+from armorlab.sweeps.compare import CompareSpec, parse_compare
 from armorlab.sweeps.controls import Controls, Pair, check, matches, parse_controls
 from armorlab.sweeps.fastcopy import _copier, _SeededRunId
 from armorlab.sweeps.parsing import (
@@ -66,7 +68,7 @@ from armorlab.sweeps.parsing import (
 from armorlab.sweeps.stages import Stage, parse_stages
 
 SPEC_KEYS = ("name", "description", "base", "grid", "seeds", "include", "exclude", "profile", "search", "stages",
-             "controls")
+             "controls", "compare")
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,7 @@ class SweepSpec:
     description: str | None = None
     stages: list[Stage] | None = None
     controls: list[Controls] = field(default_factory=list)
+    compare: CompareSpec | None = None   # what `--until-resolved` compares (armorlab.sweeps.compare)
 
     @property
     def file(self) -> str:
@@ -109,6 +112,8 @@ class SweepSpec:
             out["controls"] = [c.to_dict() for c in self.controls]
         if self.stages is not None:
             out["stages"] = [st.to_dict() for st in self.stages]
+        if self.compare is not None:
+            out["compare"] = self.compare.to_dict()
         return out
 
     def stage_list(self) -> list[Stage]:
@@ -178,7 +183,8 @@ def parse_spec(data: Mapping[str, Any], *, path: str | Path | None = None) -> Sw
                             file=file)
     for key in data:
         if key not in SPEC_KEYS:
-            raise ArmorLabError(f"unknown sweep spec key (known: {', '.join(SPEC_KEYS)})", key=str(key),
+            raise ArmorLabError(f"unknown sweep spec key{did_you_mean(key, SPEC_KEYS)} (known: {', '.join(SPEC_KEYS)})",
+                                key=str(key),
                                 value=data[key], file=file)
     name = data.get("name", path.stem if path is not None else None)
     if not isinstance(name, str) or not NAME_RE.fullmatch(name):
@@ -209,9 +215,14 @@ def parse_spec(data: Mapping[str, Any], *, path: str | Path | None = None) -> Sw
         raise ArmorLabError("must be a mapping (see `armorlab tune`)", key="search", value=search, file=file)
     if search is not None and stages is not None:
         raise ArmorLabError("a search (`armorlab tune`) has no stages", key="stages", value="...", file=file)
+    compare = parse_compare(data.get("compare"), file)
+    if compare is not None and compare.stage is not None and compare.stage not in [st.name for st in stages or ()]:
+        raise ArmorLabError(f"must name a stage of this spec (stages: "
+                            f"{', '.join(st.name for st in stages or ()) or 'none'})", key="compare.stage",
+                            value=compare.stage, file=file)
     return SweepSpec(name=name, base=base, grid=grid, seeds=seeds, include=include, exclude=exclude,
                      profile=profile, search=dict(search) if search is not None else None, path=path,
-                     description=description, stages=stages, controls=controls)
+                     description=description, stages=stages, controls=controls, compare=compare)
 
 
 # --------------------------------------------------------------------------- expansion
@@ -409,13 +420,24 @@ def describe_run(plan: RunPlan) -> str:
 
 
 def describe_point(point: Mapping[str, Any]) -> str:
-    """``alpha=0.7 seed=1`` for tables; values shown as YAML would write them."""
-    return " ".join(f"{k}={_short(v)}" for k, v in point.items()) or "(base)"
+    """``alpha=0.7 seed=1`` for tables; values shown as YAML would write them, a float with more
+    than 6 significant digits rounded to 4 (``learning_rate=3.162e-06``: the run id tells runs apart)."""
+    return " ".join(f"{k}={short_value(v)}" for k, v in point.items()) or "(base)"
 
 
-def _short(v: Any) -> str:
-    # ints and finite floats: their repr is what JSON writes (the common case, 1,000s of rows)
-    if type(v) is int or (type(v) is float and math.isfinite(v)):
-        return repr(v)
-    text = canonical_json(v) if not isinstance(v, str) else v
+def short_value(v: Any) -> str:
+    """One value of a grid point as a table shows it (see describe_point)."""
+    if type(v) is int:
+        if abs(v) < 10**12:
+            return repr(v)
+        # str() of an int past 4,300 digits raises; a table cell needs no more than its size
+        return f"{v:.4g}" if v.bit_length() < 1000 else f"<{int(v.bit_length() * 0.30103) + 1}-digit int>"
+    if type(v) is float and math.isfinite(v):
+        text = repr(v)
+        digits = text.split("e")[0].replace("-", "").replace(".", "").strip("0")
+        return text if len(digits) <= 6 else f"{v:.4g}"
+    try:
+        text = canonical_json(v) if not isinstance(v, str) else v
+    except ValueError:  # NaN, or an int too long for str()
+        text = type(v).__name__
     return text if len(text) <= 40 else text[:37] + "..."

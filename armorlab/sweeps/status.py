@@ -14,6 +14,7 @@ queued, "waits for <parent>", while its job waits.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -26,10 +27,20 @@ from typing import Any
 import yaml
 
 from armorlab.core.config import LOGGING_KEYS
+from armorlab.core.fsutil import read_regular_text
 from armorlab.core.runs import RunDir, canonical_json
 from armorlab.errors import ArmorLabError
 from armorlab.sweeps import slurmctl
-from armorlab.sweeps.manifest import Manifest, is_local, load_manifest, local_job_alive, parent_failed_reason
+from armorlab.sweeps.manifest import (
+    LOOKS,
+    MANIFEST,
+    Manifest,
+    is_local,
+    load_manifest,
+    local_job_alive,
+    parent_failed_reason,
+)
+from armorlab.sweeps.spec import short_value
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +71,7 @@ class SweepStatus:
     rows: list[RunRow]
     warning: str | None = None
     counts: Counter = field(default_factory=Counter)
+    looks: str | None = None  # a sweep run until resolved: where its looks stand (looks_summary)
 
     @property
     def finished(self) -> bool:
@@ -68,13 +80,17 @@ class SweepStatus:
 
 
 def collect(sweep_dir: str | Path) -> SweepStatus:
+    """The rows of a sweep dir, or of one run dir (the path `armorlab train` prints)."""
     sweep_dir = Path(sweep_dir)
     if not sweep_dir.is_dir():
-        raise ArmorLabError("not a sweep directory", key="SWEEP_DIR", value=str(sweep_dir))
+        raise ArmorLabError("not a sweep or run directory", key="SWEEP_DIR", value=str(sweep_dir))
+    only = None
+    if (sweep_dir / "config.yaml").is_file() and not (sweep_dir / MANIFEST).exists():
+        only, sweep_dir = sweep_dir.name, sweep_dir.parent  # a run dir: its sweep's view of it
     manifest = load_manifest(sweep_dir)
-    run_ids = list(manifest.runs) if manifest else []
+    run_ids = [r for r in manifest.runs if only in (None, r)] if manifest else []
     seen = set(run_ids)
-    for cfg in sorted(sweep_dir.glob("*/config.yaml")):
+    for cfg in [sweep_dir / only / "config.yaml"] if only else sorted(sweep_dir.glob("*/config.yaml")):
         rid = cfg.parent.name
         if not rid.startswith(".") and rid not in seen:
             run_ids.append(rid)
@@ -117,7 +133,53 @@ def collect(sweep_dir: str | Path) -> SweepStatus:
             parents.setdefault(rid, run.split("/", 1)[1])
     _follow_parents(rows, parents)
     return SweepStatus(sweep_dir=sweep_dir, manifest=manifest, rows=rows, warning=warning,
-                       counts=Counter(r.state for r in rows))
+                       counts=Counter(r.state for r in rows), looks=looks_summary(sweep_dir))
+
+
+def read_looks_json(sweep_dir: Path) -> dict[str, Any] | None:
+    """looks.json as plain JSON (armorlab.sweeps.until_resolved reads it with its design): status stays light."""
+    try:
+        data = json.loads((Path(sweep_dir) / LOOKS).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and isinstance(data.get("looks"), list) else None
+
+
+def looks_summary(sweep_dir: Path) -> str | None:
+    """One line on a sweep run until resolved: each arm's verdict and the look it came at, the
+    look in progress and its decision job, or why the chain stopped (`armorlab sweep
+    --until-resolved` on the spec tells more)."""
+    data = read_looks_json(sweep_dir)
+    if data is None:
+        return None
+    looks = [x for x in data["looks"] if isinstance(x, dict)]
+    chain = data.get("chain") if isinstance(data.get("chain"), dict) else {}
+    verdicts: dict[str, str] = {}
+    for look in looks:
+        for c in look.get("comparisons") or ():
+            if isinstance(c, dict) and c.get("verdict") not in (None, "continue") and not c.get("carried"):
+                verdicts[str(c.get("arm"))] = f"{c['verdict']} at look {look.get('look')}"
+    arms = (data.get("design") or {}).get("arms") or []
+    parts = [f"{a}: {verdicts.get(a, 'open')}" for a in arms]
+    done = bool(looks) and bool(looks[-1].get("done"))
+    text = f"until resolved: {len(looks)} look(s) decided; " + "; ".join(parts)
+    if done:
+        return text + "; finished"
+    current = len(looks) + 1
+    jobs = [d.get("job_id") for d in chain.get("decision_jobs") or () if isinstance(d, dict) and d.get("look") == current]
+    if jobs:
+        text += f"; look {current} in progress, its decision job {jobs[-1]} runs after its jobs"
+    stopped = chain.get("stopped")
+    if isinstance(stopped, dict) and stopped.get("look") == current:
+        text += f"; stopped: {stopped.get('reason')}"
+    return text
+
+
+def decision_jobs(sweep_dir: Path) -> list[str]:
+    """Every Slurm decision job a sweep run until resolved has queued."""
+    data = read_looks_json(sweep_dir) or {}
+    chain = data.get("chain") if isinstance(data.get("chain"), dict) else {}
+    return [str(d["job_id"]) for d in chain.get("decision_jobs") or () if isinstance(d, dict) and d.get("job_id")]
 
 
 def _follow_parents(rows: list[RunRow], parents: Mapping[str, str]) -> None:
@@ -167,11 +229,14 @@ def _slurm_states(job_ids: list[str]) -> tuple[dict[str, str], str | None]:
 
 def _read_config(path: Path) -> dict[str, Any]:
     try:
-        data = yaml.load((path / "config.yaml").read_text(encoding="utf-8"), Loader=_Loader)
+        data = yaml.load(read_regular_text(path / "config.yaml"), Loader=_Loader)
     except FileNotFoundError:
         return {}
     except (OSError, ValueError, yaml.YAMLError) as exc:  # ValueError: not UTF-8
-        log.warning("ignoring unreadable %s: %s", path / "config.yaml", str(exc).splitlines()[0])
+        log.warning("ignoring unreadable %s: %s", path / "config.yaml", (str(exc).splitlines() or [""])[0])
+        return {}
+    except RecursionError:
+        log.warning("ignoring %s: nested too deeply", path / "config.yaml")
         return {}
     return data if isinstance(data, dict) else {}
 
@@ -196,7 +261,8 @@ def _flatten(cfg: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
             out.update(_flatten(value, f"{prefix}{key}."))
         else:
             try:
-                out[f"{prefix}{key}"] = value if isinstance(value, str) else canonical_json(value)
+                out[f"{prefix}{key}"] = short_value(value) if isinstance(value, (int, float)) and \
+                    not isinstance(value, bool) else value if isinstance(value, str) else canonical_json(value)
             except (TypeError, ValueError):  # a damaged config.yaml (dates, NaN): show, don't crash
                 out[f"{prefix}{key}"] = repr(value)
     return out
@@ -227,7 +293,8 @@ def cancel(sweep_dir: str | Path) -> list[str]:
         raise ArmorLabError("no sweep manifest here: nothing was submitted", key="SWEEP_DIR",
                             value=str(sweep_dir))
     last = [j for j in (manifest.last_job(r) for r in manifest.jobs) if j]
-    slurm_ids = [j for j in last if not is_local(j)]
+    # the decision jobs first: one that started meanwhile would queue the next look's runs
+    slurm_ids = [*decision_jobs(sweep_dir), *(j for j in last if not is_local(j))]
     cancelled: list[str] = []
     if slurm_ids:
         live = slurmctl.squeue_states(slurm_ids)

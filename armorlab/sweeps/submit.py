@@ -25,8 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from armorlab.core.config import deep_merge
-from armorlab.core.fsutil import atomic_write_yaml
+from armorlab.core.fsutil import atomic_write_yaml, writable_dir
 from armorlab.core.runs import RunDir
+from armorlab.core.vllm_config import check_vllm_installed
 from armorlab.errors import ArmorLabError
 from armorlab.sweeps import slurmctl
 from armorlab.sweeps.controls import Pair
@@ -40,6 +41,7 @@ from armorlab.sweeps.manifest import (
     locked,
     parent_failed_reason,
 )
+from armorlab.sweeps.memory import check_sweep_memory
 from armorlab.sweeps.profile import EXECUTORS, Profile, load_profile
 from armorlab.sweeps.spec import RunPlan, SweepSpec, control_pairs, describe_run, expand, load_spec
 from armorlab.vllm.server_checks import check_runs
@@ -75,6 +77,15 @@ def plan_sweep(spec_path: str | Path, *, root: str | Path = "runs", executor: st
                overrides: Mapping[str, Any] | None = None) -> SweepPlan:
     """Load, expand and classify: nothing is written. ``overrides`` (nested, as from
     ``config.parse_overrides``) replace keys of the spec's base in every run."""
+    spec, prof, executor = load_sweep(spec_path, executor=executor, profile=profile, overrides=overrides)
+    runs = expand(spec)
+    return plan_runs(spec, runs, root=root, profile=prof, executor=executor, retry_failed=retry_failed,
+                     controls=control_pairs(spec, runs))
+
+
+def load_sweep(spec_path: str | Path, *, executor: str | None = None, profile: str | Path | None = None,
+               overrides: Mapping[str, Any] | None = None) -> tuple[SweepSpec, Profile, str]:
+    """The spec (``overrides`` applied), its profile and the executor to use."""
     spec = load_spec(spec_path)
     if overrides:  # over every stage's base too: an override wins over what the spec says
         stages = None if spec.stages is None else \
@@ -88,12 +99,22 @@ def plan_sweep(spec_path: str | Path, *, root: str | Path = "runs", executor: st
     if executor not in EXECUTORS:
         raise ArmorLabError(f"unknown executor (known: {', '.join(EXECUTORS)})", key="--executor",
                             value=executor)
-    plan = SweepPlan(spec=spec, profile=prof, executor=executor, sweep_dir=Path(root) / spec.name,
-                     runs=expand(spec), retry_failed=retry_failed)
-    plan.controls = control_pairs(spec, plan.runs)
-    check_runs(prof.vllm_servers, plan.runs, profile_file=str(prof.path) if prof.path else "<profile>",
+    return spec, prof, executor
+
+
+def plan_runs(spec: SweepSpec, runs: list[RunPlan], *, root: str | Path, profile: Profile, executor: str,
+              retry_failed: bool = False, controls: list[tuple[str | None, list[Pair]]] | None = None) -> SweepPlan:
+    """A plan of ``runs`` (the spec's, or some of them): checked against the profile and classified."""
+    plan = SweepPlan(spec=spec, profile=profile, executor=executor, sweep_dir=writable_dir(root, key="--root") / spec.name,
+                     runs=runs, retry_failed=retry_failed)
+    plan.controls = list(controls or [])
+    check_runs(profile.vllm_servers, plan.runs, profile_file=str(profile.path) if profile.path else "<profile>",
                spec_file=spec.file, executor=executor)
+    if executor == "local" and profile.python is None:  # this Python trains them: vLLM must be here
+        for r in plan.runs:
+            check_vllm_installed(r.config, spec.file)
     plan.actions = classify(plan.sweep_dir, plan.runs, retry_failed=retry_failed, executor=executor)
+    check_sweep_memory(profile, [r for r in plan.runs if plan.actions[r.run_id] == SUBMIT], spec_file=spec.file)
     return plan
 
 
@@ -164,7 +185,8 @@ def prepare(plan: SweepPlan, *, defer_new: bool = False,
     # no fsync: the spec copy is for reading; every sweep of this dir writes it again
     atomic_write_yaml(plan.sweep_dir / SPEC_COPY, plan.spec.to_dict(), durable=False)
     manifest = load_manifest(plan.sweep_dir) or Manifest(sweep_dir=plan.sweep_dir, name=plan.spec.name)
-    manifest.source = str(plan.spec.path) if plan.spec.path else None
+    if plan.spec.path is None or Path(plan.spec.path).resolve() != (plan.sweep_dir / SPEC_COPY).resolve():
+        manifest.source = str(plan.spec.path) if plan.spec.path else None  # not the copy a decision job reads
     known = set(manifest.runs)
     manifest.runs += [r.run_id for r in plan.runs if r.run_id not in known]
     manifest.labels.update({r.run_id: describe_run(r) for r in plan.runs})

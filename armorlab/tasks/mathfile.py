@@ -18,13 +18,16 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from armorlab.core.fsutil import open_regular
 from armorlab.core.identity import hub_snapshot
+from armorlab.core.model_dir import entry_problem
 from armorlab.errors import ArmorLabError
 from armorlab.tasks.base import Task
 from armorlab.tasks.rewards import math_verify_reward, parse_gold
@@ -37,7 +40,7 @@ PARQUET_SUFFIXES = (".parquet", ".pq")
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     rows = []
-    with open(path, encoding="utf-8") as fh:
+    with open(open_regular(path), encoding="utf-8") as fh:
         for number, line in enumerate(fh, 1):
             if not line.strip():
                 continue
@@ -45,6 +48,12 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
                 row = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise ArmorLabError(f"line {number} is not valid JSON ({exc.msg})", key="task.path",
+                                    value=str(path), file=str(path)) from None
+            except ValueError as exc:  # a number past int()'s 4,300 digits: not a JSONDecodeError
+                raise ArmorLabError(f"line {number} holds a number Python cannot read ({exc}): write it as a "
+                                    "string", key="task.path", value=str(path), file=str(path)) from None
+            except RecursionError:
+                raise ArmorLabError(f"line {number} is nested too deeply to be a record", key="task.path",
                                     value=str(path), file=str(path)) from None
             if not isinstance(row, dict):
                 raise ArmorLabError(f"line {number} is not a JSON object", key="task.path",
@@ -71,7 +80,9 @@ def load_rows(path: str | Path) -> list[dict[str, Any]]:
         raise ArmorLabError(f"must be a JSONL ({', '.join(JSON_SUFFIXES)}) or parquet file",
                             key="task.path", value=str(path), file=str(path))
     if not path.is_file():
-        raise ArmorLabError("file not found", key="task.path", value=str(path), file=str(path))
+        problem = entry_problem(path) if os.path.lexists(path) else None
+        raise ArmorLabError(f"the data path {problem}" if problem else "file not found", key="task.path",
+                            value=str(path), file=str(path))
     try:
         rows = _read_jsonl(path) if suffix in JSON_SUFFIXES else _read_parquet(path)
     except (OSError, UnicodeDecodeError) as exc:
@@ -103,10 +114,13 @@ def load_records(path: str, split: str = "train") -> list[dict[str, Any]]:
 
         try:
             data = load_from_disk(str(local))
-        except (OSError, ValueError, FileNotFoundError) as exc:
-            raise ArmorLabError(f"cannot read the saved dataset: {exc}", key="task.path", value=path,
-                                file=path) from None
-        rows = _pick_split(data, split, path).to_list()
+            rows = _pick_split(data, split, path).to_list()
+        except ArmorLabError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a damaged dir fails in datasets' internals in many ways
+            raise ArmorLabError(f"cannot read the saved dataset (damaged save_to_disk directory?): "
+                                f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}",
+                                key="task.path", value=path, file=path) from None
     else:
         from datasets import load_dataset
 
@@ -143,6 +157,9 @@ def _column(rows: list[dict[str, Any]], key: str, field: str, path: str, *,
         if conversations and _is_conversation(value):
             out.append([{"role": m["role"], "content": m["content"]} for m in value])
             continue
+        if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 4000:
+            raise ArmorLabError(f"record {number}: column '{key}' holds an integer of over 1,200 digits: write it "
+                                "as a string", key=f"task.{field}", value=key, file=path)
         if isinstance(value, bool) or not isinstance(value, (str, int, float)) or str(value).strip() == "":
             kinds = "a non-empty string, a number" + (" or a list of {role, content} messages" if conversations
                                                       else "")

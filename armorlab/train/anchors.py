@@ -2,7 +2,11 @@
 
 For each prompt group of G completions the frozen reference π_ref draws up to k samples. With
 ``anchor_filter="correct"`` the first one whose reward reaches the threshold becomes the group's
-*anchor*; with ``"any"`` the first sample does (the unfiltered control). The anchor replaces one
+*anchor*; with ``"any"`` the first sample does (the unfiltered control). The draws are *adaptive*
+rejection sampling: one sample for every prompt that needs an anchor, then more only for the
+prompts still without a correct one, in rounds of 1, 1, 2, 4, ... samples (at most k in all, at
+most ⌈log2 k⌉ + 1 rounds), so a prompt costs ≈ (1 − (1−p)^k)/p draws at success rate p instead of
+k, and the anchor is still the first correct sample of the same sequence of draws. The anchor replaces one
 of the G on-policy completions before rewards and advantages are computed, so each group holds
 G−1 on-policy samples plus one anchor. The *gate* (Algorithm 1 line 13) removes groups whose
 reference found no correct sample from the loss.
@@ -13,6 +17,12 @@ random correct sample (any sample for ``"any"``) is picked. The cache is cleared
 
 Sampling goes through :class:`ReferenceSampler`, which knows nothing about transformers: it maps
 prompt token ids to completions, so a vLLM sampler can replace :class:`TransformersSampler`.
+
+Ranks in step: where π_ref's forward is a collective (FSDP, ZeRO-3: every process must run the same
+number of forwards), a ``sync`` function (:func:`max_over_processes`) makes every process run the
+same rounds — they continue while ANY process still has a prompt to draw for — and the same
+number of ``generate`` calls per round (a process with fewer rows, or none because its prompts
+are all cached, generates a one-token dummy batch), so no process waits for one that skipped.
 """
 
 from __future__ import annotations
@@ -52,26 +62,72 @@ class ReferenceSampler(Protocol):
         ...
 
 
+Sync = Callable[[int], int]  # a process's count → the largest count over all processes (a collective)
+
+
+def max_over_processes(value: int, device: Any = None) -> int:
+    """The largest ``value`` over the processes of the default group (an all-reduce; every process
+    must call it). Without torch.distributed (one process) it is ``value``."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return int(value)
+    t = torch.tensor([int(value)], device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
+def process_syncs(num_processes: int, device: Any, sharded: bool) -> tuple[Sync | None, Sync | None]:
+    """(max over processes, the same where the models' forwards are collectives), for a trainer.
+
+    Under FSDP and ZeRO-3 (``sharded``) a forward gathers parameters from every process, so
+    armorlab's own generation and probe forwards must come in equal numbers on every process;
+    DDP's forward is local. None in a single process.
+    """
+    if num_processes == 1:
+        return None, None
+    import functools
+
+    max_fn = functools.partial(max_over_processes, device=device)
+    return max_fn, (max_fn if sharded else None)
+
+
 class TransformersSampler:
-    """:class:`ReferenceSampler` on a transformers model with ``generate``, batched, left-padded.
+    """:class:`ReferenceSampler` on a transformers model with ``generate``, in chunks of
+    ``batch_size`` rows (left-padded), so the KV cache of one call is one chunk's.
 
     ``model`` is read at every call, so resetting its weights in place takes effect at once.
+    With ``sync`` (the model's forward is a collective), every process makes the same number of
+    ``generate`` calls: the largest count over processes, padded with a one-row dummy batch.
     """
 
     def __init__(self, model: Any, tokenizer: Any, generation_config: Any, eos_token_ids: Sequence[int],
-                 *, batch_size: int = 64) -> None:
+                 *, batch_size: int = 8, sync: Sync | None = None) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.generation_config = generation_config
         self.eos_token_ids = list(eos_token_ids)
         self.batch_size = max(1, int(batch_size))
+        self.sync = sync
+        self.generate_calls = 0
+
+    @property
+    def collective(self) -> bool:
+        return self.sync is not None
 
     @torch.no_grad()
     def sample(self, prompt_ids: Sequence[Sequence[int]], k: int) -> list[list[Completion]]:
         rows = [list(p) for p in prompt_ids for _ in range(k)]
+        chunks = [rows[start:start + self.batch_size] for start in range(0, len(rows), self.batch_size)]
+        calls = len(chunks) if self.sync is None else self.sync(len(chunks))
         out_ids: list[list[int]] = []
-        for start in range(0, len(rows), self.batch_size):
-            out_ids.extend(self._generate(rows[start:start + self.batch_size]))
+        for chunk in chunks:
+            out_ids.extend(self._generate(chunk))
+        dummy = [[self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_token_ids[0]]]
+        for _ in range(calls - len(chunks)):  # this process has fewer rows: keep the others' forwards company
+            self._generate(dummy)
+        if not out_ids:
+            return [[] for _ in prompt_ids]
         texts = self.tokenizer.batch_decode(out_ids, skip_special_tokens=True)
         flat = [Completion(tuple(ids), text) for ids, text in zip(out_ids, texts, strict=True)]
         return [flat[i * k:(i + 1) * k] for i in range(len(prompt_ids))]
@@ -89,6 +145,7 @@ class TransformersSampler:
                                       generation_config=self.generation_config)
         finally:
             self.model.train(was_training)
+        self.generate_calls += 1
         return [cut_at_eos(row.tolist(), self.eos_token_ids) for row in out[:, width:].cpu()]
 
 
@@ -204,21 +261,62 @@ class GroupOutcome:
     reward: float | None        # its reward
     solvable: bool              # the reference found at least one correct sample
     cached: bool                # the draw came from the cache
-    fresh: tuple[Completion, ...] = ()  # all k draws when sampled now (unconditioned π_ref samples), else ()
+    fresh: tuple[Completion, ...] = ()  # the first draw when sampled now (an unconditioned π_ref sample), else ()
 
 
 # score(requests, completions) -> rewards, completions[i] holding the k samples of requests[i]
 ScoreFn = Callable[[Sequence[GroupRequest], Sequence[Sequence[Completion]]], list[list[float]]]
 
 
+def round_sizes(k: int) -> list[int]:
+    """Samples per pending prompt in each round of adaptive rejection sampling: 1, 1, 2, 4, ...
+    (each round doubles what was drawn so far), the last one cut so they sum to k."""
+    sizes, drawn = [], 0
+    while drawn < k:
+        size = min(max(drawn, 1), k - drawn)
+        sizes.append(size)
+        drawn += size
+    return sizes
+
+
 class AnchorRollout:
-    """Draws (or reuses) reference samples for a batch of groups and picks their anchors."""
+    """Draws (or reuses) reference samples for a batch of groups and picks their anchors.
+
+    ``sync`` (see :func:`max_over_processes`): the sampler's forwards are collectives, so every
+    process runs the same rounds and calls the sampler in each, also with nothing to draw.
+    """
 
     def __init__(self, sampler: ReferenceSampler, score: ScoreFn, *, k: int, anchor_filter: str,
-                 threshold: float, cache: AnchorCache | None = None) -> None:
+                 threshold: float, cache: AnchorCache | None = None, sync: Sync | None = None) -> None:
         self.sampler, self.score = sampler, score
         self.k, self.anchor_filter, self.threshold = int(k), anchor_filter, float(threshold)
         self.cache = cache if cache is not None else AnchorCache()
+        self.sync = sync
+        self.rounds = 0  # sampling rounds run so far (each one sampler call)
+
+    def _done(self, draw: ReferenceDraw) -> bool:
+        """Whether a prompt needs no more draws: it has its anchor (any sample for ``"any"``)."""
+        return bool(draw.samples) if self.anchor_filter == "any" else bool(draw.correct(self.threshold))
+
+    def draw(self, requests: Sequence[GroupRequest]) -> tuple[list[ReferenceDraw], list[Completion | None]]:
+        """Adaptive rejection sampling for ``requests`` (distinct prompts): their draws (up to k
+        samples each, stopping at the first that qualifies) and each one's first sample."""
+        draws = [ReferenceDraw([], []) for _ in requests]
+        pending = list(range(len(requests)))
+        sizes = round_sizes(1 if self.anchor_filter == "any" else self.k)
+        for size in sizes:
+            busy = len(pending) if self.sync is None else self.sync(len(pending))
+            if not busy:
+                break
+            todo = [requests[i] for i in pending]
+            samples = self.sampler.sample([r.prompt_ids for r in todo], size)
+            rewards = self.score(todo, samples) if todo else []
+            self.rounds += 1
+            for i, s, r in zip(pending, samples, rewards, strict=True):
+                draws[i].samples.extend(s)
+                draws[i].rewards.extend(float(x) for x in r)
+            pending = [i for i in pending if not self._done(draws[i])]
+        return draws, [d.samples[0] if d.samples else None for d in draws]
 
     def run(self, requests: Sequence[GroupRequest], *, seed: int, step: int) -> tuple[list[GroupOutcome], int]:
         """Outcomes per request and the number of reference samples generated now."""
@@ -227,14 +325,14 @@ class AnchorRollout:
         for i, key in enumerate(keys):
             if key not in self.cache and key not in first_of:
                 first_of[key] = i
+        firsts: dict[str, Completion | None] = {}
         generated = 0
-        if first_of:
-            todo = [requests[i] for i in first_of.values()]
-            samples = self.sampler.sample([r.prompt_ids for r in todo], self.k)
-            rewards = self.score(todo, samples)
-            for key, s, r in zip(first_of, samples, rewards, strict=True):
-                self.cache.put(key, ReferenceDraw(list(s), [float(x) for x in r]))
-            generated = len(todo) * self.k
+        if first_of or self.sync is not None:  # with sync every process samples, also with nothing to draw
+            draws, first = self.draw([requests[i] for i in first_of.values()])
+            for key, d, f in zip(first_of, draws, first, strict=True):
+                self.cache.put(key, d)
+                firsts[key] = f
+                generated += len(d.samples)
         outcomes = []
         for i, key in enumerate(keys):
             draw = self.cache.get(key)
@@ -248,7 +346,7 @@ class AnchorRollout:
                 reward=None if idx is None else draw.rewards[idx],
                 solvable=bool(draw.correct(self.threshold)),
                 cached=not fresh,
-                fresh=tuple(draw.samples) if fresh else (),
+                fresh=(firsts[key],) if fresh and firsts.get(key) is not None else (),
             ))
         return outcomes, generated
 
@@ -257,8 +355,10 @@ def forward_kl_rows(requests: Sequence[GroupRequest], outcomes: Sequence[GroupOu
                     rng: random.Random) -> list[tuple[list[int], list[int]]]:
     """(prompt ids, completion ids) of reference draws to estimate KL(π_ref‖π_θ) on, at most ``limit``.
 
-    Only FRESH draws, and all k of them (before the rejection): those are unconditioned samples
-    of π_ref, independent of π_θ. A cached draw is not: the policy has since trained on the
+    Only FRESH draws, and of each prompt only its FIRST draw: every prompt that is sampled gets
+    one, whatever the rewards, so those are unconditioned samples of π_ref, independent of π_θ
+    (the later rounds of the adaptive rejection draw only for prompts that failed so far, which
+    would weight hard prompts up). A cached draw is not: the policy has since trained on the
     anchor picked from it, which raises log π_θ on exactly that sample and would bias the
     estimate down. Anchors themselves are reward-filtered samples (π_ref | correct), so they
     estimate neither direction. A uniform subsample keeps the estimate unbiased.

@@ -19,6 +19,13 @@
 
 Sampling runs under a forked RNG seeded by (seed, step): validation is reproducible and never
 moves the training RNG, so ``val_every`` cannot change a run's training trajectory.
+
+Memory: generation runs in chunks of ``per_device_eval_batch_size`` rows per process and the
+probe's full-vocabulary logits in chunks of ``per_device_train_batch_size`` rows, never the
+whole split at once. With ``use_vllm`` validation samples come from the policy's vLLM engine
+(TRL's ``VLLMGeneration``, synced to the current weights first); the probe stays on the HF
+models, whose logits it needs. Where the models' forwards are collectives (FSDP, ZeRO-3),
+every process makes the same number of ``generate`` calls and probe forwards (dummy rows fill in).
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ from typing import Any
 import torch
 
 from armorlab.algos.diversity import correct_diversity
-from armorlab.train.anchors import Completion, TransformersSampler, pack_rows
+from armorlab.train.anchors import Completion, Sync, TransformersSampler, pack_rows
 from armorlab.train.telemetry import StepStats, logits_kl
 
 log = logging.getLogger(__name__)
@@ -61,22 +68,30 @@ def score_split(samples: Sequence[Sequence[Completion]], rewards: Sequence[Seque
 @torch.no_grad()
 def sequence_exact_kl(model_p: Any, model_q: Any, prompt_ids: Sequence[Sequence[int]],
                       completions: Sequence[Sequence[Completion]], *, temperature: float, pad_token_id: int,
-                      batch_size: int = 16) -> tuple[float, float]:
+                      batch_size: int = 16, sync: Sync | None = None) -> tuple[float, float]:
     """(Σ over sampled sequences of Σ_t KL(p_t ‖ q_t), number of sequences); y sampled from p.
 
     Sequences are left-padded prompt + right-padded completion, the layout TRL scores log-probs
-    with, so the probe and the per-token estimators see the same conditionals.
+    with, so the probe and the per-token estimators see the same conditionals. ``batch_size``
+    rows at a time (their full-vocabulary logits are the memory peak); with ``sync`` every process
+    runs the same number of chunks, a process with fewer rows scoring a masked dummy row.
     """
     rows = [(list(p), list(c.ids)) for p, cs in zip(prompt_ids, completions, strict=True) for c in cs]
     rows = [(p, c) for p, c in rows if c]
+    chunks = [rows[start:start + batch_size] for start in range(0, len(rows), batch_size)]
+    calls = len(chunks) if sync is None else sync(len(chunks))
+    chunks += [[([pad_token_id], [pad_token_id])]] * (calls - len(chunks))  # weight 0 below
     total = 0.0
     device = next(model_p.parameters()).device
-    for start in range(0, len(rows), batch_size):
-        ids, att, comp_mask = pack_rows(rows[start:start + batch_size], pad_token_id, device)
-        # logits at position i predict token i+1: the T completion tokens by the T positions before the last
-        sl = slice(ids.size(1) - comp_mask.size(1) - 1, ids.size(1) - 1)
-        logits_p = model_p(input_ids=ids, attention_mask=att).logits[:, sl] / temperature
-        logits_q = model_q(input_ids=ids, attention_mask=att).logits[:, sl] / temperature
+    for i, chunk in enumerate(chunks):
+        ids, att, comp_mask = pack_rows(chunk, pad_token_id, device)
+        if i * batch_size >= len(rows):
+            comp_mask = torch.zeros_like(comp_mask)
+        # logits at position i predict token i+1: the T completion tokens by the T positions before
+        # the last; only the last T + 1 positions go through the LM head (logits_to_keep)
+        keep = comp_mask.size(1) + 1
+        logits_p = model_p(input_ids=ids, attention_mask=att, logits_to_keep=keep).logits[:, :-1] / temperature
+        logits_q = model_q(input_ids=ids, attention_mask=att, logits_to_keep=keep).logits[:, :-1] / temperature
         total += float((logits_kl(logits_p, logits_q) * comp_mask).sum())
     return total, float(len(rows))
 
@@ -137,7 +152,7 @@ class Validator:
 
     def reference_accuracy(self, step: int) -> float | None:
         """avg@k of π_ref on the val split (``ref/val_acc``): the quality of the anchor source."""
-        if "val" not in self.splits:
+        if "val" not in self.splits or self.trainer.ref_model is None:
             return None
         tr = self.trainer
         stats = StepStats()
@@ -155,25 +170,37 @@ class Validator:
             cfg.do_sample, cfg.temperature = False, None
             cfg.top_p = cfg.top_k = cfg.min_p = None
         return TransformersSampler(model, tr._tokenizer, cfg, tr.eos_token_ids,
-                                   batch_size=tr.args.generation_batch_size)
+                                   batch_size=tr.args.per_device_eval_batch_size, sync=tr.collective_sync)
+
+    def _samples(self, model: Any, prompt_ids: list[list[int]], temperature: float,
+                 k: int | None = None) -> list[list[Completion]]:
+        """k (default: val_samples) samples per prompt: from the policy's vLLM engine when the
+        trainer has one (and ``model`` is the policy), else ``generate`` in chunks."""
+        tr = self.trainer
+        k = self.k if k is None else k
+        if getattr(tr, "use_vllm", False) and model is not tr.ref_model:
+            return vllm_samples(tr, prompt_ids, k, temperature)
+        return self._sampler(model, temperature).sample(prompt_ids, k)
 
     def _split(self, stats: StepStats, name: str, ds: Any, rank: int, world: int, policy: Any) -> None:
         rows = [ds[i] for i in range(rank, len(ds), world)]
+        prompts = [r["prompt"] for r in rows]
+        prompt_ids = self.trainer._tokenize_prompts(prompts)[0] if prompts else []
+        # every process samples (also with no rows): the generation may be a collective
+        samples = self._samples(policy, prompt_ids, self.temperature)
+        firsts = self._samples(policy, prompt_ids, 0.0, k=1) if self.greedy else None
         # every process adds the same names in the same order (one collective reduces them), with
         # zero counts where it holds no prompt
         parts = {"acc": (0.0, 0.0), "pass@k": (0.0, 0.0), "length": (0.0, 0.0)}
         greedy = diversity = (0.0, 0.0, 0.0)
         if rows:
-            prompts = [r["prompt"] for r in rows]
-            prompt_ids = self.trainer._tokenize_prompts(prompts)[0]
-            samples = self._sampler(policy, self.temperature).sample(prompt_ids, self.k)
             rewards = self._rewards(prompts, samples, rows)
             parts = score_split(samples, rewards, self.threshold)
             diversity = correct_diversity([[(tuple(c.ids), x >= self.threshold) for c, x in zip(s, r, strict=True)]
                                            for s, r in zip(samples, rewards, strict=True)])
-            if self.greedy:
-                firsts = self._rewards(prompts, self._sampler(policy, 0.0).sample(prompt_ids, 1), rows)
-                greedy = (float(sum(r[0] for r in firsts)), float(len(firsts)), 0.0)
+            if firsts is not None:
+                first_rewards = self._rewards(prompts, firsts, rows)
+                greedy = (float(sum(r[0] for r in first_rewards)), float(len(first_rewards)), 0.0)
         for key, (total, count) in parts.items():
             stats.add(f"{name}/{key}", total, count)
         stats.total(f"{name}/n", parts["acc"][1])
@@ -189,19 +216,49 @@ class Validator:
                 for p, s, r in zip(prompts, samples, rows, strict=True)]
 
     def _probe(self, stats: StepStats, ds: Any, rank: int, world: int, policy: Any) -> None:
+        """Exact KL on the HF models (it needs their full logits), every process the same number
+        of generate calls and forwards whatever its share of the probe prompts."""
         tr = self.trainer
         n = min(self.probe_prompts, len(ds))
         prompts = [ds[i]["prompt"] for i in range(rank, n, world)]
-        if prompts:
-            prompt_ids = tr._tokenize_prompts(prompts)[0]
-            temp = tr.temperature
-            ref = tr.ref_model
-            pad = tr._tokenizer.pad_token_id
-            own = self._sampler(policy, temp).sample(prompt_ids, self.k)
-            rev = sequence_exact_kl(policy, ref, prompt_ids, own, temperature=temp, pad_token_id=pad)
-            theirs = self._sampler(ref, temp).sample(prompt_ids, self.k)
-            fwd = sequence_exact_kl(ref, policy, prompt_ids, theirs, temperature=temp, pad_token_id=pad)
-        else:
-            rev = fwd = (0.0, 0.0)
+        prompt_ids = tr._tokenize_prompts(prompts)[0] if prompts else []
+        temp, ref, pad = tr.temperature, tr.ref_model, tr._tokenizer.pad_token_id
+        exact = {"batch_size": tr.args.per_device_train_batch_size, "sync": tr.collective_sync,
+                 "temperature": temp, "pad_token_id": pad}
+        own = self._sampler(policy, temp).sample(prompt_ids, self.k)
+        rev = sequence_exact_kl(policy, ref, prompt_ids, own, **exact)
+        theirs = self._sampler(ref, temp).sample(prompt_ids, self.k)
+        fwd = sequence_exact_kl(ref, policy, prompt_ids, theirs, **exact)
         stats.add("kl/exact_reverse", *rev)
         stats.add("kl/exact_forward", *fwd)
+
+
+def vllm_samples(trainer: Any, prompt_ids: list[list[int]], k: int, temperature: float) -> list[list[Completion]]:
+    """k samples per prompt from the trainer's policy engine (TRL's ``VLLMGeneration``) at ``temperature``.
+
+    The engine first gets the current weights (as TRL does before a generation: once per optimizer
+    step). TRL's server mode gathers every process's prompts and hands each its slice by position,
+    so every process sends as many prompts as the one with the most (repeats of a prompt, or a
+    one-token prompt, fill in; their samples are dropped).
+    """
+    from armorlab.train.vllm_reference import completions
+
+    gen = trainer.vllm_generation
+    if trainer.state.global_step != trainer._last_loaded_step:
+        gen.sync_weights()
+        trainer._last_loaded_step = trainer.state.global_step
+    acc = trainer.accelerator
+    most = len(prompt_ids)
+    if acc.num_processes > 1:
+        most = int(acc.gather(torch.tensor([len(prompt_ids)], device=acc.device)).max())
+    filler = list(prompt_ids[-1]) if prompt_ids else [trainer._tokenizer.pad_token_id]
+    padded = [list(p) for p in prompt_ids] + [filler] * (most - len(prompt_ids))
+    rows = [p for p in padded for _ in range(k)]
+    saved = gen.temperature
+    gen.temperature = temperature
+    try:
+        _, completion_ids, _, _ = gen.generate(prompts=rows, images=None, num_generations=k)
+    finally:
+        gen.temperature = saved
+    return [completions(trainer._tokenizer, completion_ids[i * k:(i + 1) * k], trainer.eos_token_ids)
+            for i in range(len(prompt_ids))]

@@ -86,12 +86,20 @@ class ArmorLabCallback(TrainerCallback):
             tr.sync_reference_engine()
             if tr.anchor_rollout is not None:
                 tr.anchor_rollout.cache.clear()
-            if args.val_every > 0:
-                # the new π_ref is this step's policy: its val/acc when validated now (same weights,
-                # same seeded samples), else a validation pass of π_ref itself
-                acc = validated["val/acc"] if "val/acc" in validated else tr.validator.reference_accuracy(step)
-                if acc is not None:
-                    tr._metrics["train"]["ref/val_acc"].append(acc)
-                    control.should_log = True
+            acc = reference_val_acc(tr, step, validated)
+            if acc is not None:
+                tr._metrics["train"]["ref/val_acc"].append(acc)
+                control.should_log = True
         tr.token_dump.flush(step)
         return control
+
+
+def reference_val_acc(trainer: Any, step: int, validated: dict[str, float]) -> float | None:
+    """``ref/val_acc`` at a reset of ``step``: the new π_ref is this step's policy, so on an
+    evaluation step it is the step's ``val/acc`` (same weights, same seeded samples); between
+    evaluation steps a validation pass of π_ref runs only with ``ref_validate_resets``."""
+    if trainer.args.val_every <= 0:
+        return None
+    if "val/acc" in validated:
+        return validated["val/acc"]
+    return trainer.validator.reference_accuracy(step) if trainer.args.ref_validate_resets else None

@@ -4,7 +4,9 @@
 - status.json: ``running`` (attempt + 1, job id from ``$SLURM_ARRAY_JOB_ID_$SLURM_ARRAY_TASK_ID``,
   ``$SLURM_JOB_ID`` or ``$ARMORLAB_JOB_ID``) → ``completed``, or ``failed`` with a one-line reason;
 - exit codes: 0 completed, 1 failed, 2 user/config error (status failed too), 75 preempted,
-  73 another live process owns the run dir (its ``owner.lock``): nothing touched;
+  73 another live process owns the run dir (its ``owner.lock``): nothing touched, 74 the disk
+  is full (status failed, reason "no space left on device (checkpoint at step N)"; the
+  half-written checkpoint is removed, and a run started again resumes from the last complete one);
 - a dir with checkpoints resumes from the last *complete* one (model, optimizer, scheduler, RNG,
   π_ref, anchor cache, TRL's generation buffer, step); metrics.jsonl is appended to, and readers
   keep the last line per step, so steps the killed attempt logged after that checkpoint are
@@ -43,8 +45,10 @@ from pathlib import Path
 from typing import Any
 
 from armorlab.core.config import FIELDS, load_config, resolve, split_config
-from armorlab.core.exits import EXIT_BUSY, EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED
+from armorlab.core.exits import EXIT_BUSY, EXIT_FAILED, EXIT_NO_SPACE, EXIT_OK, EXIT_PREEMPTED
+from armorlab.core.fsutil import writable_dir
 from armorlab.core.runs import RunDir, slurm_job_id
+from armorlab.core.vllm_config import check_vllm_installed
 from armorlab.errors import ArmorLabError
 from armorlab.train.init_from import find_start, record_start
 from armorlab.vllm.endpoints import read_endpoints
@@ -62,7 +66,10 @@ class Outcome:
     reason: str | None
     exit_code: int
     already_completed: bool = False  # nothing was trained: the run dir was completed before
-    warnings: tuple[str, ...] = ()  # armorlab.core.health's, as status.json records them
+    # armorlab.core.health's, as status.json records them; after training, those its log has not
+    # shown while the run trained (each is shown once)
+    warnings: tuple[str, ...] = ()
+    note: str | None = None  # what the user should know about this outcome (train prints it)
 
 
 def process_layout(env: dict[str, str] | None = None) -> tuple[int, int]:
@@ -128,6 +135,58 @@ def complete_checkpoint(run_dir: RunDir) -> Path | None:
             continue
         return cp
     return None
+
+
+# how a full disk shows up when no OSError carries ENOSPC: torch's C++ writer ("file write failed",
+# "basic_ios::clear: iostream error"), safetensors' Rust writer ("StorageFull", "code: 28")
+_NO_SPACE_TEXT = ("no space left on device", "storagefull", "os error 28", "code: 28", "disk quota exceeded")
+_WRITE_FAILED_TEXT = ("file write failed", "iostream error", "unexpected pos")
+LOW_SPACE_BYTES = 64 * 1024 * 1024
+
+
+def no_space_left(exc: BaseException, where: Path) -> bool:
+    """Did ``exc`` come from a full disk (or an exhausted quota)? An OSError with ENOSPC/EDQUOT
+    anywhere in its chain, a writer's message that says so, or a write failure while the file
+    system of ``where`` has (almost) nothing free."""
+    import errno
+    import shutil
+
+    chain, seen = [], set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    if any(isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT) for e in chain):
+        return True
+    text = " ".join(str(e).lower() for e in chain)
+    if any(t in text for t in _NO_SPACE_TEXT):
+        return True
+    if any(t in text for t in _WRITE_FAILED_TEXT):
+        try:
+            return shutil.disk_usage(where).free < LOW_SPACE_BYTES
+        except OSError:
+            return False
+    return False
+
+
+def _in_checkpoint(exc: BaseException) -> bool:
+    """Whether the traceback passes through transformers' checkpoint saving."""
+    import traceback
+
+    names = {f.name for f in traceback.extract_tb(exc.__traceback__)}
+    return bool(names & {"_save_checkpoint", "save_model", "_save", "_save_optimizer_and_scheduler"})
+
+
+def _remove_partial_checkpoints(run_dir: RunDir) -> None:
+    """Checkpoints a full disk left half-written (no trainer_state.json: resume skips them anyway),
+    removed to give the failure's status write room."""
+    import shutil
+
+    complete = complete_checkpoint(run_dir)
+    for cp in run_dir.checkpoints():
+        if complete is None or int(cp.name.split("-")[1]) > int(complete.name.split("-")[1]):
+            shutil.rmtree(cp, ignore_errors=True)
 
 
 def one_line(exc: BaseException) -> str:
@@ -206,6 +265,7 @@ class HealthMonitor:
         self.run_dir = run_dir
         self.rows: list[dict[str, Any]] = []
         self.warnings: list[str] = []
+        self.announced: set[str] = set()
 
     def callback(self) -> Any:
         from transformers import TrainerCallback
@@ -228,16 +288,23 @@ class HealthMonitor:
         return _Callback()
 
     def update(self, *, final: bool) -> list[str]:
+        """The run's health warnings now (recorded in status.json). Mid-run a new one is logged at
+        once; the final call logs none and returns them all, and ``unannounced`` says which of
+        them the log has not shown yet (train prints those: each warning is shown once)."""
         from armorlab.core.health import run_warnings
 
         warnings = run_warnings(self.rows, final=final)
         if warnings != self.warnings:
             for w in warnings:
-                if w not in self.warnings:
+                if w not in self.warnings and not final:
                     log.warning("%s: %s", self.run_dir.path, w)
+                    self.announced.add(w)
             self.warnings = warnings
             self.run_dir.set_warnings(warnings)
         return warnings
+
+    def unannounced(self) -> tuple[str, ...]:
+        return tuple(w for w in self.warnings if w not in self.announced)
 
 
 def check_unchanged(stored: dict[str, Any], cfg: dict[str, Any], file: str) -> None:
@@ -253,6 +320,21 @@ def check_unchanged(stored: dict[str, Any], cfg: dict[str, Any], file: str) -> N
 
 
 # --------------------------------------------------------------------------- building
+def check_memory(cfg: dict[str, Any], file: str) -> None:
+    """The memory plan (armorlab.core.memory_plan) of this process's share of the run on this GPU:
+    ArmorLabError when it does not fit. The parallelism is what the launcher put in the environment;
+    without CUDA nothing is refused."""
+    import torch
+
+    from armorlab.core.plan_inputs import memory_check_enabled, parallelism_from_env, plan_config
+
+    if not torch.cuda.is_available() or not memory_check_enabled():
+        return
+    device = min(int(os.environ.get("LOCAL_RANK") or 0), torch.cuda.device_count() - 1)
+    total = torch.cuda.get_device_properties(device).total_memory
+    plan_config(cfg, parallelism_from_env(), total, file=file).check(file=file)
+
+
 def make_args(cfg: dict[str, Any], run_dir: RunDir) -> Any:
     """ArmorLabConfig from a resolved config; TRL keys are checked against the real GRPOConfig."""
     import dataclasses
@@ -293,6 +375,9 @@ def build_trainer(cfg: dict[str, Any], run_dir: RunDir, callbacks: Iterable[Any]
     from armorlab.train.trainer import ArmorLabTrainer
 
     args = make_args(cfg, run_dir)
+    rows = _train_rows(cfg["task"])
+    if rows is not None:  # before the model is built or loaded
+        check_can_step(args, rows, str(run_dir.config_path))
     from accelerate import PartialState
 
     # the main process first: a tiny model built on another rank would not be saved (transformers'
@@ -300,6 +385,7 @@ def build_trainer(cfg: dict[str, Any], run_dir: RunDir, callbacks: Iterable[Any]
     with PartialState().main_process_first():
         model = Path(start_from) if start_from is not None else prepare_model(cfg["model"], cfg["task"])
     task = build_task(cfg["task"], chat=has_chat_template(model))
+    check_can_step(args, len(task.train), str(run_dir.config_path))
     trainer = ArmorLabTrainer(str(model), task.reward_funcs, args, train_dataset=task.train,
                               val_dataset=task.val, test_dataset=task.test, tokens_dir=run_dir.tokens_dir,
                               callbacks=[RunDirLogger(run_dir), *callbacks])
@@ -311,11 +397,56 @@ def build_trainer(cfg: dict[str, Any], run_dir: RunDir, callbacks: Iterable[Any]
                             "without GPUs leave use_cpu unset (true)", key="use_cpu", value=args.use_cpu,
                             file=str(run_dir.config_path))
     keep.install(trainer, run_dir, trainer.args.keep_checkpoints)  # the kept checkpoints and selected.json
+    _without_nulls_for_trackers(trainer)
     # keep the progress bar, drop transformers' printing of every log dict (metrics.jsonl has them)
     trainer.remove_callback(PrinterCallback)
     if trainer.pop_callback(ProgressCallback) is not None:
         trainer.add_callback(_QuietProgress())
     return trainer
+
+
+def _train_rows(task: dict[str, Any]) -> int | None:
+    """The train split's size of a math task read from a file, known without building the task."""
+    from armorlab.core.identity import data_rows
+
+    if task["name"] != "math":
+        return None
+    rows = data_rows(task["path"])
+    if rows is None:
+        return None
+    rest = max(0, rows - task["val_size"] - task["test_size"])
+    return rest if task["train_size"] is None else min(rest, task["train_size"])
+
+
+def check_can_step(args: Any, train_rows: int, file: str) -> None:
+    """A run whose generation batch asks for more prompts than the train split holds takes no step
+    at all (TRL's RepeatSampler drops an incomplete batch) and would end "completed" with nothing
+    trained: an error naming the batch size instead."""
+    prompts = args.generation_batch_size // args.num_generations
+    if train_rows < prompts:
+        raise ArmorLabError(
+            f"a step samples {prompts} prompts ({args.generation_batch_size} rows of the generation batch / "
+            f"num_generations {args.num_generations}; per_device_train_batch_size {args.per_device_train_batch_size} × "
+            f"steps_per_generation {args.steps_per_generation} × {args.world_size} process(es)) but the train split "
+            f"has {train_rows}: no step could be taken. Lower per_device_train_batch_size or steps_per_generation, "
+            "or give more training rows", key="per_device_train_batch_size", value=args.per_device_train_batch_size,
+            file=file)
+
+
+def _without_nulls_for_trackers(trainer: Any) -> None:
+    """report_to's trackers (TensorBoard, MLflow, ...) get each log without its null metrics: TRL
+    logs None for a metric undefined over the whole step (e.g. a clip fraction with no token of
+    that sign), and TensorBoard's callback warned about each one, about 9 lines a step. metrics.jsonl
+    (RunDirLogger) still records them as null."""
+    for callback in trainer.callback_handler.callbacks:
+        if type(callback).__module__.startswith("transformers.integrations"):
+            on_log = callback.on_log
+
+            def filtered(args, state, control, logs=None, _on_log=on_log, **kwargs):
+                logs = {k: v for k, v in (logs or {}).items() if v is not None}
+                return _on_log(args, state, control, logs=logs, **kwargs)
+
+            callback.on_log = filtered
 
 
 def _close_progress(trainer: Any) -> None:
@@ -342,14 +473,37 @@ def train_from_config(config: str | os.PathLike | None, overrides: Sequence[str]
                       out: str | os.PathLike = "runs/train") -> Outcome:
     """Resolve CONFIG + overrides, create ``OUT/<run-id>/`` and train there (resuming if it exists)."""
     cfg = load_config(config, overrides)
-    if is_main_process():
-        run_dir = RunDir.create(out, cfg)
-    else:  # the main process creates it (and may still be writing config.yaml)
-        from armorlab.core.runs import run_id
+    check_vllm_installed(cfg, str(config) if config is not None else "--set")
+    from armorlab.core.runs import run_id
 
-        run_dir = RunDir(Path(out) / run_id(cfg))
+    run_dir = RunDir(Path(out) / run_id(cfg))
+    changed = _changed_logging_keys(run_dir, cfg)
+    if is_main_process():
+        run_dir = RunDir.create(writable_dir(out, key="--out"), cfg)
+    else:  # the main process creates it (and may still be writing config.yaml)
         _wait_for(run_dir.config_path)
-    return train_run_dir(run_dir.path)
+    outcome = train_run_dir(run_dir.path)
+    if outcome.already_completed and changed:
+        import dataclasses
+
+        outcome = dataclasses.replace(outcome, note=(
+            f"only logging keys differ from that run ({', '.join(changed)}); they are not part of the run id, "
+            "so this is the same run (config.yaml now has the new values)"))
+    return outcome
+
+
+def _changed_logging_keys(run_dir: RunDir, cfg: dict[str, Any]) -> list[str]:
+    """The logging keys (config.LOGGING_KEYS) whose values differ from an existing run dir's config."""
+    from armorlab.core.config import LOGGING_KEYS
+
+    try:
+        stored = run_dir.read_config() if run_dir.config_path.is_file() else None
+    except ArmorLabError:
+        return []
+    if stored is None:
+        return []
+    return sorted(k for k in LOGGING_KEYS if stored.get(k) != cfg.get(k))
+
 
 
 def _wait_for(path: Path, timeout_s: float = 120.0) -> None:
@@ -413,6 +567,8 @@ def _train_owned(run_dir: RunDir, callbacks: Iterable[Any]) -> Outcome:
             cfg = resolve({**stored, **read_endpoints()}, file=str(run_dir.config_path))
             check_unchanged(stored, cfg, str(run_dir.config_path))
             start = find_start(run_dir, cfg["init_from"]) if cfg.get("init_from") else None
+            check_vllm_installed(cfg, str(run_dir.config_path))
+            check_memory(cfg, str(run_dir.config_path))  # before any model is loaded
             trainer = build_trainer(cfg, run_dir, [control.callback(), health.callback(), *callbacks],
                                     start_from=start.checkpoint if start else None)
             checkpoint = complete_checkpoint(run_dir)
@@ -431,6 +587,15 @@ def _train_owned(run_dir: RunDir, callbacks: Iterable[Any]) -> Outcome:
     except Exception as exc:
         from armorlab.train.trainer import NonFiniteLossError
 
+        if no_space_left(exc, run_dir.path):
+            step = trainer.state.global_step if trainer is not None else 0
+            where = "checkpoint at step" if _in_checkpoint(exc) else "at step"
+            reason = f"no space left on device ({where} {step}): free space and run it again to resume"
+            log.error("%s: %s (%s)", run_dir.path, reason, one_line(exc))
+            _remove_partial_checkpoints(run_dir)
+            write_status("failed", reason=reason, any_process=True)
+            _close_progress(trainer)
+            return Outcome(run_dir.path, "failed", reason, EXIT_NO_SPACE)
         if isinstance(exc, NonFiniteLossError):
             reason = str(exc)
         else:
@@ -444,7 +609,9 @@ def _train_owned(run_dir: RunDir, callbacks: Iterable[Any]) -> Outcome:
         reason = f"preempted at step {step}"
         write_status("pending", reason=reason)
         return Outcome(run_dir.path, "pending", reason, EXIT_PREEMPTED)
-    warnings = tuple(health.update(final=True)) if trainer.args.process_index == 0 else ()
+    if trainer.args.process_index == 0:
+        health.update(final=True)
+    warnings = health.unannounced() if trainer.args.process_index == 0 else ()
     reason = None if control.stop_reason is None else f"stopped at step {step}: {control.stop_reason}"
     write_status("completed", reason=reason)
     return Outcome(run_dir.path, "completed", reason, EXIT_OK, warnings=warnings)

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from armorlab.core.config import TINY_MODEL, resolve
+from armorlab.core.config import TINY_MAX_POSITIONS, TINY_MODEL, resolve
 from armorlab.core.fsutil import cache_root
 from armorlab.errors import ArmorLabError
 
@@ -45,7 +45,7 @@ METADATA = "armorlab_model.json"
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)
 CHARS = tuple(chr(i) for i in range(32, 127)) + ("\n", "\t")  # printable ASCII + newline, tab
-MAX_POSITIONS = 1024
+MAX_POSITIONS = TINY_MAX_POSITIONS
 
 # Warm-start recipe (the step count is model.warm_start_steps; the rest is fixed here).
 WS_BATCH = 64
@@ -222,7 +222,9 @@ def warm_start(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, task:
     opt = torch.optim.AdamW(model.parameters(), lr=WS_LR, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / WS_WARMUP))
     model.train()
+    bar = _progress(max_steps)
     for step in range(1, max_steps + 1):
+        bar.update(1)
         rows = torch.randint(0, ids.shape[0], (WS_BATCH,), generator=gen)
         out = model(input_ids=ids[rows], attention_mask=attention[rows], labels=labels[rows])
         opt.zero_grad(set_to_none=True)
@@ -234,10 +236,21 @@ def warm_start(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, task:
         if dev_n and (step % WS_CHECK_EVERY == 0 or step == max_steps):
             result["dev_acc"] = accuracy(model, tokenizer, task, *dev)
             log.debug("warm start step %d: loss %.4f, dev greedy acc %.3f", step, result["loss"], result["dev_acc"])
+            bar.set_postfix(dev_acc=f"{result['dev_acc']:.2f}", target=target)
             if result["dev_acc"] >= target:
                 break
+    bar.close()
     model.eval()
     return result
+
+
+def _progress(total: int) -> Any:
+    """The warm start's progress bar on stderr (a terminal only: job logs get the INFO line): it
+    runs once per tiny model and task settings, for up to minutes on a CPU."""
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="warm-starting the tiny model (once; cached)", unit="step", leave=False,
+                disable=None, mininterval=1.0)
 
 
 # --------------------------------------------------------------------------- prepare (cached)
@@ -285,6 +298,41 @@ def _build(model_cfg: Mapping[str, Any], task_cfg: Mapping[str, Any], target: Pa
              meta["parameters"], ws["steps"], val_t1, val_greedy, meta["build_seconds"])
 
 
+def check_loadable(name: str | os.PathLike) -> None:
+    """The model's config as transformers reads it, and its architecture built on the meta device
+    (no memory, no weights read): a config.json transformers refuses (an unknown model_type, heads
+    that do not divide the hidden size, a value of the wrong type) is an ArmorLabError naming it,
+    before any weights load. The files themselves were checked by config.resolve
+    (armorlab.core.model_dir)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    where = Path(name) / "config.json" if Path(name).is_dir() else None
+    try:
+        config = AutoConfig.from_pretrained(str(name))
+        with torch.device("meta"):
+            AutoModelForCausalLM.from_config(config)
+    except Exception as exc:  # noqa: BLE001 - transformers raises ValueError, KeyError, TypeError, OSError...
+        text = str(exc).strip().splitlines()
+        raise ArmorLabError(f"transformers cannot build this model from its config.json: {type(exc).__name__}: "
+                            f"{text[0][:300] if text else ''}", key="model", value=str(name),
+                            file=str(where) if where else None) from None
+
+
+def cached_model(model_cfg: Mapping[str, Any], task_cfg: Mapping[str, Any], *,
+                 cache_dir: str | os.PathLike | None = None) -> Path | None:
+    """The directory to load the policy from when nothing needs building: a model path or hub id,
+    or the tiny model already in the cache; None when the tiny model would be built (warm-started)
+    first. For commands that must not train (``check-task``)."""
+    resolved = resolve({"model": dict(model_cfg), "task": dict(task_cfg)})
+    model_cfg, task_cfg = resolved["model"], resolved["task"]
+    if model_cfg["name"] != TINY_MODEL:
+        check_loadable(model_cfg["name"])
+        return Path(model_cfg["name"])
+    final = cache_root(cache_dir) / "models" / f"tiny-{model_key(model_cfg, task_cfg)}"
+    return final.resolve() if (final / METADATA).is_file() else None
+
+
 def has_chat_template(model: str | os.PathLike) -> bool:
     """Whether the tokenizer saved with a model (a directory or a cached hub id) has a chat
     template: in ``chat_template.jinja``/``.json`` or in ``tokenizer_config.json``. No tokenizer is loaded."""
@@ -319,6 +367,7 @@ def prepare_model(model_cfg: Mapping[str, Any], task_cfg: Mapping[str, Any], *,
     resolved = resolve({"model": model_cfg, "task": task_cfg})
     model_cfg, task_cfg = resolved["model"], resolved["task"]
     if model_cfg["name"] != TINY_MODEL:
+        check_loadable(model_cfg["name"])
         return Path(model_cfg["name"])  # resolve() made it an absolute directory or a cached hub id
     key = model_key(model_cfg, task_cfg)
     models_dir = cache_root(cache_dir) / "models"

@@ -67,7 +67,13 @@ from armorlab.train import anchors as anc
 from armorlab.train.evaluation import Validator
 from armorlab.train.hooks import ArmorLabCallback, EpochSeededRepeatSampler, policy_server_client
 from armorlab.train.mechanisms import gradient_shares, rollout_diversity
-from armorlab.train.reference import ReferencePolicy, build_reference_model
+from armorlab.train.reference import (
+    ReferencePolicy,
+    build_reference_model,
+    reference_needed,
+    reference_scored,
+    telemetry_generation,
+)
 from armorlab.train.telemetry import StepStats, TokenDump, sequence_kl_estimates
 from armorlab.train.trainer_config import ArmorLabConfig
 
@@ -114,17 +120,22 @@ class ArmorLabTrainer(GRPOTrainer):
     """
 
     _tag_names = ["trl", "grpo", "armorlab"]
-    # reference draws scored for kl/forward_* per generation, as a share of the process's generation
-    # rows: two no-grad forwards on n/8 rows against generating and training n rows keeps the step
-    # overhead near 5 % at any batch size (benchmarks/step_overhead.py part 3); 0 turns it off
+    # generations whose fresh reference draws are scored for kl/forward_* (two no-grad forwards, policy
+    # and π_ref, on each fresh prompt's first draw): every (1/share)-th, the first included; 0 = off
     forward_kl_share = 0.125
+    # share of the rows whose π_ref log-probs are computed for kl/reverse_* alone (dapo/grpo/up at
+    # β = 0 without anchors: nothing else reads them), as whole generations (_reference_scored); 0 = off.
+    # Whole generations rather than a share of each: one forward in 8 instead of 8 small ones, so the
+    # fixed cost of a forward (under FSDP: gathering every parameter) is paid 8× less
+    reverse_kl_share = 0.125
 
     def __init__(self, model: Any, reward_funcs: Any, args: ArmorLabConfig, *, val_dataset: Any = None,
                  test_dataset: Any = None, reference_sampler: anc.ReferenceSampler | None = None,
                  tokens_dir: str | os.PathLike | None = None, **kwargs: Any) -> None:
         if not isinstance(args, ArmorLabConfig):
             raise TypeError("ArmorLabTrainer needs an ArmorLabConfig")
-        ref_model = build_reference_model(model, args)  # before TRL patches the policy's forward
+        # before TRL patches the policy's forward; none when nothing reads π_ref (reference_needed)
+        ref_model = build_reference_model(model, args) if reference_needed(args, val_dataset is not None) else None
         # With β ≠ 0 TRL would load a reference of its own, which this one replaces: a third model
         # in memory. TRL decides from args.beta alone (PEFT aside: it then uses a "ref" adapter).
         beta = args.beta
@@ -145,11 +156,11 @@ class ArmorLabTrainer(GRPOTrainer):
         self.per_rollout = updates_per_rollout(args.steps_per_generation, args.num_iterations,
                                                args.gradient_accumulation_steps)
         self._check_supported(val_dataset is not None or test_dataset is not None)
-        self.reference = ReferencePolicy(self._prepare_reference(ref_model), ref_reset_steps=args.ref_reset_steps,
-                                         schedule=args.ref_reset_schedule)
+        self.reference = ReferencePolicy(None if ref_model is None else self._prepare_reference(ref_model),
+                                         ref_reset_steps=args.ref_reset_steps, schedule=args.ref_reset_schedule)
         self.ref_model = self.reference.model  # TRL's β·KL path uses it too
         self.armorlab_generation_config = self._generation_config()
-        batch = args.generation_batch_size
+        self.max_over_processes, self.collective_sync = self._process_syncs()
         if reference_sampler is None and args.ref_vllm_mode == "colocate":
             from armorlab.train.vllm_reference import build_for_trainer
 
@@ -158,15 +169,21 @@ class ArmorLabTrainer(GRPOTrainer):
             from armorlab.train.vllm_reference import build_server_sampler
 
             reference_sampler = build_server_sampler(self)
-        self.reference_sampler = reference_sampler or anc.TransformersSampler(
-            self.ref_model, self._tokenizer, self.armorlab_generation_config, self.eos_token_ids, batch_size=batch)
+        if reference_sampler is None and self.ref_model is not None:
+            reference_sampler = anc.TransformersSampler(
+                self.ref_model, self._tokenizer, self.armorlab_generation_config, self.eos_token_ids,
+                batch_size=args.per_device_eval_batch_size, sync=self.collective_sync)
+        self.reference_sampler = reference_sampler
         self.anchor_rollout = None
         # off: every rollout draws afresh; window: draws are reused until π_ref resets
         self.anchor_cache = args.anchor_cache or default_anchor_cache(args.ref_reset_steps, args.ref_reset_schedule)
         if args.anchor or args.anchor_gate:
+            collective = getattr(self.reference_sampler, "collective", False)
             self.anchor_rollout = anc.AnchorRollout(
                 self.reference_sampler, self._score_groups, k=args.anchor_samples,
-                anchor_filter=args.anchor_filter, threshold=args.anchor_reward_threshold)
+                anchor_filter=args.anchor_filter, threshold=args.anchor_reward_threshold,
+                sync=self.max_over_processes if collective else None)
+        self._anchor_thread = None  # anchors drawn beside the policy's generation (a server sampler)
         self.validator = Validator(self, {"val": val_dataset, "test": test_dataset}, k=args.val_samples,
                                    temperature=args.val_temperature, greedy=args.val_greedy,
                                    threshold=args.anchor_reward_threshold,
@@ -206,6 +223,12 @@ class ArmorLabTrainer(GRPOTrainer):
             raise ArmorLabError("anchors are not supported with tools, rollout_func or environments",
                                 key="anchor", value=self.args.anchor)
 
+    def _process_syncs(self) -> tuple[anc.Sync | None, anc.Sync | None]:
+        """(max over processes, the same where π_ref's and the policy's forwards are collectives)."""
+        plugin = getattr(self.accelerator.state, "deepspeed_plugin", None)
+        sharded = self.is_fsdp_enabled or (self.is_deepspeed_enabled and getattr(plugin, "zero_stage", 0) == 3)
+        return anc.process_syncs(self.accelerator.num_processes, self.accelerator.device, sharded)
+
     def _check_units(self) -> None:
         """Rollout-counted settings need a whole U; ``max_rollouts`` sets max_steps (config.resolve
         does the same for run configs; this covers Python users of ArmorLabConfig)."""
@@ -218,7 +241,7 @@ class ArmorLabTrainer(GRPOTrainer):
     def sync_reference_engine(self) -> None:
         """A sampler with its own copy of π_ref (vLLM) gets the reference's current weights."""
         sync = getattr(self.reference_sampler, "sync_from", None)
-        if sync is not None:
+        if sync is not None and self.reference.model is not None:
             sync(self.accelerator.unwrap_model(self.reference.model))
 
     def _prepare_reference(self, ref: nn.Module) -> nn.Module:
@@ -300,6 +323,11 @@ class ArmorLabTrainer(GRPOTrainer):
 
     # ------------------------------------------------------------------ rollout
     def _generate(self, prompts: list):
+        anchoring = self.model.training and self.anchor_rollout is not None
+        idx = anc.anchor_rows(len(prompts), self.accelerator.process_index, self.num_generations) if anchoring else []
+        if anchoring and self.anchor_cache == "off":
+            self.anchor_rollout.cache.clear()
+        beside = self._start_anchors_beside(prompts, idx) if anchoring else None
         out = super()._generate(prompts)
         if not self.model.training:
             return out
@@ -307,18 +335,20 @@ class ArmorLabTrainer(GRPOTrainer):
         n = len(prompts)
         is_anchor = torch.zeros(n, dtype=torch.bool)
         solvable = torch.full((n,), math.nan)
-        marks = {"groups": 0, "cached": 0, "generated": 0, "injected": 0}
+        marks = {"groups": 0, "cached": 0, "generated": 0, "injected": 0, "sampled": 0}
         if self.anchor_rollout is not None:
-            idx = anc.anchor_rows(n, self.accelerator.process_index, self.num_generations)
-            reqs = [anc.GroupRequest(prompts[i], prompt_ids[i], self._reward_row(self._rollout_inputs[i]))
-                    for i in idx]
-            if self.anchor_cache == "off":
-                self.anchor_rollout.cache.clear()
-            outcomes, generated = self.anchor_rollout.run(reqs, seed=self.args.seed, step=self.state.global_step)
-            marks.update(groups=len(idx), cached=sum(o.cached for o in outcomes), generated=generated)
-            rng = random.Random(f"{self.args.seed}:{self.state.global_step}:{self.accelerator.process_index}")
-            limit = max(1, int(n * self.forward_kl_share)) if self.forward_kl_share > 0 else 0
-            marks["forward_rows"] = anc.forward_kl_rows(reqs, outcomes, limit, rng)
+            if beside is not None:
+                reqs, future = beside
+                outcomes, generated = future.result()
+            else:
+                reqs = [anc.GroupRequest(prompts[i], prompt_ids[i], self._reward_row(self._rollout_inputs[i]))
+                        for i in idx]
+                outcomes, generated = self.anchor_rollout.run(reqs, seed=self.args.seed, step=self.state.global_step)
+            marks.update(groups=len(idx), cached=sum(o.cached for o in outcomes), generated=generated,
+                         sampled=sum(not o.cached for o in outcomes))
+            if self._telemetry_generation(self.forward_kl_share) and self.args.kl_telemetry:
+                rng = random.Random(f"{self.args.seed}:{self.state.global_step}:{self.accelerator.process_index}")
+                marks["forward_rows"] = anc.forward_kl_rows(reqs, outcomes, n, rng)
             for i, o in zip(idx, outcomes, strict=True):
                 solvable[i] = float(o.solvable)
                 if self.args.anchor and o.anchor is not None:
@@ -336,6 +366,26 @@ class ArmorLabTrainer(GRPOTrainer):
         )
         self._rollout_marks = marks
         return prompt_ids, completion_ids, tool_mask, completions, logprobs, extra, images, tool_images
+
+    def _start_anchors_beside(self, prompts: list, idx: list[int]):
+        """Start the anchor rollout in a worker thread, beside the policy's generation: (requests, future).
+
+        Only for a sampler that says it runs ``concurrent`` ly (a vLLM server: HTTP requests to
+        another process's GPU). None otherwise: a colocated engine or ``generate`` shares the
+        trainer's device and thread, and a sampler whose forwards are collectives must not run
+        them in a side thread (their order across processes would no longer be fixed).
+        """
+        if not getattr(self.reference_sampler, "concurrent", False) or not idx:
+            return None
+        from concurrent.futures import ThreadPoolExecutor
+
+        if self._anchor_thread is None:
+            self._anchor_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="armorlab-anchors")
+        prompt_ids = self._tokenize_prompts([prompts[i] for i in idx])[0]
+        reqs = [anc.GroupRequest(prompts[i], ids, self._reward_row(self._rollout_inputs[i]))
+                for i, ids in zip(idx, prompt_ids, strict=True)]
+        return reqs, self._anchor_thread.submit(self.anchor_rollout.run, reqs, seed=self.args.seed,
+                                                step=self.state.global_step)
 
     @staticmethod
     def _reward_row(row: dict) -> dict:
@@ -355,7 +405,7 @@ class ArmorLabTrainer(GRPOTrainer):
         finally:
             self._rollout_inputs = None
         if "ref_per_token_logps" not in output:  # TRL computes them only when beta != 0
-            output["ref_per_token_logps"] = self._reference_logps(output)
+            self._add_reference_logps(output)
         if not self.model.training:  # TRL's own evaluation: no anchors, no gate, no telemetry
             return output
         device = self.accelerator.device
@@ -380,11 +430,11 @@ class ArmorLabTrainer(GRPOTrainer):
                                              self.num_generations, rounding_mode="floor")
         keep = torch.ones(n, device=device)
         if self.anchor_rollout is not None:
-            counts = torch.tensor([marks["groups"], marks["injected"], marks["cached"], marks["generated"]],
-                                  dtype=torch.float32, device=device)
+            counts = torch.tensor([marks["groups"], marks["injected"], marks["cached"], marks["generated"],
+                                   marks["sampled"]], dtype=torch.float32, device=device)
             if self.accelerator.num_processes > 1:
                 counts = self.accelerator.reduce(counts, reduction="sum")
-            groups, injected, cached, generated = counts.tolist()
+            groups, injected, cached, generated, sampled = counts.tolist()
             dropped = 0.0
             solvable = self.accelerator.gather(marks["solvable"].to(device))
             if self.args.anchor_gate:
@@ -394,7 +444,10 @@ class ArmorLabTrainer(GRPOTrainer):
             per_generation = anc.gate_success(
                 self._rewards_gathered.to(device), self.accelerator.gather(marks["is_anchor"].float().to(device)),
                 solvable, self.num_generations, self.args.anchor_reward_threshold)
-            per_generation.update(self._forward_kl(marks.get("forward_rows", [])))
+            if "forward_rows" in marks:  # the same generations on every process: _forward_kl is a collective
+                per_generation.update(self._forward_kl(marks["forward_rows"]))
+            # reference draws per prompt sampled now (each asks for one anchor): adaptive rejection's cost
+            per_generation["anchor/draws_per_anchor"] = (generated, sampled)
             for name, (total, count) in per_generation.items():
                 output[f"{GENERATION_STAT}{name}:total"] = torch.as_tensor(total, dtype=torch.float32, device=device)
                 output[f"{GENERATION_STAT}{name}:count"] = torch.as_tensor(count, dtype=torch.float32, device=device)
@@ -464,14 +517,26 @@ class ArmorLabTrainer(GRPOTrainer):
         totals, sequences = sequence_kl_estimates(ref, logp, mask, names=("k1", "k3"))
         return {"kl/forward_k1": (totals[0], sequences), "kl/forward_k3": (totals[1], sequences)}
 
+    def _reference_scored(self) -> bool:
+        """Whether this generation's rows get π_ref's log-probs (``reference.reference_scored``)."""
+        return reference_scored(self.args, beta=self.beta, has_reference=self.ref_model is not None,
+                                telemetry_now=self._telemetry_generation(self.reverse_kl_share))
+
+    def _telemetry_generation(self, share: float) -> bool:
+        """Whether this generation (TRL's micro-step counter ``_step`` says which) is one telemetry scores."""
+        return telemetry_generation(self._step // (self.args.steps_per_generation * self.num_iterations), share)
+
     @torch.no_grad()
-    def _reference_logps(self, output: dict) -> torch.Tensor:
+    def _add_reference_logps(self, output: dict) -> None:
+        """``ref_per_token_logps`` of every row, on the generations that are scored (``_reference_scored``)."""
+        if not self._reference_scored():
+            return
         ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
         att = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
         batch = self.args.per_device_train_batch_size if self.model.training else self.args.per_device_eval_batch_size
         logps, _, _ = self._get_per_token_logps_and_entropies(
             self.ref_model, ids, att, output["completion_ids"].size(1), batch_size=batch)
-        return logps
+        output["ref_per_token_logps"] = logps
 
     # ------------------------------------------------------------------ loss
     def _compute_loss(self, model, inputs):

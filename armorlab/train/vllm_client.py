@@ -22,12 +22,14 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import urlsplit
 
 import torch
 from trl.generation import vllm_generation
 from trl.generation.vllm_client import VLLMClient
 
 from armorlab.errors import ArmorLabError
+from armorlab.vllm.env import LOOPBACK_ENV, is_loopback
 
 WEIGHTS_FILE = "model.safetensors"
 SYNC_DIR_ENV = "ARMORLAB_VLLM_SYNC_DIR"
@@ -45,6 +47,11 @@ class WeightSyncClient(VLLMClient):
     def init_communicator(self, device: torch.device | str | int = 0) -> None:
         device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
         if device.type == "cuda":
+            # TRL names the group's address with vLLM's get_ip(), which reads VLLM_HOST_IP: a server on
+            # this node's loopback must be told the loopback address, as on CPU
+            if is_loopback(urlsplit(self.base_url).hostname):
+                for key, value in LOOPBACK_ENV.items():
+                    os.environ.setdefault(key, value)
             super().init_communicator(device)
             return
         self.get_server_info()  # a clear error when the server lacks the dev-mode endpoints

@@ -38,6 +38,7 @@ from armorlab.core.runs import slurm_job_id
 from armorlab.errors import ArmorLabError
 from armorlab.sweeps import slurmctl
 from armorlab.tune.pruners import make_pruner
+from armorlab.tune.secrets import recall, redact, scrub, split_password
 from armorlab.tune.space import HEARTBEAT_DEFAULT, SearchSpec
 
 log = logging.getLogger(__name__)
@@ -137,14 +138,26 @@ def with_driver(url: str, *, shown: str | None = None) -> str:
     found = next((m for m in wanted if importlib.util.find_spec(m) is not None), None)
     if found is None:
         raise ArmorLabError(f"a {dialect} storage needs a database driver ({' or '.join(wanted)}), and none "
-                            f"is installed: {install}", key="--storage", value=_redact(shown or url))
+                            f"is installed: {install}", key="--storage", value=redact(shown or url))
     return f"{dialect}+{driver or found}{sep}{rest}"
+
+
+# what a server says when it refuses the credentials (libpq, MySQL): not a lost connection, and
+# retrying it for minutes would only hide it behind "unreachable"
+_AUTH_FAILED = ("authentication failed", "no password supplied", "password authentication",
+                "access denied for user", "fe_sendauth")
+
+
+def auth_failed(exc: BaseException) -> bool:
+    return any(a in str(e).lower() for e in (exc, exc.__cause__) if e is not None for a in _AUTH_FAILED)
 
 
 def _connection_lost(exc: BaseException) -> bool:
     """Is ``exc`` (or what it wraps) the database being unreachable, rather than a bad query?"""
     import sqlalchemy.exc as sa_exc
 
+    if auth_failed(exc):
+        return False
     for e in (exc, exc.__cause__):
         if isinstance(e, sa_exc.DBAPIError) and e.connection_invalidated:
             return True
@@ -186,9 +199,9 @@ def _with_retry(fn: Callable[..., Any], what: str, cap_s: float | None = None) -
                 waited = time.monotonic() - t0
                 if waited + delay > budget:
                     raise DatabaseUnavailable(
-                        f"the study database {_redact(self.url)} was unreachable for {waited:.0f}s "
+                        f"the study database {redact(self.url)} was unreachable for {waited:.0f}s "
                         f"({what}; {DB_RETRY_ENV}={budget:g}); last error: "
-                        f"{str(exc.__cause__ or exc).strip().splitlines()[0]}") from None
+                        f"{scrub(str(exc.__cause__ or exc), self.url).strip().splitlines()[0]}") from None
                 log.warning("database unreachable (%s): retrying in %.1fs", what, delay)
                 time.sleep(delay)
                 delay = min(delay * 2, 30.0)
@@ -196,15 +209,6 @@ def _with_retry(fn: Callable[..., Any], what: str, cap_s: float | None = None) -
                 state.depth -= 1
 
     return call
-
-
-def _redact(url: str) -> str:
-    """The URL without its password, for messages."""
-    scheme, sep, rest = url.partition("://")
-    creds, at, host = rest.rpartition("@")
-    if not at or ":" not in creds:
-        return url
-    return f"{scheme}{sep}{creds.split(':', 1)[0]}:***@{host}"
 
 
 class RetryingRDBStorage(RDBStorage):
@@ -257,7 +261,8 @@ def open_storage(study_dir: Path, url: str | None, *, max_retries: int = 2,
         path = str(tune_dir / JOURNAL)
         warn_if_network_fs(tune_dir, "the study journal")
         return JournalStorage(JournalFileBackend(path, lock_obj=JournalFileOpenLock(path)))
-    expanded = rdb_url(url)
+    expanded, password = split_password(rdb_url(url))  # the driver gets the password, no URL holds it
+    password = password if password is not None else recall(url)
     if expanded.startswith("sqlite:///"):
         db = expanded[len("sqlite:///"):]
         if db and db != ":memory:":
@@ -268,6 +273,8 @@ def open_storage(study_dir: Path, url: str | None, *, max_retries: int = 2,
         engine_kwargs["pool_pre_ping"] = True
         if expanded.startswith("postgresql+psycopg"):
             engine_kwargs["connect_args"] = {"connect_timeout": 10}
+        if password is not None:
+            engine_kwargs.setdefault("connect_args", {})["password"] = password
     try:
         with quiet_optuna():
             return RetryingRDBStorage(expanded, engine_kwargs=engine_kwargs,
@@ -276,9 +283,18 @@ def open_storage(study_dir: Path, url: str | None, *, max_retries: int = 2,
     except ArmorLabError:
         raise
     except (ImportError, ModuleNotFoundError) as exc:
-        raise ArmorLabError(f"storage needs a database driver: {exc}", key="--storage", value=url) from None
+        raise ArmorLabError(f"storage needs a database driver: {exc}", key="--storage", value=redact(url)) from None
     except Exception as exc:  # sqlalchemy raises its own types for bad URLs or unreachable hosts
-        raise ArmorLabError(f"cannot open storage: {exc}", key="--storage", value=_redact(url)) from None
+        why = scrub(str(exc.__cause__ or exc), url, rdb_url(url)).strip().splitlines()
+        if auth_failed(exc):
+            raise ArmorLabError(f"authentication failed for the study database ({why[0] if why else exc}): "
+                                "armorlab never stores a password; give it as PGPASSWORD or in ~/.pgpass "
+                                "(or $VAR in the URL)", key="--storage", value=redact(url)) from None
+        if isinstance(exc, DatabaseUnavailable):
+            raise ArmorLabError(f"cannot open storage: {scrub(str(exc), url, rdb_url(url))}", key="--storage",
+                                value=redact(url)) from None
+        raise ArmorLabError(f"cannot open storage: {why[0] if why else type(exc).__name__}", key="--storage",
+                            value=redact(url)) from None
 
 
 def storage_options(search: SearchSpec) -> dict[str, int]:

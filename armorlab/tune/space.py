@@ -25,8 +25,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from armorlab.core import config as cfgmod
-from armorlab.core.checks import Invalid, count_text, within_max_points
+from armorlab.core.checks import Invalid, count_text, did_you_mean, within_max_points
 from armorlab.errors import ArmorLabError
+from armorlab.tune.secrets import redact
 
 PARAM_TYPES = ("float", "int", "categorical")
 SUMMARIES = ("auc", "final", "peak", "test-at-val-best")
@@ -375,7 +376,8 @@ def parse_search(raw: Any, base: Mapping[str, Any], *, file: str | None = None) 
     raw = _mapping(raw, "search", file)
     for key in raw:
         if key not in SEARCH_KEYS:
-            raise _err(f"unknown key (known: {', '.join(SEARCH_KEYS)})", f"search.{key}", raw[key], file)
+            raise _err(f"unknown key{did_you_mean(key, SEARCH_KEYS)} (known: {', '.join(SEARCH_KEYS)})",
+                       f"search.{key}", raw[key], file)
     space_raw = _mapping(raw.get("space"), "search.space", file)
     if not space_raw:
         raise _err("the search space is empty", "search.space", space_raw, file)
@@ -432,7 +434,8 @@ def parse_search(raw: Any, base: Mapping[str, Any], *, file: str | None = None) 
     storage = raw.get("storage")
     if storage is not None and (not isinstance(storage, str) or "://" not in storage):
         raise _err("must be null (journal file in the study dir) or a database URL such as "
-                   "postgresql://host/db or sqlite:///path.db", "search.storage", storage, file)
+                   "postgresql://host/db or sqlite:///path.db", "search.storage",
+                   redact(storage) if isinstance(storage, str) else storage, file)
     beat = _heartbeat(raw.get("heartbeat"), file)
     return SearchSpec(space=space, objectives=objectives, directions=directions, sampler=sampler,
                       pruner=pruner, n_trials=n_trials, max_retries=max_retries, storage=storage,

@@ -23,6 +23,7 @@ them where they need them, each marked ``# lazy``.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import os
@@ -36,10 +37,11 @@ from pathlib import Path
 from typing import Any
 
 from armorlab.core.config import resolve
-from armorlab.core.fsutil import atomic_write_json, atomic_write_yaml
+from armorlab.core.fsutil import atomic_write_json, atomic_write_yaml, writable_dir
 from armorlab.errors import ArmorLabError
 from armorlab.sweeps.sbatch import checked_executor
 from armorlab.sweeps.spec import load_spec
+from armorlab.tune.secrets import redact, remember, split_password, worker_env
 from armorlab.tune.space import parse_search
 
 log = logging.getLogger(__name__)
@@ -51,6 +53,18 @@ STUDY_FILE = "study.json"
 def is_study_dir(path: str | os.PathLike) -> bool:
     """True for a directory made by ``armorlab tune`` (it holds ``.tune/study.json``)."""
     return (Path(path) / TUNE_DIR / STUDY_FILE).is_file()
+
+
+def searched_keys(study_dir: str | os.PathLike) -> list[str]:
+    """The config keys a study searches (its search.space), read from .tune/study.json alone."""
+    import json
+
+    try:
+        data = json.loads((Path(study_dir) / TUNE_DIR / STUDY_FILE).read_text(encoding="utf-8"))
+        space = data["search"]["space"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    return [k for k in space if isinstance(k, str)] if isinstance(space, dict) else []
 
 
 # --------------------------------------------------------------------------- spec → study dir
@@ -89,14 +103,19 @@ def prepare_study(spec_path: str | os.PathLike, *, root: str | os.PathLike = "ru
     from armorlab.tune.worker import StudyContext
 
     spec, search = load_study_spec(spec_path)
-    study_dir = Path(root) / spec.name
+    study_dir = writable_dir(root, key="--root") / spec.name
     prior = StudyContext.load(study_dir) if is_study_dir(study_dir) else None
     url = storage or search.storage or (prior.storage_url if prior else None)
     if url is not None:
+        url = keep_password_out(url, key="--storage" if storage else "search.storage", file=spec.file)
         rdb_url(url)  # a missing driver fails here, before the study dir or any worker exists
+        if search.storage:
+            spec.search["storage"] = split_password(search.storage)[0]
+            search = dataclasses.replace(search, storage=split_password(search.storage)[0])
     if prior is not None and prior.storage_url != url:
-        log.warning("study %s was stored in %s; now using %s", spec.name, prior.storage_url or "its journal",
-                    url or "the journal file")
+        log.warning("study %s was stored in %s; now using %s", spec.name,
+                    redact(prior.storage_url) if prior.storage_url else "its journal",
+                    redact(url) if url else "the journal file")
     seeds = list(spec.seeds) if spec.seeds is not None else [None]
     if seeds == [None]:
 
@@ -110,6 +129,23 @@ def prepare_study(spec_path: str | os.PathLike, *, root: str | os.PathLike = "ru
     st = open_storage(study_dir, url, **storage_options(search))
     open_study(study_dir, spec.name, search, st, base_cfg=ctx.base_resolved)
     return ctx
+
+
+def keep_password_out(url: str, *, key: str, file: str | None) -> str:
+    """The storage URL to store and show: a literal password taken out of it and handed to this
+    process's driver and to its workers as ``PGPASSWORD`` (armorlab.tune.secrets); later commands
+    read it from ``PGPASSWORD`` or ``~/.pgpass``. A ``$VAR`` password stays (it is expanded when the
+    database is opened)."""
+    clean, password = split_password(url)
+    if password is None or "$" in password:
+        return url
+    dialect = url.partition("://")[0].partition("+")[0]
+    if dialect not in ("postgresql", "postgres"):
+        raise ArmorLabError("a password written into the URL would be stored in the study dir; write it as "
+                            "$VAR (read from the environment when the database is opened)", key=key,
+                            value=redact(url), file=file)
+    remember(clean, password)  # in memory: this process's connections and its workers' PGPASSWORD
+    return clean
 
 
 def load_study(study_dir: str | os.PathLike) -> tuple[Any, Any]:
@@ -128,7 +164,8 @@ def load_study(study_dir: str | os.PathLike) -> tuple[Any, Any]:
         study = optuna.load_study(study_name=ctx.name, storage=storage)
     except KeyError:
         raise ArmorLabError("the study is not in its storage (was it deleted?)", key="storage",
-                            value=ctx.storage_url or "journal", file=str(ctx.tune_dir / STUDY_FILE)) from None
+                            value=redact(ctx.storage_url) if ctx.storage_url else "journal",
+                            file=str(ctx.tune_dir / STUDY_FILE)) from None
     return ctx, study
 
 
@@ -179,7 +216,7 @@ def run_local(ctx: Any, workers: int = 1, *, launch: dict[str, Any] | None = Non
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "armorlab.tune.worker", str(ctx.study_dir), "--index", str(i),
                  "--poll", str(worker_poll_s), *launch_args], stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env={**os.environ, **local_thread_env(workers)},
+                env={**os.environ, **local_thread_env(workers), **worker_env(ctx.storage_url)},
                 start_new_session=True))  # Ctrl-C reaches this launcher only; it forwards SIGTERM
             fh.close()
         while any(p.poll() is None for p in procs):
@@ -252,13 +289,29 @@ class TuneWorkerJob:
                                                                 self.poll_s))
 
 
+@contextlib.contextmanager
+def _environment(extra: dict[str, str]):
+    """``os.environ`` with ``extra`` set inside the block, as it was after it."""
+    saved = {k: os.environ.get(k) for k in extra}
+    os.environ.update(extra)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def submit_slurm(ctx: Any, workers: int, profile: Any) -> list[Any]:
     """Submit ``workers`` tune workers as one Slurm job array (submitit, the sweep profile)."""
 
     if workers < 1:
         raise ArmorLabError("must be ≥ 1", key="--workers", value=workers)
     executor = checked_executor(ctx.study_dir / ".submitit", profile, job_name=f"tune-{ctx.name}")
-    with executor.batch():
+    # sbatch hands its environment to the job: the password goes there, never into a file
+    with _environment(worker_env(ctx.storage_url)), executor.batch():
         jobs = [executor.submit(TuneWorkerJob(ctx.study_dir, i, profile.launch_options()))
                 for i in range(workers)]
     atomic_write_json(ctx.tune_dir / "slurm_jobs.json", {"jobs": [j.job_id for j in jobs]})
@@ -314,7 +367,7 @@ def study_status(study_dir: str | os.PathLike, *, top: int = 10) -> dict[str, An
                      "runs": list(t.user_attrs.get("runs", [])), "outcome": t.user_attrs.get("outcome"),
                      "duration_s": dur})
     return {"name": ctx.name, "study_dir": str(ctx.study_dir),
-            "storage": ctx.storage_url or str(ctx.tune_dir / "journal.log"),
+            "storage": redact(ctx.storage_url) if ctx.storage_url else str(ctx.tune_dir / "journal.log"),
             "n_trials": search.n_trials, "counts": counts, "directions": list(search.directions),
             "objectives": [o.label for o in search.objectives], "params": list(search.space),
             "best": rows, "pruned": pruned, "dashboard": dashboard_command(ctx)}
@@ -322,7 +375,9 @@ def study_status(study_dir: str | os.PathLike, *, top: int = 10) -> dict[str, An
 
 def dashboard_command(ctx: Any) -> str:
     """The shell command that opens this study's storage in optuna-dashboard (the ``dashboard``
-    extra). An RDB URL keeps its ``$VARS`` (the shell expands them) and names its driver."""
+    extra), single-quoted: nothing in it is expanded by the shell that runs it. An RDB URL names
+    its driver and has ``$VARS`` expanded and no password (libpq reads ``PGPASSWORD`` or
+    ``~/.pgpass``)."""
     import shlex
 
     if ctx.storage_url is None:
@@ -330,10 +385,15 @@ def dashboard_command(ctx: Any) -> str:
     # lazy: optuna
     from armorlab.tune.backend import with_driver
 
-    url = with_driver(ctx.storage_url)
+    url = split_password(with_driver(os.path.expandvars(ctx.storage_url)))[0]
     if url.startswith("sqlite:///") and not url.startswith("sqlite:////"):
         url = "sqlite:///" + str(Path(url[len("sqlite:///"):]).absolute())
-    return f'optuna-dashboard "{url}"'
+    return f"optuna-dashboard {_single_quoted(url)}"
+
+
+def _single_quoted(text: str) -> str:
+    """``text`` as one single-quoted shell word (shlex.quote leaves safe words bare)."""
+    return "'" + text.replace("'", "'\"'\"'") + "'"
 
 
 def status_table_rows(status: dict[str, Any]) -> tuple[list[str], list[list[str]]]:

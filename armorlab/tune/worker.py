@@ -5,7 +5,7 @@ Each trial is one run directory per seed under the study dir, trained by ``armor
 run's ``metrics.jsonl`` and reports the objective metric to the trial at every validation step;
 when the pruner says so it writes ``DIR/stop_request`` and the trainer stops after its step.
 
-Decisions (see README "Search hyperparameters"):
+Decisions (see docs/tune.md):
 - finished = COMPLETE + PRUNED. A worker asks for a new trial only while finished + running <
   n_trials (checked and asked under one lock), so the study ends with exactly n_trials finished
   trials however many workers run; FAIL trials don't count and their params are re-enqueued.

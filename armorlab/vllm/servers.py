@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from armorlab.core.checks import Invalid, integer, number
+from armorlab.core.checks import Invalid, integer, no_nul, number, startup_hook
 from armorlab.core.exits import describe_exit
 from armorlab.core.fsutil import atomic_write_json
 from armorlab.core.runs import RunDir, now_iso
@@ -139,6 +139,8 @@ def _command(value: Any, file: str) -> tuple[str, ...]:
     if not isinstance(words, list) or not words or not all(isinstance(w, str) and w for w in words):
         raise ArmorLabError("must be a command line or a list of argv words", key="vllm_servers.command",
                             value=value, file=file)
+    if any("\x00" in w for w in words):
+        raise ArmorLabError("must not contain a NUL byte", key="vllm_servers.command", value=value, file=file)
     return tuple(words)
 
 
@@ -175,6 +177,7 @@ def _args(value: Any) -> tuple[str, ...]:
     if not isinstance(words, list) or not all(isinstance(w, str) for w in words):
         raise Invalid("must be a list of argv words")
     for w in words:
+        no_nul(w)
         if w.split("=", 1)[0] in _JOB_ARGS:
             raise Invalid(f"{w.split('=', 1)[0]} is set by the job (the run's model, the server's port and host)")
     return tuple(words)
@@ -189,8 +192,14 @@ def _env(value: Any) -> tuple[tuple[str, str], ...]:
             raise Invalid(f"{k!r} is not an environment variable name")
         if k in ("CUDA_VISIBLE_DEVICES", ENDPOINTS_ENV):
             raise Invalid(f"{k} is set by the job")
+        if startup_hook(k):
+            raise Invalid(f"{k} makes a shell or the loader run code when the server starts; refused")
         if not isinstance(v, (str, int, float)) or isinstance(v, bool):
             raise Invalid(f"{k} needs a string or number")
+        try:
+            no_nul(v)
+        except Invalid as exc:
+            raise Invalid(f"{k} {exc}") from None
         out.append((k, str(v)))
     return tuple(out)
 

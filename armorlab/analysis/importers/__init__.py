@@ -1,0 +1,292 @@
+"""Importers of runs other libraries logged, into the same RunSet an armorlab run gives.
+
+    trl                TRL output dirs (checkpoint-*/trainer_state.json)          base install
+    wandb_local        W&B run folders (wandb/run-*, offline-run-*)             armorlab[wandb]
+    tensorboard_events TensorBoard event files                                   armorlab[tensorboard]
+    verl               verl's file-logger JSONL + validation dumps               base install
+    trackio_db         trackio project databases (SQLite)                        base install
+    flavours           TRL / verl / OpenRLHF metric names → armorlab's (OpenRLHF logs to W&B or TensorBoard)
+    mapping            runs.yaml: path → group, seed, val_n (and per-source options)
+
+``plan(paths)`` finds what each path holds (``detect``), ``read(plan)`` imports it. Importing
+never writes into a source: files are only read, SQLite is opened read-only, and no cache is
+kept beside them (armorlab's own metrics.arrow cache is for armorlab sweeps only).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from armorlab.analysis.importers import tensorboard_events, trackio_db, trl, verl, wandb_local
+from armorlab.analysis.importers.base import ImportedRun
+from armorlab.analysis.importers.mapping import FORMATS, Entry, RunsMap
+from armorlab.analysis.importers.mapping import load as load_mapping  # noqa: F401 (the package's face)
+from armorlab.core.config import load_yaml_mapping
+from armorlab.core.runs import CONFIG, METRICS, STATUS, RunDir, expand_globs, find_run_dirs
+from armorlab.errors import ArmorLabError
+
+# the config column a runs.yaml's ``group`` goes to ("group" is the report's own column of labels)
+GROUP_KEY = "run_group"
+MAX_DEPTH = 6  # how deep below a given dir sources are looked for
+_SKIP_DIRS = {"checkpoints", "tokens", "report", "node_modules", "__pycache__", "media", "artifacts"}
+
+
+@dataclass
+class Source:
+    """Something to import: ``format`` and what to read (a W&B run may span several folders)."""
+    format: str
+    paths: list[Path]
+    entry: Entry | None = None
+
+
+@dataclass
+class Plan:
+    native: list[RunDir] = field(default_factory=list)
+    sources: list[Source] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------------- detection
+def is_native_run(path: Path) -> bool:
+    """An armorlab run dir (config.yaml + status.json or metrics.jsonl, or in a sweep dir); not a
+    W&B run's ``files/`` folder, which also holds a config.yaml."""
+    if not (path / CONFIG).is_file() or (path / "wandb-metadata.json").exists():
+        return False
+    return (path / STATUS).exists() or (path / METRICS).exists() or (path.parent / "sweep.json").exists()
+
+
+def file_format(path: Path) -> str | None:
+    name = path.name
+    if name.endswith(".wandb"):
+        return "wandb"
+    if name.startswith("events.out.tfevents."):
+        return "tensorboard"
+    if name == trl.STATE:
+        return "trl"
+    if name.endswith(".jsonl") and verl.is_file_log(path):
+        return "verl"
+    if trackio_db.is_project_db(path):
+        return "trackio"
+    return None
+
+
+def dir_format(path: Path) -> str | None:
+    """The format a directory *is* (not what it holds further down)."""
+    if is_native_run(path):
+        return "armorlab"
+    if trl.is_output_dir(path):
+        return "trl"
+    if wandb_local.is_run_dir(path):
+        return "wandb"
+    if verl.is_dump_dir(path):
+        return None  # a validation_data_dir: read with its JSONL (runs.yaml val_dumps)
+    try:
+        if any(e.name.startswith("events.out.tfevents.") for e in os.scandir(path)):
+            return "tensorboard"
+    except OSError:
+        return None
+    return None
+
+
+def detect(path: str | os.PathLike) -> str | None:
+    """The format of ``path`` itself: one of FORMATS, or None (a dir that may hold sources)."""
+    path = Path(path)
+    if path.is_file():
+        return file_format(path)
+    if path.is_dir():
+        if dir_format(path):
+            return dir_format(path)
+        if find_native(path):
+            return "armorlab"
+    return None
+
+
+def holds_imports(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is or holds another library's runs (where armorlab must write nothing)."""
+    path = Path(path)
+    if detect(path) not in (None, "armorlab"):
+        return True
+    if not path.is_dir():
+        return False
+    found: list[tuple[str, Path]] = []
+    _walk(path, 0, set(), found)
+    return any(kind != "armorlab" for kind, _ in found)
+
+
+def find_native(path: Path) -> list[RunDir]:
+    try:
+        return [rd for rd in find_run_dirs([path]) if is_native_run(rd.path)]
+    except ArmorLabError:
+        return []
+
+
+def _walk(path: Path, depth: int, skip: set[Path], out: list[tuple[str, Path]]) -> None:
+    kind = dir_format(path)
+    if kind == "armorlab":
+        if path.resolve() not in skip:
+            out.append((kind, path))
+        return
+    if kind in ("trl", "wandb"):
+        out.append((kind, path))
+        return
+    if kind == "tensorboard":
+        out.append((kind, path))  # event files here; subdirs may hold more runs
+    try:
+        children = sorted(os.scandir(path), key=lambda e: e.name)
+    except OSError:
+        return
+    for e in children:
+        if e.name.startswith(".") or e.is_symlink():
+            continue
+        child = Path(e.path)
+        if e.is_file():
+            f = None if e.name.startswith("events.out.tfevents.") else file_format(child)
+            if f in ("verl", "trackio", "wandb"):
+                out.append((f, child))
+        elif e.is_dir() and depth < MAX_DEPTH and e.name not in _SKIP_DIRS:
+            _walk(child, depth + 1, skip, out)
+
+
+def _sources(path: Path, fmt: str | None, skip: set[Path]) -> list[tuple[str, Path]]:
+    """(format, path) of every source at or below ``path`` (``fmt``: only that format, and
+    ``path`` read as it when it is one)."""
+    if path.is_file():
+        kind = file_format(path)
+        if fmt is not None:
+            if fmt == "trl" and path.name == trl.STATE:
+                return [("trl", path.parent)]
+            return [(fmt, path)]
+        if kind == "trl":
+            return [("trl", path.parent)]
+        if kind is None:
+            raise ArmorLabError("not a file armorlab can import (a .wandb, events.out.tfevents.*, verl .jsonl, "
+                                "trackio .db or trainer_state.json)", key="path", value=str(path))
+        return [(kind, path)]
+    found: list[tuple[str, Path]] = []
+    if fmt == "tensorboard":
+        return [("tensorboard", d) for d in tensorboard_events.run_dirs(path)]
+    if fmt == "wandb":
+        return [("wandb", d) for d in wandb_local.run_dirs(path)]
+    _walk(path, 0, skip, found)
+    return [(k, p) for k, p in found if fmt is None or k == fmt]
+
+
+# --------------------------------------------------------------------------- the plan
+def plan(paths: Iterable[str | os.PathLike], *, format: str | None = None, mapping: RunsMap | None = None) -> Plan:
+    """What to load from ``paths`` (run/sweep dirs, sources, globs; a runs.yaml's paths too)."""
+    if format is not None and format not in FORMATS:
+        raise ArmorLabError(f"unknown format (known: {', '.join(FORMATS)})", key="format", value=format)
+    given = list(paths)
+    if mapping is not None and not given:
+        given = [e.pattern for e in mapping.entries]
+    out = Plan()
+    seen_native: set[Path] = set()
+    wandb_runs: dict[str, Source] = {}
+    seen_sources: set[tuple[str, Path]] = set()
+    for p in expand_globs(given):
+        if not p.exists():
+            raise ArmorLabError("path not found", key="path", value=str(p))
+        entry = mapping.entry_for(p) if mapping else None
+        fmt = (entry.format if entry and entry.format else None) or format
+        if fmt in (None, "armorlab") and p.is_dir():
+            for rd in find_native(p):
+                if rd.path.resolve() not in seen_native:
+                    seen_native.add(rd.path.resolve())
+                    out.native.append(rd)
+        if fmt == "armorlab":
+            continue
+        for kind, src in _sources(p, fmt, seen_native):
+            if kind == "armorlab":
+                rd = RunDir(src)
+                if src.resolve() not in seen_native:
+                    seen_native.add(src.resolve())
+                    out.native.append(rd)
+                continue
+            key = (kind, src.resolve())
+            if key in seen_sources:  # named twice (a glob and its match, a dir and a run in it)
+                continue
+            seen_sources.add(key)
+            e = (mapping.entry_for(src) if mapping else None) or entry
+            if kind == "wandb":
+                folder = src.parent if src.is_file() else src
+                m = wandb_local.RUN_DIR.match(folder.name)
+                rid = m.group("id") if m else str(folder.resolve())
+                if rid in wandb_runs:
+                    if folder not in wandb_runs[rid].paths:
+                        wandb_runs[rid].paths.append(folder)
+                    continue
+                wandb_runs[rid] = Source("wandb", [folder], e)
+                out.sources.append(wandb_runs[rid])
+            else:
+                out.sources.append(Source(kind, [src], e))
+    for s in wandb_runs.values():
+        s.paths.sort(key=lambda q: q.name.removeprefix("offline-"))
+    return out
+
+
+# --------------------------------------------------------------------------- reading
+def read_source(src: Source) -> list[ImportedRun]:
+    e = src.entry
+    name = e.name if e else None
+    flavour = e.flavour if e else None
+    if src.format == "trl":
+        runs = [trl.read(src.paths[0], name=name)]
+    elif src.format == "wandb":
+        runs = [wandb_local.read(src.paths, name=name, flavour=flavour)]
+    elif src.format == "tensorboard":
+        runs = [tensorboard_events.read(src.paths[0], name=name, flavour=flavour)]
+    elif src.format == "verl":
+        config = load_yaml_mapping(e.config) if e and e.config else None
+        runs = [verl.read(src.paths[0], name=name, val_dumps=e.val_dumps if e else None, config=config)]
+    elif src.format == "trackio":
+        runs = trackio_db.read_project(src.paths[0], flavour=flavour, only=set(e.runs) if e and e.runs else None)
+    else:  # pragma: no cover - plan() only makes the formats above
+        raise ArmorLabError("unknown format", key="format", value=src.format)
+    for run in runs:
+        apply_entry(run, e)
+    return runs
+
+
+def apply_entry(run: ImportedRun, e: Entry | None, val_n: int | None = None) -> None:
+    """A runs.yaml entry's group (as ``run_group``) and seed into the run's config; its val_n (else ``val_n``) as
+    ``val/n`` at each ``val/acc`` step of a run that does not log one."""
+    if e is not None:
+        if e.group is not None:
+            run.config[GROUP_KEY] = e.group
+        if e.seed is not None:
+            run.config["seed"] = e.seed
+    n = (e.val_n if e is not None else None) or val_n
+    if n is not None:
+        set_val_n(run, n)
+
+
+def set_val_n(run: ImportedRun, n: int) -> None:
+    import pyarrow as pa
+
+    names = run.table.column_names
+    if "val/acc" not in names or "val/n" in names:
+        return
+    acc = run.table.column("val/acc").to_numpy(zero_copy_only=False)
+    col = np.where(np.isnan(acc), np.nan, float(n))
+    run.table = run.table.append_column("val/n", pa.array(col, pa.float64(), from_pandas=True))
+    run.origin["val/n"] = ["(given: val_n)"]
+    run.unavailable = [m for m in run.unavailable if m != "val/n"]
+
+
+def read(p: Plan, *, val_n: int | None = None,
+         progress: Callable[[int, int], None] | None = None) -> list[ImportedRun]:
+    """Import every source of the plan (``val_n``: val/n for runs that log val/acc without it)."""
+    out: list[ImportedRun] = []
+    for i, src in enumerate(p.sources):
+        runs = read_source(src)
+        if val_n is not None:
+            for run in runs:
+                set_val_n(run, val_n)
+        out.extend(runs)
+        if progress:
+            progress(i + 1, len(p.sources))
+    return out

@@ -1,0 +1,348 @@
+"""What every importer shares: the imported run, name mapping onto armorlab's namespaces, and the
+step-aligned metrics table built from per-metric series.
+
+An importer reads a source (files some other library wrote) and returns :class:`ImportedRun`\\ s:
+a pyarrow table of int64 ``step`` + one float64 column per metric, named in armorlab's namespaces
+(``train/``, ``val/``, ``obj/``, ...) by the source's :class:`NameMap`; a metric no rule maps keeps
+its source name under ``src/<name>``. Merging follows metrics.jsonl's rule (armorlab.analysis.load):
+a metric logged twice at a step keeps the later value, and a missing value (NaN, null) never
+erases a number.
+
+Nothing here writes a file: importing is read-only (tests snapshot the sources to prove it).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+SRC = "src/"
+# how a run ended, where the source says (an armorlab run's status.json states, plus "unknown")
+STATES = ("completed", "running", "failed", "unknown")
+# metrics every importer is asked about: which of them a source cannot give is said per run
+CORE_METRICS = ("val/acc", "val/n", "val/pass@k", "train/reward", "train/entropy", "train/length",
+                "kl/reverse_k3", "kl/forward_k3", "cap/pos_mean", "anchor/rate")
+
+
+@dataclass(frozen=True)
+class Rule:
+    """``pattern`` (a regular expression matched against the whole source name) → ``target``
+    (armorlab's name; ``{group}`` fills in a named group). ``note`` says how the two differ."""
+    pattern: str
+    target: str
+    note: str = ""
+
+    @property
+    def regex(self) -> re.Pattern[str]:
+        return _compile(self.pattern)
+
+
+@cache
+def _compile(pattern: str) -> re.Pattern[str]:
+    return re.compile(pattern)
+
+
+class NameMap:
+    """Source metric name → armorlab name: the first rule that matches, else ``src/<name>``. A
+    target of ``None`` drops the metric (a step counter, a summary)."""
+
+    def __init__(self, rules: Iterable[Rule], *, drop: Iterable[str] = ()) -> None:
+        self.rules = tuple(rules)
+        self.drop = frozenset(drop)
+        self._cache: dict[str, str | None] = {}
+
+    def __call__(self, name: str) -> str | None:
+        try:
+            return self._cache[name]
+        except KeyError:
+            pass
+        target: str | None = SRC + name
+        if name in self.drop:
+            target = None
+        else:
+            for rule in self.rules:
+                m = rule.regex.fullmatch(name)
+                if m:
+                    target = rule.target.format(**m.groupdict())
+                    break
+        self._cache[name] = target
+        return target
+
+
+@dataclass
+class ImportedRun:
+    """One run read from another library's files, in armorlab's terms.
+
+    ``table``: pyarrow Table, int64 ``step`` (strictly increasing) + float64 metric columns.
+    ``config``: the run's config as the source recorded it (flat dotted keys), {} when it records
+    none. ``unavailable``: armorlab metrics this source cannot give. ``origin``: armorlab name →
+    the source name(s) it came from."""
+    name: str
+    path: Path
+    format: str
+    table: Any
+    config: dict[str, Any] = field(default_factory=dict)
+    flavour: str | None = None          # the trainer that wrote it: trl, verl, openrlhf
+    project: str | None = None          # the source's grouping of runs (W&B/trackio project, ...)
+    state: str = "unknown"
+    reason: str | None = None
+    warnings: list[str] = field(default_factory=list)
+    unavailable: list[str] = field(default_factory=list)
+    origin: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def metrics(self) -> list[str]:
+        return [c for c in self.table.column_names if c != "step"]
+
+
+# --------------------------------------------------------------------------- values
+def as_float(value: Any) -> float:
+    """A logged value as float: numbers and booleans; the strings JSON writers use for
+    non-finite floats ("NaN", "Infinity", "-Infinity"); anything else NaN (not a metric)."""
+    if isinstance(value, bool):
+        return 1.0 if value else 0.0
+    if isinstance(value, (int, float)):
+        try:
+            return float(value)
+        except OverflowError:  # an int past float's range
+            return math.inf if value > 0 else -math.inf
+    if isinstance(value, str) and value in ("NaN", "Infinity", "-Infinity", "nan", "inf", "-inf"):
+        return float(value.replace("Infinity", "inf"))
+    return math.nan
+
+
+def is_metric_value(value: Any) -> bool:
+    return isinstance(value, (bool, int, float)) or (
+        isinstance(value, str) and value in ("NaN", "Infinity", "-Infinity"))
+
+
+# --------------------------------------------------------------------------- series → table
+def dedupe(steps: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One value per step: the last non-NaN one logged (metrics.jsonl's merge rule)."""
+    keep = ~np.isnan(values)
+    if not keep.all():
+        steps, values = steps[keep], values[keep]
+    if steps.size < 2 or bool(np.all(steps[1:] > steps[:-1])):
+        return steps, values
+    order = np.argsort(steps, kind="stable")
+    s, v = steps[order], values[order]
+    last = np.r_[s[1:] != s[:-1], True]
+    return s[last], v[last]
+
+
+def build_table(series: Mapping[str, tuple[np.ndarray, np.ndarray]], names: NameMap,
+                extra: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None):
+    """Per-metric (steps, values) under their source names → (pyarrow Table of armorlab names
+    on the union of steps, origin). Two source names mapped to one armorlab name (an old and a
+    new spelling) are coalesced: at each step the value of the first one read, where it has one.
+    ``extra``: series already under armorlab names (computed by the importer)."""
+    import pyarrow as pa
+
+    grouped: dict[str, list[tuple[str, np.ndarray, np.ndarray]]] = {}
+    for src, (steps, values) in series.items():
+        target = names(src)
+        if target is None:
+            continue
+        s, v = dedupe(np.asarray(steps, dtype=np.int64), np.asarray(values, dtype=np.float64))
+        if s.size:
+            grouped.setdefault(target, []).append((src, s, v))
+    for target, (steps, values) in (extra or {}).items():
+        s, v = dedupe(np.asarray(steps, dtype=np.int64), np.asarray(values, dtype=np.float64))
+        if s.size:
+            grouped.setdefault(target, []).insert(0, ("(computed)", s, v))
+    if not grouped:
+        return pa.table({"step": pa.array([], pa.int64())}), {}
+    step_arrays = [s for parts in grouped.values() for _, s, _ in parts]
+    first = step_arrays[0]
+    if all(s is first or (s.size == first.size and np.array_equal(s, first)) for s in step_arrays):
+        all_steps = first  # every metric at every step (the common case): no union to sort
+    else:
+        all_steps = np.unique(np.concatenate(step_arrays))
+    cols, origin = {}, {}
+    for target in sorted(grouped):
+        parts = grouped[target]
+        if len(parts) == 1 and parts[0][1] is all_steps:
+            cols[target] = parts[0][2]
+            origin[target] = [parts[0][0]]
+            continue
+        col = np.full(all_steps.size, np.nan)
+        # the first part written last wins: rules earlier in the table take precedence
+        for _, s, v in reversed(parts):
+            col[np.searchsorted(all_steps, s)] = v
+        cols[target] = col
+        origin[target] = [src for src, _, _ in parts]
+    arrays = [pa.array(all_steps, pa.int64())] + [pa.array(c, pa.float64(), from_pandas=True) for c in cols.values()]
+    return pa.Table.from_arrays(arrays, names=["step", *cols]), origin
+
+
+def rows_to_series(rows: Iterable[tuple[int, Mapping[str, Any]]]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """(step, {name: value}) rows → per-name (steps, values); values that are not numbers are
+    left out (strings, lists, media). Columnar (pandas builds the columns of the union of the
+    rows' keys in C); a column of mixed types (a "NaN" string among floats) is read value by value."""
+    import pandas as pd
+
+    rows = list(rows)
+    if not rows:
+        return {}
+    frame = pd.DataFrame.from_records([r for _, r in rows])
+    steps = np.fromiter((s for s, _ in rows), dtype=np.int64, count=len(rows))
+    out = {}
+    for name in frame.columns:
+        col = frame[name]
+        if pd.api.types.is_bool_dtype(col) or pd.api.types.is_numeric_dtype(col):
+            values = col.to_numpy(dtype=np.float64, na_value=np.nan)
+        elif col.dtype == object:
+            values = np.fromiter((as_float(v) for v in col.tolist()), dtype=np.float64, count=len(col))
+        else:
+            continue
+        keep = ~np.isnan(values)
+        if keep.any():
+            out[str(name)] = (steps[keep], values[keep]) if not keep.all() else (steps, values)
+    return out
+
+
+def shallow(data: bytes, per_line: int = 4) -> bool:
+    """Whether no line of JSON-lines ``data`` can nest deeper than ``per_line`` objects/arrays:
+    what pyarrow's JSON reader is given (a pathologically deep line is for json.loads, which
+    raises RecursionError instead of exhausting the C stack)."""
+    return data.count(b"{") + data.count(b"[") <= per_line * (data.count(b"\n") + 1)
+
+
+def json_lines_columns(data: bytes, n_rows: int) -> dict[str, np.ndarray] | None:
+    """JSON lines of flat objects → one float64 array per numeric key (NaN where a line lacks
+    it), parsed in C++ by pyarrow; None when pyarrow cannot (a line that is not an object, types
+    that change between lines, deep nesting): the caller then parses line by line."""
+    import pyarrow as pa
+    import pyarrow.json as pj
+
+    if not data.strip() or not shallow(data):
+        return None
+    try:
+        table = pj.read_json(io.BytesIO(data), read_options=pj.ReadOptions(
+            use_threads=False, block_size=max(1 << 20, len(data) + 1)))
+    except Exception:  # ArrowInvalid
+        return None
+    if table.num_rows != n_rows:
+        return None
+    out = {}
+    for name, col in zip(table.column_names, table.columns, strict=True):
+        t = col.type
+        if (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)) and col.null_count < len(col):
+            out[name] = col.cast(pa.float64(), safe=False).to_numpy(zero_copy_only=False)
+    return out
+
+
+def _rows_to_series_slow(rows: Iterable[tuple[int, Mapping[str, Any]]]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    steps: dict[str, list[int]] = {}
+    values: dict[str, list[float]] = {}
+    for step, row in rows:
+        for k, v in row.items():
+            if not is_metric_value(v):
+                continue
+            steps.setdefault(k, []).append(step)
+            values.setdefault(k, []).append(as_float(v))
+    return {k: (np.asarray(steps[k], dtype=np.int64), np.asarray(values[k], dtype=np.float64)) for k in steps}
+
+
+# --------------------------------------------------------------------------- configs
+def flatten(cfg: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested config → flat dotted keys; lists become JSON text (groupable)."""
+    out: dict[str, Any] = {}
+    for key, value in cfg.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            out.update(flatten(value, f"{name}."))
+        elif isinstance(value, (list, tuple)):
+            out[name] = json.dumps(value, default=str)
+        else:
+            out[name] = value
+    return out
+
+
+SEED_RE = re.compile(r"(^|[._])(data_loader_|data_|)seed$")
+
+
+def seed_and_config(flat: Mapping[str, Any], drop: Iterable[str] = ()) -> dict[str, Any]:
+    """The config columns of an imported run: identity keys (output paths, run names) dropped —
+    they differ between every pair of runs and are no experimental factor — and the source's
+    seed keys folded into one ``seed`` (seeds are what the report aggregates over, never a
+    group): the value of ``seed`` when the source has that key, else the seed keys that are set,
+    as ``key=value`` text."""
+    drop = set(drop)
+    out = {k: v for k, v in flat.items() if k not in drop and not any(k.startswith(d + ".") for d in drop)}
+    seeds = {k: out.pop(k) for k in [k for k in out if SEED_RE.search(k)]}
+    if "seed" in seeds:
+        out["seed"] = seeds["seed"]
+    elif seeds:
+        set_ = {k: v for k, v in seeds.items() if v is not None}
+        if set_:
+            out["seed"] = ", ".join(f"{k}={v}" for k, v in sorted(set_.items()))
+    return out
+
+
+def unavailable(table_metrics: Iterable[str], cannot: Iterable[str]) -> list[str]:
+    """The metrics a source cannot give (its list), less any this run has after all."""
+    have = set(table_metrics)
+    return [m for m in cannot if m not in have]
+
+
+def read_json_file(path: Path) -> Any:
+    """json.load of a file, raising ArmorLabError-free ValueError/OSError to the caller."""
+    with open(path, "rb") as fh:
+        return json.loads(fh.read())
+
+
+# --------------------------------------------------------------------------- protobuf
+def derived_message(name: str, source: Any, retype: dict[str, int], repeat: tuple[str, ...] = (),
+                    message: dict[str, Any] | None = None) -> Any:
+    """A message class with the layout of ``source`` (a class of the library's own protobufs: its
+    field numbers and names, read from the installed descriptors) but some fields read as raw bytes (``retype``: field → wire
+    type) or as repeated (``repeat``): parsing then stops at those fields, or collects every
+    occurrence of them from a concatenation of messages (protobuf merges repeated fields by
+    appending), or as another message (``message``: field → a class made here; occurrences of a
+    singular message field merge, so their repeated fields append too). Built once per process in
+    protobuf's default pool."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    pool = descriptor_pool.Default()
+    full = f"armorlab_lite.{name}"
+    try:
+        return message_factory.GetMessageClass(pool.FindMessageTypeByName(full))
+    except KeyError:
+        pass
+    msg = descriptor_pb2.DescriptorProto()
+    source.DESCRIPTOR.CopyToProto(msg)
+    msg.name = name
+    del msg.nested_type[:]  # the fields keep wandb's fully qualified type names
+    for f in msg.field:
+        if f.name in retype:
+            f.type = retype[f.name]
+            f.ClearField("type_name")
+        if f.name in repeat:
+            f.label = descriptor_pb2.FieldDescriptorProto.LABEL_REPEATED
+            f.ClearField("oneof_index")
+            f.ClearField("proto3_optional")
+        if message and f.name in message:
+            f.type = descriptor_pb2.FieldDescriptorProto.TYPE_MESSAGE
+            f.type_name = "." + message[f.name].DESCRIPTOR.full_name
+            f.label = descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL
+    keep_oneofs = {f.oneof_index for f in msg.field if f.HasField("oneof_index")}
+    if not keep_oneofs:
+        del msg.oneof_decl[:]
+    file = descriptor_pb2.FileDescriptorProto(name=f"armorlab_lite_{name}.proto", package="armorlab_lite",
+                                              syntax="proto3")
+    home = source.DESCRIPTOR.file
+    file.dependency.extend([home.name, *(d.name for d in home.dependencies),
+                            *(c.DESCRIPTOR.file.name for c in (message or {}).values())])
+    file.message_type.add().CopyFrom(msg)
+    pool.Add(file)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName(full))

@@ -1,0 +1,294 @@
+"""The trainers whose logs armorlab reads (TRL, verl, OpenRLHF) and how their metric names map
+onto armorlab's namespaces. A *flavour* is the trainer; a *format* (importers/__init__) is the file
+it was logged to. One flavour's table serves every format: TRL's names reach W&B, TensorBoard and
+trackio through transformers' ``rewrite_logs`` (``eval_x`` → ``eval/x``, ``x`` → ``train/x``),
+which ``normalise`` undoes before the rules are matched.
+
+docs/importers.md shows these tables; tests/test_importers_names.py checks that it lists every rule.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from armorlab.analysis.importers.base import NameMap, Rule, build_table
+
+# ----------------------------------------------------------------------------- TRL (GRPOTrainer)
+# Names as in trainer_state.json's log_history (transformers' Trainer.log + TRL's GRPOTrainer.log).
+TRL_RULES = (
+    Rule(r"reward", "train/reward", "mean of the weighted sum of the reward functions, on the generation batch"),
+    Rule(r"reward_std", "train/reward_std"),
+    Rule(r"frac_reward_zero_std", "train/frac_reward_zero_std"),
+    Rule(r"rewards/(?P<f>.+)/mean", "train/rewards/{f}", "one reward function's mean (TRL ≥ 0.15)"),
+    Rule(r"rewards/(?P<f>[^/]+)", "train/rewards/{f}", "the same, as older TRL named it"),
+    Rule(r"completions/mean_length", "train/length"),
+    Rule(r"completion_length", "train/length", "older TRL's name"),
+    Rule(r"completions/clipped_ratio", "train/truncated", "share of completions cut at max_completion_length"),
+    Rule(r"entropy", "train/entropy"),
+    Rule(r"kl", "obj/beta_kl", "k3 of log(π_ref/π_θ), mean over the batch's tokens, sampled from π_old (the "
+                              "generation's policy): a reverse-KL estimate per token, not armorlab's "
+                              "sequence-summed kl/reverse_k3"),
+    Rule(r"clip_ratio/low_mean", "obj/clip_frac_low"),
+    Rule(r"clip_ratio/high_mean", "obj/clip_frac_high"),
+    Rule(r"clip_ratio/region_mean", "obj/clip_frac", "low + high (TRL has no dual clip)"),
+    Rule(r"clip_ratio", "obj/clip_frac", "older TRL's name"),
+    Rule(r"loss", "train/loss"),
+    Rule(r"grad_norm", "train/grad_norm"),
+    Rule(r"learning_rate", "train/learning_rate"),
+    Rule(r"epoch", "train/epoch"),
+    Rule(r"num_tokens", "train/num_tokens"),
+    Rule(r"step_time", "train/step_time"),
+    Rule(r"eval_reward", "val/acc", "avg@k: mean reward of the eval completions (num_generations per prompt); "
+                                    "the accuracy for 0/1 rewards, as armorlab's val/acc"),
+    Rule(r"eval_rewards/(?P<f>.+)/mean", "val/rewards/{f}"),
+    Rule(r"eval_rewards/(?P<f>[^/]+)", "val/rewards/{f}", "older TRL's name"),
+    Rule(r"eval_completions/mean_length", "val/length"),
+    Rule(r"eval_completion_length", "val/length", "older TRL's name"),
+    Rule(r"test_reward", "test/acc", "as eval_reward, on trainer.predict's test split"),
+    Rule(r"test_completions/mean_length", "test/length"),
+)
+# the step counter itself, and the closing summary row's keys (a row carrying any of these is dropped)
+TRL_SUMMARY = frozenset({"train_runtime", "train_samples_per_second", "train_steps_per_second",
+                         "total_flos", "train_loss"})
+TRL_DROP = frozenset({"step", "global_step", *TRL_SUMMARY})
+TRL_CANNOT = ("val/n", "val/pass@k", "kl/reverse_k3", "kl/forward_k3", "cap/pos_mean", "anchor/rate")
+TRL_IDENTITY = ("output_dir", "logging_dir", "run_name", "hub_model_id", "hub_token", "push_to_hub_token",
+                "_name_or_path", "project", "trackio_space_id", "resume_from_checkpoint", "_Created",
+                "_Username", "_Group")
+
+
+def readable(pattern: str) -> str:
+    """A rule's pattern as the docs show it: ``rewards/(?P<f>.+)/mean`` → ``rewards/<f>/mean``."""
+    return re.sub(r"\(\?P<(\w+)>(?:[^()]|\([^()]*\))*\)", r"<\1>", pattern)
+
+
+def readable_target(target: str) -> str:
+    """A rule's target as the docs show it: ``val/{ds}/acc`` → ``val/<ds>/acc``."""
+    return re.sub(r"\{(\w+)\}", r"<\1>", target)
+
+
+def trl_raw(name: str) -> str:
+    """Undo transformers' rewrite_logs (the W&B/TensorBoard/trackio callbacks' renaming)."""
+    if name.startswith("train/"):
+        return name[6:]
+    if name.startswith("eval/"):
+        return "eval_" + name[5:]
+    if name.startswith("test/"):
+        return "test_" + name[5:]
+    return name
+
+
+# ----------------------------------------------------------------------------- verl
+# Names as verl's Tracking logs them (trainer/ppo/ray_trainer.py, metric_utils.py, core_algos.py).
+_VAL = r"val-core/(?P<ds>.+)/(?P<var>[^/]+)"
+VERL_RULES = (
+    Rule(r"critic/score/mean", "train/reward", "sequence score (the reward function's output) before any KL penalty"),
+    Rule(r"actor/entropy", "train/entropy"),
+    Rule(r"response_length/mean", "train/length"),
+    Rule(r"response_length/clip_ratio", "train/truncated"),
+    Rule(r"actor/pg_clipfrac", "obj/clip_frac", "tokens where the clipped surrogate binds (either side); "
+                                                "dual-clip tokens are actor/pg_clipfrac_lower"),
+    Rule(r"actor/pg_clipfrac_lower", "obj/dual_clip_frac"),
+    Rule(r"actor/ppo_kl", "obj/approx_kl", "mean of log π_old − log π_θ over the batch's tokens, as armorlab's"),
+    Rule(r"actor/kl_loss", "obj/beta_kl", "the KL loss term, mean over tokens; its estimator is "
+                                          "actor_rollout_ref.actor.kl_loss_type (low_var_kl = k3, mse = k2); "
+                                          "with kl/k1/abs/full it stays src/actor/kl_loss"),
+    Rule(r"actor/pg_loss", "obj/policy_loss"),
+    Rule(r"actor/grad_norm", "train/grad_norm"),
+    Rule(r"actor/lr", "train/learning_rate"),
+    Rule(r"training/epoch", "train/epoch"),
+    Rule(_VAL + r"/mean@(?P<n>\d+)", "val/{ds}/acc", "avg@N of verl's core variable (acc where the reward "
+                                                    "function returns one, else the reward: armorlab's val/acc is "
+                                                    "the mean reward) for one data source; with one data source "
+                                                    "also val/acc"),
+    Rule(_VAL + r"/best@(?P<k>\d+)/mean", "val/{ds}/best@{k}_biased",
+         "bootstrap mean of the best of k resampled answers: a biased estimate of pass@k (marked _biased); "
+         "the unbiased val/pass@k comes from the validation dumps"),
+)
+VERL_DROP = frozenset({"training/global_step", "step"})
+VERL_CANNOT = ("val/n", "val/pass@k", "kl/reverse_k3", "kl/forward_k3", "cap/pos_mean", "anchor/rate")
+VERL_IDENTITY = ("trainer.experiment_name", "trainer.project_name", "trainer.default_local_dir",
+                 "trainer.validation_data_dir", "trainer.rollout_data_dir", "trainer.default_hdfs_dir",
+                 "trainer.logger")
+# verl's actor kl_loss_type (core_algos.kl_penalty): the ones armorlab's obj/beta_kl means
+KL_LOSS_TYPES = {"low_var_kl": "k3", "k3": "k3", "mse": "k2", "k2": "k2"}
+
+# ----------------------------------------------------------------------------- OpenRLHF
+# Names as OpenRLHF logs them (openrlhf/trainer/ppo_trainer.py compute_eval_metrics; ray/ppo_actor.py),
+# with the "train/" / "eval/" prefix its W&B and TensorBoard loggers add removed.
+OPENRLHF_RULES = (
+    Rule(r"reward", "train/reward"),
+    Rule(r"response_length", "train/length"),
+    Rule(r"kl", "obj/beta_kl", "mean over each sample's tokens, then over samples, of the estimator algo.kl.estimator "
+                               "(k1 default) of log(π_θ/π_ref) on rollout samples"),
+    Rule(r"ppo_kl", "obj/approx_kl"),
+    Rule(r"ppo_clip_ratio", "obj/clip_frac"),
+    Rule(r"policy_loss", "obj/policy_loss"),
+    Rule(r"actor_lr", "train/learning_rate"),
+    Rule(r"actor_grad_norm", "train/grad_norm"),
+    Rule(r"eval_num_samples", "val/n", "completions scored (prompts × n_samples_per_prompt, all data sources)"),
+    Rule(r"eval_response_length_mean", "val/length"),
+    Rule(r"eval_(?P<ds>.+)_pass1", "val/{ds}/acc", "mean over prompts of the mean reward of their samples: avg@k; "
+                                                  "with one data source also val/acc"),
+    Rule(r"eval_(?P<ds>.+)_pass(?P<k>\d+)", "val/{ds}/pass@k", "mean over prompts of the best sample's reward "
+                                                              "(pass@k for 0/1 rewards); with one data source also "
+                                                              "val/pass@k"),
+    Rule(r"eval_(?P<ds>.+)_response_length_mean", "val/{ds}/length"),
+)
+OPENRLHF_DROP = frozenset({"global_step", "train/global_step", "eval/global_step", "eval/epoch"})
+OPENRLHF_CANNOT = ("kl/reverse_k3", "kl/forward_k3", "cap/pos_mean", "anchor/rate")
+OPENRLHF_IDENTITY = ("save_path", "ckpt_path", "wandb_run_name", "use_tensorboard", "logger.wandb.run_name",
+                     "logger.tensorboard_dir", "ckpt.output_dir", "ckpt.path", "use_wandb", "logger.wandb.key",
+                     "wandb_org", "wandb_project", "wandb_group", "logger.wandb.org", "logger.wandb.project",
+                     "logger.wandb.group")
+
+# ----------------------------------------------------------------------------- no known trainer
+NAMESPACES = ("train/", "val/", "test/", "obj/", "kl/", "cap/", "anchor/", "ref/")
+GENERIC_RULES = (Rule(r"(?P<name>(?:" + "|".join(n.rstrip("/") for n in NAMESPACES) + r")/.+)", "{name}",
+                      "names already in armorlab's namespaces are kept (a run logged with armorlab's names)"),)
+
+
+def _identity(name: str) -> str:
+    return name
+
+
+def _openrlhf_raw(name: str) -> str:
+    for prefix in ("train/", "eval/"):
+        if name.startswith(prefix):
+            return name[len(prefix):]
+    return name
+
+
+@dataclass(frozen=True)
+class Flavour:
+    """A trainer's naming. ``step_keys``: the logged metrics that carry its step in a W&B or
+    trackio row (their own step counters count calls); ``cannot``: armorlab metrics it never logs."""
+    name: str
+    rules: tuple[Rule, ...]
+    drop: frozenset[str] = frozenset()
+    normalise: Callable[[str], str] = _identity
+    step_keys: tuple[str, ...] = ()
+    cannot: tuple[str, ...] = ()
+    identity: tuple[str, ...] = ()
+    label: str = ""
+    extra_drop: tuple[str, ...] = field(default=())
+
+    def names(self, rules: Iterable[Rule] | None = None) -> NameMap:
+        return _Normalised(self.rules if rules is None else rules, self.drop, self.normalise)
+
+
+class _Normalised(NameMap):
+    """A NameMap matching the normalised name; an unmatched name keeps its logged spelling."""
+
+    def __init__(self, rules, drop, normalise) -> None:
+        super().__init__(rules, drop=drop)
+        self.normalise = normalise
+
+    def __call__(self, name: str) -> str | None:
+        try:
+            return self._cache[name]
+        except KeyError:
+            pass
+        raw = self.normalise(name)
+        if name in self.drop or raw in self.drop:
+            target = None
+        else:
+            target = "src/" + name
+            for rule in self.rules:
+                m = rule.regex.fullmatch(raw)
+                if m:
+                    target = rule.target.format(**m.groupdict())
+                    break
+        self._cache[name] = target
+        return target
+
+
+TRL = Flavour("trl", TRL_RULES, TRL_DROP, trl_raw, ("train/global_step",), TRL_CANNOT, TRL_IDENTITY,
+              "TRL GRPOTrainer")
+VERL = Flavour("verl", VERL_RULES, VERL_DROP, _identity, (), VERL_CANNOT, VERL_IDENTITY, "verl")
+OPENRLHF = Flavour("openrlhf", OPENRLHF_RULES, OPENRLHF_DROP, _openrlhf_raw,
+                   ("train/global_step", "eval/global_step"), OPENRLHF_CANNOT, OPENRLHF_IDENTITY, "OpenRLHF")
+GENERIC = Flavour("generic", GENERIC_RULES, frozenset(), _identity, (), (), (), "unknown trainer")
+FLAVOURS = {f.name: f for f in (TRL, VERL, OPENRLHF, GENERIC)}
+
+_OPENRLHF_NAMES = re.compile(r"^(train/(ppo_kl|ppo_clip_ratio|policy_loss|actor_lr|response_length)|"
+                             r"eval/eval_.+_pass\d+|eval/eval_num_samples)$")
+_TRL_NAMES = re.compile(r"^(train|eval)/(completions/mean_length|completion_length|rewards/.+|"
+                        r"clip_ratio/region_mean|frac_reward_zero_std)$")
+_VERL_NAMES = re.compile(r"^(actor/|critic/|val-core/|val-aux/|response_length/|timing_s/|perf/)")
+
+
+def detect(config: Mapping[str, Any], names: Iterable[str]) -> Flavour:
+    """The trainer that logged a run, from its config's keys, else from its metric names."""
+    keys = set(config)
+    if any(k.startswith(("actor_rollout_ref.", "algorithm.adv_estimator")) for k in keys):
+        return VERL
+    if {"n_samples_per_prompt", "pretrain"} <= keys or "rollout.n_samples_per_prompt" in keys or \
+            "algo.kl.estimator" in keys:
+        return OPENRLHF
+    if {"num_generations", "output_dir"} <= keys or {"beta", "num_generations"} <= keys:
+        return TRL
+    names = list(names)
+    if any(_VERL_NAMES.match(n) for n in names):
+        return VERL
+    if any(_OPENRLHF_NAMES.match(n) for n in names):
+        return OPENRLHF
+    if any(_TRL_NAMES.match(n) for n in names) or "train/global_step" in names:
+        return TRL
+    return GENERIC
+
+
+def verl_rules(config: Mapping[str, Any], names: Iterable[str] = ("actor/kl_loss",)) -> tuple[tuple[Rule, ...], list[str]]:
+    """verl's rules for a run with this config: actor/kl_loss is obj/beta_kl only when its
+    estimator is k3 or k2 (armorlab's obj/beta_kl); the default (low_var_kl) when unrecorded."""
+    kind = config.get("actor_rollout_ref.actor.kl_loss_type")
+    notes = []
+    if kind is None:
+        kind = "low_var_kl"
+        if config and "actor/kl_loss" in names:
+            notes.append("actor_rollout_ref.actor.kl_loss_type not in the config: actor/kl_loss read as verl's "
+                         "default low_var_kl (k3)")
+    if kind in KL_LOSS_TYPES:
+        return VERL_RULES, notes
+    return tuple(r for r in VERL_RULES if r.pattern != "actor/kl_loss"), notes
+
+
+def single_source_aliases(metrics: Iterable[str]) -> dict[str, str]:
+    """``val/<ds>/<x>`` → ``val/<x>`` when exactly one data source logged it: armorlab's val/acc
+    is the whole validation set's, which one data source is."""
+    by_name: dict[str, list[str]] = {}
+    for m in metrics:
+        if not m.startswith("val/"):
+            continue
+        ds, _, name = m[4:].rpartition("/")
+        if ds and (name in ("acc", "pass@k", "length", "n") or name.endswith("_biased")):
+            by_name.setdefault(name, []).append(m)
+    return {found[0]: f"val/{name}" for name, found in by_name.items() if len(found) == 1}
+
+
+def mapped_table(series, fl: Flavour, config: Mapping[str, Any], warnings: list[str],
+                 extra: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None):
+    """Source series → (armorlab-named table, origin) under flavour ``fl``: its rules (verl's
+    depend on the run's kl_loss_type), then the single-data-source aliases (val/<ds>/acc → val/acc)."""
+    rules = None
+    if fl is VERL:
+        rules, notes = verl_rules(config, series)
+        warnings.extend(notes)
+    table, origin = build_table(series, fl.names(rules), extra)
+    aliases = {src: dst for src, dst in single_source_aliases(table.column_names).items()
+               if dst not in table.column_names}
+    if aliases:
+        import pyarrow as pa
+
+        cols = dict(zip(table.column_names, table.columns, strict=True))
+        for src, dst in aliases.items():
+            cols[dst] = cols[src]
+            origin[dst] = origin[src]
+        names = ["step", *sorted(c for c in cols if c != "step")]
+        table = pa.table({n: cols[n] for n in names})
+    return table, origin

@@ -1,0 +1,154 @@
+"""``runs.yaml``: what the sources do not record about imported runs — which group a run belongs
+to, its seed, how many completions stand behind each validation (``val_n``) — keyed by path.
+
+```yaml
+val_n: 500                      # optional: val/n of every run that logs val/acc without one
+runs:
+  outputs/grpo-beta0-s*:        # a path or a glob, relative to this file
+    group: grpo beta=0
+    val_n: 256                  # overrides the top-level val_n
+  outputs/grpo-beta0.04-s1: {group: grpo beta=0.04, seed: 1}
+  verl_logs/gsm8k/exp-s0.jsonl:
+    group: verl grpo
+    seed: 0
+    val_dumps: val_dumps/exp-s0  # verl's trainer.validation_data_dir: true val/n and pass@k
+    config: outputs/2026-11-30/10-00-00/.hydra/config.yaml   # a config file for a source without one
+  trackio/my-project.db:
+    runs: [grpo-seed0]          # only these runs (names or ids) of a trackio project
+```
+Per entry (all optional): ``group``, ``seed``, ``val_n``, ``format`` (one of the importers'),
+``flavour`` (trl, verl, openrlhf: the trainer, when its names are not recognised), ``name``,
+``val_dumps``, ``config``, ``runs``. An entry applies to the runs found at or below its path;
+the most specific entry wins. Unknown keys and bad values are errors naming the key and file.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from armorlab.core.config import load_yaml_mapping
+from armorlab.errors import ArmorLabError
+
+ENTRY_KEYS = ("group", "seed", "val_n", "format", "flavour", "name", "val_dumps", "config", "runs")
+TOP_KEYS = ("runs", "val_n")
+FORMATS = ("armorlab", "trl", "wandb", "tensorboard", "verl", "trackio")
+FLAVOURS = ("trl", "verl", "openrlhf", "generic")
+
+
+@dataclass
+class Entry:
+    pattern: str                      # as written, made absolute against the file's dir
+    paths: list[Path] = field(default_factory=list)
+    group: str | None = None
+    seed: Any = None
+    val_n: int | None = None
+    format: str | None = None
+    flavour: str | None = None
+    name: str | None = None
+    val_dumps: Path | None = None
+    config: Path | None = None
+    runs: list[str] | None = None
+
+
+@dataclass
+class RunsMap:
+    file: Path
+    entries: list[Entry]
+    val_n: int | None = None
+
+    def entry_for(self, path: str | os.PathLike) -> Entry | None:
+        """What the entries say about ``path``: every entry whose path is ``path`` or one of its
+        ancestors, a more specific one overriding the values it gives."""
+        p = Path(path).resolve()
+        hits = []
+        for e in self.entries:
+            depth = max((len(q.parts) for q in e.paths if p == q or q in p.parents), default=-1)
+            if depth >= 0:
+                hits.append((depth, e))
+        if not hits:
+            return None
+        hits.sort(key=lambda t: t[0])
+        merged = Entry(hits[-1][1].pattern, list(hits[-1][1].paths))
+        for _, e in hits:
+            for k in ENTRY_KEYS:
+                if getattr(e, k) is not None:
+                    setattr(merged, k, getattr(e, k))
+        return merged
+
+
+def _positive_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0
+
+
+def load(path: str | os.PathLike) -> RunsMap:
+    path = Path(path)
+    raw = load_yaml_mapping(path)
+    file = str(path)
+    for k in raw:
+        if k not in TOP_KEYS:
+            raise ArmorLabError(f"unknown key (known: {', '.join(TOP_KEYS)})", key=str(k), value=raw[k], file=file)
+    val_n = raw.get("val_n")
+    if val_n is not None and not _positive_int(val_n):
+        raise ArmorLabError("must be a positive integer (completions per evaluation)", key="val_n", value=val_n,
+                            file=file)
+    runs = raw.get("runs")
+    if not isinstance(runs, dict) or not runs:
+        raise ArmorLabError("must be a mapping {path: {group: ..., seed: ..., val_n: ...}}", key="runs", value=runs,
+                            file=file)
+    base = path.resolve().parent
+    entries = []
+    for pattern, spec in runs.items():
+        key = f"runs.{pattern}"
+        if spec is None:
+            spec = {}
+        if not isinstance(pattern, str) or not isinstance(spec, dict):
+            raise ArmorLabError("each entry is path: {group: ..., seed: ..., val_n: ...}", key=key, value=spec,
+                                file=file)
+        for k in spec:
+            if k not in ENTRY_KEYS:
+                raise ArmorLabError(f"unknown key (known: {', '.join(ENTRY_KEYS)})", key=f"{key}.{k}", value=spec[k],
+                                    file=file)
+        full = os.path.join(base, os.path.expanduser(pattern))
+        matches = sorted(glob.glob(full)) if glob.has_magic(full) else ([full] if os.path.exists(full) else [])
+        if not matches:
+            raise ArmorLabError("path not found", key=key, value=pattern, file=file)
+        e = Entry(full, [Path(m).resolve() for m in matches])
+        if spec.get("group") is not None:
+            if not isinstance(spec["group"], (str, int, float)) or isinstance(spec["group"], bool):
+                raise ArmorLabError("must be a group label", key=f"{key}.group", value=spec["group"], file=file)
+            e.group = str(spec["group"])
+        if spec.get("seed") is not None:
+            if not isinstance(spec["seed"], (int, str)) or isinstance(spec["seed"], bool):
+                raise ArmorLabError("must be an integer or a label", key=f"{key}.seed", value=spec["seed"], file=file)
+            e.seed = spec["seed"]
+        if spec.get("val_n") is not None:
+            if not _positive_int(spec["val_n"]):
+                raise ArmorLabError("must be a positive integer (completions per evaluation)", key=f"{key}.val_n",
+                                    value=spec["val_n"], file=file)
+            e.val_n = spec["val_n"]
+        e.val_n = e.val_n or val_n
+        for k, known in (("format", FORMATS), ("flavour", FLAVOURS)):
+            if spec.get(k) is not None:
+                if spec[k] not in known:
+                    raise ArmorLabError(f"must be one of {', '.join(known)}", key=f"{key}.{k}", value=spec[k],
+                                        file=file)
+                setattr(e, k, spec[k])
+        if spec.get("name") is not None:
+            e.name = str(spec["name"])
+        for k in ("val_dumps", "config"):
+            if spec.get(k) is not None:
+                p = Path(base, os.path.expanduser(str(spec[k])))
+                if not p.exists():
+                    raise ArmorLabError("path not found", key=f"{key}.{k}", value=spec[k], file=file)
+                setattr(e, k, p)
+        if spec.get("runs") is not None:
+            r = spec["runs"]
+            if not isinstance(r, list) or not r or not all(isinstance(x, (str, int)) for x in r):
+                raise ArmorLabError("must be a list of run names or ids", key=f"{key}.runs", value=r, file=file)
+            e.runs = [str(x) for x in r]
+        entries.append(e)
+    return RunsMap(path, entries, val_n)

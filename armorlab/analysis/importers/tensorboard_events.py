@@ -1,0 +1,285 @@
+"""TensorBoard event files (``events.out.tfevents.*``), read with the ``tensorboard`` package's own
+protobuf definitions (``tensorboard.compat.proto.event_pb2``) and no TensorFlow: ``pip install
+armorlab[tensorboard]``.
+
+Every point is read — TensorBoard's EventAccumulator keeps at most 10,000 scalars per tag by
+default (reservoir sampling); this reader never subsamples. Scalars come from ``simple_value``
+(torch's, tensorboardX's and transformers' SummaryWriter) and from scalar tensor summaries of a
+numeric dtype (``tf.summary.scalar`` in TF2). Text summaries are kept apart (transformers logs the
+training arguments as ``args/text_summary``).
+
+Record framing (TFRecord): uint64 length, uint32 masked CRC-32C of the length, the data, uint32
+masked CRC-32C of the data, little-endian. Records are framed by their length; a last record cut
+short (a writer killed mid-write) is skipped with a warning. The CRCs are not checked: the
+standard library has no CRC-32C, and a pure-Python one would cost more than the parse; a
+corrupted record that does not parse is reported and the rest of the file skipped.
+
+One directory of event files is one run (as TensorBoard shows runs); files of one directory
+(a restarted writer) are read in name order, a later value winning per (tag, step).
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from armorlab.analysis.importers import flavours as F
+from armorlab.analysis.importers.base import (
+    ImportedRun,
+    derived_message,
+    flatten,
+    seed_and_config,
+    unavailable,
+)
+from armorlab.errors import ArmorLabError
+
+PATTERN = "events.out.tfevents.*"
+_LEN = struct.Struct("<Q")
+# tensorflow's DataType enum values read from scalar tensors
+_DT_FLOAT, _DT_DOUBLE, _DT_INT32, _DT_INT64, _DT_BOOL, _DT_HALF, _DT_STRING = 1, 2, 3, 9, 10, 19, 7
+
+
+def available() -> bool:
+    try:
+        from tensorboard.compat.proto import event_pb2  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _event_class():
+    try:
+        from tensorboard.compat.proto.event_pb2 import Event
+    except ImportError as exc:
+        raise ArmorLabError("reading TensorBoard event files needs the tensorboard package: pip install "
+                            "'armorlab[tensorboard]'", key="format", value="tensorboard") from exc
+    return Event
+
+
+def event_files(logdir: Path) -> list[Path]:
+    return sorted(p for p in Path(logdir).glob(PATTERN) if p.is_file())
+
+
+def records(data: bytes, source: str, warnings: list[str]) -> Iterable[bytes]:
+    """The data of each TFRecord in ``data``; a torn last record is left out with a warning."""
+    pos, end = 0, len(data)
+    unpack = _LEN.unpack_from
+    while pos < end:
+        if pos + 12 > end:
+            warnings.append(f"{source}: torn last record (header of {end - pos} bytes) ignored")
+            return
+        (n,) = unpack(data, pos)
+        start = pos + 12
+        stop = start + n
+        if stop + 4 > end:
+            warnings.append(f"{source}: torn last record ({end - start} of {n + 4} bytes) ignored")
+            return
+        yield data[start:stop]
+        pos = stop + 4
+
+
+def _tensor_scalar(t: Any) -> float | None:
+    if any(d.size != 1 for d in t.tensor_shape.dim):
+        return None
+    dt = t.dtype
+    if dt == _DT_FLOAT:
+        if t.float_val:
+            return float(t.float_val[0])
+        return float(np.frombuffer(t.tensor_content, "<f4")[0]) if len(t.tensor_content) == 4 else None
+    if dt == _DT_DOUBLE:
+        if t.double_val:
+            return float(t.double_val[0])
+        return float(np.frombuffer(t.tensor_content, "<f8")[0]) if len(t.tensor_content) == 8 else None
+    if dt == _DT_INT32 and t.int_val:
+        return float(t.int_val[0])
+    if dt == _DT_INT64 and t.int64_val:
+        return float(t.int64_val[0])
+    if dt == _DT_BOOL and t.bool_val:
+        return float(t.bool_val[0])
+    if dt == _DT_HALF and t.half_val:
+        return float(np.array([t.half_val[0]], dtype=np.uint16).view(np.float16)[0])
+    return None
+
+
+MARK = "\x00armorlab-event\x01"   # a tag no writer uses
+SENT_STEP = -(2**62) + 7            # a step no writer uses
+SENT_VALUE = -1.2345678e38          # a float32 no scalar is (checked: the counts must agree)
+
+
+def _lite_classes():
+    """tensorboard's Event read as one merged message over a concatenation of events: step
+    repeated (one entry per event that has a non-zero step), and its summary values merged into
+    one Value whose tag, simple_value and tensor are repeated (every value's, in order)."""
+    from google.protobuf.descriptor_pb2 import FieldDescriptorProto as FDP
+    from tensorboard.compat.proto import event_pb2, summary_pb2
+
+    value_cls = summary_pb2.Summary.Value
+    value = derived_message("TbValueAll", value_cls,
+                            {f.name: FDP.TYPE_BYTES for f in value_cls.DESCRIPTOR.fields if f.message_type is not None},
+                            repeat=tuple(f.name for f in value_cls.DESCRIPTOR.fields))
+    summary = derived_message("TbSummaryAll", summary_pb2.Summary, {}, message={"value": value})
+    event_fields = event_pb2.Event.DESCRIPTOR.fields
+    event = derived_message("TbEventAll", event_pb2.Event,
+                            {f.name: FDP.TYPE_BYTES for f in event_fields
+                             if f.message_type is not None and f.name != "summary"},
+                            repeat=tuple(f.name for f in event_fields if f.name != "summary"),
+                            message={"summary": summary})
+    return event_pb2, summary_pb2, event
+
+
+def _marker() -> bytes:
+    event_pb2, summary_pb2, _ = _lite_classes()
+    return event_pb2.Event(step=SENT_STEP, summary=summary_pb2.Summary(
+        value=[summary_pb2.Summary.Value(tag=MARK, simple_value=SENT_VALUE)])).SerializeToString()
+
+
+def _fast(payloads: list[bytes]):
+    """(tag code per scalar, tags by code, value per scalar, step per scalar, indices of the events
+    to read one by one) from one parse of all events (see _lite_classes), or None when the
+    markers do not line up. An event whose values are not all simple_value (text, tensors,
+    images) is left to the event-by-event path."""
+    import pandas as pd
+
+    _, _, event_all = _lite_classes()
+    n = len(payloads)
+    marker = _marker()
+    merged = event_all.FromString(marker.join(payloads) + marker)
+    steps = np.asarray(merged.step, dtype=np.int64)
+    values = merged.summary.value
+    codes, tags = pd.factorize(np.asarray(values.tag, dtype=object))
+    simple = np.asarray(values.simple_value, dtype=np.float64)
+    at = np.flatnonzero(tags == MARK)
+    m_step = np.flatnonzero(steps == SENT_STEP)
+    m_tag = np.flatnonzero(codes == at[0]) if at.size == 1 else np.empty(0, np.int64)
+    m_val = np.flatnonzero(simple == float(np.float32(SENT_VALUE)))
+    if not (m_step.size == m_tag.size == m_val.size == n):
+        return None
+    gaps = np.diff(np.concatenate([[-1], m_step]))
+    if np.any(gaps > 2):
+        return None
+    event_step = np.where(gaps == 2, steps[np.maximum(m_step - 1, 0)], 0)
+    n_tags = np.diff(np.concatenate([[-1], m_tag])) - 1
+    n_vals = np.diff(np.concatenate([[-1], m_val])) - 1
+    pure = n_tags == n_vals
+    tag_event = np.repeat(np.arange(n), n_tags + 1)      # markers included, to be dropped
+    val_event = np.repeat(np.arange(n), n_vals + 1)
+    keep_t = pure[tag_event]
+    keep_t[m_tag] = False
+    keep_v = pure[val_event]
+    keep_v[m_val] = False
+    return (codes[keep_t], list(tags), simple[keep_v], event_step[tag_event[keep_t]],
+            np.flatnonzero(~pure))
+
+
+def read_dir(logdir: Path) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], dict[str, str], list[str]]:
+    """A run's event files → (per-tag (steps, values), text summaries by tag, warnings)."""
+    Event = _event_class()
+    parse = Event.FromString
+    texts: dict[str, str] = {}
+    warnings: list[str] = []
+    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []   # (tag, step, value) per scalar
+    for path in event_files(logdir):
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            warnings.append(f"cannot read {path}: {exc.strerror or exc}")
+            continue
+        payloads = list(records(data, str(path), warnings))
+        try:
+            fast = _fast(payloads)
+        except Exception:  # DecodeError: a damaged record; the event-by-event path finds it
+            fast = None
+        if fast is not None:
+            codes, tags, values, steps, slow = fast
+            parts.append((np.asarray(tags, dtype=object)[codes], steps, values))
+            one_by_one = [payloads[i] for i in slow.tolist()]
+        else:
+            one_by_one = payloads
+        acc_tags, acc_steps, acc_values = [], [], []
+        for raw in one_by_one:
+            try:
+                ev = parse(raw)
+            except Exception as exc:  # DecodeError: a corrupted record; what follows is not trusted
+                warnings.append(f"{path}: unreadable record ({type(exc).__name__}); the rest of the file skipped")
+                break
+            if ev.WhichOneof("what") != "summary":
+                continue
+            step = ev.step
+            for v in ev.summary.value:
+                kind = v.WhichOneof("value")
+                if kind == "simple_value":
+                    value = v.simple_value
+                elif kind == "tensor":
+                    t = v.tensor
+                    if t.dtype == _DT_STRING:
+                        if t.string_val:
+                            texts[v.tag] = t.string_val[0].decode("utf-8", errors="replace")
+                        continue
+                    value = _tensor_scalar(t)
+                    if value is None:
+                        continue
+                else:
+                    continue
+                acc_tags.append(v.tag)
+                acc_steps.append(step)
+                acc_values.append(value)
+        if acc_tags:
+            parts.append((np.asarray(acc_tags, dtype=object), np.asarray(acc_steps, dtype=np.int64),
+                          np.asarray(acc_values, dtype=np.float64)))
+    return _by_tag(parts), texts, warnings
+
+
+def _by_tag(parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Scalars in file order → per tag (steps, values) in that order (later files after earlier)."""
+    import pandas as pd
+
+    if not parts:
+        return {}
+    tags = np.concatenate([p[0] for p in parts])
+    steps = np.concatenate([p[1] for p in parts])
+    values = np.concatenate([p[2] for p in parts])
+    codes, uniques = pd.factorize(tags)
+    order = np.argsort(codes, kind="stable")
+    bounds = np.concatenate([[0], np.cumsum(np.bincount(codes, minlength=len(uniques)))])
+    return {str(tag): (steps[order[bounds[i]:bounds[i + 1]]], values[order[bounds[i]:bounds[i + 1]]])
+            for i, tag in enumerate(uniques)}
+
+
+def read_texts(logdir: Path) -> dict[str, str]:
+    return read_dir(logdir)[1]
+
+
+def run_dirs(root: Path) -> list[Path]:
+    """Directories below ``root`` (itself included) that hold event files: one run each."""
+    root = Path(root)
+    found = {p.parent for p in root.rglob(PATTERN) if p.is_file()}
+    return sorted(found)
+
+
+def read(logdir: Path, *, name: str | None = None, flavour: str | None = None) -> ImportedRun:
+    """One TensorBoard run dir → ImportedRun (the trainer recognised from the ``args`` text
+    transformers writes, else from its tag names)."""
+    logdir = Path(logdir)
+    series, texts, warnings = read_dir(logdir)
+    config: dict[str, Any] = {}
+    for tag in ("args/text_summary", "config/text_summary", "hparams/text_summary"):
+        if tag in texts:
+            try:
+                loaded = json.loads(texts[tag])
+            except ValueError:
+                continue
+            if isinstance(loaded, dict):
+                config = flatten(loaded)
+                break
+    fl = F.FLAVOURS[flavour] if flavour else F.detect(config, series)
+    table, origin = F.mapped_table(series, fl, config, warnings)
+    return ImportedRun(name=name or logdir.name, path=logdir, format="tensorboard", table=table,
+                       config=seed_and_config(config, fl.identity), flavour=fl.name,
+                       project=logdir.parent.name or None, state="unknown",
+                       reason="TensorBoard logs do not record whether a run finished", warnings=warnings,
+                       unavailable=unavailable(table.column_names, fl.cannot), origin=origin)

@@ -1,0 +1,149 @@
+"""trackio projects: one SQLite file per project (``$TRACKIO_DIR/<project>.db``, by default under
+``~/.cache/huggingface/trackio``), read with the standard library's sqlite3.
+
+Tables read: ``metrics(run_id, run_name, step, timestamp, metrics)`` — ``metrics`` is one JSON
+object per ``trackio.log`` call, non-finite floats written as the strings "NaN"/"Infinity" —
+and ``configs(run_id, run_name, config)``. A run is a ``run_id`` (older files, without that
+column: a ``run_name``). trackio's ``step`` counts log calls unless the caller passes one, so the
+trainer's own counter is used where its rows carry one (TRL ``train/global_step``); rows without
+it (TRL's profiling timers) are then left out, with a count in the run's warnings.
+
+Read-only: a file without a write-ahead log beside it is opened ``immutable`` (SQLite then takes
+no lock and creates no file); one with a ``-wal`` file (a writer is live, or was killed) is opened
+``mode=ro``, which reads the log's pages but never checkpoints it.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import numpy as np
+
+from armorlab.analysis.importers import flavours as F
+from armorlab.analysis.importers.base import (
+    ImportedRun,
+    flatten,
+    json_lines_columns,
+    rows_to_series,
+    seed_and_config,
+    unavailable,
+)
+from armorlab.errors import ArmorLabError
+
+
+def connect(path: Path) -> sqlite3.Connection:
+    path = Path(path).resolve()
+    wal = path.with_name(path.name + "-wal")
+    mode = "mode=ro" if wal.exists() else "immutable=1"
+    return sqlite3.connect(f"file:{quote(str(path))}?{mode}", uri=True)
+
+
+def is_project_db(path: Path) -> bool:
+    if not path.is_file() or path.suffix not in (".db", ".sqlite", ".sqlite3"):
+        return False
+    try:
+        with open(path, "rb") as fh:
+            if fh.read(16) != b"SQLite format 3\0":
+                return False
+        con = connect(path)
+        try:
+            tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        finally:
+            con.close()
+    except (OSError, sqlite3.Error):
+        return False
+    return "metrics" in tables
+
+
+def _table_columns(con: sqlite3.Connection, table: str) -> set[str]:
+    return {r[1] for r in con.execute(f"PRAGMA table_info({table})")}
+
+
+def _text(blob: Any) -> str:  # configs: TEXT in older trackio, orjson bytes now
+    return blob.decode("utf-8", errors="replace") if isinstance(blob, (bytes, bytearray)) else str(blob)
+
+
+def read_project(path: Path, *, flavour: str | None = None, only: set[str] | None = None) -> list[ImportedRun]:
+    """Every run of a trackio project file (or those whose run id or name is in ``only``)."""
+    path = Path(path)
+    try:
+        con = connect(path)
+        try:
+            has_id = "run_id" in _table_columns(con, "metrics")
+            key = "run_id" if has_id else "run_name"
+            rows = con.execute(f"SELECT {key}, run_name, step, metrics FROM metrics ORDER BY id").fetchall()
+            configs: dict[str, Any] = {}
+            if "configs" in {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}:
+                ckey = "run_id" if "run_id" in _table_columns(con, "configs") else "run_name"
+                for rid, blob in con.execute(f"SELECT {ckey}, config FROM configs"):
+                    try:
+                        configs[rid] = json.loads(_text(blob))
+                    except ValueError:
+                        continue
+        finally:
+            con.close()
+    except sqlite3.Error as exc:
+        raise ArmorLabError(f"cannot read trackio database: {exc}", key="path", value=str(path)) from None
+    by_run: dict[str, tuple[str, list[int], list[bytes]]] = {}
+    for rid, run_name, step, blob in rows:
+        entry = by_run.setdefault(rid, (run_name, [], []))
+        entry[1].append(int(step))
+        entry[2].append(blob if isinstance(blob, bytes) else str(blob).encode())
+    names = [name for name, _, _ in by_run.values()]
+    out = []
+    for rid, (run_name, steps, blobs) in by_run.items():
+        if only and rid not in only and run_name not in only:
+            continue
+        out.append(_run(path, rid, run_name, np.asarray(steps, dtype=np.int64), _columns(blobs),
+                        configs.get(rid) or {}, flavour, unique=names.count(run_name) == 1))
+    return out
+
+
+def _columns(blobs: list[bytes]) -> dict[str, np.ndarray]:
+    """The rows' metrics as one float64 array per name (NaN where a row lacks it): pyarrow's
+    JSON reader over the rows, else one json.loads for all of them (mixed types, "NaN" strings)."""
+    cols = json_lines_columns(b"\n".join(b.replace(b"\n", b" ") for b in blobs), len(blobs))
+    if cols is not None:
+        return cols
+    decoded = json.loads(b"[" + b",".join(blobs) + b"]")
+    series = rows_to_series((i, row) for i, row in enumerate(decoded) if isinstance(row, dict))
+    out = {}
+    for name, (idx, values) in series.items():
+        col = np.full(len(blobs), np.nan)
+        col[idx] = values
+        out[name] = col
+    return out
+
+
+def _run(path: Path, rid: str, run_name: str, steps: np.ndarray, cols: dict[str, np.ndarray],
+         raw_config: dict[str, Any], flavour: str | None, unique: bool) -> ImportedRun:
+    warnings: list[str] = []
+    flat = flatten({k: v for k, v in raw_config.items() if not k.startswith("_")})
+    fl = F.FLAVOURS[flavour] if flavour else F.detect(flat, cols)
+    own = [cols[k] for k in fl.step_keys if k in cols]
+    keep = None
+    if own:  # the trainer's step where its rows carry it; rows without it are left out
+        trainer_step = own[0].copy()
+        for other in own[1:]:
+            trainer_step = np.where(np.isnan(trainer_step), other, trainer_step)
+        keep = ~np.isnan(trainer_step)
+        if not keep.all():
+            warnings.append(f"{int((~keep).sum())} rows without the trainer's step "
+                            f"({', '.join(k for k in fl.step_keys if k in cols)}) left out (their trackio step "
+                            "counts log calls)")
+        steps = trainer_step[keep].astype(np.int64)
+    series = {}
+    for name, col in cols.items():
+        values = col if keep is None else col[keep]
+        ok = ~np.isnan(values)
+        series[name] = (steps, values) if ok.all() else (steps[ok], values[ok])
+    table, origin = F.mapped_table(series, fl, flat, warnings)
+    return ImportedRun(name=run_name if unique else f"{run_name}-{str(rid)[:8]}", path=path, format="trackio",
+                       table=table, config=seed_and_config(flat, fl.identity), flavour=fl.name,
+                       project=path.stem, state="unknown",
+                       reason="trackio does not record whether a run finished", warnings=warnings,
+                       unavailable=unavailable(table.column_names, fl.cannot), origin=origin)

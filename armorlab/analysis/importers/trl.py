@@ -1,0 +1,129 @@
+"""TRL output dirs: ``checkpoint-*/trainer_state.json`` (and the ``trainer_state.json`` that
+``Trainer.save_state`` leaves at the top), the only log a TRL run keeps by default (transformers'
+``report_to`` defaults to ``"none"``).
+
+Each checkpoint's ``log_history`` holds every log row up to it; the histories are merged with the
+newest file (by ``global_step``) winning per (metric, step), so steps are never duplicated. The
+closing summary row (``train_runtime``, ``train_loss``, ...) is not a step and is dropped. Train
+and eval rows of one step become one row. TRL's metric names (old and new spellings) map onto
+armorlab's by ``flavours.TRL_RULES``.
+
+The run's config: the ``args`` text that transformers' TensorBoard callback writes (when the
+output dir has a TensorBoard log and ``armorlab[tensorboard]`` is installed), else the few
+settings trainer_state.json records (max_steps, batch size, logging/eval/save steps).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from armorlab.analysis.importers import flavours, tensorboard_events
+from armorlab.analysis.importers.base import (
+    ImportedRun,
+    flatten,
+    rows_to_series,
+    seed_and_config,
+    unavailable,
+)
+
+STATE = "trainer_state.json"
+_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+# trainer_state.json's own settings: the config when the run left no other record of it
+STATE_SETTINGS = ("max_steps", "num_train_epochs", "train_batch_size", "logging_steps", "eval_steps",
+                  "save_steps")
+
+
+def state_files(out_dir: Path) -> list[Path]:
+    """trainer_state.json files of an output dir: its checkpoints' and its own."""
+    files = []
+    try:
+        entries = list(out_dir.iterdir())
+    except OSError:
+        return []
+    for p in entries:
+        if _CHECKPOINT.match(p.name) and (p / STATE).is_file():
+            files.append(p / STATE)
+    if (out_dir / STATE).is_file():
+        files.append(out_dir / STATE)
+    return files
+
+
+def is_output_dir(path: Path) -> bool:
+    return path.is_dir() and bool(state_files(path))
+
+
+def _load_states(files: list[Path], warnings: list[str]) -> list[dict[str, Any]]:
+    states = []
+    for f in files:
+        try:
+            state = json.loads(f.read_bytes())
+        except (OSError, ValueError) as exc:
+            warnings.append(f"skipped unreadable {f}: {exc}")
+            continue
+        if not isinstance(state, dict) or not isinstance(state.get("log_history"), list):
+            warnings.append(f"skipped {f}: no log_history list")
+            continue
+        states.append((int(state.get("global_step") or 0), f.stat().st_mtime_ns, state))
+    states.sort(key=lambda t: (t[0], t[1]))
+    return [s for _, _, s in states]
+
+
+def _rows(states: list[dict[str, Any]]):
+    for state in states:
+        for row in state["log_history"]:
+            if not isinstance(row, dict) or flavours.TRL_SUMMARY & row.keys():
+                continue
+            step = row.get("step")
+            if isinstance(step, int) and not isinstance(step, bool) and step >= 0:
+                yield step, row
+
+
+def tensorboard_args(out_dir: Path, warnings: list[str]) -> dict[str, Any]:
+    """TrainingArguments as transformers' TensorBoard callback logged them (``args/text_summary``)."""
+    logdirs = sorted({p.parent for p in out_dir.glob("runs/*/events.out.tfevents.*")})
+    if not logdirs:
+        return {}
+    if not tensorboard_events.available():
+        warnings.append("the run's config is in its TensorBoard log: install armorlab[tensorboard] to read it")
+        return {}
+    for logdir in reversed(logdirs):  # the newest attempt's
+        texts = tensorboard_events.read_texts(logdir)
+        for tag in ("args/text_summary", "args"):
+            if tag in texts:
+                try:
+                    args = json.loads(texts[tag])
+                except ValueError:
+                    continue
+                if isinstance(args, dict):
+                    return args
+    return {}
+
+
+def read(out_dir: Path, *, name: str | None = None) -> ImportedRun:
+    out_dir = Path(out_dir)
+    warnings: list[str] = []
+    states = _load_states(state_files(out_dir), warnings)
+    series = rows_to_series(_rows(states))
+    args = tensorboard_args(out_dir, warnings)
+    last = states[-1] if states else {}
+    settings = {k: last[k] for k in STATE_SETTINGS if last.get(k) is not None}
+    flat = flatten({**settings, **args})
+    config = seed_and_config(flat, flavours.TRL_IDENTITY)
+    table, origin = flavours.mapped_table(series, flavours.TRL, flat, warnings)
+    control = (last.get("stateful_callbacks") or {}).get("TrainerControl", {}).get("args", {})
+    step, max_steps = last.get("global_step"), last.get("max_steps")
+    if control.get("should_training_stop") or (isinstance(max_steps, int) and max_steps > 0
+                                               and isinstance(step, int) and step >= max_steps):
+        state, reason = "completed", None
+    else:
+        state = "unknown"
+        reason = f"last checkpoint at step {step} of {max_steps}" if step is not None else "no checkpoint state"
+    if not args:
+        warnings.append("no training arguments recorded (seed unknown): give the seed in a runs.yaml mapping")
+    return ImportedRun(name=name or out_dir.name, path=out_dir, format="trl", table=table, config=config,
+                       flavour="trl", project=out_dir.parent.name or None, state=state, reason=reason,
+                       warnings=warnings, unavailable=unavailable(table.column_names, flavours.TRL_CANNOT),
+                       origin=origin)

@@ -1,0 +1,219 @@
+"""verl's ``file`` logger and its validation dumps; standard library + pyarrow (base install).
+
+The file logger (``verl/utils/tracking.py``, ``FileLogger``) writes one JSON line per
+``Tracking.log`` call, ``{"step": <global_steps>, "data": {<metric>: <value>, ...}}``, to
+``$VERL_FILE_LOGGER_ROOT/<project>/<experiment>.jsonl`` (or ``$VERL_FILE_LOGGER_PATH``). verl opens
+that file for writing, not appending: a resumed run overwrites it, and its curve starts at the
+resume step (said in the run's warnings). verl's step is ``global_steps``: one generation batch
+(a rollout), which armorlab also records as ``rollout``.
+
+``trainer.validation_data_dir`` dumps (``RayPPOTrainer._dump_generations``): one
+``<global_steps>.jsonl`` per validation, a line per scored completion with ``input``, ``output``,
+``gts``, ``score``, ``step`` and the reward function's extra keys (``acc``, ...). They give what
+the logged means cannot: ``val/n`` (completions scored), ``val/acc`` over all data sources, and
+per-prompt ``val/pass@k`` by the unbiased estimator (``pass_at_k``).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from armorlab.analysis.importers import flavours as F
+from armorlab.analysis.importers.base import (
+    ImportedRun,
+    as_float,
+    flatten,
+    is_metric_value,
+    seed_and_config,
+    shallow,
+    unavailable,
+)
+
+DUMP = re.compile(r"^(\d+)\.jsonl$")
+PASS_THRESHOLD = 1.0  # a completion passes at full score (armorlab's anchor_reward_threshold default)
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k of one prompt with ``c`` correct among ``n`` samples:
+    1 − C(n−c, k)/C(n, k) (Chen et al. 2021, "Evaluating Large Language Models Trained on Code",
+    §2.1), in its product form 1 − Π_{i=n−c+1}^{n} (1 − k/i)."""
+    if k > n:
+        raise ValueError(f"k={k} > n={n}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - float(np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
+
+
+def _arrow_rows(data: bytes):
+    import pyarrow.json as pj
+
+    return pj.read_json(io.BytesIO(data), read_options=pj.ReadOptions(use_threads=False, block_size=1 << 24))
+
+
+def read_jsonl(path: Path, warnings: list[str]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """The file logger's lines → per-metric (steps, values)."""
+    data = path.read_bytes()
+    if not data.strip():
+        return {}
+    if shallow(data):
+        try:
+            return _series_from_table(_arrow_rows(data))
+        except Exception:  # ArrowInvalid: a torn line, mixed types: the line-by-line rules below
+            pass
+    return _series_from_lines(data, str(path), warnings)
+
+
+def _series_from_table(table) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if "step" not in table.column_names or "data" not in table.column_names:
+        raise ValueError("not verl's file-logger lines")
+    step = table.column("step")
+    data = table.column("data").combine_chunks()
+    if not pa.types.is_integer(step.type) or step.null_count or not pa.types.is_struct(data.type):
+        raise ValueError("step is not an integer on every line")
+    steps = step.to_numpy().astype(np.int64)
+    if steps.size and int(steps.min()) < 0:
+        raise ValueError("negative step")
+    out = {}
+    for i, f in enumerate(data.type):
+        t = f.type
+        if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)):
+            continue
+        col = data.field(i)
+        if col.null_count == len(col):
+            continue
+        valid = pc.is_valid(col).to_numpy(zero_copy_only=False)
+        values = col.cast(pa.float64()).to_numpy(zero_copy_only=False)
+        out[f.name] = (steps[valid], values[valid])
+    return out
+
+
+def _series_from_lines(data: bytes, source: str, warnings: list[str]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    rows: dict[str, tuple[list[int], list[float]]] = {}
+    for lineno, line in enumerate(data.split(b"\n"), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except (ValueError, RecursionError):
+            warnings.append(f"skipped unreadable line {lineno} of {source}")
+            continue
+        step = row.get("step") if isinstance(row, dict) else None
+        if not (isinstance(step, int) and not isinstance(step, bool) and step >= 0) or \
+                not isinstance(row.get("data"), dict):
+            warnings.append(f"skipped line {lineno} of {source}: not {{\"step\": int, \"data\": {{...}}}}")
+            continue
+        for k, v in row["data"].items():
+            if is_metric_value(v):
+                s, vals = rows.setdefault(k, ([], []))
+                s.append(step)
+                vals.append(as_float(v))
+    return {k: (np.asarray(s, dtype=np.int64), np.asarray(v, dtype=np.float64)) for k, (s, v) in rows.items()}
+
+
+def is_file_log(path: Path) -> bool:
+    """A .jsonl whose first line is a file-logger line."""
+    if path.suffix != ".jsonl" or not path.is_file():
+        return False
+    try:
+        with open(path, "rb") as fh:
+            first = fh.readline(1 << 20)
+        row = json.loads(first)
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(row, dict) and isinstance(row.get("step"), int) and isinstance(row.get("data"), dict)
+
+
+def is_dump_dir(path: Path) -> bool:
+    return path.is_dir() and any(DUMP.match(p.name) for p in path.iterdir())
+
+
+def _dump_rows(path: Path, warnings: list[str]) -> list[dict[str, Any]]:
+    rows = []
+    with open(path, "rb") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except (ValueError, RecursionError):
+                warnings.append(f"skipped unreadable line {lineno} of {path}")
+                continue
+            if isinstance(row, dict):
+                rows.append(row)
+    return rows
+
+
+def dump_metrics(rows: Sequence[dict[str, Any]], threshold: float = PASS_THRESHOLD) -> dict[str, float]:
+    """One validation dump's rows → val/n, val/acc (mean over completions of ``acc`` where the
+    reward function returns it, else of ``score``, as verl's core variable), val/pass@k (share of
+    prompts with a completion at or above ``threshold``, k = each prompt's samples) and the
+    unbiased val/pass@<k> for k = 1, 2, 4, ... below the samples per prompt."""
+    values, prompts = [], {}
+    key = "acc" if any(is_metric_value(r.get("acc")) for r in rows) else "score"
+    for r in rows:
+        v = as_float(r.get(key))
+        if math.isnan(v):
+            continue
+        values.append(v)
+        n_c = prompts.setdefault(json.dumps([r.get("input"), r.get("gts")], default=str), [0, 0])
+        n_c[0] += 1
+        n_c[1] += v >= threshold
+    if not values:
+        return {}
+    out = {"val/n": float(len(values)), "val/acc": float(np.mean(values)),
+           "val/pass@k": float(np.mean([c > 0 for _, c in prompts.values()]))}
+    n_min = min(n for n, _ in prompts.values())
+    k = 1
+    while k < n_min:
+        out[f"val/pass@{k}"] = float(np.mean([pass_at_k(n, c, k) for n, c in prompts.values()]))
+        k *= 2
+    return out
+
+
+def read_dumps(dump_dir: Path, warnings: list[str]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """A validation_data_dir → per-metric (steps, values) of dump_metrics, one point per dump."""
+    points: dict[str, tuple[list[int], list[float]]] = {}
+    files = sorted((int(m.group(1)), p) for p in Path(dump_dir).iterdir() if (m := DUMP.match(p.name)))
+    for step, path in files:
+        for name, value in dump_metrics(_dump_rows(path, warnings)).items():
+            s, v = points.setdefault(name, ([], []))
+            s.append(step)
+            v.append(value)
+    return {k: (np.asarray(s, dtype=np.int64), np.asarray(v, dtype=np.float64)) for k, (s, v) in points.items()}
+
+
+def read(path: Path, *, name: str | None = None, val_dumps: Path | None = None,
+         config: dict[str, Any] | None = None) -> ImportedRun:
+    """A verl file-logger JSONL (+ its validation dumps, + a config file's contents if given)."""
+    path = Path(path)
+    warnings: list[str] = []
+    series = read_jsonl(path, warnings)
+    extra = read_dumps(val_dumps, warnings) if val_dumps is not None else {}
+    flat = flatten(config or {})
+    steps = np.unique(np.concatenate([s for s, _ in series.values()])) if series else np.empty(0, np.int64)
+    if steps.size:
+        extra["rollout"] = (steps, steps.astype(np.float64))
+        if steps[0] > 1:
+            warnings.append(f"{path.name} starts at step {steps[0]}: verl's file logger rewrites its file when a "
+                            "run resumes, so the steps before the resume are not in it")
+    table, origin = F.mapped_table(series, F.VERL, flat, warnings, extra)
+    cannot = [m for m in F.VERL_CANNOT if not (val_dumps is not None and m in ("val/n", "val/pass@k"))]
+    if not config:
+        warnings.append("verl's file logger records no config: give the seed (and a config file) in a runs.yaml "
+                        "mapping")
+    return ImportedRun(name=name or path.stem, path=path, format="verl", table=table,
+                       config=seed_and_config(flat, F.VERL.identity), flavour="verl",
+                       project=path.parent.name or None, state="unknown",
+                       reason="verl's file logger does not record whether a run finished", warnings=warnings,
+                       unavailable=unavailable(table.column_names, cannot), origin=origin)

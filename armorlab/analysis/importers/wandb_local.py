@@ -1,0 +1,384 @@
+"""W&B local run folders (``wandb/run-*/``, ``wandb/offline-run-*/``), read without a server or an
+account: ``pip install armorlab[wandb]``.
+
+A run folder's ``run-<id>.wandb`` is W&B's transaction log: a 7-byte header (``:W&B``, magic
+0xBEE1, version 0) then LevelDB's log format (32 KiB blocks of chunks, each with a CRC-32 of its
+type byte and data, a uint16 length and a type: full, first, middle, last; wandb's
+``core/pkg/leveldb/record.go``, a fork of golang/leveldb's record package with the IEEE CRC). Each
+record is a ``wandb.proto.wandb_internal_pb2.Record`` parsed with wandb's own protobuf
+definitions; the reader is this module's, not an internal wandb reader API (those come and go
+between wandb versions). A chunk whose CRC fails skips to the next block, as LevelDB's reader
+recovers; a torn last record is left out with a warning.
+
+History rows: ``Record.history`` items (key, JSON value). The step of a row is the trainer's
+own counter where it logs one (TRL and OpenRLHF ``train/global_step``, OpenRLHF eval rows
+``eval/global_step``), else W&B's ``_step`` (verl logs with ``step=global_steps``). The config:
+the run record's and every later config record's items. A run resumed into a new folder (same
+run id) is merged, the later folder winning per (metric, step).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from armorlab.analysis.importers import flavours as F
+from armorlab.analysis.importers.base import (
+    ImportedRun,
+    as_float,
+    derived_message,
+    flatten,
+    seed_and_config,
+    unavailable,
+)
+from armorlab.errors import ArmorLabError
+
+HEADER = struct.Struct("<4sHB")
+IDENT, MAGIC, VERSION = b":W&B", 0xBEE1, 0
+CHUNK = struct.Struct("<IHB")
+BLOCK = 32768
+FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
+_TYPE_CRC = {t: zlib.crc32(bytes((t,))) for t in (FULL, FIRST, MIDDLE, LAST)}
+RUN_DIR = re.compile(r"^(offline-)?run-\d{8}_\d{6}-(?P<id>[A-Za-z0-9]+)$")
+W_STEP = "_step"
+
+
+def available() -> bool:
+    try:
+        from wandb.proto import wandb_internal_pb2  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def records(data: bytes, source: str, warnings: list[str]) -> Iterator[bytes]:
+    """The records of a .wandb file (LevelDB log chunks reassembled, CRCs checked)."""
+    if len(data) < HEADER.size:
+        warnings.append(f"{source}: no W&B header ({len(data)} bytes)")
+        return
+    ident, magic, version = HEADER.unpack_from(data, 0)
+    if ident != IDENT or magic != MAGIC or version != VERSION:
+        raise ArmorLabError("not a W&B transaction log (bad header)", key="path", value=source)
+    pos, end = HEADER.size, len(data)
+    parts: list[bytes] | None = None
+    unpack, crc32 = CHUNK.unpack_from, zlib.crc32
+    while True:
+        left = BLOCK - pos % BLOCK
+        if left < CHUNK.size:  # a block's tail too short for a header is zero padding
+            pos += left
+        if pos + CHUNK.size > end:
+            if pos < end and data[pos:end].strip(b"\0"):
+                warnings.append(f"{source}: torn last record ignored")
+            return
+        checksum, length, kind = unpack(data, pos)
+        start = pos + CHUNK.size
+        stop = start + length
+        if checksum == 0 and length == 0 and kind == 0:  # a zeroed block (preallocated): skip it
+            pos += BLOCK - pos % BLOCK
+            parts = None
+            continue
+        if stop > end:
+            warnings.append(f"{source}: torn last record ({end - start} of {length} bytes) ignored")
+            return
+        chunk = data[start:stop]
+        if kind not in _TYPE_CRC or crc32(chunk, _TYPE_CRC[kind]) != checksum:
+            warnings.append(f"{source}: bad chunk at byte {pos}; skipped to the next block")
+            pos += BLOCK - pos % BLOCK
+            parts = None
+            continue
+        pos = stop
+        if kind == FULL:
+            parts = None
+            yield chunk
+        elif kind == FIRST:
+            parts = [chunk]
+        elif parts is not None:
+            parts.append(chunk)
+            if kind == LAST:
+                yield b"".join(parts)
+                parts = None
+
+
+def _lite_classes():
+    """(Record with every field repeated and every message as raw bytes: a whole log's records
+    concatenated parse at once into the list of each kind; HistoryRecord with its items read as
+    one merged HistoryItem whose key, nested_key and value_json are repeated — every item's, in
+    order — and its step repeated; that HistoryItem)."""
+    from google.protobuf.descriptor_pb2 import FieldDescriptorProto as FDP
+
+    try:
+        from wandb.proto import wandb_internal_pb2 as pb
+    except ImportError as exc:
+        raise ArmorLabError("reading W&B run folders needs the wandb package: pip install 'armorlab[wandb]'",
+                            key="format", value="wandb") from exc
+    fields = pb.Record.DESCRIPTOR.fields
+    record = derived_message("RecordAll", pb.Record, {f.name: FDP.TYPE_BYTES for f in fields if f.message_type is not None},
+                      repeat=tuple(f.name for f in fields))
+    items = derived_message("ItemsFlat", pb.HistoryItem, {}, repeat=("key", "value_json"))
+    history = derived_message("HistoryMerged", pb.HistoryRecord, {}, repeat=("step",), message={"item": items})
+    return pb, record, history, items
+
+
+MARK = "\x00armorlab-row\x01"  # a name no wandb metric has (numpy would strip a trailing NUL)
+
+
+class _History:
+    """A run's history records (their raw HistoryRecord bytes), decoded at the end by one C parse
+    instead of one Python step per item: the records concatenated with a marker item after each
+    (protobuf merges concatenated messages) give every record's step and every item's name and
+    value text in order, the markers delimiting the records; Arrow converts the values. Runs
+    whose items do not line up (names in ``key`` rather than ``nested_key``, the typed values
+    newer wandb may write) are read item by item with wandb's HistoryRecord."""
+
+    def __init__(self) -> None:
+        self.raw: list[bytes] = []
+        self._decoded: tuple[np.ndarray, list[str], np.ndarray, np.ndarray, np.ndarray] | None = None
+
+    def _items(self) -> tuple[np.ndarray, list[str], np.ndarray, np.ndarray, np.ndarray]:
+        """(name code per item, names by code, float value per item, items per record, step per record)."""
+        if self._decoded is None:
+            self._decoded = self._decode_fast() or self._decode_slow()
+        return self._decoded
+
+    def _decode_fast(self):
+        import pandas as pd
+
+        pb, _, merged_cls, _ = _lite_classes()
+        n = len(self.raw)
+        item = pb.HistoryItem(nested_key=[MARK], value_json="0").SerializeToString()
+        marker = b"\x0a" + _varint(len(item)) + item  # HistoryRecord field 1 (item), length-delimited
+        merged = merged_cls.FromString(marker.join(self.raw) + marker)
+        items = merged.item
+        if len(merged.step) != n or len(items.key) or len(items.nested_key) != len(items.value_json):
+            return None
+        codes, uniques = pd.factorize(np.asarray(items.nested_key, dtype=object))
+        at = np.flatnonzero(uniques == MARK)
+        if at.size != 1:
+            return None
+        is_mark = codes == at[0]
+        marks = np.flatnonzero(is_mark)
+        if marks.size != n:
+            return None
+        counts = np.diff(np.concatenate([[-1], marks])) - 1
+        steps = np.fromiter((s.num for s in merged.step), dtype=np.int64, count=n)
+        keep = ~is_mark
+        values = _floats(items.value_json)[keep]
+        return codes[keep], list(uniques), values, counts, steps
+
+    def _decode_slow(self):
+        import pandas as pd
+
+        pb = _lite_classes()[0]
+        names, values, counts, steps = [], [], [], []
+        for raw in self.raw:
+            h = pb.HistoryRecord.FromString(raw)
+            steps.append(h.step.num)
+            counts.append(len(h.item))
+            for it in h.item:
+                names.append(_item_key(it))
+                values.append(as_float(_item_value(it)))
+        codes, uniques = pd.factorize(np.asarray(names, dtype=object)) if names else (np.empty(0, np.int64), [])
+        return codes, list(uniques), np.asarray(values, dtype=np.float64), np.asarray(counts, dtype=np.int64), \
+            np.asarray(steps, dtype=np.int64)
+
+    def names(self) -> set[str]:
+        return set(self._items()[1]) if self.raw else set()
+
+    def series(self, step_keys: tuple[str, ...], drop: set[str]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """Per metric (steps, values). wandb writes a row's items in no fixed order (they come
+        from a Go map), so items are grouped by name, not rows by key set."""
+        if not self.raw:
+            return {}
+        codes, uniques, values, counts, rec_steps = self._items()
+        record = np.repeat(np.arange(counts.size), counts)
+        position = {name: i for i, name in enumerate(uniques)}
+        trainer = np.full(counts.size, np.nan)
+        for k in step_keys:  # the trainer's own step where its rows log one (the first key that a row has)
+            if k in position:
+                at = codes == position[k]
+                own = np.full(counts.size, np.nan)
+                own[record[at]] = values[at]
+                trainer = np.where(np.isnan(trainer), own, trainer)
+        rec_steps = np.where(np.isfinite(trainer), trainer, rec_steps).astype(np.int64)
+        item_steps = rec_steps[record]
+        order = np.argsort(codes, kind="stable")
+        bounds = np.concatenate([[0], np.cumsum(np.bincount(codes, minlength=len(uniques)))])
+        out = {}
+        for i, name in enumerate(uniques):
+            if name in drop or name.startswith("_") or name == MARK:
+                continue
+            sl = order[bounds[i]:bounds[i + 1]]
+            if sl.size:
+                out[name] = (item_steps[sl], values[sl])
+        return out
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        b, n = n & 0x7F, n >> 7
+        out.append(b | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _floats(raw: Any) -> np.ndarray:
+    """JSON value texts as float64: converted by Arrow (numbers, NaN, Infinity), else by
+    json.loads one by one (booleans, media, tables: not numbers → NaN)."""
+    import pyarrow as pa
+
+    texts = list(raw)
+    try:
+        return pa.array(texts, pa.string()).cast(pa.float64()).to_numpy(zero_copy_only=False)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+        out = np.empty(len(texts))
+        for i, v in enumerate(texts):
+            try:
+                out[i] = as_float(json.loads(v))
+            except ValueError:
+                out[i] = np.nan
+        return out
+
+
+def _item_key(item: Any) -> str:
+    return item.key or ".".join(item.nested_key)
+
+
+def _item_value(item: Any) -> Any:
+    """A history item's value: value_json (what wandb writes), else the typed fields newer
+    versions may use."""
+    if item.value_json:
+        try:
+            return json.loads(item.value_json)
+        except ValueError:
+            return None
+    for field in ("number", "integer", "boolean"):
+        try:
+            if item.HasField(field):
+                return getattr(item, field)
+        except ValueError:  # a plain proto3 scalar (no presence) in this wandb version
+            continue
+    return None
+
+
+def _config_update(config: dict[str, Any], items: Any) -> None:
+    for item in items:
+        try:
+            config[_item_key(item)] = json.loads(item.value_json)
+        except ValueError:
+            config[_item_key(item)] = item.value_json
+
+
+def read_file(path: Path, history: _History, info: dict[str, Any], warnings: list[str]) -> None:
+    """Add one .wandb file's history rows to ``history`` and its run facts to ``info``: its records
+    parsed in one call (RecordAll), the run, config and exit records then with wandb's classes."""
+    pb, all_cls, _, _ = _lite_classes()
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        warnings.append(f"cannot read {path}: {exc.strerror or exc}")
+        return
+    payloads = list(records(data, str(path), warnings))
+    try:
+        merged = all_cls.FromString(b"".join(payloads))
+    except Exception:  # DecodeError: a damaged record among them; find and skip it record by record
+        merged = None
+        ok = []
+        for raw in payloads:
+            try:
+                all_cls.FromString(raw)
+                ok.append(raw)
+            except Exception as exc:
+                warnings.append(f"{path}: unreadable record skipped ({type(exc).__name__})")
+        merged = all_cls.FromString(b"".join(ok))
+    history.raw.extend(merged.history)
+    by_name = pb.Record.DESCRIPTOR.fields_by_name
+    cls = {k: message_factory_class(by_name[k].message_type) for k in ("run", "config", "exit")}
+    config = info.setdefault("config", {})
+    for raw in merged.run:
+        run = cls["run"].FromString(raw)
+        info.update(run_id=run.run_id or info.get("run_id"), name=run.display_name or info.get("name"),
+                    project=run.project or info.get("project"), group=run.run_group or info.get("group"))
+        _config_update(config, run.config.update)
+    for raw in merged.config:
+        update = cls["config"].FromString(raw)
+        _config_update(config, update.update)
+        for item in update.remove:
+            config.pop(_item_key(item), None)
+    for raw in merged.exit:
+        info["exit_code"] = cls["exit"].FromString(raw).exit_code
+
+
+def message_factory_class(descriptor: Any) -> Any:
+    from google.protobuf import message_factory
+
+    return message_factory.GetMessageClass(descriptor)
+
+
+def wandb_file(run_dir: Path) -> Path | None:
+    found = sorted(Path(run_dir).glob("run-*.wandb"))
+    return found[-1] if found else None
+
+
+def is_run_dir(path: Path) -> bool:
+    return path.is_dir() and not path.is_symlink() and wandb_file(path) is not None
+
+
+def run_dirs(root: Path) -> list[Path]:
+    """W&B run folders at or below ``root`` (a ``wandb/`` dir, a run folder, or a dir holding
+    ``wandb/``); ``latest-run`` (a link to one of them) is skipped."""
+    root = Path(root)
+    if is_run_dir(root):
+        return [root]
+    out = []
+    for base in (root, root / "wandb"):
+        if base.is_dir():
+            out += [p for p in sorted(base.iterdir()) if RUN_DIR.match(p.name) and is_run_dir(p)]
+    return sorted(set(out))
+
+
+def read(folders: list[Path], *, name: str | None = None, flavour: str | None = None) -> ImportedRun:
+    """One W&B run (its folders: one, or several for a resumed run, oldest first)."""
+    history = _History()
+    info: dict[str, Any] = {}
+    warnings: list[str] = []
+    for folder in folders:
+        f = folder if folder.is_file() else wandb_file(folder)
+        if f is None:
+            warnings.append(f"{folder}: no .wandb file")
+            continue
+        read_file(f, history, info, warnings)
+    raw_config = {k: v for k, v in info.get("config", {}).items() if not k.startswith("_wandb")}
+    flat = flatten(raw_config)
+    fl = F.FLAVOURS[flavour] if flavour else F.detect(flat, history.names())
+    series = history.series(fl.step_keys, set(fl.drop))
+    table, origin = F.mapped_table(series, fl, flat, warnings)
+    config = seed_and_config(flat, fl.identity)
+    if info.get("group"):
+        config["wandb.group"] = info["group"]
+    code = info.get("exit_code")
+    if code is None:
+        state, reason = "unknown", "no exit record: the run is still going, or its process was killed"
+    else:
+        state, reason = ("completed", None) if code == 0 else ("failed", f"exit code {code}")
+    last = folders[-1]
+    return ImportedRun(name=name or info.get("name") or info.get("run_id") or last.name, path=last,
+                       format="wandb", table=table, config=config, flavour=fl.name, project=info.get("project"),
+                       state=state, reason=reason, warnings=warnings,
+                       unavailable=unavailable(table.column_names, fl.cannot), origin=origin)
+
+
+def runs(root: Path) -> list[list[Path]]:
+    """The runs below ``root``: folders grouped by run id (a resumed run), oldest folder first."""
+    by_id: dict[str, list[Path]] = {}
+    for d in run_dirs(root):
+        m = RUN_DIR.match(d.name)
+        by_id.setdefault(m.group("id") if m else d.name, []).append(d)
+    return [sorted(v, key=lambda p: p.name.removeprefix("offline-")) for v in by_id.values()]

@@ -1,0 +1,75 @@
+"""The numbers one look of a sequential comparison decides on: each run's endpoint score, read
+exactly as the report reads it (armorlab.analysis.groups.run_scores: the same collapse levels,
+the same val-selected step), and the default δ of (D1) over the compared runs.
+
+`armorlab sweep --until-resolved` calls this after each look (locally, or in its Slurm decision
+job); the statistics are armorlab.analysis.sequential's.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from armorlab.analysis import verdict_table
+from armorlab.analysis.groups import Groups, Notes, run_scores
+from armorlab.analysis.load import load
+from armorlab.analysis.recipe import Recipe, Select
+from armorlab.errors import ArmorLabError
+
+
+@dataclass
+class LookScores:
+    per_run: pd.DataFrame           # one row per run: run_id, group (its arm), seed, state, every score
+    value: dict[str, float]         # run id → the endpoint's value (NaN when the run has none)
+    delta: float                    # (D1) over these runs (NaN without a logged eval size)
+    delta_how: str                  # how δ was set, for the record
+
+    def values_by_arm(self, endpoint: str) -> dict[str, list[float]]:
+        """{arm: finite values}: what armorlab.analysis.sequential.decide_look takes."""
+        return verdict_table.values_by_group(self.per_run, endpoint)
+
+
+def score_runs(run_dirs: Mapping[str, str | Path], arm_of: Mapping[str, str], endpoint: str, select: Select,
+               *, matched_steps: Sequence[int] = (), cache: bool = True) -> LookScores:
+    """Score the runs ``run_dirs`` (run id → its dir), grouped by ``arm_of`` (run id → arm label),
+    on every per-run score of the report; ``endpoint`` must be one of them (``val@S`` needs S in
+    ``matched_steps``)."""
+    if not run_dirs:
+        raise ArmorLabError("no runs to score", key="runs", value=[])
+    rs = load([str(p) for p in run_dirs.values()], cache=cache)
+    by_path = {Path(p).resolve(): rid for rid, p in run_dirs.items()}
+    of_run: dict[str, str] = {}
+    for loaded, path in zip(rs.runs["run_id"].tolist(), rs.runs["path"].tolist(), strict=True):
+        ours = by_path.get(Path(path).resolve())
+        if ours is None:  # load found a run dir below one of ours: not a run of this look
+            continue
+        of_run[loaded] = arm_of[ours]
+    labels = list(dict.fromkeys(arm_of[r] for r in run_dirs))
+    members = {g: [r for r, a in of_run.items() if a == g] for g in labels}
+    groups = Groups([], pd.DataFrame({"group": labels, "n_runs": [len(members[g]) for g in labels]}), of_run,
+                    members)
+    recipe = Recipe(runs=[str(p) for p in run_dirs.values()], select=select)
+    per_run = run_scores(rs, groups, recipe, list(matched_steps), Notes())
+    per_run = per_run[per_run["run_id"].isin(list(of_run))].reset_index(drop=True)
+    if endpoint not in per_run.columns:
+        scores = [c for c in per_run.columns if per_run[c].dtype.kind == "f"]
+        raise ArmorLabError(f"not a per-run score (scores: {', '.join(scores)})", key="compare.endpoint",
+                            value=endpoint)
+    # the caller's run ids, whatever load named them
+    loaded_to_ours = {loaded: by_path[Path(path).resolve()]
+                      for loaded, path in zip(rs.runs["run_id"].tolist(), rs.runs["path"].tolist(), strict=True)
+                      if Path(path).resolve() in by_path}
+    per_run["run_id"] = per_run["run_id"].map(loaded_to_ours)
+    column = pd.to_numeric(per_run[endpoint], errors="coerce").to_numpy(dtype=np.float64)
+    value = {rid: float(v) for rid, v in zip(per_run["run_id"].tolist(), column.tolist(), strict=True)}
+    for rid in run_dirs:
+        value.setdefault(rid, math.nan)
+    delta, how = verdict_table.default_delta_for(per_run, rs, list(loaded_to_ours), endpoint, select,
+                                                 [np.arange(len(per_run), dtype=np.int64)])
+    return LookScores(per_run, value, delta, how)

@@ -1,0 +1,102 @@
+"""Looks of a sequential comparison (looks.json, armorlab.analysis.sequential) in words: one
+sentence per arm, one line per look. Used by `armorlab sweep --until-resolved` (its progress and
+where a chain stands) and by the report; no pandas.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from armorlab.analysis import verdicts as V
+from armorlab.analysis.sequential import CONTINUE, Design
+
+_FIXED = {"final": "final {v}", "drop": "drop from peak of {v}", "peak": "peak {v}", "auc": "AUC of {v}",
+          "selected_test": "{t} at the val-selected step", "selected_val": "{v} at the val-selected step"}
+
+
+def endpoint_label(endpoint: str, val_metric: str = "val/acc", test_metric: str = "test/acc") -> str:
+    if endpoint in _FIXED:
+        return _FIXED[endpoint].format(v=val_metric, t=test_metric)
+    return endpoint
+
+
+def _num(v: Any) -> float:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else math.nan
+
+
+def interval(c: Mapping[str, Any]) -> str:
+    ci = c.get("ci") or [None, None]
+    return f"{V.signed(_num(c.get('diff')))} [{V.signed(_num(ci[0]))}, {V.signed(_num(ci[1]))}]"
+
+
+def level_text(c: Mapping[str, Any]) -> str:
+    """The repeated interval's confidence level, e.g. 97.5%."""
+    level = _num(c.get("level"))
+    return f"{100 * (1 - level):.4g}%" if math.isfinite(level) else "—"
+
+
+def resolved_at(looks: Sequence[Mapping[str, Any]], arm: str) -> int | None:
+    """The look at which ``arm`` got its verdict (None while it goes on)."""
+    for look in looks:
+        for c in look.get("comparisons", ()):
+            if c.get("arm") == arm and c.get("verdict") != CONTINUE and not c.get("carried"):
+                return int(look["look"])
+    return None
+
+
+def sentence(c: Mapping[str, Any], design: Design, looks: Sequence[Mapping[str, Any]], label: str) -> str:
+    """``armor vs dapo: −0.031 [−0.052, −0.010] final val/acc — worse at look 2, resolved with 5
+    seeds per arm``: one arm's latest comparison (armorlab.analysis.sequential.latest_comparisons)."""
+    n_arm, n_base = (list(c.get("n") or [0, 0]) + [0, 0])[:2]
+    head = f"{c['arm']} vs {c.get('baseline', design.baseline)}: {interval(c)} {label}"
+    seeds = V.seeds_phrase(int(n_arm), int(n_base))
+    at = resolved_at(looks, c["arm"])
+    where = f" at look {at}" if at is not None else ""
+    d = f"{design.delta:.3f}" if math.isfinite(design.delta) else None
+    verdict = c.get("verdict")
+    if verdict in (V.BETTER, V.WORSE):
+        small = f" (by less than δ = {d})" if c.get("within_delta") and d else ""
+        return f"{head} — {verdict}{small}{where}, resolved with {seeds}"
+    if verdict == V.EQUIVALENT:
+        return f"{head} — equivalent within ±{d}{where}, resolved with {seeds}"
+    if verdict == CONTINUE:
+        return f"{head} — not resolved yet with {seeds}; the next look adds seeds"
+    what = f"not resolved with {seeds} (--max-seeds {design.max_seeds})"
+    if d is None:
+        return f"{head} — {what}; no δ to plan seeds with (set compare.delta)"
+    need = c.get("seeds_needed")
+    if need is None:
+        return f"{head} — {what}; 80% power at δ = {d} needs more than {V.MAX_SEEDS_PLANNED} seeds per arm " \
+               "or a measured spread"
+    return f"{head} — {what}; 80% power at δ = {d} needs {need} seeds per arm (a fixed design)"
+
+
+def look_line(look: Mapping[str, Any], design: Design) -> str:
+    """``look 2 (objective=dapo 5, objective=up 5 seeds): objective=up better: +0.08 ... |t| 9.1 ≥ 4.2``."""
+    seeds = look.get("seeds") or {}
+    sizes = set(seeds.values())
+    per = (f"{next(iter(sizes))} seeds per arm" if len(sizes) == 1 else
+           ", ".join(f"{a} {n}" for a, n in seeds.items()) + " seeds")
+    parts = []
+    for c in look.get("comparisons", ()):
+        if c.get("carried"):
+            continue
+        t, tb = _num(c.get("t")), _num(c.get("t_bound"))
+        test = (f"|t| = {abs(t):.3g} {'≥' if abs(t) >= tb else '<'} {tb:.3g}"
+                if math.isfinite(t) and math.isfinite(tb) else "no spread yet")
+        verdict = "continues" if c.get("verdict") == CONTINUE else c.get("verdict")
+        parts.append(f"{c['arm']} {verdict}: {interval(c)} ({level_text(c)} repeated interval; {test})")
+    by = f", {look['by']}" if look.get("by") else ""
+    return f"look {look.get('look')} ({per}{by}): " + ("; ".join(parts) or "every arm resolved before")
+
+
+def design_line(design: Design, label: str, delta_how: str | None = None) -> str:
+    how = f" ({delta_how})" if delta_how else ""
+    delta = f"δ = {design.delta:.3g}{how}" if math.isfinite(design.delta) else \
+        "δ is set at the first look" + how
+    spending = "O'Brien–Fleming" if design.spending == "obf" else "Pocock"
+    return (f"{label} of {', '.join(design.arms)} against {design.baseline}; looks of "
+            f"{', '.join(map(str, design.schedule()))} seeds per arm; {spending}-type alpha spending, "
+            f"α = {design.alpha:g} over arms and looks; {delta}")
