@@ -12,6 +12,8 @@ import torch
 
 from armorlab.algos.diversity import correct_diversity, distinct, empirical_entropy
 from armorlab.algos.loss import policy_loss
+from armorlab.core.config import resolve
+from armorlab.core.runs import run_id
 from armorlab.train.mechanisms import gradient_shares, rollout_diversity
 
 # Three rows of 5 tokens, α = 0.5, ε = (0.2, 0.28). At α = 0.5, r_mix = w·r + (1 − w) with
@@ -190,3 +192,29 @@ def test_one_correct_answer_per_prompt_has_one_derivation_and_greedy_is_scored(t
     assert distinct and set(distinct.values()) == {1.0}
     assert set(_logged(trainer, "train/correct_entropy").values()) == {0.0}
     assert set(_logged(trainer, "val/correct_distinct").values()) <= {1.0}
+
+
+# --------------------------------------------------------------------------- run ids
+@pytest.mark.parametrize("extra", [{}, {"val_greedy": False, "grad_share_every": 10},
+                                   {"val_greedy": True, "val_temperature": 0.0}])
+def test_mechanism_fields_at_their_defaults_or_inert_leave_the_run_id_as_before(extra):
+    """Configs written before val_greedy and grad_share_every existed keep their run ids: their
+    defaults are dropped from the resolved config, and so is val_greedy at val_temperature 0 (val/acc
+    is the greedy score there)."""
+
+    before = {"objective": "armor", "anchor": True, "ref_reset_steps": 4}
+    # ids armorlab gave these configs before the fields existed (tests/test_vllm_config.py holds them too)
+    if "val_temperature" not in extra:
+        assert run_id(resolve({**before, **extra})) == "434228699340"
+        assert run_id(resolve({"objective": "dapo", **extra})) == "b17e074c5262"
+    cfg = resolve({**before, **extra})
+    assert "val_greedy" not in cfg and "grad_share_every" not in cfg
+    assert run_id(cfg) == run_id(resolve({**before, **{k: v for k, v in extra.items() if k == "val_temperature"}}))
+
+
+def test_mechanism_fields_when_used_are_kept():
+
+    cfg = resolve({"objective": "dapo", "val_greedy": True, "grad_share_every": 0})
+    assert (cfg["val_greedy"], cfg["grad_share_every"]) == (True, 0)
+    assert resolve(cfg) == cfg
+    assert run_id(cfg) != run_id(resolve({"objective": "dapo"}))
