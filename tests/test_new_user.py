@@ -175,7 +175,7 @@ def test_check_task_never_trains_the_tiny_model(tmp_path):
 
 
 # --------------------------------------------------------------------------- health warnings, trackers
-def test_trackers_get_no_null_metrics(capfd):
+def test_trackers_get_no_null_metrics():
     from transformers import TrainerControl, TrainerState, TrainingArguments
     from transformers.integrations import TensorBoardCallback
 
@@ -199,12 +199,28 @@ def test_trackers_get_no_null_metrics(capfd):
     trainer = type("T", (), {"callback_handler": type("H", (), {"callbacks": [tb]})()})()
     args, state = TrainingArguments(output_dir="/tmp/unused", use_cpu=True), TrainerState()
     logs = {"obj/clip_low": None, "train/reward": 0.5, "obj/neg_frac": None}
-    capfd.readouterr()
-    tb.on_log(args, state, TrainerControl(), logs=dict(logs))
-    assert "attempting to log a value of" in capfd.readouterr().err  # what users saw, ~9 lines a step
-    _without_nulls_for_trackers(trainer)
-    tb.on_log(args, state, TrainerControl(), logs=dict(logs))
-    assert "attempting to log" not in capfd.readouterr().err
+    import logging
+
+    from transformers.utils import logging as hf_logging
+
+    # transformers' own stderr handler may be bound to a stream an earlier test captured: listen
+    # on its logger directly
+    heard: list[str] = []
+    listener = logging.Handler(logging.WARNING)
+    listener.emit = lambda record: heard.append(record.getMessage())
+    hf_logger, verbosity = hf_logging.get_logger("transformers"), hf_logging.get_verbosity()
+    hf_logging.set_verbosity_warning()  # transformers' default; an earlier test may have quietened it
+    hf_logger.addHandler(listener)
+    try:
+        tb.on_log(args, state, TrainerControl(), logs=dict(logs))
+        assert any("attempting to log a value of" in m for m in heard)  # what users saw, ~9 lines a step
+        heard.clear()
+        _without_nulls_for_trackers(trainer)
+        tb.on_log(args, state, TrainerControl(), logs=dict(logs))
+        assert not any("attempting to log" in m for m in heard)
+    finally:
+        hf_logger.removeHandler(listener)
+        hf_logging.set_verbosity(verbosity)
     assert writer.scalars == ["train/train/reward"] * 2  # the number still goes through (rewrite_logs' prefix)
 
 

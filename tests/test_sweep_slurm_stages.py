@@ -13,6 +13,7 @@ import subprocess
 import time
 
 import pytest
+from model_dirs import fake_model_dir
 from sweep_support import run_cli, slurm_cluster, wait_finished, write_spec  # noqa: F401 - a fixture
 
 from armorlab.core.runs import RunDir
@@ -57,9 +58,9 @@ def _selected_step(parent: RunDir) -> int:
 
 
 def test_a_later_stage_waits_for_its_parents_starts_from_their_selection_and_fails_with_them(tmp_path):
-    broken = tmp_path / "broken-model"  # transformers cannot load it: that parent fails at start-up
-    broken.mkdir()
-    (broken / "config.json").write_text("{}")
+    # well-formed on disk (the checks at resolve time pass), but its weights are not the model's:
+    # transformers cannot load it, so that parent fails at start-up
+    broken = fake_model_dir(tmp_path / "broken-model")
     profile = tmp_path / "profile.yaml"
     profile.write_text("executor: slurm\ncpus_per_task: 1\ntime_min: 20\narray_parallelism: 2\n")
     spec = write_spec(tmp_path / "proto.yaml", {

@@ -223,7 +223,7 @@ def test_policy_rollouts_from_the_server_train_with_anchors_and_the_correction_s
 @pytest.mark.parametrize(("overrides", "key"), [
     ({"ref_vllm_mode": "server", "ref_vllm_server_host": "127.0.0.1", "ref_vllm_server_timeout": 0},
      "ref_vllm_server_port"),
-    ({"use_vllm": True, "vllm_mode": "server", "vllm_server_host": "127.0.0.1", "vllm_server_timeout": 0},
+    ({"use_vllm": True, "vllm_mode": "server", "vllm_server_host": "127.0.0.1", "vllm_server_timeout": 0.5},
      "vllm_server_port"),
 ])
 def test_a_server_that_does_not_answer_is_an_error_naming_its_key(tmp_path, overrides, key):

@@ -386,9 +386,16 @@ def build_trainer(cfg: dict[str, Any], run_dir: RunDir, callbacks: Iterable[Any]
         model = Path(start_from) if start_from is not None else prepare_model(cfg["model"], cfg["task"])
     task = build_task(cfg["task"], chat=has_chat_template(model))
     check_can_step(args, len(task.train), str(run_dir.config_path))
-    trainer = ArmorLabTrainer(str(model), task.reward_funcs, args, train_dataset=task.train,
-                              val_dataset=task.val, test_dataset=task.test, tokens_dir=run_dir.tokens_dir,
-                              callbacks=[RunDirLogger(run_dir), *callbacks])
+    try:
+        trainer = ArmorLabTrainer(str(model), task.reward_funcs, args, train_dataset=task.train,
+                                  val_dataset=task.val, test_dataset=task.test, tokens_dir=run_dir.tokens_dir,
+                                  callbacks=[RunDirLogger(run_dir), *callbacks])
+    except ArmorLabError:
+        raise
+    except (OSError, ValueError, TypeError, KeyError, AttributeError, RuntimeError) as exc:
+        # transformers and TRL say what broke, not in which model: a user with several checkpoints needs both
+        raise ArmorLabError(f"could not load the model and build its trainer: {type(exc).__name__}: {exc}",
+                            key="model", value=str(model), file=str(run_dir.config_path)) from exc
     started = process_layout()[1]
     if trainer.accelerator.num_processes != started:
         # e.g. use_cpu: false on a machine without GPUs: accelerate then trains each process alone
