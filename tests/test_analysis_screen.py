@@ -195,7 +195,7 @@ def test_the_kl_figure_shows_forward_kl_the_recipe_does_not_list_as_a_curve(tmp_
                     row["kl/forward_k3"] = 0.2 * s
                 if s % 5 == 0:
                     row.update({"val/acc": 0.5, "val/n": 400.0, "test/acc": 0.5})
-                rd.append_metrics(s, row)
+                rd.append_metrics(s, row, rollout=s)  # the demo's recipe counts in rollouts
             rd.write_status("completed")
             dirs.append(rd.path)
     recipe = demo_recipe(dirs)

@@ -58,11 +58,18 @@ def test_verdict_states_rise_fall_and_comparison_plainly():
 def test_demo_names_and_baseline_match_the_shipped_spec():
     from importlib import resources
 
+    from armorlab.commands.demo import FIRST_STAGE
+
     spec = load_yaml_mapping(resources.files("armorlab").joinpath("demo.yaml"))
-    cfgs = [resolve({**spec["base"], **point}) for point in spec["include"]]
-    assert [demo_name(c) for c in cfgs] == ["dapo", "dapo + KL β=0.1", "up", "armor", "gate only (dapo)"]
+    first, arms = spec["stages"]
+    assert first["name"] == FIRST_STAGE and len(first["seeds"]) == 1  # one DAPO run every arm continues from
+    assert arms["from"]["stage"] == FIRST_STAGE
+    cfgs = [resolve({**spec["base"], **arms["base"], **point}) for point in arms["include"]]
+    names = [demo_name(c) for c in cfgs]
+    assert names[0] == "dapo" and names[1].startswith("dapo + KL β=") and names[2:] == ["up", "armor",
+                                                                                       "gate only (dapo)"]
     assert [all(c[k] == v for k, v in BASELINE.items()) for c in cfgs] == [True, False, False, False, False]
-    assert len(spec["seeds"]) >= 2
+    assert len(spec["seeds"]) >= 3
 
 
 def _write(root, cfg, val, reward, *, n_steps=80):
@@ -72,7 +79,7 @@ def _write(root, cfg, val, reward, *, n_steps=80):
         row = {"train/reward": reward(step)} if step else {}
         if step % 10 == 0:
             row.update({"val/acc": val(step), "val/n": 400.0, "test/acc": val(step)})
-        rd.append_metrics(step, row)
+        rd.append_metrics(step, row, rollout=step)  # one update per rollout: the demo reads rollouts
     return rd.path
 
 
@@ -103,15 +110,15 @@ def test_demo_report_leads_with_the_headline(tmp_path):
     # dapo's levels (means of 3 evals): peak = (0.80 + 0.82 + 0.80)/3 = 0.8067 around step 20, final =
     # (0.58 + 0.57 + 0.56)/3 = 0.57; the windows share no eval, so with n = 400
     # SE² = Σ p(1−p) over the six evals / (9·400) and the drop is 0.2367 / SE standard errors
-    assert table.loc["dapo", "peak (step)"] == "0.807 (20)"
+    assert table.loc["dapo", "peak (rollout)"] == "0.807 (20)"
     assert table.loc["dapo", "final"] == "0.570"
     se = math.sqrt(sum(p * (1 - p) for p in (0.80, 0.82, 0.80, 0.58, 0.57, 0.56)) / (9 * 400))
     dapo = state["runs"][state["runs"]["group"].str.contains("dapo")]
     assert dapo["drop_se"].tolist() == pytest.approx([(0.8066667 - 0.57) / se] * 2, rel=1e-4)
-    assert table.loc["dapo", "collapsed (step)"].startswith("2/2")
-    assert table.loc["armor", "collapsed (step)"].startswith("0/2")
+    assert table.loc["dapo", "collapsed (rollout)"].startswith("2/2")
+    assert table.loc["armor", "collapsed (rollout)"].startswith("0/2")
     assert table.loc["armor", "P(final > dapo)"] == "1.00"
-    assert state["sentences"][0].startswith("dapo: held-out accuracy rose from 0.750 at step 0 to a peak of 0.807")
+    assert state["sentences"][0].startswith("dapo: held-out accuracy rose from 0.750 at rollout 0 to a peak of 0.807")
     assert "ended above dapo in every seed pair, which a rank test cannot resolve with 2 vs 2 seeds" in state["sentences"][1]
     assert (tmp_path / "report" / "tables" / "demo_headline.md").is_file()
 
@@ -125,3 +132,40 @@ def test_printed_headline_opens_with_the_verdicts(capsys):
     out = capsys.readouterr().out
     assert out.index("verdicts against DAPO") < out.index("armor vs dapo: −0.031") < out.index("headline") \
         < out.index("dapo: held-out accuracy rose")
+
+
+@pytest.mark.slow
+def test_demo_runs_both_stages_and_prints_verdicts_headline_and_mechanisms(tmp_path):
+    """`armorlab demo` end to end at one rollout per run: stage 1's single DAPO run, then the 15 arms
+    continuing from its selected checkpoint, the report of the arms only, the printed verdicts,
+    headline and mechanism table. The model skips its warm start and the held-out splits are tiny:
+    this checks the plumbing, not the numbers (docs/results.md has those)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests.trainer_support import model_cache
+
+    env = {**os.environ, "ARMORLAB_CACHE": model_cache(), "HF_HUB_OFFLINE": "1"}
+    sets = ["max_rollouts=1", "val_every=1", "task.val_size=8", "task.test_size=8", "kl_probe_prompts=2",
+            "model.warm_start_steps=0"]
+    args = [sys.executable, "-m", "armorlab.cli", "demo", "--root", str(tmp_path / "runs"), "--out",
+            str(tmp_path / "report"), *[x for s in sets for x in ("--set", s)]]
+    done = subprocess.run(args, capture_output=True, text=True, env=env, timeout=3600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
+    assert out.index("verdicts against DAPO") < out.index("headline") < out.index("did each mechanism act?")
+    assert "stage 1 (DAPO from the warm start, seed 0)" in out
+    sweep = tmp_path / "runs" / "demo"
+    stages = json.loads((sweep / "sweep.json").read_text())["stages"]
+    assert sorted(stages.values()).count("dapo") == 1 and sorted(stages.values()).count("continue") == 15
+    parent = next(r for r, s in stages.items() if s == "dapo")
+    for run, stage in stages.items():
+        assert json.loads((sweep / run / "status.json").read_text())["state"] == "completed"
+        if stage == "continue":  # every arm started from the checkpoint stage 1 selected
+            init = json.loads((sweep / run / "init.json").read_text())
+            assert init["run"] == f"demo/{parent}"
+    runs = (tmp_path / "report" / "tables" / "runs.csv").read_text().splitlines()
+    assert len(runs) == 1 + 15  # the report holds the arms, not stage 1
+    assert (tmp_path / "report" / "tables" / "mechanisms.csv").is_file()

@@ -359,9 +359,10 @@ def test_metrics_are_floats_and_loss_keeps_graph():
         out, _ = run(objective, logp, old, adv, mask, ref_logp=ref, alpha=0.5)
         assert out.loss.dim() == 0 and out.per_token.shape == logp.shape
         assert all(type(v) is float for v in out.metrics.values())
-        expected = {"clip_frac_low", "clip_frac_high", "clip_frac", "dual_clip_frac", "ratio_mean", "approx_kl"}
+        expected = {"clip_frac_low", "clip_frac_high", "clip_frac", "dual_clip_frac", "ratio_mean", "approx_kl",
+                    "widened_frac", "narrowed_frac"}
         if objective == "armor":
-            expected |= {"mix_ratio_mean", "widened_frac"}
+            expected |= {"mix_ratio_mean"}
         assert set(out.metrics) == expected
 
 

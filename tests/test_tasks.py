@@ -246,3 +246,80 @@ def test_math_task_bad_files(tmp_path):
         math_task(corrupt)
     with pytest.raises(ArmorLabError, match="task.path"):
         build_task({"name": "math"})
+
+
+# --------------------------------------------------------------------------- scratchpad
+def scratch(**kw):
+    return build_task({"name": "scratchpad", **kw})
+
+
+@pytest.mark.parametrize("text, ok", [
+    ("7+42=49+5=54", True),            # left to right
+    ("5+42=47+7=54", True),            # another order
+    ("42+5=47+7=54", True),
+    ("07+42=49+05=54", True),          # leading zeros read as numbers
+    (" 7+5=12+42=54 ", True),          # surrounding space is trimmed
+    ("7+42=49", False),                # one step short
+    ("7+42=49+5=54+0=54", False),      # a step too many (0 is no term)
+    ("7+42=48+6=54", False),           # the right answer through a wrong step
+    ("7+42=49+7=56", False),           # a term used twice
+    ("49+5=54", False),                # a partial result is no term
+    ("7+42=49,49+5=54", False),        # another format
+    ("54", False),                     # the answer without its derivation
+    ("7+42+5=54", False),              # three terms in one step
+    ("7-42=-35+5=-30", False),         # −42 is no term here
+])
+def test_scratchpad_reward_checks_every_step(text, ok):
+    from armorlab.tasks.scratchpad import derivation_reward
+
+    assert derivation_reward(completions=[text], answer=["7+42+5=54"]) == [1.0 if ok else 0.0]
+    assert derivation_reward(completions=[text], answer=["not an answer"]) == [0.0]
+
+
+def test_scratchpad_signed_terms():
+    from armorlab.tasks.scratchpad import check_derivation, derivation, parse_answer
+
+    terms, value = parse_answer("12-34+56=34")
+    assert (terms, value) == ([12, -34, 56], 34)
+    assert check_derivation("56-34=22+12=34", terms, value)
+    assert check_derivation("12-34=-22+56=34", terms, value)
+    assert check_derivation("-34+56=22+12=34", terms, value)         # a negative first term
+    assert not check_derivation("12+34=46+56=102", terms, 102)        # +34 is not a term
+    assert not check_derivation("56+34=90-12=78", terms, 78)
+    assert not check_derivation("34+56=90-12=78", terms, 78)          # nor is 34
+    assert derivation(terms, "right to left") == "56-34=22+12=34"
+    assert derivation(terms, "largest first") == "56+12=68-34=34"
+
+
+def test_scratchpad_task_splits_styles_and_gold():
+    task = scratch(digits=2, operators="+", train_size=64, val_size=50, test_size=30)
+    assert (len(task.train), len(task.val), len(task.test)) == (64, 50, 30)
+    rows = [r for split in (task.train, task.val, task.test) for r in split]
+    for r in rows:
+        assert re.fullmatch(r"\d\d\+\d\d\+\d\d=", r["prompt"])
+        left, value = r["answer"].split("=")
+        assert int(value) == python_value(r["prompt"]) == python_value(left + "=")
+    gold = [task.target_completion(a) for a in task.val["answer"]]
+    assert task.score(gold, task.val["answer"]) == [1.0] * 50
+    assert max(len(g) for g in gold) <= task.completion_chars == 16  # 99+99=198+99=297
+    # the same problems as the arithmetic task's splits (same space, same seeded order)
+    arithmetic = arith(digits=2, operands=3, train_size=64, val_size=50, test_size=30)
+    assert task.val["prompt"] == arithmetic.val["prompt"] and task.train["prompt"] == arithmetic.train["prompt"]
+    # the warm start: a correct derivation per row in a mix of the three styles, never a held-out prompt
+    warm = task.warm_start.select(range(600))
+    assert task.score(warm["target"], warm["answer"]) == [1.0] * 600
+    held = set(task.val["prompt"]) | set(task.test["prompt"])
+    assert not held & set(task.warm_start["prompt"])
+    from armorlab.tasks.scratchpad import derivation, parse_answer
+    styles = [next(s for s in ("left to right", "right to left", "largest first")
+                   if derivation(parse_answer(a)[0], s) == t)
+              for a, t in zip(warm["answer"], warm["target"], strict=True)]
+    counts = {s: styles.count(s) for s in set(styles)}
+    # a style that coincides with an earlier one for a prompt is counted as the earlier one, so the
+    # later styles are at most a third; each is well represented
+    assert len(counts) == 3 and min(counts.values()) > 100
+
+
+def test_scratchpad_rejects_multiplication():
+    with pytest.raises(ArmorLabError, match="task.operators"):
+        scratch(operators="+*")

@@ -239,6 +239,21 @@ def _count(flags: torch.Tensor, rows: torch.Tensor, tokens: torch.Tensor, b: Bat
     return torch.count_nonzero(flags & tokens)
 
 
+def _decided(b: Batch, s: Surrogate, plain: torch.Tensor, pos: torch.Tensor, neg: torch.Tensor,
+             signed_tok: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tokens whose update the objective's ratio and clip decide otherwise than the plain clip would:
+    (widened, narrowed) counts. The plain clip is DAPO's: r = π_θ/π_old under (1 − ε_low, 1 + ε_high)
+    and the dual clip; a token's update is stopped where the bound of its advantage's side binds
+    (A > 0: above the upper; A < 0: below the lower or above c; A = 0 has no update). Widened: the
+    plain clip would stop it, the objective lets it through (ARMOR's r_mix inside its bounds, UP's
+    unbounded positive branch, a sequence ratio inside its bounds); narrowed: the reverse."""
+    lo, hi = clip_bounds(b.adv, eps_low=b.eps_low, eps_high=b.eps_high, dual_clip=b.dual_clip)
+    plain_stops = ((plain > hi) | (plain < lo)) & signed_tok
+    ratio = s.ratio.detach()
+    stops = ((ratio > s.hi) | (ratio < s.lo)) & (pos | neg)  # (B, T), or (B, 1) for a sequence ratio
+    return torch.count_nonzero(plain_stops & ~stops), torch.count_nonzero(stops & ~plain_stops & signed_tok)
+
+
 @torch.no_grad()
 def _metrics(objective: str, b: Batch, s: Surrogate) -> dict[str, float]:
     """Token-weighted over unmasked tokens. Clip fractions count only the side that can bind
@@ -265,17 +280,13 @@ def _metrics(objective: str, b: Batch, s: Surrogate) -> dict[str, float]:
     counts += [torch.dot(plain.flatten(), flat_mask), kl_sum]
     names += ["ratio_mean", "approx_kl"]
     if objective_spec(objective).uses_reference:
-        # r_mix lies between 1 and r, so "r_mix inside the clip range while r is clipped" is
-        # "the plain ratio's clip binds" minus "the mixed ratio's clip binds" (same bounds,
-        # the latter already counted above). Multiplying by sign(A) turns both sides into one
-        # comparison: A > 0 binds at r > hi, A < 0 at −r > −lo (and at r > c with a dual clip).
-        sign = torch.sign(b.adv)
-        threshold = torch.where(pos, s.hi, torch.where(neg, -s.lo, s.lo.new_tensor(math.inf)))
-        plain_binds = _count((plain * sign) > threshold, pos | neg, pos_tok | neg_tok, b)
-        if b.dual_clip is not None:
-            plain_binds = plain_binds + _count(plain > s.hi, neg, neg_tok, b)
-        counts += [torch.dot(ratio.flatten(), flat_mask), plain_binds - counts[0] - counts[1] - counts[2]]
-        names += ["mix_ratio_mean", "widened_frac"]
+        counts.append(torch.dot(ratio.flatten(), flat_mask))
+        names.append("mix_ratio_mean")
+    if s.ratio is s.plain_ratio:  # the plain ratio under the plain bounds: the same decisions
+        counts += [n.new_zeros(()), n.new_zeros(())]
+    else:
+        counts += list(_decided(b, s, plain, pos, neg, pos_tok | neg_tok))
+    names += ["widened_frac", "narrowed_frac"]
     values = (torch.stack([x.to(n.dtype) for x in counts]) / n).tolist()
     if not bool(b.n_valid.sum() > 0):  # every token masked: token means are undefined, not 0
         values = [math.nan] * len(values)

@@ -77,26 +77,29 @@ def group_rows(runs: pd.DataFrame, order: Sequence[str], baseline: str | None) -
     return pd.DataFrame(out)
 
 
-def display(table: pd.DataFrame, baseline: str | None) -> pd.DataFrame:
-    """The headline table as strings, for the terminal, Markdown and the HTML report."""
+def display(table: pd.DataFrame, baseline: str | None, unit: str = "step") -> pd.DataFrame:
+    """The headline table as strings, for the terminal, Markdown and the HTML report; ``unit`` names
+    what the steps count (step or rollout)."""
     def f(v, fmt="{:.3f}"):
         return "—" if v is None or (isinstance(v, float) and math.isnan(v)) else fmt.format(v)
 
     rows = []
     for r in table.to_dict("records"):
         rows.append({
-            "group": r["group"], "seeds": r["seeds"], "step 0": f(r["start"]),
-            "peak (step)": f"{f(r['peak'])} ({f(r['peak_step'], '{:.0f}')})", "final": f(r["final"]),
+            "group": r["group"], "seeds": r["seeds"], f"{unit} 0": f(r["start"]),
+            f"peak ({unit})": f"{f(r['peak'])} ({f(r['peak_step'], '{:.0f}')})", "final": f(r["final"]),
             "drop (SEs)": f"{f(r['drop'])} ({f(r['drop_se'], '{:.1f}')})",
-            "collapsed (step)": f"{r['collapsed']} ({f(r['collapse_step'], '{:.0f}')})",
+            f"collapsed ({unit})": f"{r['collapsed']} ({f(r['collapse_step'], '{:.0f}')})",
             "train reward": f"{f(r['train_start'], '{:.2f}')} → {f(r['train_end'], '{:.2f}')}",
             f"P(final > {baseline or 'baseline'})": "—" if r["group"] == baseline else f(r["poi_final"], "{:.2f}"),
         })
     return pd.DataFrame(rows)
 
 
-def verdict(table: pd.DataFrame, baseline: str | None, names: dict[str, str] | None = None) -> list[str]:
-    """Plain sentences: the baseline's rise and fall, then each other group against it."""
+def verdict(table: pd.DataFrame, baseline: str | None, names: dict[str, str] | None = None,
+            unit: str = "step") -> list[str]:
+    """Plain sentences: the baseline's rise and fall, then each other group against it; ``unit``
+    names what the steps count (step or rollout)."""
     names = names or {}
 
     def name(g):
@@ -108,7 +111,7 @@ def verdict(table: pd.DataFrame, baseline: str | None, names: dict[str, str] | N
     if baseline in rows:
         b = rows[baseline]
         rose = b["peak"] - b["start"]
-        shape = (f"rose from {b['start']:.3f} at step 0 to a peak of {b['peak']:.3f} (median step "
+        shape = (f"rose from {b['start']:.3f} at {unit} 0 to a peak of {b['peak']:.3f} (median {unit} "
                  f"{b['peak_step']:.0f})" if rose > 0 else f"did not rise above its start ({b['start']:.3f})")
         lines.append(
             f"{name(baseline)}: held-out accuracy {shape}, then ended at {b['final']:.3f}: a drop of "

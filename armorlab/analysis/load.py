@@ -457,20 +457,49 @@ class RunSet:
         return out
 
 
+# a sweep dir's manifest (the run-dir contract in docs/design; written by armorlab.sweeps.manifest)
+MANIFEST = "sweep.json"
+
+
+def in_stages(run_dirs: Iterable[RunDir], stages: Iterable[str]) -> list[RunDir]:
+    """The runs that their sweep's manifest (``sweep.json``, its ``stages`` map: run id → stage)
+    puts in one of ``stages``; a run of a sweep without stages is in none."""
+    wanted, maps = set(stages), {}
+    out = []
+    for rd in run_dirs:
+        sweep = rd.path.parent
+        if sweep not in maps:
+            try:
+                maps[sweep] = dict(json.loads((sweep / MANIFEST).read_text(encoding="utf-8")).get("stages") or {})
+            except (OSError, ValueError, AttributeError):
+                maps[sweep] = {}
+        if maps[sweep].get(rd.id) in wanted:
+            out.append(rd)
+    return out
+
+
 def load(paths: Iterable[str | os.PathLike], *, cache: bool = True,
          progress: Callable[[int, int], None] | None = None, format: str | None = None,
-         mapping: str | os.PathLike | importers.RunsMap | None = None, val_n: int | None = None) -> RunSet:
+         mapping: str | os.PathLike | importers.RunsMap | None = None, val_n: int | None = None,
+         stages: Iterable[str] | None = None) -> RunSet:
     """Load runs into a RunSet: armorlab run dirs, sweep dirs, roots of sweeps, and the runs other
     libraries logged (TRL output dirs, W&B run folders, TensorBoard logs, verl JSONL, trackio DBs;
     armorlab.analysis.importers), or globs of those. ``format`` reads every path as that format;
     ``mapping`` (a runs.yaml) gives imported runs their group, seed and val_n, and its paths are
     loaded when ``paths`` is empty; ``val_n`` is val/n for imported runs that log val/acc without it.
+    With ``stages``, only the armorlab runs of those stages of their sweeps (``in_stages``).
 
     ``progress(done, total)`` is called as runs are parsed. No run found is an ArmorLabError.
     """
     paths = list(paths)
     runs_map = importers.load_mapping(mapping) if isinstance(mapping, (str, os.PathLike)) else mapping
     plan = importers.plan(paths, format=format, mapping=runs_map)
+    if stages is not None:
+        stages = list(stages)
+        plan.native = in_stages(plan.native, stages)
+        if not plan.native and not plan.sources:
+            raise ArmorLabError(f"no run of stage(s) {', '.join(stages)} found (a sweep's sweep.json lists its "
+                                f"runs' stages)", key="stages", value=stages)
     if not plan.native and not plan.sources:
         raise ArmorLabError("no run directories found (nor TRL, W&B, TensorBoard, verl or trackio runs)",
                             key="runs", value=[str(p) for p in paths])

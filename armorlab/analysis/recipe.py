@@ -3,6 +3,7 @@
 ```yaml
 title: ARMOR vs DAPO                    # optional; default: the file name
 runs: [runs/armor_alpha, runs/dapo_*]   # run dirs, sweep dirs or globs (relative to the cwd)
+stages: [continue]                      # only the runs of these stages (sweep.json); default: all
 group_by: [objective, alpha]            # config keys (dotted ok); default: the keys that tell runs apart
 curves: [val/acc, train/reward, kl/forward_k3, kl/reverse_k3, cap/pos_mean, train/entropy]
 select: {metric: val/acc, mode: max, report: test/acc}   # (R1) best on val, reported on test
@@ -44,7 +45,7 @@ DEFAULT_CURVES = ("val/acc", "train/reward", "kl/reverse_k3", "kl/forward_k3", "
                   "anchor/gate_keep_success", "obj/beta_kl")
 DEFAULT_KL = ("kl/reverse_k3", "kl/forward_k3", "kl/exact_reverse", "kl/exact_forward")
 SEED_KEYS = ("seed",)
-KEYS = ("title", "runs", "group_by", "curves", "select", "matched_steps", "scores", "compare",
+KEYS = ("title", "runs", "stages", "group_by", "curves", "select", "matched_steps", "scores", "compare",
         "collapse", "kl", "out", "x", "format", "runs_map", "val_n")
 X_AXES = ("step", "rollout")  # the counters a metrics line carries (armorlab.core.schedule)
 
@@ -96,6 +97,7 @@ class Recipe:
     kl: list[str] = field(default_factory=lambda: list(DEFAULT_KL))
     out: str | None = None
     x: str = "step"
+    stages: list[str] | None = None  # only the runs of these stages of their sweeps (sweep.json)
     format: str | None = None        # imported runs (armorlab.analysis.importers): read every path as this
     runs_map: str | None = None      # runs.yaml: imported runs' group, seed, val_n
     val_n: int | None = None         # val/n of imported runs that log val/acc without it
@@ -220,6 +222,8 @@ def parse_recipe(raw: Mapping[str, Any], *, file: str | None = None, name: str |
         if not isinstance(raw["out"], str) or not raw["out"]:
             raise _err("must be a directory path", "out", raw["out"], file)
         r.out = raw["out"]
+    if raw.get("stages") is not None:
+        r.stages = _str_list(raw["stages"], "stages", file)
     if raw.get("format") is not None:
         if raw["format"] not in importers.FORMATS:
             raise _err(f"must be one of {', '.join(importers.FORMATS)}", "format", raw["format"], file)

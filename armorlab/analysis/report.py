@@ -10,6 +10,7 @@ Output directory layout::
     tables/verdicts.{csv,md,tex}      better / worse / equivalent / not resolved per arm (first on the page;
                                       a sweep run until resolved: its looks.json's, analysis/looks_report.py)
     tables/configs.csv                config keys that differ between groups
+    tables/mechanisms.{csv,md}        whether each remedy's mechanism acted (armorlab.analysis.mechanisms)
     recipe.yaml               the recipe as resolved (group keys, matched steps, scores)
 
 Extra sections: the caller may add its own (``extra_sections``); the report command adds the
@@ -34,6 +35,7 @@ from armorlab.analysis import (
     collapse,
     freshness,
     looks_report,
+    mechanisms,
     panels,
     plots,
     select,
@@ -279,7 +281,7 @@ def _build_report(recipe: Recipe, out: Path, *, cache: bool, progress: Callable[
     key = freshness.input_key(recipe, out)  # before reading: a run growing meanwhile makes it stale
     freshness.forget(out)
     rs = load(recipe.runs, cache=cache, progress=progress, format=recipe.format, mapping=recipe.runs_map,
-              val_n=recipe.val_n)
+              val_n=recipe.val_n, stages=recipe.stages)
     rs.counter = recipe.x  # steps in optimizer steps or rollouts, everywhere below
     notes = G.Notes(list(rs.warnings))
     _state_notes(rs, notes)
@@ -458,6 +460,11 @@ def _build_report(recipe: Recipe, out: Path, *, cache: bool, progress: Callable[
     anchors = _anchor_table(rs, groups)
     if anchors is not None:
         written += tables.write_table(anchors, tdir / "anchors", formats=("csv", "md"))
+    acted = mechanisms.mechanism_table(rs, groups)
+    if acted is not None:
+        written += tables.write_table(acted[0], tdir / "mechanisms", formats=("md",),
+                                      caption="did each mechanism act? mean [95% CI] over seeds")
+        written += tables.write_table(acted[1], tdir / "mechanisms", formats=("csv",))
 
     atomic_write_yaml(out / "recipe.yaml", durable=False, obj={
         "title": recipe.title, "runs": list(recipe.runs), "group_by": list(keys), "curves": curves,
@@ -474,6 +481,9 @@ def _build_report(recipe: Recipe, out: Path, *, cache: bool, progress: Callable[
     sections = _sections(recipe, out, figs, page.tables(group_display), page.tables(headline),
                          page.pairs(poi_display), page.column(diff), page.column(per_run), matched,
                          page.tables(token_display), page.column(anchors))
+    if acted is not None:  # right after the results: whether a remedy acted, beside whether it held
+        sections.insert(1, Section("Mechanisms: did each remedy act?", intro=mechanisms.INTRO,
+                                   tables=[("", page.column(acted[0]))]))
     first = lead(per_run, rs, out) if lead is not None else None
     if first is not None:
         sections.insert(0, first)

@@ -1,13 +1,18 @@
 """`armorlab demo`: the validation-collapse ablation on embedded defaults, then its report.
 
 The spec ships with the package (armorlab/demo.yaml), so the demo runs from any install: local
-executor, the tiny warm-started model, the synthetic arithmetic task, CPU, offline. While it
-trains, a live table shows every run's step and held-out accuracy. Running it again resumes:
-completed runs are kept, interrupted ones continue from their checkpoints, and the report is
-rendered again. The report and the printed headline open with the verdicts
-(armorlab.analysis.verdicts: each remedy better, worse, equivalent or not resolved against DAPO,
-with the seeds that would resolve it), then the headline (armorlab.analysis.headline): DAPO's
-rise and fall in standard errors, and each remedy against DAPO, stated in plain sentences.
+executor, the tiny warm-started model, the synthetic scratchpad task, CPU, offline. It follows the
+ARMOR paper's continual protocol in two stages: one DAPO run from the warm start (stage ``dapo``)
+selects its validation peak (selected.json), and every arm of stage ``continue`` — DAPO, DAPO + KL,
+UP, ARMOR and the gate-only control, three seeds each — starts from that checkpoint with π_ref =
+that checkpoint. While it trains, a live table shows every run's stage, rollout and held-out
+accuracy. Running it again resumes: completed runs are kept, interrupted ones continue from their
+checkpoints, and the report is rendered again. The report (of the continuing arms) and the printed
+headline open with the verdicts (armorlab.analysis.verdicts: each remedy better, worse, equivalent
+or not resolved against continued DAPO, with the seeds that would resolve it), then the headline
+(armorlab.analysis.headline): stage 1's rise to the selected peak, DAPO's fall from it in standard
+errors, and each remedy against DAPO, in plain sentences; then whether each remedy's mechanism
+acted (armorlab.analysis.mechanisms).
 """
 
 from __future__ import annotations
@@ -25,15 +30,21 @@ EFFECTIVE_SPEC = "demo-spec.yaml"
 GROUP_BY = ["objective", "beta", "anchor_gate"]
 BASELINE = {"objective": "dapo", "beta": 0.0, "anchor_gate": False}
 HEADLINE_FILE = "headline"
+FIRST_STAGE = "dapo"  # the spec's stage 1: one DAPO run whose selected checkpoint every arm continues from
 
 
 def effective_spec(root: Path, overrides: list[str]) -> Path:
-    """The packaged spec with ``--set`` overrides merged into its base, written to ROOT/demo-spec.yaml."""
+    """The packaged spec with ``--set`` overrides merged into its base and every stage's base (an
+    override wins over what a stage sets), written to ROOT/demo-spec.yaml."""
     from armorlab.core.config import deep_merge, load_yaml_mapping, parse_overrides
     from armorlab.core.fsutil import atomic_write_yaml
 
     spec = load_yaml_mapping(DEMO_SPEC)
-    spec["base"] = deep_merge(spec["base"], parse_overrides(overrides))
+    over = parse_overrides(overrides)
+    spec["base"] = deep_merge(spec["base"], over)
+    for stage in spec.get("stages") or ():
+        if over and stage.get("base") is not None:
+            stage["base"] = deep_merge(stage["base"], over)
     path = root / EFFECTIVE_SPEC
     atomic_write_yaml(path, spec)
     return path
@@ -52,18 +63,49 @@ def demo_name(cfg: Any) -> str:
 
 
 def demo_recipe(run_dirs: list[Path]):
-    """The five objectives over seeds: selected on val and reported on test, P(X > DAPO)."""
+    """The five arms continuing from stage 1 over seeds, in rollouts: selected on val and reported on
+    test, verdicts and P(X > DAPO)."""
     from armorlab.analysis.recipe import parse_recipe
 
     return parse_recipe({
-        "title": "armorlab demo: validation collapse on a fixed set of 64 prompts (tiny model)",
+        "title": "armorlab demo: validation collapse on a fixed set of 64 prompts (tiny model, scratchpad sums)",
         "runs": [str(p) for p in run_dirs],
         "group_by": GROUP_BY,
-        "curves": ["val/acc", "train/reward", "train/entropy", "kl/reverse_k3", "kl/exact_reverse",
-                   "anchor/rate", "anchor/gate_drop"],
+        "x": "rollout",
+        "curves": ["val/acc", "val/acc_greedy", "train/reward", "train/correct_distinct", "train/correct_entropy",
+                   "train/entropy", "kl/reverse_k3", "kl/exact_reverse", "obj/clip_frac", "obj/widened_frac",
+                   "obj/anchor_grad_share", "obj/kl_grad_share", "anchor/gate_drop", "train/grad_norm"],
         "select": {"metric": "val/acc", "mode": "max", "report": "test/acc"},
         "compare": {"baseline": BASELINE, "endpoints": ["final", "drop", "selected_test"]},
     }, name="demo")
+
+
+def stage_one_sentence(run_dirs: list[Path]) -> str | None:
+    """Stage 1 in words: where DAPO's held-out accuracy started, the peak it selected (selected.json)
+    and where it ended, in rollouts; None when no stage-1 run has metrics yet."""
+    import json
+
+    from armorlab.core.runs import RunDir
+
+    parts = []
+    for path in run_dirs:
+        rd = RunDir(path)
+        if not rd.metrics_path.exists():
+            continue
+        evals = [(row.get("rollout"), row["val/acc"]) for row in rd.read_metrics() if row.get("val/acc") is not None]
+        if not evals:
+            continue
+        text = f"stage 1 (DAPO from the warm start, seed {rd.read_config().get('seed')}): val/acc {evals[0][1]:.3f}"
+        selected = path / "selected.json"
+        if selected.is_file():
+            pick = json.loads(selected.read_text(encoding="utf-8"))
+            text += f" → selected peak level {pick['value']:.3f} at rollout {pick.get('rollout')}"
+        text += f" → {evals[-1][1]:.3f} at rollout {evals[-1][0]}"
+        parts.append(text)
+    if not parts:
+        return None
+    return "; ".join(parts) + (". Every arm below continues from the selected checkpoint, with π_ref = that "
+                               "checkpoint (rollout 0 of their curves).")
 
 
 def group_names(per_run, rs) -> dict[str, str]:
@@ -84,21 +126,25 @@ def headline_section(state: dict[str, Any]):
         runs = H.run_rows(per_run, rs.curve)
         by_run = rs.runs.set_index("run_id")
         names = group_names(per_run, rs)
+        state["names"] = names
         baseline = None
         for g in names:
             cfg = by_run.loc[per_run.loc[per_run["group"] == g, "run_id"].iloc[0]]
             if all(fmt_value(cfg.get(k)) == fmt_value(v) for k, v in BASELINE.items()):
                 baseline = g
         table = H.group_rows(runs, list(names), baseline)
-        shown = H.display(table, baseline)
+        shown = H.display(table, baseline, unit=rs.counter)
         shown["group"] = shown["group"].map(names)
         shown = shown.rename(columns={f"P(final > {baseline})": f"P(final > {names.get(baseline, 'dapo')})"})
-        sentences = H.verdict(table, baseline, names)
+        sentences = H.verdict(table, baseline, names, unit=rs.counter)
+        if state.get("stage_one"):
+            sentences.insert(0, state["stage_one"])
         tables.write_table(shown, out / "tables" / HEADLINE_FILE.replace("headline", "demo_headline"),
                            formats=("md", "csv"), caption="demo headline: means over seeds")
         runs.to_csv(out / "tables" / "demo_runs.csv", index=False)
         state.update(table=shown, sentences=sentences, runs=runs)
-        intro = ("<p>Held-out greedy accuracy (<code>val/acc</code>) of each objective: where it starts, "
+        intro = ("<p>Held-out accuracy (<code>val/acc</code>, one sample per prompt at temperature 1) of each "
+                 "arm continuing from stage 1's selected checkpoint: where it starts (that checkpoint), "
                  "its peak and where it ends (levels: means of 3 evals), and the drop from the peak in standard "
                  "errors of the eval noise (binomial, from <code>val/n</code>); collapsed: seeds whose fall the "
                  "noise cannot explain (see Results per group). P(final &gt; dapo): the chance that a seed of "
@@ -109,33 +155,40 @@ def headline_section(state: dict[str, Any]):
     return lead
 
 
+def _progress(r, rows: list[dict]) -> str:
+    """``rollout/max_rollouts`` (or ``step/max_steps`` for a run counted in optimizer steps)."""
+    last = rows[-1] if rows else {}
+    if r.config.get("max_rollouts"):
+        return f"{last.get('rollout', 0)}/{r.config['max_rollouts']}"
+    return f"{last.get('step', 0)}/{r.config['max_steps']}"
+
+
 def _live_table(plan, root: Path):
-    """A rich renderable: one row per run with its step, last and best held-out accuracy."""
+    """A rich renderable: one row per run with its stage, progress, last and best held-out accuracy."""
     from rich.table import Table
 
     from armorlab.core.runs import RunDir
 
     def render():
         t = Table(title=f"armorlab demo — {len(plan.runs)} runs in {root / plan.spec.name}", expand=False)
-        for col in ("run", "objective", "seed", "state", "step", "val/acc now", "peak", "train reward"):
-            t.add_column(col, justify="right" if col not in ("run", "objective", "state") else "left")
+        for col in ("run", "stage", "arm", "seed", "state", "rollout", "val/acc now", "peak", "train reward"):
+            t.add_column(col, justify="right" if col not in ("run", "stage", "arm", "state") else "left")
         for r in plan.runs:
             rd = RunDir(plan.sweep_dir / r.run_id)
             state = rd.read_status()["state"] if rd.status_path.exists() else "pending"
-            step, val, peak, reward = "", "", "", ""
+            progress, val, peak, reward = "", "", "", ""
             if rd.metrics_path.exists():
                 rows = rd.read_metrics()
                 vals = [x["val/acc"] for x in rows if x.get("val/acc") is not None]
                 rewards = [x["train/reward"] for x in rows if x.get("train/reward") is not None]
-                if rows:
-                    step = f"{rows[-1].get('step', 0)}/{r.config['max_steps']}"
+                progress = _progress(r, rows)
                 if vals:
                     val, peak = f"{vals[-1]:.3f}", f"{max(vals):.3f}"
                 if rewards:
                     reward = f"{sum(rewards[-10:]) / len(rewards[-10:]):.2f}"
             color = {"completed": "green", "failed": "red", "running": "yellow"}.get(state, "dim")
-            t.add_row(r.run_id, demo_name(r.config), str(r.config.get("seed")), f"[{color}]{state}[/]", step,
-                      val, peak, reward)
+            t.add_row(r.run_id, r.stage or "", demo_name(r.config), str(r.config.get("seed")),
+                      f"[{color}]{state}[/]", progress, val, peak, reward)
         return t
 
     return render
@@ -206,7 +259,7 @@ def print_headline(state: dict[str, Any], verdicts: list[str] | tuple[str, ...] 
     table = state.get("table")
     if table is None:
         return
-    t = Table(title="headline (means over seeds; val/acc = greedy accuracy on held-out prompts)")
+    t = Table(title="headline (means over seeds; val/acc = accuracy of one sample per held-out prompt, T = 1)")
     for col in table.columns:
         t.add_column(str(col))
     for row in table.itertuples(index=False):
@@ -216,6 +269,47 @@ def print_headline(state: dict[str, Any], verdicts: list[str] | tuple[str, ...] 
         console.print(s, highlight=False)
 
 
+MECHANISM_COLUMNS = {  # tables/mechanisms.csv column → the terminal's short header
+    "obj/clip_frac": "clipped", "obj/widened_frac": "widened", "obj/narrowed_frac": "narrowed",
+    "anchor/gate_drop": "gate drop", "obj/anchor_grad_share": "anchor grad", "obj/kl_grad_share": "KL grad",
+    "obj/kl_grad_cos": "cos(KL, pg)", "grad_clipped": "grad clipped",
+}
+
+
+def print_mechanisms(out: Path, names: dict[str, str]) -> None:
+    """Whether each remedy's mechanism acted (the report's tables/mechanisms.csv: means over seeds of
+    each run's mean over steps), one row per arm."""
+    import csv
+
+    from rich.console import Console
+    from rich.table import Table
+
+    path = out / "tables" / "mechanisms.csv"
+    if not path.is_file():
+        return
+    with path.open(encoding="utf-8") as fh:
+        rows = list(csv.DictReader(fh))
+    if not rows:
+        return
+    cols = [c for c in MECHANISM_COLUMNS if c in rows[0]]
+    t = Table(title="did each mechanism act? (share of tokens / steps; means over seeds and steps; docs/metrics.md)")
+    for col in ["arm", *(MECHANISM_COLUMNS[c] for c in cols), "distinct correct"]:
+        t.add_column(col)
+
+    def f(v: str | None) -> str:
+        try:
+            x = float(v) if v not in (None, "") else math.nan
+        except ValueError:
+            return str(v)
+        return "—" if math.isnan(x) else f"{x:.3f}"
+
+    for r in rows:
+        diversity = (f"{f(r.get('correct_distinct_start'))} → {f(r.get('correct_distinct_end'))}"
+                     if r.get("correct_distinct_start") else "—")
+        t.add_row(names.get(r["group"], r["group"]), *(f(r.get(c)) for c in cols), diversity)
+    Console(width=max(Console().width, 130)).print(t)
+
+
 def register(app: typer.Typer) -> None:
     @app.command("demo")
     def demo(
@@ -223,10 +317,11 @@ def register(app: typer.Typer) -> None:
         out: Path = typer.Option(Path("reports/demo"), "--out", help="Where the report is written."),
         workers: int = typer.Option(2, "--workers", "-w", help="Parallel trainings (they split the cores)."),
         set_: list[str] = typer.Option([], "--set", help="Override a base key of every run, e.g. "
-                                       "--set max_steps=30 (changes the run ids)."),
+                                       "--set max_rollouts=6 (changes the run ids)."),
     ) -> None:
-        """Run the validation-collapse demo (dapo, dapo + KL, up, armor, gate only × 3 seeds, tiny
-        model, CPU), then write its report and print the headline."""
+        """Run the validation-collapse demo (one DAPO run to its selected peak, then dapo, dapo + KL,
+        up, armor, gate only × 3 seeds continuing from it; tiny model, CPU), then write its report
+        and print the headline."""
         import time
 
         from armorlab.commands.report import write_report
@@ -235,10 +330,13 @@ def register(app: typer.Typer) -> None:
         started = time.perf_counter()
         plan = plan_sweep(effective_spec(root, set_), root=root, executor="local")
         failed = run_with_live_table(plan, workers, root)
-        state: dict[str, Any] = {}
-        summary = write_report(demo_recipe([plan.sweep_dir / r.run_id for r in plan.runs]), out,
-                               lead=headline_section(state), verdicts=False, names=group_names)
+        first = [plan.sweep_dir / r.run_id for r in plan.runs if r.stage == FIRST_STAGE]
+        arms = [plan.sweep_dir / r.run_id for r in plan.runs if r.stage != FIRST_STAGE]
+        state: dict[str, Any] = {"stage_one": stage_one_sentence(first)}
+        summary = write_report(demo_recipe(arms), out, lead=headline_section(state), verdicts=False,
+                               names=group_names)
         print_headline(state, summary.get("verdicts", ()))
+        print_mechanisms(out, state.get("names", {}))
         minutes = (time.perf_counter() - started) / 60
         typer.echo(f"demo finished in {minutes:.1f} min" if not math.isnan(minutes) else "demo finished")
         if failed:

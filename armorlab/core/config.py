@@ -43,7 +43,7 @@ from armorlab.core.yamlfile import UniqueKeyLoader, load_yaml_mapping  # noqa: F
 from armorlab.errors import ArmorLabError, combine
 
 ANCHOR_RATIOS = ("mixed", "behavior", "current")
-TASKS = ("arithmetic", "math")
+TASKS = ("arithmetic", "scratchpad", "math")
 REF_VLLM_MODES = ("none", "colocate", "server")
 REF_VLLM_DTYPES = ("auto", "bfloat16", "float16", "float32")
 
@@ -123,10 +123,14 @@ def _init_from(v: Any) -> dict[str, Any] | None:
     return {"run": run, "select": {"metric": metric, "mode": mode}}
 
 
-def _operators(v: Any) -> str:
-    if not isinstance(v, str) or not v or any(c not in "+-*" for c in v) or len(set(v)) != len(v):
-        raise Invalid("must be a non-empty string of distinct operators from '+-*'")
+def _operators(v: Any, allowed: str = "+-*") -> str:
+    if not isinstance(v, str) or not v or any(c not in allowed for c in v) or len(set(v)) != len(v):
+        raise Invalid(f"must be a non-empty string of distinct operators from '{allowed}'")
     return v
+
+
+def _sum_operators(v: Any) -> str:
+    return _operators(v, "+-")
 
 
 @dataclass(frozen=True)
@@ -183,6 +187,14 @@ FIELDS: dict[str, Field] = {
                               "(TRL's rotation alone)", type=int),
     "val_samples": Field(4, integer(1), "k of avg@k / pass@k", type=int),
     "val_temperature": Field(1.0, number(0.0), "sampling temperature for validation", type=float),
+    "val_greedy": Field(False, boolean, "also score one greedy completion per held-out prompt (val/acc_greedy, "
+                        "test/acc_greedy) beside val/acc's val_samples at val_temperature; inert at "
+                        "val_temperature 0, where val/acc is greedy", type=bool),
+    "grad_share_every": Field(10, integer(0), "every N optimizer steps, split the first micro-batch's gradient "
+                              "by part with extra backward passes: anchor vs on-policy rows "
+                              "(obj/anchor_grad_share) and the β·KL term vs the policy loss "
+                              "(obj/kl_grad_share, obj/kl_grad_cos); 0 = off; one process only",
+                              type=int),
     "kl_probe_prompts": Field(8, integer(0), "prompts in the exact-KL probe; 0 = off", type=int),
     "token_sample_rate": Field(0.0, number(0.0, 1.0), "share of tokens dumped to tokens/ parquet",
                                type=float),
@@ -229,7 +241,8 @@ REF_VLLM_KEYS = ("ref_vllm_mode", "ref_vllm_memory", "ref_vllm_dtype", "ref_vllm
 # nothing), so configs written before they existed keep their run ids (the resolved config of
 # `step_unit: optimizer` is the one without the key).
 DROPPED_AT_DEFAULT: dict[str, Any] = {"step_unit": "optimizer", "max_rollouts": None, "anchor_cache": None,
-                                      "keep_checkpoints": 1, "init_from": None,
+                                      "keep_checkpoints": 1, "init_from": None, "val_greedy": False,
+                                      "grad_share_every": 10,
                                       "ref_vllm_dtype": None, "ref_vllm_tensor_parallel_size": 1,
                                       "kl_telemetry": True, "ref_validate_resets": False}
 REF_VLLM_SERVER_KEYS = ("ref_vllm_server_host", "ref_vllm_server_port", "ref_vllm_server_base_url",
@@ -307,6 +320,16 @@ TASK_FIELDS: dict[str, dict[str, Field]] = {
         "digits": Field(2, integer(1, 6), "digits per operand (zero-padded)"),
         "operands": Field(2, integer(2, 4), "operands per problem"),
         "operators": Field("+", _operators, "operators drawn from '+-*'"),
+        "train_size": Field(256, optional(integer(1)), "fixed train prompts; null = fresh every time"),
+        "val_size": Field(64, integer(1), "held-out validation prompts"),
+        "test_size": Field(64, integer(1), "held-out test prompts"),
+        "split_seed": Field(0, integer(0), "seed of the train/val/test split (independent of `seed`)"),
+    },
+    # several correct derivations per prompt, checked step by step (armorlab/tasks/scratchpad.py)
+    "scratchpad": {
+        "digits": Field(2, integer(1, 6), "digits per operand (zero-padded in the prompt)"),
+        "operands": Field(3, integer(2, 6), "terms per problem: a derivation has operands − 1 steps"),
+        "operators": Field("+", _sum_operators, "operators drawn from '+-'"),
         "train_size": Field(256, optional(integer(1)), "fixed train prompts; null = fresh every time"),
         "val_size": Field(64, integer(1), "held-out validation prompts"),
         "test_size": Field(64, integer(1), "held-out test prompts"),
@@ -704,6 +727,8 @@ def _normalise_inert(cfg: dict[str, Any]) -> None:
     # the refill serves both filters; gate-only configs from before it did keep a null factor
     if not cfg["dynamic_sampling"] and (not cfg["anchor_gate"] or cfg["dynamic_sampling_factor"] == 1):
         cfg["dynamic_sampling_factor"] = None
+    if cfg["val_temperature"] == 0:  # val/acc is the greedy score already
+        cfg["val_greedy"] = False
     for key, default in DROPPED_AT_DEFAULT.items():
         if key in cfg and cfg[key] == default:
             del cfg[key]

@@ -1,7 +1,8 @@
 """Verifiable tasks: datasets with ``prompt``/``answer`` columns and TRL reward functions.
 
-``build_task(config["task"])`` → :class:`Task` (contract C2). Two tasks: ``arithmetic``
-(synthetic, exact match, see arithmetic.py) and ``math`` (the user's data and prompts, math-verify, see
+``build_task(config["task"])`` → :class:`Task` (contract C2). Three tasks: ``arithmetic``
+(synthetic, exact match, see arithmetic.py), ``scratchpad`` (synthetic sums written as a
+derivation whose every step is checked, several correct per prompt, see scratchpad.py) and ``math`` (the user's data and prompts, math-verify, see
 mathfile.py). Importing this package is cheap; ``datasets`` loads when a task is built.
 """
 
@@ -12,11 +13,12 @@ from typing import Any
 
 from armorlab.core.config import resolve
 from armorlab.errors import ArmorLabError
-from armorlab.tasks import arithmetic, mathfile
+from armorlab.tasks import arithmetic, mathfile, scratchpad
 from armorlab.tasks.base import Task
 from armorlab.tasks.rewards import exact_match_reward, math_verify_reward
+from armorlab.tasks.scratchpad import derivation_reward
 
-__all__ = ["Task", "build_task", "exact_match_reward", "math_verify_reward"]
+__all__ = ["Task", "build_task", "derivation_reward", "exact_match_reward", "math_verify_reward"]
 
 
 def build_task(task_cfg: Mapping[str, Any], *, chat: bool = False) -> Task:
@@ -33,6 +35,8 @@ def build_task(task_cfg: Mapping[str, Any], *, chat: bool = False) -> Task:
     name = task_cfg["name"]
     if name == "arithmetic":
         return arithmetic.build(task_cfg)
+    if name == "scratchpad":
+        return scratchpad.build(task_cfg)
     if name == "math":
         return mathfile.build(task_cfg, chat=chat)
     # config validation lists the same names; this guards a hand-built dict

@@ -28,11 +28,14 @@ class Task:
     reward_funcs: list[RewardFunc]
     # Prompts a supervised warm start may learn from: never overlaps val/test. For arithmetic it
     # is the whole non-held-out pool (independent of train_size, so every train_size shares one
-    # base model); for math it is the train split.
+    # base model); for math it is the train split. An optional ``target`` column gives the
+    # completion to learn per row (scratchpad: a mix of derivation styles), else
+    # ``target_completion(answer)``.
     warm_start: Dataset
     # answer -> the completion text (eos excluded) a correct policy would write.
     target_completion: Callable[[str], str]
-    # Characters of every correct completion when the task fixes them (arithmetic), else None.
+    # The most characters a correct completion can have, when the task bounds it (arithmetic: every
+    # correct completion has exactly this many; scratchpad: its longest derivation), else None.
     completion_chars: int | None = None
     settings: dict[str, Any] = field(default_factory=dict)
 

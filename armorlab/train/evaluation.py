@@ -11,6 +11,11 @@
   ``kl/forward_k*`` estimators are logged on the same sequence-sum scale, so the probe checks them.
 - ``val/n`` / ``test/n``: how many scored completions stand behind ``acc`` (prompts × k, summed
   over processes), so analysis knows the binomial noise of each eval.
+- ``val/acc_greedy`` (and ``val/n_greedy``) with ``val_greedy`` at a sampling ``val_temperature``: one
+  greedy completion per prompt besides the k samples, so greedy and sampled accuracy are both logged.
+- ``val/correct_distinct`` / ``val/correct_entropy`` with k > 1: among each prompt's correct
+  samples, how many differ and the entropy of their distribution (armorlab.algos.diversity), the
+  mean over prompts with a correct sample: mode collapse beside validation collapse.
 
 Sampling runs under a forked RNG seeded by (seed, step): validation is reproducible and never
 moves the training RNG, so ``val_every`` cannot change a run's training trajectory.
@@ -33,6 +38,7 @@ from typing import Any
 
 import torch
 
+from armorlab.algos.diversity import correct_diversity
 from armorlab.train.anchors import Completion, Sync, TransformersSampler, pack_rows
 from armorlab.train.telemetry import StepStats, logits_kl
 
@@ -94,10 +100,12 @@ class Validator:
     """Computes val/*, test/* and the exact-KL probe for an ArmorLabTrainer."""
 
     def __init__(self, trainer: Any, splits: dict[str, Any], *, k: int, temperature: float,
-                 threshold: float, probe_prompts: int, score: Callable[..., list[float]]) -> None:
+                 threshold: float, probe_prompts: int, score: Callable[..., list[float]],
+                 greedy: bool = False) -> None:
         self.trainer = trainer
         self.splits = {name: ds for name, ds in splits.items() if ds is not None and len(ds) > 0}
         self.k, self.temperature, self.threshold = int(k), float(temperature), float(threshold)
+        self.greedy = bool(greedy) and self.temperature > 0  # at temperature 0, acc is greedy already
         self.probe_prompts = int(probe_prompts)
         self.score = score  # score(prompts, completions, completion_ids, rows) -> rewards
 
@@ -164,13 +172,15 @@ class Validator:
         return TransformersSampler(model, tr._tokenizer, cfg, tr.eos_token_ids,
                                    batch_size=tr.args.per_device_eval_batch_size, sync=tr.collective_sync)
 
-    def _samples(self, model: Any, prompt_ids: list[list[int]], temperature: float) -> list[list[Completion]]:
-        """k samples per prompt: from the policy's vLLM engine when the trainer has one (and
-        ``model`` is the policy), else ``generate`` in chunks."""
+    def _samples(self, model: Any, prompt_ids: list[list[int]], temperature: float,
+                 k: int | None = None) -> list[list[Completion]]:
+        """k (default: val_samples) samples per prompt: from the policy's vLLM engine when the
+        trainer has one (and ``model`` is the policy), else ``generate`` in chunks."""
         tr = self.trainer
+        k = self.k if k is None else k
         if getattr(tr, "use_vllm", False) and model is not tr.ref_model:
-            return vllm_samples(tr, prompt_ids, self.k, temperature)
-        return self._sampler(model, temperature).sample(prompt_ids, self.k)
+            return vllm_samples(tr, prompt_ids, k, temperature)
+        return self._sampler(model, temperature).sample(prompt_ids, k)
 
     def _split(self, stats: StepStats, name: str, ds: Any, rank: int, world: int, policy: Any) -> None:
         rows = [ds[i] for i in range(rank, len(ds), world)]
@@ -178,15 +188,32 @@ class Validator:
         prompt_ids = self.trainer._tokenize_prompts(prompts)[0] if prompts else []
         # every process samples (also with no rows): the generation may be a collective
         samples = self._samples(policy, prompt_ids, self.temperature)
+        firsts = self._samples(policy, prompt_ids, 0.0, k=1) if self.greedy else None
+        # every process adds the same names in the same order (one collective reduces them), with
+        # zero counts where it holds no prompt
+        parts = {"acc": (0.0, 0.0), "pass@k": (0.0, 0.0), "length": (0.0, 0.0)}
+        greedy = diversity = (0.0, 0.0, 0.0)
         if rows:
-            rewards = [self.score([p] * len(s), [c.text for c in s], [list(c.ids) for c in s], [r] * len(s))
-                       for p, s, r in zip(prompts, samples, rows, strict=True)]
+            rewards = self._rewards(prompts, samples, rows)
             parts = score_split(samples, rewards, self.threshold)
-        else:
-            parts = {"acc": (0.0, 0.0), "pass@k": (0.0, 0.0), "length": (0.0, 0.0)}
+            diversity = correct_diversity([[(tuple(c.ids), x >= self.threshold) for c, x in zip(s, r, strict=True)]
+                                           for s, r in zip(samples, rewards, strict=True)])
+            if firsts is not None:
+                first_rewards = self._rewards(prompts, firsts, rows)
+                greedy = (float(sum(r[0] for r in first_rewards)), float(len(first_rewards)), 0.0)
         for key, (total, count) in parts.items():
             stats.add(f"{name}/{key}", total, count)
         stats.total(f"{name}/n", parts["acc"][1])
+        if self.k > 1:
+            stats.add(f"{name}/correct_distinct", diversity[0], diversity[2])
+            stats.add(f"{name}/correct_entropy", diversity[1], diversity[2])
+        if self.greedy:
+            stats.add(f"{name}/acc_greedy", greedy[0], greedy[1])
+            stats.total(f"{name}/n_greedy", greedy[1])
+
+    def _rewards(self, prompts: list, samples: Sequence[Sequence[Completion]], rows: list) -> list[list[float]]:
+        return [self.score([p] * len(s), [c.text for c in s], [list(c.ids) for c in s], [r] * len(s))
+                for p, s, r in zip(prompts, samples, rows, strict=True)]
 
     def _probe(self, stats: StepStats, ds: Any, rank: int, world: int, policy: Any) -> None:
         """Exact KL on the HF models (it needs their full logits), every process the same number

@@ -79,7 +79,7 @@ def warm_start_settings(task_cfg: Mapping[str, Any]) -> dict[str, Any]:
     model. Math warms up on its train split, keyed by the file's content rather than its path.
     """
     cfg = dict(task_cfg)
-    if cfg["name"] == "arithmetic":
+    if cfg["name"] in ("arithmetic", "scratchpad"):
         from armorlab.tasks.arithmetic import warm_start_offset
 
         cfg["warm_start_offset"] = warm_start_offset(cfg)
@@ -146,16 +146,18 @@ def build_model(model_cfg: Mapping[str, Any], tokenizer: PreTrainedTokenizerFast
 
 # --------------------------------------------------------------------------- warm start
 def _examples(task: Task, tokenizer: PreTrainedTokenizerFast, prompts: list[str],
-              answers: list[str]) -> tuple[Any, Any]:
+              answers: list[str], targets: list[str] | None = None) -> tuple[Any, Any]:
     """Teacher-forcing tensors: ids (right-padded) and labels.
 
+    ``targets``: the completion text of each row (default: ``task.target_completion(answer)``).
     Labels are −100 on the prompt (incl. ``<s>``) and padding, so the loss covers the answer and
     its eos only.
     """
     import torch
 
     prompt_ids = tokenizer(prompts)["input_ids"]
-    targets = tokenizer([task.target_completion(a) for a in answers], add_special_tokens=False)["input_ids"]
+    texts = targets if targets is not None else [task.target_completion(a) for a in answers]
+    targets = tokenizer(texts, add_special_tokens=False)["input_ids"]
     seqs = [(p + t + [tokenizer.eos_token_id])[:MAX_POSITIONS] for p, t in zip(prompt_ids, targets, strict=True)]
     width = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), width), tokenizer.pad_token_id, dtype=torch.long)
@@ -204,14 +206,17 @@ def warm_start(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, task:
     import torch
 
     prompts, answers = list(task.warm_start["prompt"]), list(task.warm_start["answer"])
+    # a task may give each row its own completion (scratchpad: a mix of derivation styles)
+    targets = list(task.warm_start["target"]) if "target" in task.warm_start.column_names else None
     dev_n = WS_DEV if target is not None and len(prompts) >= 2 * WS_DEV else 0
     dev = (prompts[len(prompts) - dev_n:], answers[len(answers) - dev_n:])
     if dev_n:
         prompts, answers = prompts[:-dev_n], answers[:-dev_n]
+        targets = targets[:-dev_n] if targets is not None else None
     result: dict[str, Any] = {"steps": 0, "loss": None, "dev_acc": None, "dev_prompts": dev_n}
     if max_steps == 0:
         return result
-    ids, labels = _examples(task, tokenizer, prompts, answers)
+    ids, labels = _examples(task, tokenizer, prompts, answers, targets)
     attention = (ids != tokenizer.pad_token_id).long()
     gen = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=WS_LR, weight_decay=0.0)

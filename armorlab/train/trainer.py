@@ -53,6 +53,7 @@ from armorlab.algos.advantages import group_advantages
 from armorlab.algos.loss import (
     AGGREGATION_UNIT,
     LossOutput,
+    aggregate,
     capacity_summary,
     policy_loss,
     probability_capacity,
@@ -65,6 +66,7 @@ from armorlab.errors import ArmorLabError
 from armorlab.train import anchors as anc
 from armorlab.train.evaluation import Validator
 from armorlab.train.hooks import ArmorLabCallback, EpochSeededRepeatSampler, policy_server_client
+from armorlab.train.mechanisms import gradient_shares, rollout_diversity
 from armorlab.train.reference import (
     ReferencePolicy,
     build_reference_model,
@@ -183,7 +185,8 @@ class ArmorLabTrainer(GRPOTrainer):
                 sync=self.max_over_processes if collective else None)
         self._anchor_thread = None  # anchors drawn beside the policy's generation (a server sampler)
         self.validator = Validator(self, {"val": val_dataset, "test": test_dataset}, k=args.val_samples,
-                                   temperature=args.val_temperature, threshold=args.anchor_reward_threshold,
+                                   temperature=args.val_temperature, greedy=args.val_greedy,
+                                   threshold=args.anchor_reward_threshold,
                                    probe_prompts=args.kl_probe_prompts, score=self._reward_values)
         self.token_dump = TokenDump(tokens_dir or Path(args.output_dir) / "tokens", args.token_sample_rate,
                                     seed=args.seed, process_index=self.accelerator.process_index)
@@ -414,6 +417,7 @@ class ArmorLabTrainer(GRPOTrainer):
             adv = group_advantages(self._rewards_gathered.float().cpu(), self.num_generations,
                                    estimator="quantile", quantile_k=self.args.quantile_k, scale=self.scale_rewards)
             output["advantages"] = adv[start:start + n].to(device=device, dtype=output["advantages"].dtype)
+        self._diversity(output, start, n)
         output["armorlab_length"] = marks["lengths"].to(device)
         output["armorlab_truncated"] = marks["truncated"].to(device)
         output["armorlab_is_anchor"] = marks["is_anchor"].to(device)
@@ -480,6 +484,17 @@ class ArmorLabTrainer(GRPOTrainer):
             totals = self.accelerator.reduce(totals, reduction="sum")
         output["armorlab_gen_tokens"], output["armorlab_gen_rows"] = totals.unbind(0)
         return output
+
+    def _diversity(self, output: dict, start: int, n: int) -> None:
+        """``train/correct_distinct`` and ``train/correct_entropy`` of this process's whole groups
+        (``mechanisms.rollout_diversity``), as per-generation (total, count)."""
+        totals = rollout_diversity(output["completion_ids"].tolist(), output["completion_mask"].sum(1).long().tolist(),
+                                   self._rewards_gathered[start:start + n].tolist(), start, self.num_generations,
+                                   self.args.anchor_reward_threshold)
+        device = self.accelerator.device
+        for name, total in (("train/correct_distinct", totals[0]), ("train/correct_entropy", totals[1])):
+            output[f"{GENERATION_STAT}{name}:total"] = torch.tensor(total, device=device)
+            output[f"{GENERATION_STAT}{name}:count"] = torch.tensor(totals[2], device=device)
 
     @torch.no_grad()
     def _forward_kl(self, rows: list) -> dict[str, tuple[Any, Any]]:
@@ -567,6 +582,7 @@ class ArmorLabTrainer(GRPOTrainer):
         # the step's aggregate (TRL averages the micro-steps, StepStats the processes).
         to_sum = float(self.accelerator.num_processes) if training else 1.0
         to_aggregate = to_sum * (self.current_gradient_accumulation_steps if training else 1.0)
+        beta_kl = None
         if self.beta != 0.0:
             per_token_kl = kl.estimator(args.kl_estimator or "k3")(ref - logp)  # samples of π_θ: reverse
             if args.use_bias_correction_kl:  # as TRL: π_old's samples reweighted to π_θ by the plain ratio
@@ -574,6 +590,9 @@ class ArmorLabTrainer(GRPOTrainer):
             beta_kl = (per_token_kl * mask).sum() / (mask.sum().clamp(min=1.0) if tokens_norm is None else tokens_norm)
             loss = loss + self.beta * beta_kl
             stats.mean("obj/beta_kl", beta_kl * to_aggregate)
+        if training and self._grad_share_due():
+            self._grad_shares(stats, model, out, mask, is_anchor, aggregation, normalizer,
+                              None if beta_kl is None else self.beta * beta_kl)
         loss = loss * to_sum
         if aux_loss is not None:  # a mean per micro-batch, averaged over them all
             loss = loss + self.router_aux_loss_coef * aux_loss / (
@@ -586,6 +605,30 @@ class ArmorLabTrainer(GRPOTrainer):
                                            adv=adv, mask=mask, token_mask=token_mask, entropy=entropy,
                                            is_anchor=is_anchor, alpha=alpha))
         return loss
+
+    def _grad_share_due(self) -> bool:
+        """The gradient-share probe runs on the first micro-batch of every ``grad_share_every``-th
+        optimizer step, in a single plain process: autograd.grad beside DDP's, FSDP's or DeepSpeed's
+        hooks, or through reentrant checkpointing, is not supported there."""
+        every = self.args.grad_share_every
+        return bool(every) and (self.state.global_step + 1) % every == 0 \
+            and self._step % self.current_gradient_accumulation_steps == 0 \
+            and self.accelerator.num_processes == 1 and not self.is_deepspeed_enabled \
+            and not self.is_fsdp_enabled and not self.args.gradient_checkpointing
+
+    def _grad_shares(self, stats: StepStats, model: nn.Module, out: LossOutput, mask: torch.Tensor,
+                     is_anchor: torch.Tensor, aggregation: str, normalizer: Any, kl_term: torch.Tensor | None) -> None:
+        """``mechanisms.gradient_shares`` of this micro-batch. The aggregate is linear in the per-token
+        loss, so the anchor rows' part of the loss is the aggregate of their tokens under the same
+        denominator (the whole mask's count, or the generation batch's normaliser)."""
+        rows = is_anchor.to(out.per_token.dtype).unsqueeze(1)
+        anchor_loss = None
+        if bool((mask * rows).sum() > 0):
+            anchor_loss = aggregate(out.per_token * rows, (mask != 0).to(out.per_token.dtype), aggregation,
+                                    self.max_completion_length, normalizer)
+        params = [p for p in model.parameters() if p.requires_grad]
+        for name, value in gradient_shares(params, out.loss, anchor_loss, kl_term).items():
+            stats.mean(name, value)
 
     def _loss_normalizers(self, inputs: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """(tokens, non-empty rows) that one optimiser step's loss is divided by: the counts of the

@@ -1,0 +1,114 @@
+"""Did each remedy's mechanism act? One row per group: how often each mechanism decided something,
+from the per-step telemetry (docs/metrics.md), so that "no arm differs from DAPO" can be read
+against "and its mechanism did (not) act".
+
+Each cell is the mean over seeds of each run's mean over its logged steps (with its 95% CI), except
+``grad clipped`` (the share of a run's optimizer steps whose gradient norm before clipping exceeded
+``max_grad_norm``: where it is 1, Adam and the clip fix every step's size) and the diversity of
+correct samples at the start and the end of a run (mode collapse).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from armorlab.analysis import groups as G
+from armorlab.analysis import stats, tables
+from armorlab.analysis.load import RunSet
+
+# metric → column label; every one a per-step share or cosine (docs/metrics.md)
+MEAN_OVER_STEPS = {
+    "obj/clip_frac": "clipped",
+    "obj/widened_frac": "widened",
+    "obj/narrowed_frac": "narrowed",
+    "anchor/gate_drop": "gate drop",
+    "anchor/rate": "anchor rate",
+    "obj/anchor_grad_share": "anchor grad share",
+    "obj/kl_grad_share": "KL grad share",
+    "obj/kl_grad_cos": "cos(KL, policy grad)",
+}
+GRAD_CLIPPED = "grad clipped"
+DIVERSITY = "train/correct_distinct"
+DIVERSITY_LABEL = "distinct correct (start → end)"
+EDGE = 0.2  # the first and last fifth of a run's logged steps are its start and end
+TRL_MAX_GRAD_NORM = 1.0  # transformers' default, used where a run's config does not state it
+
+
+def clipped_share(grad_norms: np.ndarray, max_grad_norm: float | None) -> float:
+    """Share of steps whose gradient norm before clipping exceeds ``max_grad_norm`` (NaN without
+    steps; 0 when clipping is off, a norm of 0 or none)."""
+    if grad_norms.size == 0:
+        return math.nan
+    if max_grad_norm is None or not max_grad_norm > 0:
+        return 0.0
+    return float(np.mean(grad_norms > max_grad_norm))
+
+
+def edges(values: np.ndarray) -> tuple[float, float]:
+    """(mean of the first EDGE share of the values, mean of the last): a run's start and end level."""
+    if values.size == 0:
+        return math.nan, math.nan
+    k = max(1, int(math.ceil(EDGE * values.size)))
+    return float(np.mean(values[:k])), float(np.mean(values[-k:]))
+
+
+def _max_grad_norm(run: dict[str, Any]) -> float:
+    value = run.get("max_grad_norm")
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return TRL_MAX_GRAD_NORM
+    return float(value)
+
+
+def _cell(values: list[float]) -> tuple[str, float]:
+    s = stats.summarise(values)
+    return tables.fmt_ci(s.mean, s.ci_low, s.ci_high), s.mean
+
+
+def mechanism_table(rs: RunSet, groups: G.Groups) -> tuple[pd.DataFrame, pd.DataFrame] | None:
+    """(display table with mean [95% CI] cells, numbers table with the means) per group; None when
+    no run logged any mechanism metric."""
+    present = [m for m in MEAN_OVER_STEPS if m in rs.metrics]
+    has_norm = "train/grad_norm" in rs.metrics
+    has_div = DIVERSITY in rs.metrics
+    if not present and not has_norm and not has_div:
+        return None
+    runs = {r["run_id"]: r for r in rs.runs.to_dict("records")}
+    shown, numbers = [], []
+    for g in groups.labels:
+        members = groups.members[g]
+        row: dict[str, Any] = {"group": g}
+        num: dict[str, Any] = {"group": g, "seeds": len(members)}
+        for m in present:
+            per_run = [float(np.mean(v)) for r in members for _, v in [rs.curve(r, m)] if v.size]
+            row[MEAN_OVER_STEPS[m]], num[m] = _cell(per_run)
+        if has_norm:
+            per_run = [clipped_share(rs.curve(r, "train/grad_norm")[1], _max_grad_norm(runs[r])) for r in members]
+            row[GRAD_CLIPPED], num["grad_clipped"] = _cell([v for v in per_run if math.isfinite(v)])
+        if has_div:
+            pairs = [edges(rs.curve(r, DIVERSITY)[1]) for r in members]
+            start, end = _cell([a for a, _ in pairs])[1], _cell([b for _, b in pairs])[1]
+            row[DIVERSITY_LABEL] = "—" if not math.isfinite(start) else f"{start:.2f} → {end:.2f}"
+            num["correct_distinct_start"], num["correct_distinct_end"] = start, end
+        shown.append(row)
+        numbers.append(num)
+    return pd.DataFrame(shown), pd.DataFrame(numbers)
+
+
+INTRO = (
+    "<p>Whether each remedy's mechanism acted, per group: the mean over seeds (95% CI) of each run's mean "
+    "over steps. <b>clipped</b>: share of tokens whose update the objective's own clip stopped "
+    "(<code>obj/clip_frac</code>). <b>widened</b> / <b>narrowed</b>: share of tokens whose update the "
+    "objective's ratio let through where DAPO's plain clip on π_θ/π_old would have stopped it, and the "
+    "reverse (<code>obj/widened_frac</code>, <code>obj/narrowed_frac</code>: ARMOR's widened region, UP's "
+    "unbounded positive branch; 0 by construction for DAPO). <b>gate drop</b>: share of groups the query "
+    "gate removed. <b>anchor grad share</b>: ‖g_anchor‖/(‖g_anchor‖+‖g_on-policy‖) of the policy gradient. "
+    "<b>KL grad share</b>: ‖g_KL‖/(‖g_KL‖+‖g_policy‖) of the β·KL term, and the cosine between the two "
+    "(−1: the penalty pulls straight back). <b>grad clipped</b>: share of optimizer steps whose gradient norm "
+    "before clipping exceeded <code>max_grad_norm</code> (at 1 the clip and Adam set every step's size, "
+    "whatever the loss). <b>distinct correct</b>: different correct completions among a group's G − 1 "
+    "on-policy samples, over the first and the last fifth of the run (mode collapse). "
+    "Definitions: docs/metrics.md.</p>")
