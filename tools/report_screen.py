@@ -122,7 +122,8 @@ def write_sweep(root: Path, *, seeds: int = 3, groups: int = 5, seed: int = 0) -
                                 "test/n": float(TEST_N),
                                 "kl/exact_reverse": float(0.018 * t[i] * (1 + 0.5 * a)),
                                 "kl/exact_forward": float(0.025 * t[i] * (1 + 0.3 * a))})
-                lines.append(json.dumps({"step": step, **row}, separators=(",", ":")))
+                # one rollout per step: the demo's recipe counts in rollouts
+                lines.append(json.dumps({"step": step, "rollout": step, **row}, separators=(",", ":")))
             rd.metrics_path.write_text("\n".join(lines) + "\n")
             begin = started + timedelta(hours=a + s / 10)
             atomic_write_json(rd.status_path, {
