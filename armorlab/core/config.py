@@ -315,25 +315,27 @@ LOGGING_BACKENDS: dict[str, tuple[str, str]] = {
 }
 LOGGING_EXTRAS = ("tensorboard", "wandb", "mlflow", "trackio")  # pyproject's optional dependencies
 
+# the generated tasks' prompt sets, the same for each of them
+_SYNTHETIC_SPLITS: dict[str, Field] = {
+    "train_size": Field(256, optional(integer(1)), "fixed train prompts; null = fresh every time"),
+    "val_size": Field(64, integer(1), "held-out validation prompts"),
+    "test_size": Field(64, integer(1), "held-out test prompts"),
+    "split_seed": Field(0, integer(0), "seed of the train/val/test split (independent of `seed`)"),
+}
+
 TASK_FIELDS: dict[str, dict[str, Field]] = {
     "arithmetic": {
         "digits": Field(2, integer(1, 6), "digits per operand (zero-padded)"),
         "operands": Field(2, integer(2, 4), "operands per problem"),
         "operators": Field("+", _operators, "operators drawn from '+-*'"),
-        "train_size": Field(256, optional(integer(1)), "fixed train prompts; null = fresh every time"),
-        "val_size": Field(64, integer(1), "held-out validation prompts"),
-        "test_size": Field(64, integer(1), "held-out test prompts"),
-        "split_seed": Field(0, integer(0), "seed of the train/val/test split (independent of `seed`)"),
+        **_SYNTHETIC_SPLITS,
     },
     # several correct derivations per prompt, checked step by step (armorlab/tasks/scratchpad.py)
     "scratchpad": {
         "digits": Field(2, integer(1, 6), "digits per operand (zero-padded in the prompt)"),
         "operands": Field(3, integer(2, 6), "terms per problem: a derivation has operands − 1 steps"),
         "operators": Field("+", _sum_operators, "operators drawn from '+-'"),
-        "train_size": Field(256, optional(integer(1)), "fixed train prompts; null = fresh every time"),
-        "val_size": Field(64, integer(1), "held-out validation prompts"),
-        "test_size": Field(64, integer(1), "held-out test prompts"),
-        "split_seed": Field(0, integer(0), "seed of the train/val/test split (independent of `seed`)"),
+        **_SYNTHETIC_SPLITS,
     },
     "math": {
         "path": Field(None, text, "JSONL/parquet file, save_to_disk directory or cached hub dataset id"),

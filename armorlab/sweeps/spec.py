@@ -273,16 +273,22 @@ def expand(spec: SweepSpec) -> list[RunPlan]:
     return plans
 
 
+def _point_config(base: dict[str, Any], point: dict[str, Any], seed: int | None, file: str) -> dict[str, Any]:
+    """The raw run config of one point: the stage's base with the point's keys set (and ``seed``)."""
+    raw = copy.deepcopy(base)
+    for key, value in point.items():
+        set_dotted(raw, key, copy.deepcopy(value), file=file)
+    if seed is not None:
+        raw["seed"] = seed
+    return raw
+
+
 def _expand_stage(st: Stage, base: dict[str, Any], spec_seeds: list[int] | None, file: str, seen: set[str],
                   name: str | None) -> list[RunPlan]:
     seeds: list[int | None] = list(spec_seeds) if spec_seeds is not None else [None]
     plans: list[RunPlan] = []
     for origin, point in points(st):
-        raw = copy.deepcopy(base)
-        for key, value in point.items():
-            set_dotted(raw, key, copy.deepcopy(value), file=file)
-        if seeds != [None]:
-            raw["seed"] = seeds[0]
+        raw = _point_config(base, point, seeds[0], file)
         resolved = _resolve(raw, file)
         seeded_id = _SeededRunId(resolved) if seeds != [None] else None
         copy_resolved = _copier(resolved)
@@ -321,11 +327,7 @@ def _expand_continuing(spec: SweepSpec, index: int, st: Stage, base: dict[str, A
     seeds: list[int | None] = list(spec_seeds) if spec_seeds is not None else [None]
     plans: list[RunPlan] = []
     for origin, point in points(st):
-        raw = copy.deepcopy(base)
-        for key, value in point.items():
-            set_dotted(raw, key, copy.deepcopy(value), file=file)
-        if seeds != [None]:
-            raw["seed"] = seeds[0]
+        raw = _point_config(base, point, seeds[0], file)
         # resolved once per point: init_from and seed are checked as given and nothing derives from them
         raw["init_from"] = {"run": f"{spec.name}/{'0' * 12}", "select": dict(select)}
         resolved = _resolve(raw, file)
