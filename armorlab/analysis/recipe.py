@@ -30,7 +30,7 @@ steps) counts rollouts, the metrics lines' ``rollout`` counter; lines of one rol
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -131,6 +131,18 @@ def _selector(raw: Any, key: str, file: str | None) -> dict[str, Any]:
     return dict(raw)
 
 
+def _one_of(raw: Mapping[str, Any], key: str, options: Sequence[str], file: str | None) -> str:
+    if raw[key] not in options:
+        raise _err(f"must be one of {', '.join(options)}", key, raw[key], file)
+    return raw[key]
+
+
+def _path(raw: Mapping[str, Any], key: str, problem: str, file: str | None) -> str:
+    if not isinstance(raw[key], str) or not raw[key]:
+        raise _err(problem, key, raw[key], file)
+    return raw[key]
+
+
 def parse_recipe(raw: Mapping[str, Any], *, file: str | None = None, name: str | None = None) -> Recipe:
     """Validate a recipe mapping (see the module docstring)."""
     if not isinstance(raw, Mapping):
@@ -215,23 +227,15 @@ def parse_recipe(raw: Mapping[str, Any], *, file: str | None = None, name: str |
         r.compare = Compare(baseline, pairs, list(dict.fromkeys(endpoints)) if endpoints else None,
                             float(delta) if delta is not None else None)
     if raw.get("x") is not None:
-        if raw["x"] not in X_AXES:
-            raise _err(f"must be one of {', '.join(X_AXES)}", "x", raw["x"], file)
-        r.x = raw["x"]
+        r.x = _one_of(raw, "x", X_AXES, file)
     if raw.get("out") is not None:
-        if not isinstance(raw["out"], str) or not raw["out"]:
-            raise _err("must be a directory path", "out", raw["out"], file)
-        r.out = raw["out"]
+        r.out = _path(raw, "out", "must be a directory path", file)
     if raw.get("stages") is not None:
         r.stages = _str_list(raw["stages"], "stages", file)
     if raw.get("format") is not None:
-        if raw["format"] not in importers.FORMATS:
-            raise _err(f"must be one of {', '.join(importers.FORMATS)}", "format", raw["format"], file)
-        r.format = raw["format"]
+        r.format = _one_of(raw, "format", importers.FORMATS, file)
     if raw.get("runs_map") is not None:
-        if not isinstance(raw["runs_map"], str) or not raw["runs_map"]:
-            raise _err("must be the path of a runs.yaml", "runs_map", raw["runs_map"], file)
-        r.runs_map = raw["runs_map"]
+        r.runs_map = _path(raw, "runs_map", "must be the path of a runs.yaml", file)
     if raw.get("val_n") is not None:
         v = raw["val_n"]
         if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
