@@ -28,15 +28,6 @@ if __name__ == "__main__":
 import torch
 
 
-def shard_like_accelerate(model):
-    from torch.distributed.fsdp import fully_shard
-
-    for layer in model.model.layers:
-        fully_shard(layer)
-    fully_shard(model)
-    return model
-
-
 def shard_like_trl_reference(model):
     from torch.distributed.fsdp import fully_shard
 
@@ -91,6 +82,7 @@ def main(out: str, mode: str) -> None:
     from armorlab.train.models import prepare_model
     from armorlab.train.reference import ReferencePolicy, full_state_dict
     from armorlab.train.vllm_reference import VLLMReferenceSampler, VLLMServerReferenceSampler
+    from tests.fsdp_support import shard as shard_like_accelerate  # each layer, then the model
     from tests.trainer_support import model_cache, resolved
 
     torch.set_num_threads(1)

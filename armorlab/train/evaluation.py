@@ -114,6 +114,20 @@ class Validator:
         return bool(self.splits) or (self.probe_prompts > 0 and "val" in self.splits)
 
     def run(self, step: int) -> dict[str, float]:
+        return self._evaluate(step, probe=True)
+
+    def scores(self, step: int, k: int | None = None) -> dict[str, float]:
+        """``val/*`` and ``test/*`` (acc, pass@k, length, n) of the current policy, without the KL
+        probe, in the RNG stream of step ``step``: with k = val_samples exactly what the run logged
+        at that step from the same weights (``armorlab evaluate`` reads kept checkpoints with it)."""
+        saved, self.k = self.k, int(k or self.k)
+        try:
+            return self._evaluate(step, probe=False)
+        finally:
+            self.k = saved
+
+    def _evaluate(self, step: int, *, probe: bool) -> dict[str, float]:
+        """Every split (and the KL probe with ``probe``) in eval mode, in step ``step``'s RNG stream."""
         tr = self.trainer
         stats = StepStats()
         world, rank = tr.accelerator.num_processes, tr.accelerator.process_index
@@ -123,31 +137,10 @@ class Validator:
             try:
                 for name, ds in self.splits.items():
                     self._split(stats, name, ds, rank, world, policy)
-                if self.probe_prompts > 0 and "val" in self.splits:
+                if probe and self.probe_prompts > 0 and "val" in self.splits:
                     self._probe(stats, self.splits["val"], rank, world, policy)
             finally:
                 policy.train(was_training)
-        return stats.reduce(tr.accelerator)
-
-    def scores(self, step: int, k: int | None = None) -> dict[str, float]:
-        """``val/*`` and ``test/*`` (acc, pass@k, length, n) of the current policy, without the KL
-        probe, in the RNG stream of step ``step``: with k = val_samples exactly what the run logged
-        at that step from the same weights (``armorlab evaluate`` reads kept checkpoints with it)."""
-        tr = self.trainer
-        stats = StepStats()
-        world, rank = tr.accelerator.num_processes, tr.accelerator.process_index
-        saved, self.k = self.k, int(k or self.k)
-        try:
-            with forked_rng(tr.args.seed * 100_003 + step), tr.unwrapped_policy() as policy:
-                was_training = policy.training
-                policy.eval()
-                try:
-                    for name, ds in self.splits.items():
-                        self._split(stats, name, ds, rank, world, policy)
-                finally:
-                    policy.train(was_training)
-        finally:
-            self.k = saved
         return stats.reduce(tr.accelerator)
 
     def reference_accuracy(self, step: int) -> float | None:
