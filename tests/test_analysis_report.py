@@ -262,6 +262,14 @@ def test_metrics_a_config_never_logs_are_not_reported_missing(tmp_path):
     assert R.logged_under("kl/forward_k1", {"anchor": False, "anchor_gate": True})
     assert not R.logged_under("kl/forward_k1", {"anchor": False, "anchor_gate": False})
     assert R.logged_under("kl/forward_k1", {})  # an older config without the key: assume logged
+    # the gradient-share probe: the KL term's parts only at β ≠ 0, the anchors' only with anchors
+    assert not R.logged_under("obj/kl_grad_share", {"beta": 0.0, "grad_share_every": 10})
+    assert R.logged_under("obj/kl_grad_cos", {"beta": 1e-3, "grad_share_every": 10})
+    assert not R.logged_under("obj/kl_grad_share", {"beta": 1.0, "grad_share_every": 0})
+    assert not R.logged_under("obj/beta_kl", {"beta": 0.0}) and R.logged_under("obj/beta_kl", {"beta": 0.5})
+    assert not R.logged_under("obj/anchor_grad_share", {"anchor": False, "anchor_gate": True})
+    assert R.logged_under("obj/anchor_grad_share", {"anchor": True, "grad_share_every": 10})
+    assert R.logged_under("obj/kl_grad_share", {"beta": float("nan")})  # an imported run's unknown β
 
 
 def test_single_seed_and_mixed_groups_warn(tmp_path):

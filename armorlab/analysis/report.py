@@ -83,13 +83,25 @@ def _curves(recipe: Recipe, rs: RunSet) -> list[str]:
 def logged_under(metric: str, config: Mapping[str, Any]) -> bool:
     """Whether the trainer logs ``metric`` for a run with this config (design.md's metric list):
     ``anchor/*`` and ``kl/forward_*`` (unconditioned draws of π_ref) only with anchors or the gate
-    on. A metric that cannot exist in a run is not reported as missing from it."""
+    on; ``obj/beta_kl`` and the KL term's gradient share and cosine only at β ≠ 0; the anchors'
+    gradient share only with anchors, and neither share at ``grad_share_every: 0``. A metric that
+    cannot exist in a run is not reported as missing from it."""
     def on(key: str) -> bool:  # a config without the key (older run dirs): assume it is logged
         value = config.get(key)
-        return not isinstance(value, (bool, np.bool_)) or bool(value)
+        if isinstance(value, (bool, np.bool_)):
+            return bool(value)
+        if isinstance(value, (int, float, np.integer, np.floating)) and math.isfinite(value):
+            return value != 0
+        return True
 
     if metric.startswith(("anchor/", "kl/forward_")):
         return on("anchor") or on("anchor_gate")
+    if metric == "obj/beta_kl":
+        return on("beta")
+    if metric in ("obj/kl_grad_share", "obj/kl_grad_cos"):
+        return on("beta") and on("grad_share_every")
+    if metric == "obj/anchor_grad_share":
+        return on("anchor") and on("grad_share_every")
     return True
 
 
