@@ -65,17 +65,21 @@ class NameMap:
             return self._cache[name]
         except KeyError:
             pass
-        target: str | None = SRC + name
-        if name in self.drop:
-            target = None
-        else:
-            for rule in self.rules:
-                m = rule.regex.fullmatch(name)
-                if m:
-                    target = rule.target.format(**m.groupdict())
-                    break
-        self._cache[name] = target
+        target = self._cache[name] = self._target(name)
         return target
+
+    def _target(self, name: str) -> str | None:
+        return self._match(name, name)
+
+    def _match(self, name: str, key: str) -> str | None:
+        """The target of ``name`` where the drop list and the rules see it spelled ``key``."""
+        if name in self.drop or key in self.drop:
+            return None
+        for rule in self.rules:
+            m = rule.regex.fullmatch(key)
+            if m:
+                return rule.target.format(**m.groupdict())
+        return SRC + name
 
 
 @dataclass

@@ -189,23 +189,8 @@ class _Normalised(NameMap):
         super().__init__(rules, drop=drop)
         self.normalise = normalise
 
-    def __call__(self, name: str) -> str | None:
-        try:
-            return self._cache[name]
-        except KeyError:
-            pass
-        raw = self.normalise(name)
-        if name in self.drop or raw in self.drop:
-            target = None
-        else:
-            target = "src/" + name
-            for rule in self.rules:
-                m = rule.regex.fullmatch(raw)
-                if m:
-                    target = rule.target.format(**m.groupdict())
-                    break
-        self._cache[name] = target
-        return target
+    def _target(self, name: str) -> str | None:
+        return self._match(name, self.normalise(name))
 
 
 TRL = Flavour("trl", TRL_RULES, TRL_DROP, trl_raw, ("train/global_step",), TRL_CANNOT, TRL_IDENTITY,
