@@ -28,7 +28,7 @@ import io
 import json
 import logging
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -39,6 +39,7 @@ import numpy as np
 import pandas as pd
 
 from armorlab.analysis import importers
+from armorlab.analysis.importers.base import flatten as flatten_config  # nested config → dotted keys
 from armorlab.core.config import LOGGING_KEYS
 from armorlab.core.fsutil import atomic_file, atomic_write_text, read_regular
 from armorlab.core.health import GATE_DROP, GATE_SHARE, GATE_WINDOW, WATCHED, series_warnings
@@ -195,21 +196,6 @@ def parse_metrics_file(path: str | os.PathLike):
     except OSError as exc:  # unreadable, or a directory: the rest of the report still gets written
         return _empty_table(), [f"cannot read {path}: {exc.strerror or exc}"]
     return parse_metrics_table(data, str(path))
-
-
-# --------------------------------------------------------------------------- config flattening
-def flatten_config(cfg: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested config → {"task.digits": 2, ...}; lists become JSON text so they can be grouped."""
-    out: dict[str, Any] = {}
-    for key, value in cfg.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping):
-            out.update(flatten_config(value, f"{name}."))
-        elif isinstance(value, (list, tuple)):
-            out[name] = json.dumps(value, default=str)  # a damaged config may hold dates
-        else:
-            out[name] = value
-    return out
 
 
 # --------------------------------------------------------------------------- the cache
