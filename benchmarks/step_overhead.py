@@ -18,9 +18,13 @@ cycle / stock's same cycle, over ``--rounds`` rounds of fresh trainers × ``--st
 ArmorLab side writes its metrics.jsonl (a real run's cost). A second stock trainer runs beside
 the first (``--no-control`` drops it): ``stock_vs_stock_ratio=`` is the same statistic where the
 truth is 1, the noise floor. Each variant's cycle is split into policy generation (TRL's
-``_generate_single_turn``), reference draws (the anchor sampler), scoring (the rest of
-``_generate_and_score_completions``: old and reference log-probs, rewards, anchors' bookkeeping,
-forward KL) and training (the rest of the cycle: the optimizer steps and their telemetry).
+``_generate_single_turn``), reference draws (the anchor sampler), the reference forward
+(``_add_reference_logps``: π_ref's log-probs of the generation batch), scoring (the rest of
+``_generate_and_score_completions``: old log-probs, rewards, anchors' bookkeeping, forward KL)
+and training (the rest of the cycle: the optimizer steps and their telemetry). For the two armor
+variants ``..._beyond_reference_ratio=`` is the same statistic on each cycle less its reference
+forward and draws: what ARMOR costs beyond the π_ref work its objective reads (truth ≈ 1 when
+nothing else is added).
 (Stock with β = 0.001, the former peer, computes reference log-probs on every row too: against
 it the armorlab side read ≈ 1.0, hiding the reference forward a β = 0 user does not pay.)
 
@@ -178,11 +182,16 @@ def main() -> None:
         sampler = getattr(trainer, "reference_sampler", None)
         if getattr(trainer, "anchor_rollout", None) is not None:
             parts["draws"] = (sampler, "sample")
+        if hasattr(trainer, "_add_reference_logps"):  # armorlab's π_ref forward over the generation batch
+            parts["ref_forward"] = (trainer, "_add_reference_logps")
         return lockstep.Split(trainer, parts, spg, clock)
 
-    def lockstep_round(makers: dict, root: Path, splits: dict | None = None) -> dict[str, list[float]]:
+    def lockstep_round(makers: dict, root: Path, splits: dict | None = None,
+                       beyond: dict | None = None) -> dict[str, list[float]]:
         """One fresh trainer per variant, trained in lockstep; each variant's cycle times, warm-up
-        dropped. With ``splits``, each variant's mean split of this round's cycles is appended to it."""
+        dropped. With ``splits``, each variant's mean split of this round's cycles is appended to it;
+        with ``beyond``, each variant's cycle times less its reference work (π_ref forward and
+        draws), cycle by cycle."""
         trainers, rng, timers = {}, {}, {}
         for i, (name, make) in enumerate(makers.items()):
             out = root / f"v{i}"
@@ -196,10 +205,16 @@ def main() -> None:
         per_cycle = {name: lockstep.cycles(times, spg) for name, times in steps.items()}
         for name, timer in timers.items():
             counted = range(1, 1 + len(per_cycle[name]))  # the cycles lockstep.cycles kept
-            policy, draws = timer.mean("policy", counted), timer.mean("draws", counted) if "draws" in timer.spent else 0.0
-            scoring = timer.mean("score", counted) - policy - draws
+            policy, draws, ref_fwd = (timer.mean(part, counted) if part in timer.spent else 0.0
+                                      for part in ("policy", "draws", "ref_forward"))
+            scoring = timer.mean("score", counted) - policy - draws - ref_fwd
             whole = statistics.mean(per_cycle[name]) if per_cycle[name] else 0.0
-            splits.setdefault(name, []).append((policy, draws, scoring, whole - policy - draws - scoring))
+            splits.setdefault(name, []).append((policy, draws, ref_fwd, scoring,
+                                                whole - policy - draws - ref_fwd - scoring))
+            if beyond is not None:
+                reference = [sum(timer.spent[p].get(c, 0.0) for p in ("draws", "ref_forward") if p in timer.spent)
+                             for c in counted]
+                beyond.setdefault(name, []).extend(t - r for t, r in zip(per_cycle[name], reference, strict=True))
         return per_cycle
 
     parts = {int(p) for p in opts.parts.split(",")}
@@ -215,11 +230,17 @@ def main() -> None:
         paired: dict[str, list[float]] = {name: [] for name in names}
         pooled: dict[str, list[float]] = {name: [] for name in names}
         splits: dict[str, list[tuple[float, ...]]] = {}
+        beyond_paired: dict[str, list[float]] = {}  # cycle less its reference work / stock's cycle
+        beyond: dict[str, list[float]] = {}
         for _ in range(opts.rounds):
-            per_cycle = lockstep_round(variants, work, splits)
+            first = {name: len(beyond.get(name, [])) for name in names}
+            per_cycle = lockstep_round(variants, work, splits, beyond)
             for name in names:
                 pooled[name].extend(per_cycle[name])
                 paired[name].extend(mine / ref for mine, ref in zip(per_cycle[name], per_cycle[names[0]], strict=True))
+                rest = beyond[name][first[name]:]
+                beyond_paired.setdefault(name, []).extend(
+                    mine / ref for mine, ref in zip(rest, per_cycle[names[0]], strict=True))
         unit = "wall" if opts.wall else "cpu"
         procs = os.environ.get("WORLD_SIZE", "1")
         prefix = "two_proc_" if distributed else ""  # part 4's lines
@@ -239,9 +260,12 @@ def main() -> None:
             target = f"  # target ≤ {TARGETS[name]:.2f}" if name in TARGETS else ""
             say(f"{prefix}{slug(name)}_ratio={ratios[name]:.3f}{target}")
             if name in splits:  # mean over rounds of each round's mean cycle split
-                means = [statistics.mean(r[i] for r in splits[name]) for i in range(4)]
+                means = [statistics.mean(r[i] for r in splits[name]) for i in range(len(SPLIT))]
                 say(f"{prefix}{slug(name)}_split_ms=" + ",".join(
                     f"{label}:{1000 * v:.1f}" for label, v in zip(SPLIT, means, strict=True)))
+            if name in REFERENCE_WORK:  # what is left once π_ref's own forward and draws are taken out
+                say(f"{prefix}{slug(name)}_beyond_reference_ratio={statistics.median(beyond_paired[name]):.3f}"
+                    f"  # its cycle less the π_ref forward and draws, over {names[0]}'s cycle")
         if opts.control:
             control = ratios.pop("stock again")
             say(f"{prefix}stock_vs_stock_ratio={control:.3f}  # known truth 1.000")
@@ -319,7 +343,8 @@ PEER = "stock dapo (beta=0)"
 ANCHORED = "armorlab armor (anchors + gate)"
 UNPAIRED = {ANCHORED}  # generates other completions than the peer (its reference draws use the RNG)
 TARGETS = {"armorlab dapo": 1.03, "armorlab up": 1.03, "armorlab armor (anchor off)": 1.15, ANCHORED: 1.25}
-SPLIT = ("policy_generation", "reference_draws", "scoring", "training")
+REFERENCE_WORK = ("armorlab armor (anchor off)", ANCHORED)  # variants whose objective reads π_ref on every row
+SPLIT = ("policy_generation", "reference_draws", "reference_forward", "scoring", "training")
 
 
 def slug(name: str) -> str:
