@@ -190,8 +190,8 @@ def main() -> None:
                        beyond: dict | None = None) -> dict[str, list[float]]:
         """One fresh trainer per variant, trained in lockstep; each variant's cycle times, warm-up
         dropped. With ``splits``, each variant's mean split of this round's cycles is appended to it;
-        with ``beyond``, each variant's cycle times less its reference work (π_ref forward and
-        draws), cycle by cycle."""
+        with ``beyond``, each variant's cycle times of this round less its reference work (π_ref
+        forward and draws), cycle by cycle, are put in it."""
         trainers, rng, timers = {}, {}, {}
         for i, (name, make) in enumerate(makers.items()):
             out = root / f"v{i}"
@@ -214,7 +214,7 @@ def main() -> None:
             if beyond is not None:
                 reference = [sum(timer.spent[p].get(c, 0.0) for p in ("draws", "ref_forward") if p in timer.spent)
                              for c in counted]
-                beyond.setdefault(name, []).extend(t - r for t, r in zip(per_cycle[name], reference, strict=True))
+                beyond[name] = [t - r for t, r in zip(per_cycle[name], reference, strict=True)]
         return per_cycle
 
     parts = {int(p) for p in opts.parts.split(",")}
@@ -230,17 +230,14 @@ def main() -> None:
         paired: dict[str, list[float]] = {name: [] for name in names}
         pooled: dict[str, list[float]] = {name: [] for name in names}
         splits: dict[str, list[tuple[float, ...]]] = {}
-        beyond_paired: dict[str, list[float]] = {}  # cycle less its reference work / stock's cycle
-        beyond: dict[str, list[float]] = {}
+        beyond_paired: dict[str, list[float]] = {name: [] for name in names}  # less reference work / stock
         for _ in range(opts.rounds):
-            first = {name: len(beyond.get(name, [])) for name in names}
+            beyond: dict[str, list[float]] = {}
             per_cycle = lockstep_round(variants, work, splits, beyond)
             for name in names:
                 pooled[name].extend(per_cycle[name])
                 paired[name].extend(mine / ref for mine, ref in zip(per_cycle[name], per_cycle[names[0]], strict=True))
-                rest = beyond[name][first[name]:]
-                beyond_paired.setdefault(name, []).extend(
-                    mine / ref for mine, ref in zip(rest, per_cycle[names[0]], strict=True))
+                beyond_paired[name].extend(mine / ref for mine, ref in zip(beyond[name], per_cycle[names[0]], strict=True))
         unit = "wall" if opts.wall else "cpu"
         procs = os.environ.get("WORLD_SIZE", "1")
         prefix = "two_proc_" if distributed else ""  # part 4's lines
