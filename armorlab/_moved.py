@@ -44,6 +44,12 @@ MOVED: dict[str, str] = {
     "armorlab.sweeps.vllm_servers": "armorlab.vllm.servers",
     "armorlab.sweeps.server_checks": "armorlab.vllm.server_checks",
     "armorlab.analysis.kl": "armorlab.algos.kl",
+    "armorlab.analysis.collapse": "armorlab.stats.collapse",
+    "armorlab.analysis.select": "armorlab.stats.select",
+    "armorlab.analysis.stats": "armorlab.stats.seeds",
+    "armorlab.analysis.verdicts": "armorlab.stats.verdicts",
+    "armorlab.analysis.sequential": "armorlab.stats.sequential",
+    "armorlab.analysis.looks_text": "armorlab.stats.sequential_text",
 }
 
 _OWN_SPECS: dict[str, importlib.machinery.ModuleSpec] = {}

@@ -18,7 +18,7 @@ import argparse
 
 import numpy as np
 
-from armorlab.analysis import stats
+from armorlab.stats import seeds as stats
 
 DISTS = {
     "normal": (lambda rng, n: rng.normal(0.5, 0.1, n), 0.5),

@@ -26,7 +26,7 @@ import argparse
 
 import numpy as np
 
-from armorlab.analysis import collapse as C
+from armorlab.stats import collapse as C
 
 PS = (0.3, 0.5, 0.7)
 SIZES = (64, 128, 256, 512, 1024)

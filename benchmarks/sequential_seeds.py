@@ -1,4 +1,4 @@
-"""Seeds until resolved, with known truth: does the sequential rule of armorlab.analysis.sequential
+"""Seeds until resolved, with known truth: does the sequential rule of armorlab.stats.sequential
 keep its error rate at α however many looks it takes, and what does it buy over a fixed design?
 
 Seed outcomes (one endpoint value per seed, arm and baseline) are drawn from distributions with a
@@ -38,8 +38,8 @@ from pathlib import Path
 import numpy as np
 from scipy import special
 
-from armorlab.analysis import sequential as S
-from armorlab.analysis import verdicts as V
+from armorlab.stats import sequential as S
+from armorlab.stats import verdicts as V
 
 # The demo's measured spread: final val/acc (level of the last 3 evals) of the 15 runs of
 # `armorlab demo` (armorlab/demo.yaml: 5 objectives × seeds 0–2, 120 steps, 400 greedy val

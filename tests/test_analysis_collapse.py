@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from armorlab.analysis import collapse, select, stats
+from armorlab.stats import collapse, select
+from armorlab.stats import seeds as stats
 
 
 def test_auc_is_trapezoid_over_step_span():

@@ -10,9 +10,9 @@ from armorlab.analysis import panels as P
 from armorlab.analysis import plots
 from armorlab.analysis import report as R
 from armorlab.analysis.recipe import Recipe
-from armorlab.analysis.stats import CurveBand
 from armorlab.core.config import resolve
 from armorlab.core.runs import RunDir
+from armorlab.stats.seeds import CurveBand
 
 
 def _sweep(root, groups=3, seeds=2):

@@ -17,11 +17,11 @@ from armorlab.analysis import groups as G
 from armorlab.analysis import plots
 from armorlab.analysis import report as R
 from armorlab.analysis import verdict_table as VT
-from armorlab.analysis import verdicts as V
 from armorlab.analysis.recipe import Compare, Recipe, Select
-from armorlab.analysis.stats import CurveBand
 from armorlab.core.config import resolve
 from armorlab.core.runs import RunDir
+from armorlab.stats import verdicts as V
+from armorlab.stats.seeds import CurveBand
 from tests.test_analysis_report import armor_val, dapo_val, write_run
 
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from armorlab.analysis import stats
+from armorlab.stats import seeds as stats
 
 
 def test_iqm_by_hand():

@@ -23,11 +23,12 @@ ALLOWED: dict[str, set[str]] = {
     "core": {"errors", "algos"},                       # torch-free contract (reads the objective registry)
     "tasks": {"errors", "core"},                       # datasets and reward functions
     "vllm": {"errors", "core"},                        # torch-free serving
-    "analysis": {"errors", "algos", "core"},           # numpy/pandas math and reports
-    "sweeps": {"errors", "core", "vllm", "analysis"},  # spec → runs → executors (never the trainer)
-    "tune": {"errors", "core", "analysis", "sweeps"},  # studies whose trials are runs
-    "train": {"errors", "algos", "core", "tasks", "vllm", "analysis"},  # TRL glue
-    "commands": {"errors", "algos", "core", "tasks", "vllm", "analysis", "sweeps", "tune", "train"},
+    "stats": {"errors", "core"},                       # decisions on curves and seeds
+    "analysis": {"errors", "algos", "core", "stats"},  # numpy/pandas math and reports
+    "sweeps": {"errors", "core", "vllm", "stats", "analysis"},  # spec → runs → executors (never the trainer)
+    "tune": {"errors", "core", "stats", "analysis", "sweeps"},  # studies whose trials are runs
+    "train": {"errors", "algos", "core", "tasks", "vllm", "stats"},  # TRL glue
+    "commands": {"errors", "algos", "core", "tasks", "vllm", "stats", "analysis", "sweeps", "tune", "train"},
     "cli": {"errors", "core", "commands"},
     "__main__": {"cli"},
     "__init__": {"_moved"},                            # exports lazily, by name
@@ -36,7 +37,7 @@ ALLOWED: dict[str, set[str]] = {
 # the package itself (its __version__) may be imported by every part
 for _rules in ALLOWED.values():
     _rules.add("__init__")
-TORCH_FREE = ("core", "vllm", "tasks", "analysis", "sweeps", "tune", "commands", "cli")
+TORCH_FREE = ("core", "vllm", "tasks", "stats", "analysis", "sweeps", "tune", "commands", "cli")
 
 
 def part_of(module: str) -> str:
@@ -209,3 +210,12 @@ def test_public_api_is_lazy():
     code = "import sys\nfrom armorlab import resolve, RunDir, ArmorLabError\nprint('torch' in sys.modules)\n"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_old_paths_go_away_at_0_3():
+    # the promise in armorlab._moved: one release of grace, then the finder and its table are deleted
+    import armorlab
+    from armorlab._moved import MOVED
+
+    major, minor = (int(x) for x in armorlab.__version__.split(".")[:2])
+    assert (major, minor) < (0, 3) or not MOVED, f"armorlab {armorlab.__version__} still maps {len(MOVED)} old paths"

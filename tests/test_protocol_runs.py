@@ -66,7 +66,7 @@ def _launch_with_probe(run_dir: RunDir, monkeypatch) -> DiskProbe:
 
 def _levels_by_hand(evals):
     """(step of the middle eval, mean of 3 consecutive evals, the window's steps) for every window,
-    step 0 excluded as a middle: written out here, independently of armorlab.analysis.select."""
+    step 0 excluded as a middle: written out here, independently of armorlab.stats.select."""
     out = []
     for i in range(len(evals) - 2):
         window = evals[i:i + 3]

@@ -7,7 +7,6 @@ from fractions import Fraction
 
 import pytest
 
-from armorlab.analysis.select import pending_steps, select_checkpoints
 from armorlab.core.config import resolve
 from armorlab.core.runs import run_id
 from armorlab.core.schedule import (
@@ -19,6 +18,7 @@ from armorlab.core.schedule import (
     updates_per_rollout,
 )
 from armorlab.errors import ArmorLabError
+from armorlab.stats.select import pending_steps, select_checkpoints
 from armorlab.train.keep import retention
 from armorlab.train.reference import reset_due
 
@@ -147,7 +147,7 @@ def test_selection_is_the_report_peak_level_not_the_raw_maximum():
     (pick,) = select_checkpoints(steps, values)
     assert pick.step == 50 and pick.level == pytest.approx((0.70 + 0.72 + 0.71) / 3)
     assert pick.window == (40, 50, 60)
-    from armorlab.analysis.collapse import peak_and_drop
+    from armorlab.stats.collapse import peak_and_drop
 
     assert peak_and_drop(steps, values)["peak_step"] == 50   # the report's peak_step
     # mode min (a loss): the lowest level

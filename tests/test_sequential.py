@@ -1,4 +1,4 @@
-"""armorlab.analysis.sequential: boundaries against published tables and simulation, decide_look
+"""armorlab.stats.sequential: boundaries against published tables and simulation, decide_look
 look by look, the looks.json record, and the rates of benchmarks/sequential_seeds.py (loosely)."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from armorlab.analysis import sequential as S
-from armorlab.analysis import verdicts as V
 from armorlab.errors import ArmorLabError
+from armorlab.stats import sequential as S
+from armorlab.stats import verdicts as V
 
 _spec = importlib.util.spec_from_file_location(
     "sequential_seeds", Path(__file__).parents[1] / "benchmarks" / "sequential_seeds.py")

@@ -47,7 +47,7 @@ def _hash(checkpoint) -> str:
 def _selected_step(parent: RunDir) -> int:
     """The step the parent's trainer selected (selected.json), else the one its metrics give by the
     noise-aware rule among the checkpoints it kept."""
-    from armorlab.analysis.select import select_checkpoints
+    from armorlab.stats.select import select_checkpoints
 
     path = parent.path / "selected.json"
     if path.exists():

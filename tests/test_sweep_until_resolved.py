@@ -25,9 +25,9 @@ from sweep_support import VAL_LEVELS as LEVELS
 from sweep_support import run_cli, standin_command, write_spec
 from sweep_support import standin_val_level as val_level
 
-from armorlab.analysis.sequential import SPENDING, Design, decide_look, looks_record
 from armorlab.core.runs import RunDir
 from armorlab.errors import ArmorLabError
+from armorlab.stats.sequential import SPENDING, Design, decide_look, looks_record
 from armorlab.sweeps.compare import SPENDINGS
 from armorlab.sweeps.jobs import ENV_COMMAND
 from armorlab.sweeps.looks import extended_seeds
@@ -291,7 +291,7 @@ def test_the_decision_jobs_script_waits_on_the_look_and_keeps_values_on_their_li
 
 
 def test_words_for_an_arm_not_resolved_at_max_seeds():
-    from armorlab.analysis.looks_text import sentence
+    from armorlab.stats.sequential_text import sentence
 
     design = Design(baseline="b", arms=("a",), endpoint="final", delta=0.05, first_look=3, max_seeds=3)
     values = {"b": [0.50, 0.60, 0.40], "a": [0.52, 0.62, 0.38]}

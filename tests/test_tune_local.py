@@ -123,10 +123,10 @@ def test_repeated_points_reuse_runs_and_a_second_start_resumes(tmp_path):
 
 # --------------------------------------------------------------------------- pruning
 def expected_collapse_prune_step(cfg, delta=0.05, patience=3):
-    """The eval step at which the collapse rule (armorlab.analysis.collapse, tested on its own)
+    """The eval step at which the collapse rule (armorlab.stats.collapse, tested on its own)
     first fires on the stand-in's curve as the evals arrive, with the whole trial's threshold:
     the worker must prune exactly there."""
-    from armorlab.analysis.collapse import collapse_step
+    from armorlab.stats.collapse import collapse_step
     from armorlab.tune.synthetic_trainer import val_acc
 
     steps = list(range(0, cfg["max_steps"] + 1, cfg["val_every"]))

@@ -1,4 +1,4 @@
-"""armorlab.analysis.verdicts: Welch, Holm, equivalence, power, and the plain sentences."""
+"""armorlab.stats.verdicts: Welch, Holm, equivalence, power, and the plain sentences."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from armorlab.analysis import verdicts as V
+from armorlab.stats import verdicts as V
 
 
 def test_welch_matches_scipy():

@@ -1,4 +1,6 @@
-"""Analysis of run directories: KL, probability capacity, collapse metrics, seed statistics, reports.
+"""Analysis of run directories: KL, probability capacity, collapse metrics, reports. The decisions on
+curves and seeds (collapse, selection, seed statistics, verdicts, the sequential design) are
+armorlab.stats's.
 
 Pure numpy/pandas (plus matplotlib for plots); it never imports torch or the trainer and meets
 training only through run directories (armorlab.core.runs). Importing this package is cheap: each
@@ -10,11 +12,6 @@ submodule imports what it needs.
                armorlab's metric names, read-only
     kl         Schulman's k1/k2/k3 estimators (both directions) and exact categorical KL
     capacity_stats  probability-capacity statistics of tokens/ samples (formulas: armorlab.algos.capacity)
-    collapse   peak, drop, collapse step, AUC, divergence, entropy collapse, length blow-up
-    stats      seed aggregation: mean, std, n, bootstrap CI, IQM, probability of improvement
-    select     "best on val, reported on test" and "at matched steps"
-    verdicts   better / worse / equivalent / not resolved per arm, and the seeds that would resolve it
-    sequential seeds until resolved: Lan–DeMets group-sequential boundaries, decide_look, looks.json
     verdict_table  the report's verdict table (first on the page)
     recipe     report recipes (analysis/*.yaml)
     tables, plots, html, report   the `armorlab report` outputs

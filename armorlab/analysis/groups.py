@@ -27,11 +27,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from armorlab.analysis import collapse, select, stats
 from armorlab.analysis.load import META_COLUMNS, RunSet
 from armorlab.analysis.recipe import SEED_KEYS, Recipe
 from armorlab.analysis.values import fmt_value, norm_value
 from armorlab.errors import ArmorLabError
+from armorlab.stats import collapse, select
+from armorlab.stats import seeds as stats
 
 log = logging.getLogger(__name__)
 

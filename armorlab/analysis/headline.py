@@ -4,7 +4,7 @@ did each remedy fare against the baseline? Pure pandas/numpy over the report's p
 Per run (``run_rows``):
     start        first val value (the warm-started model, step 0)
     peak, peak_step, final, drop, drop_z, collapse_step   the report's per-run scores
-                 (armorlab.analysis.collapse: peak and final are levels, means of m evals; drop_z
+                 (armorlab.stats.collapse: peak and final are levels, means of m evals; drop_z
                  is the drop in standard errors of the eval noise, binomial from ``val/n``;
                  collapse_step is the onset of a fall the noise cannot explain, calibrated to a
                  fixed false-alarm rate on flat curves)
@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import pandas as pd
 
-from armorlab.analysis.stats import mann_whitney_p, poi_resolvable, probability_of_improvement
+from armorlab.stats.seeds import mann_whitney_p, poi_resolvable, probability_of_improvement
 
 TRAIN_WINDOW = 10
 Curve = Callable[[str, str], tuple[np.ndarray, np.ndarray]]

@@ -3,7 +3,7 @@ exactly as the report reads it (armorlab.analysis.groups.run_scores: the same co
 the same val-selected step), and the default δ of (D1) over the compared runs.
 
 `armorlab sweep --until-resolved` calls this after each look (locally, or in its Slurm decision
-job); the statistics are armorlab.analysis.sequential's.
+job); the statistics are armorlab.stats.sequential's.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ class LookScores:
     delta_how: str                  # how δ was set, for the record
 
     def values_by_arm(self, endpoint: str) -> dict[str, list[float]]:
-        """{arm: finite values}: what armorlab.analysis.sequential.decide_look takes."""
+        """{arm: finite values}: what armorlab.stats.sequential.decide_look takes."""
         return verdict_table.values_by_group(self.per_run, endpoint)
 
 

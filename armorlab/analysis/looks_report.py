@@ -1,5 +1,5 @@
 """The report's verdicts for a sweep run until resolved (`armorlab sweep --until-resolved`): read
-from its ``looks.json`` (armorlab.analysis.sequential.latest_comparisons), not recomputed as
+from its ``looks.json`` (armorlab.stats.sequential.latest_comparisons), not recomputed as
 fixed-sample verdicts — those are not valid once seeds were added until something looked
 resolved. The report re-derives the same verdicts the sweep stopped on, and says where the runs
 no longer give the values a look recorded.
@@ -21,11 +21,11 @@ from armorlab.analysis import tables
 from armorlab.analysis.groups import Notes, numeric_columns
 from armorlab.analysis.html import Section, esc
 from armorlab.analysis.load import RunSet
-from armorlab.analysis.looks_text import endpoint_label, interval, level_text, resolved_at, sentence
-from armorlab.analysis.sequential import CONTINUE, Design, latest_comparisons, read_looks_record
 from armorlab.core.fsutil import atomic_write_text
 from armorlab.core.runs import expand_globs
 from armorlab.errors import ArmorLabError
+from armorlab.stats.sequential import CONTINUE, Design, latest_comparisons, read_looks_record
+from armorlab.stats.sequential_text import endpoint_label, interval, level_text, resolved_at, sentence
 
 LOOKS_FILE = "looks.json"  # armorlab.sweeps.manifest.LOOKS (a test holds them equal)
 

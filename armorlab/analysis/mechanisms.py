@@ -17,8 +17,9 @@ import numpy as np
 import pandas as pd
 
 from armorlab.analysis import groups as G
-from armorlab.analysis import stats, tables
+from armorlab.analysis import tables
 from armorlab.analysis.load import RunSet
+from armorlab.stats import seeds as stats
 
 # metric → column label; every one a per-step share or cosine (docs/metrics.md)
 MEAN_OVER_STEPS = {

@@ -25,7 +25,7 @@ from armorlab.analysis.plots import (
     plt,
     robust_ylim,
 )
-from armorlab.analysis.stats import CurveBand
+from armorlab.stats.seeds import CurveBand
 
 BASELINE_COLOR = (0.35, 0.35, 0.35, 1.0)
 CONTEXT_COLOR = (0.75, 0.75, 0.75, 1.0)

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import numpy as np
 
-from armorlab.analysis.stats import CurveBand
 from armorlab.analysis.values import fmt_value
 from armorlab.core.fsutil import atomic_file
+from armorlab.stats.seeds import CurveBand
 
 
 @functools.cache

@@ -12,8 +12,8 @@ from pathlib import Path
 import pandas as pd
 
 from armorlab.analysis.groups import STEP_SCORES, fmt_value
-from armorlab.analysis.stats import CI_METHOD_NAMES, LOW_POWER_N, ci_method
 from armorlab.core.fsutil import atomic_write_text
+from armorlab.stats.seeds import CI_METHOD_NAMES, LOW_POWER_N, ci_method
 
 
 def score_label(score: str, val_metric: str, test_metric: str) -> str:

@@ -1,6 +1,6 @@
 """The report's verdict table, first on the page: each compared arm against its baseline on the
 recipe's endpoints (``compare: {endpoints, delta}``), from the report's per-run scores, with
-one plain sentence per arm on the primary endpoint. The statistics are armorlab.analysis.verdicts';
+one plain sentence per arm on the primary endpoint. The statistics are armorlab.stats.verdicts';
 this module only gathers their inputs (scores per group, eval sizes, run times from status.json)
 and formats what they return.
 """
@@ -16,8 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from armorlab.analysis import stats, tables
-from armorlab.analysis import verdicts as V
+from armorlab.analysis import tables
 from armorlab.analysis.groups import Notes, group_rows, numeric_columns
 from armorlab.analysis.html import Figure, Section, esc
 from armorlab.analysis.load import RunSet
@@ -25,6 +24,8 @@ from armorlab.analysis.recipe import DEFAULT_ENDPOINTS, Recipe, Select
 from armorlab.core.fsutil import atomic_write_text
 from armorlab.core.runs import RunDir
 from armorlab.errors import ArmorLabError
+from armorlab.stats import seeds as stats
+from armorlab.stats import verdicts as V
 
 
 @dataclass

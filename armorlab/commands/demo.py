@@ -8,7 +8,7 @@ UP, ARMOR and the gate-only control, three seeds each — starts from that check
 that checkpoint. While it trains, a live table shows every run's stage, rollout and held-out
 accuracy. Running it again resumes: completed runs are kept, interrupted ones continue from their
 checkpoints, and the report is rendered again. The report (of the continuing arms) and the printed
-headline open with the verdicts (armorlab.analysis.verdicts: each remedy better, worse, equivalent
+headline open with the verdicts (armorlab.stats.verdicts: each remedy better, worse, equivalent
 or not resolved against continued DAPO, with the seeds that would resolve it), then the headline
 (armorlab.analysis.headline): stage 1's rise to the selected peak, DAPO's fall from it in standard
 errors, and each remedy against DAPO, in plain sentences; then whether each remedy's mechanism

@@ -1,5 +1,5 @@
 """A sweep spec's ``compare:`` section: what `armorlab sweep --until-resolved` compares after each
-look (armorlab.sweeps.until_resolved; the statistics are armorlab.analysis.sequential's).
+look (armorlab.sweeps.until_resolved; the statistics are armorlab.stats.sequential's).
 
 ```yaml
 compare:
@@ -31,7 +31,7 @@ from armorlab.sweeps.controls import Controls
 
 COMPARE_KEYS = ("baseline", "endpoint", "delta", "spending", "alpha", "stage", "select")
 SELECT_KEYS = ("metric", "mode", "report")
-# armorlab.analysis.sequential.SPENDING, restated: parsing a spec must not load numpy/scipy (a test
+# armorlab.stats.sequential.SPENDING, restated: parsing a spec must not load numpy/scipy (a test
 # holds the two equal)
 SPENDINGS = ("obf", "pocock")
 # per-run scores of the report (armorlab.analysis.groups) a comparison may judge

@@ -12,9 +12,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from armorlab.analysis.sequential import Design, looks_record, read_looks_record
 from armorlab.core.fsutil import atomic_write_json
 from armorlab.errors import ArmorLabError
+from armorlab.stats.sequential import Design, looks_record, read_looks_record
 from armorlab.sweeps.manifest import LOOKS
 from armorlab.sweeps.spec import SweepSpec
 

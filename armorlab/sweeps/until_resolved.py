@@ -2,7 +2,7 @@
 
 The spec's ``compare:`` (armorlab.sweeps.compare) names the baseline arm of the compared stage;
 every other arm is compared with it on one endpoint by the group-sequential rule of
-armorlab.analysis.sequential. The spec's seeds are the first look's; each later look gives the
+armorlab.stats.sequential. The spec's seeds are the first look's; each later look gives the
 arms still unresolved (and the baseline) ``seeds_per_look`` more seeds — the next seeds after
 the spec's largest — up to ``max_seeds``. A run of a later stage brings its parent run along
 (the parent of the same seed; none new when the stage continues from one seed).
@@ -40,16 +40,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from armorlab.analysis.looks_text import design_line, endpoint_label, look_line, sentence
-from armorlab.analysis.sequential import (
+from armorlab.core.checks import Invalid
+from armorlab.core.runs import RunDir, now_iso
+from armorlab.errors import ArmorLabError
+from armorlab.stats.sequential import (
     Design,
     decide_look,
     latest_comparisons,
 )
-from armorlab.analysis.verdicts import LOWER_IS_BETTER
-from armorlab.core.checks import Invalid
-from armorlab.core.runs import RunDir, now_iso
-from armorlab.errors import ArmorLabError
+from armorlab.stats.sequential_text import design_line, endpoint_label, look_line, sentence
+from armorlab.stats.verdicts import LOWER_IS_BETTER
 from armorlab.sweeps import slurmctl
 from armorlab.sweeps.compare import CompareSpec, from_controls
 from armorlab.sweeps.controls import arm_key, matches

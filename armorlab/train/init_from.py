@@ -10,7 +10,7 @@ runs root (the child's sweep dir's parent). When the child starts (``find_start`
    noise-aware validation-selected step and its kept checkpoint) gives the checkpoint when it
    selected by the metric and mode the child asks for;
 3. else (no selected.json, or another metric) the step is computed from the parent's
-   metrics.jsonl with the same rule (``armorlab.analysis.select.select_checkpoints``), among the
+   metrics.jsonl with the same rule (``armorlab.stats.select.select_checkpoints``), among the
    steps whose checkpoint is still there, and the log says so.
 
 The checkpoint directory is then the model path the trainer loads the policy AND π_ref from
@@ -138,7 +138,7 @@ def _from_selected(parent: RunDir, init_from: Mapping[str, Any], file: str) -> S
 
 def _from_metrics(parent: RunDir, init_from: Mapping[str, Any], file: str) -> Start:
     # lazy: numpy, for the one case without selected.json (a trainer start must not pay for it)
-    from armorlab.analysis.select import level_rule, select_checkpoints
+    from armorlab.stats.select import level_rule, select_checkpoints
 
     metric, mode = init_from["select"]["metric"], init_from["select"]["mode"]
     rows = parent.read_metrics()

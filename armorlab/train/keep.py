@@ -8,7 +8,7 @@ validation collapse the peak's weights are gone. The keeper owns the rotation in
 
 - at every validation step the trainer saves a checkpoint (the peak can only be kept if it was
   saved), and the selection runs on the validation curve so far
-  (``armorlab.analysis.select.select_checkpoints``: the report's peak level, mean of 3 evals);
+  (``armorlab.stats.select.select_checkpoints``: the report's peak level, mean of 3 evals);
 - ``selected.json`` is written atomically BEFORE anything is deleted, so it never names a
   checkpoint that is gone; a checkpoint is removed by renaming it out of the ``checkpoint-N``
   namespace first, so a kill mid-delete never leaves a half-deleted checkpoint to resume from;
@@ -32,11 +32,11 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from armorlab.analysis.collapse import PATIENCE
-from armorlab.analysis.select import Pick, level_rule, pending_steps, select_checkpoints
 from armorlab.core.fsutil import atomic_write_json
 from armorlab.core.runs import RunDir
 from armorlab.core.schedule import rollout_at
+from armorlab.stats.collapse import PATIENCE
+from armorlab.stats.select import Pick, level_rule, pending_steps, select_checkpoints
 from armorlab.train.hooks import validation_due
 
 log = logging.getLogger(__name__)

@@ -12,8 +12,8 @@ import optuna
 from optuna.pruners import BasePruner
 from optuna.trial import FrozenTrial
 
-from armorlab.analysis.collapse import collapse_step
 from armorlab.core.schedule import config_val_every_steps
+from armorlab.stats.collapse import collapse_step
 from armorlab.tune.space import SearchSpec
 
 EVAL_N_ATTR = "eval_n"  # trial user attr: completions behind each eval of the objective (its val/n)

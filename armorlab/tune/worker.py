@@ -42,12 +42,12 @@ import numpy as np
 import optuna
 from optuna.trial import TrialState
 
-from armorlab.analysis.collapse import curve_auc
 from armorlab.core.config import resolve
 from armorlab.core.exits import EXIT_BUSY, EXIT_PREEMPTED
 from armorlab.core.fsutil import atomic_write_json
 from armorlab.core.runs import RunDir
 from armorlab.errors import ArmorLabError
+from armorlab.stats.collapse import curve_auc
 from armorlab.sweeps.jobs import describe_exit, train_argv, wrapped_argv
 from armorlab.tune.backend import (
     BEAT_INTERVAL_S,

@@ -1,7 +1,7 @@
 """The verdict of a comparison: is an arm better than, worse than or equivalent to its baseline
 on an endpoint, or not resolved yet — and then how many seeds would resolve it. Pure functions
 over per-seed values (no I/O); armorlab.analysis.verdict_table turns a report's per-run scores
-into them, armorlab.analysis.sequential reuses them look by look.
+into them, armorlab.stats.sequential reuses them look by look.
 
     (W1) Welch's difference of means: d = x̄ − ȳ, se² = s_x²/n_x + s_y²/n_y (s² with ddof 1)
     (W2) Welch–Satterthwaite degrees of freedom:
@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from armorlab.analysis.stats import t_ppf
+from armorlab.stats.seeds import t_ppf
 
 ALPHA = 0.05
 POWER = 0.8

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from armorlab.analysis.collapse import PATIENCE, clean_curve
+from armorlab.stats.collapse import PATIENCE, clean_curve
 
 
 @dataclass(frozen=True)
@@ -114,7 +114,7 @@ def level_rule(patience: int = PATIENCE, metric: str = "val/acc", mode: str = "m
 def select_checkpoints(steps, values, *, eligible=None, patience: int = PATIENCE, mode: str = "max",
                        top: int = 1) -> list[Pick]:
     """The ``top`` checkpoints by noise-aware level, best first: the report's peak rule (C2 of
-    armorlab.analysis.collapse) instead of a raw maximum, which on a noisy eval picks a lucky step.
+    armorlab.stats.collapse) instead of a raw maximum, which on a noisy eval picks a lucky step.
 
     Levels are means of m = min(patience, K) consecutive evals of the K logged ones (C1); a
     window stands for its middle eval (C2's peak_step: index i + (m − 1)//2). Only windows whose

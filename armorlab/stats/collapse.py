@@ -78,8 +78,8 @@ from typing import Any
 import numpy as np
 from scipy.special import ndtri, stdtrit
 
-from armorlab.analysis.stats import t_ppf  # cached there
 from armorlab.core.fsutil import atomic_file, cache_root
+from armorlab.stats.seeds import t_ppf  # cached there
 
 DELTA = 0.03
 PATIENCE = 3

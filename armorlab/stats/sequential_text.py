@@ -1,4 +1,4 @@
-"""Looks of a sequential comparison (looks.json, armorlab.analysis.sequential) in words: one
+"""Looks of a sequential comparison (looks.json, armorlab.stats.sequential) in words: one
 sentence per arm, one line per look. Used by `armorlab sweep --until-resolved` (its progress and
 where a chain stands) and by the report; no pandas.
 """
@@ -9,8 +9,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from armorlab.analysis import verdicts as V
-from armorlab.analysis.sequential import CONTINUE, Design
+from armorlab.stats import verdicts as V
+from armorlab.stats.sequential import CONTINUE, Design
 
 _FIXED = {"final": "final {v}", "drop": "drop from peak of {v}", "peak": "peak {v}", "auc": "AUC of {v}",
           "selected_test": "{t} at the val-selected step", "selected_val": "{v} at the val-selected step"}
@@ -48,7 +48,7 @@ def resolved_at(looks: Sequence[Mapping[str, Any]], arm: str) -> int | None:
 
 def sentence(c: Mapping[str, Any], design: Design, looks: Sequence[Mapping[str, Any]], label: str) -> str:
     """``armor vs dapo: −0.031 [−0.052, −0.010] final val/acc — worse at look 2, resolved with 5
-    seeds per arm``: one arm's latest comparison (armorlab.analysis.sequential.latest_comparisons)."""
+    seeds per arm``: one arm's latest comparison (armorlab.stats.sequential.latest_comparisons)."""
     n_arm, n_base = (list(c.get("n") or [0, 0]) + [0, 0])[:2]
     head = f"{c['arm']} vs {c.get('baseline', design.baseline)}: {interval(c)} {label}"
     seeds = V.seeds_phrase(int(n_arm), int(n_base))

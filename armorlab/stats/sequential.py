@@ -46,8 +46,8 @@ from typing import Any
 
 import numpy as np
 
-from armorlab.analysis import verdicts as V
 from armorlab.errors import ArmorLabError
+from armorlab.stats import verdicts as V
 
 GRID = 201                 # Simpson points per look on (−c, c), odd: boundaries agree to 1e-7 with 1601
 SPENDING = ("obf", "pocock")
