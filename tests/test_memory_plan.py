@@ -261,6 +261,19 @@ def test_papers_settings_pass_on_the_fsdp_profile_and_are_refused_on_todays(mode
     assert "'DDP gradient buckets (fp32)' takes the resident memory to" in err and "FSDP2" in err
 
 
+def test_plan_of_a_staged_spec_plans_every_stage(capsys):
+    # the continuing stage's ARMOR arms hold π_ref and sample anchors: a shape stage 1 never has
+    spec = str(REPO / "sweeps" / "paper" / "armor_table1.yaml")
+    code, out, err = _cli(["plan", spec, "--set", "model=Qwen/Qwen2.5-Math-7B"], capsys)
+    assert code == 0, err
+    plans = out.split("memory per GPU")[1:]
+    assert len(plans) == 3, out  # stage 1; continued dapo (both estimators); continued armor (both)
+    stage1, dapo, armor = plans
+    assert "dapo: base" in stage1 and "continue: objective=dapo" in " ".join(dapo.split())
+    assert "continue: objective=armor" in " ".join(armor.split())
+    assert "anchor sampling" in armor and "anchor sampling" not in dapo + stage1
+
+
 def test_sweep_refuses_a_run_that_does_not_fit_before_writing_anything(tmp_path, monkeypatch):
     from armorlab.sweeps.submit import plan_sweep
 

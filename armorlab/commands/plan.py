@@ -65,16 +65,20 @@ def plans_of(path: Path, profile_path: Path | None, overrides: list[str], prompt
     is_spec = isinstance(raw.get("name"), str) and any(k in raw for k in ("base", "grid", "include", "seeds"))
     if is_spec:
         spec = load_spec(path)
-        base = deep_merge(spec.base, over)
         configs = []
-        for _, point in points(spec):
-            run = copy.deepcopy(base)
-            for key, value in point.items():
-                set_dotted(run, key, copy.deepcopy(value), file=spec.file)
-            cfg = resolve(run, file=spec.file, check_paths=False)
-            if any(all(get_dotted(cfg, k) == v for k, v in ex.items()) for ex in spec.exclude):
-                continue
-            configs.append((_label(point), cfg))
+        for st in spec.stage_list():  # every stage: a continuing stage's arms have shapes of their own
+            base = deep_merge(deep_merge(spec.base, st.base) if st.base else spec.base, over)
+            if st.parent is not None:  # its weights' source changes no shape: a placeholder parent
+                base["init_from"] = {"run": f"{spec.name}/{'0' * 12}", "select": dict(st.parent.select)}
+            for _, point in points(st):
+                run = copy.deepcopy(base)
+                for key, value in point.items():
+                    set_dotted(run, key, copy.deepcopy(value), file=spec.file)
+                cfg = resolve(run, file=spec.file, check_paths=False)
+                if any(all(get_dotted(cfg, k) == v for k, v in ex.items()) for ex in st.exclude):
+                    continue
+                label = _label(point)
+                configs.append((label if spec.stages is None else f"{st.name}: {label}", cfg))
         profile_path = profile_path or spec.profile_path()
     else:
         configs = [(path.name, resolve(deep_merge(raw, over), file=str(path), check_paths=False))]
