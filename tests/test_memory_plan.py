@@ -261,6 +261,25 @@ def test_papers_settings_pass_on_the_fsdp_profile_and_are_refused_on_todays(mode
     assert "'DDP gradient buckets (fp32)' takes the resident memory to" in err and "FSDP2" in err
 
 
+def test_allowances_and_the_engine_share_that_fits_by_hand():
+    G = 100 * GIB
+    run = RunMemory(use_vllm=True, vllm_mode="colocate", vllm_sleep=True, vllm_share=0.4)
+    assert mp.fragmentation_bytes(G) == 5 * GIB             # 5 % of the GPU
+    assert mp.sleep_leftover_bytes(0.4, G) == int(0.1 * 0.4 * G)  # 10 % of a 40 GiB share: 4 GiB
+    weights = mp.Line("weights", "w", 20 * GIB)
+    train = mp.Phase("train", "t", (mp.Line("act", "a", 30 * GIB),))
+    awake = mp.Phase("rollout", "r", (mp.Line("vllm", "v", 36 * GIB),))
+    sleeping = mp.MemoryPlan(QWEN7B, Parallelism(), run, G, [weights, mp.Line("sleep", "s", 4 * GIB)],
+                             [train, awake])
+    # awake it may take what the other 20 GiB leave (0.8); asleep its 10 % beside 20 + 30 GiB: ≤ 5
+    assert sleeping.engine_shares() == [("vllm_gpu_memory_utilization", 0.4, 0.8)]
+    ref_run = RunMemory(anchors=True, ref_vllm_mode="colocate", ref_vllm_share=0.2)
+    never_asleep = mp.MemoryPlan(QWEN7B, Parallelism(), ref_run, G,
+                                 [weights, mp.Line("ref_vllm", "e", 20 * GIB)], [train])
+    assert never_asleep.engine_shares() == [("ref_vllm_memory", 0.2, 0.5)]  # (100 − 20 − 30) / 100
+    assert mp.MemoryPlan(QWEN7B, Parallelism(), run, None).engine_shares() == []
+
+
 def test_plan_of_a_staged_spec_plans_every_stage(capsys):
     # the continuing stage's ARMOR arms hold π_ref and sample anchors: a shape stage 1 never has
     spec = str(REPO / "sweeps" / "paper" / "armor_table1.yaml")

@@ -146,6 +146,9 @@ def table(memory, labels: list[str], where: str):
         mark = "red" if needs > share else ""
         t.add_row(f"{label}: needs / share", _gib(needs), f"[{mark}]{_gib(share)}[/]" if mark else _gib(share),
                   "weights + profile activations + one max-length sequence of KV cache")
+    for key, now, fits in memory.engine_shares():
+        t.add_row(f"{key}: now / largest that fits", f"{now:g}", f"{fits:g}",
+                  "the memory the rest of the run leaves the engine (allowances included)")
     verdict = ("fits" if memory.overflow() is None else "[red]does not fit[/]") if gpu else "not checked: no gpu_memory_gb"
     t.add_row("[bold]peak[/]", "", f"[bold]{_gib(memory.peak_bytes)}[/]",
               f"{peak.label if peak else 'resident'}; {verdict}")

@@ -17,6 +17,8 @@ accelerate config and a resolved run config.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 
 from armorlab.errors import ArmorLabError
@@ -42,6 +44,12 @@ VLLM_DEFAULT_MAX_SEQS = 256  # vLLM's default max_num_seqs (the π_ref engine se
 # the CUDA graphs and non-torch allocations its start-up profile leaves outside the KV cache.
 CUDA_CONTEXT_BYTES = 3 * GIB // 2
 VLLM_GRAPH_BYTES = 1 * GIB
+# Allowances, our choices until a GPU run measures them (benchmarks/gpu/acceptance.py compares the
+# plan's peak with torch.cuda.max_memory_reserved): the caching allocator's reserved-but-free blocks
+# as a share of the GPU, and what a sleeping vLLM engine keeps of its share (vLLM's sleep-mode docs:
+# sleep frees "up to 90%+" of the engine's memory).
+FRAGMENTATION_SHARE = 0.05
+SLEEP_LEFTOVER_SHARE = 0.10
 
 
 # --------------------------------------------------------------------------- inputs
@@ -282,6 +290,16 @@ def vllm_engine_bytes(share: float, gpu_bytes: int) -> int:
     return int(share * gpu_bytes)
 
 
+def fragmentation_bytes(gpu_bytes: int) -> int:
+    """(M1) The allocator's fragmentation allowance: FRAGMENTATION_SHARE of the GPU."""
+    return int(FRAGMENTATION_SHARE * gpu_bytes)
+
+
+def sleep_leftover_bytes(share: float, gpu_bytes: int) -> int:
+    """(M2) What a sleeping engine keeps on the GPU: SLEEP_LEFTOVER_SHARE of its share."""
+    return int(SLEEP_LEFTOVER_SHARE * vllm_engine_bytes(share, gpu_bytes))
+
+
 def vllm_overhead_bytes(s: ModelShape, max_seqs: int, b: int) -> int:
     """What a vLLM engine's start-up profile sets aside besides weights and KV cache: one layer's
     activations for max_num_batched_tokens tokens, the sampler's float32 logits and probabilities
@@ -370,6 +388,29 @@ class MemoryPlan:
                         f"To fit: {main.fix or _biggest_fix(self.resident)}")
         return None
 
+    def engine_shares(self) -> list[tuple[str, float, float]]:
+        """(key, share now, largest share that fits) of each colocated engine: a sleeping policy
+        engine may take what the resident memory leaves while it generates; an engine that never
+        sleeps, what the resident memory and the largest other phase leave."""
+        if self.gpu_bytes is None:
+            return []
+        run, out = self.run, []
+        for key, share, sleeps in (("vllm_gpu_memory_utilization", run.vllm_share, run.vllm_sleep),
+                                   ("ref_vllm_memory", run.ref_vllm_share, False)):
+            line = "vllm" if key.startswith("vllm") else "ref_vllm"
+            if not any(x.key == line for x in self.resident) and not (sleeps and line == "vllm" and any(
+                    p.key == "rollout" and p.lines[0].key == "vllm" for p in self.phases)):
+                continue
+            g = self.gpu_bytes
+            others = self.resident_bytes - (sleep_leftover_bytes(share, g) if sleeps else vllm_engine_bytes(share, g))
+            busiest = max((p.bytes for p in self.phases if p.key != "rollout"), default=0)
+            if sleeps:  # awake: the share beside the rest; asleep: its leftovers beside the busiest phase
+                fits = min((g - others) / g, (g - others - busiest) / (SLEEP_LEFTOVER_SHARE * g))
+            else:
+                fits = (g - others - busiest) / g
+            out.append((key, share, max(0.0, math.floor(100 * min(fits, 1.0)) / 100)))
+        return out
+
     def check(self, *, file: str | None = None) -> None:
         """ArmorLabError naming the line that overflows and what would make it fit."""
         why = self.overflow()
@@ -456,6 +497,12 @@ def plan_memory(shape: ModelShape, par: Parallelism, run: RunMemory, gpu_bytes: 
                         "a smaller ref_vllm_memory, or ref_vllm_mode: server (its own GPU)"))
     if gpu_bytes is not None:
         res.append(Line("context", "CUDA context + NCCL (assumed)", CUDA_CONTEXT_BYTES, "per process"))
+        res.append(Line("frag", "allocator fragmentation (allowance)", fragmentation_bytes(gpu_bytes),
+                        f"{FRAGMENTATION_SHARE:.0%} of the GPU: reserved blocks no tensor uses"))
+        if run.use_vllm and run.vllm_mode == "colocate" and run.vllm_sleep:
+            res.append(Line("sleep", "sleeping policy engine's leftovers (allowance)",
+                            sleep_leftover_bytes(run.vllm_share, gpu_bytes),
+                            f"{SLEEP_LEFTOVER_SHARE:.0%} of its share (vLLM: sleep frees up to 90 %+)"))
     _phases(plan, w, b, _forward_bytes(par, run))
     _engines(plan)
     return plan
@@ -517,8 +564,9 @@ def _phases(plan: MemoryPlan, w: int, b: int, fb: int) -> None:
     if run.use_vllm and run.vllm_mode == "colocate":
         if run.vllm_sleep and plan.gpu_bytes is not None:
             plan.phases.append(Phase("rollout", "rollout generation (policy engine awake)", (
-                Line("vllm", f"policy vLLM engine ({run.vllm_share:g} of the GPU)",
-                     vllm_engine_bytes(run.vllm_share, plan.gpu_bytes), "vllm_gpu_memory_utilization",
+                Line("vllm", f"policy vLLM engine ({run.vllm_share:g} of the GPU, less its resident leftovers)",
+                     vllm_engine_bytes(run.vllm_share, plan.gpu_bytes)
+                     - sleep_leftover_bytes(run.vllm_share, plan.gpu_bytes), "vllm_gpu_memory_utilization",
                      "a smaller vllm_gpu_memory_utilization (fewer sequences in flight)"),)))
     elif not run.use_vllm:
         plan.phases.append(Phase("rollout", "rollout generation (HF generate)", (
