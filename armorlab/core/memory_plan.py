@@ -18,7 +18,6 @@ accelerate config and a resolved run config.
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass, field
 
 from armorlab.errors import ArmorLabError
