@@ -280,6 +280,33 @@ def test_allowances_and_the_engine_share_that_fits_by_hand():
     assert mp.MemoryPlan(QWEN7B, Parallelism(), run, None).engine_shares() == []
 
 
+def test_refusal_names_every_phase_over_the_limit_and_true_advice():
+    G = 10 * GIB
+    plan = mp.MemoryPlan(QWEN7B, Parallelism(), RunMemory(gradient_checkpointing=True), G,
+                         [mp.Line("weights", "w", 4 * GIB)],
+                         [mp.Phase("train", "a training micro-batch", (mp.Line("act", "a", 7 * GIB, fix="fa"),)),
+                          mp.Phase("score", "log-prob scoring", (mp.Line("s", "s", 6 * GIB + 1, fix="fs"),)),
+                          mp.Phase("val", "validation", (mp.Line("v", "v", 6 * GIB),))])  # 4 + 6 = 10: fits
+    why = plan.overflow()
+    assert why.count("\n") == 1 and "a training micro-batch needs 11.0 GiB" in why and "fa" in why
+    assert "log-prob scoring needs 10.0 GiB" in why and "fs" in why and "validation" not in why
+    on = plan_memory(QWEN7B, Parallelism(), RunMemory(train_rows=16, completion_tokens=3072,
+                                                       gradient_checkpointing=True), 80 * GIB)
+    off = plan_memory(QWEN7B, Parallelism(), RunMemory(train_rows=16, completion_tokens=3072,
+                                                        gradient_checkpointing=False), 80 * GIB)
+    assert "gradient_checkpointing: true" not in on.phases[0].main_line().fix
+    assert "gradient_checkpointing: true" in off.phases[0].main_line().fix
+
+
+def test_a_refused_plan_is_said_once(capsys):
+    spec = str(REPO / "sweeps" / "paper" / "armor_table1.yaml")
+    code, out, err = _cli(["plan", spec, "--profile", str(REPO / "slurm" / "gpu-8x.yaml"), "--set",
+                           "model=Qwen/Qwen2.5-Math-7B", "--set", "model_init_kwargs=null"], capsys)
+    assert code == 2 and "does not fit" in out
+    reason = "'DDP gradient buckets (fp32)' takes the resident memory to"
+    assert reason not in out and err.count("memory plan of") == err.count(reason) == 3, err  # 3 distinct plans
+
+
 def test_plan_of_a_staged_spec_plans_every_stage(capsys):
     # the continuing stage's ARMOR arms hold π_ref and sample anchors: a shape stage 1 never has
     spec = str(REPO / "sweeps" / "paper" / "armor_table1.yaml")

@@ -31,16 +31,15 @@ def register(app: typer.Typer) -> None:
         refused = []
         for memory, labels in groups:
             console.print(table(memory, labels, where))
+            console.print()
             why = memory.overflow()
             if why:
-                refused.append((memory, labels, why))
-                console.print(f"[red]refused:[/] {why}", soft_wrap=True)
-            console.print()
-        if refused:
-            memory, labels, why = refused[0]
-            more = f" ({len(refused) - 1} more plan(s) refused above)" if len(refused) > 1 else ""
-            raise ArmorLabError(f"memory plan of {labels[0]}: {why}{more}", key="gpu_memory_gb",
-                                value=round(memory.gpu_bytes / 2**30, 1), file=where)
+                refused.append(f"memory plan of {labels[0]}" + (f" (and {len(labels) - 1} more runs)" if len(labels) > 1
+                                                                else "") + f": {why}")
+        if refused:  # said once, every refused plan with its reasons (the tables mark them "does not fit")
+            memory = next(m for m, _ in groups if m.overflow())
+            raise ArmorLabError("\n".join(refused), key="gpu_memory_gb", value=round(memory.gpu_bytes / 2**30, 1),
+                                file=where)
 
 
 def plans_of(path: Path, profile_path: Path | None, overrides: list[str], prompt_tokens: int):

@@ -364,28 +364,29 @@ class MemoryPlan:
         return self.resident_bytes + (peak.bytes if peak is not None else 0)
 
     def overflow(self) -> str | None:
-        """Why the plan does not fit on the GPU (None when it fits or no GPU size is known)."""
+        """Why the plan does not fit on the GPU (None when it fits or no GPU size is known): every
+        engine and phase over its limit, the resident line that overflows first, each with its fix."""
         if self.gpu_bytes is None:
             return None
         gpu = gib(self.gpu_bytes)
-        for label, needs, share, fix in self.engines:
-            if needs > share:
-                return (f"{label} needs {gib(needs)} GiB (weights, profile activations, one sequence of KV cache) but "
-                        f"its share is {gib(share)} GiB of the {gpu} GiB GPU. To fit: {fix}")
+        why = [f"{label} needs {gib(needs)} GiB (weights, profile activations, one sequence of KV cache) but its "
+               f"share is {gib(share)} GiB of the {gpu} GiB GPU. To fit: {fix}"
+               for label, needs, share, fix in self.engines if needs > share]
         running = 0
         for line in self.resident:
             running += line.bytes
             if running > self.gpu_bytes:
-                return (f"'{line.label}' takes the resident memory to {gib(running)} GiB per GPU, over the GPU's "
-                        f"{gpu} GiB, before any step runs. To fit: {line.fix or _biggest_fix(self.resident)}")
+                why.append(f"'{line.label}' takes the resident memory to {gib(running)} GiB per GPU, over the GPU's "
+                           f"{gpu} GiB, before any step runs. To fit: {line.fix or _biggest_fix(self.resident)}")
+                return "\n".join(why)  # every phase is over too: naming them says nothing more
         for phase in sorted(self.phases, key=lambda p: -p.bytes):
             total = self.resident_bytes + phase.bytes
             if total > self.gpu_bytes:
                 main = phase.main_line()
-                return (f"{phase.label} needs {gib(total)} GiB per GPU ({gib(self.resident_bytes)} resident + "
-                        f"{gib(phase.bytes)}, of which '{main.label}' {gib(main.bytes)}), over the GPU's {gpu} GiB. "
-                        f"To fit: {main.fix or _biggest_fix(self.resident)}")
-        return None
+                why.append(f"{phase.label} needs {gib(total)} GiB per GPU ({gib(self.resident_bytes)} resident + "
+                           f"{gib(phase.bytes)}, of which '{main.label}' {gib(main.bytes)}), over the GPU's {gpu} "
+                           f"GiB. To fit: {main.fix or _biggest_fix(self.resident)}")
+        return "\n".join(why) or None
 
     def engine_shares(self) -> list[tuple[str, float, float]]:
         """(key, share now, largest share that fits) of each colocated engine: a sleeping policy
@@ -431,7 +432,12 @@ FIX_FSDP = "shard the model: FSDP2 full-shard through accelerate (e.g. --profile
 FIX_BF16 = "load bf16 weights (model_init_kwargs: {dtype: bfloat16})"
 FIX_OFFLOAD = "more GPUs per run, or FSDP CPU offload (fsdp_offload_params: true in the accelerate config)"
 FIX_MICRO = ("a smaller micro-batch: per_device_train_batch_size (raise gradient_accumulation_steps to keep "
-             "the optimiser batch), gradient_checkpointing: true")
+             "the optimiser batch)")
+
+
+def _fix_micro(run: RunMemory) -> str:
+    """The micro-batch fix; checkpointing is advised only where it is off."""
+    return FIX_MICRO if run.gradient_checkpointing else f"{FIX_MICRO}, gradient_checkpointing: true"
 
 
 def _mixed(par: Parallelism, run: RunMemory) -> bool:
@@ -543,13 +549,13 @@ def _phases(plan: MemoryPlan, w: int, b: int, fb: int) -> None:
     lines = [Line("act", f"activations kept ({rows} × {seq} tokens, checkpointing "
                          f"{'on' if run.gradient_checkpointing else 'off'})",
                   training_activation_bytes(s, tokens, b, run.gradient_checkpointing) + attention_mask_bytes(rows, seq),
-                  "per layer: its input (checkpointing) or every saved tensor", FIX_MICRO),
+                  "per layer: its input (checkpointing) or every saved tensor", _fix_micro(run)),
              Line("bw", "backward peak: " + ("fused log-prob head (fp32 grads)" if head_bw >= layer_bw else
                                              "one layer's recompute + gradients"), max(head_bw, layer_bw),
-                  "TRL 1.16 chunked log-probs / per-layer backward", FIX_MICRO)]
+                  "TRL 1.16 chunked log-probs / per-layer backward", _fix_micro(run))]
     if fsdp:
         lines.append(Line("units", "FSDP2 gathered units + their grads", fsdp_unit_bytes(s, b, grads=True),
-                          "2 layers + LM head in bf16", FIX_MICRO))
+                          "2 layers + LM head in bf16", _fix_micro(run)))
     elif w != b and not par.offload:
         lines.append(Line("autocast", "autocast weight copies", s.params * b,
                           "fp32 weights cast for the forward (torch.autocast caches them)", FIX_BF16))
@@ -557,7 +563,7 @@ def _phases(plan: MemoryPlan, w: int, b: int, fb: int) -> None:
     # 2. scoring: old/π_ref log-probs without gradients, per_device_train_batch_size rows at a time
     lines = [Line("score", f"no-grad forward ({rows} × {seq} tokens)", forward_no_grad_bytes(s, tokens, b)
                   + attention_mask_bytes(rows, seq) + logprob_tile_bytes(scored, s.vocab_size, head_b),
-                  "one layer at a time + one log-prob tile", FIX_MICRO), *ref_gather]
+                  "one layer at a time + one log-prob tile", _fix_micro(run)), *ref_gather]
     plan.phases.append(Phase("score", "log-prob scoring (old / π_ref)", tuple(lines)))
     # 3. the rollout's generation
     if run.use_vllm and run.vllm_mode == "colocate":
