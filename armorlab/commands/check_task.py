@@ -97,7 +97,9 @@ def register(app: typer.Typer) -> None:
         if any(r["sample"] is None for r in facts):
             typer.echo("note: no sample: the tiny model is not built for this task yet, and check-task does not "
                        "train. The first `armorlab train` of this config warm-starts it on the task's train split "
-                       "(once, cached; minutes on a CPU, with a progress bar); check-task samples from it after.",
+                       "(once, cached): at most model.warm_start_steps steps and 20 passes over the rows, stopped at "
+                       "model.warm_start_target greedy accuracy on a dev slice; its log says each step's cost. "
+                       "The tiny model learns the built-in tasks; for your own data use a real model.",
                        err=True)
         if unreadable:
             typer.echo(f"warning: {unreadable} reference answer(s) do not score 1.0 even written as the task "

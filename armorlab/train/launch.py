@@ -195,17 +195,28 @@ def one_line(exc: BaseException) -> str:
 
 
 # --------------------------------------------------------------------------- process control
+class StoppedBeforeSteps(BaseException):
+    """A preemption signal before the first optimizer step (model build, warm start, loading): there
+    is no step to finish, so the work stops at once. A BaseException, so that no ``except
+    Exception`` on the way (a loader's error translation) takes it for a failure."""
+
+
 class ProcessControl:
-    """Signal flags and the stop-request check, turned into Trainer control at each step end."""
+    """Signal flags and the stop-request check, turned into Trainer control at each step end; before
+    the steps begin a signal stops the process at once (StoppedBeforeSteps)."""
 
     def __init__(self, run_dir: RunDir) -> None:
         self.run_dir = run_dir
         self.signal: int | None = None
         self.preempted = False
         self.stop_reason: str | None = None
+        self.stepping = False  # set by the Trainer's on_train_begin
 
     def _handle(self, signum, frame) -> None:  # noqa: ARG002 - signal handler signature
         self.signal = signum
+        if not self.stepping:
+            log.warning("received signal %d before the first step: stopping now", signum)
+            raise StoppedBeforeSteps(signum)
         log.warning("received signal %d: checkpointing after the current step", signum)
 
     @contextlib.contextmanager
@@ -226,6 +237,11 @@ class ProcessControl:
         control_ref = self
 
         class _Callback(TrainerCallback):
+            def on_train_begin(self, args, state, control, **kwargs):
+                control_ref.stepping = True
+                if control_ref.signal is not None:  # came while the trainer was being built
+                    raise StoppedBeforeSteps(control_ref.signal)
+
             def on_step_end(self, args, state, control, **kwargs):
                 control_ref.check(state, control)
                 return control
@@ -587,6 +603,11 @@ def _train_owned(run_dir: RunDir, callbacks: Iterable[Any]) -> Outcome:
     except ArmorLabError as exc:
         write_status("failed", reason=str(exc))
         raise
+    except StoppedBeforeSteps as stop:
+        reason = f"preempted before the first step (signal {stop.args[0]})"
+        write_status("pending", reason=reason)
+        _close_progress(trainer)
+        return Outcome(run_dir.path, "pending", reason, EXIT_PREEMPTED)
     except KeyboardInterrupt:
         step = trainer.state.global_step if trainer is not None else 0
         write_status("pending", reason=f"interrupted at step {step}")
