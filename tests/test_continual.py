@@ -95,7 +95,10 @@ def _spec(**third) -> dict:
 
 
 def test_stages_pass_optimizer_selection_and_a_reference_from_an_earlier_stage_of_the_line():
-    plans = expand(parse_spec(_spec(ref_from={"stage": "a", "select": {"step": 2}}), path="s.yaml"))
+    spec = parse_spec(_spec(ref_from={"stage": "a", "select": {"step": 2}}), path="s.yaml")
+    plans = expand(spec)
+    # the sweep dir's spec copy expands to the same runs
+    assert [p.run_id for p in expand(parse_spec(spec.to_dict(), path="copy.yaml"))] == [p.run_id for p in plans]
     by_id = {p.run_id: p for p in plans}
     third = [p for p in plans if p.stage == "c"]
     assert len(third) == 2
