@@ -16,7 +16,7 @@ import yaml
 from model_dirs import fake_model_dir
 from typer.testing import CliRunner
 
-from armorlab.analysis.recipe import load_recipe
+from armorlab.analysis.recipe import load_recipe, unit_disagreement
 from armorlab.cli import app, main
 from armorlab.core.config import get_dotted, parse_overrides
 from armorlab.errors import ArmorLabError
@@ -139,7 +139,11 @@ def test_recipe_matches_the_runs_of_its_sweep(path, tmp_path):
                 sel = {k: v for k, v in sel.items() if not k.startswith(("task.", "model."))}
             hits = [c for c in configs if all(get_dotted(c, k, missing) == v for k, v in sel.items())]
             assert hits, f"compare selector {sel} selects no run of {spec_path.name}"
-        budget = min(c["max_steps"] for c in configs)
+        units = {c.get("step_unit", "optimizer") for c in configs}
+        # the recipe reads in the sweep's unit (a disagreement would read "test@500" elsewhere)
+        assert unit_disagreement(recipe.x, str(path), {str(spec_path): u for u in units}) is None, \
+            f"{_id(path)} reads x: {recipe.x}, {_id(spec_path)} counts in {units}"
+        budget = min(c["max_rollouts"] if recipe.x == "rollout" else c["max_steps"] for c in configs)
         assert all(s <= budget for s in recipe.matched_steps or ()), (recipe.matched_steps, budget)
 
 

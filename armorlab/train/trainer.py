@@ -131,11 +131,14 @@ class ArmorLabTrainer(GRPOTrainer):
 
     def __init__(self, model: Any, reward_funcs: Any, args: ArmorLabConfig, *, val_dataset: Any = None,
                  test_dataset: Any = None, reference_sampler: anc.ReferenceSampler | None = None,
-                 tokens_dir: str | os.PathLike | None = None, **kwargs: Any) -> None:
+                 tokens_dir: str | os.PathLike | None = None, reference_from: str | None = None,
+                 **kwargs: Any) -> None:
         if not isinstance(args, ArmorLabConfig):
             raise TypeError("ArmorLabTrainer needs an ArmorLabConfig")
-        # before TRL patches the policy's forward; none when nothing reads π_ref (reference_needed)
-        ref_model = build_reference_model(model, args) if reference_needed(args, val_dataset is not None) else None
+        # before TRL patches the policy's forward; none when nothing reads π_ref (reference_needed);
+        # ``reference_from``: weights of π_ref's own (config ref_from) instead of the policy's
+        ref_model = build_reference_model(model if reference_from is None else reference_from, args) \
+            if reference_needed(args, val_dataset is not None) else None
         # With β ≠ 0 TRL would load a reference of its own, which this one replaces: a third model
         # in memory. TRL decides from args.beta alone (PEFT aside: it then uses a "ref" adapter).
         beta = args.beta
@@ -159,6 +162,7 @@ class ArmorLabTrainer(GRPOTrainer):
         self.reference = ReferencePolicy(None if ref_model is None else self._prepare_reference(ref_model),
                                          ref_reset_steps=args.ref_reset_steps, schedule=args.ref_reset_schedule)
         self.ref_model = self.reference.model  # TRL's β·KL path uses it too
+        self.reference_from = reference_from  # π_ref's own start (config ref_from), else None
         self.armorlab_generation_config = self._generation_config()
         self.max_over_processes, self.collective_sync = self._process_syncs()
         if reference_sampler is None and args.ref_vllm_mode == "colocate":
