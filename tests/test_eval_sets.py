@@ -264,3 +264,25 @@ def test_tiny_run_logs_each_set_and_keeps_the_checkpoint_chosen_on_one(tmp_path,
     assert "val/math500/acc" not in rows[1] and "data/dedup_dropped" not in rows[1]
     selected = json.loads(rd.selected_path.read_text())
     assert selected["metric"] == "val/math500/acc" and selected["step"] == 2  # the one checkpoint
+
+
+@pytest.mark.slow
+def test_training_refuses_an_overlapping_set_before_a_step(tmp_path, monkeypatch):
+    from armorlab.core.runs import RunDir
+    from armorlab.train.launch import train_run_dir
+
+    monkeypatch.setenv("ARMORLAB_CACHE", str(tmp_path / "cache"))
+    data = dapo_shaped(tmp_path)
+    copies = math500_shaped(tmp_path, shared=10, name="copies.jsonl")  # problems 0-9, spelled otherwise
+    cfg = resolve({"model": {"name": "tiny", "warm_start_steps": 0, "hidden_size": 64, "num_layers": 1, "num_heads": 2},
+                   "task": {"name": "math", "path": str(data), "val_size": 1, "test_size": 1},
+                   "max_steps": 1, "val_every": 0, "max_completion_length": 6, "eval_sets": {"copies": str(copies)}})
+    task = build_task(cfg["task"])
+    shared = 10 - len({int(a) - 1 for a in [*task.val["answer"], *task.test["answer"]]} & set(range(10)))
+    rd = RunDir.create(tmp_path / "runs", cfg)
+    with pytest.raises(ArmorLabError) as err:  # the CLI prints it and exits 2 (test_cli_user_error_in_a_run_dir_exits_2)
+        train_run_dir(rd.path)
+    status = rd.read_status()
+    assert err.value.key == "eval_sets.copies.path" and status["state"] == "failed"
+    assert f"{shared} of its 10 problems are also training problems" in status["reason"]
+    assert "eval_sets.copies.path" in status["reason"] and not rd.read_metrics()

@@ -83,6 +83,8 @@ def test_spec_validates_and_dry_runs(path, overrides, tmp_path, monkeypatch):
     if tiny:
         assert all(r.config["model"]["name"] == "tiny" and r.config["task"]["name"] == "arithmetic"
                    for r in plan.runs)
+    elif spec.base.get("eval_sets"):  # the benchmarks' stand-ins resolved into every run
+        assert all(set(r.config["eval_sets"]) == set(spec.base["eval_sets"]) for r in plan.runs)
     if spec.profile:
         assert spec.profile_path().is_file()
     result = CliRunner().invoke(app, args)
