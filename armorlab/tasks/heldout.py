@@ -69,6 +69,7 @@ def build_eval_sets(cfg: Mapping[str, Any], task: Any) -> dict[str, EvalSet]:
     task's training rows is an error naming the count and the file unless ``allow_eval_overlap``."""
     from datasets import Dataset
 
+    # lazy: mathfile imports this module
     from armorlab.tasks.mathfile import _column, load_records, make_prompt
 
     tc, settings = cfg["task"], task.settings
