@@ -286,3 +286,31 @@ def test_training_refuses_an_overlapping_set_before_a_step(tmp_path, monkeypatch
     assert err.value.key == "eval_sets.copies.path" and status["state"] == "failed"
     assert f"{shared} of its 10 problems are also training problems" in status["reason"]
     assert "eval_sets.copies.path" in status["reason"] and not rd.read_metrics()
+
+
+@pytest.mark.slow
+def test_the_validator_scores_each_set_with_its_own_n_and_k_by_hand(tmp_path, monkeypatch):
+    """Rewards fixed per problem (problem i: the first i mod 4 of its samples correct), whatever
+    the tiny model writes: the logged avg@n and pass@k are then known by hand."""
+    from armorlab.core.runs import RunDir
+    from armorlab.train.launch import build_trainer
+
+    monkeypatch.setenv("ARMORLAB_CACHE", str(tmp_path / "cache"))
+    held = math500_shaped(tmp_path, 6)  # problem i answers 3i
+    cfg = resolve({"model": {"name": "tiny", "warm_start_steps": 0, "hidden_size": 64, "num_layers": 1, "num_heads": 2},
+                   "task": {"name": "math", "path": str(dapo_shaped(tmp_path)), "val_size": 2, "test_size": 2},
+                   "max_completion_length": 4, "kl_probe_prompts": 0, "val_samples": 1,
+                   "eval_sets": {"m": {"path": str(held), "role": "val", "samples": 4, "k": 2}}})
+    trainer = build_trainer(cfg, RunDir.create(tmp_path / "runs", cfg))
+
+    def fixed(prompts, completions, completion_ids, rows):
+        correct = int(rows[0]["answer"]) // 3 % 4
+        return [1.0 if j < correct else 0.0 for j in range(len(completions))]
+
+    trainer.validator.score = fixed
+    logs = trainer.validator.scores(0)
+    # correct per problem: 0, 1, 2, 3, 0, 1 of 4 → avg@4 = 7/24
+    assert logs["val/m/acc"] == pytest.approx(7 / 24) and logs["val/m/n"] == 24
+    # pass@2 = 1 − C(4−c, 2)/C(4, 2): c = 0 → 0, 1 → 1/2, 2 → 5/6, 3 → 1; mean = (0 + 1/2 + 5/6 + 1 + 0 + 1/2)/6
+    assert logs["val/m/pass@k"] == pytest.approx(17 / 36)
+    assert logs["val/n"] == 2 and logs["test/n"] == 2  # the task's own splits keep val_samples = 1
