@@ -195,8 +195,31 @@ def test_hostile_eval_sets_name_key_and_value(tmp_path, sets, key, words):
         assert repr(bad_value) in str(err.value) or str(bad_value) in str(err.value)
 
 
+def test_a_set_from_a_cached_hub_id_reads_its_split_offline(tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    # the hub cache's layout: <cache>/datasets--<org>--<name>/{refs/main, snapshots/<commit>/...}
+    repo, commit = tmp_path / "hub" / "datasets--me--MATH-500", "0123456789abcdef0123456789abcdef01234567"
+    (repo / "snapshots" / commit / "data").mkdir(parents=True)
+    math500_shaped(repo / "snapshots" / commit / "data", 7, name="test.jsonl")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "datasets-cache"))
+    cfg = config(dapo_shaped(tmp_path), {"math500": {"path": "me/MATH-500", "split": "test", "samples": 2}})
+    assert cfg["eval_sets"]["math500"]["fingerprint"] == f"rev:{commit}"
+    sets = build_eval_sets(cfg, build_task(cfg["task"]))
+    assert sets["math500"].data["answer"] == [str(3 * i) for i in range(7)]
+    bad = config(dapo_shaped(tmp_path), {"math500": {"path": "me/MATH-500", "split": "validation"}})
+    with pytest.raises(ArmorLabError) as err:
+        build_eval_sets(bad, build_task(bad["task"]))
+    assert err.value.key == "eval_sets.math500.split" and "no split 'validation' (splits: test)" in str(err.value)
+
+
 def test_missing_files_and_hub_ids_and_bad_selections_are_named(tmp_path, monkeypatch):
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))  # an empty cache: nothing is cached
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))  # an empty cache: nothing is cached
     data = dapo_shaped(tmp_path)
     task = {"name": "math", "path": str(data), "val_size": 4, "test_size": 4}
     for path, words in (("someone/aime-2024-not-cached", "not in the local Hugging Face cache"),

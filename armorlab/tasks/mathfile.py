@@ -133,6 +133,8 @@ def load_records(path: str, split: str = "train", key: str = "task.path") -> lis
                                 key=key, value=path)
         try:  # the snapshot is a local folder: datasets reads its files, offline
             rows = _pick_split(load_dataset(str(snapshot)), split, path, _split_key(key)).to_list()
+        except ArmorLabError:  # a missing split: named as such, not as an unreadable dataset
+            raise
         except (OSError, ValueError) as exc:
             raise ArmorLabError(f"cannot read the cached hub dataset: {exc}", key=key, value=path,
                                 file=str(snapshot)) from None

@@ -4,6 +4,9 @@
   rewards); ``val/pass@k`` the share of prompts with at least one sample whose reward reaches
   the correctness threshold; ``val/length`` the mean completion length in tokens (eos included,
   as TRL counts it). The same on the test split under ``test/``. Anchors are never injected.
+- Each named held-out set (``eval_sets``, tasks/heldout.py) the same under ``val/<set>/`` or
+  ``test/<set>/``, with its own n samples per problem (acc = avg@n) and pass@k's k ≤ n, estimated
+  without bias from the n samples (algos/pass_at_k.py).
 - ``kl/exact_reverse`` = E_{y~π_θ} Σ_t KL(π_θ(·|y<t) ‖ π_ref(·|y<t)) and ``kl/exact_forward`` =
   E_{y~π_ref} Σ_t KL(π_ref ‖ π_θ): the full-vocabulary per-token KL summed along each sampled
   sequence and averaged over sequences, at the training temperature, on a fixed set of probe
@@ -124,7 +127,8 @@ class Validator:
     def scores(self, step: int, k: int | None = None) -> dict[str, float]:
         """``val/*`` and ``test/*`` (acc, pass@k, length, n) of the current policy, without the KL
         probe, in the RNG stream of step ``step``: with k = val_samples exactly what the run logged
-        at that step from the same weights (``armorlab evaluate`` reads kept checkpoints with it)."""
+        at that step from the same weights (``armorlab evaluate`` reads kept checkpoints with it).
+        The named held-out sets keep their own n."""
         saved, self.k = self.k, int(k or self.k)
         try:
             return self._evaluate(step, probe=False)
