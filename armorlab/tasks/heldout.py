@@ -36,10 +36,14 @@ def problem_key(problem: str | Sequence[Mapping[str, str]]) -> str:
 def first_of_each(problems: Iterable[Any]) -> tuple[list[int], int]:
     """(indices of the first row of each normalised problem, how many rows repeated one before)."""
     seen: set[str] = set()
+    keys: dict[str, str] = {}  # repeats are mostly verbatim (DAPO-Math-17k): normalise each text once
     kept: list[int] = []
     dropped = 0
     for i, problem in enumerate(problems):
-        key = problem_key(problem)
+        if isinstance(problem, str):
+            key = keys.get(problem) or keys.setdefault(problem, problem_key(problem))
+        else:
+            key = problem_key(problem)
         if key in seen:
             dropped += 1
             continue
