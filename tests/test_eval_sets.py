@@ -92,6 +92,16 @@ def test_disjoint_sets_build_with_their_own_samples_and_k(tmp_path):
     assert sets["aime"].data[5] == {"prompt": "What is 5 times 3?", "answer": "15"}
 
 
+def test_a_set_repeated_for_avg_at_n_keeps_each_problem_once(tmp_path, caplog):
+    # verl-style benchmark files repeat each problem n times for avg@n: here 6 problems × 32 rows
+    rows = [{"problem": f"What is {i} times 3?", "answer": str(3 * i)} for _ in range(32) for i in range(6)]
+    repeated = write_jsonl(tmp_path / "aime_x32.jsonl", rows)
+    cfg = config(dapo_shaped(tmp_path), {"aime": {"path": str(repeated), "samples": 32}})
+    held = build_eval_sets(cfg, build_task(cfg["task"]))["aime"]
+    assert (len(held.data), held.dropped, held.samples) == (6, 6 * 31, 32)
+    assert "eval_sets.aime: 186 of 192 rows repeat an earlier problem" in caplog.text
+
+
 def test_overlap_is_refused_with_count_and_file_and_the_opt_out_works(tmp_path, caplog):
     held = math500_shaped(tmp_path, shared=3)
     cfg = config(dapo_shaped(tmp_path), {"math500": {"path": str(held)}}, task={

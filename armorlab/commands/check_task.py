@@ -42,8 +42,8 @@ def check_rows(cfg: dict[str, Any], *, rows: int, split: str, seed: int,
         summary.append(f"train: {len(task.train)} rows" + ("" if dropped is None else
                        f" ({dropped} rows repeating an earlier problem dropped)") +
                        f"; val: {len(task.val)}; test: {len(task.test)}")
-        summary += [f"{s.prefix}: {len(s.data)} problems, avg@{s.samples}, pass@{s.k} ({s.path})"
-                    for s in held_out.values()]
+        summary += [f"{s.prefix}: {len(s.data)} problems" + (f" ({s.dropped} repeated rows dropped)" if s.dropped
+                    else "") + f", avg@{s.samples}, pass@{s.k} ({s.path})" for s in held_out.values()]
     if model_path is None:  # the tiny model is not built: prompts and gold rewards only
         out = []
         for row in data.select(range(min(rows, len(data)))):

@@ -62,6 +62,7 @@ class EvalSet:
     samples: int
     k: int
     path: str
+    dropped: int = 0  # rows repeating an earlier problem of the set (a file repeated n times for avg@n)
 
     @property
     def prefix(self) -> str:
@@ -87,6 +88,11 @@ def build_eval_sets(cfg: Mapping[str, Any], task: Any) -> dict[str, EvalSet]:
         answers = _column(rows, spec["answer_key"], "answer_key", spec["path"], section=where)
         prompts = [make_prompt(p, template=tc["prompt_template"], system=tc["system_prompt"],
                                chat=settings["chat"]) for p in problems]
+        kept, dropped = first_of_each(prompts)  # a repeat would count twice in n and break pass@k
+        if dropped:
+            log.warning("%s: %d of %d rows repeat an earlier problem and are dropped (for avg@n of each "
+                        "problem, set samples: n)", where, dropped, len(prompts))
+            prompts, answers = [prompts[i] for i in kept], [answers[i] for i in kept]
         shared = sum(problem_key(p) in train_keys for p in prompts)
         if shared and not cfg.get("allow_eval_overlap"):
             raise ArmorLabError(f"{shared} of its {len(prompts)} problems are also training problems of "
@@ -97,5 +103,5 @@ def build_eval_sets(cfg: Mapping[str, Any], task: Any) -> dict[str, EvalSet]:
             log.warning("%s shares %d of %d problems with training (allow_eval_overlap: true)", where, shared,
                         len(prompts))
         out[name] = EvalSet(name, spec["role"], Dataset.from_dict({"prompt": prompts, "answer": answers}),
-                            spec["samples"], spec["k"], spec["path"])
+                            spec["samples"], spec["k"], spec["path"], dropped)
     return out
