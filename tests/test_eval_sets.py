@@ -93,7 +93,7 @@ def test_disjoint_sets_build_with_their_own_samples_and_k(tmp_path):
 
 
 def test_a_set_repeated_for_avg_at_n_keeps_each_problem_once(tmp_path, caplog):
-    # verl-style benchmark files repeat each problem n times for avg@n: here 6 problems × 32 rows
+    # a benchmark file repeating each problem n times (one sample per row) for avg@n: 6 problems × 32 rows
     rows = [{"problem": f"What is {i} times 3?", "answer": str(3 * i)} for _ in range(32) for i in range(6)]
     repeated = write_jsonl(tmp_path / "aime_x32.jsonl", rows)
     cfg = config(dapo_shaped(tmp_path), {"aime": {"path": str(repeated), "samples": 32}})
