@@ -34,6 +34,8 @@ from armorlab.core.checks import (
     optional,
     text,
 )
+from armorlab.core.eval_sets import FIELD_SPECS as EVAL_SET_FIELDS
+from armorlab.core.eval_sets import resolve_eval_sets
 from armorlab.core.fit import TINY_MAX_POSITIONS, TINY_MODEL, check_held_out, check_lengths  # noqa: F401
 from armorlab.core.identity import data_identity, model_identity
 from armorlab.core.schedule import STEP_UNITS, config_per_rollout, rollout_horizon
@@ -320,6 +322,8 @@ FIELDS: dict[str, Field] = {
     "ref_validate_resets": Field(False, boolean, "validate π_ref (ref/val_acc) at every reset; false: only at "
                                  "resets on evaluation steps, where it is that step's val/acc", type=bool),
 }
+# held-out evaluation sets and the kept checkpoint's metric (armorlab.core.eval_sets)
+FIELDS.update({name: Field(*spec) for name, spec in EVAL_SET_FIELDS.items()})
 # Execution settings of the reference engine: dropped from the resolved config while they are not
 # read (the mode off, or another mode's settings), so runs that do not use them keep their run ids.
 REF_VLLM_KEYS = ("ref_vllm_mode", "ref_vllm_memory", "ref_vllm_dtype", "ref_vllm_tensor_parallel_size")
@@ -331,7 +335,8 @@ DROPPED_AT_DEFAULT: dict[str, Any] = {"step_unit": "optimizer", "max_rollouts": 
                                       "val_greedy": False,
                                       "grad_share_every": 10,
                                       "ref_vllm_dtype": None, "ref_vllm_tensor_parallel_size": 1,
-                                      "kl_telemetry": True, "ref_validate_resets": False}
+                                      "kl_telemetry": True, "ref_validate_resets": False,
+                                      "eval_sets": None, "allow_eval_overlap": False, "keep_select": None}
 REF_VLLM_SERVER_KEYS = ("ref_vllm_server_host", "ref_vllm_server_port", "ref_vllm_server_base_url",
                         "ref_vllm_server_timeout", "ref_vllm_group_port")
 
@@ -721,6 +726,7 @@ def _resolve_once(raw: Mapping[str, Any], *, file: str | None = None, check_path
         _fingerprint_ref_checkpoint(out, file)
     out["task"] = _resolve_task(raw.get("task"), file, check_paths)
     out["model"] = _resolve_model(raw.get("model"), file, check_paths)
+    resolve_eval_sets(out, file, check_paths)
     if check_paths and set(raw) - {"task", "model"}:  # not for a model/task section resolved on its own
         check_lengths(out, file)
     _normalise_inert(out)

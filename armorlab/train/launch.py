@@ -394,6 +394,7 @@ def build_trainer(cfg: dict[str, Any], run_dir: RunDir, callbacks: Iterable[Any]
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
     from armorlab.tasks import build_task
+    from armorlab.tasks.heldout import build_eval_sets
     from armorlab.train import keep
     from armorlab.train.models import has_chat_template, prepare_model
     from armorlab.train.telemetry import RunDirLogger
@@ -413,9 +414,13 @@ def build_trainer(cfg: dict[str, Any], run_dir: RunDir, callbacks: Iterable[Any]
             prepare_model(cfg["model"], cfg["task"]) if reference.source == "model" else reference.path
     task = build_task(cfg["task"], chat=has_chat_template(model))
     check_can_step(args, len(task.train), str(run_dir.config_path))
+    held_out = build_eval_sets(cfg, task)  # refuses a set that shares problems with training
+    data_metrics = {"data/dedup_dropped": float(task.settings["dedup_dropped"])} \
+        if "dedup_dropped" in task.settings else {}
     try:
         trainer = ArmorLabTrainer(str(model), task.reward_funcs, args, train_dataset=task.train,
                                   val_dataset=task.val, test_dataset=task.test, tokens_dir=run_dir.tokens_dir,
+                                  eval_sets=held_out, data_metrics=data_metrics,
                                   callbacks=[RunDirLogger(run_dir), *callbacks],
                                   reference_from=None if ref_path is None else str(ref_path))
     except ArmorLabError:

@@ -114,7 +114,9 @@ class ArmorLabTrainer(GRPOTrainer):
     """GRPOTrainer training any armorlab objective, with anchors, reference resets and telemetry.
 
     Extra keyword arguments: ``val_dataset`` / ``test_dataset`` (columns ``prompt`` + reward
-    kwargs) for ``val/*`` and ``test/*``; ``reference_sampler`` to replace the transformers
+    kwargs) for ``val/*`` and ``test/*``; ``eval_sets`` (name → tasks.heldout.EvalSet) for the named
+    held-out sets' ``val/<name>/*`` / ``test/<name>/*``; ``data_metrics`` logged once at step 0
+    (``data/dedup_dropped``); ``reference_sampler`` to replace the transformers
     sampler of π_ref (the vLLM seam); ``tokens_dir`` for the token dump (default
     ``<output_dir>/tokens``).
     """
@@ -132,7 +134,7 @@ class ArmorLabTrainer(GRPOTrainer):
     def __init__(self, model: Any, reward_funcs: Any, args: ArmorLabConfig, *, val_dataset: Any = None,
                  test_dataset: Any = None, reference_sampler: anc.ReferenceSampler | None = None,
                  tokens_dir: str | os.PathLike | None = None, reference_from: str | None = None,
-                 **kwargs: Any) -> None:
+                 eval_sets: Any = None, data_metrics: dict[str, float] | None = None, **kwargs: Any) -> None:
         if not isinstance(args, ArmorLabConfig):
             raise TypeError("ArmorLabTrainer needs an ArmorLabConfig")
         # before TRL patches the policy's forward; none when nothing reads π_ref (reference_needed);
@@ -191,7 +193,9 @@ class ArmorLabTrainer(GRPOTrainer):
         self.validator = Validator(self, {"val": val_dataset, "test": test_dataset}, k=args.val_samples,
                                    temperature=args.val_temperature, greedy=args.val_greedy,
                                    threshold=args.anchor_reward_threshold,
-                                   probe_prompts=args.kl_probe_prompts, score=self._reward_values)
+                                   probe_prompts=args.kl_probe_prompts, score=self._reward_values,
+                                   eval_sets=eval_sets)
+        self.data_metrics = dict(data_metrics or {})
         self.token_dump = TokenDump(tokens_dir or Path(args.output_dir) / "tokens", args.token_sample_rate,
                                     seed=args.seed, process_index=self.accelerator.process_index)
         self._rollout_inputs: list[dict] | None = None
