@@ -40,7 +40,7 @@ from armorlab.errors import ArmorLabError
 
 # the equations, for code written against the pre-0.2 module armorlab.objectives (now this one)
 __all__ = ["AGGREGATION_UNIT", "AGGREGATORS", "LossOutput", "aggregate", "capacity_summary", "clip_bounds",
-           "clipped_surrogate", "mixed_ratio", "policy_loss", "probability_capacity", "sequence_log_ratio",
+           "clipped_surrogate", "mixed_ratio", "objective_params", "policy_loss", "probability_capacity", "sequence_log_ratio",
            "token_log_ratio", "up_denominator", "vllm_corrected_loss"]
 
 
@@ -186,7 +186,7 @@ def _check_batch(name: str, lead: torch.Tensor, old_logp: torch.Tensor, advantag
     return shape
 
 
-def _params(objective: str, given: Mapping[str, Any] | None) -> dict[str, float]:
+def objective_params(objective: str, given: Mapping[str, Any] | None) -> dict[str, float]:
     """The objective's parameters (``ObjectiveSpec.params``): its defaults, overridden by ``given``
     where not None; each must be a finite number (> 0 for a required one, default None)."""
     declared = objective_spec(objective).params
@@ -346,7 +346,7 @@ def policy_loss(objective: str, logp: torch.Tensor, old_logp: torch.Tensor, adva
         raise _fail(f"aggregation {aggregation!r} (objective {objective!r}) needs max_len, a positive int",
                     "max_len", max_len)
     b = _prepare(objective, logp, old_logp, advantages, mask, ref_logp, alpha, eps_low, eps_high, dual_clip,
-                 _params(objective, params))
+                 objective_params(objective, params))
     s = spec.fn(b)
     zero = logp.new_zeros(())
     per_token = torch.where(b.mask, s.per_token, zero)

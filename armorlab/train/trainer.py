@@ -56,6 +56,7 @@ from armorlab.algos.loss import (
     LossOutput,
     aggregate,
     capacity_summary,
+    objective_params,
     policy_loss,
     probability_capacity,
     vllm_corrected_loss,
@@ -216,6 +217,8 @@ class ArmorLabTrainer(GRPOTrainer):
             raise ArmorLabError("reference resets are not supported with a PEFT adapter",
                                 key="ref_reset_steps", value=self.args.ref_reset_steps)
         self._check_units()
+        objective_params(self.args.objective, {k: getattr(self.args, k, None)  # dro_beta unset: fail now
+                                               for k in objective_spec(self.args.objective).params})
         if self.args.objective == "vespo" and self.use_vllm and self.vllm_importance_sampling_correction:
             # TRL folds the sampler's ratio into VESPO's sequence weight instead of scaling the loss
             raise ArmorLabError("vespo with vLLM's importance-sampling correction is not supported: set "
