@@ -317,6 +317,26 @@ def test_binary_kl_capacity_reaches_delta():
     assert (up > p).all() and (down < p).all()
 
 
+@pytest.mark.parametrize("objective", ["cispo", "sapo", "gmpo", "dppo_tv", "dppo_kl", "clip_cov", "vespo"])
+def test_offline_capacity_of_sampled_tokens_is_token_capacity(objective):
+    """`armorlab report`'s chunked kernel (numpy, from tokens/) gives capacity.token_capacity's
+    statistics for the field's objectives too."""
+    import numpy as np
+
+    from armorlab.algos import capacity
+    from armorlab.analysis.capacity_stats import token_kernel
+
+    rng = np.random.default_rng(0)
+    old = np.log(rng.uniform(0.01, 0.99, 500))
+    adv = rng.normal(size=500)
+    got = token_kernel(old + 0.1, old, None, adv, objective=objective, eps_low=0.2, eps_high=0.28, chunk=128)
+    p, sign = np.exp(old), np.sign(adv)
+    want = capacity.capacity_stats(capacity.token_capacity(objective, p, sign, eps_low=0.2, eps_high=0.28), p, sign,
+                                   np.ones(500))
+    for key, value in want.items():
+        assert got[key] == pytest.approx(value, rel=1e-6), key
+
+
 def parity_table() -> list[tuple[str, str, int, float, float]]:
     rows = []
     for objective, name, formula, ga in CASES:
