@@ -30,6 +30,7 @@ def test_loss_type_cispo_brings_trl_recommended_epsilon_max():
     ({"objective": "dro"}, "dro_beta", "needs dro_beta"),
     ({"objective": "dro", "dro_beta": -1.0}, "dro_beta", "> 0"),
     ({"objective": "sapo", "sapo_temperature_pos": "hot"}, "sapo_temperature_pos", "number"),
+    ({"objective": "cispo", "dual_clip": 3.0}, "dual_clip", "no dual clip"),
 ])
 def test_bad_objective_keys_name_key_value_and_file(raw, key, words):
     with pytest.raises(ArmorLabError) as err:

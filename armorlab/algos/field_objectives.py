@@ -44,6 +44,8 @@ GMPO_EPS = {"epsilon": 0.4, "epsilon_high": 0.4}
 # Objectives that pick tokens by statistics of the micro-batch they are given (as verl does per
 # micro-batch): their loss is not the sum of its parts', at GA > 1 or over processes
 MICRO_BATCH_SELECTION = ("clip_cov", "kl_cov")
+# Objectives whose reference has no dual clip (a `dual_clip` set with them is refused by the config)
+NO_DUAL_CLIP = ("cispo", "cispo_verl", "sapo", "gmpo", "kl_cov", "gpg", "dro", "vespo")
 
 
 def _unclipped(b: Batch, per_token: Tensor, log_r: Tensor, ratio: Tensor) -> Surrogate:
@@ -107,11 +109,16 @@ def gmpo(b: Batch) -> Surrogate:
     the token ratios, each token's log-ratio clipped to (−ε_low, ε_high) on its advantage's side:
     −A_i·exp(mean_t sgn(A)·min(sgn(A)·log r_t, sgn(A)·clip(log r_t))); one loss per sequence."""
     log_r = token_log_ratio(b.logp, b.old_logp)
-    sign = b.adv.sign()
-    kept = sign * (sign * log_r).minimum(sign * log_r.clamp(-b.eps_low, b.eps_high))
+    # sgn(A)·min(sgn(A)·x, sgn(A)·clip(x)) is one clamp per row: (−inf, ε_high] for A > 0,
+    # [−ε_low, inf) for A < 0, {0} for A = 0 (the same values, negation being exact)
+    zero = b.adv.new_zeros(())
+    lo_log, hi_log = _sided_bounds(b, -b.eps_low, b.eps_high)
+    at_zero = b.adv == 0
+    kept = log_r.clamp(min=lo_log.where(~at_zero, zero), max=hi_log.where(~at_zero, zero))
     per_seq = -b.adv * sequence_log_ratio(kept, b.n_tokens).exp()
     lo, hi = _sided_bounds(b, math.exp(-b.eps_low), math.exp(b.eps_high))
-    return Surrogate(per_seq, log_r.exp(), lo, hi, log_r)
+    ratio = log_r.exp()
+    return Surrogate(per_seq, ratio, lo, hi, log_r, ratio)
 
 
 # =========================================================================== DPPO
@@ -136,10 +143,10 @@ def dppo_tv(b: Batch) -> Surrogate:
     return _dppo(b, diff, valid, log_r)
 
 
-def binary_kl(p_old: Tensor, old_logp: Tensor, logp: Tensor) -> Tensor:
+def binary_kl(p_old: Tensor, old_logp: Tensor, p: Tensor, logp: Tensor) -> Tensor:
     """DPPO (arXiv 2602.04879): the KL of the Bernoulli (π_old, 1 − π_old) to (π, 1 − π),
     π_old·(log π_old − log π) + (1 − π_old)·log((1 − π_old + 1e-8)/(1 − π + 1e-8)), as verl."""
-    return p_old * (old_logp - logp) + (1 - p_old) * ((1.0 - p_old + 1e-8) / (1.0 - logp.exp() + 1e-8)).log()
+    return p_old * (old_logp - logp) + (1 - p_old) * ((1.0 - p_old + 1e-8) / (1.0 - p + 1e-8)).log()
 
 
 @register_objective("dppo_kl", aggregation="token-mean", capacity="binary_kl")
@@ -148,7 +155,7 @@ def dppo_kl(b: Batch) -> Surrogate:
     π_old is ≤ δ_high (A > 0, or π_θ ≤ π_old) / ≤ δ_low (A ≤ 0, or π_θ ≥ π_old); token-mean."""
     log_r = token_log_ratio(b.logp, b.old_logp)
     p, p_old = b.logp.exp(), b.old_logp.exp()
-    kl = binary_kl(p_old, b.old_logp, b.logp)
+    kl = binary_kl(p_old, b.old_logp, p, b.logp)
     valid = ((kl <= b.eps_high) | (p <= p_old)).where(b.adv > 0, (kl <= b.eps_low) | (p >= p_old))
     signed = kl.where(p > p_old, -kl)  # > δ_high / < −δ_low exactly where a token is dropped
     return _dppo(b, signed, valid, log_r)

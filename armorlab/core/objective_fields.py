@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from armorlab.algos.field_objectives import NO_DUAL_CLIP
 from armorlab.algos.objectives import objective_names, objective_spec
 from armorlab.errors import ArmorLabError
 
@@ -65,6 +66,9 @@ def apply_loss_type(raw: Mapping[str, Any], file: str | None) -> Mapping[str, An
 def resolve_params(out: dict[str, Any], file: str | None) -> None:
     """Fill the objective's parameters (its default where unset or null) and drop the others."""
     spec = objective_spec(out["objective"])
+    if out.get("dual_clip") is not None and spec.name in NO_DUAL_CLIP:
+        raise ArmorLabError(f"objective {spec.name!r} has no dual clip (its reference has none); remove it",
+                            key="dual_clip", value=out["dual_clip"], file=file)
     for key in param_keys() - set(spec.params):
         out.pop(key, None)
     for key, default in spec.params.items():
