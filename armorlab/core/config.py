@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 
 from armorlab.algos.objectives import AGGREGATIONS, objective_names, objective_spec
-from armorlab.core import trl_fields
+from armorlab.core import objective_fields, trl_fields
 from armorlab.core.checks import (
     Invalid,
     address,
@@ -324,6 +324,12 @@ FIELDS: dict[str, Field] = {
 }
 # held-out evaluation sets and the kept checkpoint's metric (armorlab.core.eval_sets)
 FIELDS.update({name: Field(*spec) for name, spec in EVAL_SET_FIELDS.items()})
+# --------------------------------------------------------------------------- objectives' own parameters
+# verl's names for the parameters of its losses (armorlab.core.objective_fields); null = the
+# objective's default, dropped where the objective does not read them
+FIELDS.update({key: Field(None, optional(number()), doc, type=float | None)
+               for key, doc in objective_fields.PARAM_FIELDS.items()})
+
 # Execution settings of the reference engine: dropped from the resolved config while they are not
 # read (the mode off, or another mode's settings), so runs that do not use them keep their run ids.
 REF_VLLM_KEYS = ("ref_vllm_mode", "ref_vllm_memory", "ref_vllm_dtype", "ref_vllm_tensor_parallel_size")
@@ -655,6 +661,7 @@ def _resolve_once(raw: Mapping[str, Any], *, file: str | None = None, check_path
     if not isinstance(raw, Mapping):
         raise ArmorLabError("config must be a mapping", key="<root>", value=raw, file=file)
     known_trl = grpo_field_names()
+    raw = objective_fields.apply_loss_type(raw, file)  # TRL's loss_type: X names objective X
     for key in raw:
         if not isinstance(key, str):
             raise ArmorLabError("keys must be strings", key=str(key), value=raw[key], file=file)
@@ -717,6 +724,7 @@ def _resolve_once(raw: Mapping[str, Any], *, file: str | None = None, check_path
             raise ArmorLabError(str(exc), key=key, value=value, file=file) from None
     _check_logging_backends(out.get("report_to"), file)
     fill_objective_defaults(out)
+    objective_fields.resolve_params(out, file)
     if out["ref_vllm_mode"] != "none" and not (out["anchor"] or out["anchor_gate"]):
         raise ArmorLabError("a reference engine only samples anchors: set anchor or anchor_gate, or "
                             "ref_vllm_mode: none", key="ref_vllm_mode", value=out["ref_vllm_mode"], file=file)

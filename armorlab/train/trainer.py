@@ -50,11 +50,13 @@ from trl.trainer.utils import add_fused_lm_head, is_async_callable
 from armorlab.algos import dynamic_sampling as dyn
 from armorlab.algos import kl
 from armorlab.algos.advantages import group_advantages
+from armorlab.algos.entropy import applied_entropy_coef, entropy_bonus, next_entropy_coef
 from armorlab.algos.loss import (
     AGGREGATION_UNIT,
     LossOutput,
     aggregate,
     capacity_summary,
+    objective_params,
     policy_loss,
     probability_capacity,
     vllm_corrected_loss,
@@ -223,6 +225,12 @@ class ArmorLabTrainer(GRPOTrainer):
             raise ArmorLabError("reference resets are not supported with a PEFT adapter",
                                 key="ref_reset_steps", value=self.args.ref_reset_steps)
         self._check_units()
+        objective_params(self.args.objective, {k: getattr(self.args, k, None)  # dro_beta unset: fail now
+                                               for k in objective_spec(self.args.objective).params})
+        if self.args.objective == "vespo" and self.use_vllm and self.vllm_importance_sampling_correction:
+            # TRL folds the sampler's ratio into VESPO's sequence weight instead of scaling the loss
+            raise ArmorLabError("vespo with vLLM's importance-sampling correction is not supported: set "
+                                "vllm_importance_sampling_correction: false", key="objective", value="vespo")
         custom_rollout = self.tools or self.rollout_func is not None or self.environment_factories is not None
         if self.args.dynamic_sampling or self.args.anchor_gate:
             dyn.check_refill_fits(self.args.per_device_train_batch_size * self.args.steps_per_generation,
@@ -577,11 +585,16 @@ class ArmorLabTrainer(GRPOTrainer):
         out = policy_loss(args.objective, lp, olp, adv, mask, ref_logp=ref if spec.uses_reference else None,
                           alpha=alpha, eps_low=self.epsilon_low, eps_high=self.epsilon_high,
                           dual_clip=args.dual_clip, aggregation=aggregation, max_len=self.max_completion_length,
-                          normalizer=normalizer)
+                          normalizer=normalizer, params={k: getattr(args, k, None) for k in spec.params})
         loss = out.loss
+        # TRL's top_entropy_quantile: only the highest-entropy tokens (quantile over every process) train
+        entropy_mask = None if args.top_entropy_quantile >= 1.0 else \
+            self.get_high_entropy_mask(entropy, mask, 1 - args.top_entropy_quantile).to(mask.dtype)
         is_ratio = inputs.get("importance_sampling_ratio")
-        if is_ratio is not None:  # TRL's vLLM correction, as TRL applies it: the per-token loss × ratio
-            loss = vllm_corrected_loss(out.per_token, is_ratio, mask, aggregation, self.max_completion_length,
+        weight = is_ratio if entropy_mask is None else (
+            entropy_mask if is_ratio is None else is_ratio * entropy_mask)
+        if weight is not None:  # TRL's vLLM correction and entropy mask, as TRL applies them: per-token loss × weight
+            loss = vllm_corrected_loss(out.per_token, weight, mask, aggregation, self.max_completion_length,
                                        normalizer)
         stats = StepStats()
         # In training, each term is this micro-batch's share of the optimiser step's global
@@ -602,6 +615,8 @@ class ArmorLabTrainer(GRPOTrainer):
             self._grad_shares(stats, model, out, mask, is_anchor, aggregation, normalizer,
                               None if beta_kl is None else self.beta * beta_kl)
         loss = loss * to_sum
+        if self._entropy_bonus_enabled:  # after to_sum: averaged over processes, as in TRL
+            loss = loss - self._entropy_term(entropy, mask if entropy_mask is None else mask * entropy_mask, training)
         if aux_loss is not None:  # a mean per micro-batch, averaged over them all
             loss = loss + self.router_aux_loss_coef * aux_loss / (
                 self.current_gradient_accumulation_steps if training else 1.0)
@@ -613,6 +628,30 @@ class ArmorLabTrainer(GRPOTrainer):
                                            adv=adv, mask=mask, token_mask=token_mask, entropy=entropy,
                                            is_anchor=is_anchor, alpha=alpha))
         return loss
+
+    def _entropy_term(self, entropy: torch.Tensor, mask: torch.Tensor, training: bool) -> torch.Tensor:
+        """TRL 1.16's entropy bonus c·H (armorlab.algos.entropy) and, in training, its adaptive
+        controller: the window's entropy summed over micro-batches and processes, c updated at each
+        optimiser step; ``obj/entropy_coef`` logged then. The state lives in TRL's attributes
+        (``entropy_coef``, ``_last_world_entropy``), which TRL's checkpoint code saves."""
+        args = self.args
+        term = entropy_bonus(entropy, mask, self.current_gradient_accumulation_steps if training else 1.0)
+        coef = applied_entropy_coef(self.entropy_coef, self._last_world_entropy, adaptive=self.use_adaptive_entropy,
+                                    target=args.entropy_target)
+        if training and self.use_adaptive_entropy:
+            window = torch.stack([(entropy * mask).sum(), mask.sum()]).detach()
+            self._entropy_window_stats = window if self._entropy_window_stats is None else \
+                self._entropy_window_stats + window
+            if self.accelerator.sync_gradients:
+                total = self.accelerator.reduce(self._entropy_window_stats, reduction="sum")
+                self._last_world_entropy = (total[0] / total[1].clamp(min=1.0)).item()
+                self.entropy_coef = next_entropy_coef(self.entropy_coef, self._last_world_entropy,
+                                                      target=args.entropy_target, delta=args.entropy_coef_delta,
+                                                      lo=args.entropy_coef_min, hi=args.entropy_coef_max)
+                self._entropy_window_stats = None
+        if training and self.accelerator.sync_gradients:
+            self._metrics["train"]["obj/entropy_coef"].append(self.entropy_coef)
+        return coef * term
 
     def _grad_share_due(self) -> bool:
         """The gradient-share probe runs on the first micro-batch of every ``grad_share_every``-th
