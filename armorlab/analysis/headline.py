@@ -124,7 +124,8 @@ def verdict(table: pd.DataFrame, baseline: str | None, names: dict[str, str] | N
         k, n = (int(x) for x in str(b["collapsed"]).split("/"))
         but = caveat(prevention(name(baseline), k, n, curve_alpha), "final")
         if but:
-            lines[-1] += f" {but[0].upper()}{but[1:]}: no comparison below can."
+            lines[-1] += (f" It did not fall beyond its noise ({k} of {n} seeds collapsed): no comparison below "
+                          "can show prevention.")
 
     for g, r in rows.items():
         if g == baseline:
