@@ -144,3 +144,14 @@ def test_a_declared_margin_makes_equivalence_possible_and_none_rules_it_out(tmp_
                             "arm: no margin declared (compare.delta) for equivalence or a seed plan"]
     assert any("no margin declared" in w for w in res.warnings)
 
+
+
+def test_the_baseline_fall_counts_only_runs_with_a_curve_to_judge():
+    import numpy as np
+
+    from armorlab.analysis.verdict_table import fall_record
+
+    per_run = pd.DataFrame({"final": [0.5, math.nan, 0.6], "collapse_step": [None, None, 30]})
+    record = fall_record(per_run, np.arange(3), "dapo", 0.04)
+    assert (record["collapsed"], record["n"], record["fell"]) == (1, 2, False)   # 1 − 0.96² = 0.078 > 0.05
+    assert fall_record(per_run.drop(columns="collapse_step"), np.arange(3), "dapo", 0.04)["fell"] is None

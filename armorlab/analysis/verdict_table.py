@@ -139,10 +139,13 @@ def build(per_run: pd.DataFrame, rs: RunSet, recipe: Recipe, pairs: Sequence[tup
 
 
 def fall_record(per_run: pd.DataFrame, rows: np.ndarray, baseline: str, curve_alpha: float) -> dict:
-    """margins (F1) for one baseline: how many of its runs (``rows`` of ``per_run``) collapsed."""
-    steps = per_run["collapse_step"].to_numpy()[rows] if "collapse_step" in per_run else np.empty(0)
-    collapsed = sum(s is not None and not (isinstance(s, float) and math.isnan(s)) for s in steps)
-    return prevention(baseline, collapsed, len(rows), curve_alpha)
+    """margins (F1) for one baseline: how many of its runs (``rows`` of ``per_run``) with a curve to
+    judge (a finite ``final``) collapsed; none judged without those columns."""
+    if "collapse_step" not in per_run or "final" not in per_run:
+        return prevention(baseline, 0, 0, curve_alpha)
+    judged = rows[np.isfinite(numeric_columns(per_run, ["final"])["final"][rows])]
+    collapsed = int(pd.notna(per_run["collapse_step"].to_numpy()[judged]).sum())
+    return prevention(baseline, collapsed, len(judged), curve_alpha)
 
 
 def _hours(v: V.Verdict, group_hours: Mapping[str, float]) -> float | None:
