@@ -120,6 +120,8 @@ def test_a_baseline_that_never_falls_cannot_show_prevention(tmp_path):
         assert "equivalent" not in said
         assert "dapo did not fall here (0 of 3 seeds collapsed): this cannot show prevention" in said
         assert all("cannot show prevention" in v for v in res.verdicts)
+        if delta is None:
+            assert "armor is not resolved (no margin declared). dapo did not fall here" in said
     # declared δ: the interval d = 0 ± t·se lies inside ±0.05, but says why it proves nothing
     assert res.verdicts[0].startswith("armor vs dapo: +0.000 [−0.023, +0.023] final val/acc — within ±0.050 with "
                                       "3 seeds per arm, but dapo did not fall here")

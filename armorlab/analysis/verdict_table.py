@@ -26,7 +26,7 @@ from armorlab.core.runs import RunDir
 from armorlab.errors import ArmorLabError
 from armorlab.stats import seeds as stats
 from armorlab.stats import verdicts as V
-from armorlab.stats.margins import caveat, margin_source, prevention
+from armorlab.stats.margins import NO_MARGIN, caveat, margin_source, prevention
 
 
 @dataclass
@@ -284,6 +284,8 @@ def answer(table: VerdictTable) -> str:
         if open_:
             tail = (f"none of the {len(vs)} arms is resolved" if len(open_) == len(vs) > MAX_NAMED
                     else f"{arms(open_)} not resolved")
+            if not any(math.isfinite(v.delta) for v in open_):
+                tail += f" ({NO_MARGIN})"
             text += ("; " if said else "") + tail + _open_cost(vs, table)
         return text + "." + _caveats(vs)
     wins: dict[str, set[str]] = {}
