@@ -12,7 +12,7 @@ x: step                                 # the x axis of curves and steps: step (
 scores: [selected_test, test@400, auc]  # headline scores: probability of improvement + bar charts
 compare: {baseline: {objective: dapo},  # a selector or a group label; or pairs: [[{objective: armor}, {objective: dapo}]]
           endpoints: [final, drop, selected_test],   # verdicts (verdicts.py): the first is primary
-          delta: null}                  # smallest effect of interest; null = 2 SE of one eval (val/n)
+          delta: 0.05}                  # equivalence margin, fixed before the runs; none: nothing is equivalent
 collapse: {delta: 0.03, patience: 3, alpha: 0.04, entropy_frac: 0.1,   # collapse.py (C1)–(C7)
            train: train/reward, entropy: train/entropy, length: train/length}
 kl: [kl/reverse_k3, kl/forward_k3]      # the KL figure (default: these and kl/exact_*, if logged)
@@ -79,7 +79,8 @@ class Compare:
     """Which groups are compared (probability of improvement, verdicts): a baseline (a selector
     mapping or a group label) or pairs of selectors; both None = automatic. ``endpoints``: the
     per-run scores the verdicts judge, the first the primary (None = DEFAULT_ENDPOINTS);
-    ``delta``: the smallest effect of interest (None = twice one evaluation's standard error)."""
+    ``delta``: the equivalence margin, an effect of interest declared before the runs (None: no
+    comparison is called equivalent; armorlab.stats.margins)."""
     baseline: dict[str, Any] | str | None = None
     pairs: list[tuple[dict[str, Any], dict[str, Any]]] | None = None
     endpoints: list[str] | None = None
@@ -215,7 +216,7 @@ def parse_recipe(raw: Mapping[str, Any], *, file: str | None = None, name: str |
         delta = cmp_.get("delta")
         if delta is not None and (isinstance(delta, bool) or not isinstance(delta, (int, float))
                                   or not math.isfinite(delta) or delta <= 0):
-            raise _err("must be a number > 0 (or null: twice one evaluation's standard error)",
+            raise _err("must be a number > 0, the equivalence margin (or null: no margin, nothing equivalent)",
                        "compare.delta", delta, file)
         pairs = None
         if "pairs" in cmp_:

@@ -509,7 +509,7 @@ def _build_report(recipe: Recipe, out: Path, *, cache: bool, progress: Callable[
         "matched_steps": list(matched), "scores": scores, "kl": list(recipe.kl),
         "collapse": dict(vars(recipe.collapse)),
         "compare": {"endpoints": list(recipe.compare.endpoints or verdict_table.DEFAULT_ENDPOINTS),
-                    "delta": {e: d for e, (d, _) in verdicts.deltas.items()} if verdicts else recipe.compare.delta}})
+                    "delta": recipe.compare.delta}})  # the declared margin (None: none), as the recipe gave it
 
     order = ("val", "overoptimisation", "kl", "capacity", "ablation", "curves")  # their place on the page
     figs = [(section, path(), caption) for name in order if name in drawn
