@@ -35,7 +35,6 @@ log = logging.getLogger(__name__)
 
 P_LOW = 0.2
 CHUNK = 32768  # float32: 128 KiB per array, the kernel's eight chunk arrays (1 MiB) stay in L2 cache
-TOKEN_COLUMNS = ("logp", "old_logp", "ref_logp", "advantage", "is_anchor", "step")
 
 
 def capacity_limited_share(cap, p_old, sign, weight, *, p_low: float = P_LOW) -> float:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -16,12 +16,10 @@ from armorlab.analysis import groups as G
 from armorlab.analysis.html import Figure, Section, esc, write_index
 from armorlab.analysis.load import RunSet
 from armorlab.analysis.recipe import Recipe
+from armorlab.analysis.stages import Decided, Drawn, Grouped, Loaded, Scored
 from armorlab.core.fsutil import atomic_write_yaml
 from armorlab.core.runs import now_iso
 from armorlab.stats import seeds as stats
-
-if TYPE_CHECKING:  # the stages' results: armorlab.analysis.report imports this module
-    from armorlab.analysis.report import Decided, Drawn, Grouped, Loaded, Scored
 
 
 @dataclass
