@@ -182,25 +182,10 @@ def _place(fig, legend, suptitle, below=None) -> bool:
     instructions of constrained layout, which measures every axis and title twice through
     generic tight bounding boxes. False (nothing decided) for any other shape."""
     renderer = fig.canvas.get_renderer()
-    axes = [ax for ax in fig.axes if ax.axison]
-    specs = [ax.get_subplotspec() for ax in fig.axes]
-    if not axes or None in specs or len({s.get_gridspec() for s in specs}) != 1:
+    grid = _grid(fig, legend, renderer)
+    if grid is None:
         return False
-    rows, cols = specs[0].get_gridspec().get_geometry()
-    cell = {ax: (s.rowspan.start, s.colspan.start) for ax, s in zip(fig.axes, specs, strict=True)
-            if len(s.rowspan) == 1 and len(s.colspan) == 1}
-    if len(cell) != len(fig.axes):
-        return False
-    hang = None
-    if legend is not None:
-        lax = legend.axes
-        r, c = cell[lax]
-        if lax not in axes or any(ax in axes and cell[ax][0] == r and cell[ax][1] > c for ax in fig.axes):
-            return False  # the legend must have the rest of its row to itself
-        lbox = legend.get_window_extent(renderer)
-        # its size, and its offset from the panel's top right corner (borderaxespad) beyond the anchor
-        hang = (lax, r, c, lbox.width, lbox.height, lbox.x0 - lax.bbox.x1 - 0.01 * lax.bbox.width,
-                lax.bbox.y1 - lbox.y1)
+    axes, rows, cols, cell, hang = grid
     pad = _PAD * fig.dpi
     floor = 0.0  # the band under the panels that the figure legend takes
     if below is not None:
@@ -253,17 +238,47 @@ def _place(fig, legend, suptitle, below=None) -> bool:
             suptitle.set_verticalalignment("top")
     else:
         return False
-    if hang is not None and hang[0].bbox.x1 + 0.01 * hang[0].bbox.width + hang[5] + hang[3] > fig.bbox.width - pad + 1:
-        return False  # wider than the empty slots beside it
-    for ax in axes:  # the texts centred on a panel must fit its width
-        width = ax.bbox.width + 2 * pad
-        if any(t.get_text() and t.get_window_extent(renderer).width > width for t in (ax.title, ax.xaxis.label)):
-            return False
+    if not _fits(fig, axes, hang, pad, renderer):
+        return False
     for ax in axes:
         # the title at its default place, fixed: the draw would otherwise measure the whole y axis
         # again per title to dodge an offset text, and there is none here (see _decorations)
         ax.set_title(ax.get_title(), fontsize=ax.title.get_fontsize(), y=1.0)
     return True
+
+
+def _grid(fig, legend, renderer):
+    """(visible axes, rows, cols, cell of each axis, the legend's hang) of a grid _place can lay
+    out (one gridspec, one cell per axis, the legend with the rest of its row), else None."""
+    axes = [ax for ax in fig.axes if ax.axison]
+    specs = [ax.get_subplotspec() for ax in fig.axes]
+    if not axes or None in specs or len({s.get_gridspec() for s in specs}) != 1:
+        return None
+    rows, cols = specs[0].get_gridspec().get_geometry()
+    cell = {ax: (s.rowspan.start, s.colspan.start) for ax, s in zip(fig.axes, specs, strict=True)
+            if len(s.rowspan) == 1 and len(s.colspan) == 1}
+    if len(cell) != len(fig.axes):
+        return None
+    hang = None
+    if legend is not None:
+        lax = legend.axes
+        r, c = cell[lax]
+        if lax not in axes or any(ax in axes and cell[ax][0] == r and cell[ax][1] > c for ax in fig.axes):
+            return None
+        lbox = legend.get_window_extent(renderer)
+        # its size, and its offset from the panel's top right corner (borderaxespad) beyond the anchor
+        hang = (lax, r, c, lbox.width, lbox.height, lbox.x0 - lax.bbox.x1 - 0.01 * lax.bbox.width,
+                lax.bbox.y1 - lbox.y1)
+    return axes, rows, cols, cell, hang
+
+
+def _fits(fig, axes, hang, pad, renderer) -> bool:
+    """Whether the hung legend fits the empty slots beside its panel and the texts centred on a
+    panel (title, x label) its width."""
+    if hang is not None and hang[0].bbox.x1 + 0.01 * hang[0].bbox.width + hang[5] + hang[3] > fig.bbox.width - pad + 1:
+        return False
+    return not any(t.get_text() and t.get_window_extent(renderer).width > ax.bbox.width + 2 * pad
+                   for ax in axes for t in (ax.title, ax.xaxis.label))
 
 
 def _save(fig, path: Path) -> Path:

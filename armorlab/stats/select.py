@@ -71,11 +71,6 @@ def select_best(steps, values, report_steps=None, report_values=None, *, mode: s
     return Selection(step_out, float(v[i]), at.value, at.exact)
 
 
-def matched_values(steps, values, matched_steps) -> list[ValueAt]:
-    """(R2) The curve at each of ``matched_steps``."""
-    return [value_at(steps, values, m) for m in matched_steps]
-
-
 def default_matched_steps(eval_steps_per_run: list[np.ndarray],
                           fractions: tuple[float, ...] = (0.25, 0.5, 1.0)) -> list[int]:
     """Matched steps when a recipe names none: ¼, ½ and all of the last step every run reached,
