@@ -177,6 +177,12 @@ def main() -> None:
         print(f"help_ratio={best['help_s'] / best['import_typer_rich_s']:.2f}")
         print(f"dry_run_ratio={best['dry_run_s'] / best['help_s']:.2f}")
         print(f"submit_ratio={best['submit_s'] / (best['raw_map_array_s'] + best['help_s']):.2f}")
+        # the hand-written array submission against submitit's map_array (library_replacements.py):
+        # `sweep` through map_array would pay at least the plan (the dry run: start-up, spec, ids,
+        # script) plus map_array's own submission of as many tasks (its import not even counted)
+        library_floor = best["dry_run_s"] + best["raw_map_array_s"]
+        print(f"submit_by_map_array_floor_s={library_floor:.3f}")
+        print(f"array_submission_gain={1 - best['submit_s'] / library_floor:.2f}")
     finally:
         if queued:
             subprocess.run(["scancel", *queued], capture_output=True)
