@@ -283,6 +283,32 @@ def test_tensorboard_crcs_are_checked(tmp_path):
 
 
 @needs_tb
+def test_the_benchmarks_library_sides_read_what_the_importer_reads(tmp_path):
+    """benchmarks/library_replacements.py times the reader against tbparse and against itself
+    without CRCs: both must read the same points, or the comparison is of different work."""
+    import importlib.util
+    from types import SimpleNamespace
+
+    pytest.importorskip("tbparse")
+    spec = importlib.util.spec_from_file_location(
+        "library_replacements", Path(__file__).parents[1] / "benchmarks" / "library_replacements.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    tb = importers.tensorboard_events
+    logdir = W.write_tensorboard(tmp_path / "run", [(s, {"val/acc": s / 7, "train/reward": -s / 3}) for s in range(40)])
+    by_tbparse, no_crc = SimpleNamespace(), SimpleNamespace(_LEN=tb._LEN)
+    bench._tensorboard_by_tbparse(by_tbparse)
+    bench._tensorboard_without_crc(no_crc)
+    ours, theirs = tb.read_dir(logdir)[0], by_tbparse.read_dir(logdir)[0]
+    assert sorted(ours) == sorted(theirs) == ["train/reward", "val/acc"]
+    for tag in ours:
+        assert ours[tag][0].tolist() == theirs[tag][0].tolist() == list(range(40))
+        np.testing.assert_array_equal(ours[tag][1], theirs[tag][1])
+    data = next(logdir.glob("events.out.tfevents.*")).read_bytes()
+    assert list(no_crc.records(data, "f", [])) == list(tb.records(data, "f", []))
+
+
+@needs_tb
 def test_tensorboard_scalar_tensor_summaries(tmp_path):
     from tensorboard.compat.proto import event_pb2, summary_pb2
     from tensorboard.summary.writer.event_file_writer import EventFileWriter
