@@ -14,8 +14,8 @@ The pieces of armorlab that do (or did) what a library would do, for speed:
                    timed only with --before-tree, a checkout that still has them, e.g.
                    ``mkdir /tmp/before && git archive e45e485 armorlab | tar -x -C /tmp/before``
 
-Not timed here: the W&B reader (analysis/importers/wandb_local.py) has no library to compare with —
-wandb ≥ 0.18 reads its ``.wandb`` logs only in its Go core (``wandb sync`` uploads them), with no
+Not timed here: the W&B reader (analysis/importers/wandb_local.py) has no library to compare with:
+wandb 0.31 (installed here) reads its ``.wandb`` logs only in its Go core (``wandb sync`` uploads them), no
 Python reader; submitit's array submission (sweeps/executors.py, sbatch.py, array_task.py) needs
 the Slurm cluster: benchmarks/sweep_submit.py times it against submitit's ``map_array``
 (``array_submission_gain=``).
