@@ -32,14 +32,11 @@ import pandas as pd
 
 from armorlab.analysis import capacity_stats as cs
 from armorlab.analysis import (
-    collapse,
     freshness,
     looks_report,
     mechanisms,
     panels,
     plots,
-    select,
-    stats,
     tables,
     verdict_table,
 )
@@ -49,6 +46,8 @@ from armorlab.analysis.load import RunSet, load
 from armorlab.analysis.recipe import DEFAULT_CURVES, Recipe, default_out_dir  # noqa: F401 (re-export)
 from armorlab.core.fsutil import atomic_write_yaml
 from armorlab.core.runs import RunDir, now_iso
+from armorlab.stats import collapse, select
+from armorlab.stats import seeds as stats
 
 log = logging.getLogger(__name__)
 
