@@ -13,6 +13,10 @@ submodule imports what it needs.
     kl         Schulman's k1/k2/k3 estimators (both directions) and exact categorical KL
     capacity_stats  probability-capacity statistics of tokens/ samples (formulas: armorlab.algos.capacity)
     verdict_table  the report's verdict table (first on the page)
+    mechanism_table  did each remedy's mechanism act (one row per group)
+    until_resolved_report, until_resolved_scores  a sweep run until resolved: its looks in the report,
+               and the endpoint scores each look decides on
+    value_labels  config values as the report shows them (no pandas)
     recipe     report recipes (analysis/*.yaml)
     tables, plots, html, report   the `armorlab report` outputs
 """

@@ -29,7 +29,7 @@ import pandas as pd
 
 from armorlab.analysis.load import META_COLUMNS, RunSet
 from armorlab.analysis.recipe import SEED_KEYS, Recipe
-from armorlab.analysis.values import fmt_value, norm_value
+from armorlab.analysis.value_labels import fmt_value, norm_value
 from armorlab.errors import ArmorLabError
 from armorlab.stats import collapse, select
 from armorlab.stats import seeds as stats

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from armorlab.analysis.values import fmt_value
+from armorlab.analysis.value_labels import fmt_value
 from armorlab.core.fsutil import atomic_file
 from armorlab.stats.seeds import CurveBand
 

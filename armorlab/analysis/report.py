@@ -8,9 +8,9 @@ Output directory layout::
     tables/runs.csv                   one row per run, every score
     tables/improvement.{csv,md,tex}   probability of improvement per compared pair
     tables/verdicts.{csv,md,tex}      better / worse / equivalent / not resolved per arm (first on the page;
-                                      a sweep run until resolved: its looks.json's, analysis/looks_report.py)
+                                      a sweep run until resolved: its looks.json's, analysis/until_resolved_report.py)
     tables/configs.csv                config keys that differ between groups
-    tables/mechanisms.{csv,md}        whether each remedy's mechanism acted (armorlab.analysis.mechanisms)
+    tables/mechanisms.{csv,md}        whether each remedy's mechanism acted (armorlab.analysis.mechanism_table)
     recipe.yaml               the recipe as resolved (group keys, matched steps, scores)
 
 Extra sections: the caller may add its own (``extra_sections``); the report command adds the
@@ -33,11 +33,11 @@ import pandas as pd
 from armorlab.analysis import capacity_stats as cs
 from armorlab.analysis import (
     freshness,
-    looks_report,
-    mechanisms,
+    mechanism_table,
     panels,
     plots,
     tables,
+    until_resolved_report,
     verdict_table,
 )
 from armorlab.analysis import groups as G
@@ -354,10 +354,10 @@ def _build_report(recipe: Recipe, out: Path, *, cache: bool, progress: Callable[
     per_run = G.run_scores(rs, groups, recipe, matched, score_notes, tok_stats)
     pairs = G.comparison_pairs(rs.runs, groups, recipe)
     # a sweep run until resolved: its looks.json's verdicts; fixed-sample ones would ignore the looks
-    sequential = looks_report.find(recipe.runs)
+    sequential = until_resolved_report.find(recipe.runs)
     if sequential:
-        looks_report.prepare(sequential, sel.metric, sel.report)
-        looks_report.check(sequential, per_run, rs, notes)
+        until_resolved_report.prepare(sequential, sel.metric, sel.report)
+        until_resolved_report.check(sequential, per_run, rs, notes)
         verdicts = None
     else:
         verdicts = verdict_table.build(per_run, rs, recipe, pairs, notes, display)
@@ -467,11 +467,11 @@ def _build_report(recipe: Recipe, out: Path, *, cache: bool, progress: Callable[
     if verdicts is not None:
         written += verdict_table.write(verdicts, tdir)
     if sequential:
-        written += looks_report.write(sequential, tdir)
+        written += until_resolved_report.write(sequential, tdir)
     anchors = _anchor_table(rs, groups)
     if anchors is not None:
         written += tables.write_table(anchors, tdir / "anchors", formats=("csv", "md"))
-    acted = mechanisms.mechanism_table(rs, groups)
+    acted = mechanism_table.mechanism_table(rs, groups)
     if acted is not None:
         written += tables.write_table(acted[0], tdir / "mechanisms", formats=("md",),
                                       caption="did each mechanism act? mean [95% CI] over seeds")
@@ -493,7 +493,7 @@ def _build_report(recipe: Recipe, out: Path, *, cache: bool, progress: Callable[
                          page.pairs(poi_display), page.column(diff), page.column(per_run), matched,
                          page.tables(token_display), page.column(anchors))
     if acted is not None:  # right after the results: whether a remedy acted, beside whether it held
-        sections.insert(1, Section("Mechanisms: did each remedy act?", intro=mechanisms.INTRO,
+        sections.insert(1, Section("Mechanisms: did each remedy act?", intro=mechanism_table.INTRO,
                                    tables=[("", page.column(acted[0]))]))
     first = lead(per_run, rs, out) if lead is not None else None
     if first is not None:
@@ -504,7 +504,7 @@ def _build_report(recipe: Recipe, out: Path, *, cache: bool, progress: Callable[
     elif top:
         sections.insert(0, Section(f"{sel.metric} per group", figures=top, lead=True))
     if sequential:
-        sections.insert(0, looks_report.section(sequential))
+        sections.insert(0, until_resolved_report.section(sequential))
     if extra_sections is not None:
         sections += extra_sections(out, notes.add)
     notes.items[:] = [G.rename(n, display) for n in notes.items]

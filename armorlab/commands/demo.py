@@ -12,7 +12,7 @@ headline open with the verdicts (armorlab.stats.verdicts: each remedy better, wo
 or not resolved against continued DAPO, with the seeds that would resolve it), then the headline
 (armorlab.analysis.headline): stage 1's rise to the selected peak, DAPO's fall from it in standard
 errors, and each remedy against DAPO, in plain sentences; then whether each remedy's mechanism
-acted (armorlab.analysis.mechanisms).
+acted (armorlab.analysis.mechanism_table).
 """
 
 from __future__ import annotations

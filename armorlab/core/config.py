@@ -34,7 +34,7 @@ from armorlab.core.checks import (
     optional,
     text,
 )
-from armorlab.core.fit import TINY_MAX_POSITIONS, TINY_MODEL, check_held_out, check_lengths  # noqa: F401
+from armorlab.core.fit_checks import TINY_MAX_POSITIONS, TINY_MODEL, check_held_out, check_lengths  # noqa: F401
 from armorlab.core.identity import data_identity, model_identity
 from armorlab.core.schedule import STEP_UNITS, config_per_rollout, rollout_horizon
 from armorlab.core.trl_fields import TRL_RANGES, check_trl_value, grpo_field_kinds, grpo_field_names

@@ -66,7 +66,7 @@ from armorlab.errors import ArmorLabError
 from armorlab.train import anchors as anc
 from armorlab.train.evaluation import Validator
 from armorlab.train.hooks import ArmorLabCallback, EpochSeededRepeatSampler, policy_server_client
-from armorlab.train.mechanisms import gradient_shares, rollout_diversity
+from armorlab.train.mechanism_telemetry import gradient_shares, rollout_diversity
 from armorlab.train.reference import (
     ReferencePolicy,
     build_reference_model,
