@@ -157,6 +157,29 @@ def test_exit_codes_are_defined_once():
                        isinstance(n, ast.Name) and n.id.startswith("EXIT_") for n in ast.walk(t))
                    for t in node.targets)]
     assert defined and all(d.startswith("core/exits.py") for d in defined), defined
+    assert exit_literals(PACKAGE) == []
+
+
+def exit_literals(package: Path) -> list[str]:
+    """Where a module returns or exits with a literal code of armorlab's own (73-75) instead of its name."""
+    from armorlab.core import exits
+
+    own = {v for k, v in vars(exits).items() if k.startswith("EXIT_") and v > 2}
+    found = []
+    for p in package.rglob("*.py"):
+        for node in ast.walk(ast.parse(p.read_text(encoding="utf-8"))):
+            value = node.value if isinstance(node, ast.Return) else \
+                node.args[0] if isinstance(node, ast.Call) and ast.unparse(node.func) in ("sys.exit", "os._exit",
+                                                                                       "SystemExit") and node.args \
+                else None
+            if isinstance(value, ast.Constant) and value.value in own:
+                found.append(f"{p.relative_to(package)}:{node.lineno}")
+    return found
+
+
+def test_a_literal_exit_code_is_found(tmp_path):
+    (tmp_path / "job.py").write_text("import sys\ndef f():\n    return 75\nsys.exit(73)\n", encoding="utf-8")
+    assert exit_literals(tmp_path) == ["job.py:3", "job.py:4"]
 
 
 def test_every_old_path_is_the_new_module_with_a_warning():

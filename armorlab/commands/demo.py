@@ -66,6 +66,7 @@ def demo_recipe(run_dirs: list[Path]):
     """The five arms continuing from stage 1 over seeds, in rollouts: selected on val and reported on
     test, verdicts and P(X > DAPO)."""
     from armorlab.analysis.recipe import parse_recipe
+    from armorlab.core.config import DEFAULT_SELECTION
 
     return parse_recipe({
         "title": "armorlab demo: validation collapse on a fixed set of 64 prompts (tiny model, scratchpad sums)",
@@ -75,7 +76,7 @@ def demo_recipe(run_dirs: list[Path]):
         "curves": ["val/acc", "val/acc_greedy", "train/reward", "train/correct_distinct", "train/correct_entropy",
                    "train/entropy", "kl/reverse_k3", "kl/exact_reverse", "obj/clip_frac", "obj/widened_frac",
                    "obj/anchor_grad_share", "obj/kl_grad_share", "anchor/gate_drop", "train/grad_norm"],
-        "select": {"metric": "val/acc", "mode": "max", "report": "test/acc"},
+        "select": dict(DEFAULT_SELECTION),
         "compare": {"baseline": BASELINE, "endpoints": ["final", "drop", "selected_test"]},
     }, name="demo")
 

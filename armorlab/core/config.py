@@ -95,7 +95,10 @@ def _schedule(v: Any) -> list[list[int | None]] | None:
 # run id does not depend on where the root lies; the sweep name as armorlab.sweeps.spec allows it.
 INIT_FROM_RUN_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}/[0-9a-f]{12}")
 SELECT_MODES = ("max", "min")
-DEFAULT_SELECT = {"metric": "val/acc", "mode": "max"}
+VAL_METRIC = "val/acc"    # the validation score selections and comparisons use unless told (docs/metrics.md)
+TEST_METRIC = "test/acc"  # ... and the held-out score they report at the selected step
+DEFAULT_SELECTION = {"metric": VAL_METRIC, "mode": "max", "report": TEST_METRIC}  # report recipes, compare:
+DEFAULT_SELECT = {k: DEFAULT_SELECTION[k] for k in ("metric", "mode")}  # init_from.select (no report)
 
 
 def _init_from(v: Any) -> dict[str, Any] | None:
