@@ -84,6 +84,12 @@ class ObjectiveSpec:
     uses_reference: bool = False      # reads π_ref (ref_logp) and α: ARMOR's mixed ratio
     defaults: Mapping[str, Any] = field(default_factory=dict)  # config defaults it brings (preset)
 
+    def clip(self) -> tuple[float, float]:
+        """(ε_low, ε_high) a run of this objective has when its config sets neither: its preset's,
+        else DEFAULT_EPS."""
+        eps = {**DEFAULT_EPS, **{k: v for k, v in self.defaults.items() if k in DEFAULT_EPS}}
+        return float(eps["epsilon"]), float(eps["epsilon_high"])
+
     @property
     def doc(self) -> str:
         """The first line of the function's docstring."""
@@ -91,6 +97,12 @@ class ObjectiveSpec:
 
 
 _REGISTRY: dict[str, ObjectiveSpec] = {}
+DEFAULT_EPS = {"epsilon": 0.2, "epsilon_high": 0.28}  # DAPO's clip-higher: every objective's unless its preset
+
+
+def default_alpha(num_generations: int) -> float:
+    """α = (G−1)/G: the weight of the G−1 on-policy samples in a group that holds one anchor (ARMOR)."""
+    return (num_generations - 1) / num_generations
 
 
 def register_objective(name: str, *, aggregation: str, capacity: str, sequence_level: bool = False,
@@ -256,7 +268,7 @@ def grpo(b: Batch) -> Surrogate:
     return token_clipped(b)
 
 
-# DAPO (Yu et al. 2025): clip-higher 0.2/0.28 (config.DEFAULT_EPS), token-level loss, no KL (β = 0,
+# DAPO (Yu et al. 2025): clip-higher 0.2/0.28 (DEFAULT_EPS), token-level loss, no KL (β = 0,
 # armorlab's default) and dynamic sampling; its overlong reward shaping is a reward function, not
 # an objective setting
 @register_objective("dapo", aggregation="token-mean", capacity="clipped",

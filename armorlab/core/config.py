@@ -20,7 +20,13 @@ from typing import Any
 
 import yaml
 
-from armorlab.algos.objectives import AGGREGATIONS, objective_names, objective_spec
+from armorlab.algos.objectives import (
+    AGGREGATIONS,
+    DEFAULT_EPS,
+    default_alpha,
+    objective_names,
+    objective_spec,
+)
 from armorlab.core import trl_fields
 from armorlab.core.checks import (
     Invalid,
@@ -298,7 +304,6 @@ def preset(objective: str) -> dict[str, Any]:
     user did not set the key."""
     return dict(objective_spec(objective).defaults)
 
-DEFAULT_EPS = {"epsilon": 0.2, "epsilon_high": 0.28}
 # GRPOConfig fields the run directory decides (checkpoints/ is the output dir; resume is automatic).
 MANAGED_KEYS = frozenset({"output_dir", "resume_from_checkpoint", "overwrite_output_dir"})
 # GRPOConfig fields that change how a run is *logged*, not what it *is*: they stay in config.yaml
@@ -674,11 +679,6 @@ def _check_logging_backends(report_to: Any, file: str | None) -> None:
 
 INERT_KEYS = frozenset({"alpha", "quantile_k", "kl_estimator", "anchor_filter", "anchor_ratio", "anchor_samples",
                         "anchor_reward_threshold", "dynamic_sampling_factor", "anchor_cache"})
-
-
-def default_alpha(num_generations: int) -> float:
-    """α = (G−1)/G: the weight of the G−1 on-policy samples in a group that holds one anchor (ARMOR)."""
-    return (num_generations - 1) / num_generations
 
 
 def default_anchor_ratio(objective: str) -> str:
