@@ -177,6 +177,14 @@ def up_denominator(logp: Tensor, old_logp: Tensor, advantages: Tensor) -> Tensor
 LINEAR_MIX_LIMIT = 1e26
 
 
+def log_mixture(logp: Tensor, ref_logp: Tensor, alpha: Tensor | float) -> Tensor:
+    """ARMOR (arXiv 2607.10481, §4.2): log(α·π + (1−α)·π_ref) per token, the mixed policy whose ratio
+    is r_mix (numerator with π_θ, denominator with π_old). At α = 1 it is log π bit for bit."""
+    if not hasattr(alpha, "log"):  # a plain number
+        alpha = logp.new_tensor(float(alpha))
+    return (logp + alpha.log()).logaddexp(ref_logp + (-alpha).log1p())
+
+
 def mixed_ratio(logp: Tensor, old_logp: Tensor, ref_logp: Tensor, alpha: Tensor | float, *,
                 plain_ratio: Tensor | None = None) -> Tensor:
     """ARMOR (arXiv 2607.10481, §4.2): the mixed importance ratio whose r_mix = 1 ± ε solution is Eq. 6,
@@ -191,7 +199,7 @@ def mixed_ratio(logp: Tensor, old_logp: Tensor, ref_logp: Tensor, alpha: Tensor 
 
     Two evaluations of the same equation:
     * log space (always correct): exp(log π_θ − log D) + (1 − w), with
-      log D = log(π_old + (1−α)/α·π_ref) = logaddexp(log π_old, log π_ref + log((1−α)/α)).
+      log D = log(π_old + (1−α)/α·π_ref) = log_mixture(log π_old, log π_ref, α) − log α.
       Finite for log-probs down to −1e4, where π underflows.
     * linear, given ``plain_ratio`` = exp(log π_θ − log π_old) carrying the gradient:
       1 + w·(r − 1) = lerp(1, r, w) in one fused op, used only while every r < LINEAR_MIX_LIMIT
@@ -208,9 +216,8 @@ def mixed_ratio(logp: Tensor, old_logp: Tensor, ref_logp: Tensor, alpha: Tensor 
         # in place on our own gradient-free temporaries: these passes run on every token of the batch
         weight = (old_logp - ref_logp).add_(log_odds_alpha).sigmoid_()   # w
         return plain_ratio.new_ones(()).lerp(plain_ratio, weight)
-    ref_term = ref_logp - log_odds_alpha                  # log((1−α)/α·π_ref)
-    log_den = old_logp.logaddexp(ref_term)
-    ref_share = ref_term.sub_(old_logp).sigmoid_()        # 1 − w
+    log_den = log_mixture(old_logp, ref_logp, alpha) - alpha.log()
+    ref_share = (ref_logp - log_odds_alpha).sub_(old_logp).sigmoid_()  # 1 − w
     return (logp - log_den).exp() + ref_share
 
 

@@ -38,7 +38,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from armorlab.algos.objectives import objective_spec
+from armorlab.algos.objectives import log_mixture, objective_spec
 from armorlab.core.config import ANCHOR_RATIOS
 
 log = logging.getLogger(__name__)
@@ -409,14 +409,6 @@ def group_keep(solvable_global: torch.Tensor, group_size: int) -> torch.Tensor:
 
 
 # --------------------------------------------------------------------------- ratio on anchor rows
-def log_mixture(logp: torch.Tensor, ref_logp: torch.Tensor, alpha: float) -> torch.Tensor:
-    """log(α·π + (1−α)·π_ref) per token: the numerator (and, with π_old, the denominator) of ARMOR's r_mix."""
-    if alpha >= 1.0:
-        return logp
-    return torch.logaddexp(logp + torch.log(torch.tensor(alpha, dtype=logp.dtype, device=logp.device)),
-                           ref_logp + torch.log(torch.tensor(1.0 - alpha, dtype=logp.dtype, device=logp.device)))
-
-
 def anchor_ratio_inputs(objective: str, anchor_ratio: str | None, logp: torch.Tensor, old_logp: torch.Tensor,
                         ref_logp: torch.Tensor | None, is_anchor: torch.Tensor | None,
                         alpha: float) -> tuple[torch.Tensor, torch.Tensor, float | torch.Tensor]:
