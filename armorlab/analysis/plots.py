@@ -14,6 +14,7 @@ import numpy as np
 from armorlab.algos.capacity import capacity_family
 from armorlab.analysis.value_labels import fmt_value
 from armorlab.core.fsutil import atomic_file
+from armorlab.core.lazy import Lazy
 from armorlab.stats.seeds import CurveBand
 
 
@@ -41,12 +42,7 @@ def _matplotlib():
                                  rcParams=matplotlib.rcParams)
 
 
-class _LazyMatplotlib:
-    def __getattr__(self, name: str):
-        return getattr(_matplotlib(), name)
-
-
-plt = _LazyMatplotlib()
+plt = Lazy(_matplotlib)
 
 # matplotlib's tab10 and tab20 (Vega's category palettes), written out so that choosing the group
 # colours needs no matplotlib import

@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from armorlab.core.lazy import Lazy
 from armorlab.stats.seeds import t_ppf
 
 ALPHA = 0.05
@@ -42,15 +43,7 @@ LOWER_IS_BETTER = frozenset({"drop", "drop_rel", "drop_z"})
 BETTER, WORSE, EQUIVALENT, UNRESOLVED, TOO_FEW = "better", "worse", "equivalent", "not resolved", "too few seeds"
 
 
-class _LazySpecial:
-    """scipy.special, imported at first use: only a verdict needs it, not every reader of stats."""
-    def __getattr__(self, name: str):
-        from scipy import special
-
-        return getattr(special, name)
-
-
-special = _LazySpecial()
+special = Lazy("scipy.special")  # only a verdict needs it, not every reader of stats
 
 
 def _finite(x) -> np.ndarray:
