@@ -700,15 +700,22 @@ def default_anchor_cache(ref_reset_steps: int, schedule: Any) -> str:
     return "window" if reference_resets(ref_reset_steps, schedule) else "off"
 
 
+def reads_alpha(objective: str, anchor: bool, anchor_ratio: str | None) -> bool:
+    """Whether a run reads α: its objective mixes in π_ref (armor), or its anchor rows take the mixed
+    ratio. Elsewhere α is null in the resolved config, and the trainer never sees a value for it."""
+    return objective_spec(objective).uses_reference or (bool(anchor) and anchor_ratio == "mixed")
+
+
 def fill_objective_defaults(cfg: Any) -> None:
-    """Defaults that depend on other keys (a dict or an ArmorLabConfig): α from G, anchor_ratio
-    from the objective. Shared by ``resolve`` and the trainer's config."""
+    """Defaults that depend on other keys (a dict or an ArmorLabConfig): anchor_ratio from the
+    objective, α from G where the run reads it. Shared by ``resolve`` and the trainer's config (for
+    Python users who build it without ``resolve``; a resolved config has them already)."""
     get = cfg.get if isinstance(cfg, dict) else lambda k: getattr(cfg, k)
     put = cfg.__setitem__ if isinstance(cfg, dict) else lambda k, v: setattr(cfg, k, v)
-    if get("alpha") is None:
-        put("alpha", default_alpha(int(get("num_generations"))))
     if get("anchor_ratio") is None:
         put("anchor_ratio", default_anchor_ratio(get("objective")))
+    if get("alpha") is None and reads_alpha(get("objective"), get("anchor"), get("anchor_ratio")):
+        put("alpha", default_alpha(int(get("num_generations"))))
 
 
 def _normalise_inert(cfg: dict[str, Any]) -> None:
@@ -727,8 +734,8 @@ def _normalise_inert(cfg: dict[str, Any]) -> None:
         cfg["anchor_cache"] = None
     elif cfg["anchor_cache"] == default_anchor_cache(cfg["ref_reset_steps"], cfg["ref_reset_schedule"]):
         cfg["anchor_cache"] = None  # what null means here: one run, one id
-    if not (objective_spec(cfg["objective"]).uses_reference or (anchor_on and cfg["anchor_ratio"] == "mixed")):
-        cfg["alpha"] = None
+    if not reads_alpha(cfg["objective"], anchor_on, cfg["anchor_ratio"]):
+        cfg["alpha"] = None  # a user's α the run never reads (a grid crossing dapo with α): one run
     # the refill serves both filters; gate-only configs from before it did keep a null factor
     if not cfg["dynamic_sampling"] and (not cfg["anchor_gate"] or cfg["dynamic_sampling_factor"] == 1):
         cfg["dynamic_sampling_factor"] = None

@@ -411,7 +411,7 @@ def group_keep(solvable_global: torch.Tensor, group_size: int) -> torch.Tensor:
 # --------------------------------------------------------------------------- ratio on anchor rows
 def anchor_ratio_inputs(objective: str, anchor_ratio: str | None, logp: torch.Tensor, old_logp: torch.Tensor,
                         ref_logp: torch.Tensor | None, is_anchor: torch.Tensor | None,
-                        alpha: float) -> tuple[torch.Tensor, torch.Tensor, float | torch.Tensor]:
+                        alpha: float | None) -> tuple[torch.Tensor, torch.Tensor, float | torch.Tensor]:
     """(logp, old_logp, alpha) to hand to ``policy_loss`` so anchor rows get the configured ratio.
 
     On-policy rows always keep the objective's own ratio (r_mix for ``armor``, π_θ/π_old for the
@@ -424,7 +424,6 @@ def anchor_ratio_inputs(objective: str, anchor_ratio: str | None, logp: torch.Te
     - ``current``: π_θ/π_old, as if π_old had sampled the anchor (α := 1 on those rows).
     """
     armor = objective_spec(objective).uses_reference  # its own rows use r_mix with α
-    alpha = 1.0 if alpha is None else float(alpha)
     if is_anchor is None or anchor_ratio is None or not bool(is_anchor.any()):
         return logp, old_logp, alpha if armor else 1.0
     if anchor_ratio not in ANCHOR_RATIOS:
