@@ -82,9 +82,11 @@ def import_circle(package: Path) -> list[str]:
 
 def lint_imports(root: Path) -> subprocess.CompletedProcess:
     """import-linter's verdict on the contracts in ``root``/pyproject.toml for ``root``/armorlab."""
+    exe = Path(sys.executable).with_name("lint-imports")
+    if not exe.is_file():
+        pytest.fail(f"{exe} is missing: pip install -e '.[dev]' (import-linter checks the house rules)")
     env = {**os.environ, "PYTHONPATH": str(root)}
-    return subprocess.run([str(Path(sys.executable).with_name("lint-imports")), "--no-cache", "--no-logo"],
-                          cwd=root, env=env, capture_output=True, text=True)
+    return subprocess.run([str(exe), "--no-cache", "--no-logo"], cwd=root, env=env, capture_output=True, text=True)
 
 
 def test_the_house_rules_hold():
