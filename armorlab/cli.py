@@ -51,6 +51,8 @@ def _root(
 ) -> None:
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
+    # the tiny model's build is the one long phase before a first step: it always says what it does
+    logging.getLogger("armorlab.train.models").setLevel(logging.INFO)
 
 
 for module in (train, check_task, sweep, plan, tune, report, evaluate, demo, vllm_serve):

@@ -64,7 +64,7 @@ def time_once(objective: str, data: dict[str, torch.Tensor], clock=time.thread_t
     logp = data["logp"].clone().requires_grad_(True)
     start = clock()
     out = policy_loss(objective, logp, data["old"], data["adv"], data["mask"], ref_logp=data["ref"],
-                      alpha=0.8, max_len=logp.shape[1])
+                      alpha=0.8, max_len=logp.shape[1], params={"dro_beta": 0.1} if objective == "dro" else None)
     out.loss.backward()
     return clock() - start
 

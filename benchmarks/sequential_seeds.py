@@ -1,17 +1,19 @@
 """Seeds until resolved, with known truth: does the sequential rule of armorlab.stats.sequential
-keep its error rate at α however many looks it takes, and what does it buy over a fixed design?
+keep its error rate at α however many looks it takes, what does it buy over a fixed design, how
+often does it call a true difference of δ "equivalent", and how often does a baseline that truly
+collapses get the verdict "cannot show prevention" (armorlab.stats.margins F1)?
 
 Seed outcomes (one endpoint value per seed, arm and baseline) are drawn from distributions with a
 known difference of means: normal; skewed (gamma with shape 2, standardised); heavy-tailed
 (Student t with 3 degrees of freedom, standardised); and the demo's own per-seed spread (the
 residuals of the 15 demo runs' final val/acc around their group's mean, resampled; DEMO_* below
-says where they come from). The first three are scaled to the demo's seed-to-seed sd, so every
-scenario shares the demo's δ/σ (1.5: a fixed design with 10 seeds per arm has ≈ 0.88 power);
-normal seeds at δ/σ = 2 and 1 show an easier and a harder comparison.
+says where they come from). The first three are scaled to the demo's seed-to-seed sd σ. The
+margin δ is declared, as a user declares compare.delta: --delta-over-sigma 1.5 of the demo's σ
+(a fixed design with 10 seeds per arm then has ≈ 0.88 power); normal seeds at δ/σ = 2 and 1
+show an easier and a harder comparison.
 
 Looks: 3 seeds per arm, then 2 more per look, up to --max-seeds 10 (3, 5, 7, 9, 10), one arm
-against its baseline (m = 1), α = 0.05 two-sided; δ = the demo's default (twice one evaluation's
-standard error from val/n). Rules, on the same draws:
+against its baseline (m = 1), α = 0.05 two-sided. Rules, on the same draws:
     sequential  decide_look's rule (Lan–DeMets O'Brien–Fleming-type spending on the Welch t,
                 repeated confidence intervals; stops at better/worse or equivalent within ±δ)
     naive       "add seeds until p < 0.05": Welch p < 0.05 at any of the same looks
@@ -21,11 +23,21 @@ Printed per distribution and scale: the false better/worse rate under the null (
 with 10 seeds (target ≥ 0.80 where the fixed design has it); expected seeds per arm at δ against
 the fixed design of the same power (the fewest seeds whose fixed-design power is at least the
 sequential rule's; target ≤ 0.8×); the rate of "equivalent" when the truth is 0 and when it is
-δ. Then the familywise rate of four arms against one baseline under the global null (Holm over
+δ (target ≤ 0.05 at δ). Then the familywise rate of four arms against one baseline under the global null (Holm over
 arms, decide_look itself), and a check that the vectorised simulation below decides exactly as
-decide_look does. The last line is the worst null false better/worse rate over every scenario:
+decide_look does.
 
-    .venv/bin/python benchmarks/sequential_seeds.py [--reps 20000] [--demo-runs reports/demo/tables/runs.csv]
+Prevention: baseline val curves of K = 24 evals with binomial noise at the demo's val/n = 400 rise
+0.60 → 0.70 over the first 9 evals, then either stay at 0.70 (no fall) or fall linearly by D
+(0.05, 0.10, 0.15) by the last eval; each seed's curve goes through the report's collapse test
+(armorlab.stats.collapse, defaults δ = 0.03, α = 0.04) and the seeds through (F1). Printed per D
+and seeds per arm: the rate of "cannot show prevention" (target ≤ 0.05 for a true collapse), and
+on the flat curve the rate of "fell" (a false claim that there was something to prevent).
+The last lines: the worst null false better/worse rate over every scenario, the worst rate of
+"equivalent" at a true difference of δ, the worst rate of "cannot show prevention" at D ≥ 0.10:
+
+    .venv/bin/python benchmarks/sequential_seeds.py [--reps 20000] [--prevention-reps 4000]
+        [--demo-runs reports/demo/tables/runs.csv]
 """
 
 from __future__ import annotations
@@ -38,6 +50,7 @@ from pathlib import Path
 import numpy as np
 from scipy import special
 
+from armorlab.stats import collapse, margins
 from armorlab.stats import sequential as S
 from armorlab.stats import verdicts as V
 
@@ -55,19 +68,16 @@ DEMO_FINALS = {
 DEMO_VAL_N = 400
 
 
-def demo_spread(finals: dict[str, list[float]], val_n: float = DEMO_VAL_N):
-    """(residuals, σ, δ): each run's final minus its group's mean, scaled by √(n/(n − 1)) so
-    their mean square is the pooled variance; σ their root mean square; δ = verdicts (D1) at the
-    mean final level."""
+def demo_spread(finals: dict[str, list[float]]):
+    """(residuals, σ): each run's final minus its group's mean, scaled by √(n/(n − 1)) so their
+    mean square is the pooled variance; σ their root mean square."""
     res = []
     for vals in finals.values():
         x = np.asarray(vals, dtype=np.float64)
         if x.size > 1:
             res.extend((x - x.mean()) * math.sqrt(x.size / (x.size - 1)))
     res = np.asarray(res)
-    sigma = float(np.sqrt(np.mean(res ** 2)))
-    level = float(np.mean([v for vals in finals.values() for v in vals]))
-    return res, sigma, V.default_delta(level, val_n)
+    return res, float(np.sqrt(np.mean(res ** 2)))
 
 
 def read_finals(path: Path) -> dict[str, list[float]]:
@@ -218,23 +228,48 @@ def agreement(sigma: float, delta: float, reps: int, schedule: list[int], design
     return differ
 
 
+PREVENTION_EVALS, PREVENTION_RISE, PREVENTION_DROPS = 24, 9, (0.05, 0.10, 0.15)
+
+
+def baseline_curve(drop: float, evals: int = PREVENTION_EVALS, rise: int = PREVENTION_RISE) -> np.ndarray:
+    """The true val/acc of the prevention scenario: 0.60 → 0.70 over ``rise`` evals, then down by ``drop``."""
+    i = np.arange(evals, dtype=np.float64)
+    up = 0.60 + 0.10 * np.minimum(i, rise - 1) / (rise - 1)
+    return up - drop * np.clip(i - (rise - 1), 0, None) / (evals - rise)
+
+
+def prevention_rate(drop: float, seeds: int, reps: int, seed: int, val_n: int = DEMO_VAL_N) -> float:
+    """Share of ``reps`` baselines of ``seeds`` noisy curves (binomial at val_n) that (F1) finds fell."""
+    rng = np.random.default_rng(seed)
+    truth = baseline_curve(drop)
+    steps, n = np.arange(truth.size) * 10, np.full(truth.size, val_n)
+    fell = 0
+    for _ in range(reps):
+        curves = rng.binomial(val_n, truth, size=(seeds, truth.size)) / val_n
+        k = sum(collapse.collapse_step(steps, c, n=n) is not None for c in curves)
+        fell += bool(margins.baseline_fell(k, seeds, collapse.ALPHA))
+    return fell / reps
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=20_000)
     ap.add_argument("--max-seeds", type=int, default=10)
     ap.add_argument("--first-look", type=int, default=3)
     ap.add_argument("--seeds-per-look", type=int, default=2)
+    ap.add_argument("--prevention-reps", type=int, default=4000)
+    ap.add_argument("--delta-over-sigma", type=float, default=1.5, help="the declared margin in the demo's σ")
     ap.add_argument("--demo-runs", type=Path, help="a demo report's tables/runs.csv (default: DEMO_FINALS)")
     args = ap.parse_args()
     finals = read_finals(args.demo_runs) if args.demo_runs else DEMO_FINALS
-    residuals, sigma_demo, delta = demo_spread(finals)
+    residuals, sigma_demo = demo_spread(finals)
+    delta = args.delta_over_sigma * sigma_demo
     design_kw = dict(first_look=args.first_look, seeds_per_look=args.seeds_per_look, max_seeds=args.max_seeds)
     schedule = S.Design(baseline="b", arms=("a",), **design_kw).schedule()
     print(f"looks (seeds per arm): {schedule}; alpha = 0.05 two-sided; {args.reps} runs per scenario")
     print(f"demo: {sum(map(len, finals.values()))} runs in {len(finals)} groups, seed-to-seed sd of final "
-          f"val/acc σ = {sigma_demo:.4f}; δ = 2 SE of one eval (val/n = {DEMO_VAL_N}) = {delta:.4f}; "
-          f"δ/σ = {delta / sigma_demo:.2f}")
-    worst = 0.0
+          f"val/acc σ = {sigma_demo:.4f}; declared margin δ = {args.delta_over_sigma:g} σ = {delta:.4f}")
+    worst = worst_equivalent = 0.0
     seed = 0
     for scale, sigma, dists in (("the demo's σ", sigma_demo, ("normal", "gamma(2)", "t(3)", "demo")),
                                 ("an easier σ", delta / 2.0, ("normal",)), ("a harder σ", delta / 1.0, ("normal",))):
@@ -243,6 +278,7 @@ def main() -> None:
             seed += 1
             r = scenario(dist, sigma, delta, args.reps, schedule, seed, residuals)
             worst = max(worst, r["null_decided"])
+            worst_equivalent = max(worst_equivalent, r["delta_equivalent"])
             ratio = r["delta_seeds"] / r["fixed_n_same_power"]
             print(f"{dist:9s} null: false better/worse {mc(r['null_decided'], args.reps)} (naive p<0.05 at "
                   f"the same looks {mc(r['null_naive'], args.reps)}); equivalent {r['null_equivalent']:.3f}; "
@@ -259,7 +295,24 @@ def main() -> None:
     n_check = min(2000, args.reps)
     print(f"decide_look vs this vectorised simulation: {agreement(sigma_demo, delta, n_check, schedule, design_kw, 7)}"
           f" of {n_check} runs differ")
+    print(f"\nprevention: {PREVENTION_EVALS} evals at val/n = {DEMO_VAL_N}, rise 0.60 → 0.70 over "
+          f"{PREVENTION_RISE} evals, then a linear fall of D; collapse test δ = {collapse.DELTA}, α = "
+          f"{collapse.ALPHA}; {args.prevention_reps} baselines per cell")
+    worst_missed = 0.0
+    for seeds in (3, 5, 10):
+        seed += 1
+        flat = prevention_rate(0.0, seeds, args.prevention_reps, seed)
+        cells = [f"no fall: 'fell' {mc(flat, args.prevention_reps)}"]
+        for drop in PREVENTION_DROPS:
+            seed += 1
+            missed = 1 - prevention_rate(drop, seeds, args.prevention_reps, seed)
+            if drop >= 0.10:
+                worst_missed = max(worst_missed, missed)
+            cells.append(f"D = {drop:.2f}: 'cannot show prevention' {mc(missed, args.prevention_reps)}")
+        print(f"{seeds:2d} seeds: " + "; ".join(cells))
     print(f"sequential_type1={worst:.4f}")
+    print(f"false_equivalent_at_delta={worst_equivalent:.4f}")
+    print(f"cannot_show_prevention_at_true_collapse={worst_missed:.4f}")
 
 
 if __name__ == "__main__":

@@ -30,7 +30,10 @@ import torch
 from armorlab.train.trainer import ArmorLabTrainer
 from tests.trainer_support import AnswerSampler, answer_table, build, resolved, tokenizer_for
 
-OBJECTIVES = ("dapo", "grpo", "dr_grpo", "gspo", "up", "armor")
+OBJECTIVES = ("dapo", "grpo", "dr_grpo", "gspo", "up", "armor",
+              # the field's objectives (issue 39); clip_cov and kl_cov pick tokens by the statistics of
+              # each micro-batch, as verl does, so their step depends on the split by design
+              "cispo", "cispo_verl", "sapo", "gmpo", "dppo_tv", "dppo_kl", "gpg", "dro", "bnpo", "luspo", "vespo")
 G, B, MAX_LEN = 4, 6, 8
 LAYOUTS = {"one_batch": (2 * B, 1), "accumulated": (B, 2), "two_procs": (B, 1)}  # per-device batch, GA
 TASK = {"name": "arithmetic", "train_size": 3}  # one generation batch = all 3 prompts
@@ -42,7 +45,8 @@ def config(objective: str, layout: str) -> dict[str, Any]:
                     alpha=0.8 if objective == "armor" else None, beta=0.01, max_steps=1,
                     optim="sgd", learning_rate=1.0, lr_scheduler_type="constant", max_grad_norm=0.0,
                     weight_decay=0.0, save_strategy="no", per_device_train_batch_size=per_device, gradient_accumulation_steps=ga,
-                    steps_per_generation=ga, num_generations=G, max_completion_length=MAX_LEN, seed=3)
+                    steps_per_generation=ga, num_generations=G, max_completion_length=MAX_LEN, seed=3,
+                    dro_beta=0.3)  # read by dro only (dropped from the others' configs)
 
 
 def _key(prompt: str) -> int:

@@ -1,6 +1,9 @@
 """Report recipes: defaults, and bad input named by key, value and file."""
 
+import math
+
 import pytest
+import yaml
 
 from armorlab.analysis.recipe import Compare, Select, load_recipe, parse_recipe, recipe_for_paths
 from armorlab.errors import ArmorLabError
@@ -69,3 +72,14 @@ def test_compare_names_a_baseline_group_its_endpoints_and_delta():
     r = parse_recipe({"runs": ["x"], "compare": {"baseline": {"objective": "dapo"}, "endpoints": "drop", "delta": None}})
     assert r.compare == Compare({"objective": "dapo"}, None, ["drop"], None)
     assert parse_recipe({"runs": ["x"]}).compare == Compare()
+
+
+@pytest.mark.parametrize("bad", [-0.05, 0, float("nan"), "0.05", True])
+def test_a_bad_margin_names_key_value_and_file(tmp_path, bad):
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump({"runs": ["x"], "compare": {"baseline": {"objective": "dapo"}, "delta": bad}}))
+    with pytest.raises(ArmorLabError) as err:
+        load_recipe(path)
+    shown = str(err.value)
+    assert err.value.key == "compare.delta" and str(path) in shown and "equivalence margin" in shown
+    assert (math.isnan(err.value.value) if bad != bad else err.value.value == bad)

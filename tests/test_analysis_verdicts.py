@@ -55,9 +55,8 @@ def test_verdicts_open_the_page_and_the_summary(result):
     assert sentence in html
     md = (result.out_dir / "tables" / "verdicts.md").read_text()
     assert md.startswith(f"- {sentence}.\n")
-    # default δ: 2·√(p(1 − p)/1000) at the mean final of the compared runs, (0.6 + 1.6)/6
-    p = (0.6 + 1.6) / 6
-    assert f"δ = {2 * math.sqrt(p * (1 - p) / 1000):.3f}" in html and "val/n" in html
+    # no margin declared: none is made up from the evaluation noise
+    assert "no margin declared: no equivalence verdict (set compare.delta)" in html and "val/n)" not in html
 
 
 def test_every_endpoint_is_judged(result):
@@ -66,8 +65,8 @@ def test_every_endpoint_is_judged(result):
     # drop: dapo falls 0.5 + 0.1k − 0.2 from its peak level, armor never falls: smaller is better
     assert rows.loc["drop", "verdict"] == "better" and not rows.loc["drop", "higher_is_better"]
     assert rows.loc["final", "low"] == pytest.approx(0.3333333 - 4.302653 * (1 / 30) / math.sqrt(3), abs=1e-5)
-    open_ = rows.loc["selected_test"]
-    assert open_["verdict"] == "not resolved" and open_["seeds_needed"] > 3
+    open_ = rows.loc["selected_test"]   # no margin: nothing to plan seeds for
+    assert open_["verdict"] == "not resolved" and math.isnan(open_["seeds_needed"])
 
 
 def test_unresolved_comparisons_cost_runs_and_hours(sweep, tmp_path):
@@ -78,7 +77,7 @@ def test_unresolved_comparisons_cost_runs_and_hours(sweep, tmp_path):
     more = 2 * (need - 3)
     hours = (need - 3) * 2 + (need - 3) * 1   # armor runs took two hours, dapo runs one
     assert res.verdicts[0].endswith(f"needs {need} seeds per arm ({more} more runs, ≈ {hours:.1f} h of runs)")
-    assert "δ = 0.200 (compare.delta)" in res.index.read_text()
+    assert "δ = 0.2 (declared: compare.delta)" in res.index.read_text()
 
 
 def test_a_baseline_named_by_its_group_label(sweep, tmp_path):
@@ -91,15 +90,70 @@ def test_a_baseline_named_by_its_group_label(sweep, tmp_path):
             R.build_report(_recipe(sweep, endpoints=["final", bad]), tmp_path / "y")
 
 
-def test_no_eval_size_means_no_default_delta(tmp_path):
-    root = tmp_path / "sw"
-    for objective, finals in (("dapo", (0.50, 0.56)), ("armor", (0.52, 0.55))):
-        for k, level in enumerate(finals):
-            rd = RunDir.create(root, {"objective": objective, "seed": k, "max_steps": 4})
-            for s in range(5):   # no val/n logged
-                rd.append_metrics(s, {"val/acc": level})
+def _runs(root, curves, *, val_n=1000):
+    """Hand-made runs: {objective: [val/acc curve of each seed]}, one eval per step."""
+    for objective, seeds in curves.items():
+        for k, curve in enumerate(seeds):
+            rd = RunDir.create(root, {"objective": objective, "seed": k, "max_steps": len(curve) - 1})
+            for s, v in enumerate(curve):
+                rd.append_metrics(s, {"val/acc": v, "val/n": val_n})
             rd.write_status("completed")
-    res = R.build_report(_recipe(root, endpoints=["final"]), tmp_path / "r")
-    assert any("no δ" in w and "compare.delta" in w for w in res.warnings)
-    assert res.verdicts == ["armor vs dapo: +0.005 [−0.203, +0.213] final val/acc — not "
-                            "resolved with 2 seeds per arm (no δ: set compare.delta to plan seeds)"]
+    return root
+
+
+def _said(res) -> str:
+    """Every verdict the report states: its sentences, the answer, the tables' verdict cells."""
+    tdir = res.out_dir / "tables"
+    cells = pd.read_csv(tdir / "verdicts.csv")["verdict"].tolist()
+    html = res.index.read_text()
+    answer = html[html.index('id="answer"'):html.index("</p>", html.index('id="answer"'))]
+    return "\n".join([*res.verdicts, answer, (tdir / "verdicts.md").read_text(), *cells])
+
+
+def test_a_baseline_that_never_falls_cannot_show_prevention(tmp_path):
+    # dapo flat at 0.6 (+0.01 per seed), armor identical: nothing fell, nothing to prevent
+    flat = [[0.6 + 0.01 * k] * 20 for k in range(3)]
+    root = _runs(tmp_path / "sw", {"dapo": flat, "armor": flat})
+    for delta in (None, 0.05):
+        res = R.build_report(_recipe(root, endpoints=["final", "drop"], delta=delta), tmp_path / f"r{delta}")
+        said = _said(res)
+        assert "equivalent" not in said
+        assert "dapo did not fall here (0 of 3 seeds collapsed): this cannot show prevention" in said
+        assert all("cannot show prevention" in v for v in res.verdicts)
+        if delta is None:
+            assert "armor is not resolved (no margin declared). dapo did not fall here" in said
+    # declared δ: the interval d = 0 ± t·se lies inside ±0.05, but says why it proves nothing
+    assert res.verdicts[0].startswith("armor vs dapo: +0.000 [−0.023, +0.023] final val/acc — within ±0.050 with "
+                                      "3 seeds per arm, but dapo did not fall here")
+    rows = pd.read_csv(tmp_path / "r0.05" / "tables" / "verdicts.csv")
+    assert set(rows["verdict"]) == {"cannot show prevention"}
+
+
+def test_a_declared_margin_makes_equivalence_possible_and_none_rules_it_out(tmp_path):
+    # both arms rise 0.4 → 0.8 in 8 evals, then fall to 0.3 by eval 20 (val/n 1000: a fall of ~30 SE)
+    def curve(k):
+        return [0.4 + 0.05 * i + 0.01 * k if i <= 8 else 0.8 - 0.5 * (i - 8) / 11 + 0.01 * k for i in range(20)]
+    fell = [curve(k) for k in range(3)]
+    root = _runs(tmp_path / "sw", {"dapo": fell, "armor": fell})
+    res = R.build_report(_recipe(root, endpoints=["final"], delta=0.1), tmp_path / "declared")
+    # Welch: d = 0, se = √(2·10⁻⁴/3), ν = 4, t_{4, 0.975} = 2.7764: ±0.0227, inside ±0.1
+    assert res.verdicts == ["armor vs dapo: +0.000 [−0.023, +0.023] final val/acc — equivalent within ±0.100, "
+                            "resolved with 3 seeds per arm"]
+    assert "δ = 0.1 (declared: compare.delta)" in res.index.read_text()
+    res = R.build_report(_recipe(root, endpoints=["final"]), tmp_path / "none")
+    assert "equivalent" not in _said(res)
+    assert res.verdicts == ["armor vs dapo: +0.000 [−0.023, +0.023] final val/acc — not resolved with 3 seeds per "
+                            "arm: no margin declared (compare.delta) for equivalence or a seed plan"]
+    assert any("no margin declared" in w for w in res.warnings)
+
+
+
+def test_the_baseline_fall_counts_only_runs_with_a_curve_to_judge():
+    import numpy as np
+
+    from armorlab.analysis.verdict_table import fall_record
+
+    per_run = pd.DataFrame({"final": [0.5, math.nan, 0.6], "collapse_step": [None, None, 30]})
+    record = fall_record(per_run, np.arange(3), "dapo", 0.04)
+    assert (record["collapsed"], record["n"], record["fell"]) == (1, 2, False)   # 1 − 0.96² = 0.078 > 0.05
+    assert fall_record(per_run.drop(columns="collapse_step"), np.arange(3), "dapo", 0.04)["fell"] is None

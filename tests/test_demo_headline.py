@@ -55,6 +55,21 @@ def test_verdict_states_rise_fall_and_comparison_plainly():
     assert "ended above dapo (Mann–Whitney p = 0.008)" in line
 
 
+def test_a_baseline_that_did_not_fall_cannot_show_prevention():
+    t = H.group_rows(_runs(), ["dapo", "armor"], "dapo")
+    assert not any("prevention" in line for line in H.verdict(t, "dapo"))   # dapo fell in 2 of 2 seeds
+    flat = _runs()
+    flat.loc[flat["group"] == "dapo", "collapse_step"] = None   # margins (F1): 0 of 2 is no fall
+    lines = H.verdict(H.group_rows(flat, ["dapo", "armor"], "dapo"), "dapo", {"dapo": "DAPO"})
+    assert lines[0].endswith("It did not fall beyond its noise (0 of 2 seeds collapsed): no comparison below can "
+                             "show prevention.")
+    assert lines[1].endswith("; DAPO did not fall here (0 of 2 seeds collapsed): this cannot show prevention.")
+    # one of two seeds collapsing is what flat curves give 7.8% of the time (1 − 0.96²): still no fall
+    flat.loc[flat["run_id"] == "dapo0", "collapse_step"] = 30
+    lines = H.verdict(H.group_rows(flat, ["dapo", "armor"], "dapo"), "dapo")
+    assert "(1 of 2 seeds collapsed): this cannot show prevention" in lines[1]
+
+
 def test_demo_names_and_baseline_match_the_shipped_spec():
     from importlib import resources
 

@@ -132,7 +132,7 @@ def test_the_objective_table_follows_the_registry():
     from armorlab.algos.objectives import Batch, Surrogate, register_objective, unregister_objective
 
     @register_objective("doc_probe", aggregation="seq-mean", capacity="mixed", sequence_level=True,
-                        defaults={"epsilon": 0.05})
+                        defaults={"epsilon": 0.05}, params={"probe_t": 2.0, "probe_beta": None})
     def doc_probe(b: Batch) -> Surrogate:
         """Probe objective (Eq. 1 of nothing). Second sentence."""
         raise NotImplementedError
@@ -140,7 +140,7 @@ def test_the_objective_table_follows_the_registry():
     try:
         row = [r for r in hooks.objective_presets().splitlines() if r.startswith("| `doc_probe` |")]
         assert row == ["| `doc_probe` | Probe objective (Eq. 1 of nothing). | `seq-mean` | `mixed` | yes | no | "
-                       "`epsilon: 0.05` |"]
+                       "`epsilon: 0.05` | `probe_t: 2.0`, `probe_beta: required` |"]
     finally:
         unregister_objective("doc_probe")
     armor = [r for r in hooks.objective_presets().splitlines() if r.startswith("| `armor` |")][0]

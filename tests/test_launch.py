@@ -180,6 +180,37 @@ def test_sigusr1_to_the_cli_exits_75_with_a_checkpoint(tmp_path):
     assert "Traceback" not in err
 
 
+def test_sigterm_during_the_warm_start_stops_within_seconds_and_leaves_no_build(tmp_path):
+    # issue 40 §1: the signal used to be answered "checkpointing after the current step" while the
+    # build went on for minutes; before the first step there is no step to finish
+    cache = tmp_path / "cache"
+    cfg = resolved(objective="dapo", max_steps=5)
+    cfg["model"] = {**cfg["model"], "warm_start_steps": 100_000, "warm_start_target": None, "warm_start_seed": 7}
+    rd = RunDir.create(tmp_path / "runs", cfg)
+    env = {**os.environ, "ARMORLAB_CACHE": str(cache), "ARMORLAB_JOB_ID": "local-1"}
+    proc = subprocess.Popen([sys.executable, "-m", "armorlab.cli", "train", "--run-dir", str(rd.path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        deadline = time.monotonic() + 300
+        while not list((cache / "models").glob(".tiny-*")):  # the build's temp dir: the warm start runs
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+            time.sleep(0.05)
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGTERM)
+        sent = time.monotonic()
+        _, err = proc.communicate(timeout=60)
+        waited = time.monotonic() - sent
+    finally:
+        proc.kill()
+    assert proc.returncode == EXIT_PREEMPTED, err
+    assert waited < 15, waited  # a warm-start step is ~0.1 s; the interpreter's exit the rest
+    status = rd.read_status()
+    assert status["state"] == "pending" and status["reason"] == "preempted before the first step (signal 15)"
+    left = [p.name for p in (cache / "models").iterdir() if not p.name.endswith(".lock")]
+    assert left == [], left  # neither a half-built model nor its temp dir
+    assert "Traceback" not in err
+
+
 # --------------------------------------------------------------------------- stop, failures
 def test_stop_request_completes_after_the_current_step(tmp_path):
     rd = RunDir.create(tmp_path, resolved(objective="dapo", max_steps=20))

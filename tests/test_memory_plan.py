@@ -261,6 +261,65 @@ def test_papers_settings_pass_on_the_fsdp_profile_and_are_refused_on_todays(mode
     assert "'DDP gradient buckets (fp32)' takes the resident memory to" in err and "FSDP2" in err
 
 
+def test_allowances_and_the_engine_share_that_fits_by_hand():
+    G = 100 * GIB
+    run = RunMemory(use_vllm=True, vllm_mode="colocate", vllm_sleep=True, vllm_share=0.4)
+    assert mp.fragmentation_bytes(G) == 5 * GIB             # 5 % of the GPU
+    assert mp.sleep_leftover_bytes(0.4, G) == int(0.1 * 0.4 * G)  # 10 % of a 40 GiB share: 4 GiB
+    weights = mp.Line("weights", "w", 20 * GIB)
+    train = mp.Phase("train", "t", (mp.Line("act", "a", 30 * GIB),))
+    awake = mp.Phase("rollout", "r", (mp.Line("vllm", "v", 36 * GIB),))
+    sleeping = mp.MemoryPlan(QWEN7B, Parallelism(), run, G, [weights, mp.Line("sleep", "s", 4 * GIB)],
+                             [train, awake])
+    # awake it may take what the other 20 GiB leave (0.8); asleep its 10 % beside 20 + 30 GiB: ≤ 5
+    assert sleeping.engine_shares() == [("vllm_gpu_memory_utilization", 0.4, 0.8)]
+    ref_run = RunMemory(anchors=True, ref_vllm_mode="colocate", ref_vllm_share=0.2)
+    never_asleep = mp.MemoryPlan(QWEN7B, Parallelism(), ref_run, G,
+                                 [weights, mp.Line("ref_vllm", "e", 20 * GIB)], [train])
+    assert never_asleep.engine_shares() == [("ref_vllm_memory", 0.2, 0.5)]  # (100 − 20 − 30) / 100
+    assert mp.MemoryPlan(QWEN7B, Parallelism(), run, None).engine_shares() == []
+
+
+def test_refusal_names_every_phase_over_the_limit_and_true_advice():
+    G = 10 * GIB
+    plan = mp.MemoryPlan(QWEN7B, Parallelism(), RunMemory(gradient_checkpointing=True), G,
+                         [mp.Line("weights", "w", 4 * GIB)],
+                         [mp.Phase("train", "a training micro-batch", (mp.Line("act", "a", 7 * GIB, fix="fa"),)),
+                          mp.Phase("score", "log-prob scoring", (mp.Line("s", "s", 6 * GIB + 1, fix="fs"),)),
+                          mp.Phase("val", "validation", (mp.Line("v", "v", 6 * GIB),))])  # 4 + 6 = 10: fits
+    why = plan.overflow()
+    assert why.count("\n") == 1 and "a training micro-batch needs 11.0 GiB" in why and "fa" in why
+    assert "log-prob scoring needs 10.0 GiB" in why and "fs" in why and "validation" not in why
+    on = plan_memory(QWEN7B, Parallelism(), RunMemory(train_rows=16, completion_tokens=3072,
+                                                       gradient_checkpointing=True), 80 * GIB)
+    off = plan_memory(QWEN7B, Parallelism(), RunMemory(train_rows=16, completion_tokens=3072,
+                                                        gradient_checkpointing=False), 80 * GIB)
+    assert "gradient_checkpointing: true" not in on.phases[0].main_line().fix
+    assert "gradient_checkpointing: true" in off.phases[0].main_line().fix
+
+
+def test_a_refused_plan_is_said_once(capsys):
+    spec = str(REPO / "sweeps" / "paper" / "armor_table1.yaml")
+    code, out, err = _cli(["plan", spec, "--profile", str(REPO / "slurm" / "gpu-8x.yaml"), "--set",
+                           "model=Qwen/Qwen2.5-Math-7B", "--set", "model_init_kwargs=null"], capsys)
+    assert code == 2 and "does not fit" in out
+    reason = "'DDP gradient buckets (fp32)' takes the resident memory to"
+    assert reason not in out and err.count("memory plan of") == err.count(reason) == 3, err  # 3 distinct plans
+
+
+def test_plan_of_a_staged_spec_plans_every_stage(capsys):
+    # the continuing stage's ARMOR arms hold π_ref and sample anchors: a shape stage 1 never has
+    spec = str(REPO / "sweeps" / "paper" / "armor_table1.yaml")
+    code, out, err = _cli(["plan", spec, "--set", "model=Qwen/Qwen2.5-Math-7B"], capsys)
+    assert code == 0, err
+    plans = out.split("memory per GPU")[1:]
+    assert len(plans) == 3, out  # stage 1; continued dapo (both estimators); continued armor (both)
+    stage1, dapo, armor = plans
+    assert "dapo: base" in stage1 and "continue: objective=dapo" in " ".join(dapo.split())
+    assert "continue: objective=armor" in " ".join(armor.split())
+    assert "anchor sampling" in armor and "anchor sampling" not in dapo + stage1
+
+
 def test_sweep_refuses_a_run_that_does_not_fit_before_writing_anything(tmp_path, monkeypatch):
     from armorlab.sweeps.submit import plan_sweep
 

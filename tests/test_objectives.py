@@ -9,11 +9,17 @@ import numpy as np
 import pytest
 import torch
 
+from armorlab.algos.field_objectives import MICRO_BATCH_SELECTION
 from armorlab.algos.loss import AGGREGATORS, policy_loss
 from armorlab.algos.objectives import mixed_ratio, objective_names, objective_spec
 from armorlab.errors import ArmorLabError
 
 ALL = list(objective_names())
+# the objectives built as −A·clamp(ratio, lo, hi): zero gradient exactly where a bound binds
+CLAMPED = [o for o in ALL if objective_spec(o).fn.__module__ == "armorlab.algos.objectives"] + ["bnpo", "luspo"]
+SEQUENCE_RATIO = ("gspo", "up_gspo", "luspo")
+# whole-batch objectives: they select tokens by the statistics of the batch they are given
+PER_BATCH = [o for o in ALL if o not in MICRO_BATCH_SELECTION]
 DEFAULT_AGGREGATION = {name: objective_spec(name).aggregation for name in ALL}
 AGGS = list(AGGREGATORS)
 
@@ -38,6 +44,7 @@ def batch(b=6, t=9, seed=0, spread=0.4, lengths=None):
 def run(objective, logp, old, adv, mask, **kw):
     logp = logp.clone().requires_grad_(True)
     kw.setdefault("max_len", logp.shape[1] + 3)
+    kw.setdefault("params", {"dro_beta": 0.1} if objective == "dro" else None)  # verl's DRO has no default β
     out = policy_loss(objective, logp, old, adv, mask, **kw)
     out.loss.backward()
     return out, logp.grad
@@ -83,13 +90,14 @@ def reinforce_grad(weight, adv, mask, aggregation, max_len, sequence=False):
 
 
 # --------------------------------------------------------------------------- invariant 1
-@pytest.mark.parametrize("objective", [o for o in ALL if o != "armor"])
+@pytest.mark.parametrize("objective", [o for o in PER_BATCH if o != "armor"])
 @pytest.mark.parametrize("aggregation", AGGS)
 def test_on_policy_gradient_is_reinforce(objective, aggregation):
     logp, _, ref, adv, mask = batch()
-    _, grad = run(objective, logp, logp.detach(), adv, mask, ref_logp=ref, aggregation=aggregation)
+    eps_high = 5.0 if objective == "cispo" else 0.28  # CISPO's ε_max caps the weight itself (its preset: 5)
+    _, grad = run(objective, logp, logp.detach(), adv, mask, ref_logp=ref, aggregation=aggregation, eps_high=eps_high)
     want = reinforce_grad(np.ones(mask.shape), adv.numpy().astype(np.float64), mask.numpy(), aggregation,
-                          logp.shape[1] + 3, sequence=objective in ("gspo", "up_gspo"))
+                          logp.shape[1] + 3, sequence=objective_spec(objective).sequence_level)
     np.testing.assert_allclose(grad.numpy(), want, rtol=1e-5, atol=1e-7)
 
 
@@ -121,16 +129,16 @@ def _np_binding(ratio, adv, eps_low, eps_high, dual_clip, unbounded_positive=Fal
     return pos | neg
 
 
-@pytest.mark.parametrize("objective", ALL)
+@pytest.mark.parametrize("objective", CLAMPED)
 @pytest.mark.parametrize("dual_clip", [None, 1.6])
 def test_gradient_zero_exactly_where_a_clip_binds(objective, dual_clip):
     logp, old, ref, adv, mask = batch(b=16, t=12, seed=3, spread=0.5)
-    eps = (0.2, 0.28) if objective not in ("gspo", "up_gspo") else (0.02, 0.03)
+    eps = (0.2, 0.28) if objective not in SEQUENCE_RATIO else (0.02, 0.03)
     _, grad = run(objective, logp, old, adv, mask, ref_logp=ref, alpha=0.7, dual_clip=dual_clip,
                   eps_low=eps[0], eps_high=eps[1])
     lp, lo, lr, m = (x.double().numpy() for x in (logp, old, ref, mask))
     a = adv.double().numpy()
-    if objective in ("gspo", "up_gspo"):
+    if objective in SEQUENCE_RATIO:
         s = np.exp(((lp - lo) * m).sum(-1) / m.sum(-1))
         ratio = np.repeat(s[:, None], m.shape[1], axis=1)
     elif objective == "armor":
@@ -258,7 +266,7 @@ def test_armor_per_row_alpha_tensor():
 
 
 # --------------------------------------------------------------------------- invariant 5
-@pytest.mark.parametrize("objective", [o for o, a in DEFAULT_AGGREGATION.items() if a == "token-mean"])
+@pytest.mark.parametrize("objective", [o for o in PER_BATCH if DEFAULT_AGGREGATION[o] == "token-mean"])
 def test_micro_batch_token_mean_invariance(objective):
     logp, old, ref, adv, mask = batch(b=8, t=10, seed=9, spread=0.5)
     kw = {"ref_logp": ref, "alpha": 0.7, "dual_clip": 2.5}
@@ -278,14 +286,15 @@ def test_micro_batch_token_mean_invariance(objective):
 
 
 # --------------------------------------------------------------------------- normalizer (issue 9 §1)
-@pytest.mark.parametrize("objective", ALL)
+@pytest.mark.parametrize("objective", PER_BATCH)
 @pytest.mark.parametrize("aggregation", AGGS)
 def test_parts_with_the_whole_normalizer_add_up_to_the_whole(objective, aggregation):
     """Split a batch into parts of different lengths (one of them with a gated row): with the
     whole batch's count as ``normalizer`` the parts' losses and gradients add up to the whole's."""
     logp, old, ref, adv, mask = batch(b=8, t=10, seed=21, spread=0.5, lengths=[2, 10, 3, 7, 1, 9, 5, 10])
     mask[5] = 0.0  # a gated row: in no count
-    kw = {"ref_logp": ref, "alpha": 0.7, "dual_clip": 2.5, "aggregation": aggregation, "max_len": 12}
+    kw = {"ref_logp": ref, "alpha": 0.7, "dual_clip": 2.5, "aggregation": aggregation, "max_len": 12,
+          "params": {"dro_beta": 0.1} if objective == "dro" else None}
     whole, g_whole = run(objective, logp, old, adv, mask, **kw)
     per_row = mask.sum(-1)
     count = per_row.sum() if aggregation == "token-mean" else (per_row > 0).sum().float()
@@ -425,9 +434,11 @@ def test_names_match_the_config_layer():
     # config.py validates run configs without torch; both must list the same names.
     from armorlab.core import config
 
-    assert config.objective_choices() == tuple(ALL) == ("grpo", "dapo", "dr_grpo", "gspo", "up", "up_gspo", "armor")
+    assert config.objective_choices() == tuple(ALL) == (
+        "grpo", "dapo", "dr_grpo", "gspo", "up", "up_gspo", "armor", "cispo", "cispo_verl", "sapo", "gmpo", "dppo_tv",
+        "dppo_kl", "clip_cov", "kl_cov", "gpg", "dro", "bnpo", "luspo", "vespo")
     assert tuple(AGGREGATORS) == config.AGGREGATIONS
-    assert [o for o in ALL if objective_spec(o).sequence_level] == ["gspo", "up_gspo"]
+    assert [o for o in ALL if objective_spec(o).sequence_level] == ["gspo", "up_gspo", "gmpo", "luspo"]
 
 
 @pytest.mark.parametrize("objective", ["dapo", "gspo", "armor"])

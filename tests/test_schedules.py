@@ -3,12 +3,13 @@ configs that do not use these fields — all without a model (issue 26 §1, §3,
 
 from __future__ import annotations
 
+import json
 from fractions import Fraction
 
 import pytest
 
 from armorlab.core.config import resolve
-from armorlab.core.runs import run_id
+from armorlab.core.runs import RunDir, run_id
 from armorlab.core.schedule import (
     config_val_every_steps,
     every_due,
@@ -242,6 +243,31 @@ def test_curves_in_rollouts_average_each_rollouts_lines_and_skip_runs_without_th
     with pytest.raises(ArmorLabError) as err:
         parse_recipe({"runs": ["x"], "x": "epoch"}, file="r.yaml")
     assert err.value.key == "x"
+
+
+def test_a_report_that_reads_another_unit_than_its_sweep_says_so_naming_both_files(tmp_path):
+    from armorlab.analysis import report as R
+    from armorlab.analysis.recipe import load_recipe, unit_disagreement
+
+    root = tmp_path / "runs" / "paper"
+    for seed in (0, 1):
+        rd = RunDir.create(root, resolve({"seed": seed, "max_steps": 4, "step_unit": "rollout", "val_every": 1}))
+        for step in range(5):   # 2 optimizer steps per rollout
+            rd.append_metrics(step, {"val/acc": 0.5 + 0.01 * step, "val/n": 100}, rollout=step // 2)
+        rd.write_status("completed")
+    (root / "sweep.json").write_text(json.dumps({"name": "paper", "source": "sweeps/paper/x.yaml"}))
+    for x, warned in (("step", True), ("rollout", False)):
+        recipe_file = tmp_path / f"read_{x}.yaml"
+        recipe_file.write_text(f"runs: [{root}]\nx: {x}\n")
+        result = R.build_report(load_recipe(recipe_file), tmp_path / f"out_{x}")
+        said = [w for w in result.warnings if "UNIT MISMATCH" in w]
+        assert bool(said) is warned, result.warnings
+        if warned:
+            assert str(recipe_file) in said[0] and "sweeps/paper/x.yaml counts in step_unit: rollout" in said[0]
+            assert "set x: rollout" in said[0]
+    # a sweep counted in optimizer steps (no step_unit in its configs) read in rollouts: the other way
+    assert "set x: step" in unit_disagreement("rollout", "r.yaml", {"runs/a": "optimizer"})
+    assert unit_disagreement("step", "r.yaml", {"runs/a": "optimizer", "runs/b": "optimizer"}) is None
 
 
 def test_the_collapse_pruner_plans_its_evals_in_optimizer_steps():

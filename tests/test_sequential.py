@@ -174,6 +174,15 @@ def test_simulated_rates_loosely():
     assert np.mean(alt["verdict"] == 2) < 0.05                     # false equivalence at the margin
 
 
+def test_prevention_rates_loosely():
+    # the true curve: 0.60 → 0.70 by eval 8 (+0.0125 an eval), then down D over the last 15 evals
+    assert bench.baseline_curve(0.15)[[0, 4, 8, 9, 23]] == pytest.approx([0.60, 0.65, 0.70, 0.69, 0.55])
+    assert bench.baseline_curve(0.0)[8:] == pytest.approx([0.70] * 16)
+    # 300 baselines of 3 seeds: a flat one is rarely said to fall, one falling 0.15 (6.5 SE) always is
+    assert bench.prevention_rate(0.0, 3, 300, seed=1) < 0.03          # target ≤ 0.05
+    assert bench.prevention_rate(0.15, 3, 300, seed=2) > 0.97         # "cannot show prevention" ≤ 0.05
+
+
 def test_benchmark_simulation_decides_as_decide_look():
     kw = dict(first_look=3, seeds_per_look=2, max_seeds=10)
     assert bench.agreement(0.02, 0.04, 150, [3, 5, 7, 9, 10], kw, seed=3) == 0

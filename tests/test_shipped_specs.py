@@ -1,7 +1,8 @@
 """Every shipped sweep spec and report recipe validates and dry-runs, as written and on the tiny model.
 
-The paper-scale specs (sweeps/paper/) name a user's model and data; `--set model=tiny
---set task=arithmetic` must turn each into a runnable tiny sweep without other edits. A recipe is
+The paper-scale specs (sweeps/paper/) name a user's model, data and held-out benchmarks; `--set
+model=tiny --set task=arithmetic --set eval_sets=null` must turn each into a runnable tiny sweep
+without other edits. A recipe is
 "dry-run" against the runs its sweep would make: its group keys and comparison selectors must
 name config keys those runs have and select at least one of them, and its matched steps must
 lie within the runs' budget — otherwise the report would come out empty or silently ungrouped.
@@ -16,7 +17,7 @@ import yaml
 from model_dirs import fake_model_dir
 from typer.testing import CliRunner
 
-from armorlab.analysis.recipe import load_recipe
+from armorlab.analysis.recipe import load_recipe, unit_disagreement
 from armorlab.cli import app, main
 from armorlab.core.config import get_dotted, parse_overrides
 from armorlab.errors import ArmorLabError
@@ -25,7 +26,7 @@ from armorlab.sweeps.submit import plan_sweep
 
 REPO = Path(__file__).resolve().parents[1]
 # the paper specs' 3,072-token completions do not fit the tiny model's 1,024 positions
-TINY = ["model=tiny", "task=arithmetic", "max_completion_length=8"]
+TINY = ["model=tiny", "task=arithmetic", "eval_sets=null", "max_completion_length=8"]
 
 
 def _specs() -> list[Path]:
@@ -82,6 +83,8 @@ def test_spec_validates_and_dry_runs(path, overrides, tmp_path, monkeypatch):
     if tiny:
         assert all(r.config["model"]["name"] == "tiny" and r.config["task"]["name"] == "arithmetic"
                    for r in plan.runs)
+    elif spec.base.get("eval_sets"):  # the benchmarks' stand-ins resolved into every run
+        assert all(set(r.config["eval_sets"]) == set(spec.base["eval_sets"]) for r in plan.runs)
     if spec.profile:
         assert spec.profile_path().is_file()
     result = CliRunner().invoke(app, args)
@@ -106,6 +109,10 @@ def _stand_ins(spec, tmp_path: Path) -> list[str]:
         data = tmp_path / "data.jsonl"
         data.write_text("".join(f'{{"problem": "{i} + 1 = ?", "answer": "{i + 1}"}}\n' for i in range(1200)))
         overrides.append(f"task.path={data}")
+    for name in spec.base.get("eval_sets") or {}:  # benchmarks sharing no problem with the data above
+        bench = tmp_path / f"{name}.jsonl"
+        bench.write_text("".join(f'{{"problem": "{i} * 7 = ?", "answer": "{7 * i}"}}\n' for i in range(30)))
+        overrides.append(f"eval_sets.{name}.path={bench}")
     return overrides
 
 
@@ -139,7 +146,11 @@ def test_recipe_matches_the_runs_of_its_sweep(path, tmp_path):
                 sel = {k: v for k, v in sel.items() if not k.startswith(("task.", "model."))}
             hits = [c for c in configs if all(get_dotted(c, k, missing) == v for k, v in sel.items())]
             assert hits, f"compare selector {sel} selects no run of {spec_path.name}"
-        budget = min(c["max_steps"] for c in configs)
+        units = {c.get("step_unit", "optimizer") for c in configs}
+        # the recipe reads in the sweep's unit (a disagreement would read "test@500" elsewhere)
+        assert unit_disagreement(recipe.x, str(path), {str(spec_path): u for u in units}) is None, \
+            f"{_id(path)} reads x: {recipe.x}, {_id(spec_path)} counts in {units}"
+        budget = min(c["max_rollouts"] if recipe.x == "rollout" else c["max_steps"] for c in configs)
         assert all(s <= budget for s in recipe.matched_steps or ()), (recipe.matched_steps, budget)
 
 

@@ -108,3 +108,40 @@ def test_a_later_stage_waits_for_its_parents_starts_from_their_selection_and_fai
     again = run_cli("sweep", str(spec), "--root", str(root), "--profile", str(profile), env={"COLUMNS": "300"})
     assert "nothing to submit" in again.stdout and "2 completed" in again.stdout, again.stdout
     print(f"two-stage Slurm sweep: {elapsed:.0f} s from submission to the last job's end")
+
+
+def test_a_continuation_on_slurm_restores_the_parents_optimizer_and_takes_pi_ref_from_another_selection(tmp_path):
+    """init_from.optimizer: parent, selection of the last checkpoint and ref_from an earlier selection
+    of the same parent, through the real queue: the child waits (afterok) and starts as asked."""
+    profile = tmp_path / "profile.yaml"
+    profile.write_text("executor: slurm\ncpus_per_task: 1\ntime_min: 20\narray_parallelism: 2\n")
+    spec = write_spec(tmp_path / "cont.yaml", {
+        "name": "cont", "base": TINY,
+        "stages": [{"name": "first", "base": {"save_total_limit": None}},   # every checkpoint stays
+                   {"name": "then", "from": {"stage": "first", "select": {"mode": "last"}, "optimizer": "parent"},
+                    "ref_from": {"stage": "first", "select": {"step": 2}}, "base": {"max_steps": 1}}]})
+    root = tmp_path / "runs"
+    out = run_cli("sweep", str(spec), "--root", str(root), "--profile", str(profile),
+                  env={"ARMORLAB_CACHE": model_cache()})
+    assert out.returncode == 0, out.stdout + out.stderr
+    sweep_dir = root / "cont"
+    manifest = load_manifest(sweep_dir)
+    [(child, parent)] = manifest.parents.items()
+    queue = subprocess.run(["squeue", "-h", "-r", "-o", "%i|%E"], capture_output=True, text=True, check=True).stdout
+    deps = dict(line.split("|", 1) for line in queue.splitlines())
+    assert deps[manifest.last_job(child)].startswith(f"afterok:{manifest.last_job(parent)}"), deps
+    st = wait_finished(sweep_dir, 900)
+    rows = {r.run_id: r for r in st.rows}
+    assert rows[parent].state == rows[child].state == "completed", (rows[parent], rows[child])
+    checkpoints = sweep_dir / parent / "checkpoints"
+    init = json.loads((sweep_dir / child / "init.json").read_text())
+    assert init["step"] == 4 and init["params_sha256"] == _hash(checkpoints / "checkpoint-4")
+    assert init["ref_params_sha256"] == _hash(checkpoints / "checkpoint-2") != init["params_sha256"]
+    # the parent's constant LR goes on (its scheduler restored, no warm-up) and Adam's step count too
+    lrs = [r["train/learning_rate"] for r in RunDir(sweep_dir / child).read_metrics() if "train/learning_rate" in r]
+    assert lrs == [TINY["learning_rate"]]
+    import torch
+
+    [ckpt] = RunDir(sweep_dir / child).checkpoints()
+    state = torch.load(ckpt / "optimizer.pt", weights_only=True)["state"]
+    assert {int(s["step"]) for s in state.values()} == {5}  # 4 updates of the parent + 1 of its own

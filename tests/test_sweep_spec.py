@@ -246,3 +246,26 @@ def test_shipped_specs_expand(path):
     raw = yaml.safe_load(path.read_text())
     assert set(raw) <= {"name", "description", "base", "grid", "seeds", "include", "exclude", "profile", "controls",
                         "stages"}
+
+
+@pytest.mark.parametrize("bad", [-0.05, 0, float("nan"), "0.05", True])
+def test_a_bad_equivalence_margin_names_key_value_and_file(tmp_path, bad):
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump({"name": "s", "grid": {"objective": ["dapo", "armor"]}, "seeds": [0, 1],
+                                    "compare": {"baseline": {"objective": "dapo"}, "delta": bad}}))
+    with pytest.raises(ArmorLabError) as err:
+        load_spec(path)
+    shown = str(err.value)
+    assert err.value.key == "compare.delta" and str(path) in shown and "equivalence margin" in shown
+    assert (err.value.value != err.value.value) if bad != bad else err.value.value == bad
+
+
+def test_a_declared_margin_is_kept_and_none_means_no_margin(tmp_path):
+    spec = {"name": "s", "grid": {"objective": ["dapo", "armor"]}, "seeds": [0, 1],
+            "compare": {"baseline": {"objective": "dapo"}}}
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    assert load_spec(path).compare.delta is None   # no margin is made up
+    spec["compare"]["delta"] = 0.05
+    path.write_text(yaml.safe_dump(spec))
+    assert load_spec(path).compare.delta == 0.05

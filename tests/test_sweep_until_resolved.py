@@ -28,6 +28,7 @@ from sweep_support import standin_val_level as val_level
 from armorlab.core.runs import RunDir
 from armorlab.errors import ArmorLabError
 from armorlab.stats.sequential import SPENDING, Design, decide_look, looks_record
+from armorlab.stats.sequential_text import sentence
 from armorlab.sweeps.jobs import ENV_COMMAND
 from armorlab.sweeps.manifest import LOOKS, load_manifest
 from armorlab.sweeps.submit import load_sweep
@@ -196,7 +197,7 @@ def test_until_resolved_locally_stops_resolved_arms_adds_seeds_to_open_ones_and_
     assert seeds == {("warm", "dapo"): set(range(5)), ("cont", "dapo"): set(range(5)),
                      ("cont", "armor"): {0, 1, 2}, ("cont", "up"): set(range(5))}
     assert looks[1]["runs"]["objective=armor"].keys() == {"0", "1", "2"}
-    assert record["design"]["delta"] == 0.05 and record["chain"]["delta"] == "compare.delta"
+    assert record["design"]["delta"] == 0.05 and record["chain"]["margin"]["delta"] == 0.05
     assert "better at look 1, resolved with 3 seeds per arm" in out.stdout
     assert "better at look 2, resolved with 5 seeds per arm" in out.stdout
 
@@ -291,7 +292,6 @@ def test_the_decision_jobs_script_waits_on_the_look_and_keeps_values_on_their_li
 
 
 def test_words_for_an_arm_not_resolved_at_max_seeds():
-    from armorlab.stats.sequential_text import sentence
 
     design = Design(baseline="b", arms=("a",), endpoint="final", delta=0.05, first_look=3, max_seeds=3)
     values = {"b": [0.50, 0.60, 0.40], "a": [0.52, 0.62, 0.38]}
@@ -323,7 +323,12 @@ def _complete(chain: Chain, runs, level_of, n_eval=None) -> None:
         rd.write_status("completed")
 
 
-def test_delta_is_set_from_val_n_at_the_first_look_and_kept(tmp_path):
+def test_the_margin_is_fixed_before_the_first_look_with_its_source_and_never_made_up(tmp_path):
+    declared = _chain(_flat_spec(tmp_path, "declared"), tmp_path / "runs")
+    declared.begin()   # looks.json holds the margin and where it comes from before anything ran
+    record = json.loads((declared.sweep_dir / LOOKS).read_text())
+    assert record["design"]["delta"] == 0.05 and record["looks"] == []
+    assert record["chain"]["margin"] == {"delta": 0.05, "source": f"declared: compare.delta in {tmp_path / 'declared.yaml'}"}
     spec = _flat_spec(tmp_path)
     raw = _load_yaml(spec)
     raw["compare"]["delta"] = None
@@ -341,18 +346,25 @@ def test_delta_is_set_from_val_n_at_the_first_look_and_kept(tmp_path):
     assert st.ready
     look = chain.decide(st, by="test")
     record = json.loads((chain.sweep_dir / LOOKS).read_text())
-    finals = [level_of(r.view) for r in st.plan.runs]
-    p = float(np.mean(finals))
-    delta = 2 * math.sqrt(p * (1 - p) / 400)  # (D1) over the compared runs' final level
-    assert record["design"]["delta"] == pytest.approx(delta, rel=1e-12)
-    assert "n = 400 (val/n)" in record["chain"]["delta"] and look["by"] == "test"
+    # no margin declared: none is derived from val/n at the look, and nothing is equivalent
+    assert record["design"]["delta"] is None and look["by"] == "test"
+    assert record["chain"]["margin"] == {"delta": None, "source": "no margin declared: no equivalence verdict "
+                                                                   "(set compare.delta)"}
+    assert all(c["verdict"] != "equivalent" for c in look["comparisons"])
+    # every val curve is flat: the baseline did not fall in any of its 3 seeds (margins F1)
+    assert look["prevention"] == {"baseline": "objective=dapo", "collapsed": 0, "n": 3, "curve_alpha": 0.04,
+                                  "p": 1.0, "fell": False}
+    design, looks = chain.design, record["looks"]
+    for c in look["comparisons"]:
+        assert sentence(c, design, looks, "final val/acc").endswith(
+            "objective=dapo did not fall here (0 of 3 seeds collapsed): this cannot show prevention")
     assert chain.decide(st, by="again") is None  # that look is recorded: a stale standing decides nothing
-    # look 2 with other levels: δ stays what the first look fixed
-    st = chain.stand()
-    _complete(chain, st.plan.runs, lambda cfg: level_of(cfg) - 0.3, n_eval=400)
-    chain.decide(chain.stand(), by="test")
-    record = json.loads((chain.sweep_dir / LOOKS).read_text())
-    assert len(record["looks"]) == 2 and record["design"]["delta"] == pytest.approx(delta, rel=1e-12)
+    # a margin declared after the first look is refused: it would be chosen knowing the data
+    raw["compare"]["delta"] = 0.05
+    write_spec(spec, raw)
+    with pytest.raises(ArmorLabError, match="looks.json fixes no margin after 1 look") as err:
+        _chain(spec, tmp_path / "runs")
+    assert err.value.key == "compare.delta" and err.value.value == 0.05
     # a completed run without the endpoint stops the chain, naming it
     fresh = _chain(_flat_spec(tmp_path, "empty"), tmp_path / "runs")
     fresh.begin()

@@ -8,7 +8,8 @@ import pytest
 import torch
 from transformers import TrainerCallback
 
-from armorlab.algos.loss import policy_loss
+from armorlab.algos.loss import AGGREGATION_UNIT, policy_loss
+from armorlab.algos.objectives import objective_spec
 from armorlab.core.config import objective_choices
 from armorlab.train.trainer import ArmorLabTrainer
 from tests.trainer_support import AnswerSampler, answer_table, build, resolved, tokenizer_for
@@ -35,7 +36,9 @@ class LossCheckTrainer(ArmorLabTrainer):
         return out
 
     def _compute_loss(self, model, inputs):
+        rng = torch.get_rng_state()  # clip_cov draws its tokens from the global RNG: draw the same again
         loss = super()._compute_loss(model, inputs)
+        torch.set_rng_state(rng)
         with torch.no_grad():
             args = self.args
             logp = _plain_logps(self.accelerator.unwrap_model(model), inputs, args.temperature)
@@ -44,20 +47,22 @@ class LossCheckTrainer(ArmorLabTrainer):
             old = logp if old is None else old
             mask = inputs["completion_mask"].float() * inputs["armorlab_keep"].unsqueeze(1)
             armor = args.objective == "armor"
-            unit = "tokens" if args.objective in ("dapo", "up", "armor") else "rows"  # default aggregations
+            spec = objective_spec(args.objective)
+            unit = AGGREGATION_UNIT[spec.aggregation]  # the default aggregation's
             share = args.gradient_accumulation_steps / args.steps_per_generation
             expected = policy_loss(args.objective, logp, old, inputs["advantages"], mask,
                                    ref_logp=ref if armor else None, alpha=args.alpha if armor else 1.0,
                                    eps_low=args.epsilon, eps_high=args.epsilon_high,
                                    max_len=args.max_completion_length,
-                                   normalizer=self.gen_counts[unit] * share).loss
+                                   normalizer=self.gen_counts[unit] * share,
+                                   params={k: getattr(args, k) for k in spec.params}).loss
         self.checks.append((float(loss.detach()), float(expected), float(inputs["advantages"].abs().sum())))
         return loss
 
 
 @pytest.mark.parametrize("objective", objective_choices())
 def test_each_objective_trains_and_its_loss_is_policy_loss(tmp_path, objective):
-    cfg = resolved(objective=objective, max_steps=3)
+    cfg = resolved(objective=objective, max_steps=3, dro_beta=0.3)  # dro_beta: read by dro only
     trainer = build(tmp_path, cfg, trainer_cls=LossCheckTrainer)
     trainer.checks = []
     before = [p.detach().clone() for p in trainer.model.parameters()]
@@ -288,7 +293,9 @@ class KlEstimatorProbe(ArmorLabTrainer):
     """Records obj/beta_kl next to the k2 and k3 means of log(π_ref/π_θ) computed from plain log-probs."""
 
     def _compute_loss(self, model, inputs):
+        rng = torch.get_rng_state()  # clip_cov draws its tokens from the global RNG: draw the same again
         loss = super()._compute_loss(model, inputs)
+        torch.set_rng_state(rng)
         with torch.no_grad():
             logp = _plain_logps(self.accelerator.unwrap_model(model), inputs, self.args.temperature)
             ref = _plain_logps(self.ref_model, inputs, self.args.temperature)

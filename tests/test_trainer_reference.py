@@ -152,3 +152,18 @@ def test_anchors_from_a_concurrent_sampler_are_drawn_while_the_policy_generates(
     trainer.train()
     assert sampler.overlapped and all(sampler.overlapped)
     assert _logged(trainer, "anchor/rate") == [1.0]  # the anchors drawn beside it were injected
+
+
+def test_a_token_dump_never_makes_a_baseline_score_pi_ref():
+    # issue 38 §3: sweeps/paper/base.yaml dumps 0.1 % of the tokens; a dapo run must not pay a π_ref
+    # forward on every generation for it (only the KL telemetry's generations, as without the dump)
+    from types import SimpleNamespace
+
+    from armorlab.train.reference import reference_scored
+
+    dapo = SimpleNamespace(objective="dapo", anchor=False, kl_telemetry=True, token_sample_rate=0.001)
+    assert not reference_scored(dapo, beta=0.0, has_reference=True, telemetry_now=False)
+    assert reference_scored(dapo, beta=0.0, has_reference=True, telemetry_now=True)
+    assert reference_scored(SimpleNamespace(**{**vars(dapo), "objective": "armor"}), beta=0.0,
+                            has_reference=True, telemetry_now=False)  # r_mix reads it: always
+    assert reference_scored(dapo, beta=0.01, has_reference=True, telemetry_now=False)  # β·KL reads it

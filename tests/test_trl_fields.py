@@ -47,14 +47,12 @@ def test_the_defaults_written_down_are_trls():
     "key, value, instead",
     [
         ("delta", 2.0, "dual_clip"),
-        ("loss_type", "dapo", "objective"),           # even TRL's default: the user meant something by it
+        ("loss_type", "ppo", "objectives"),           # not an armorlab objective: the known ones are named
         ("importance_sampling_level", "sequence", "gspo"),
         ("sync_ref_model", True, "ref_reset_steps"),
         ("num_train_epochs", 1, "max_steps"),
         ("eval_strategy", "steps", "val_every"),
-        ("top_entropy_quantile", 0.2, "not applied"),
-        ("entropy_coef", 0.01, "entropy bonus"),
-        ("sapo_temperature_neg", 2.0, "objective"),
+        ("off_policy_mask_threshold", 0.2, "not applied"),
         ("data_seed", 3, "seed"),
     ],
 )
@@ -67,7 +65,7 @@ def test_resolve_refuses_unhonoured_fields_naming_key_value_file_and_the_alterna
 
 def test_a_rejected_feature_left_off_is_accepted_and_is_the_same_run():
     plain = resolve({"objective": "dapo"})
-    off = resolve({"objective": "dapo", "use_vllm": False, "top_entropy_quantile": 1})
+    off = resolve({"objective": "dapo", "use_vllm": False, "top_entropy_quantile": 1, "entropy_coef": 0.0})
     assert off == plain and run_id(off) == run_id(plain) and "use_vllm" not in off
 
 

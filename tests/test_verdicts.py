@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
 import pytest
 from scipy import stats as sps
 
+from armorlab.stats import margins as M
 from armorlab.stats import verdicts as V
 
 
@@ -76,10 +78,46 @@ def test_seeds_for_power_limits():
     assert V.seeds_for_power(0.001, 1.0, n_max=50) is None
 
 
-def test_default_delta_is_twice_one_eval_se():
-    assert V.default_delta(0.75, 400) == pytest.approx(2 * math.sqrt(0.75 * 0.25 / 400))
-    assert V.default_delta(1.0, 400) == pytest.approx(2 * math.sqrt((0.5 / 400) * (1 - 0.5 / 400) / 400))
-    assert math.isnan(V.default_delta(0.7, math.nan))
+def test_no_noise_unit_margin_is_left():
+    # the margin was twice one evaluation's standard error; it is gone, not renamed
+    assert not hasattr(V, "default_delta")
+
+
+def test_without_a_margin_nothing_is_equivalent():
+    same = {"a": [0.600, 0.601, 0.602, 0.600], "b": [0.601, 0.600, 0.601, 0.602]}
+    assert V.compare(same, [("a", "b")], "final", delta=0.02)[0].verdict == V.EQUIVALENT
+    none = V.compare(same, [("a", "b")], "final")[0]
+    assert none.verdict == V.UNRESOLVED and not none.within_delta and none.seeds_needed is None
+    assert V.sentence(none, "final val/acc").endswith(
+        "— not resolved with 4 seeds per arm: no margin declared (compare.delta) for equivalence or a seed plan")
+
+
+def test_baseline_fell_is_a_binomial_test_over_its_seeds():
+    # P(Bin(n, 0.04) ≥ k) by hand
+    assert M.fell_p(0, 3, 0.04) == pytest.approx(1.0)
+    assert M.fell_p(1, 3, 0.04) == pytest.approx(1 - 0.96 ** 3)                    # 0.115: not enough
+    assert M.fell_p(2, 3, 0.04) == pytest.approx(3 * 0.04 ** 2 * 0.96 + 0.04 ** 3)  # 0.0047
+    assert M.baseline_fell(1, 3, 0.04) is False and M.baseline_fell(2, 3, 0.04) is True
+    assert M.baseline_fell(1, 1, 0.04) is True and M.baseline_fell(0, 0, 0.04) is None
+    record = M.prevention("dapo", 0, 3, 0.04)
+    assert M.caveat(record, "final") == "dapo did not fall here (0 of 3 seeds collapsed): this cannot show prevention"
+    assert M.caveat(record, "drop", "DAPO").startswith("DAPO did not fall")
+    assert M.caveat(record, "selected_test") == "" and M.caveat(M.prevention("dapo", 3, 3, 0.04), "final") == ""
+
+
+def test_a_verdict_against_a_baseline_that_did_not_fall_says_so():
+    eq = V.Verdict("kl", "dapo", "final", 5, 5, 0.6, 0.6, 0.001, -0.01, 0.012, 0.05, 0.8, V.EQUIVALENT,
+                   True, 0.047, 0.01, None, True)
+    why = M.caveat(M.prevention("dapo", 0, 5, 0.04), "final")
+    no = V.with_caveat(eq, why)
+    assert no.verdict == V.NO_PREVENTION and "equivalent" not in V.sentence(no, "final val/acc")
+    assert V.sentence(no, "final val/acc") == (
+        "kl vs dapo: +0.001 [−0.010, +0.012] final val/acc — within ±0.047 with 5 seeds per arm, but dapo did not "
+        "fall here (0 of 5 seeds collapsed): this cannot show prevention")
+    better = V.with_caveat(dataclasses.replace(eq, verdict=V.BETTER), why)
+    assert better.verdict == V.BETTER and V.sentence(better, "final val/acc").endswith(
+        "resolved with 5 seeds per arm; " + why)
+    assert V.with_caveat(eq, "") is eq
 
 
 def test_compare_gives_each_verdict_and_holm_levels():

@@ -112,10 +112,12 @@ def objective_presets() -> str:
     for name in objective_names():
         spec = objective_spec(name)
         preset = ", ".join(f"`{k}: {cell(value(v).strip('`'))}`" for k, v in spec.defaults.items()) or "—"
+        params = ", ".join(f"`{k}: {'required' if v is None else cell(value(v).strip('`'))}`"
+                           for k, v in spec.params.items()) or "—"
         rows.append([f"`{name}`", cell(first_sentence(spec.fn.__doc__ or "")), f"`{spec.aggregation}`", f"`{spec.capacity}`",
-                     "yes" if spec.sequence_level else "no", "yes" if spec.uses_reference else "no", preset])
+                     "yes" if spec.sequence_level else "no", "yes" if spec.uses_reference else "no", preset, params])
     return table(["objective", "what it is", "default aggregation", "capacity family", "sequence-level",
-                  "reads π_ref", "preset (defaults it brings)"], rows)
+                  "reads π_ref", "preset (defaults it brings)", "parameters (default)"], rows)
 
 
 def trl_defaults() -> str:

@@ -52,6 +52,41 @@ def armor_trust_region(p_old: Any, p_ref: Any, alpha: Any, *, eps_low: float = 0
     return (1.0 - eps_low) * p_old - widen_low, (1.0 + eps_high) * p_old + widen_high
 
 
+def binary_kl_bounds(p_old: Any, *, delta_low: float, delta_high: float, iterations: int = 60) -> tuple[Any, Any]:
+    """DPPO binary-KL (arXiv 2602.04879): the π below and above π_old where verl's binary KL
+    π_old·log(π_old/π) + (1−π_old)·log((1−π_old+1e-8)/(1−π+1e-8)) reaches δ_low / δ_high.
+
+    The KL grows monotonically as π leaves π_old on either side, so each bound is found by
+    bisection; the test KL ≤ δ is written as a product of powers ≤ e^δ (no log, which numpy arrays
+    lack as a method). ``iterations`` halvings of [0, 1] reach the float64 resolution."""
+    def inside(p: Any, delta: float) -> Any:
+        return (p_old / p) ** p_old * ((1.0 - p_old + 1e-8) / (1.0 - p + 1e-8)) ** (1.0 - p_old) <= math.exp(delta)
+
+    below_lo, below_hi = p_old * 0.0, p_old * 1.0        # the bound lies in [0, π_old]
+    above_lo, above_hi = p_old * 1.0, p_old * 0.0 + 1.0  # ... and in [π_old, 1]
+    for _ in range(iterations):
+        mid = (below_lo + below_hi) * 0.5
+        ok = inside(mid, delta_low)
+        below_lo, below_hi = below_lo * ok + mid * (1 - ok * 1), mid * ok + below_hi * (1 - ok * 1)
+        mid = (above_lo + above_hi) * 0.5
+        ok = inside(mid, delta_high)
+        above_lo, above_hi = mid * ok + above_lo * (1 - ok * 1), above_hi * ok + mid * (1 - ok * 1)
+    return below_hi, above_lo
+
+
+def family_region(family: str, p_old: Any, *, eps_low: float, eps_high: float) -> tuple[Any, Any]:
+    """(lower, upper) π bounds of a token under the families that bound π_old alone: ``clipped``
+    (PPO's (1 ± ε)·π_old), ``log_clipped`` (GMPO, arXiv 2507.20673: π_old·e^(−ε_low), π_old·e^ε_high),
+    ``prob_diff`` (DPPO binary-TV: π_old ∓ δ) and ``binary_kl`` (DPPO binary-KL, ``binary_kl_bounds``)."""
+    if family == "log_clipped":
+        return math.exp(-eps_low) * p_old, math.exp(eps_high) * p_old
+    if family == "prob_diff":
+        return p_old - eps_low, p_old + eps_high
+    if family == "binary_kl":
+        return binary_kl_bounds(p_old, delta_low=eps_low, delta_high=eps_high)
+    return trust_region(p_old, eps_low=eps_low, eps_high=eps_high)
+
+
 def token_capacity(objective: str, p_old: Any, sign: Any, *, p_ref: Any = None, alpha: Any = 1.0,
                    eps_low: float = 0.2, eps_high: float = 0.28) -> Any:
     """UP Eq. 11 per token: the distance π can travel from π_old before the clip stops the gradient.
@@ -61,7 +96,15 @@ def token_capacity(objective: str, p_old: Any, sign: Any, *, p_ref: Any = None, 
             armor     min(Eq. 6 upper bound, 1) − π_old
     A < 0:  clipped   π_old − max((1−ε_low)·π_old, 0) = ε_low·π_old   (up too: its negative branch is dapo's)
             armor     π_old − max(Eq. 6 lower bound, 0)
+            unbounded 1 − π_old        (no bound stops the gradient: CISPO's and DPPO's weights are
+                                        capped, not zeroed; SAPO's gate decays; GPG, DRO, KL-Cov, VESPO)
+            log_clipped, prob_diff, binary_kl: min(family_region upper, 1) − π_old
+    A < 0:  unbounded π_old; the other families π_old − max(family_region lower, 0)
     A = 0:  0 (no gradient pushes the token).
+
+    Clip-Cov also stops the gradient of a random few in-range tokens (2e-4 of them by default):
+    its capacity is the clipped one, the bound of the other tokens. Sequence-level GMPO and LUSPO
+    use the symmetric case below, as gspo.
 
     Sequence objectives (gspo, up_gspo) clip the geometric-mean ratio s_i of the whole sequence,
     so one token's room depends on how the others move. We use the capacity of the symmetric
@@ -76,9 +119,9 @@ def token_capacity(objective: str, p_old: Any, sign: Any, *, p_ref: Any = None, 
             raise ValueError(f"{objective} capacity needs p_ref (the reference policy's probabilities)")
         lower, upper = armor_trust_region(p_old, p_ref, alpha, eps_low=eps_low, eps_high=eps_high)
     else:
-        lower, upper = trust_region(p_old, eps_low=eps_low, eps_high=eps_high)
-    pos = 1.0 - p_old if family == "unbounded_positive" else upper.clip(max=1.0) - p_old
-    neg = p_old - lower.clip(min=0.0)
+        lower, upper = family_region(family, p_old, eps_low=eps_low, eps_high=eps_high)
+    pos = 1.0 - p_old if family in ("unbounded_positive", "unbounded") else upper.clip(max=1.0) - p_old
+    neg = p_old - p_old * 0.0 if family == "unbounded" else p_old - lower.clip(min=0.0)
     # Multiplying by the boolean masks (not where()) keeps this numpy/torch-agnostic; both
     # capacities are finite for probabilities in [0, 1], so 0·cap never makes NaN.
     return pos * (sign > 0) + neg * (sign < 0)

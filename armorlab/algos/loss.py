@@ -16,7 +16,7 @@ of the row's token mean) is then exactly mean_i ℓ_i, each sequence counted onc
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,7 +40,7 @@ from armorlab.errors import ArmorLabError
 
 # the equations, for code written against the pre-0.2 module armorlab.objectives (now this one)
 __all__ = ["AGGREGATION_UNIT", "AGGREGATORS", "LossOutput", "aggregate", "capacity_summary", "clip_bounds",
-           "clipped_surrogate", "mixed_ratio", "policy_loss", "probability_capacity", "sequence_log_ratio",
+           "clipped_surrogate", "mixed_ratio", "objective_params", "policy_loss", "probability_capacity", "sequence_log_ratio",
            "token_log_ratio", "up_denominator", "vllm_corrected_loss"]
 
 
@@ -186,9 +186,30 @@ def _check_batch(name: str, lead: torch.Tensor, old_logp: torch.Tensor, advantag
     return shape
 
 
+def objective_params(objective: str, given: Mapping[str, Any] | None) -> dict[str, float]:
+    """The objective's parameters (``ObjectiveSpec.params``): its defaults, overridden by ``given``
+    where not None; each must be a finite number (> 0 for a required one, default None)."""
+    declared = objective_spec(objective).params
+    given = dict(given or {})
+    unknown = sorted(set(given) - set(declared))
+    if unknown:
+        raise _fail(f"not a parameter of objective {objective!r} (its parameters: "
+                    f"{', '.join(declared) or 'none'})", unknown[0], given[unknown[0]])
+    out = {}
+    for key, default in declared.items():
+        value = given.get(key) if given.get(key) is not None else default
+        if value is None:
+            raise _fail(f"objective {objective!r} needs {key}, a number > 0 (no default)", key, value)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                or (default is None and not value > 0):
+            raise _fail("must be a finite number" + (" > 0" if default is None else ""), key, value)
+        out[key] = float(value)
+    return out
+
+
 def _prepare(objective: str, logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
              mask: torch.Tensor, ref_logp: torch.Tensor | None, alpha: Any, eps_low: float,
-             eps_high: float, dual_clip: float | None) -> Batch:
+             eps_high: float, dual_clip: float | None, params: Mapping[str, float] | None = None) -> Batch:
     uses_reference = objective_spec(objective).uses_reference
     shape = _check_batch("logp", logp, old_logp, advantages, mask)
     if uses_reference and ref_logp is None:
@@ -223,6 +244,7 @@ def _prepare(objective: str, logp: torch.Tensor, old_logp: torch.Tensor, advanta
         alpha=alpha_t,
         eps_low=float(eps_low), eps_high=float(eps_high),
         dual_clip=None if dual_clip is None else float(dual_clip),
+        params=dict(params or {}),
     )
 
 
@@ -300,7 +322,8 @@ def policy_loss(objective: str, logp: torch.Tensor, old_logp: torch.Tensor, adva
                 mask: torch.Tensor, *, ref_logp: torch.Tensor | None = None, alpha: Any = 1.0,
                 eps_low: float = 0.2, eps_high: float = 0.28, dual_clip: float | None = None,
                 aggregation: str | None = None, max_len: int | None = None,
-                normalizer: float | torch.Tensor | None = None) -> LossOutput:
+                normalizer: float | torch.Tensor | None = None,
+                params: Mapping[str, Any] | None = None) -> LossOutput:
     """The policy-gradient loss of ``objective`` on one (micro-)batch.
 
     ``alpha`` (armor only) is a float or a tensor broadcastable to (B, T) — per-row α as (B, 1) —
@@ -309,7 +332,9 @@ def policy_loss(objective: str, logp: torch.Tensor, old_logp: torch.Tensor, adva
     required by ``seq-mean-token-sum-norm`` (dr_grpo's default). ``normalizer`` replaces this
     batch's own count (unmasked tokens for ``token-mean``, non-empty rows for the ``seq-mean-*``
     modes; ``AGGREGATION_UNIT``) by that of the whole batch this one is part of (see
-    ``aggregate``): the loss is then this part's contribution to the whole's. Bad arguments raise
+    ``aggregate``): the loss is then this part's contribution to the whole's. ``params`` are the
+    objective's own parameters (``ObjectiveSpec.params``: SAPO's temperatures, Clip-Cov's ratio, ...),
+    their defaults where absent or None. Bad arguments raise
     ``ArmorLabError`` (a ValueError) naming the argument and its value.
     """
     spec = _spec(objective)
@@ -320,7 +345,8 @@ def policy_loss(objective: str, logp: torch.Tensor, old_logp: torch.Tensor, adva
             isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1):
         raise _fail(f"aggregation {aggregation!r} (objective {objective!r}) needs max_len, a positive int",
                     "max_len", max_len)
-    b = _prepare(objective, logp, old_logp, advantages, mask, ref_logp, alpha, eps_low, eps_high, dual_clip)
+    b = _prepare(objective, logp, old_logp, advantages, mask, ref_logp, alpha, eps_low, eps_high, dual_clip,
+                 objective_params(objective, params))
     s = spec.fn(b)
     zero = logp.new_zeros(())
     per_token = torch.where(b.mask, s.per_token, zero)

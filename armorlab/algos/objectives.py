@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 # Loss aggregations (implemented in armorlab.algos.loss); named here so the config layer can check them.
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", "seq-mean")
 # Probability-capacity families (armorlab.algos.capacity): the clip a token's probability meets.
-CAPACITY_FAMILIES = ("clipped", "unbounded_positive", "mixed")
+CAPACITY_FAMILIES = ("clipped", "unbounded_positive", "mixed", "unbounded", "log_clipped", "prob_diff", "binary_kl")
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,7 @@ class Batch:
     eps_low: float
     eps_high: float
     dual_clip: float | None
+    params: Mapping[str, Any] = field(default_factory=dict)  # the objective's own parameters (ObjectiveSpec.params)
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,8 @@ class ObjectiveSpec:
     sequence_level: bool = False      # one loss per sequence, broadcast to its tokens
     uses_reference: bool = False      # reads π_ref (ref_logp) and α: ARMOR's mixed ratio
     defaults: Mapping[str, Any] = field(default_factory=dict)  # config defaults it brings (preset)
+    # config keys it reads besides ε and their defaults (None: required); TRL's or verl's names
+    params: Mapping[str, Any] = field(default_factory=dict)
 
     def clip(self) -> tuple[float, float]:
         """(ε_low, ε_high) a run of this objective has when its config sets neither: its preset's,
@@ -107,10 +110,12 @@ def default_alpha(num_generations: int) -> float:
 
 def register_objective(name: str, *, aggregation: str, capacity: str, sequence_level: bool = False,
                        uses_reference: bool = False, defaults: Mapping[str, Any] | None = None,
-                       replace: bool = False) -> Callable[[Callable[[Batch], Surrogate]], Callable[[Batch], Surrogate]]:
+                       params: Mapping[str, Any] | None = None, replace: bool = False) -> Callable[[Callable[[Batch], Surrogate]], Callable[[Batch], Surrogate]]:
     """Decorator: register ``fn(batch) -> Surrogate`` as objective ``name`` (as verl's
     ``register_policy_loss``). ``defaults`` are config values the objective brings when the user
-    did not set them (e.g. GSPO's ε). ``replace=True`` re-registers a name."""
+    did not set them (e.g. GSPO's ε). ``params`` names the config keys the objective reads from
+    ``Batch.params`` with their defaults (None: the user must give one). ``replace=True``
+    re-registers a name."""
     if not isinstance(name, str) or not name.isidentifier():
         raise ValueError(f"objective name must be an identifier, got {name!r}")
     if aggregation not in AGGREGATIONS:
@@ -122,7 +127,7 @@ def register_objective(name: str, *, aggregation: str, capacity: str, sequence_l
         if name in _REGISTRY and not replace:
             raise ValueError(f"objective {name!r} is already registered (pass replace=True to replace it)")
         _REGISTRY[name] = ObjectiveSpec(name, fn, aggregation, capacity, sequence_level, uses_reference,
-                                        MappingProxyType(dict(defaults or {})))
+                                        MappingProxyType(dict(defaults or {})), MappingProxyType(dict(params or {})))
         return fn
 
     return decorate

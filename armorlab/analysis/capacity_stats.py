@@ -80,6 +80,8 @@ def token_kernel(logp, old_logp, ref_logp, advantage, *, objective: str, alpha: 
     alpha_arr = np.asarray(alpha) if widened and np.ndim(alpha) else None
     beta = 0.0 if not widened or alpha_arr is not None else (1.0 - float(alpha)) / float(alpha)
     unbounded = family == "unbounded_positive"
+    # the field's objectives (issue 39): capacity.token_capacity's own formula per chunk
+    general = family not in ("clipped", "unbounded_positive", "mixed")
     dtype = np.result_type(logp.dtype, np.float32)
     ones = np.ones(chunk, dtype)
     # seven chunk buffers, reused across the steps, keep the working set in L2 cache
@@ -120,15 +122,22 @@ def token_kernel(logp, old_logp, ref_logp, advantage, *, objective: str, alpha: 
         else:
             m = po
         bound = None
-        if unbounded:
+        if general:
+            cap = capacity.token_capacity(objective, po, pos - neg, eps_low=eps_low, eps_high=eps_high)
+            bound = (cap < omp).astype(dtype)
+            pos_sum += float(np.dot(cap, pos))
+            neg_sum += float(np.dot(cap, neg))
+            n_bound += float(np.dot(bound, pos))
+        elif unbounded:
             pos_sum += float(np.dot(omp, pos))
         else:
             cp = np.multiply(m, eps_high, out=t2)
             bound = np.less(cp, omp, out=buf["bd"][:n])
             pos_sum += float(np.dot(np.minimum(cp, omp, out=cp), pos))
             n_bound += float(np.dot(bound, pos))
-        cn = np.multiply(m, eps_low, out=omp)
-        neg_sum += float(np.dot(np.minimum(cn, po, out=cn), neg))
+        if not general:
+            cn = np.multiply(m, eps_low, out=omp)
+            neg_sum += float(np.dot(np.minimum(cn, po, out=cn), neg))
         low = np.less(po, p_low, out=t2)
         n_low += float(np.dot(low, pos))
         if bound is not None:

@@ -22,7 +22,9 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import pandas as pd
 
-from armorlab.core.config import VAL_METRIC
+from armorlab.core.eval_sets import VAL_METRIC
+from armorlab.stats.collapse import ALPHA as COLLAPSE_ALPHA
+from armorlab.stats.margins import caveat, prevention
 from armorlab.stats.seeds import mann_whitney_p, poi_resolvable, probability_of_improvement
 
 TRAIN_WINDOW = 10
@@ -98,15 +100,17 @@ def display(table: pd.DataFrame, baseline: str | None, unit: str = "step") -> pd
 
 
 def verdict(table: pd.DataFrame, baseline: str | None, names: dict[str, str] | None = None,
-            unit: str = "step") -> list[str]:
+            unit: str = "step", curve_alpha: float = COLLAPSE_ALPHA) -> list[str]:
     """Plain sentences: the baseline's rise and fall, then each other group against it; ``unit``
-    names what the steps count (step or rollout)."""
+    names what the steps count (step or rollout). Where the baseline did not fall (margins F1,
+    ``curve_alpha`` the collapse test's false-alarm rate) every comparison says it cannot show
+    prevention."""
     names = names or {}
 
     def name(g):
         return names.get(g, g)
 
-    lines = []
+    lines, but = [], ""
     rows = {r["group"]: r for r in table.to_dict("records")}
     seeds = int(table["seeds"].min()) if len(table) else 0
     if baseline in rows:
@@ -118,6 +122,12 @@ def verdict(table: pd.DataFrame, baseline: str | None, names: dict[str, str] | N
             f"{name(baseline)}: held-out accuracy {shape}, then ended at {b['final']:.3f}: a drop of "
             f"{b['drop']:.3f}, {b['drop_se']:.1f} standard errors of the evaluation noise, while train reward went "
             f"{b['train_start']:.2f} → {b['train_end']:.2f}. Collapse detected in {b['collapsed']} seeds.")
+        k, n = (int(x) for x in str(b["collapsed"]).split("/"))
+        but = caveat(prevention(name(baseline), k, n, curve_alpha), "final")
+        if but:
+            lines[-1] += (f" It did not fall beyond its noise ({k} of {n} seeds collapsed): no comparison below "
+                          "can show prevention.")
+
     for g, r in rows.items():
         if g == baseline:
             continue
@@ -136,7 +146,7 @@ def verdict(table: pd.DataFrame, baseline: str | None, names: dict[str, str] | N
         final_b = rows[baseline]["final"] if baseline in rows else math.nan
         lines.append(f"{name(g)}: final {r['final']:.3f} vs {final_b:.3f}, P(final > {name(baseline)}) = {p:.2f}: "
                      f"{how}; drop from its own peak {r['drop']:.3f} ({r['drop_se']:.1f} SEs), collapse "
-                     f"detected in {r['collapsed']} seeds.")
+                     f"detected in {r['collapsed']} seeds" + (f"; {but}." if baseline in rows and but else "."))
     if seeds and seeds < 5:
         lines.append(f"{seeds} seed(s) per group: P(X > Y) takes only a few values and one seed can flip it; "
                      f"read these as a demonstration, and run more seeds before concluding anything.")

@@ -12,7 +12,7 @@ x: step                                 # the x axis of curves and steps: step (
 scores: [selected_test, test@400, auc]  # headline scores: probability of improvement + bar charts
 compare: {baseline: {objective: dapo},  # a selector or a group label; or pairs: [[{objective: armor}, {objective: dapo}]]
           endpoints: [final, drop, selected_test],   # verdicts (verdicts.py): the first is primary
-          delta: null}                  # smallest effect of interest; null = 2 SE of one eval (val/n)
+          delta: 0.05}                  # equivalence margin, fixed before the runs; none: nothing is equivalent
 collapse: {delta: 0.03, patience: 3, alpha: 0.04, entropy_frac: 0.1,   # collapse.py (C1)–(C7)
            train: train/reward, entropy: train/entropy, length: train/length}
 kl: [kl/reverse_k3, kl/forward_k3]      # the KL figure (default: these and kl/exact_*, if logged)
@@ -25,6 +25,8 @@ Every key but ``runs`` is optional; unknown keys and bad values are errors namin
 value and the file. Seeds are never a group key: they are what the statistics aggregate.
 With ``x: rollout`` every step of the report (curves, matched_steps, peak, collapse and selected
 steps) counts rollouts, the metrics lines' ``rollout`` counter; lines of one rollout are averaged.
+A recipe reads in the unit its sweep counts in (the runs' ``step_unit``): ``x: rollout`` for a sweep
+with ``step_unit: rollout``; a report whose ``x`` disagrees warns, naming the recipe and the sweep.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ SEED_KEYS = ("seed",)
 KEYS = ("title", "runs", "stages", "group_by", "curves", "select", "matched_steps", "scores", "compare",
         "collapse", "kl", "out", "x", "format", "runs_map", "val_n")
 X_AXES = ("step", "rollout")  # the counters a metrics line carries (armorlab.core.schedule)
+X_OF_STEP_UNIT = {"optimizer": "step", "rollout": "rollout"}  # a run's step_unit → the x that reads it
 
 
 @dataclass(frozen=True)
@@ -76,7 +79,8 @@ class Compare:
     """Which groups are compared (probability of improvement, verdicts): a baseline (a selector
     mapping or a group label) or pairs of selectors; both None = automatic. ``endpoints``: the
     per-run scores the verdicts judge, the first the primary (None = DEFAULT_ENDPOINTS);
-    ``delta``: the smallest effect of interest (None = twice one evaluation's standard error)."""
+    ``delta``: the equivalence margin, an effect of interest declared before the runs (None: no
+    comparison is called equivalent; armorlab.stats.margins)."""
     baseline: dict[str, Any] | str | None = None
     pairs: list[tuple[dict[str, Any], dict[str, Any]]] | None = None
     endpoints: list[str] | None = None
@@ -212,7 +216,7 @@ def parse_recipe(raw: Mapping[str, Any], *, file: str | None = None, name: str |
         delta = cmp_.get("delta")
         if delta is not None and (isinstance(delta, bool) or not isinstance(delta, (int, float))
                                   or not math.isfinite(delta) or delta <= 0):
-            raise _err("must be a number > 0 (or null: twice one evaluation's standard error)",
+            raise _err("must be a number > 0, the equivalence margin (or null: no margin, nothing equivalent)",
                        "compare.delta", delta, file)
         pairs = None
         if "pairs" in cmp_:
@@ -242,6 +246,20 @@ def parse_recipe(raw: Mapping[str, Any], *, file: str | None = None, name: str |
             raise _err("must be a positive integer (completions per evaluation)", "val_n", v, file)
         r.val_n = v
     return r
+
+
+def unit_disagreement(x: str, recipe_file: str | None, units: Mapping[str, str]) -> str | None:
+    """The warning when a recipe reads steps in another unit than its sweeps count in: ``units``
+    maps each sweep (its spec file, or its dir) to its runs' ``step_unit``; None when all agree.
+    "test@500" read at optimizer step 500 of a rollout-counted sweep is rollout 500 ÷ steps per
+    rollout: a different point of training than the one the sweep's horizons and τ name."""
+    other = {where: unit for where, unit in units.items() if X_OF_STEP_UNIT.get(unit, "step") != x}
+    if not other:
+        return None
+    said = "; ".join(f"{where} counts in step_unit: {unit}" for where, unit in sorted(other.items()))
+    want = sorted({X_OF_STEP_UNIT.get(u, "step") for u in other.values()})
+    return (f"UNIT MISMATCH: {recipe_file or 'this report'} reads x: {x}, but {said}: its matched steps, "
+            f"selected steps and curves count another unit than the sweep; set x: {' or '.join(want)}")
 
 
 def load_recipe(path: str | Path) -> Recipe:

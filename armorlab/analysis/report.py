@@ -20,6 +20,7 @@ imports tune.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -43,7 +44,7 @@ from armorlab.analysis import (
 from armorlab.analysis import groups as G
 from armorlab.analysis.html import Figure, Section, esc, write_index
 from armorlab.analysis.load import RunSet, load
-from armorlab.analysis.recipe import DEFAULT_CURVES, Recipe, default_out_dir  # noqa: F401 (re-export)
+from armorlab.analysis.recipe import DEFAULT_CURVES, Recipe, default_out_dir, unit_disagreement  # noqa: F401 (re-export)
 from armorlab.core.fsutil import atomic_write_yaml
 from armorlab.core.runs import RunDir, now_iso
 from armorlab.stats import collapse, select
@@ -140,6 +141,30 @@ def _counter_notes(rs: RunSet, notes: G.Notes) -> None:
     if lacking:
         notes.add(f"{len(lacking)} run(s) log no `{rs.counter}` counter and are left out of the curves: "
                   f"{', '.join(lacking[:6])}" + (" …" if len(lacking) > 6 else ""))
+
+
+def _unit_notes(recipe: Recipe, rs: RunSet, notes: G.Notes) -> None:
+    """Warn (in the report and the log) when the recipe's ``x`` is not the unit its sweeps count in."""
+    if "path" not in rs.runs or not len(rs.runs):
+        return
+    units: dict[str, str] = {}
+    units_col = rs.runs["step_unit"] if "step_unit" in rs.runs else pd.Series(None, index=rs.runs.index)
+    for path, unit in zip(rs.runs["path"], units_col, strict=True):
+        if isinstance(path, str):
+            units[_sweep_file(Path(path).parent)] = unit if isinstance(unit, str) else "optimizer"
+    text = unit_disagreement(recipe.x, str(recipe.path) if recipe.path else None, units)
+    if text:
+        log.warning("%s", text)
+        notes.add(text)
+
+
+def _sweep_file(sweep_dir: Path) -> str:
+    """The spec a sweep dir was submitted from (its sweep.json's ``source``), else the dir."""
+    try:
+        source = json.loads((sweep_dir / "sweep.json").read_text(encoding="utf-8")).get("source")
+    except (OSError, ValueError, AttributeError):
+        source = None
+    return source if isinstance(source, str) and source else str(sweep_dir)
 
 
 def _bands(rs: RunSet, groups: G.Groups, metric: str, notes: G.Notes) -> dict[str, stats.CurveBand]:
@@ -297,6 +322,7 @@ def _build_report(recipe: Recipe, out: Path, *, cache: bool, progress: Callable[
     notes = G.Notes(list(rs.warnings))
     _state_notes(rs, notes)
     _counter_notes(rs, notes)
+    _unit_notes(recipe, rs, notes)
     axis = {} if recipe.x == "step" else {"x_label": plots.AXIS_LABELS[recipe.x]}
     keys = recipe.group_by if recipe.group_by is not None else G.auto_group_by(rs.runs)
     groups = G.make_groups(rs.runs, keys, file=file)
@@ -483,7 +509,7 @@ def _build_report(recipe: Recipe, out: Path, *, cache: bool, progress: Callable[
         "matched_steps": list(matched), "scores": scores, "kl": list(recipe.kl),
         "collapse": dict(vars(recipe.collapse)),
         "compare": {"endpoints": list(recipe.compare.endpoints or verdict_table.DEFAULT_ENDPOINTS),
-                    "delta": {e: d for e, (d, _) in verdicts.deltas.items()} if verdicts else recipe.compare.delta}})
+                    "delta": recipe.compare.delta}})  # the declared margin (None: none), as the recipe gave it
 
     order = ("val", "overoptimisation", "kl", "capacity", "ablation", "curves")  # their place on the page
     figs = [(section, path(), caption) for name in order if name in drawn

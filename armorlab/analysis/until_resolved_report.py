@@ -24,8 +24,16 @@ from armorlab.analysis.load import RunSet
 from armorlab.core.fsutil import atomic_write_text
 from armorlab.core.runs import expand_globs
 from armorlab.errors import ArmorLabError
+from armorlab.stats.margins import NO_PREVENTION
 from armorlab.stats.sequential import CONTINUE, Design, latest_comparisons, read_looks_record
-from armorlab.stats.sequential_text import endpoint_label, interval, level_text, resolved_at, sentence
+from armorlab.stats.sequential_text import (
+    endpoint_label,
+    interval,
+    level_text,
+    look_caveat,
+    resolved_at,
+    sentence,
+)
 
 LOOKS_FILE = "looks.json"  # armorlab.sweeps.manifest.LOOKS (a test holds them equal)
 
@@ -102,6 +110,8 @@ def table(seqs: Sequence[SequentialVerdicts]) -> pd.DataFrame:
             at = resolved_at(s.looks, c["arm"])
             t, tb = c.get("t"), c.get("t_bound")
             verdict = "continues" if c.get("verdict") == CONTINUE else c.get("verdict")
+            if look_caveat(s.looks, s.design):
+                verdict = NO_PREVENTION if verdict == "equivalent" else f"{verdict}; {NO_PREVENTION}"
             rows.append({
                 "arm vs baseline": f"{c['arm']} vs {c.get('baseline', s.design.baseline)}",
                 "endpoint": s.label,
@@ -138,11 +148,11 @@ def section(seqs: Sequence[SequentialVerdicts]) -> Section:
     for s in seqs:
         state = (f"finished after {len(s.looks)} look(s)" if s.finished else
                  f"{len(s.looks)} look(s) so far, not finished: the open arms' verdicts may still change")
-        delta = s.chain.get("delta")
+        delta = (s.chain.get("margin") or {}).get("source") or s.chain.get("delta")  # older looks.json: "delta"
         parts.append(f"<p><b>{esc(s.sweep_dir.name)}</b> ({esc(state)}; {esc(s.design.method)}, α = "
                      f"{s.design.alpha:g} over arms and looks; looks of "
                      f"{esc(', '.join(map(str, s.design.schedule())))} seeds per arm; δ = "
-                     + (f"{s.design.delta:.3f}" if math.isfinite(s.design.delta) else "unset")
+                     + (f"{s.design.delta:.3f}" if math.isfinite(s.design.delta) else "none")
                      + (f" ({esc(delta)})" if delta else "") + "):<br>"
                      + "".join(f"{esc(x)}.<br>" for x in s.sentences) + "</p>")
     intro = ("".join(parts) + "<p>These verdicts are the sweep's own, read from its <code>looks.json</code>: its "

@@ -1,6 +1,6 @@
 """The numbers one look of a sequential comparison decides on: each run's endpoint score, read
 exactly as the report reads it (armorlab.analysis.groups.run_scores: the same collapse levels,
-the same val-selected step), and the default δ of (D1) over the compared runs.
+the same val-selected step), and whether the baseline fell (armorlab.stats.margins F1).
 
 `armorlab sweep --until-resolved` calls this after each look (locally, or in its Slurm decision
 job); the statistics are armorlab.stats.sequential's.
@@ -27,12 +27,16 @@ from armorlab.errors import ArmorLabError
 class LookScores:
     per_run: pd.DataFrame           # one row per run: run_id, group (its arm), seed, state, every score
     value: dict[str, float]         # run id → the endpoint's value (NaN when the run has none)
-    delta: float                    # (D1) over these runs (NaN without a logged eval size)
-    delta_how: str                  # how δ was set, for the record
+    curve_alpha: float              # the collapse test's false-alarm rate per flat curve (F1's α_c)
 
     def values_by_arm(self, endpoint: str) -> dict[str, list[float]]:
         """{arm: finite values}: what armorlab.stats.sequential.decide_look takes."""
         return verdict_table.values_by_group(self.per_run, endpoint)
+
+    def fall(self, arm: str) -> dict:
+        """(F1) for ``arm`` as a baseline: how many of its runs collapsed, and whether it fell."""
+        rows = np.flatnonzero(self.per_run["group"].to_numpy() == arm)
+        return verdict_table.fall_record(self.per_run, rows, arm, self.curve_alpha)
 
 
 def score_runs(run_dirs: Mapping[str, str | Path], arm_of: Mapping[str, str], endpoint: str, select: Select,
@@ -70,6 +74,4 @@ def score_runs(run_dirs: Mapping[str, str | Path], arm_of: Mapping[str, str], en
     value = {rid: float(v) for rid, v in zip(per_run["run_id"].tolist(), column.tolist(), strict=True)}
     for rid in run_dirs:
         value.setdefault(rid, math.nan)
-    delta, how = verdict_table.default_delta_for(per_run, rs, list(loaded_to_ours), endpoint, select,
-                                                 [np.arange(len(per_run), dtype=np.int64)])
-    return LookScores(per_run, value, delta, how)
+    return LookScores(per_run, value, recipe.collapse.alpha)

@@ -20,12 +20,13 @@ from armorlab.analysis import tables
 from armorlab.analysis.groups import Notes, group_rows, numeric_columns
 from armorlab.analysis.html import Figure, Section, esc
 from armorlab.analysis.load import RunSet
-from armorlab.analysis.recipe import DEFAULT_ENDPOINTS, Recipe, Select
+from armorlab.analysis.recipe import DEFAULT_ENDPOINTS, Recipe
 from armorlab.core.fsutil import atomic_write_text
 from armorlab.core.runs import RunDir
 from armorlab.errors import ArmorLabError
 from armorlab.stats import seeds as stats
 from armorlab.stats import verdicts as V
+from armorlab.stats.margins import NO_MARGIN, caveat, margin_source, prevention
 
 
 @dataclass
@@ -56,28 +57,12 @@ def endpoint_label(endpoint: str, val_metric: str, test_metric: str) -> str:
     return fixed.get(endpoint) or tables.score_label(endpoint, val_metric, test_metric)
 
 
-def _metric_of(endpoint: str, val_metric: str, test_metric: str) -> str:
-    """The metric whose evaluations an endpoint is read from (its eval size sets the default δ)."""
-    return test_metric if endpoint.startswith(("selected_test", "test@")) else val_metric
-
-
 def higher_is_better(endpoint: str, mode: str) -> bool:
     """drop-like endpoints are better small; the others follow select.mode (max: larger is better).
     The drop is computed on the sign-corrected curve, so it is better small in either mode."""
     if endpoint in V.LOWER_IS_BETTER:
         return False
     return mode == "max"
-
-
-def eval_size(rs: RunSet, run_ids: Sequence[str], metric: str) -> float:
-    """Median completions behind one evaluation of ``metric`` (``val/n`` for ``val/acc``) over the
-    runs' evaluations; NaN when the metric is not an ``acc`` or no ``n`` is logged."""
-    ns, _, name = metric.rpartition("/")
-    if name != "acc" or not ns:
-        return math.nan
-    sizes = [rs.curve(r, f"{ns}/n")[1] for r in run_ids]
-    sizes = [s[np.isfinite(s) & (s > 0)] for s in sizes if s.size]
-    return float(np.median(np.concatenate(sizes))) if sizes and any(s.size for s in sizes) else math.nan
 
 
 def run_hours(rs: RunSet) -> dict[str, float]:
@@ -124,7 +109,6 @@ def build(per_run: pd.DataFrame, rs: RunSet, recipe: Recipe, pairs: Sequence[tup
     none = np.empty(0, dtype=np.int64)
     compared = list(dict.fromkeys(g for pair in pairs for g in pair))
     ids = per_run["run_id"].to_numpy()
-    run_ids = [str(r) for g in compared for r in ids[at.get(g, none)]]
     hours = run_hours(rs)
     group_hours = {}
     for g in compared:
@@ -132,18 +116,17 @@ def build(per_run: pd.DataFrame, rs: RunSet, recipe: Recipe, pairs: Sequence[tup
         if timed:
             group_hours[g] = float(np.mean(timed))
     verdicts, deltas = [], {}
+    delta = float(cmp_.delta) if cmp_.delta is not None else math.nan
+    falls = {b: fall_record(per_run, at.get(b, none), b, recipe.collapse.alpha) for _, b in pairs}
+    if not math.isfinite(delta):
+        notes.add("verdicts: no margin declared (compare.delta): no comparison is called equivalent and no "
+                  "seeds are planned")
     for e in endpoints:
         values = {g: numeric[e][at.get(g, none)] for g in compared}
-        if cmp_.delta is not None:
-            deltas[e] = (float(cmp_.delta), "compare.delta")
-        else:
-            deltas[e] = default_delta_for(per_run, rs, run_ids, e, sel, [at.get(g, none) for g in compared])
-            d, metric = deltas[e][0], _metric_of(e, sel.metric, sel.report)
-            if not math.isfinite(d):
-                notes.add(f"verdicts on {e}: no δ (no eval size for {metric}): equivalence and seed "
-                          f"planning need compare.delta")
-        verdicts += V.compare(values, pairs, e, delta=deltas[e][0],
-                              higher_is_better=higher_is_better(e, sel.mode))
+        deltas[e] = (delta, margin_source(cmp_.delta, file))
+        verdicts += [V.with_caveat(v, caveat(falls[v.baseline], e, (names or {}).get(v.baseline)))
+                     for v in V.compare(values, pairs, e, delta=delta,
+                                        higher_is_better=higher_is_better(e, sel.mode))]
     labels = {e: endpoint_label(e, sel.metric, sel.report) for e in endpoints}
     names = dict(names or {})
     primary = [v for v in verdicts if v.endpoint == endpoints[0]]
@@ -155,29 +138,14 @@ def build(per_run: pd.DataFrame, rs: RunSet, recipe: Recipe, pairs: Sequence[tup
                         labels, names, endpoints[0], group_hours)
 
 
-def default_delta_for(per_run: pd.DataFrame, rs: RunSet, run_ids: Sequence[str], endpoint: str, sel: Select,
-                      rows: list[np.ndarray]) -> tuple[float, str]:
-    """(D1)'s δ of one endpoint over the compared runs (``run_ids``, at ``rows`` of ``per_run``) and
-    how it was set; NaN when the endpoint's metric logs no eval size. ``sel``: the recipe's select."""
-    metric = _metric_of(endpoint, sel.metric, sel.report)
-    n = eval_size(rs, run_ids, metric)
-    level = _mean_level(per_run, endpoint, rows)
-    d = V.default_delta(level, n)
-    if not math.isfinite(d):
-        return d, f"unknown: {metric} has no logged eval size; set compare.delta"
-    return d, (f"twice one evaluation's standard error, 2·√(p(1 − p)/n) with n = {n:g} "
-               f"({metric.rpartition('/')[0]}/n) at p = {level:.3f}")
-
-
-def _mean_level(per_run: pd.DataFrame, endpoint: str, rows: list[np.ndarray]) -> float:
-    """(D1)'s p: the compared runs' mean of the level the endpoint is read at (a drop or an AUC
-    at the final level); NaN when none has it."""
-    col = endpoint if endpoint in ("selected_test", "final", "peak") or "@" in endpoint else "final"
-    if col not in per_run.columns:
-        return math.nan
-    x = numeric_columns(per_run, [col])[col][np.concatenate(rows)]
-    x = x[np.isfinite(x)]
-    return float(x.mean()) if x.size else math.nan
+def fall_record(per_run: pd.DataFrame, rows: np.ndarray, baseline: str, curve_alpha: float) -> dict:
+    """margins (F1) for one baseline: how many of its runs (``rows`` of ``per_run``) with a curve to
+    judge (a finite ``final``) collapsed; none judged without those columns."""
+    if "collapse_step" not in per_run or "final" not in per_run:
+        return prevention(baseline, 0, 0, curve_alpha)
+    judged = rows[np.isfinite(numeric_columns(per_run, ["final"])["final"][rows])]
+    collapsed = int(pd.notna(per_run["collapse_step"].to_numpy()[judged]).sum())
+    return prevention(baseline, collapsed, len(judged), curve_alpha)
 
 
 def _hours(v: V.Verdict, group_hours: Mapping[str, float]) -> float | None:
@@ -236,7 +204,7 @@ def _display(verdicts, labels, names, per_run, at, numeric, group_hours) -> pd.D
             "endpoint": labels[v.endpoint],
             "difference [CI]": f"{V.signed(v.diff)} [{V.signed(v.low)}, {V.signed(v.high)}]",
             "CI level": "—" if not math.isfinite(v.low) else f"{100 * (1 - v.level):.4g}%",
-            "verdict": v.verdict + (" (< δ)" if v.verdict in (V.BETTER, V.WORSE) and v.within_delta else ""),
+            "verdict": verdict_word(v),
             "seeds": V.seeds_phrase(v.n_arm, v.n_baseline).replace(" seeds per arm", " per arm"),
             "δ": f"{v.delta:.3f}" if math.isfinite(v.delta) else "—",
             "P(arm better)": "—" if not math.isfinite(poi) else f"{poi:.2f}",
@@ -245,6 +213,13 @@ def _display(verdicts, labels, names, per_run, at, numeric, group_hours) -> pd.D
             "≈ hours": "—" if hours is None else f"{hours:.1f}",
         })
     return pd.DataFrame(rows)
+
+
+def verdict_word(v: V.Verdict) -> str:
+    """The verdict as a table cell: with (< δ) for a difference smaller than the margin, and the
+    prevention caveat where the baseline did not fall."""
+    word = v.verdict + (" (< δ)" if v.verdict in (V.BETTER, V.WORSE) and v.within_delta else "")
+    return word + (f"; {V.NO_PREVENTION}" if v.caveat and v.verdict != V.NO_PREVENTION else "")
 
 
 def _seeds(vs: Sequence[V.Verdict]) -> str:
@@ -268,7 +243,8 @@ def _open_cost(vs: Sequence[V.Verdict], table: VerdictTable) -> str:
             + f" would resolve {it} at 80% power")
 
 
-_WORDS = ((V.BETTER, "better"), (V.WORSE, "worse"), (V.EQUIVALENT, "equivalent within ±δ"))
+_WORDS = ((V.BETTER, "better"), (V.WORSE, "worse"), (V.EQUIVALENT, "equivalent within ±δ"),
+          (V.NO_PREVENTION, "within ±δ of it"))
 MAX_NAMED = 4  # arms named in the answer per verdict; more are counted
 
 
@@ -308,8 +284,10 @@ def answer(table: VerdictTable) -> str:
         if open_:
             tail = (f"none of the {len(vs)} arms is resolved" if len(open_) == len(vs) > MAX_NAMED
                     else f"{arms(open_)} not resolved")
+            if not any(math.isfinite(v.delta) for v in open_):
+                tail += f" ({NO_MARGIN})"
             text += ("; " if said else "") + tail + _open_cost(vs, table)
-        return text + "."
+        return text + "." + _caveats(vs)
     wins: dict[str, set[str]] = {}
     losses: dict[str, set[str]] = {}
     rivals: dict[str, set[str]] = {}
@@ -331,7 +309,13 @@ def answer(table: VerdictTable) -> str:
     if open_:
         count += _open_cost(vs, table).replace(" would resolve them", " would resolve the rest").replace(
             " would resolve it", " would resolve the last")
-    return f"On {table.labels[table.primary]} ({_seeds(vs)}): " + "; ".join([*said, count]) + "."
+    return f"On {table.labels[table.primary]} ({_seeds(vs)}): " + "; ".join([*said, count]) + "." + _caveats(vs)
+
+
+def _caveats(vs: Sequence[V.Verdict]) -> str:
+    """' dapo did not fall here (0 of 3 seeds collapsed): this cannot show prevention.' once per baseline."""
+    said = dict.fromkeys(v.caveat for v in vs if v.caveat)
+    return "".join(f" {c}." for c in said)
 
 
 def _cell(v: V.Verdict, mirrored: bool) -> str:
@@ -340,9 +324,10 @@ def _cell(v: V.Verdict, mirrored: bool) -> str:
     word = v.verdict
     if mirrored and word in (V.BETTER, V.WORSE):
         word = V.WORSE if word == V.BETTER else V.BETTER
+    but = f" ({V.NO_PREVENTION})" if v.caveat and word != V.NO_PREVENTION else ""
     if word in (V.UNRESOLVED, V.TOO_FEW) and v.seeds_needed is not None:
-        return f"{word} {V.signed(diff)} ({v.seeds_needed} seeds)"
-    return f"{word} {V.signed(diff)}"
+        return f"{word} {V.signed(diff)} ({v.seeds_needed} seeds){but}"
+    return f"{word} {V.signed(diff)}{but}"
 
 
 def first_screen_table(table: VerdictTable) -> pd.DataFrame:
@@ -374,7 +359,7 @@ def first_screen_table(table: VerdictTable) -> pd.DataFrame:
                     + (f", ≈ {hours:.1f} h" if hours is not None and extra else "") + ")")
         rows.append({
             "arm vs baseline": f"{table.names.get(v.arm, v.arm)} vs {table.names.get(v.baseline, v.baseline)}",
-            "verdict": v.verdict + (" (< δ)" if v.verdict in (V.BETTER, V.WORSE) and v.within_delta else ""),
+            "verdict": verdict_word(v),
             f"{label}: arm − baseline [CI]": f"{V.signed(v.diff)} [{V.signed(v.low)}, {V.signed(v.high)}]",
             "arm / baseline": f"{v.mean_arm:.3f} / {v.mean_baseline:.3f}",
             "seeds": V.seeds_phrase(v.n_arm, v.n_baseline).replace(" seeds per arm", " per arm"),
@@ -387,8 +372,8 @@ def section(table: VerdictTable, n_pairs: int, figure: Figure | None = None) -> 
     """The page's first screen (the answer in one sentence, the verdicts on the primary endpoint
     and ``figure``, the one that shows them), then the verdicts on every endpoint with their
     sentences and how they are made; both open the page."""
-    deltas = "; ".join(f"{table.labels[e]}: δ = {d:.3f} ({how})" if math.isfinite(d) else
-                       f"{table.labels[e]}: δ {how}" for e, (d, how) in table.deltas.items())
+    deltas = "; ".join(dict.fromkeys(f"δ = {d:.3g} ({how})" if math.isfinite(d) else how
+                                     for d, how in table.deltas.values()))
     first = Section("Verdict", intro=f'<p class="answer" id="answer"><b>{esc(answer(table))}</b></p>',
                     tables=[("", first_screen_table(table), "verdict-table")],
                     figures=[figure] if figure is not None else [], lead=True)
@@ -397,7 +382,11 @@ def section(table: VerdictTable, n_pairs: int, figure: Figure | None = None) -> 
              + "<p>Difference: arm − baseline, mean over seeds, with Welch's interval; the interval's "
              f"level is Holm-adjusted over the {n_pairs} comparison(s) of an endpoint (95% when one). "
              "<b>better/worse</b>: the interval excludes 0 (Holm); <b>equivalent</b>: it lies inside ±δ "
-             "(two one-sided tests); <b>not resolved</b>: neither — with the seeds per arm a fixed design "
+             "(two one-sided tests), δ a margin declared before the runs (never a noise unit; without one "
+             f"nothing is equivalent); <b>{V.NO_PREVENTION}</b>: inside ±δ on a final or collapse endpoint "
+             "while the baseline did not fall (fewer of its seeds collapsed than flat curves give at 5%), "
+             "so ending level with it shows nothing about prevention — every verdict on such an endpoint "
+             "says so; <b>not resolved</b>: neither — with the seeds per arm a fixed design "
              "needs for 80% power at δ under the measured seed-to-seed spread (noncentral t, at the first "
              f"Holm level), the runs that adds and their hours at the measured run times. {esc(deltas)}. "
              "P(arm better): the chance that a seed of the arm beats a seed of the baseline (ties ½). "

@@ -16,18 +16,34 @@ from typing import Any
 import typer
 
 
-def check_rows(cfg: dict[str, Any], *, rows: int, split: str, seed: int) -> list[dict[str, Any]]:
-    """The printed facts per row: prompt text, answer, gold reward, sample, its reward, truncated."""
+def check_rows(cfg: dict[str, Any], *, rows: int, split: str, seed: int,
+               summary: list[str] | None = None) -> list[dict[str, Any]]:
+    """The printed facts per row: prompt text, answer, gold reward, sample, its reward, truncated.
+    ``split``: train, val, test or a held-out set's name; ``summary`` gets one line per split (its
+    rows, the repeated problems dropped from training, each held-out set's avg@n / pass@k)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl.data_utils import maybe_apply_chat_template
 
+    from armorlab.errors import ArmorLabError
     from armorlab.tasks import build_task
+    from armorlab.tasks.mathfile import build_eval_sets
     from armorlab.train.models import cached_model, has_chat_template
 
     model_path = cached_model(cfg["model"], cfg["task"])  # never builds: check-task does not train
     task = build_task(cfg["task"], chat=has_chat_template(model_path) if model_path is not None else False)
-    data = {"train": task.train, "val": task.val, "test": task.test}[split]
+    held_out = build_eval_sets(cfg, task)  # an overlap with training is an error here, as in training
+    splits = {"train": task.train, "val": task.val, "test": task.test, **{n: s.data for n, s in held_out.items()}}
+    if split not in splits:
+        raise ArmorLabError(f"no such split (splits: {', '.join(splits)})", key="--split", value=split)
+    data = splits[split]
+    if summary is not None:
+        dropped = task.settings.get("dedup_dropped")
+        summary.append(f"train: {len(task.train)} rows" + ("" if dropped is None else
+                       f" ({dropped} rows repeating an earlier problem dropped)") +
+                       f"; val: {len(task.val)}; test: {len(task.test)}")
+        summary += [f"{s.prefix}: {len(s.data)} problems" + (f" ({s.dropped} repeated rows dropped)" if s.dropped
+                    else "") + f", avg@{s.samples}, pass@{s.k} ({s.path})" for s in held_out.values()]
     if model_path is None:  # the tiny model is not built: prompts and gold rewards only
         out = []
         for row in data.select(range(min(rows, len(data)))):
@@ -74,18 +90,18 @@ def register(app: typer.Typer) -> None:
         config: Path = typer.Argument(None, help="YAML run config; omit for the defaults."),
         set_: list[str] = typer.Option([], "--set", help="Override a key: --set task.path=data.jsonl"),
         rows: int = typer.Option(3, "--rows", min=1, help="How many rows to show."),
-        split: str = typer.Option("val", "--split", help="train, val or test."),
+        split: str = typer.Option("val", "--split", help="train, val, test or a held-out set's name (eval_sets)."),
         seed: int = typer.Option(0, "--seed", help="Sampling seed."),
     ) -> None:
         """Print a few prompts as the model sees them, a sample completion and the rewards."""
         from armorlab.core.config import load_config
-        from armorlab.errors import ArmorLabError
 
-        if split not in ("train", "val", "test"):
-            raise ArmorLabError("must be train, val or test", key="--split", value=split)
         cfg = load_config(config, set_)
         unreadable = 0
-        facts = check_rows(cfg, rows=rows, split=split, seed=seed)
+        summary: list[str] = []
+        facts = check_rows(cfg, rows=rows, split=split, seed=seed, summary=summary)
+        for line in summary:
+            typer.echo(line)
         for i, r in enumerate(facts, 1):
             typer.echo(f"─── row {i} ({split}) " + "─" * 40)
             typer.echo(f"prompt (as the model sees it):\n{r['prompt']}")
@@ -97,7 +113,9 @@ def register(app: typer.Typer) -> None:
         if any(r["sample"] is None for r in facts):
             typer.echo("note: no sample: the tiny model is not built for this task yet, and check-task does not "
                        "train. The first `armorlab train` of this config warm-starts it on the task's train split "
-                       "(once, cached; minutes on a CPU, with a progress bar); check-task samples from it after.",
+                       "(once, cached): at most model.warm_start_steps steps and 20 passes over the rows, stopped at "
+                       "model.warm_start_target greedy accuracy on a dev slice; its log says each step's cost. "
+                       "The tiny model learns the built-in tasks; for your own data use a real model.",
                        err=True)
         if unreadable:
             typer.echo(f"warning: {unreadable} reference answer(s) do not score 1.0 even written as the task "

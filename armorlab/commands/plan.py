@@ -31,16 +31,15 @@ def register(app: typer.Typer) -> None:
         refused = []
         for memory, labels in groups:
             console.print(table(memory, labels, where))
+            console.print()
             why = memory.overflow()
             if why:
-                refused.append((memory, labels, why))
-                console.print(f"[red]refused:[/] {why}", soft_wrap=True)
-            console.print()
-        if refused:
-            memory, labels, why = refused[0]
-            more = f" ({len(refused) - 1} more plan(s) refused above)" if len(refused) > 1 else ""
-            raise ArmorLabError(f"memory plan of {labels[0]}: {why}{more}", key="gpu_memory_gb",
-                                value=round(memory.gpu_bytes / 2**30, 1), file=where)
+                refused.append(f"memory plan of {labels[0]}" + (f" (and {len(labels) - 1} more runs)" if len(labels) > 1
+                                                                else "") + f": {why}")
+        if refused:  # said once, every refused plan with its reasons (the tables mark them "does not fit")
+            memory = next(m for m, _ in groups if m.overflow())
+            raise ArmorLabError("\n".join(refused), key="gpu_memory_gb", value=round(memory.gpu_bytes / 2**30, 1),
+                                file=where)
 
 
 def plans_of(path: Path, profile_path: Path | None, overrides: list[str], prompt_tokens: int):
@@ -65,16 +64,20 @@ def plans_of(path: Path, profile_path: Path | None, overrides: list[str], prompt
     is_spec = isinstance(raw.get("name"), str) and any(k in raw for k in ("base", "grid", "include", "seeds"))
     if is_spec:
         spec = load_spec(path)
-        base = deep_merge(spec.base, over)
         configs = []
-        for _, point in points(spec):
-            run = copy.deepcopy(base)
-            for key, value in point.items():
-                set_dotted(run, key, copy.deepcopy(value), file=spec.file)
-            cfg = resolve(run, file=spec.file, check_paths=False)
-            if any(all(get_dotted(cfg, k) == v for k, v in ex.items()) for ex in spec.exclude):
-                continue
-            configs.append((_label(point), cfg))
+        for st in spec.stage_list():  # every stage: a continuing stage's arms have shapes of their own
+            base = deep_merge(deep_merge(spec.base, st.base) if st.base else spec.base, over)
+            if st.parent is not None:  # its weights' source changes no shape: a placeholder parent
+                base["init_from"] = {"run": f"{spec.name}/{'0' * 12}", "select": dict(st.parent.select)}
+            for _, point in points(st):
+                run = copy.deepcopy(base)
+                for key, value in point.items():
+                    set_dotted(run, key, copy.deepcopy(value), file=spec.file)
+                cfg = resolve(run, file=spec.file, check_paths=False)
+                if any(all(get_dotted(cfg, k) == v for k, v in ex.items()) for ex in st.exclude):
+                    continue
+                label = _label(point)
+                configs.append((label if spec.stages is None else f"{st.name}: {label}", cfg))
         profile_path = profile_path or spec.profile_path()
     else:
         configs = [(path.name, resolve(deep_merge(raw, over), file=str(path), check_paths=False))]
@@ -142,6 +145,9 @@ def table(memory, labels: list[str], where: str):
         mark = "red" if needs > share else ""
         t.add_row(f"{label}: needs / share", _gib(needs), f"[{mark}]{_gib(share)}[/]" if mark else _gib(share),
                   "weights + profile activations + one max-length sequence of KV cache")
+    for key, now, fits in memory.engine_shares():
+        t.add_row(f"{key}: now / largest that fits", f"{now:g}", f"{fits:g}",
+                  "the memory the rest of the run leaves the engine (allowances included)")
     verdict = ("fits" if memory.overflow() is None else "[red]does not fit[/]") if gpu else "not checked: no gpu_memory_gb"
     t.add_row("[bold]peak[/]", "", f"[bold]{_gib(memory.peak_bytes)}[/]",
               f"{peak.label if peak else 'resident'}; {verdict}")

@@ -27,7 +27,7 @@ from armorlab.algos.objectives import (
     objective_names,
     objective_spec,
 )
-from armorlab.core import trl_fields
+from armorlab.core import objective_fields, trl_fields
 from armorlab.core.checks import (
     Invalid,
     address,
@@ -40,6 +40,8 @@ from armorlab.core.checks import (
     optional,
     text,
 )
+from armorlab.core.eval_sets import DEFAULT_KEEP_SELECT, TEST_METRIC, resolve_eval_sets
+from armorlab.core.eval_sets import FIELD_SPECS as EVAL_SET_FIELDS
 from armorlab.core.fit_checks import TINY_MAX_POSITIONS, TINY_MODEL, check_held_out, check_lengths  # noqa: F401
 from armorlab.core.identity import data_identity, model_identity
 from armorlab.core.schedule import STEP_UNITS, config_per_rollout, rollout_horizon
@@ -101,35 +103,115 @@ def _schedule(v: Any) -> list[list[int | None]] | None:
 # run id does not depend on where the root lies; the sweep name as armorlab.sweeps.spec allows it.
 INIT_FROM_RUN_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}/[0-9a-f]{12}")
 SELECT_MODES = ("max", "min")
-VAL_METRIC = "val/acc"    # the validation score selections and comparisons use unless told (docs/metrics.md)
-TEST_METRIC = "test/acc"  # ... and the held-out score they report at the selected step
-DEFAULT_SELECTION = {"metric": VAL_METRIC, "mode": "max", "report": TEST_METRIC}  # report recipes, compare:
-DEFAULT_SELECT = {k: DEFAULT_SELECTION[k] for k in ("metric", "mode")}  # init_from.select (no report)
+DEFAULT_SELECT = DEFAULT_KEEP_SELECT  # init_from.select's metric form: val/acc, max, as the kept checkpoint's
+DEFAULT_SELECTION = {**DEFAULT_SELECT, "report": TEST_METRIC}  # report recipes, compare: (shown on test/acc)
+
+
+OPTIMIZER_STARTS = ("fresh", "parent")
+# Linear LR warm-up (optimizer steps) of a continuation whose Adam starts fresh: a fresh Adam's
+# first update is ≈ ±lr on every weight whatever the gradient's size (m̂/√v̂ = g/|g| at step 1),
+# a jolt away from the selected checkpoint; 8 steps is what removed a 19.8-nat first-rollout
+# KL shock on the toy (issue 35); docs/schedules.md.
+CONTINUAL_WARMUP = 8
+SELECT_FORMS = "{metric: <name>, mode: max|min}, {step: N}, {rollout: N} or {mode: last}"
+
+
+def _select(select: Any, where: str = "select") -> dict[str, Any]:
+    """A checkpoint selection: the metric's noise-aware max/min, a given optimizer step or rollout,
+    or the last checkpoint. The metric form fills its defaults (val/acc, max); the others are kept
+    as given, so a config of the metric form hashes as it did before the others existed."""
+    select = dict(DEFAULT_SELECT) if select is None else select
+    if not isinstance(select, Mapping):
+        raise Invalid(f"{where} must be one of {SELECT_FORMS}")
+    keys = set(map(str, select))
+    for counter in ("step", "rollout"):
+        if counter in keys:
+            if keys != {counter}:
+                raise Invalid(f"{where}.{counter} selects one checkpoint by itself: {SELECT_FORMS}")
+            try:
+                return {counter: integer(0)(select[counter])}
+            except Invalid as exc:
+                raise Invalid(f"{where}.{counter} {exc}") from None
+    if select.get("mode") == "last":
+        if keys != {"mode"}:
+            raise Invalid(f"{where}: mode last takes no metric (the last complete checkpoint)")
+        return {"mode": "last"}
+    if keys - {"metric", "mode"}:
+        raise Invalid(f"{where} must be one of {SELECT_FORMS}")
+    metric, mode = select.get("metric", DEFAULT_SELECT["metric"]), select.get("mode", DEFAULT_SELECT["mode"])
+    if not isinstance(metric, str) or not metric:
+        raise Invalid(f"{where}.metric must be a metric name such as val/acc")
+    if mode not in SELECT_MODES:
+        raise Invalid(f"{where}.mode must be max or min (or last: the last complete checkpoint)")
+    return {"metric": metric, "mode": mode}
+
+
+def _run_selection(v: Mapping[str, Any], extra_keys: tuple[str, ...], what: str) -> dict[str, Any]:
+    extra = sorted(set(map(str, v)) - {"run", "select", *extra_keys})
+    if extra:
+        raise Invalid(f"unknown key {extra[0]!r} (known: run, select{''.join(', ' + k for k in extra_keys)})")
+    run = v.get("run")
+    if not isinstance(run, str) or not INIT_FROM_RUN_RE.fullmatch(run):
+        raise Invalid(f"{what}run must be '<sweep name>/<12-hex run id>' (relative to the runs root)")
+    return {"run": run, "select": _select(v.get("select"), f"{what}select")}
 
 
 def _init_from(v: Any) -> dict[str, Any] | None:
-    """``{run: "<sweep>/<run-id>", select: {metric, mode}}``: start from the checkpoint that run
-    selected (its selected.json) with π_ref initialised to it; ``select`` defaults to val/acc, max."""
+    """``{run: "<sweep>/<run-id>", select: ..., optimizer: fresh|parent, warmup: N}``: start from
+    the checkpoint that run selected (``select``: SELECT_FORMS, default val/acc max), with π_ref
+    initialised to it unless ``ref_from`` says otherwise. ``optimizer: parent`` restores the
+    checkpoint's Adam moments and LR scheduler; ``fresh`` (default) starts them anew with a linear
+    LR warm-up of ``warmup`` optimizer steps (default CONTINUAL_WARMUP; 0 = none). Keys at their
+    defaults are dropped, so configs written before they existed keep their run ids."""
     if v is None:
         return None
     if not isinstance(v, Mapping):
         raise Invalid("must be a mapping {run: <sweep>/<run-id>, select: {metric, mode}} or null")
-    extra = sorted(set(map(str, v)) - {"run", "select"})
-    if extra:
-        raise Invalid(f"unknown key {extra[0]!r} (known: run, select)")
-    run = v.get("run")
-    if not isinstance(run, str) or not INIT_FROM_RUN_RE.fullmatch(run):
-        raise Invalid("run must be '<sweep name>/<12-hex run id>' (relative to the runs root)")
-    select = v.get("select")
-    select = dict(DEFAULT_SELECT) if select is None else select
-    if not isinstance(select, Mapping) or set(map(str, select)) - {"metric", "mode"}:
-        raise Invalid("select must be a mapping {metric: <name>, mode: max|min}")
-    metric, mode = select.get("metric", DEFAULT_SELECT["metric"]), select.get("mode", DEFAULT_SELECT["mode"])
-    if not isinstance(metric, str) or not metric:
-        raise Invalid("select.metric must be a metric name such as val/acc")
-    if mode not in SELECT_MODES:
-        raise Invalid("select.mode must be max or min")
-    return {"run": run, "select": {"metric": metric, "mode": mode}}
+    out = _run_selection(v, ("optimizer", "warmup"), "")
+    optimizer = v.get("optimizer", "fresh")
+    if optimizer not in OPTIMIZER_STARTS:
+        raise Invalid(f"optimizer must be fresh or parent, not {optimizer!r}")
+    warmup = v.get("warmup")
+    if warmup is not None:
+        try:
+            warmup = integer(0)(warmup)
+        except Invalid as exc:
+            raise Invalid(f"warmup (optimizer steps) {exc}") from None
+        if optimizer == "parent" and warmup:
+            raise Invalid("warmup is for a fresh optimizer: optimizer: parent restores the parent's "
+                          "Adam moments and LR schedule")
+    if optimizer != "fresh":
+        out["optimizer"] = optimizer
+    if warmup is not None and warmup != CONTINUAL_WARMUP and optimizer == "fresh":
+        out["warmup"] = warmup
+    return out
+
+
+def _ref_from(v: Any) -> str | dict[str, Any] | None:
+    """Where π_ref starts, apart from where training starts: null = the same checkpoint as the
+    policy (init_from's, else the model); ``model`` = the config's model (before any stage);
+    ``{run: <sweep>/<run-id>, select: ...}`` = that run's selection (init_from's rule);
+    ``{checkpoint: <dir>}`` = a checkpoint directory (fingerprinted into the run id)."""
+    if v is None or v == "model":
+        return v
+    if not isinstance(v, Mapping):
+        raise Invalid("must be null, model, {run: <sweep>/<run-id>, select: ...} or {checkpoint: <dir>}")
+    if "checkpoint" in v:
+        extra = sorted(set(map(str, v)) - {"checkpoint", "fingerprint"})
+        if extra:
+            raise Invalid(f"unknown key {extra[0]!r} beside checkpoint (known: checkpoint)")
+        if not isinstance(v["checkpoint"], str) or not v["checkpoint"]:
+            raise Invalid("checkpoint must be the path of a checkpoint directory")
+        return {k: v[k] for k in ("checkpoint", "fingerprint") if k in v}
+    return _run_selection(v, (), "")
+
+
+def continual_warmup(init_from: Mapping[str, Any] | None) -> int:
+    """The LR warm-up (optimizer steps) a continuation's fresh optimizer gets: 0 without init_from
+    or with ``optimizer: parent``."""
+    if not init_from or init_from.get("optimizer", "fresh") != "fresh":
+        return 0
+    return int(init_from.get("warmup", CONTINUAL_WARMUP))
 
 
 def _operators(v: Any, allowed: str = "+-*") -> str:
@@ -214,8 +296,12 @@ FIELDS: dict[str, Field] = {
                                      "the gate (anchor_gate); verl's filter_groups; 1 = no refill",
                                      type=int | None),
     "init_from": Field(None, _init_from, "start from the checkpoint another run selected (its selected.json), "
-                       "π_ref initialised to it: {run: <sweep>/<run-id>, select: {metric, mode}}; a sweep's "
-                       "`stages:` set it", type=dict | None),
+                       "π_ref initialised to it: {run: <sweep>/<run-id>, select: {metric, mode} | {step: N} | "
+                       "{rollout: N} | {mode: last}, optimizer: fresh|parent, warmup: N}; a sweep's `stages:` "
+                       "set it (docs/schedules.md)", type=dict | None),
+    "ref_from": Field(None, _ref_from, "where π_ref starts, apart from the policy: null = where training starts, "
+                      "model = the config's model, {run: <sweep>/<run-id>, select: ...} = that run's selection, "
+                      "{checkpoint: <dir>}; a stage's `ref_from:` sets it", type=str | dict | None),
     "ref_vllm_mode": Field("none", choice(*REF_VLLM_MODES), "where π_ref's anchor samples come from: none = "
                            "transformers generate, colocate = a second in-process vLLM engine, server = a "
                            "vLLM server of its own (`armorlab vllm-serve`)", type=str),
@@ -243,6 +329,14 @@ FIELDS: dict[str, Field] = {
     "ref_validate_resets": Field(False, boolean, "validate π_ref (ref/val_acc) at every reset; false: only at "
                                  "resets on evaluation steps, where it is that step's val/acc", type=bool),
 }
+# held-out evaluation sets and the kept checkpoint's metric (armorlab.core.eval_sets)
+FIELDS.update({name: Field(*spec) for name, spec in EVAL_SET_FIELDS.items()})
+# --------------------------------------------------------------------------- objectives' own parameters
+# verl's names for the parameters of its losses (armorlab.core.objective_fields); null = the
+# objective's default, dropped where the objective does not read them
+FIELDS.update({key: Field(None, optional(number()), doc, type=float | None)
+               for key, doc in objective_fields.PARAM_FIELDS.items()})
+
 # Execution settings of the reference engine: dropped from the resolved config while they are not
 # read (the mode off, or another mode's settings), so runs that do not use them keep their run ids.
 REF_VLLM_KEYS = ("ref_vllm_mode", "ref_vllm_memory", "ref_vllm_dtype", "ref_vllm_tensor_parallel_size")
@@ -250,10 +344,12 @@ REF_VLLM_KEYS = ("ref_vllm_mode", "ref_vllm_memory", "ref_vllm_dtype", "ref_vllm
 # nothing), so configs written before they existed keep their run ids (the resolved config of
 # `step_unit: optimizer` is the one without the key).
 DROPPED_AT_DEFAULT: dict[str, Any] = {"step_unit": "optimizer", "max_rollouts": None, "anchor_cache": None,
-                                      "keep_checkpoints": 1, "init_from": None, "val_greedy": False,
+                                      "keep_checkpoints": 1, "init_from": None, "ref_from": None,
+                                      "val_greedy": False,
                                       "grad_share_every": 10,
                                       "ref_vllm_dtype": None, "ref_vllm_tensor_parallel_size": 1,
-                                      "kl_telemetry": True, "ref_validate_resets": False}
+                                      "kl_telemetry": True, "ref_validate_resets": False,
+                                      "eval_sets": None, "allow_eval_overlap": False, "keep_select": None}
 REF_VLLM_SERVER_KEYS = ("ref_vllm_server_host", "ref_vllm_server_port", "ref_vllm_server_base_url",
                         "ref_vllm_server_timeout", "ref_vllm_group_port")
 
@@ -571,6 +667,7 @@ def _resolve_once(raw: Mapping[str, Any], *, file: str | None = None, check_path
     if not isinstance(raw, Mapping):
         raise ArmorLabError("config must be a mapping", key="<root>", value=raw, file=file)
     known_trl = grpo_field_names()
+    raw = objective_fields.apply_loss_type(raw, file)  # TRL's loss_type: X names objective X
     for key in raw:
         if not isinstance(key, str):
             raise ArmorLabError("keys must be strings", key=str(key), value=raw[key], file=file)
@@ -633,17 +730,35 @@ def _resolve_once(raw: Mapping[str, Any], *, file: str | None = None, check_path
             raise ArmorLabError(str(exc), key=key, value=value, file=file) from None
     _check_logging_backends(out.get("report_to"), file)
     fill_objective_defaults(out)
+    objective_fields.resolve_params(out, file)
     if out["ref_vllm_mode"] != "none" and not (out["anchor"] or out["anchor_gate"]):
         raise ArmorLabError("a reference engine only samples anchors: set anchor or anchor_gate, or "
                             "ref_vllm_mode: none", key="ref_vllm_mode", value=out["ref_vllm_mode"], file=file)
     check_vllm_servers(out, file)
     check_engine_parallelism(out, file)
+    if check_paths:
+        _fingerprint_ref_checkpoint(out, file)
     out["task"] = _resolve_task(raw.get("task"), file, check_paths)
     out["model"] = _resolve_model(raw.get("model"), file, check_paths)
+    resolve_eval_sets(out, file, check_paths)
     if check_paths and set(raw) - {"task", "model"}:  # not for a model/task section resolved on its own
         check_lengths(out, file)
     _normalise_inert(out)
     return out
+
+
+def _fingerprint_ref_checkpoint(out: dict[str, Any], file: str | None) -> None:
+    """``ref_from: {checkpoint: <dir>}`` names weights by path: their fingerprint enters the run id
+    (as the model's does), and a directory that is not a loadable checkpoint is refused here."""
+    ref = out.get("ref_from")
+    if not isinstance(ref, dict) or "checkpoint" not in ref:
+        return
+    try:
+        ident = model_identity(ref["checkpoint"], file=file)
+    except ArmorLabError as exc:
+        raise ArmorLabError(str(exc).split(" [")[0], key="ref_from.checkpoint", value=ref["checkpoint"],
+                            file=file) from None
+    out["ref_from"] = {"checkpoint": ident["name"], "fingerprint": ident["fingerprint"]}
 
 
 _SCALARS = (str, int, float, bool, type(None))

@@ -17,6 +17,7 @@ accelerate config and a resolved run config.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from armorlab.errors import ArmorLabError
@@ -42,6 +43,12 @@ VLLM_DEFAULT_MAX_SEQS = 256  # vLLM's default max_num_seqs (the π_ref engine se
 # the CUDA graphs and non-torch allocations its start-up profile leaves outside the KV cache.
 CUDA_CONTEXT_BYTES = 3 * GIB // 2
 VLLM_GRAPH_BYTES = 1 * GIB
+# Allowances, our choices until a GPU run measures them (benchmarks/gpu/acceptance.py compares the
+# plan's peak with torch.cuda.max_memory_reserved): the caching allocator's reserved-but-free blocks
+# as a share of the GPU, and what a sleeping vLLM engine keeps of its share (vLLM's sleep-mode docs:
+# sleep frees "up to 90%+" of the engine's memory).
+FRAGMENTATION_SHARE = 0.05
+SLEEP_LEFTOVER_SHARE = 0.10
 
 
 # --------------------------------------------------------------------------- inputs
@@ -282,6 +289,16 @@ def vllm_engine_bytes(share: float, gpu_bytes: int) -> int:
     return int(share * gpu_bytes)
 
 
+def fragmentation_bytes(gpu_bytes: int) -> int:
+    """(M1) The allocator's fragmentation allowance: FRAGMENTATION_SHARE of the GPU."""
+    return int(FRAGMENTATION_SHARE * gpu_bytes)
+
+
+def sleep_leftover_bytes(share: float, gpu_bytes: int) -> int:
+    """(M2) What a sleeping engine keeps on the GPU: SLEEP_LEFTOVER_SHARE of its share."""
+    return int(SLEEP_LEFTOVER_SHARE * vllm_engine_bytes(share, gpu_bytes))
+
+
 def vllm_overhead_bytes(s: ModelShape, max_seqs: int, b: int) -> int:
     """What a vLLM engine's start-up profile sets aside besides weights and KV cache: one layer's
     activations for max_num_batched_tokens tokens, the sampler's float32 logits and probabilities
@@ -347,28 +364,52 @@ class MemoryPlan:
         return self.resident_bytes + (peak.bytes if peak is not None else 0)
 
     def overflow(self) -> str | None:
-        """Why the plan does not fit on the GPU (None when it fits or no GPU size is known)."""
+        """Why the plan does not fit on the GPU (None when it fits or no GPU size is known): every
+        engine and phase over its limit, the resident line that overflows first, each with its fix."""
         if self.gpu_bytes is None:
             return None
         gpu = gib(self.gpu_bytes)
-        for label, needs, share, fix in self.engines:
-            if needs > share:
-                return (f"{label} needs {gib(needs)} GiB (weights, profile activations, one sequence of KV cache) but "
-                        f"its share is {gib(share)} GiB of the {gpu} GiB GPU. To fit: {fix}")
+        why = [f"{label} needs {gib(needs)} GiB (weights, profile activations, one sequence of KV cache) but its "
+               f"share is {gib(share)} GiB of the {gpu} GiB GPU. To fit: {fix}"
+               for label, needs, share, fix in self.engines if needs > share]
         running = 0
         for line in self.resident:
             running += line.bytes
             if running > self.gpu_bytes:
-                return (f"'{line.label}' takes the resident memory to {gib(running)} GiB per GPU, over the GPU's "
-                        f"{gpu} GiB, before any step runs. To fit: {line.fix or _biggest_fix(self.resident)}")
+                why.append(f"'{line.label}' takes the resident memory to {gib(running)} GiB per GPU, over the GPU's "
+                           f"{gpu} GiB, before any step runs. To fit: {line.fix or _biggest_fix(self.resident)}")
+                return "\n".join(why)  # every phase is over too: naming them says nothing more
         for phase in sorted(self.phases, key=lambda p: -p.bytes):
             total = self.resident_bytes + phase.bytes
             if total > self.gpu_bytes:
                 main = phase.main_line()
-                return (f"{phase.label} needs {gib(total)} GiB per GPU ({gib(self.resident_bytes)} resident + "
-                        f"{gib(phase.bytes)}, of which '{main.label}' {gib(main.bytes)}), over the GPU's {gpu} GiB. "
-                        f"To fit: {main.fix or _biggest_fix(self.resident)}")
-        return None
+                why.append(f"{phase.label} needs {gib(total)} GiB per GPU ({gib(self.resident_bytes)} resident + "
+                           f"{gib(phase.bytes)}, of which '{main.label}' {gib(main.bytes)}), over the GPU's {gpu} "
+                           f"GiB. To fit: {main.fix or _biggest_fix(self.resident)}")
+        return "\n".join(why) or None
+
+    def engine_shares(self) -> list[tuple[str, float, float]]:
+        """(key, share now, largest share that fits) of each colocated engine: a sleeping policy
+        engine may take what the resident memory leaves while it generates; an engine that never
+        sleeps, what the resident memory and the largest other phase leave."""
+        if self.gpu_bytes is None:
+            return []
+        run, out = self.run, []
+        for key, share, sleeps in (("vllm_gpu_memory_utilization", run.vllm_share, run.vllm_sleep),
+                                   ("ref_vllm_memory", run.ref_vllm_share, False)):
+            line = "vllm" if key.startswith("vllm") else "ref_vllm"
+            if not any(x.key == line for x in self.resident) and not (sleeps and line == "vllm" and any(
+                    p.key == "rollout" and p.lines[0].key == "vllm" for p in self.phases)):
+                continue
+            g = self.gpu_bytes
+            others = self.resident_bytes - (sleep_leftover_bytes(share, g) if sleeps else vllm_engine_bytes(share, g))
+            busiest = max((p.bytes for p in self.phases if p.key != "rollout"), default=0)
+            if sleeps:  # awake: the share beside the rest; asleep: its leftovers beside the busiest phase
+                fits = min((g - others) / g, (g - others - busiest) / (SLEEP_LEFTOVER_SHARE * g))
+            else:
+                fits = (g - others - busiest) / g
+            out.append((key, share, max(0.0, math.floor(100 * min(fits, 1.0)) / 100)))
+        return out
 
     def check(self, *, file: str | None = None) -> None:
         """ArmorLabError naming the line that overflows and what would make it fit."""
@@ -391,7 +432,12 @@ FIX_FSDP = "shard the model: FSDP2 full-shard through accelerate (e.g. --profile
 FIX_BF16 = "load bf16 weights (model_init_kwargs: {dtype: bfloat16})"
 FIX_OFFLOAD = "more GPUs per run, or FSDP CPU offload (fsdp_offload_params: true in the accelerate config)"
 FIX_MICRO = ("a smaller micro-batch: per_device_train_batch_size (raise gradient_accumulation_steps to keep "
-             "the optimiser batch), gradient_checkpointing: true")
+             "the optimiser batch)")
+
+
+def _fix_micro(run: RunMemory) -> str:
+    """The micro-batch fix; checkpointing is advised only where it is off."""
+    return FIX_MICRO if run.gradient_checkpointing else f"{FIX_MICRO}, gradient_checkpointing: true"
 
 
 def _mixed(par: Parallelism, run: RunMemory) -> bool:
@@ -456,6 +502,12 @@ def plan_memory(shape: ModelShape, par: Parallelism, run: RunMemory, gpu_bytes: 
                         "a smaller ref_vllm_memory, or ref_vllm_mode: server (its own GPU)"))
     if gpu_bytes is not None:
         res.append(Line("context", "CUDA context + NCCL (assumed)", CUDA_CONTEXT_BYTES, "per process"))
+        res.append(Line("frag", "allocator fragmentation (allowance)", fragmentation_bytes(gpu_bytes),
+                        f"{FRAGMENTATION_SHARE:.0%} of the GPU: reserved blocks no tensor uses"))
+        if run.use_vllm and run.vllm_mode == "colocate" and run.vllm_sleep:
+            res.append(Line("sleep", "sleeping policy engine's leftovers (allowance)",
+                            sleep_leftover_bytes(run.vllm_share, gpu_bytes),
+                            f"{SLEEP_LEFTOVER_SHARE:.0%} of its share (vLLM: sleep frees up to 90 %+)"))
     _phases(plan, w, b, _forward_bytes(par, run))
     _engines(plan)
     return plan
@@ -497,13 +549,13 @@ def _phases(plan: MemoryPlan, w: int, b: int, fb: int) -> None:
     lines = [Line("act", f"activations kept ({rows} × {seq} tokens, checkpointing "
                          f"{'on' if run.gradient_checkpointing else 'off'})",
                   training_activation_bytes(s, tokens, b, run.gradient_checkpointing) + attention_mask_bytes(rows, seq),
-                  "per layer: its input (checkpointing) or every saved tensor", FIX_MICRO),
+                  "per layer: its input (checkpointing) or every saved tensor", _fix_micro(run)),
              Line("bw", "backward peak: " + ("fused log-prob head (fp32 grads)" if head_bw >= layer_bw else
                                              "one layer's recompute + gradients"), max(head_bw, layer_bw),
-                  "TRL 1.16 chunked log-probs / per-layer backward", FIX_MICRO)]
+                  "TRL 1.16 chunked log-probs / per-layer backward", _fix_micro(run))]
     if fsdp:
         lines.append(Line("units", "FSDP2 gathered units + their grads", fsdp_unit_bytes(s, b, grads=True),
-                          "2 layers + LM head in bf16", FIX_MICRO))
+                          "2 layers + LM head in bf16", _fix_micro(run)))
     elif w != b and not par.offload:
         lines.append(Line("autocast", "autocast weight copies", s.params * b,
                           "fp32 weights cast for the forward (torch.autocast caches them)", FIX_BF16))
@@ -511,14 +563,15 @@ def _phases(plan: MemoryPlan, w: int, b: int, fb: int) -> None:
     # 2. scoring: old/π_ref log-probs without gradients, per_device_train_batch_size rows at a time
     lines = [Line("score", f"no-grad forward ({rows} × {seq} tokens)", forward_no_grad_bytes(s, tokens, b)
                   + attention_mask_bytes(rows, seq) + logprob_tile_bytes(scored, s.vocab_size, head_b),
-                  "one layer at a time + one log-prob tile", FIX_MICRO), *ref_gather]
+                  "one layer at a time + one log-prob tile", _fix_micro(run)), *ref_gather]
     plan.phases.append(Phase("score", "log-prob scoring (old / π_ref)", tuple(lines)))
     # 3. the rollout's generation
     if run.use_vllm and run.vllm_mode == "colocate":
         if run.vllm_sleep and plan.gpu_bytes is not None:
             plan.phases.append(Phase("rollout", "rollout generation (policy engine awake)", (
-                Line("vllm", f"policy vLLM engine ({run.vllm_share:g} of the GPU)",
-                     vllm_engine_bytes(run.vllm_share, plan.gpu_bytes), "vllm_gpu_memory_utilization",
+                Line("vllm", f"policy vLLM engine ({run.vllm_share:g} of the GPU, less its resident leftovers)",
+                     vllm_engine_bytes(run.vllm_share, plan.gpu_bytes)
+                     - sleep_leftover_bytes(run.vllm_share, plan.gpu_bytes), "vllm_gpu_memory_utilization",
                      "a smaller vllm_gpu_memory_utilization (fewer sequences in flight)"),)))
     elif not run.use_vllm:
         plan.phases.append(Phase("rollout", "rollout generation (HF generate)", (

@@ -27,8 +27,14 @@ from armorlab.core.checks import Invalid, address, boolean, did_you_mean, intege
 _EVAL = "armorlab validates on its own val/test sets: use val_every, val_samples, val_temperature"
 _PICK = "checkpoints are compared offline: `armorlab report` with select: {metric: val/acc, ...}"
 _REF = "use ref_reset_steps / ref_reset_schedule (π_ref ← π_θ, a full copy)"
-_ENTROPY = "the entropy bonus is not applied by armorlab objectives"
-_LOSS = "TRL's {} loss is not an armorlab objective; use objective: grpo|dapo|dr_grpo|gspo|up|up_gspo|armor"
+
+# TRL's defaults (the feature off / the loss's own values): dropped from a resolved config at them
+ENTROPY_DEFAULTS: dict[str, Any] = {"top_entropy_quantile": 1.0, "entropy_coef": 0.0, "use_adaptive_entropy": False,
+                                    "entropy_coef_min": 0.0, "entropy_coef_max": 1.0, "entropy_coef_delta": 0.005,
+                                    "entropy_target": 0.2}
+TRL_OBJECTIVE_DEFAULTS: dict[str, Any] = {"sapo_temperature_neg": 1.05, "sapo_temperature_pos": 1.0,
+                                          "vespo_k_pos": 2.0, "vespo_lambda_pos": 3.0, "vespo_k_neg": 3.0,
+                                          "vespo_lambda_neg": 2.0}
 
 # Applied as in stock GRPOTrainer (TRL or transformers reads them; armorlab's overrides keep them).
 HONOURED: frozenset[str] = frozenset({
@@ -79,6 +85,9 @@ HONOURED: frozenset[str] = frozenset({
     "reward_weights", "multi_objective_aggregation", "scale_rewards", "mask_truncated_completions",
     # the loss: clip bounds of every objective, TRL's β·k3 KL (with its importance-ratio correction)
     "epsilon", "epsilon_high", "beta", "use_bias_correction_kl",
+    # TRL's entropy bonus (static, adaptive) and entropy mask, applied by ArmorLabTrainer as TRL does
+    # (armorlab.algos.entropy), and the parameters of TRL's sapo and vespo losses (objective: sapo|vespo)
+    *ENTROPY_DEFAULTS, *TRL_OBJECTIVE_DEFAULTS,
 })
 
 # key → (TRL's default, what to use instead). Present in a run config at all → error.
@@ -87,8 +96,9 @@ MAPPED: dict[str, tuple[Any, str]] = {
     "resume_from_checkpoint": (None, "a run resumes from its run directory's last complete checkpoint; remove it"),
     "local_rank": (-1, "set by the launcher (torchrun / accelerate launch); remove it"),
     "num_train_epochs": (3.0, "use max_steps (armorlab runs are counted in optimizer steps)"),
-    "loss_type": ("dapo", "use objective (grpo, dapo, dr_grpo, gspo, up, up_gspo, armor) and aggregation"),
-    "importance_sampling_level": ("token", "use objective: gspo or up_gspo for sequence-level ratios"),
+    # a run config's loss_type names an objective (armorlab.core.objective_fields); here: ArmorLabConfig
+    "loss_type": ("dapo", "use objective (every registered one, TRL's loss types among them) and aggregation"),
+    "importance_sampling_level": ("token", "use a sequence-level objective (gspo, up_gspo, gmpo, luspo)"),
     "delta": (None, "use dual_clip: c > 1 caps the loss of A < 0 tokens at −A·c (verl's dual clip)"),
     "sync_ref_model": (False, _REF),
     "ref_model_sync_steps": (512, _REF),
@@ -118,20 +128,7 @@ MAPPED: dict[str, tuple[Any, str]] = {
 
 # key → (TRL's default = the feature off, why it is not available). Another value → error.
 REJECTED: dict[str, tuple[Any, str]] = {
-    "top_entropy_quantile": (1.0, "not applied by armorlab objectives (every unmasked token trains)"),
     "off_policy_mask_threshold": (None, "not applied by armorlab objectives"),
-    "entropy_coef": (0.0, _ENTROPY),
-    "use_adaptive_entropy": (False, _ENTROPY),
-    "entropy_coef_min": (0.0, _ENTROPY),
-    "entropy_coef_max": (1.0, _ENTROPY),
-    "entropy_coef_delta": (0.005, _ENTROPY),
-    "entropy_target": (0.2, _ENTROPY),
-    "sapo_temperature_neg": (1.05, _LOSS.format("sapo")),
-    "sapo_temperature_pos": (1.0, _LOSS.format("sapo")),
-    "vespo_k_pos": (2.0, _LOSS.format("vespo")),
-    "vespo_lambda_pos": (3.0, _LOSS.format("vespo")),
-    "vespo_k_neg": (3.0, _LOSS.format("vespo")),
-    "vespo_lambda_neg": (2.0, _LOSS.format("vespo")),
     "data_seed": (None, "the prompt order is seeded by seed (TRL's RepeatSampler ignores data_seed)"),
     "train_sampling_strategy": ("random", "prompts are drawn by TRL's RepeatSampler; use shuffle_dataset"),
     "length_column_name": ("length", "only read by group_by_length sampling, which GRPO does not use"),
@@ -176,7 +173,8 @@ def config_problem(key: str, value: Any) -> str | None:
 # features; their run ids stay the same.
 OFF_SWITCHES: dict[str, Any] = {"use_vllm": False, "vllm_mode": "colocate", "vllm_server_base_url": None,
                                 "vllm_server_host": "0.0.0.0", "vllm_server_port": 8000,
-                                "vllm_server_timeout": 240.0, "vllm_group_port": 51216}
+                                "vllm_server_timeout": 240.0, "vllm_group_port": 51216,
+                                **ENTROPY_DEFAULTS, **TRL_OBJECTIVE_DEFAULTS}
 
 
 def is_inert_default(key: str, value: Any) -> bool:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from armorlab.core.config import VAL_METRIC
+from armorlab.core.eval_sets import VAL_METRIC
 from armorlab.stats.collapse import PATIENCE, clean_curve
 
 

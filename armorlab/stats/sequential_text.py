@@ -9,8 +9,9 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from armorlab.core.config import TEST_METRIC, VAL_METRIC
+from armorlab.core.eval_sets import TEST_METRIC, VAL_METRIC
 from armorlab.stats import verdicts as V
+from armorlab.stats.margins import NO_MARGIN, NO_PREVENTION, caveat
 from armorlab.stats.sequential import CONTINUE, Design
 
 _FIXED = {"final": "final {v}", "drop": "drop from peak of {v}", "peak": "peak {v}", "auc": "AUC of {v}",
@@ -57,21 +58,32 @@ def sentence(c: Mapping[str, Any], design: Design, looks: Sequence[Mapping[str, 
     where = f" at look {at}" if at is not None else ""
     d = f"{design.delta:.3f}" if math.isfinite(design.delta) else None
     verdict = c.get("verdict")
+    why = look_caveat(looks, design)
+    but = f"; {why}" if why else ""
     if verdict in (V.BETTER, V.WORSE):
         small = f" (by less than δ = {d})" if c.get("within_delta") and d else ""
-        return f"{head} — {verdict}{small}{where}, resolved with {seeds}"
+        return f"{head} — {verdict}{small}{where}, resolved with {seeds}{but}"
     if verdict == V.EQUIVALENT:
+        if why:
+            return f"{head} — within ±{d}{where} with {seeds}, but {why}"
         return f"{head} — equivalent within ±{d}{where}, resolved with {seeds}"
     if verdict == CONTINUE:
-        return f"{head} — not resolved yet with {seeds}; the next look adds seeds"
+        return f"{head} — not resolved yet with {seeds}; the next look adds seeds{but}"
     what = f"not resolved with {seeds} (--max-seeds {design.max_seeds})"
     if d is None:
-        return f"{head} — {what}; no δ to plan seeds with (set compare.delta)"
+        return f"{head} — {what}: {NO_MARGIN} (compare.delta) for equivalence or a seed plan{but}"
     need = c.get("seeds_needed")
     if need is None:
         return f"{head} — {what}; 80% power at δ = {d} needs more than {V.MAX_SEEDS_PLANNED} seeds per arm " \
-               "or a measured spread"
-    return f"{head} — {what}; 80% power at δ = {d} needs {need} seeds per arm (a fixed design)"
+               f"or a measured spread{but}"
+    return f"{head} — {what}; 80% power at δ = {d} needs {need} seeds per arm (a fixed design){but}"
+
+
+def look_caveat(looks: Sequence[Mapping[str, Any]], design: Design) -> str:
+    """The latest look's prevention caveat (armorlab.stats.margins F1): empty where the baseline fell
+    or the endpoint is not about a fall."""
+    record = next((look["prevention"] for look in reversed(looks) if look.get("prevention")), None)
+    return caveat(record, design.endpoint)
 
 
 def look_line(look: Mapping[str, Any], design: Design) -> str:
@@ -88,6 +100,8 @@ def look_line(look: Mapping[str, Any], design: Design) -> str:
         test = (f"|t| = {abs(t):.3g} {'≥' if abs(t) >= tb else '<'} {tb:.3g}"
                 if math.isfinite(t) and math.isfinite(tb) else "no spread yet")
         verdict = "continues" if c.get("verdict") == CONTINUE else c.get("verdict")
+        if verdict == V.EQUIVALENT and caveat(look.get("prevention"), design.endpoint):
+            verdict = NO_PREVENTION
         parts.append(f"{c['arm']} {verdict}: {interval(c)} ({level_text(c)} repeated interval; {test})")
     by = f", {look['by']}" if look.get("by") else ""
     return f"look {look.get('look')} ({per}{by}): " + ("; ".join(parts) or "every arm resolved before")
@@ -96,7 +110,7 @@ def look_line(look: Mapping[str, Any], design: Design) -> str:
 def design_line(design: Design, label: str, delta_how: str | None = None) -> str:
     how = f" ({delta_how})" if delta_how else ""
     delta = f"δ = {design.delta:.3g}{how}" if math.isfinite(design.delta) else \
-        "δ is set at the first look" + how
+        f"{NO_MARGIN}: nothing is called equivalent" + ("" if delta_how and NO_MARGIN in delta_how else how)
     spending = "O'Brien–Fleming" if design.spending == "obf" else "Pocock"
     return (f"{label} of {', '.join(design.arms)} against {design.baseline}; looks of "
             f"{', '.join(map(str, design.schedule()))} seeds per arm; {spending}-type alpha spending, "

@@ -19,19 +19,20 @@ into them, armorlab.stats.sequential reuses them look by look.
          power = 1 − F_{ν,λ}(c) + F_{ν,λ}(−c), F_{ν,λ} the noncentral-t CDF (exact, scipy).
     (P2) Seeds per arm for power 1 − β: the smallest n ≥ 2 with (P1) ≥ 1 − β, at the first Holm
          level a = α/m (the level every arm must pass when nothing else is rejected).
-    (D1) Default δ: twice one evaluation's standard error, 2·√(p(1 − p)/n), with n the
-         completions behind one evaluation (``val/n``) and p the compared runs' mean level.
+δ is a margin declared before the first look (armorlab.stats.margins), never a noise unit:
+without one nothing is called equivalent and no seeds are planned.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
 from armorlab.core.lazy import Lazy
+from armorlab.stats.margins import NO_MARGIN, NO_PREVENTION
 from armorlab.stats.seeds import t_ppf
 
 ALPHA = 0.05
@@ -167,21 +168,14 @@ def seeds_for_power(delta: float, sd: float, level: float = ALPHA, power: float 
     return hi
 
 
-def default_delta(level: float, n_eval: float) -> float:
-    """(D1) 2·√(p(1 − p)/n), p clipped to [½/n, 1 − ½/n] (an eval at 0 or 1 still has noise)."""
-    if not (n_eval > 0) or not math.isfinite(level):
-        return math.nan
-    p = min(max(level, 0.5 / n_eval), 1 - 0.5 / n_eval)
-    return 2 * math.sqrt(p * (1 - p) / n_eval)
-
-
 @dataclass(frozen=True)
 class Verdict:
     """One arm against its baseline on one endpoint. ``diff`` is arm − baseline; ``low``/``high``
     its interval at ``level`` (Holm, H1); ``verdict`` one of better, worse, equivalent, not
     resolved, too few seeds; ``within_delta``: the interval lies inside ±δ (E1) — also for a
     better/worse verdict, which is then smaller than δ; ``seeds_needed``: (P2) per arm, for an
-    unresolved comparison."""
+    unresolved comparison; ``caveat``: why it cannot show prevention (armorlab.stats.margins),
+    said in its sentence — an equivalent verdict with one is ``cannot show prevention``."""
     arm: str
     baseline: str
     endpoint: str
@@ -200,6 +194,7 @@ class Verdict:
     sd: float
     seeds_needed: int | None
     higher_is_better: bool
+    caveat: str = ""
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -240,6 +235,14 @@ def compare(values: Mapping[str, Sequence[float]], pairs: Sequence[tuple[str, st
     return out
 
 
+def with_caveat(v: Verdict, caveat: str) -> Verdict:
+    """``v`` carrying ``caveat`` (armorlab.stats.margins.caveat); equivalent becomes cannot show
+    prevention: level with a baseline that did not fall is no evidence of preventing a fall."""
+    if not caveat:
+        return v
+    return replace(v, caveat=caveat, verdict=NO_PREVENTION if v.verdict == EQUIVALENT else v.verdict)
+
+
 # --------------------------------------------------------------------------- words
 def signed(v: float, digits: int = 3) -> str:
     """+0.012 / −0.031 (a true minus sign); — for NaN."""
@@ -270,19 +273,22 @@ def sentence(v: Verdict, label: str, *, names: Mapping[str, str] | None = None,
     head = f"{arm} vs {base}: {signed(v.diff)} [{signed(v.low)}, {signed(v.high)}] {label}"
     seeds = seeds_phrase(v.n_arm, v.n_baseline)
     d = f"{v.delta:.3f}" if math.isfinite(v.delta) else None
+    but = f"; {v.caveat}" if v.caveat else ""
     if v.verdict in (BETTER, WORSE):
         small = f" (by less than δ = {d})" if v.within_delta and d else ""
-        return f"{head} — {v.verdict}{small}, resolved with {seeds}"
+        return f"{head} — {v.verdict}{small}, resolved with {seeds}{but}"
     if v.verdict == EQUIVALENT:
         return f"{head} — equivalent within ±{d}, resolved with {seeds}"
+    if v.verdict == NO_PREVENTION:
+        return f"{head} — within ±{d} with {seeds}, but {v.caveat}"
     what = "too few seeds for an interval" if v.verdict == TOO_FEW else f"not resolved with {seeds}"
     if d is None:
-        return f"{head} — {what} (no δ: set compare.delta to plan seeds)"
+        return f"{head} — {what}: {NO_MARGIN} (compare.delta) for equivalence or a seed plan{but}"
     if v.seeds_needed is None:
         why = ("no seed-to-seed spread measured yet" if not math.isfinite(v.sd)
                else f"more than {MAX_SEEDS_PLANNED} seeds per arm")
-        return f"{head} — {what}; 80% power at δ = {d} needs {why}"
+        return f"{head} — {what}; 80% power at δ = {d} needs {why}{but}"
     extra = more_runs(v)
     cost = f", ≈ {hours:.1f} h of runs" if hours is not None and math.isfinite(hours) and extra else ""
     return (f"{head} — {what}; 80% power at δ = {d} needs {v.seeds_needed} seeds per arm "
-            f"({extra} more runs{cost})")
+            f"({extra} more runs{cost}){but}")

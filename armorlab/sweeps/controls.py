@@ -189,6 +189,8 @@ def flatten(cfg: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
             continue
         if isinstance(value, Mapping) and key in ("task", "model") and not prefix:
             out.update(flatten(value, f"{key}."))
+        elif key == "ref_from" and isinstance(value, Mapping) and "run" in value and not prefix:
+            out[key] = {"select": value["select"]}  # its run follows the seed, as init_from's does
         else:
             out[f"{prefix}{key}"] = value
     return out

@@ -267,7 +267,8 @@ def expand(spec: SweepSpec) -> list[RunPlan]:
         if st.parent is None:
             got = _expand_stage(st, base, seeds, spec.file, seen, name)
         else:
-            got = _expand_continuing(spec, i, st, base, seeds, by_stage[st.parent.stage], seen)
+            got = _expand_continuing(spec, i, st, base, seeds, by_stage[st.parent.stage], seen,
+                                     {p.run_id: p for p in plans})
         by_stage[st.name] = got
         plans += got
     return plans
@@ -316,11 +317,13 @@ def _expand_stage(st: Stage, base: dict[str, Any], spec_seeds: list[int] | None,
 
 
 def _expand_continuing(spec: SweepSpec, index: int, st: Stage, base: dict[str, Any], spec_seeds: list[int] | None,
-                       parents: list[RunPlan], seen: set[str]) -> list[RunPlan]:
+                       parents: list[RunPlan], seen: set[str], earlier: dict[str, RunPlan]) -> list[RunPlan]:
     """A stage whose runs continue from ``parents`` (the earlier stage's runs): each point × seed
-    × parent of that seed, with ``init_from`` naming the parent (so the run id follows it)."""
+    × parent of that seed, with ``init_from`` naming the parent (so the run id follows it), and
+    ``ref_from`` the run of the stage ``st.ref`` names on the parent's line (``earlier``: the runs
+    so far by id)."""
     assert st.parent is not None
-    file, select = spec.file, st.parent.select
+    file = spec.file
     by_seed: dict[int, list[RunPlan]] = {}
     for par in parents:
         by_seed.setdefault(par.view["seed"], []).append(par)
@@ -329,7 +332,7 @@ def _expand_continuing(spec: SweepSpec, index: int, st: Stage, base: dict[str, A
     for origin, point in points(st):
         raw = _point_config(base, point, seeds[0], file)
         # resolved once per point: init_from and seed are checked as given and nothing derives from them
-        raw["init_from"] = {"run": f"{spec.name}/{'0' * 12}", "select": dict(select)}
+        raw["init_from"] = st.parent.init_from(f"{spec.name}/{'0' * 12}")
         resolved = _resolve(raw, file)
         copy_resolved = _copier(resolved)
         for seed in seeds:
@@ -341,8 +344,11 @@ def _expand_continuing(spec: SweepSpec, index: int, st: Stage, base: dict[str, A
                 raise ArmorLabError(f"{why} (that stage's seeds: {sorted(by_seed)})",
                                     key=f"stages[{index}].from.seeds", value=st.parent.seeds, file=file)
             for par in by_seed[want]:
-                init = {"run": f"{spec.name}/{par.run_id}", "select": dict(select)}
+                init = resolved["init_from"] | {"run": f"{spec.name}/{par.run_id}"}
                 view = {**resolved, "seed": own, "init_from": init}
+                if st.ref is not None:
+                    view["ref_from"] = {"run": f"{spec.name}/{_on_line(par, st.ref.stage, earlier)}",
+                                        "select": dict(st.ref.select)}
                 if origin == "grid" and any(matches(view, ex) for ex in st.exclude):
                     continue
                 rid = _run_id(view, file)
@@ -350,17 +356,28 @@ def _expand_continuing(spec: SweepSpec, index: int, st: Stage, base: dict[str, A
                     continue
                 seen.add(rid)
                 full_point = dict(point) if seed is None else {**point, "seed": seed}
-                plans.append(RunPlan(rid, point=full_point, make=_continuing(copy_resolved, own, init), view=view,
+                plans.append(RunPlan(rid, point=full_point,
+                                     make=_continuing(copy_resolved, own, init, view.get("ref_from")), view=view,
                                      stage=st.name, parent=par.run_id))
     return plans
 
 
-def _continuing(copy_config: Callable[[], dict[str, Any]], seed: int,
-                init: dict[str, Any]) -> Callable[[], dict[str, Any]]:
+def _on_line(plan: RunPlan, stage: str, earlier: dict[str, RunPlan]) -> str:
+    """The run of ``stage`` that ``plan`` is, or continues from (in one or more steps)."""
+    while plan.stage != stage:
+        assert plan.parent is not None, "parse_stages admits only stages on the line"
+        plan = earlier[plan.parent]
+    return plan.run_id
+
+
+def _continuing(copy_config: Callable[[], dict[str, Any]], seed: int, init: dict[str, Any],
+                ref: dict[str, Any] | None = None) -> Callable[[], dict[str, Any]]:
     def make() -> dict[str, Any]:
         cfg = copy_config()
         cfg["seed"] = seed
         cfg["init_from"] = copy.deepcopy(init)
+        if ref is not None:
+            cfg["ref_from"] = copy.deepcopy(ref)
         return cfg
 
     return make

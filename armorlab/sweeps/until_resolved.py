@@ -28,7 +28,6 @@ command — does the same thing from wherever the last one stopped (``advance``)
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import os
@@ -43,6 +42,7 @@ from typing import Any
 from armorlab.core.checks import Invalid
 from armorlab.core.runs import RunDir, now_iso
 from armorlab.errors import ArmorLabError
+from armorlab.stats.margins import PREVENTION_ENDPOINTS, margin_source
 from armorlab.stats.sequential import (
     Design,
     decide_look,
@@ -258,9 +258,11 @@ class Chain:
             if explicit[key] is not None and explicit[key] != getattr(recorded, key):
                 raise ArmorLabError(f"looks.json fixes {key} = {getattr(recorded, key)} after {len(looks)} look(s)",
                                     key=flag, value=explicit[key], file=file)
-        if self.compare.delta is not None and not math.isclose(self.compare.delta, recorded.delta):
-            raise ArmorLabError(f"looks.json fixes δ = {recorded.delta} after {len(looks)} look(s)",
-                                key="compare.delta", value=self.compare.delta, file=file)
+        if not (math.isnan(template.delta) and math.isnan(recorded.delta)
+                or math.isclose(template.delta, recorded.delta)):  # a margin is fixed before the first look
+            fixed = "no margin" if math.isnan(recorded.delta) else f"δ = {recorded.delta}"
+            raise ArmorLabError(f"looks.json fixes {fixed} after {len(looks)} look(s)", key="compare.delta",
+                                value=self.compare.delta, file=file)
         return recorded
 
     # ------------------------------------------------------------------ standing
@@ -296,11 +298,13 @@ class Chain:
 
     def chain_record(self, old: Mapping[str, Any]) -> dict[str, Any]:
         """looks.json's ``chain``: what a decision job needs to continue, and the history it keeps."""
-        return {**old, "spec": SPEC_COPY, "executor": self.executor,
+        margin = old.get("margin") or {"delta": self.compare.delta,
+                                        "source": margin_source(self.compare.delta, self.spec.file)}
+        return {**old, "spec": SPEC_COPY, "executor": self.executor, "margin": margin,
                 "profile": str(self.profile.path.absolute()) if self.profile.path else None}
 
     def begin(self) -> None:
-        """Write looks.json before the first look (the design so far; δ may be set at the look)."""
+        """Write looks.json before the first look: the design, its margin and the margin's source."""
         with locked(self.sweep_dir):
             _, looks, chain = read_looks(self.sweep_dir)
             if not looks:
@@ -358,12 +362,9 @@ class Chain:
                 return None  # decided by someone else while we read the runs
             design = self.design if not looks or design is None else design
             chain = self.chain_record(chain)
-            if not looks and math.isnan(design.delta):  # (D1): fixed at the first look, kept
-                design = dataclasses.replace(design, delta=scores.delta)
-                chain["delta"] = scores.delta_how
-            elif not looks:
-                chain["delta"] = "compare.delta"
             look = decide_look(design, scores.values_by_arm(design.endpoint), looks)
+            if design.endpoint in PREVENTION_ENDPOINTS:
+                look["prevention"] = scores.fall(design.baseline)
             look["runs"] = {a: {str(s): self.arm_runs[a][s] for s in self.seeds[:n]} for a, n in st.want.items()}
             look["decided"], look["by"] = now_iso(), by
             chain.pop("stopped", None)
@@ -491,7 +492,7 @@ def advance(chain: Chain, *, by: str, resubmit: bool = True, on_look: OnLook | N
 def describe(st: Standing, chain: Chain) -> list[str]:
     """Where a chain stands, in lines: the design, each look, the look in progress or the verdicts."""
     label = endpoint_label(st.design.endpoint, chain.compare.select["metric"], chain.compare.select["report"])
-    lines = [f"until resolved: {design_line(st.design, label, st.chain.get('delta'))}"]
+    lines = [f"until resolved: {design_line(st.design, label, (st.chain.get('margin') or {}).get('source'))}"]
     lines += [look_line(look, st.design) for look in st.looks]
     if st.finished:
         lines.append(f"finished after {len(st.looks)} look(s):")

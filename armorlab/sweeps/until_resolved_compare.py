@@ -5,7 +5,7 @@ look (armorlab.sweeps.until_resolved; the statistics are armorlab.stats.sequenti
 compare:
   baseline: {objective: dapo}   # selects one arm of the compared stage (resolved values, as exclude: does)
   endpoint: final               # the per-run score judged: final, drop, selected_test, peak, auc, val@S, ...
-  delta: null                   # smallest effect of interest; null = 2 SE of one eval (val/n) at the first look
+  delta: 0.05                   # equivalence margin, fixed before the first look; null: nothing is equivalent
   spending: obf                 # obf (O'Brien–Fleming type, default) or pocock
   alpha: 0.05                   # familywise error rate over arms and looks
   stage: continue               # a spec with stages: the stage whose arms are compared (default: the last)
@@ -90,8 +90,8 @@ def parse_compare(raw: Any, file: str) -> CompareSpec | None:
                             key="compare.endpoint", value=endpoint, file=file)
     delta = raw.get("delta")
     if delta is not None and not (_number(delta) and delta > 0):
-        raise ArmorLabError("must be a number > 0 (or null: twice one evaluation's standard error at the "
-                            "first look)", key="compare.delta", value=delta, file=file)
+        raise ArmorLabError("must be a number > 0, the equivalence margin (or null: no margin, nothing "
+                            "equivalent)", key="compare.delta", value=delta, file=file)
     spending = raw.get("spending", "obf")
     if spending not in SPENDINGS:
         raise ArmorLabError(f"must be one of {', '.join(SPENDINGS)}", key="compare.spending", value=spending,

@@ -10,7 +10,8 @@ With ``chat`` (default: when the model's tokenizer has a chat template) every pr
 conversation — ``system_prompt`` first, then the user turn — and TRL applies the tokenizer's chat
 template; otherwise the prompt is plain text (``system_prompt`` + blank line + the problem).
 The answer may be plain (``0.5``), LaTeX (``\\frac{1}{2}``) or boxed; completions score when their
-``\\boxed{}`` answer equals it. Rows are shuffled with ``split_seed``: val = first ``val_size``,
+``\\boxed{}`` answer equals it. Rows repeating an earlier row's problem (normalised text,
+tasks/heldout.py) are dropped, then shuffled with ``split_seed``: val = first ``val_size``,
 test = next ``test_size``, train = the rest (capped at ``train_size``).
 """
 
@@ -20,6 +21,7 @@ import json
 import logging
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,7 @@ from armorlab.core.identity import hub_snapshot
 from armorlab.core.model_dir import entry_problem
 from armorlab.errors import ArmorLabError
 from armorlab.tasks.base import Task
+from armorlab.tasks.heldout import first_of_each, problem_key
 from armorlab.tasks.rewards import math_verify_reward, parse_gold
 
 log = logging.getLogger(__name__)
@@ -38,7 +41,7 @@ JSON_SUFFIXES = (".jsonl", ".json", ".ndjson")
 PARQUET_SUFFIXES = (".parquet", ".pq")
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+def _read_jsonl(path: Path, key: str = "task.path") -> list[dict[str, Any]]:
     rows = []
     with open(open_regular(path), encoding="utf-8") as fh:
         for number, line in enumerate(fh, 1):
@@ -47,80 +50,80 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as exc:
-                raise ArmorLabError(f"line {number} is not valid JSON ({exc.msg})", key="task.path",
+                raise ArmorLabError(f"line {number} is not valid JSON ({exc.msg})", key=key,
                                     value=str(path), file=str(path)) from None
             except ValueError as exc:  # a number past int()'s 4,300 digits: not a JSONDecodeError
                 raise ArmorLabError(f"line {number} holds a number Python cannot read ({exc}): write it as a "
-                                    "string", key="task.path", value=str(path), file=str(path)) from None
+                                    "string", key=key, value=str(path), file=str(path)) from None
             except RecursionError:
-                raise ArmorLabError(f"line {number} is nested too deeply to be a record", key="task.path",
+                raise ArmorLabError(f"line {number} is nested too deeply to be a record", key=key,
                                     value=str(path), file=str(path)) from None
             if not isinstance(row, dict):
-                raise ArmorLabError(f"line {number} is not a JSON object", key="task.path",
+                raise ArmorLabError(f"line {number} is not a JSON object", key=key,
                                     value=str(path), file=str(path))
             rows.append(row)
     return rows
 
 
-def _read_parquet(path: Path) -> list[dict[str, Any]]:
+def _read_parquet(path: Path, key: str = "task.path") -> list[dict[str, Any]]:
     import pyarrow.parquet as pq
 
     try:
         return pq.read_table(path).to_pylist()
     except Exception as exc:  # pyarrow raises several types for a corrupt file
-        raise ArmorLabError(f"cannot read parquet: {exc}", key="task.path", value=str(path),
+        raise ArmorLabError(f"cannot read parquet: {exc}", key=key, value=str(path),
                             file=str(path)) from None
 
 
-def load_rows(path: str | Path) -> list[dict[str, Any]]:
+def load_rows(path: str | Path, key: str = "task.path") -> list[dict[str, Any]]:
     """All records of a JSONL/parquet file, with clear errors for a missing or unreadable one."""
     path = Path(path).expanduser()
     suffix = path.suffix.lower()
     if suffix not in JSON_SUFFIXES + PARQUET_SUFFIXES:
         raise ArmorLabError(f"must be a JSONL ({', '.join(JSON_SUFFIXES)}) or parquet file",
-                            key="task.path", value=str(path), file=str(path))
+                            key=key, value=str(path), file=str(path))
     if not path.is_file():
         problem = entry_problem(path) if os.path.lexists(path) else None
-        raise ArmorLabError(f"the data path {problem}" if problem else "file not found", key="task.path",
+        raise ArmorLabError(f"the data path {problem}" if problem else "file not found", key=key,
                             value=str(path), file=str(path))
     try:
-        rows = _read_jsonl(path) if suffix in JSON_SUFFIXES else _read_parquet(path)
+        rows = _read_jsonl(path, key) if suffix in JSON_SUFFIXES else _read_parquet(path, key)
     except (OSError, UnicodeDecodeError) as exc:
-        raise ArmorLabError(f"cannot read file: {exc}", key="task.path", value=str(path),
+        raise ArmorLabError(f"cannot read file: {exc}", key=key, value=str(path),
                             file=str(path)) from None
     if not rows:
-        raise ArmorLabError("file holds no records", key="task.path", value=str(path), file=str(path))
+        raise ArmorLabError("file holds no records", key=key, value=str(path), file=str(path))
     return rows
 
 
-def _pick_split(data: Any, split: str, where: str) -> Any:
+def _pick_split(data: Any, split: str, where: str, key: str = "task.split") -> Any:
     from datasets import DatasetDict
 
     if isinstance(data, DatasetDict):
         if split not in data:
-            raise ArmorLabError(f"no split '{split}' (splits: {', '.join(data)})", key="task.split",
+            raise ArmorLabError(f"no split '{split}' (splits: {', '.join(data)})", key=key,
                                 value=split, file=where)
         return data[split]
     return data
 
 
-def load_records(path: str, split: str = "train") -> list[dict[str, Any]]:
+def load_records(path: str, split: str = "train", key: str = "task.path") -> list[dict[str, Any]]:
     """Records of a data file, a ``save_to_disk`` directory or a cached hub dataset id."""
     local = Path(path).expanduser()
     if local.is_file() or local.suffix.lower() in JSON_SUFFIXES + PARQUET_SUFFIXES:
-        return load_rows(local)
+        return load_rows(local, key)
     if local.is_dir():
         from datasets import load_from_disk
 
         try:
             data = load_from_disk(str(local))
-            rows = _pick_split(data, split, path).to_list()
+            rows = _pick_split(data, split, path, _split_key(key)).to_list()
         except ArmorLabError:
             raise
         except Exception as exc:  # noqa: BLE001 - a damaged dir fails in datasets' internals in many ways
             raise ArmorLabError(f"cannot read the saved dataset (damaged save_to_disk directory?): "
                                 f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}",
-                                key="task.path", value=path, file=path) from None
+                                key=key, value=path, file=path) from None
     else:
         from datasets import load_dataset
 
@@ -128,15 +131,21 @@ def load_records(path: str, split: str = "train") -> list[dict[str, Any]]:
         snapshot = hub_snapshot(path, "dataset")
         if snapshot is None:
             raise ArmorLabError("not a file, a directory or a hub dataset in the local Hugging Face cache",
-                                key="task.path", value=path)
+                                key=key, value=path)
         try:  # the snapshot is a local folder: datasets reads its files, offline
-            rows = _pick_split(load_dataset(str(snapshot)), split, path).to_list()
+            rows = _pick_split(load_dataset(str(snapshot)), split, path, _split_key(key)).to_list()
+        except ArmorLabError:  # a missing split: named as such, not as an unreadable dataset
+            raise
         except (OSError, ValueError) as exc:
-            raise ArmorLabError(f"cannot read the cached hub dataset: {exc}", key="task.path", value=path,
+            raise ArmorLabError(f"cannot read the cached hub dataset: {exc}", key=key, value=path,
                                 file=str(snapshot)) from None
     if not rows:
-        raise ArmorLabError("the dataset holds no records", key="task.path", value=path, file=path)
+        raise ArmorLabError("the dataset holds no records", key=key, value=path, file=path)
     return rows
+
+
+def _split_key(path_key: str) -> str:
+    return path_key.rsplit(".", 1)[0] + ".split"
 
 
 def _is_conversation(value: Any) -> bool:
@@ -146,25 +155,25 @@ def _is_conversation(value: Any) -> bool:
 
 
 def _column(rows: list[dict[str, Any]], key: str, field: str, path: str, *,
-            conversations: bool = False) -> list[Any]:
+            conversations: bool = False, section: str = "task") -> list[Any]:
     """A column as strings; with ``conversations``, TRL-format message lists are kept as lists."""
     out: list[Any] = []
     for number, row in enumerate(rows, 1):
         if key not in row:
             raise ArmorLabError(f"record {number} has no column '{key}' (columns: {', '.join(sorted(row))})",
-                                key=f"task.{field}", value=key, file=path)
+                                key=f"{section}.{field}", value=key, file=path)
         value = row[key]
         if conversations and _is_conversation(value):
             out.append([{"role": m["role"], "content": m["content"]} for m in value])
             continue
         if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 4000:
             raise ArmorLabError(f"record {number}: column '{key}' holds an integer of over 1,200 digits: write it "
-                                "as a string", key=f"task.{field}", value=key, file=path)
+                                "as a string", key=f"{section}.{field}", value=key, file=path)
         if isinstance(value, bool) or not isinstance(value, (str, int, float)) or str(value).strip() == "":
             kinds = "a non-empty string, a number" + (" or a list of {role, content} messages" if conversations
                                                       else "")
             raise ArmorLabError(f"record {number}: column '{key}' must be {kinds}, got {value!r}",
-                                key=f"task.{field}", value=key, file=path)
+                                key=f"{section}.{field}", value=key, file=path)
         out.append(str(value))
     return out
 
@@ -198,6 +207,12 @@ def build(cfg: Mapping[str, Any], *, chat: bool = False) -> Task:
 
     path = cfg["path"]
     rows = load_records(path, cfg["split"])
+    # one row per problem before the split: no val/test problem repeats in training (tasks/heldout.py)
+    kept, dropped = first_of_each(_column(rows, cfg["problem_key"], "problem_key", path, conversations=True))
+    if dropped:
+        log.warning("%s: %d of %d rows repeat an earlier problem (normalised text) and are dropped", path,
+                    dropped, len(rows))
+        rows = [rows[i] for i in kept]
     problems = _column(rows, cfg["problem_key"], "problem_key", path, conversations=True)
     answers = _column(rows, cfg["answer_key"], "answer_key", path)
     use_chat = chat if cfg["chat"] is None else cfg["chat"]
@@ -205,8 +220,10 @@ def build(cfg: Mapping[str, Any], *, chat: bool = False) -> Task:
                for p in problems]
     held = cfg["val_size"] + cfg["test_size"]
     if held >= len(rows):
+        distinct = f" ({dropped} repeated problems dropped)" if dropped else ""
         raise ArmorLabError(f"val_size + test_size = {held} leaves no training rows in a file of "
-                            f"{len(rows)}", key="task.val_size", value=cfg["val_size"], file=path)
+                            f"{len(rows)} distinct problems{distinct}", key="task.val_size", value=cfg["val_size"],
+                            file=path)
     unparsable = [a for a in answers if not parse_gold(a)]
     if unparsable:
         log.warning("%d of %d answers in %s cannot be parsed by math-verify and always score 0, e.g. %r",
@@ -223,4 +240,56 @@ def build(cfg: Mapping[str, Any], *, chat: bool = False) -> Task:
     train = rows_at(train_idx)
     return Task(name="math", train=train, val=rows_at(order[:val_end]), test=rows_at(order[val_end:test_end]),
                 reward_funcs=[math_verify_reward], warm_start=train, target_completion=boxed,
-                completion_chars=None, settings={**cfg, "chat": use_chat})
+                completion_chars=None, settings={**cfg, "chat": use_chat, "dedup_dropped": dropped})
+
+
+@dataclass
+class EvalSet:
+    """One named held-out set: ``data`` (prompt, answer rows), logged under ``<role>/<name>/``."""
+
+    name: str
+    role: str
+    data: Any  # datasets.Dataset
+    samples: int
+    k: int
+    path: str
+    dropped: int = 0  # rows repeating an earlier problem of the set (a file repeated n times for avg@n)
+
+    @property
+    def prefix(self) -> str:
+        return f"{self.role}/{self.name}"
+
+
+def build_eval_sets(cfg: Mapping[str, Any], task: Any) -> dict[str, EvalSet]:
+    """The resolved config's ``eval_sets`` as the task's prompts; a set sharing problems with the
+    task's training rows is an error naming the count and the file unless ``allow_eval_overlap``."""
+    from datasets import Dataset
+
+    tc, settings = cfg["task"], task.settings
+    train_keys = {problem_key(p) for p in task.train["prompt"]} if cfg.get("eval_sets") else set()
+    out = {}
+    for name, spec in (cfg.get("eval_sets") or {}).items():
+        where = f"eval_sets.{name}"
+        rows = load_records(spec["path"], spec["split"], key=f"{where}.path")
+        problems = _column(rows, spec["problem_key"], "problem_key", spec["path"], conversations=True,
+                           section=where)
+        answers = _column(rows, spec["answer_key"], "answer_key", spec["path"], section=where)
+        prompts = [make_prompt(p, template=tc["prompt_template"], system=tc["system_prompt"],
+                               chat=settings["chat"]) for p in problems]
+        kept, dropped = first_of_each(prompts)  # a repeat would count twice in n and break pass@k
+        if dropped:
+            log.warning("%s: %d of %d rows repeat an earlier problem and are dropped (for avg@n of each "
+                        "problem, set samples: n)", where, dropped, len(prompts))
+            prompts, answers = [prompts[i] for i in kept], [answers[i] for i in kept]
+        shared = sum(problem_key(p) in train_keys for p in prompts)
+        if shared and not cfg.get("allow_eval_overlap"):
+            raise ArmorLabError(f"{shared} of its {len(prompts)} problems are also training problems of "
+                                f"{tc['path']} (after normalising whitespace, case and LaTeX spacing): it is not "
+                                "held out. Remove them, or set allow_eval_overlap: true if you mean it",
+                                key=f"{where}.path", value=spec["path"], file=spec["path"])
+        if shared:
+            log.warning("%s shares %d of %d problems with training (allow_eval_overlap: true)", where, shared,
+                        len(prompts))
+        out[name] = EvalSet(name, spec["role"], Dataset.from_dict({"prompt": prompts, "answer": answers}),
+                            spec["samples"], spec["k"], spec["path"], dropped)
+    return out

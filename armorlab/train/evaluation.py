@@ -4,6 +4,9 @@
   rewards); ``val/pass@k`` the share of prompts with at least one sample whose reward reaches
   the correctness threshold; ``val/length`` the mean completion length in tokens (eos included,
   as TRL counts it). The same on the test split under ``test/``. Anchors are never injected.
+- Each named held-out set (``eval_sets``, tasks/mathfile.py) the same under ``val/<set>/`` or
+  ``test/<set>/``, with its own n samples per problem (acc = avg@n) and pass@k's k ≤ n, estimated
+  without bias from the n samples (algos/pass_at_k.py).
 - ``kl/exact_reverse`` = E_{y~π_θ} Σ_t KL(π_θ(·|y<t) ‖ π_ref(·|y<t)) and ``kl/exact_forward`` =
   E_{y~π_ref} Σ_t KL(π_ref ‖ π_θ): the full-vocabulary per-token KL summed along each sampled
   sequence and averaged over sequences, at the training temperature, on a fixed set of probe
@@ -33,12 +36,13 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 
 from armorlab.algos.diversity import correct_diversity
+from armorlab.algos.pass_at_k import pass_at_k
 from armorlab.train.anchors import Completion, Sync, TransformersSampler, pack_rows
 from armorlab.train.telemetry import StepStats, logits_kl
 
@@ -55,12 +59,14 @@ def forked_rng(seed: int):
 
 
 def score_split(samples: Sequence[Sequence[Completion]], rewards: Sequence[Sequence[float]],
-                threshold: float) -> dict[str, tuple[float, float]]:
-    """(sum, count) pairs for acc (avg@k), pass@k and length over a shard of prompts."""
+                threshold: float, k: int | None = None) -> dict[str, tuple[float, float]]:
+    """(sum, count) pairs for acc (avg@n of each prompt's n samples), pass@k (unbiased, from the n
+    samples; k = None: k = n) and length over a shard of prompts."""
     n_samples = sum(len(s) for s in samples)
     return {
         "acc": (float(sum(sum(r) for r in rewards)), float(n_samples)),
-        "pass@k": (float(sum(any(x >= threshold for x in r) for r in rewards)), float(len(rewards))),
+        "pass@k": (float(sum(pass_at_k(len(r), sum(x >= threshold for x in r), k or len(r)) for r in rewards)),
+                   float(len(rewards))),
         "length": (float(sum(len(c.ids) for s in samples for c in s)), float(n_samples)),
     }
 
@@ -101,9 +107,11 @@ class Validator:
 
     def __init__(self, trainer: Any, splits: dict[str, Any], *, k: int, temperature: float,
                  threshold: float, probe_prompts: int, score: Callable[..., list[float]],
-                 greedy: bool = False) -> None:
+                 greedy: bool = False, eval_sets: Mapping[str, Any] | None = None) -> None:
         self.trainer = trainer
         self.splits = {name: ds for name, ds in splits.items() if ds is not None and len(ds) > 0}
+        # the named held-out sets (tasks.mathfile.EvalSet), each with its own n samples and pass@k's k
+        self.sets = {s.prefix: s for s in (eval_sets or {}).values() if len(s.data) > 0}
         self.k, self.temperature, self.threshold = int(k), float(temperature), float(threshold)
         self.greedy = bool(greedy) and self.temperature > 0  # at temperature 0, acc is greedy already
         self.probe_prompts = int(probe_prompts)
@@ -111,7 +119,7 @@ class Validator:
 
     @property
     def enabled(self) -> bool:
-        return bool(self.splits) or (self.probe_prompts > 0 and "val" in self.splits)
+        return bool(self.splits) or bool(self.sets)
 
     def run(self, step: int) -> dict[str, float]:
         return self._evaluate(step, probe=True)
@@ -119,7 +127,8 @@ class Validator:
     def scores(self, step: int, k: int | None = None) -> dict[str, float]:
         """``val/*`` and ``test/*`` (acc, pass@k, length, n) of the current policy, without the KL
         probe, in the RNG stream of step ``step``: with k = val_samples exactly what the run logged
-        at that step from the same weights (``armorlab evaluate`` reads kept checkpoints with it)."""
+        at that step from the same weights (``armorlab evaluate`` reads kept checkpoints with it).
+        The named held-out sets keep their own n."""
         saved, self.k = self.k, int(k or self.k)
         try:
             return self._evaluate(step, probe=False)
@@ -137,6 +146,8 @@ class Validator:
             try:
                 for name, ds in self.splits.items():
                     self._split(stats, name, ds, rank, world, policy)
+                for prefix, held in self.sets.items():
+                    self._split(stats, prefix, held.data, rank, world, policy, samples=held.samples, k=held.k)
                 if probe and self.probe_prompts > 0 and "val" in self.splits:
                     self._probe(stats, self.splits["val"], rank, world, policy)
             finally:
@@ -175,12 +186,16 @@ class Validator:
             return vllm_samples(tr, prompt_ids, k, temperature)
         return self._sampler(model, temperature).sample(prompt_ids, k)
 
-    def _split(self, stats: StepStats, name: str, ds: Any, rank: int, world: int, policy: Any) -> None:
+    def _split(self, stats: StepStats, name: str, ds: Any, rank: int, world: int, policy: Any, *,
+               samples: int | None = None, k: int | None = None) -> None:
+        """``name``/acc, pass@k, length, n, … of one split; ``samples`` per prompt (default: val_samples,
+        or the k of ``scores``), pass@``k`` (default: all of them)."""
         rows = [ds[i] for i in range(rank, len(ds), world)]
         prompts = [r["prompt"] for r in rows]
         prompt_ids = self.trainer._tokenize_prompts(prompts)[0] if prompts else []
+        n = samples or self.k
         # every process samples (also with no rows): the generation may be a collective
-        samples = self._samples(policy, prompt_ids, self.temperature)
+        samples = self._samples(policy, prompt_ids, self.temperature, k=n)
         firsts = self._samples(policy, prompt_ids, 0.0, k=1) if self.greedy else None
         # every process adds the same names in the same order (one collective reduces them), with
         # zero counts where it holds no prompt
@@ -188,7 +203,7 @@ class Validator:
         greedy = diversity = (0.0, 0.0, 0.0)
         if rows:
             rewards = self._rewards(prompts, samples, rows)
-            parts = score_split(samples, rewards, self.threshold)
+            parts = score_split(samples, rewards, self.threshold, k)
             diversity = correct_diversity([[(tuple(c.ids), x >= self.threshold) for c, x in zip(s, r, strict=True)]
                                            for s, r in zip(samples, rewards, strict=True)])
             if firsts is not None:
@@ -197,7 +212,7 @@ class Validator:
         for key, (total, count) in parts.items():
             stats.add(f"{name}/{key}", total, count)
         stats.total(f"{name}/n", parts["acc"][1])
-        if self.k > 1:
+        if n > 1:
             stats.add(f"{name}/correct_distinct", diversity[0], diversity[2])
             stats.add(f"{name}/correct_entropy", diversity[1], diversity[2])
         if self.greedy:

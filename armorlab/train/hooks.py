@@ -63,13 +63,17 @@ class ArmorLabCallback(TrainerCallback):
     def on_train_begin(self, args, state, control, **kwargs):
         tr = self.trainer
         tr._last_logged_step = state.global_step
-        if state.global_step == 0 and args.val_every > 0 and tr.validator.enabled:
+        if state.global_step > 0:
+            return
+        logs = dict(tr.data_metrics)  # facts about the data (data/dedup_dropped), once
+        if args.val_every > 0 and tr.validator.enabled:
+            logs.update(tr.validator.run(0))
+            if "val/acc" in logs:  # the initial π_ref is the initial policy
+                logs["ref/val_acc"] = logs["val/acc"]
+        if logs:
             # transformers' own log: TRL's would fold in (and clear) pending training metrics
             from transformers import Trainer
 
-            logs = tr.validator.run(0)
-            if "val/acc" in logs:  # the initial π_ref is the initial policy
-                logs["ref/val_acc"] = logs["val/acc"]
             Trainer.log(tr, logs)
 
     def on_step_end(self, args, state, control, **kwargs):

@@ -2,8 +2,11 @@
 run selected, with π_ref initialised to it (the ARMOR paper's protocol: KL and ARMOR continue
 from DAPO's best checkpoint, which is also their reference).
 
-``init_from: {run: "<sweep>/<run-id>", select: {metric, mode}}`` names the parent relative to the
-runs root (the child's sweep dir's parent). When the child starts (``find_start``):
+``init_from: {run: "<sweep>/<run-id>", select: ..., optimizer: fresh|parent, warmup: N}`` names the
+parent relative to the runs root (the child's sweep dir's parent). ``select`` is the metric's
+noise-aware max/min (``{metric, mode}``), a given checkpoint (``{step: N}``, ``{rollout: N}``: the
+step that ends rollout N) or the last complete one (``{mode: last}``). When the child starts
+(``find_start``):
 
 1. a child that recorded its start (``init.json``) keeps it: a resumed run never re-selects;
 2. else the parent must be completed; its ``selected.json`` (written by its trainer: the
@@ -11,7 +14,14 @@ runs root (the child's sweep dir's parent). When the child starts (``find_start`
    selected by the metric and mode the child asks for;
 3. else (no selected.json, or another metric) the step is computed from the parent's
    metrics.jsonl with the same rule (``armorlab.stats.select.select_checkpoints``), among the
-   steps whose checkpoint is still there, and the log says so.
+   steps whose checkpoint is still there, and the log says so; a given step or rollout, or the
+   last, is that checkpoint, which must still be there.
+
+``optimizer: parent`` needs the checkpoint's optimizer and scheduler state (``check_optimizer_state``;
+the trainer loads them in place of its fresh ones); ``fresh`` gets a linear LR warm-up
+(``config.continual_warmup``). ``ref_from`` (a run and a selection: the same rule, recorded in
+``ref_from.json``; the config's model; or a checkpoint path) gives π_ref apart from the policy
+(``find_reference``).
 
 The checkpoint directory is then the model path the trainer loads the policy AND π_ref from
 (launch.build_trainer), and ``record_start`` writes ``init.json`` in the child's run dir:
@@ -37,7 +47,12 @@ log = logging.getLogger(__name__)
 
 SELECTED = "selected.json"
 INIT = "init.json"
+REF = "ref_from.json"
 FROM_SELECTED, FROM_METRICS, FROM_INIT = "selected.json", "metrics.jsonl", "init.json"
+FROM_CHECKPOINTS = "checkpoints"
+# what an HF Trainer checkpoint holds of the optimizer and LR scheduler (plain, FSDP, DeepSpeed)
+OPTIMIZER_FILES = ("optimizer.pt", "optimizer.bin", "optimizer_0")
+SCHEDULER_FILE = "scheduler.pt"
 
 
 @dataclass(frozen=True)
@@ -72,47 +87,145 @@ def _step_of(checkpoint: Path) -> int | None:
     return int(tail) if head == "checkpoint" and tail.isdigit() else None
 
 
-def find_start(run_dir: RunDir, init_from: Mapping[str, Any]) -> Start:
-    """The checkpoint a continuing run starts from (module docstring); ArmorLabError when there is none."""
+def find_start(run_dir: RunDir, init_from: Mapping[str, Any], *, key: str = "init_from",
+               record: str = INIT) -> Start:
+    """The checkpoint a continuing run starts from (module docstring); ArmorLabError when there is none.
+    ``key`` and ``record`` serve ``ref_from`` (the same rule, its own record)."""
     file = str(run_dir.config_path)
-    recorded = _recorded(run_dir, init_from)
+    recorded = _recorded(run_dir, init_from, record, key)
     if recorded is not None:
         return recorded
     parent = parent_run_dir(run_dir, init_from)
     if not parent.config_path.is_file():
-        raise ArmorLabError(f"no run to continue from at {parent.path}", key="init_from.run",
+        raise ArmorLabError(f"no run to continue from at {parent.path}", key=f"{key}.run",
                             value=init_from["run"], file=file)
     state = parent.read_status()
     if state["state"] != "completed":
         why = f": {state['reason']}" if state.get("reason") else ""
         raise ArmorLabError(f"the run to continue from is {state['state']}{why}; a continuation starts from "
-                            "its final selection, once it has completed", key="init_from.run",
+                            "its final selection, once it has completed", key=f"{key}.run",
                             value=init_from["run"], file=file)
     select = init_from["select"]
-    chosen = _from_selected(parent, init_from, file)
-    if chosen is None:
-        chosen = _from_metrics(parent, init_from, file)
-        log.warning("%s has no selected.json selecting by %s (%s): computed from its metrics.jsonl: step %d, "
-                    "level %.4g; %s", parent.path, select["metric"], select["mode"], chosen.step, chosen.value,
-                    chosen.rule)
+    if "metric" not in select:
+        chosen = _given(parent, init_from, key, file)
+    else:
+        chosen = _from_selected(parent, init_from, file)
+        if chosen is None:
+            chosen = _from_metrics(parent, init_from, file, key)
+            log.warning("%s has no selected.json selecting by %s (%s): computed from its metrics.jsonl: step %d, "
+                        "level %.4g; %s", parent.path, select["metric"], select["mode"], chosen.step, chosen.value,
+                        chosen.rule)
     if not loadable(chosen.checkpoint):
         raise ArmorLabError(f"the selected checkpoint {chosen.checkpoint} of the run to continue from is missing "
-                            "or incomplete", key="init_from.run", value=init_from["run"], file=file)
+                            "or incomplete", key=f"{key}.run", value=init_from["run"], file=file)
     return chosen
 
 
-def _recorded(run_dir: RunDir, init_from: Mapping[str, Any]) -> Start | None:
+def _given(parent: RunDir, spec: Mapping[str, Any], key: str, file: str) -> Start:
+    """A selection by ``step``, ``rollout`` or ``last``: that checkpoint of the parent."""
+    select = spec["select"]
+    kept = {s: cp for cp in parent.checkpoints() if (s := _step_of(cp)) is not None and loadable(cp)}
+    rows = parent.read_metrics()
+    rollouts = {r["step"]: r.get("rollout") for r in rows if isinstance(r.get("step"), int)}
+    if "step" in select:
+        step, said = select["step"], f"step {select['step']}"
+    elif "rollout" in select:
+        ends = [s for s, r in rollouts.items() if r == select["rollout"]]
+        step, said = (max(ends) if ends else None), f"the last step of rollout {select['rollout']}"
+    else:
+        step, said = (max(kept) if kept else None), "the last complete checkpoint"
+    if step not in kept:
+        which = "select.rollout" if "rollout" in select else "select.step" if "step" in select else "select.mode"
+        raise ArmorLabError(f"the run to continue from has no complete checkpoint at {said}"
+                            + (f" (step {step})" if step is not None and "rollout" in select else "")
+                            + f"; its checkpoints: {sorted(kept) or 'none'}", key=f"{key}.{which}",
+                            value=next(iter(select.values())), file=file)
+    rollout = rollouts.get(step)
+    return Start(spec["run"], int(step), rollout if isinstance(rollout, int) else None, kept[step].absolute(),
+                 FROM_CHECKPOINTS, f"given: {said}", None)
+
+
+def check_optimizer_state(checkpoint: Path, file: str) -> None:
+    """``init_from.optimizer: parent`` restores Adam's moments and the LR scheduler from the
+    checkpoint: both must be there (a kept checkpoint saved with save_only_model has neither)."""
+    missing = [what for what, there in (
+        ("optimizer state (" + " or ".join(OPTIMIZER_FILES) + ")",
+         any((checkpoint / name).exists() for name in OPTIMIZER_FILES)),
+        (f"scheduler state ({SCHEDULER_FILE})", (checkpoint / SCHEDULER_FILE).is_file())) if not there]
+    if missing:
+        raise ArmorLabError(f"the checkpoint {checkpoint} holds no {' and no '.join(missing)}: it cannot restore "
+                            "the parent's optimizer; use optimizer: fresh (with its warm-up)",
+                            key="init_from.optimizer", value="parent", file=file)
+
+
+# lr_scheduler_type → the one that adds warmup_steps to it (the others read warmup_steps themselves)
+WITH_WARMUP = {"constant": "constant_with_warmup"}
+
+
+def continual_warmup_args(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """The GRPOConfig keys that give a continuation's fresh optimizer its linear LR warm-up
+    (``config.continual_warmup``): none where the config warms up on its own (warmup_steps or
+    warmup_ratio) or nothing is warmed up (no init_from, optimizer: parent, warmup: 0)."""
+    from armorlab.core.config import continual_warmup
+
+    steps = continual_warmup(cfg.get("init_from"))
+    if not steps or cfg.get("warmup_steps") or cfg.get("warmup_ratio"):
+        return {}
+    kind = cfg.get("lr_scheduler_type", "linear")
+    return {"warmup_steps": steps, "lr_scheduler_type": WITH_WARMUP.get(kind, kind)}
+
+
+def parent_optimizer_callback(trainer: Any, checkpoint: Path) -> Any:
+    """A callback loading ``checkpoint``'s optimizer and scheduler state into the trainer's when
+    training begins (after the trainer has built and wrapped them; HF's own loader, so plain and
+    FSDP checkpoints load as a resume would load them) — at step 0 only: a resumed run has its own."""
+    from transformers import TrainerCallback
+
+    class ParentOptimizer(TrainerCallback):
+        def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if state.global_step == 0:
+                trainer._load_optimizer_and_scheduler(str(checkpoint))
+                log.info("optimizer and LR scheduler restored from %s", checkpoint)
+
+    return ParentOptimizer()
+
+
+@dataclass(frozen=True)
+class Reference:
+    """Where π_ref starts when ``ref_from`` sets it apart from the policy: a directory (or hub id)
+    and, for a run's selection, that selection (``start``)."""
+    path: Path | str
+    source: str
+    start: Start | None = None
+
+
+def find_reference(run_dir: RunDir, cfg: Mapping[str, Any], model_path: Path | str | None) -> Reference | None:
+    """π_ref's start for ``ref_from`` (module docstring); None = the policy's start. ``model_path``
+    is the config's model as the trainer loads it (ref_from: model)."""
+    ref = cfg.get("ref_from")
+    if ref is None:
+        return None
+    if ref == "model":
+        return Reference(model_path, "model")
+    if "checkpoint" in ref:
+        return Reference(Path(ref["checkpoint"]), "checkpoint")
+    start = find_start(run_dir, ref, key="ref_from", record=REF)
+    return Reference(start.checkpoint, "run", start)
+
+
+def _recorded(run_dir: RunDir, init_from: Mapping[str, Any], record: str = INIT,
+              key: str = "init_from") -> Start | None:
     try:
-        data = json.loads((run_dir.path / INIT).read_text(encoding="utf-8"))
+        data = json.loads((run_dir.path / record).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     if not isinstance(data, dict) or data.get("run") != init_from["run"] or not isinstance(data.get("checkpoint"), str):
         return None
     checkpoint = Path(data["checkpoint"])
     if not loadable(checkpoint):
-        raise ArmorLabError(f"this run started from {checkpoint} (its init.json), which is gone: it cannot resume "
-                            "with the same π_ref", key="init_from.run", value=init_from["run"],
-                            file=str(run_dir.path / INIT))
+        raise ArmorLabError(f"this run started from {checkpoint} (its {record}), which is gone: it cannot resume "
+                            "with the same π_ref", key=f"{key}.run", value=init_from["run"],
+                            file=str(run_dir.path / record))
     return Start(data["run"], int(data["step"]), data.get("rollout"), checkpoint, data.get("source") or FROM_INIT,
                  data.get("rule"), data.get("value"))
 
@@ -136,7 +249,7 @@ def _from_selected(parent: RunDir, init_from: Mapping[str, Any], file: str) -> S
                  (parent.path / sel["checkpoint"]).absolute(), FROM_SELECTED, sel.get("rule"), sel.get("value"))
 
 
-def _from_metrics(parent: RunDir, init_from: Mapping[str, Any], file: str) -> Start:
+def _from_metrics(parent: RunDir, init_from: Mapping[str, Any], file: str, key: str = "init_from") -> Start:
     # lazy: numpy, for the one case without selected.json (a trainer start must not pay for it)
     from armorlab.stats.select import level_rule, select_checkpoints
 
@@ -148,7 +261,7 @@ def _from_metrics(parent: RunDir, init_from: Mapping[str, Any], file: str) -> St
     picks = select_checkpoints([s for s, _ in curve], [v for _, v in curve], eligible=kept, mode=mode)
     if not picks:
         raise ArmorLabError(f"the run to continue from logged no {metric} at a step whose checkpoint it kept "
-                            f"(checkpoints: {sorted(kept) or 'none'})", key="init_from.select.metric",
+                            f"(checkpoints: {sorted(kept) or 'none'})", key=f"{key}.select.metric",
                             value=metric, file=file)
     step = int(picks[0].step)
     rollout = next((r.get("rollout") for r in rows if r["step"] == step), None)
@@ -172,18 +285,30 @@ def params_sha256(state: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> str:
     return h.hexdigest()
 
 
-def record_start(trainer: Any, run_dir: RunDir, start: Start, *, write: bool) -> dict[str, Any] | None:
+def record_start(trainer: Any, run_dir: RunDir, start: Start | None, *, write: bool,
+                 reference: Reference | None = None) -> dict[str, Any] | None:
     """Hash what the policy and π_ref hold now (every process must call: the reference may be
-    sharded and gathering it is a collective) and, where ``write``, save init.json atomically."""
+    sharded and gathering it is a collective) and, where ``write``, save init.json atomically
+    (and ref_from.json for a reference selected from a run)."""
     from armorlab.train.reference import full_state_dict
 
     policy = full_state_dict(trainer.model, cpu=True)  # gathered on the main process only
-    reference = full_state_dict(trainer.reference.model, cpu=True)
+    ref_model = trainer.reference.model
+    ref_state = full_state_dict(ref_model, cpu=True) if ref_model is not None else None
     if not write:
         return None
-    record = {"run": start.run, "step": start.step, "rollout": start.rollout, "checkpoint": str(start.checkpoint),
-              "params_sha256": params_sha256(policy), "ref_params_sha256": params_sha256(reference),
-              "source": start.source, "rule": start.rule, "value": start.value}
+    ref_sha = params_sha256(ref_state) if ref_state is not None else None
+    if reference is not None and reference.start is not None:
+        atomic_write_json(run_dir.path / REF, {**_start_record(reference.start), "ref_params_sha256": ref_sha})
+    if start is None:
+        return None
+    record = {**_start_record(start), "params_sha256": params_sha256(policy), "ref_params_sha256": ref_sha,
+              "ref_from": getattr(trainer, "reference_from", None)}
     atomic_write_json(run_dir.path / INIT, record)
     log.info("%s starts from %s step %d (%s)", run_dir.path, start.run, start.step, start.source)
     return record
+
+
+def _start_record(start: Start) -> dict[str, Any]:
+    return {"run": start.run, "step": start.step, "rollout": start.rollout, "checkpoint": str(start.checkpoint),
+            "source": start.source, "rule": start.rule, "value": start.value}

@@ -32,7 +32,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from armorlab.core.config import VAL_METRIC
+from armorlab.core.eval_sets import DEFAULT_KEEP_SELECT, VAL_METRIC
 from armorlab.core.fsutil import atomic_write_json
 from armorlab.core.runs import RunDir
 from armorlab.core.schedule import rollout_at
@@ -147,7 +147,9 @@ def install(trainer: Any, run_dir: RunDir, keep: int) -> CheckpointKeeper | None
     which leaves transformers' ``save_total_limit`` rotation as it is."""
     if keep <= 0:
         return None
-    keeper = CheckpointKeeper(trainer, run_dir, keep=keep, last=trainer.args.save_total_limit)
+    select = trainer.args.keep_select or DEFAULT_KEEP_SELECT
+    keeper = CheckpointKeeper(trainer, run_dir, keep=keep, last=trainer.args.save_total_limit,
+                              metric=select["metric"], mode=select["mode"])
     trainer.args.save_total_limit = None  # transformers rotates nothing: the keeper does
     trainer.add_callback(keeper)
     return keeper

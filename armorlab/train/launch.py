@@ -50,7 +50,14 @@ from armorlab.core.fsutil import writable_dir
 from armorlab.core.runs import RunDir, slurm_job_id
 from armorlab.core.vllm_config import check_vllm_installed
 from armorlab.errors import ArmorLabError
-from armorlab.train.init_from import find_start, record_start
+from armorlab.train.init_from import (
+    check_optimizer_state,
+    continual_warmup_args,
+    find_reference,
+    find_start,
+    parent_optimizer_callback,
+    record_start,
+)
 from armorlab.vllm.endpoints import read_endpoints
 
 log = logging.getLogger(__name__)
@@ -195,17 +202,28 @@ def one_line(exc: BaseException) -> str:
 
 
 # --------------------------------------------------------------------------- process control
+class StoppedBeforeSteps(BaseException):
+    """A preemption signal before the first optimizer step (model build, warm start, loading): there
+    is no step to finish, so the work stops at once. A BaseException, so that no ``except
+    Exception`` on the way (a loader's error translation) takes it for a failure."""
+
+
 class ProcessControl:
-    """Signal flags and the stop-request check, turned into Trainer control at each step end."""
+    """Signal flags and the stop-request check, turned into Trainer control at each step end; before
+    the steps begin a signal stops the process at once (StoppedBeforeSteps)."""
 
     def __init__(self, run_dir: RunDir) -> None:
         self.run_dir = run_dir
         self.signal: int | None = None
         self.preempted = False
         self.stop_reason: str | None = None
+        self.stepping = False  # set by the Trainer's on_train_begin
 
     def _handle(self, signum, frame) -> None:  # noqa: ARG002 - signal handler signature
         self.signal = signum
+        if not self.stepping:
+            log.warning("received signal %d before the first step: stopping now", signum)
+            raise StoppedBeforeSteps(signum)
         log.warning("received signal %d: checkpointing after the current step", signum)
 
     @contextlib.contextmanager
@@ -226,6 +244,11 @@ class ProcessControl:
         control_ref = self
 
         class _Callback(TrainerCallback):
+            def on_train_begin(self, args, state, control, **kwargs):
+                control_ref.stepping = True
+                if control_ref.signal is not None:  # came while the trainer was being built
+                    raise StoppedBeforeSteps(control_ref.signal)
+
             def on_step_end(self, args, state, control, **kwargs):
                 control_ref.check(state, control)
                 return control
@@ -351,6 +374,7 @@ def make_args(cfg: dict[str, Any], run_dir: RunDir) -> Any:
         if key not in types:
             raise ArmorLabError("not a field of the installed GRPOConfig", key=key, value=kwargs[key], file=file)
     kwargs["output_dir"] = str(run_dir.checkpoints_dir)
+    kwargs.update(continual_warmup_args(cfg))
     if not torch.cuda.is_available():
         kwargs.setdefault("use_cpu", True)
         kwargs.setdefault("bf16", False)
@@ -363,12 +387,14 @@ def make_args(cfg: dict[str, Any], run_dir: RunDir) -> Any:
 
 
 def build_trainer(cfg: dict[str, Any], run_dir: RunDir, callbacks: Iterable[Any] = (),
-                  start_from: str | os.PathLike | None = None) -> Any:
+                  start_from: str | os.PathLike | None = None, reference: Any = None) -> Any:
     """The trainer of a resolved config; ``start_from`` (a continuing run's selected parent
-    checkpoint, init_from.find_start) replaces the config's model as the policy and π_ref."""
+    checkpoint, init_from.find_start) replaces the config's model as the policy and π_ref;
+    ``reference`` (init_from.find_reference, config ref_from) gives π_ref weights of its own."""
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
     from armorlab.tasks import build_task
+    from armorlab.tasks.mathfile import build_eval_sets
     from armorlab.train import keep
     from armorlab.train.models import has_chat_template, prepare_model
     from armorlab.train.telemetry import RunDirLogger
@@ -384,12 +410,19 @@ def build_trainer(cfg: dict[str, Any], run_dir: RunDir, callbacks: Iterable[Any]
     # save_pretrained writes on global rank 0 only once torch.distributed is up, as make_args left it)
     with PartialState().main_process_first():
         model = Path(start_from) if start_from is not None else prepare_model(cfg["model"], cfg["task"])
+        ref_path = None if reference is None else \
+            prepare_model(cfg["model"], cfg["task"]) if reference.source == "model" else reference.path
     task = build_task(cfg["task"], chat=has_chat_template(model))
     check_can_step(args, len(task.train), str(run_dir.config_path))
+    held_out = build_eval_sets(cfg, task)  # refuses a set that shares problems with training
+    data_metrics = {"data/dedup_dropped": float(task.settings["dedup_dropped"])} \
+        if "dedup_dropped" in task.settings else {}
     try:
         trainer = ArmorLabTrainer(str(model), task.reward_funcs, args, train_dataset=task.train,
                                   val_dataset=task.val, test_dataset=task.test, tokens_dir=run_dir.tokens_dir,
-                                  callbacks=[RunDirLogger(run_dir), *callbacks])
+                                  eval_sets=held_out, data_metrics=data_metrics,
+                                  callbacks=[RunDirLogger(run_dir), *callbacks],
+                                  reference_from=None if ref_path is None else str(ref_path))
     except ArmorLabError:
         raise
     except (OSError, ValueError, TypeError, KeyError, AttributeError, RuntimeError) as exc:
@@ -574,19 +607,30 @@ def _train_owned(run_dir: RunDir, callbacks: Iterable[Any]) -> Outcome:
             cfg = resolve({**stored, **read_endpoints()}, file=str(run_dir.config_path))
             check_unchanged(stored, cfg, str(run_dir.config_path))
             start = find_start(run_dir, cfg["init_from"]) if cfg.get("init_from") else None
+            checkpoint = complete_checkpoint(run_dir)
+            parent_optimizer = start is not None and cfg["init_from"].get("optimizer") == "parent"
+            if parent_optimizer and checkpoint is None:
+                check_optimizer_state(start.checkpoint, str(run_dir.config_path))
+            reference = find_reference(run_dir, cfg, None)
             check_vllm_installed(cfg, str(run_dir.config_path))
             check_memory(cfg, str(run_dir.config_path))  # before any model is loaded
             trainer = build_trainer(cfg, run_dir, [control.callback(), health.callback(), *callbacks],
-                                    start_from=start.checkpoint if start else None)
-            checkpoint = complete_checkpoint(run_dir)
+                                    start_from=start.checkpoint if start else None, reference=reference)
             if checkpoint is not None:
                 log.info("resuming %s from %s", run_dir.path, checkpoint.name)
-            elif start is not None:  # the first step of a continuing run: record what it starts from
-                record_start(trainer, run_dir, start, write=main)
+            elif start is not None or reference is not None:  # the first step: record what it starts from
+                record_start(trainer, run_dir, start, write=main, reference=reference)
+                if parent_optimizer:
+                    trainer.add_callback(parent_optimizer_callback(trainer, start.checkpoint))
             trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
     except ArmorLabError as exc:
         write_status("failed", reason=str(exc))
         raise
+    except StoppedBeforeSteps as stop:
+        reason = f"preempted before the first step (signal {stop.args[0]})"
+        write_status("pending", reason=reason)
+        _close_progress(trainer)
+        return Outcome(run_dir.path, "pending", reason, EXIT_PREEMPTED)
     except KeyboardInterrupt:
         step = trainer.state.global_step if trainer is not None else 0
         write_status("pending", reason=f"interrupted at step {step}")

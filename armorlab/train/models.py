@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 import shutil
 import tempfile
@@ -40,7 +41,7 @@ log = logging.getLogger(__name__)
 
 # Bump when the architecture, tokenizer or warm-start recipe changes: old cache entries then
 # stop matching instead of being reused with a different meaning.
-MODEL_VERSION = 4
+MODEL_VERSION = 5
 METADATA = "armorlab_model.json"
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)
@@ -51,7 +52,10 @@ MAX_POSITIONS = TINY_MAX_POSITIONS
 WS_BATCH = 64
 WS_LR = 1e-3
 WS_WARMUP = 100
-WS_DEV = 128  # pool prompts set aside to decide when the warm start has gone far enough
+WS_DEV = 128  # pool prompts set aside to decide when the warm start has gone far enough (at most)
+WS_DEV_SHARE = 4  # … and at most a quarter of a small pool (a user's own file), at least WS_DEV_MIN
+WS_DEV_MIN = 8
+WS_MAX_PASSES = 20  # passes over the pool: more memorise a small pool (the built-in pools never bind)
 WS_CHECK_EVERY = 25
 WS_EVAL_SAMPLES = 4  # completions per val prompt when the build reports its val accuracy
 
@@ -208,14 +212,22 @@ def warm_start(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, task:
     prompts, answers = list(task.warm_start["prompt"]), list(task.warm_start["answer"])
     # a task may give each row its own completion (scratchpad: a mix of derivation styles)
     targets = list(task.warm_start["target"]) if "target" in task.warm_start.column_names else None
-    dev_n = WS_DEV if target is not None and len(prompts) >= 2 * WS_DEV else 0
+    dev_n = min(WS_DEV, len(prompts) // WS_DEV_SHARE) if target is not None else 0
+    dev_n = dev_n if dev_n >= WS_DEV_MIN else 0
     dev = (prompts[len(prompts) - dev_n:], answers[len(answers) - dev_n:])
     if dev_n:
         prompts, answers = prompts[:-dev_n], answers[:-dev_n]
         targets = targets[:-dev_n] if targets is not None else None
     result: dict[str, Any] = {"steps": 0, "loss": None, "dev_acc": None, "dev_prompts": dev_n}
+    max_steps = min(max_steps, math.ceil(WS_MAX_PASSES * len(prompts) / WS_BATCH))
     if max_steps == 0:
         return result
+    log.info("warm-starting the tiny model (once; then cached): up to %d steps of %d rows on %d pool rows, "
+             "stopping at greedy accuracy %s on %s (model.warm_start_steps, model.warm_start_target)",
+             max_steps, WS_BATCH, len(prompts), "—" if target is None or not dev_n else f"{target:g}",
+             f"{dev_n} rows set aside" if dev_n else "no dev slice (fewer than "
+             f"{WS_DEV_SHARE * WS_DEV_MIN} rows, or no target): all steps run")
+    started = time.perf_counter()
     ids, labels = _examples(task, tokenizer, prompts, answers, targets)
     attention = (ids != tokenizer.pad_token_id).long()
     gen = torch.Generator().manual_seed(seed)
@@ -233,11 +245,16 @@ def warm_start(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, task:
         opt.step()
         sched.step()
         result.update(steps=step, loss=float(out.loss.detach()))
-        if dev_n and (step % WS_CHECK_EVERY == 0 or step == max_steps):
-            result["dev_acc"] = accuracy(model, tokenizer, task, *dev)
-            log.debug("warm start step %d: loss %.4f, dev greedy acc %.3f", step, result["loss"], result["dev_acc"])
-            bar.set_postfix(dev_acc=f"{result['dev_acc']:.2f}", target=target)
-            if result["dev_acc"] >= target:
+        if step % WS_CHECK_EVERY == 0 or step == max_steps:
+            if dev_n:
+                result["dev_acc"] = accuracy(model, tokenizer, task, *dev)
+                bar.set_postfix(dev_acc=f"{result['dev_acc']:.2f}", target=target)
+            per_step = (time.perf_counter() - started) / step
+            # a log line too: a job's log file never sees the progress bar
+            log.info("warm start step %d/%d: loss %.4f%s, %.2f s/step, at most %.0f s to go", step, max_steps,
+                     result["loss"], "" if not dev_n else f", dev greedy accuracy {result['dev_acc']:.3f}",
+                     per_step, per_step * (max_steps - step))
+            if dev_n and result["dev_acc"] >= target:
                 break
     bar.close()
     model.eval()
@@ -373,7 +390,7 @@ def prepare_model(model_cfg: Mapping[str, Any], task_cfg: Mapping[str, Any], *,
     models_dir = cache_root(cache_dir) / "models"
     final = models_dir / f"tiny-{key}"
     if (final / METADATA).is_file():
-        return final.resolve()
+        return _said_short(final.resolve(), model_cfg)
     try:
         models_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -388,7 +405,7 @@ def prepare_model(model_cfg: Mapping[str, Any], task_cfg: Mapping[str, Any], *,
         lock.acquire()
     try:
         if (final / METADATA).is_file():  # another process built it while we waited
-            return final.resolve()
+            return _said_short(final.resolve(), model_cfg)
         # Holding the lock we are the only builder: temp dirs of this key are left by killed
         # builds, and a final dir without metadata is not a finished build (e.g. a partial copy).
         for stale in models_dir.glob(f".tiny-{key}.*"):
@@ -405,4 +422,23 @@ def prepare_model(model_cfg: Mapping[str, Any], task_cfg: Mapping[str, Any], *,
             raise
     finally:
         lock.release()
-    return final.resolve()
+    return _said_short(final.resolve(), model_cfg)
+
+
+def _said_short(final: Path, model_cfg: Mapping[str, Any]) -> Path:
+    """``final``, after a warning where its warm start fell short of ``warm_start_target`` (or could
+    not check it): RL from a model that solves nothing sees reward 0 in every group, so no gradient."""
+    target = model_cfg.get("warm_start_target")
+    ws = json.loads((final / METADATA).read_text(encoding="utf-8")).get("warm_start") or {}
+    if target is None or not ws.get("steps"):
+        return final
+    if not ws.get("dev_prompts"):
+        log.warning("the tiny model's warm start could not check its target %g: the pool is too small for a "
+                    "dev slice (%d rows at least); the tiny model learns the built-in tasks, for your own data "
+                    "use a real model (model: a path or hub id)", target, WS_DEV_SHARE * WS_DEV_MIN)
+    elif ws["dev_acc"] < target:
+        log.warning("the tiny model's warm start reached greedy accuracy %.3f on %d dev rows after %d steps, "
+                    "below its target %g: expect rewards near 0 and steps without gradient. The tiny model "
+                    "learns the built-in tasks; for your own data use a real model (model: a path or hub id), "
+                    "or raise model.warm_start_steps", ws["dev_acc"], ws["dev_prompts"], ws["steps"], target)
+    return final

@@ -76,15 +76,17 @@ def telemetry_generation(generation: int, share: float) -> bool:
 def reference_scored(args: Any, *, beta: float, has_reference: bool, telemetry_now: bool) -> bool:
     """Whether a generation's rows get π_ref's log-probs.
 
-    Always where something trains on them or records them (armor's r_mix, β·KL, anchor rows'
-    ratios, the token dump). Else only for the ``kl/reverse_*`` telemetry on the generations it
+    Always where something trains on them (armor's r_mix, β·KL, anchor rows' ratios). Else only
+    for the ``kl/reverse_*`` telemetry on the generations it
     scores (``telemetry_now``: whole generations, so each logged value stands on a generation's
     sequences and a sharded π_ref runs one full forward in 8 generations, not a small one in
-    each); the choice is the same on every process. Never without telemetry or π_ref.
+    each); the choice is the same on every process. Never without telemetry or π_ref. The token
+    dump records π_ref where it is scored anyway (NaN elsewhere): a baseline never pays a π_ref
+    forward for a dump.
     """
     from armorlab.algos.objectives import objective_spec
 
-    if objective_spec(args.objective).uses_reference or beta != 0.0 or args.anchor or args.token_sample_rate > 0:
+    if objective_spec(args.objective).uses_reference or beta != 0.0 or args.anchor:
         return True
     return has_reference and bool(args.kl_telemetry) and telemetry_now
 

@@ -24,7 +24,7 @@ from armorlab.core.schedule import rollout_at, updates_per_rollout
 
 log = logging.getLogger(__name__)
 
-NAMESPACES = ("train/", "val/", "test/", "obj/", "anchor/", "kl/", "cap/", "ref/")
+NAMESPACES = ("train/", "val/", "test/", "obj/", "anchor/", "kl/", "cap/", "ref/", "data/")
 # transformers'/TRL's own keys that have a design name; every other TRL key goes to "trl/<key>".
 RENAMES = {
     "loss": "train/loss",

@@ -50,11 +50,13 @@ from trl.trainer.utils import add_fused_lm_head, is_async_callable
 from armorlab.algos import dynamic_sampling as dyn
 from armorlab.algos import kl
 from armorlab.algos.advantages import group_advantages
+from armorlab.algos.entropy import applied_entropy_coef, entropy_bonus, next_entropy_coef
 from armorlab.algos.loss import (
     AGGREGATION_UNIT,
     LossOutput,
     aggregate,
     capacity_summary,
+    objective_params,
     policy_loss,
     probability_capacity,
     vllm_corrected_loss,
@@ -114,7 +116,9 @@ class ArmorLabTrainer(GRPOTrainer):
     """GRPOTrainer training any armorlab objective, with anchors, reference resets and telemetry.
 
     Extra keyword arguments: ``val_dataset`` / ``test_dataset`` (columns ``prompt`` + reward
-    kwargs) for ``val/*`` and ``test/*``; ``reference_sampler`` to replace the transformers
+    kwargs) for ``val/*`` and ``test/*``; ``eval_sets`` (name → tasks.mathfile.EvalSet) for the named
+    held-out sets' ``val/<name>/*`` / ``test/<name>/*``; ``data_metrics`` logged once at step 0
+    (``data/dedup_dropped``); ``reference_sampler`` to replace the transformers
     sampler of π_ref (the vLLM seam); ``tokens_dir`` for the token dump (default
     ``<output_dir>/tokens``).
     """
@@ -131,11 +135,14 @@ class ArmorLabTrainer(GRPOTrainer):
 
     def __init__(self, model: Any, reward_funcs: Any, args: ArmorLabConfig, *, val_dataset: Any = None,
                  test_dataset: Any = None, reference_sampler: anc.ReferenceSampler | None = None,
-                 tokens_dir: str | os.PathLike | None = None, **kwargs: Any) -> None:
+                 tokens_dir: str | os.PathLike | None = None, reference_from: str | None = None,
+                 eval_sets: Any = None, data_metrics: dict[str, float] | None = None, **kwargs: Any) -> None:
         if not isinstance(args, ArmorLabConfig):
             raise TypeError("ArmorLabTrainer needs an ArmorLabConfig")
-        # before TRL patches the policy's forward; none when nothing reads π_ref (reference_needed)
-        ref_model = build_reference_model(model, args) if reference_needed(args, val_dataset is not None) else None
+        # before TRL patches the policy's forward; none when nothing reads π_ref (reference_needed);
+        # ``reference_from``: weights of π_ref's own (config ref_from) instead of the policy's
+        ref_model = build_reference_model(model if reference_from is None else reference_from, args) \
+            if reference_needed(args, val_dataset is not None) else None
         # With β ≠ 0 TRL would load a reference of its own, which this one replaces: a third model
         # in memory. TRL decides from args.beta alone (PEFT aside: it then uses a "ref" adapter).
         beta = args.beta
@@ -159,6 +166,7 @@ class ArmorLabTrainer(GRPOTrainer):
         self.reference = ReferencePolicy(None if ref_model is None else self._prepare_reference(ref_model),
                                          ref_reset_steps=args.ref_reset_steps, schedule=args.ref_reset_schedule)
         self.ref_model = self.reference.model  # TRL's β·KL path uses it too
+        self.reference_from = reference_from  # π_ref's own start (config ref_from), else None
         self.armorlab_generation_config = self._generation_config()
         self.max_over_processes, self.collective_sync = self._process_syncs()
         if reference_sampler is None and args.ref_vllm_mode == "colocate":
@@ -187,7 +195,9 @@ class ArmorLabTrainer(GRPOTrainer):
         self.validator = Validator(self, {"val": val_dataset, "test": test_dataset}, k=args.val_samples,
                                    temperature=args.val_temperature, greedy=args.val_greedy,
                                    threshold=args.anchor_reward_threshold,
-                                   probe_prompts=args.kl_probe_prompts, score=self._reward_values)
+                                   probe_prompts=args.kl_probe_prompts, score=self._reward_values,
+                                   eval_sets=eval_sets)
+        self.data_metrics = dict(data_metrics or {})
         self.token_dump = TokenDump(tokens_dir or Path(args.output_dir) / "tokens", args.token_sample_rate,
                                     seed=args.seed, process_index=self.accelerator.process_index)
         self._rollout_inputs: list[dict] | None = None
@@ -215,6 +225,12 @@ class ArmorLabTrainer(GRPOTrainer):
             raise ArmorLabError("reference resets are not supported with a PEFT adapter",
                                 key="ref_reset_steps", value=self.args.ref_reset_steps)
         self._check_units()
+        objective_params(self.args.objective, {k: getattr(self.args, k, None)  # dro_beta unset: fail now
+                                               for k in objective_spec(self.args.objective).params})
+        if self.args.objective == "vespo" and self.use_vllm and self.vllm_importance_sampling_correction:
+            # TRL folds the sampler's ratio into VESPO's sequence weight instead of scaling the loss
+            raise ArmorLabError("vespo with vLLM's importance-sampling correction is not supported: set "
+                                "vllm_importance_sampling_correction: false", key="objective", value="vespo")
         custom_rollout = self.tools or self.rollout_func is not None or self.environment_factories is not None
         if self.args.dynamic_sampling or self.args.anchor_gate:
             dyn.check_refill_fits(self.args.per_device_train_batch_size * self.args.steps_per_generation,
@@ -569,11 +585,16 @@ class ArmorLabTrainer(GRPOTrainer):
         out = policy_loss(args.objective, lp, olp, adv, mask, ref_logp=ref if spec.uses_reference else None,
                           alpha=alpha, eps_low=self.epsilon_low, eps_high=self.epsilon_high,
                           dual_clip=args.dual_clip, aggregation=aggregation, max_len=self.max_completion_length,
-                          normalizer=normalizer)
+                          normalizer=normalizer, params={k: getattr(args, k, None) for k in spec.params})
         loss = out.loss
+        # TRL's top_entropy_quantile: only the highest-entropy tokens (quantile over every process) train
+        entropy_mask = None if args.top_entropy_quantile >= 1.0 else \
+            self.get_high_entropy_mask(entropy, mask, 1 - args.top_entropy_quantile).to(mask.dtype)
         is_ratio = inputs.get("importance_sampling_ratio")
-        if is_ratio is not None:  # TRL's vLLM correction, as TRL applies it: the per-token loss × ratio
-            loss = vllm_corrected_loss(out.per_token, is_ratio, mask, aggregation, self.max_completion_length,
+        weight = is_ratio if entropy_mask is None else (
+            entropy_mask if is_ratio is None else is_ratio * entropy_mask)
+        if weight is not None:  # TRL's vLLM correction and entropy mask, as TRL applies them: per-token loss × weight
+            loss = vllm_corrected_loss(out.per_token, weight, mask, aggregation, self.max_completion_length,
                                        normalizer)
         stats = StepStats()
         # In training, each term is this micro-batch's share of the optimiser step's global
@@ -594,6 +615,8 @@ class ArmorLabTrainer(GRPOTrainer):
             self._grad_shares(stats, model, out, mask, is_anchor, aggregation, normalizer,
                               None if beta_kl is None else self.beta * beta_kl)
         loss = loss * to_sum
+        if self._entropy_bonus_enabled:  # after to_sum: averaged over processes, as in TRL
+            loss = loss - self._entropy_term(entropy, mask if entropy_mask is None else mask * entropy_mask, training)
         if aux_loss is not None:  # a mean per micro-batch, averaged over them all
             loss = loss + self.router_aux_loss_coef * aux_loss / (
                 self.current_gradient_accumulation_steps if training else 1.0)
@@ -605,6 +628,30 @@ class ArmorLabTrainer(GRPOTrainer):
                                            adv=adv, mask=mask, token_mask=token_mask, entropy=entropy,
                                            is_anchor=is_anchor, alpha=alpha))
         return loss
+
+    def _entropy_term(self, entropy: torch.Tensor, mask: torch.Tensor, training: bool) -> torch.Tensor:
+        """TRL 1.16's entropy bonus c·H (armorlab.algos.entropy) and, in training, its adaptive
+        controller: the window's entropy summed over micro-batches and processes, c updated at each
+        optimiser step; ``obj/entropy_coef`` logged then. The state lives in TRL's attributes
+        (``entropy_coef``, ``_last_world_entropy``), which TRL's checkpoint code saves."""
+        args = self.args
+        term = entropy_bonus(entropy, mask, self.current_gradient_accumulation_steps if training else 1.0)
+        coef = applied_entropy_coef(self.entropy_coef, self._last_world_entropy, adaptive=self.use_adaptive_entropy,
+                                    target=args.entropy_target)
+        if training and self.use_adaptive_entropy:
+            window = torch.stack([(entropy * mask).sum(), mask.sum()]).detach()
+            self._entropy_window_stats = window if self._entropy_window_stats is None else \
+                self._entropy_window_stats + window
+            if self.accelerator.sync_gradients:
+                total = self.accelerator.reduce(self._entropy_window_stats, reduction="sum")
+                self._last_world_entropy = (total[0] / total[1].clamp(min=1.0)).item()
+                self.entropy_coef = next_entropy_coef(self.entropy_coef, self._last_world_entropy,
+                                                      target=args.entropy_target, delta=args.entropy_coef_delta,
+                                                      lo=args.entropy_coef_min, hi=args.entropy_coef_max)
+                self._entropy_window_stats = None
+        if training and self.accelerator.sync_gradients:
+            self._metrics["train"]["obj/entropy_coef"].append(self.entropy_coef)
+        return coef * term
 
     def _grad_share_due(self) -> bool:
         """The gradient-share probe runs on the first micro-batch of every ``grad_share_every``-th

@@ -239,7 +239,9 @@ def build_for_trainer(trainer: Any) -> VLLMReferenceSampler:
     args = trainer.args
     require_vllm("ref_vllm_mode", args.ref_vllm_mode)
     policy = trainer.accelerator.unwrap_model(trainer.model)
-    path = getattr(policy.config, "_name_or_path", None) or getattr(policy, "name_or_path", None)
+    # π_ref's own weights where ref_from set them apart from the policy's start
+    path = getattr(trainer, "reference_from", None) or getattr(policy.config, "_name_or_path", None) \
+        or getattr(policy, "name_or_path", None)
     if not path:
         raise ArmorLabError("ref_vllm_mode needs a model loaded from a path or hub id (the engine loads it)",
                             key="ref_vllm_mode", value=args.ref_vllm_mode)
