@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from armorlab.algos import capacity, kl
+from armorlab.algos.objectives import default_alpha, objective_spec
 
 log = logging.getLogger(__name__)
 
@@ -177,12 +178,14 @@ def read_tokens(run_path: str | Path, columns=None):
 
 
 def objective_params(config: Mapping[str, Any]) -> dict[str, Any]:
-    """Capacity parameters of a run from its resolved config (objective, α, ε_low, ε_high)."""
+    """Capacity parameters of a run from its resolved config (objective, α, ε_low, ε_high); the clip
+    a config leaves out is its objective's (the registry's ObjectiveSpec.clip). α is 1 (no mixing)
+    for a run that has none: only the mixed family reads it."""
+    objective = config.get("objective", "dapo")
+    eps_low, eps_high = objective_spec(objective).clip()
     alpha = config.get("alpha")
-    return {"objective": config.get("objective", "dapo"),
-            "alpha": 1.0 if alpha is None else float(alpha),
-            "eps_low": float(config.get("epsilon", 0.2)),
-            "eps_high": float(config.get("epsilon_high", config.get("epsilon", 0.28)))}
+    return {"objective": objective, "alpha": 1.0 if alpha is None else float(alpha),
+            "eps_low": float(config.get("epsilon", eps_low)), "eps_high": float(config.get("epsilon_high", eps_high))}
 
 
 def token_stats(tokens, config: Mapping[str, Any], *, p_low: float = P_LOW) -> dict[str, float]:
@@ -193,9 +196,9 @@ def token_stats(tokens, config: Mapping[str, Any], *, p_low: float = P_LOW) -> d
     is_anchor = (tokens["is_anchor"].to_numpy(dtype=bool) if "is_anchor" in tokens.columns
                  else np.zeros(len(tokens), dtype=bool))
     policy = tokens[~is_anchor]
-    if params["objective"] == "armor" and not has_ref:
-        log.info("no ref_logp in token sample: ARMOR capacity uses α = 1 (plain trust region)")
-        params = {**params, "objective": "dapo"}
+    if capacity.capacity_family(params["objective"]) == "mixed" and not has_ref:
+        log.info("no ref_logp in token sample: %s capacity uses the plain trust region (α = 1)", params["objective"])
+        params = {**params, "objective": "dapo"}  # a clipped objective, with this run's ε
     out = token_kernel(policy["logp"].to_numpy(), policy["old_logp"].to_numpy(),
                        policy["ref_logp"].to_numpy() if has_ref else None,
                        policy["advantage"].to_numpy(), p_low=p_low, **params)
@@ -210,9 +213,11 @@ def token_stats(tokens, config: Mapping[str, Any], *, p_low: float = P_LOW) -> d
 def counterfactual_capacity(tokens, config: Mapping[str, Any],
                             objectives=("up", "dapo", "armor")) -> dict[str, np.ndarray]:
     """Capacity of the sample's A > 0 policy tokens under each objective's formula (same tokens,
-    same ε; ARMOR with the run's α, or 0.8 for a run that has none). ARMOR needs ref_logp."""
+    same ε; a mixed objective with the run's α, or ARMOR's default (G−1)/G for a run that mixes
+    nothing). The mixed family needs ref_logp."""
     params = objective_params(config)
-    alpha = params["alpha"] if params["objective"] == "armor" else 0.8
+    mixes = capacity.capacity_family(params["objective"]) == "mixed" or config.get("alpha") is not None
+    alpha = params["alpha"] if mixes else default_alpha(int(config["num_generations"]))
     keep = tokens["advantage"].to_numpy() > 0
     if "is_anchor" in tokens.columns:
         keep &= ~tokens["is_anchor"].to_numpy(dtype=bool)
@@ -222,7 +227,7 @@ def counterfactual_capacity(tokens, config: Mapping[str, Any],
              if "ref_logp" in tokens.columns and tokens["ref_logp"].notna().all() else None)
     out = {}
     for obj in objectives:
-        if obj == "armor" and p_ref is None:
+        if capacity.capacity_family(obj) == "mixed" and p_ref is None:
             continue
         out[obj] = capacity.token_capacity(obj, p_old, sign, p_ref=p_ref, alpha=alpha,
                                            eps_low=params["eps_low"], eps_high=params["eps_high"])

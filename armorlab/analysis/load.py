@@ -15,7 +15,7 @@ import io
 import json
 import logging
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -386,20 +386,6 @@ class RunSet:
         if varying_only:
             cols = [c for c in cols if self.runs[c].astype(str).nunique(dropna=False) > 1]
         return cols
-
-    def groups(self, group_by: Sequence[str] | None = None) -> pd.Series:
-        """The report's group of each run (index run_id, values its label, e.g.
-        ``"objective=armor, alpha=0.8"``): grouped by ``group_by`` as a recipe's ``group_by``, or
-        by the keys the report picks itself (the fewest varying keys that tell the configs apart,
-        armorlab.analysis.groups.auto_group_by); seeds are never a group key. For a plot per group:
-        ``rs.long.assign(group=rs.long["run_id"].map(rs.groups()))``."""
-        # lazy: groups imports the statistics stack (scipy); loading runs does not need it
-        from armorlab.analysis.groups import auto_group_by, make_groups
-
-        keys = list(group_by) if group_by is not None else auto_group_by(self.runs)
-        of_run = make_groups(self.runs, keys).of_run
-        return pd.Series([of_run[r] for r in self.run_ids], index=pd.Index(self.run_ids, name="run_id"),
-                         name="group")
 
     @cached_property
     def long(self) -> pd.DataFrame:

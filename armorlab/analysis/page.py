@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from armorlab.analysis import freshness, looks_report, mechanisms, tables, verdict_table
+from armorlab.analysis import freshness, mechanism_table, tables, until_resolved_report, verdict_table
 from armorlab.analysis import groups as G
 from armorlab.analysis.html import Figure, Section, esc, write_index
 from armorlab.analysis.load import RunSet
@@ -78,11 +78,11 @@ def write_tables(recipe: Recipe, rs: RunSet, grouped: Grouped, scored: Scored, d
     if decided.verdicts is not None:
         written += verdict_table.write(decided.verdicts, tdir)
     if decided.sequential:
-        written += looks_report.write(decided.sequential, tdir)
+        written += until_resolved_report.write(decided.sequential, tdir)
     anchors = _anchor_table(rs, grouped.groups)
     if anchors is not None:
         written += tables.write_table(anchors, tdir / "anchors", formats=("csv", "md"))
-    acted = mechanisms.mechanism_table(rs, grouped.groups)
+    acted = mechanism_table.mechanism_table(rs, grouped.groups)
     if acted is not None:
         written += tables.write_table(acted[0], tdir / "mechanisms", formats=("md",),
                                       caption="did each mechanism act? mean [95% CI] over seeds")
@@ -132,7 +132,7 @@ def write_page(recipe: Recipe, out: Path, key: Any, loaded: Loaded, grouped: Gro
     elif top:
         lead = [Section(f"{sel.metric} per group", figures=top, lead=True), *lead]
     if decided.sequential:
-        lead.insert(0, looks_report.section(decided.sequential))
+        lead.insert(0, until_resolved_report.section(decided.sequential))
     sections = lead + sections
     if extra_sections is not None:
         sections += extra_sections(out, notes.add)
@@ -198,7 +198,7 @@ def _sections(recipe: Recipe, out: Path, figs, names: G.PageNames, tabled: Table
                 ("probability of improvement", names.pairs(tabled.improvement))])
     out_sections = [results, compare]
     if tabled.mechanisms is not None:  # right after the results: whether a remedy acted, beside whether it held
-        out_sections.insert(1, Section("Mechanisms: did each remedy act?", intro=mechanisms.INTRO,
+        out_sections.insert(1, Section("Mechanisms: did each remedy act?", intro=mechanism_table.INTRO,
                                        tables=[("", names.column(tabled.mechanisms))]))
     if fig_list("kl"):
         out_sections.append(Section("KL to the reference", figures=fig_list("kl")))

@@ -11,8 +11,10 @@ from pathlib import Path
 
 import numpy as np
 
-from armorlab.analysis.values import fmt_value
+from armorlab.algos.capacity import capacity_family
+from armorlab.analysis.value_labels import fmt_value
 from armorlab.core.fsutil import atomic_file
+from armorlab.core.lazy import Lazy
 from armorlab.stats.seeds import CurveBand
 
 
@@ -40,12 +42,7 @@ def _matplotlib():
                                  rcParams=matplotlib.rcParams)
 
 
-class _LazyMatplotlib:
-    def __getattr__(self, name: str):
-        return getattr(_matplotlib(), name)
-
-
-plt = _LazyMatplotlib()
+plt = Lazy(_matplotlib)
 
 # matplotlib's tab10 and tab20 (Vega's category palettes), written out so that choosing the group
 # colours needs no matplotlib import
@@ -60,6 +57,9 @@ def _palette(n: int) -> list[tuple[float, float, float, float]]:
     return [(int(h[0:2], 16) / 255, int(h[2:4], 16) / 255, int(h[4:6], 16) / 255, 1.0) for h in table]
 
 DPI = 110
+# each capacity family (armorlab.algos.objectives.CAPACITY_FAMILIES) in the counterfactual panel
+CAPACITY_STYLE = {"clipped": ("clipped", "tab:red", "--"), "unbounded_positive": ("unbounded for A > 0", "tab:green", "-"),
+                  "mixed": ("mixed trust region, Eq. 6", "tab:blue", "-.")}
 STEP_LABEL = "step (optimizer steps)"
 AXIS_LABELS = {"step": STEP_LABEL, "rollout": "rollout (generation batches)"}  # a recipe's ``x``
 _UNITS = {"acc": "accuracy, avg@k", "reward": "mean reward", "entropy": "nats/token",
@@ -502,11 +502,9 @@ def plot_capacity(per_group: Mapping[str, np.ndarray], counterfactual: Mapping[s
     ax.legend(title=legend_title, fontsize=7, title_fontsize=7, frameon=False, loc="lower right")
     if counterfactual:
         ax2 = axes[0][1]
-        names = {"up": "UP (unbounded)", "dapo": "clipped (DAPO)", "armor": "ARMOR (Eq. 6)"}
-        styles = {"up": ("tab:green", "-"), "dapo": ("tab:red", "--"), "armor": ("tab:blue", "-.")}
         for obj, cap in counterfactual.items():
-            color, ls = styles.get(obj, ("gray", ":"))
-            _ecdf(ax2, cap, color, names.get(obj, obj), linestyle=ls)
+            words, color, ls = CAPACITY_STYLE[capacity_family(obj)]
+            _ecdf(ax2, cap, color, f"{obj} ({words})", linestyle=ls)
         ax2.set_title("Same tokens under each objective")
         ax2.set_xlabel("probability capacity Δπ (UP Eq. 11)")
         ax2.set_ylabel("fraction of tokens ≤ x (ECDF)")

@@ -39,7 +39,7 @@ from typing import Any
 
 from armorlab.analysis import importers
 from armorlab.core.checks import did_you_mean
-from armorlab.core.config import load_yaml_mapping
+from armorlab.core.config import DEFAULT_SELECTION, load_yaml_mapping
 from armorlab.errors import ArmorLabError
 
 DEFAULT_CURVES = ("val/acc", "train/reward", "kl/reverse_k3", "kl/forward_k3", "cap/pos_mean",
@@ -55,9 +55,9 @@ X_OF_STEP_UNIT = {"optimizer": "step", "rollout": "rollout"}  # a run's step_uni
 
 @dataclass(frozen=True)
 class Select:
-    metric: str = "val/acc"
-    mode: str = "max"
-    report: str = "test/acc"
+    metric: str = DEFAULT_SELECTION["metric"]
+    mode: str = DEFAULT_SELECTION["mode"]
+    report: str = DEFAULT_SELECTION["report"]
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from armorlab.analysis import capacity_stats as cs
-from armorlab.analysis import freshness, looks_report, page, panels, plots, tables, verdict_table
+from armorlab.analysis import freshness, page, panels, plots, tables, until_resolved_report, verdict_table
 from armorlab.analysis import groups as G
 from armorlab.analysis.html import Section
 from armorlab.analysis.load import RunSet, load
@@ -292,11 +292,11 @@ def decide(recipe: Recipe, loaded: Loaded, grouped: Grouped, scored: Scored) -> 
     """Verdicts per arm (a sweep run until resolved: its looks.json's, since fixed-sample verdicts
     would ignore the looks) and the probability of improvement per compared pair."""
     notes, sel = G.Notes(), recipe.select
-    sequential = looks_report.find(recipe.runs)
+    sequential = until_resolved_report.find(recipe.runs)
     verdicts = None
     if sequential:
-        looks_report.prepare(sequential, sel.metric, sel.report)
-        looks_report.check(sequential, scored.per_run, loaded.runs, notes)
+        until_resolved_report.prepare(sequential, sel.metric, sel.report)
+        until_resolved_report.check(sequential, scored.per_run, loaded.runs, notes)
     else:
         verdicts = verdict_table.build(scored.per_run, loaded.runs, recipe, grouped.pairs, notes, grouped.display)
     poi = G.improvement_table(scored.per_run, grouped.pairs, scored.scores)

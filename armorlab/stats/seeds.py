@@ -39,19 +39,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from armorlab.core.lazy import Lazy
+
 log = logging.getLogger(__name__)
 
 
-class _LazyScipyStats:
-    """scipy.stats, imported at first use (half a second): most reports and the commands that
-    only read run dirs never need it."""
-    def __getattr__(self, name: str):
-        from scipy import stats
-
-        return getattr(stats, name)
-
-
-sps = _LazyScipyStats()
+# scipy.stats takes half a second to import: most reports and the commands that only read run dirs
+# never need it
+sps = Lazy("scipy.stats")
 
 
 @functools.lru_cache(maxsize=1024)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from armorlab.core.eval_sets import VAL_METRIC
 from armorlab.stats.collapse import PATIENCE, clean_curve
 
 
@@ -99,7 +100,7 @@ class Pick:
     window: tuple[int | float, ...]
 
 
-def level_rule(patience: int = PATIENCE, metric: str = "val/acc", mode: str = "max") -> str:
+def level_rule(patience: int = PATIENCE, metric: str = VAL_METRIC, mode: str = "max") -> str:
     """selected.json's ``rule``: how :func:`select_checkpoints` chose, in words."""
     best = "highest" if mode == "max" else "lowest"
     return (f"peak level: the {best} mean of {patience} consecutive {metric} evals (analysis.collapse C1/C2, "
