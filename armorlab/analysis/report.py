@@ -47,7 +47,7 @@ from armorlab.analysis import groups as G
 from armorlab.analysis.html import Figure, Section, esc, write_index
 from armorlab.analysis.load import RunSet, load
 from armorlab.analysis.recipe import DEFAULT_CURVES, Recipe, default_out_dir  # noqa: F401 (re-export)
-from armorlab.core.fsutil import atomic_write_yaml
+from armorlab.core.fsutil import atomic_write_yaml, refuse_symlinks
 from armorlab.core.runs import RunDir, now_iso
 
 log = logging.getLogger(__name__)
@@ -291,6 +291,7 @@ def _build_report(recipe: Recipe, out: Path, *, cache: bool, progress: Callable[
                   names: Callable[[pd.DataFrame, RunSet], Mapping[str, str]] | None = None) -> ReportResult:
     file = str(recipe.path) if recipe.path else None
     key = freshness.input_key(recipe, out)  # before reading: a run growing meanwhile makes it stale
+    refuse_symlinks(out / "plots", within=out.parent)  # every file below is written by path
     freshness.forget(out)
     rs = load(recipe.runs, cache=cache, progress=progress, format=recipe.format, mapping=recipe.runs_map,
               val_n=recipe.val_n, stages=recipe.stages)

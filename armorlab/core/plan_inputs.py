@@ -14,6 +14,7 @@ from typing import Any
 
 from armorlab.algos.objectives import objective_spec
 from armorlab.core.config import MODEL_FIELDS_TINY, TINY_MODEL, load_yaml_mapping
+from armorlab.core.fsutil import SMALL_FILE_BYTES, read_regular_text
 from armorlab.core.identity import hub_snapshot
 from armorlab.core.known_models import KNOWN_CONFIGS, known_config
 from armorlab.core.memory_plan import (
@@ -94,7 +95,7 @@ def load_shape(model: Any, *, file: str | None = None) -> ModelShape:
     for candidate in candidates:
         if candidate.is_file():
             try:
-                data = json.loads(candidate.read_text(encoding="utf-8"))
+                data = json.loads(read_regular_text(candidate, limit=SMALL_FILE_BYTES))
             except (OSError, ValueError) as exc:
                 raise ArmorLabError(f"cannot read config.json: {exc}", key="model", value=name,
                                     file=str(candidate)) from None

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from armorlab.core.checks import Invalid
+from armorlab.core.fsutil import atomic_write_text
 from armorlab.core.runs import RunDir, now_iso
 from armorlab.errors import ArmorLabError
 from armorlab.stats.sequential import (
@@ -415,7 +416,7 @@ class Chain:
         logs = self.sweep_dir / LOGS_DIR
         logs.mkdir(parents=True, exist_ok=True)
         script = logs / f"decision-look{st.look}.sh"
-        script.write_text(self.decision_script(st.look, after), encoding="utf-8")
+        atomic_write_text(script, self.decision_script(st.look, after), within=self.sweep_dir)
         try:
             out = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, timeout=60)
         except (OSError, subprocess.TimeoutExpired) as exc:

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from armorlab.core.fsutil import atomic_write_json
+from armorlab.core.fsutil import SMALL_FILE_BYTES, atomic_write_json, read_regular_text
 from armorlab.core.runs import RunDir
 from armorlab.errors import ArmorLabError
 
@@ -103,7 +103,7 @@ def find_start(run_dir: RunDir, init_from: Mapping[str, Any]) -> Start:
 
 def _recorded(run_dir: RunDir, init_from: Mapping[str, Any]) -> Start | None:
     try:
-        data = json.loads((run_dir.path / INIT).read_text(encoding="utf-8"))
+        data = json.loads(read_regular_text(run_dir.path / INIT, limit=SMALL_FILE_BYTES))
     except (OSError, ValueError):
         return None
     if not isinstance(data, dict) or data.get("run") != init_from["run"] or not isinstance(data.get("checkpoint"), str):
@@ -120,7 +120,7 @@ def _recorded(run_dir: RunDir, init_from: Mapping[str, Any]) -> Start | None:
 def _from_selected(parent: RunDir, init_from: Mapping[str, Any], file: str) -> Start | None:
     path = parent.path / SELECTED
     try:
-        sel = json.loads(path.read_text(encoding="utf-8"))
+        sel = json.loads(read_regular_text(path, limit=SMALL_FILE_BYTES))
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as exc:

@@ -37,7 +37,13 @@ from pathlib import Path
 from typing import Any
 
 from armorlab.core.config import resolve
-from armorlab.core.fsutil import atomic_write_json, atomic_write_yaml, writable_dir
+from armorlab.core.fsutil import (
+    SMALL_FILE_BYTES,
+    atomic_write_json,
+    atomic_write_yaml,
+    read_regular_text,
+    writable_dir,
+)
 from armorlab.errors import ArmorLabError
 from armorlab.sweeps.sbatch import checked_executor
 from armorlab.sweeps.spec import load_spec
@@ -60,7 +66,7 @@ def searched_keys(study_dir: str | os.PathLike) -> list[str]:
     import json
 
     try:
-        data = json.loads((Path(study_dir) / TUNE_DIR / STUDY_FILE).read_text(encoding="utf-8"))
+        data = json.loads(read_regular_text(Path(study_dir) / TUNE_DIR / STUDY_FILE, limit=SMALL_FILE_BYTES))
         space = data["search"]["space"]
     except (OSError, ValueError, KeyError, TypeError):
         return []

@@ -44,7 +44,7 @@ from optuna.trial import TrialState
 
 from armorlab.core.config import resolve
 from armorlab.core.exits import EXIT_BUSY, EXIT_PREEMPTED
-from armorlab.core.fsutil import atomic_write_json
+from armorlab.core.fsutil import SMALL_FILE_BYTES, atomic_write_json, read_regular_text
 from armorlab.core.runs import RunDir
 from armorlab.errors import ArmorLabError
 from armorlab.stats.collapse import curve_auc
@@ -116,7 +116,7 @@ class StudyContext:
         study_dir = Path(study_dir)
         path = study_dir / TUNE_DIR / STUDY_FILE
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = json.loads(read_regular_text(path, limit=SMALL_FILE_BYTES))
         except OSError:
             raise ArmorLabError("not a study directory (no .tune/study.json); start it with "
                                 "`armorlab tune SPEC`", key="study_dir", value=str(study_dir)) from None
