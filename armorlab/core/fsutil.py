@@ -53,7 +53,7 @@ def remove_file(path: str | os.PathLike, *, within: str | os.PathLike | None = N
     path.unlink(missing_ok=True)
 
 
-def _written_temp(path: Path, data: bytes, *, durable: bool) -> Path:
+def _written_temp(path: Path, data: bytes, *, durable: bool, mode: int = 0o666) -> Path:
     """``data`` in a new file beside ``path`` (fsync'd when ``durable``), under a name unique
     across processes (the tasks of a multi-node job may write the same path at once)."""
     import uuid  # here: a dry run writes nothing and starts faster without it
@@ -61,7 +61,7 @@ def _written_temp(path: Path, data: bytes, *, durable: bool) -> Path:
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     # 0o666 less the umask, the permissions open() gives (run dirs are shared with group members
     # on clusters; mkstemp's 0600 would lock them out)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
@@ -75,7 +75,7 @@ def _written_temp(path: Path, data: bytes, *, durable: bool) -> Path:
 
 
 def atomic_write_text(path: str | os.PathLike, text: str, *, durable: bool = True,
-                      within: str | os.PathLike | None = None) -> None:
+                      within: str | os.PathLike | None = None, mode: int = 0o666) -> None:
     """Write ``text`` to ``path`` via temp file + fsync + rename in the same directory.
 
     ``durable=False`` skips the fsync: readers still see the old file or the new one, but a
@@ -83,17 +83,18 @@ def atomic_write_text(path: str | os.PathLike, text: str, *, durable: bool = Tru
     dirs a sweep has not submitted yet: the manifest says to rewrite them)."""
     path = refuse_symlinks(path, within=within)
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(path, text.encode("utf-8"), durable=durable, within=within)
+    atomic_write_bytes(path, text.encode("utf-8"), durable=durable, within=within, mode=mode)
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes, *, replace: bool = True,
-                       durable: bool = True, within: str | os.PathLike | None = None) -> bool:
+                       durable: bool = True, within: str | os.PathLike | None = None, mode: int = 0o666) -> bool:
     """Write ``data`` to ``path`` via temp file + fsync + rename (``replace``), or, with
     ``replace=False``, + hard link: then ``path`` is written only if it does not exist yet, and
     the answer says whether it was (a file someone else put there first is kept). ``durable``:
-    as for atomic_write_text; ``within``: refuse_symlinks."""
+    as for atomic_write_text; ``within``: refuse_symlinks; ``mode``: the new file's permissions
+    (less the umask; 0o600: its owner's only)."""
     path = refuse_symlinks(path, within=within)
-    tmp = _written_temp(path, data, durable=durable)
+    tmp = _written_temp(path, data, durable=durable, mode=mode)
     try:
         if replace:
             os.replace(tmp, path)
@@ -125,8 +126,9 @@ def atomic_file(path: str | os.PathLike, *, within: str | os.PathLike | None = N
 
 
 def atomic_write_json(path: str | os.PathLike, obj: Any, *, durable: bool = True,
-                      within: str | os.PathLike | None = None) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n", durable=durable, within=within)
+                      within: str | os.PathLike | None = None, mode: int = 0o666) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n", durable=durable, within=within,
+                      mode=mode)
 
 
 _ENTRY_CACHE: dict[tuple[str, type, str], str] = {}
@@ -163,8 +165,8 @@ def yaml_text(obj: Any) -> str:
 
 
 def atomic_write_yaml(path: str | os.PathLike, obj: Any, *, durable: bool = True,
-                      within: str | os.PathLike | None = None) -> None:
-    atomic_write_text(path, yaml_text(obj), durable=durable, within=within)
+                      within: str | os.PathLike | None = None, mode: int = 0o666) -> None:
+    atomic_write_text(path, yaml_text(obj), durable=durable, within=within, mode=mode)
 
 
 def append_line(path: str | os.PathLike, line: str, *, within: str | os.PathLike | None = None) -> None:

@@ -109,7 +109,8 @@ class StudyContext:
                 "storage": self.storage_url, "spec_file": self.spec_file, **self.extra}
 
     def write(self) -> None:
-        atomic_write_json(self.tune_dir / STUDY_FILE, self.to_json())
+        # its owner's only: it names the database and how to reach it
+        atomic_write_json(self.tune_dir / STUDY_FILE, self.to_json(), mode=0o600)
 
     @classmethod
     def load(cls, study_dir: str | os.PathLike) -> StudyContext:
