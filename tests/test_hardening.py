@@ -79,6 +79,30 @@ def test_sbatch_export_may_not_set_a_start_up_hook(tmp_path, export, hook):
     assert load_profile(p).sbatch["export"] == "ALL,OMP_NUM_THREADS=4,ENVIRONMENT=x"  # near names pass
 
 
+@pytest.mark.parametrize("option", ["export-file", "export_file", "export-fil", "export-f", "export-"])
+def test_every_prefix_sbatch_reads_as_export_file_is_refused(tmp_path, option):
+    p = tmp_path / "p.yaml"
+    p.write_text(yaml.safe_dump({"executor": "slurm", "sbatch": {option: "/tmp/env"}}))
+    err = _err(load_profile, p)
+    assert err.key == "sbatch" and err.file == str(p) and "export-file" in str(err) and option in str(err)
+    p.write_text(yaml.safe_dump({"executor": "slurm", "sbatch": {"exclusive": "user", "export": "ALL"}}))
+    assert load_profile(p).sbatch == {"exclusive": "user", "export": "ALL"}
+
+
+@pytest.mark.parametrize("name", ["PATH", "PYTHONPATH", "PYTHONSTARTUP", "PYTHONHOME", "PERL5OPT",
+                                  "LD_LIBRARY_PATH", "BASH_ENV", "ENV"])
+def test_sbatch_export_may_not_choose_the_code_a_job_runs_unless_allowed(tmp_path, name):
+    p = tmp_path / "p.yaml"
+    prof = {"executor": "slurm", "sbatch": {"export": f"ALL,OMP_NUM_THREADS=2,{name}=/tmp/evil"}}
+    p.write_text(yaml.safe_dump(prof))
+    err = _err(load_profile, p)
+    assert err.key == "sbatch" and err.file == str(p) and name in str(err) and "allow_exports" in str(err)
+    p.write_text(yaml.safe_dump({**prof, "allow_exports": [name]}))
+    assert load_profile(p).allow_exports == (name,)
+    p.write_text(yaml.safe_dump({**prof, "allow_exports": [f"{name}=x"]}))
+    assert _err(load_profile, p).key == "allow_exports"
+
+
 @pytest.mark.parametrize("server, key", [
     ({"env": {"BASH_ENV": "/x"}}, "vllm_servers.policy.env"),
     ({"env": {"X": "a\x00b"}}, "vllm_servers.policy.env"),
