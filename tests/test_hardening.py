@@ -222,7 +222,37 @@ DAMAGE = {
     "a FIFO": (lambda m: os.mkfifo(m / "notes"), "FIFO"),
     "a symlink loop": (lambda m: os.symlink("loop", m / "loop"), "symlink loop"),
     "a dangling link": (lambda m: os.symlink(m / "gone", m / "extra.bin"), "dangling symlink"),
+    "vocab_size 1e12": (lambda m: (m / "config.json").write_text(
+        '{"model_type": "qwen2", "hidden_size": 64, "vocab_size": 1e12}'), "vocab_size is 1000000000000.0"),
+    "-28 layers": (lambda m: (m / "config.json").write_text(
+        '{"model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": -28}'), "num_hidden_layers is -28"),
+    "a chat template that does not parse": (lambda m: (m / "tokenizer_config.json").write_text(json.dumps(
+        {"chat_template": "{% for m in messages %}{{ m.content }}"})), "chat template does not parse"),
+    "a chat template that raises": (lambda m: (m / "tokenizer_config.json").write_text(json.dumps(
+        {"chat_template": "{{ raise_exception('System role not supported') }}"})), "System role not supported"),
+    "a chat_template.jinja that raises": (lambda m: (m / "chat_template.jinja").write_text(
+        "{{ messages[0]['content'] / 0 }}"), "chat template raises"),
 }
+
+
+def test_a_working_chat_template_passes(tmp_path):
+    model = fake_model_dir(tmp_path / "m")
+    (model / "tokenizer_config.json").write_text(json.dumps({"chat_template": (
+        "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}assistant:{% endif %}")}))
+    assert resolve({"model": str(model)})["model"]["name"] == str(model)
+
+
+@pytest.mark.parametrize("field, value", [("num_hidden_layers", -28), ("vocab_size", 1e12), ("num_attention_heads", 0),
+                                          ("hidden_size", "64"), ("intermediate_size", True)])
+def test_the_memory_plan_refuses_sizes_no_model_has(field, value):
+    from armorlab.core.plan_inputs import shape_from_config
+
+    cfg = {"model_type": "llama", "vocab_size": 1000, "hidden_size": 64, "intermediate_size": 128,
+           "num_hidden_layers": 2, "num_attention_heads": 4, field: value}
+    err = _err(shape_from_config, cfg, name="m", source="m/config.json")
+    assert (err.key, err.value, err.file) == ("model", "m", "m/config.json") and field in str(err)
+    assert shape_from_config({**cfg, field: 8 if field != "hidden_size" else 64}, name="m", source="x").num_layers > 0
 
 
 @pytest.mark.parametrize("damage", list(DAMAGE))
