@@ -230,3 +230,48 @@ def test_read_regular_caps_the_size(tmp_path):
     assert fsutil.read_regular(p, limit=101) == b"x" * 101
     with pytest.raises(fsutil.NotRegularFile, match="larger than 100 bytes"):
         fsutil.read_regular(p, limit=100)
+
+
+# --------------------------------------------------------------------------- §4: selected.json stays in its run
+@pytest.mark.parametrize("checkpoint", ["../../other/abc/checkpoints/checkpoint-3", "/elsewhere/checkpoint-3",
+                                        "checkpoints/checkpoint-2", "checkpoints/../../x/checkpoints/checkpoint-3",
+                                        "checkpoints/checkpoint-3 (linked)"])
+def test_a_selected_json_pointing_outside_its_run_is_refused(tmp_path, checkpoint):
+    from armorlab.train.init_from import _from_selected
+
+    rd = RunDir.create(tmp_path / "sw", resolve({"max_steps": 3}))
+    (rd.checkpoints_dir / "checkpoint-3").mkdir(parents=True) if "linked" not in checkpoint else None
+    if "linked" in checkpoint:
+        (tmp_path / "foreign").mkdir()
+        rd.checkpoints_dir.mkdir()
+        (rd.checkpoints_dir / "checkpoint-3").symlink_to(tmp_path / "foreign", target_is_directory=True)
+        checkpoint = "checkpoints/checkpoint-3"
+    record = {"rule": "r", "metric": "val/acc", "mode": "max", "step": 3, "value": 0.5, "checkpoint": checkpoint}
+    fsutil.atomic_write_json(rd.selected_path, record)
+    init = {"run": "sw/" + rd.id, "select": {"metric": "val/acc", "mode": "max"}}
+    with pytest.raises(ArmorLabError) as info:
+        _from_selected(rd, init, "spec.yaml")
+    assert (info.value.key, info.value.value, info.value.file) == ("checkpoint", checkpoint, str(rd.selected_path))
+    assert "own run" in str(info.value)
+
+
+def test_a_selected_json_naming_its_own_checkpoint_is_used(tmp_path):
+    from armorlab.train.init_from import _from_selected
+
+    rd = RunDir.create(tmp_path / "sw", resolve({"max_steps": 3}))
+    (rd.checkpoints_dir / "checkpoint-3").mkdir(parents=True)
+    fsutil.atomic_write_json(rd.selected_path, {"rule": "r", "metric": "val/acc", "mode": "max", "step": 3,
+                                                "value": 0.5, "checkpoint": "checkpoints/checkpoint-3"})
+    start = _from_selected(rd, {"run": "sw/" + rd.id, "select": {"metric": "val/acc", "mode": "max"}}, "s.yaml")
+    assert start.checkpoint == (rd.checkpoints_dir / "checkpoint-3").absolute() and start.step == 3
+
+
+def test_a_report_path_that_exists_is_literal_not_a_glob(tmp_path):
+    from armorlab.core.runs import expand_globs, find_run_dirs
+
+    literal = RunDir.create(tmp_path / "exp[1]", resolve({"max_steps": 3}))
+    decoy = RunDir.create(tmp_path / "exp1", resolve({"max_steps": 4}))  # what exp[1] matches as a glob
+    assert expand_globs([str(tmp_path / "exp[1]")]) == [tmp_path / "exp[1]"]
+    assert [rd.id for rd in find_run_dirs(expand_globs([str(tmp_path / "exp[1]")]))] == [literal.id]
+    # a pattern that names no path is still one
+    assert expand_globs([str(tmp_path / "exp[0-9]")]) == [tmp_path / "exp1"] and decoy.id

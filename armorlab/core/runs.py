@@ -453,13 +453,15 @@ def _rewrite_in_place(path: Path, text: str) -> None:
 
 def expand_globs(paths: Iterable[str | os.PathLike]) -> list[Path]:
     """The paths as given, each glob pattern replaced by its matches (sorted); a pattern that
-    matches nothing is an ArmorLabError naming it (a typo must not shrink a report silently)."""
+    matches nothing is an ArmorLabError naming it (a typo must not shrink a report silently). A
+    path that exists as written is literal, magic characters or not (``runs/exp[1]`` is that dir,
+    not ``runs/exp1``)."""
     import glob  # here: most commands name no glob
 
     out: list[Path] = []
     for p in paths:
         text = str(p)
-        if glob.has_magic(text):
+        if glob.has_magic(text) and not os.path.lexists(text):
             matches = sorted(glob.glob(text))
             if not matches:
                 raise ArmorLabError("glob matches nothing", key="runs", value=text)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -131,9 +132,15 @@ def _from_selected(parent: RunDir, init_from: Mapping[str, Any], file: str) -> S
     if not isinstance(sel.get("step"), int) or not isinstance(sel.get("checkpoint"), str):
         raise ArmorLabError("selected.json lacks its step or checkpoint", key="step", value=sel.get("step"),
                             file=str(path))
+    checkpoint = (parent.path / sel["checkpoint"]).absolute()
+    own = parent.checkpoints_dir / f"checkpoint-{sel['step']}"
+    if os.path.realpath(checkpoint) != os.path.realpath(own) or checkpoint.is_symlink():
+        raise ArmorLabError(f"selected.json must name its own run's checkpoint of the selected step ({own.relative_to(parent.path)}): "
+                            "a checkpoint elsewhere would start this run from another run's weights",
+                            key="checkpoint", value=sel["checkpoint"], file=str(path))
     rollout = sel.get("rollout")
     return Start(init_from["run"], sel["step"], rollout if isinstance(rollout, int) else None,
-                 (parent.path / sel["checkpoint"]).absolute(), FROM_SELECTED, sel.get("rule"), sel.get("value"))
+                 checkpoint, FROM_SELECTED, sel.get("rule"), sel.get("value"))
 
 
 def _from_metrics(parent: RunDir, init_from: Mapping[str, Any], file: str) -> Start:
