@@ -161,6 +161,29 @@ def test_deep_yaml_nesting_is_an_error_naming_the_file(tmp_path, text):
     assert err.file == str(p) and "nested" in str(err)
 
 
+def _alias_bomb(levels: int, width: int = 10) -> str:
+    lines = ["l0: &l0 [" + ", ".join(["lol"] * width) + "]"]
+    lines += [f"l{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * width) + "]" for i in range(1, levels)]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("text, words", [(_alias_bomb(10), "aliases"),  # 10^10 values from 10 lines
+                                         (_alias_bomb(7), "aliases"),  # 10^7: the 11 s case of the campaign
+                                         ("x: &x [*x]\n", "nested"),  # a list that holds itself
+                                         ("a: &a [[[[1]]]]\nb: [" + ", ".join(["*a"] * 30) + "]\n", None)])
+def test_alias_bombs_are_refused_at_once_and_shared_aliases_pass(tmp_path, text, words):
+    import time
+
+    p = _cfg_file(tmp_path, text)
+    t0 = time.perf_counter()
+    if words is None:
+        assert len(load_yaml_mapping(p)["b"]) == 30
+    else:
+        err = _err(load_yaml_mapping, p)
+        assert err.file == str(p) and words in str(err) and str(err).count(str(p)) == 1
+    assert time.perf_counter() - t0 < 1.0
+
+
 def test_yaml_escapes_past_unicode_are_an_error_not_a_traceback(tmp_path):
     p = _cfg_file(tmp_path, 'model: "\\U0011ffff"\n')
     assert _err(load_yaml_mapping, p).file == str(p)
