@@ -84,6 +84,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MAX_SEEDS, DEFAULT_SEEDS_PER_LOOK = 10, 2
 DECISION_TIME_MIN, DECISION_MEM = 30, "2G"
+MAX_SEEDS_LIMIT = 1_000  # --max-seeds and --seeds-per-look: each seed is a training run per arm
 # the design keys a re-run may not change once a look is recorded (the error rate assumes them)
 FIXED_KEYS = ("baseline", "arms", "endpoint", "alpha", "spending", "first_look", "power", "higher_is_better")
 ACTION_WORDS = {SUBMIT: "to run", DONE: "completed", ACTIVE: "queued/running", FAILED: "failed",
@@ -145,6 +146,9 @@ class Chain:
         for key, v in (("--max-seeds", n_max), ("--seeds-per-look", k)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ArmorLabError("must be a positive integer", key=key, value=v)
+            if v > MAX_SEEDS_LIMIT:  # the runs are planned up front: 10^9 seeds would never finish planning
+                raise ArmorLabError(f"must be at most {MAX_SEEDS_LIMIT:,} (seeds per arm; each is a training run)",
+                                    key=key, value=v)
         extended, self.seeds, self.first = extend_spec(spec, self.stage_name, n_max)
         runs = expand(extended)
         self.order = [r.run_id for r in runs]
