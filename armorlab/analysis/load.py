@@ -41,7 +41,7 @@ import pandas as pd
 from armorlab.analysis import importers
 from armorlab.analysis.importers.base import flatten as flatten_config  # nested config → dotted keys
 from armorlab.core.config import LOGGING_KEYS
-from armorlab.core.fsutil import atomic_file, atomic_write_text, read_regular, remove_file
+from armorlab.core.fsutil import atomic_file, atomic_write_text, read_regular, read_regular_text, remove_file
 from armorlab.core.health import GATE_DROP, GATE_SHARE, GATE_WINDOW, WATCHED, series_warnings
 from armorlab.core.runs import RunDir, valid_step
 from armorlab.errors import ArmorLabError
@@ -456,7 +456,7 @@ def in_stages(run_dirs: Iterable[RunDir], stages: Iterable[str]) -> list[RunDir]
         sweep = rd.path.parent
         if sweep not in maps:
             try:
-                maps[sweep] = dict(json.loads((sweep / MANIFEST).read_text(encoding="utf-8")).get("stages") or {})
+                maps[sweep] = dict(json.loads(read_regular_text(sweep / MANIFEST)).get("stages") or {})
             except (OSError, ValueError, AttributeError):
                 maps[sweep] = {}
         if maps[sweep].get(rd.id) in wanted:

@@ -62,7 +62,7 @@ def parent_run_dir(run_dir: RunDir, init_from: Mapping[str, Any]) -> RunDir:
 def loadable(checkpoint: Path) -> bool:
     """A complete checkpoint: weights config and trainer state written (the state is written last)."""
     try:
-        json.loads((checkpoint / "trainer_state.json").read_text(encoding="utf-8"))
+        json.loads(read_regular_text(checkpoint / "trainer_state.json"))
     except (OSError, ValueError):
         return False
     return (checkpoint / "config.json").is_file()

@@ -135,7 +135,7 @@ def complete_checkpoint(run_dir: RunDir) -> Path | None:
     """The newest checkpoint whose trainer_state.json (written last by transformers) parses."""
     for cp in reversed(run_dir.checkpoints()):
         try:
-            json.loads((cp / "trainer_state.json").read_text(encoding="utf-8"))
+            json.loads(read_regular_text(cp / "trainer_state.json"))
         except (OSError, ValueError):
             log.warning("skipping incomplete checkpoint %s", cp)
             continue
