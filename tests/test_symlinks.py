@@ -275,3 +275,20 @@ def test_a_report_path_that_exists_is_literal_not_a_glob(tmp_path):
     assert [rd.id for rd in find_run_dirs(expand_globs([str(tmp_path / "exp[1]")]))] == [literal.id]
     # a pattern that names no path is still one
     assert expand_globs([str(tmp_path / "exp[0-9]")]) == [tmp_path / "exp1"] and decoy.id
+
+
+def test_logs_and_the_sweep_lock_are_never_appended_through_a_link(tmp_path, canary):
+    from armorlab.sweeps.manifest import LOCK, locked
+
+    sweep = tmp_path / "sw"
+    (sweep / ".logs").mkdir(parents=True)
+    (sweep / ".logs" / "abc.log").symlink_to(canary)
+    _refused(fsutil.open_append, sweep / ".logs" / "abc.log", link=sweep / ".logs" / "abc.log")
+    (sweep / LOCK).symlink_to(canary)
+    with pytest.raises(ArmorLabError):
+        with locked(sweep):
+            pass
+    assert canary.read_bytes() == KEY_FILE
+    with fsutil.open_append(sweep / ".logs" / "new.log") as fh:
+        fh.write(b"line\n")
+    assert (sweep / ".logs" / "new.log").read_bytes() == b"line\n"

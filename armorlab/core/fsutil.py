@@ -192,6 +192,21 @@ def append_line(path: str | os.PathLike, line: str, *, within: str | os.PathLike
         fh.flush()
 
 
+def open_append(path: str | os.PathLike, *, within: str | os.PathLike | None = None) -> Any:
+    """A log file opened to append bytes (``open(path, "ab")``), never through a link (refuse_symlinks,
+    O_NOFOLLOW) nor into a FIFO or device."""
+    path = refuse_symlinks(path, within=within)
+    try:
+        fd = open_regular(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, follow_symlinks=False)
+    except NotRegularFile as exc:
+        raise ArmorLabError(f"cannot append to it: {exc}", file=str(path)) from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            refuse_symlinks(path, within=within)  # names the link
+        raise
+    return os.fdopen(fd, "ab")
+
+
 def mend_torn_tail(fh: Any, chunk: int = 1 << 16) -> None:
     """Make a line-oriented file opened ``a+b`` end in a newline: an unterminated last line that
     still parses as one JSON value (only its newline was lost) is terminated; anything else is a

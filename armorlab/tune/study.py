@@ -41,6 +41,7 @@ from armorlab.core.fsutil import (
     SMALL_FILE_BYTES,
     atomic_write_json,
     atomic_write_yaml,
+    open_append,
     read_regular_text,
     writable_dir,
 )
@@ -225,7 +226,7 @@ def run_local(ctx: Any, workers: int = 1, *, launch: dict[str, Any] | None = Non
     signal.signal(signal.SIGTERM, stop)
     try:
         for i in range(workers):
-            fh = open(log_dir / f"worker-{i}.log", "ab")  # noqa: SIM115 (lives as long as the worker)
+            fh = open_append(log_dir / f"worker-{i}.log")  # lives as long as the worker
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "armorlab.tune.worker", str(ctx.study_dir), "--index", str(i),
                  "--poll", str(worker_poll_s), *launch_args], stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

@@ -44,7 +44,7 @@ from optuna.trial import TrialState
 
 from armorlab.core.config import resolve
 from armorlab.core.exits import EXIT_BUSY, EXIT_PREEMPTED
-from armorlab.core.fsutil import SMALL_FILE_BYTES, atomic_write_json, read_regular_text
+from armorlab.core.fsutil import SMALL_FILE_BYTES, atomic_write_json, open_append, read_regular_text
 from armorlab.core.runs import RunDir
 from armorlab.errors import ArmorLabError
 from armorlab.stats.collapse import curve_auc
@@ -502,7 +502,7 @@ class Worker:
         tail = _MetricsTail(rd.metrics_path)
         reported: set[int] = set()
         pruned_at: int | None = None
-        with open(log_path, "ab") as log_fh:
+        with open_append(log_path) as log_fh:
             log_fh.write(f"--- trial {trial.number} worker {self.index} pid {os.getpid()}\n".encode())
             log_fh.flush()
             self.proc = subprocess.Popen(cmd, stdout=log_fh, stderr=subprocess.STDOUT, env=env,
