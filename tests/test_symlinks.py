@@ -285,9 +285,8 @@ def test_logs_and_the_sweep_lock_are_never_appended_through_a_link(tmp_path, can
     (sweep / ".logs" / "abc.log").symlink_to(canary)
     _refused(fsutil.open_append, sweep / ".logs" / "abc.log", link=sweep / ".logs" / "abc.log")
     (sweep / LOCK).symlink_to(canary)
-    with pytest.raises(ArmorLabError):
-        with locked(sweep):
-            pass
+    with pytest.raises(ArmorLabError), locked(sweep):
+        pass
     assert canary.read_bytes() == KEY_FILE
     with fsutil.open_append(sweep / ".logs" / "new.log") as fh:
         fh.write(b"line\n")
