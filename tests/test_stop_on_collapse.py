@@ -219,3 +219,35 @@ def test_a_stopped_parent_is_final_for_a_continuation(tmp_path):
     child = RunDir.create(tmp_path / "c", resolve({"seed": 3}))
     start = find_start(child, {"run": f"p/{rd.id}", "select": {"metric": "val/acc", "mode": "max"}})
     assert (start.step, start.checkpoint) == (5, ck.resolve())
+
+
+# --------------------------------------------------------------------------- the trainer itself
+def test_the_trainer_stops_on_a_collapsing_eval_stream_and_keeps_its_peak(tmp_path, monkeypatch):
+    """A real tiny run whose evals are a stand-in stream (the VAL_STEPS curve, n = 400)."""
+    from armorlab.train.evaluation import Validator
+    from armorlab.train.launch import train_run_dir
+    from tests.trainer_support import model_cache, resolved
+
+    monkeypatch.setenv("ARMORLAB_CACHE", model_cache())
+    for var in ("SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURM_JOB_ID", "ARMORLAB_JOB_ID"):
+        monkeypatch.delenv(var, raising=False)
+
+    def stream(self, step):
+        return {"val/acc": [v for at, v in VAL_STEPS if at <= step][-1], "val/n": 400.0}
+
+    monkeypatch.setattr(Validator, "run", stream)
+    # SMALL: steps_per_generation 2 at GA 1 = two optimizer steps per rollout; one eval per rollout
+    rd = RunDir.create(tmp_path, resolved(objective="dapo", max_steps=24, val_every=2, stop_on_collapse={"patience": 2}))
+    outcome = train_run_dir(rd.path)
+    assert (outcome.state, outcome.exit_code) == ("stopped", 0)
+    assert outcome.reason == "collapse at rollout 5, level fell 24.0 SE"
+    status = rd.read_status()
+    assert (status["state"], status["reason"]) == ("stopped", outcome.reason) and status["ended"]
+    rows = rd.read_metrics()
+    assert rows[-1]["step"] == 12 and rows[-1]["rollout"] == 6
+    selected = rd.read_selected()
+    assert (selected["step"], selected["rollout"], selected["value"]) == (6, 3, pytest.approx(0.8))
+    assert (rd.path / selected["checkpoint"] / "trainer_state.json").is_file()
+    # the keeper kept the peak; a second start trains nothing
+    again = train_run_dir(rd.path)
+    assert (again.state, again.already_completed) == ("stopped", True) and rd.read_metrics() == rows
