@@ -126,7 +126,8 @@ def _state_notes(rs: RunSet, notes: G.Notes) -> None:
         if run.state == "unknown":  # an imported run whose source does not record how it ended
             continue
         if run.state == "stopped":
-            notes.add(f"run {run.run_id} stopped itself ({run.reason}): its level at stop is carried forward "
+            why = f" ({run.reason})" if isinstance(run.reason, str) and run.reason else ""
+            notes.add(f"run {run.run_id} stopped itself{why}: its level at stop is carried forward "
                       "to the horizon in final, auc and matched-step scores")
         elif run.state != "completed":
             reason = f": {run.reason}" if isinstance(run.reason, str) and run.reason else ""
