@@ -29,12 +29,12 @@ from armorlab.core.runs import RunDir
 from armorlab.errors import ArmorLabError
 from armorlab.stats.sequential import SPENDING, Design, decide_look, looks_record
 from armorlab.stats.sequential_text import sentence
-from armorlab.sweeps.compare import SPENDINGS
 from armorlab.sweeps.jobs import ENV_COMMAND
-from armorlab.sweeps.looks import extended_seeds
 from armorlab.sweeps.manifest import LOOKS, load_manifest
 from armorlab.sweeps.submit import load_sweep
 from armorlab.sweeps.until_resolved import Chain
+from armorlab.sweeps.until_resolved_compare import SPENDINGS
+from armorlab.sweeps.until_resolved_looks import extended_seeds
 
 SELECT = {"metric": "val/acc", "mode": "max"}
 
@@ -304,7 +304,7 @@ def test_words_for_an_arm_not_resolved_at_max_seeds():
 
 
 def test_the_looks_file_name_is_one_across_layers():
-    from armorlab.analysis.looks_report import LOOKS_FILE
+    from armorlab.analysis.until_resolved_report import LOOKS_FILE
 
     assert LOOKS_FILE == LOOKS
 

@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from armorlab import __version__
+from armorlab._version import __version__
 from armorlab.core.fsutil import atomic_write_json
 from armorlab.core.runs import expand_globs, find_run_dirs
 from armorlab.errors import ArmorLabError

@@ -32,7 +32,7 @@ import pandas as pd
 
 from armorlab.analysis.load import META_COLUMNS, RunSet
 from armorlab.analysis.recipe import SEED_KEYS, Recipe
-from armorlab.analysis.values import fmt_value, norm_value
+from armorlab.analysis.value_labels import fmt_value, norm_value
 from armorlab.errors import ArmorLabError
 from armorlab.stats import collapse, select
 from armorlab.stats import seeds as stats
@@ -222,6 +222,16 @@ def make_groups(runs: pd.DataFrame, keys: Sequence[str], *, file: str | None = N
         for rid in combos[combo]:
             of_run[rid] = label
     return Groups(list(keys), pd.DataFrame(rows), of_run, members)
+
+
+def run_groups(rs: RunSet, group_by: Sequence[str] | None = None) -> pd.Series:
+    """The report's group of each run (index run_id, values its label, e.g.
+    ``"objective=armor, alpha=0.8"``): grouped by ``group_by`` as a recipe's ``group_by``, or by the
+    keys the report picks itself (auto_group_by); seeds are never a group key. For a plot per group:
+    ``rs.long.assign(group=rs.long["run_id"].map(run_groups(rs)))``."""
+    keys = list(group_by) if group_by is not None else auto_group_by(rs.runs)
+    of_run = make_groups(rs.runs, keys).of_run
+    return pd.Series([of_run[r] for r in rs.run_ids], index=pd.Index(rs.run_ids, name="run_id"), name="group")
 
 
 # --------------------------------------------------------------------------- per-run scores

@@ -2,24 +2,11 @@
 value), a wide per-run table (run_id, step, one column per metric) and a per-run table
 (run_id, sweep, path, state, reason, flattened config).
 
-Reading follows armorlab.core.runs (RunDir, find_run_dirs) and its rules for metrics.jsonl, vectorised:
-* each file is parsed in one call to pyarrow's JSON reader; a file it rejects (a torn line from a
-  killed writer, a stray non-object line) is re-read line by line, skipping each bad line with a
-  warning, exactly like RunDir.iter_metrics;
-* rows whose ``step`` is not an integer are ignored; duplicate steps (after a resume) merge with
-  the later line winning per metric, like RunDir.read_metrics (a later explicit ``null`` does not
-  erase an earlier number: the vectorised merge keeps the last non-null value);
-* non-numeric metric values are ignored (booleans become 0/1).
-
-A cache lives next to the runs it holds: ``<sweep>/.armorlab-cache/metrics.arrow`` (hidden, so
-run discovery skips it), an uncompressed Arrow IPC file: written at memory speed and read by
-memory-mapping (parquet's encoding cost ~1 s per 100 MB here and bought nothing: noisy floats do
-not compress). Each run's entry is keyed on the size and mtime_ns of its
-metrics.jsonl and config.yaml; a run whose files changed is re-parsed, the others come from the
-cache, and parse warnings are stored with the entry so a cached load warns the same way. Each
-entry also carries a digest of its rows, checked when it is read: a damaged or edited cache
-(rows shifted between runs) is re-parsed, never read as other values. A cache that cannot be
-read or written is ignored (logged), never an error.
+metrics.jsonl follows armorlab.core.runs' rules (torn lines skipped with a warning, non-integer
+steps ignored, the later line winning per metric after a resume, non-numbers ignored), parsed by
+pyarrow in one call per file; a file it rejects is re-read line by line. The cache
+(``<sweep>/.armorlab-cache/metrics.arrow``) and how it stays true: docs/reports.md and
+docs/safety-and-errors.md.
 """
 
 from __future__ import annotations
@@ -28,7 +15,7 @@ import io
 import json
 import logging
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -399,20 +386,6 @@ class RunSet:
         if varying_only:
             cols = [c for c in cols if self.runs[c].astype(str).nunique(dropna=False) > 1]
         return cols
-
-    def groups(self, group_by: Sequence[str] | None = None) -> pd.Series:
-        """The report's group of each run (index run_id, values its label, e.g.
-        ``"objective=armor, alpha=0.8"``): grouped by ``group_by`` as a recipe's ``group_by``, or
-        by the keys the report picks itself (the fewest varying keys that tell the configs apart,
-        armorlab.analysis.groups.auto_group_by); seeds are never a group key. For a plot per group:
-        ``rs.long.assign(group=rs.long["run_id"].map(rs.groups()))``."""
-        # lazy: groups imports the statistics stack (scipy); loading runs does not need it
-        from armorlab.analysis.groups import auto_group_by, make_groups
-
-        keys = list(group_by) if group_by is not None else auto_group_by(self.runs)
-        of_run = make_groups(self.runs, keys).of_run
-        return pd.Series([of_run[r] for r in self.run_ids], index=pd.Index(self.run_ids, name="run_id"),
-                         name="group")
 
     @cached_property
     def long(self) -> pd.DataFrame:

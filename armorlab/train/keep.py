@@ -32,7 +32,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from armorlab.core.eval_sets import DEFAULT_KEEP_SELECT
+from armorlab.core.eval_sets import DEFAULT_KEEP_SELECT, VAL_METRIC
 from armorlab.core.fsutil import atomic_write_json
 from armorlab.core.runs import RunDir
 from armorlab.core.schedule import rollout_at
@@ -71,7 +71,7 @@ class CheckpointKeeper(TrainerCallback):
     """The keeper for one run dir (module docstring). ``last``: the run's ``save_total_limit``."""
 
     def __init__(self, trainer: Any, run_dir: RunDir, *, keep: int, last: int | None,
-                 metric: str = "val/acc", mode: str = "max", patience: int = PATIENCE) -> None:
+                 metric: str = VAL_METRIC, mode: str = "max", patience: int = PATIENCE) -> None:
         self.trainer, self.run_dir = trainer, run_dir
         self.keep, self.last = int(keep), last
         self.metric, self.mode, self.patience = metric, mode, patience

@@ -397,7 +397,7 @@ def build_trainer(cfg: dict[str, Any], run_dir: RunDir, callbacks: Iterable[Any]
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
     from armorlab.tasks import build_task
-    from armorlab.tasks.heldout import build_eval_sets
+    from armorlab.tasks.mathfile import build_eval_sets
     from armorlab.train import keep
     from armorlab.train.models import has_chat_template, prepare_model
     from armorlab.train.telemetry import RunDirLogger

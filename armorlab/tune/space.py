@@ -387,7 +387,7 @@ def parse_search(raw: Any, base: Mapping[str, Any], *, file: str | None = None) 
         space[name] = _parse_param(name, praw, file)
     _check_points_resolve(space, base, file)
 
-    obj_raw = raw.get("objective", {"metric": "val/acc", "summary": "auc"})
+    obj_raw = raw.get("objective", {"metric": cfgmod.DEFAULT_SELECT["metric"], "summary": "auc"})
     if isinstance(obj_raw, list):
         if not obj_raw:
             raise _err("objective list is empty", "search.objective", obj_raw, file)
