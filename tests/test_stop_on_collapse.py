@@ -131,8 +131,8 @@ def _hand_run(root, seed, val, *, state, reason=None):
 
 
 def test_a_stopped_run_counts_as_collapsed_in_final_auc_and_matched_steps(tmp_path):
-    from armorlab.analysis.look_values import score_runs
     from armorlab.analysis.recipe import Select
+    from armorlab.analysis.until_resolved_scores import score_runs
 
     root = tmp_path / "sw"
     steps = range(0, 55, 5)
