@@ -251,3 +251,23 @@ def test_the_trainer_stops_on_a_collapsing_eval_stream_and_keeps_its_peak(tmp_pa
     # the keeper kept the peak; a second start trains nothing
     again = train_run_dir(rd.path)
     assert (again.state, again.already_completed) == ("stopped", True) and rd.read_metrics() == rows
+
+
+def test_a_later_stage_starts_from_a_stopped_parent_on_the_local_executor(tmp_path, monkeypatch):
+    monkeypatch.setenv(ENV_COMMAND, standin_command())
+    monkeypatch.setenv("ARMORLAB_STANDIN_STEP_S", "0.01")
+    monkeypatch.setenv("ARMORLAB_STANDIN_VAL_STEPS", json.dumps(VAL_STEPS))
+    base = {"max_steps": 24, "val_every": 2, "save_steps": 2, "steps_per_generation": 2,
+            "gradient_accumulation_steps": 1}
+    spec = write_spec(tmp_path / "st.yaml", {"name": "st", "base": base, "stages": [
+        {"name": "dapo", "base": {"stop_on_collapse": {"patience": 2}}},
+        {"name": "continue", "from": {"stage": "dapo", "select": {"metric": "val/acc", "mode": "max"}}}]})
+    root = tmp_path / "runs"
+    out = run_cli("sweep", str(spec), "--root", str(root))
+    assert out.returncode == 0, out.stdout + out.stderr
+    st = collect(root / "st")
+    assert sorted(st.counts.items()) == [("completed", 1), ("stopped", 1)]
+    child = next(r for r in st.rows if r.state == "completed")
+    # the stand-in records its parent's status when it started: the stopped, final one
+    seen = json.loads((root / "st" / child.run_id / "standin_parent.json").read_text())
+    assert seen["state"] == "stopped" and seen["reason"] == "collapse at rollout 5, level fell 24.0 SE"
