@@ -203,6 +203,7 @@ def test_sigterm_during_the_warm_start_stops_within_seconds_and_leaves_no_build(
     finally:
         proc.kill()
     assert proc.returncode == EXIT_PREEMPTED, err
+    print(f"exited {waited:.1f} s after SIGTERM")
     assert waited < 15, waited  # a warm-start step is ~0.1 s; the interpreter's exit the rest
     status = rd.read_status()
     assert status["state"] == "pending" and status["reason"] == "preempted before the first step (signal 15)"

@@ -326,7 +326,7 @@ def test_sweep_refuses_a_run_that_does_not_fit_before_writing_anything(tmp_path,
     fake_model_dir(tmp_path / "model", config=KNOWN_CONFIGS["Qwen/Qwen2.5-Math-7B"])
     data = tmp_path / "data.jsonl"
     data.write_text("".join(f'{{"problem": "{i} + 1", "answer": "{i + 1}"}}\n' for i in range(1200)))
-    over = {"model": str(tmp_path / "model"), "task": {"path": str(data)}}
+    over = {"model": str(tmp_path / "model"), "task": {"path": str(data)}, "eval_sets": None}  # the held-out files: elsewhere
     spec = REPO / "sweeps" / "paper" / "armor_table1.yaml"
     with pytest.raises(ArmorLabError, match=r"does not fit: memory plan: .*slurm/gpu-8x.yaml"):
         plan_sweep(spec, root=tmp_path / "runs", profile=REPO / "slurm" / "gpu-8x.yaml", overrides=over)

@@ -41,7 +41,9 @@ def batches(draw):
 def grad_of(objective, logp, old, adv, mask, **kw):
     logp = logp.clone().requires_grad_(True)
     kw.setdefault("params", {"dro_beta": 0.1} if objective == "dro" else None)  # verl's DRO has no default β
-    out = policy_loss(objective, logp, old, adv, mask, max_len=logp.shape[1] + 2, **kw)
+    with torch.random.fork_rng():  # clip_cov draws the tokens it clips from torch's RNG, as verl:
+        torch.manual_seed(0)       # every call of a property draws the same ones
+        out = policy_loss(objective, logp, old, adv, mask, max_len=logp.shape[1] + 2, **kw)
     out.loss.backward()
     return out, logp.grad
 
