@@ -1,8 +1,5 @@
-"""Importers of runs other libraries logged (TRL, W&B, TensorBoard, verl, trackio; OpenRLHF through
-W&B or TensorBoard; the formats and their extras: docs/importers.md), into the same RunSet an
-armorlab run gives. ``plan(paths)`` finds what each path holds (``detect``), ``read(plan)``
-imports it. Importing never writes into a source: files are only read, SQLite is opened
-read-only, and no cache is kept beside them.
+"""Importers of other libraries' runs into the RunSet an armorlab run gives (docs/importers.md):
+``plan(paths)`` finds what each path holds, ``read(plan)`` imports it. Importing never writes into a source.
 """
 
 from __future__ import annotations
@@ -44,8 +41,7 @@ class Plan:
 
 # --------------------------------------------------------------------------- detection
 def is_native_run(path: Path) -> bool:
-    """An armorlab run dir (config.yaml + status.json or metrics.jsonl, or in a sweep dir); not a
-    W&B run's ``files/`` folder, which also holds a config.yaml."""
+    """An armorlab run dir; not a W&B ``files/`` folder, which also holds a config.yaml."""
     if not (path / CONFIG).is_file() or (path / "wandb-metadata.json").exists():
         return False
     return (path / STATUS).exists() or (path / METRICS).exists() or (path.parent / "sweep.json").exists()
@@ -144,8 +140,7 @@ def _walk(path: Path, depth: int, skip: set[Path], out: list[tuple[str, Path]]) 
 
 
 def _sources(path: Path, fmt: str | None, skip: set[Path]) -> list[tuple[str, Path]]:
-    """(format, path) of every source at or below ``path`` (``fmt``: only that format, and
-    ``path`` read as it when it is one)."""
+    """(format, path) of every source at or below ``path`` (only ``fmt`` when given)."""
     if path.is_file():
         kind = file_format(path)
         if fmt is not None:
@@ -244,8 +239,7 @@ def read_source(src: Source) -> list[ImportedRun]:
 
 
 def apply_entry(run: ImportedRun, e: Entry | None, val_n: int | None = None) -> None:
-    """A runs.yaml entry's group (as ``run_group``) and seed into the run's config; its val_n (else ``val_n``) as
-    ``val/n`` at each ``val/acc`` step of a run that does not log one."""
+    """A runs.yaml entry's group (as ``run_group``), seed and val_n (else ``val_n``) onto the run."""
     if e is not None:
         if e.group is not None:
             run.config[GROUP_KEY] = e.group

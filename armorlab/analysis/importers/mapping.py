@@ -1,25 +1,5 @@
-"""``runs.yaml``: what the sources do not record about imported runs — which group a run belongs
-to, its seed, how many completions stand behind each validation (``val_n``) — keyed by path.
-
-```yaml
-val_n: 500                      # optional: val/n of every run that logs val/acc without one
-runs:
-  outputs/grpo-beta0-s*:        # a path or a glob, relative to this file
-    group: grpo beta=0
-    val_n: 256                  # overrides the top-level val_n
-  outputs/grpo-beta0.04-s1: {group: grpo beta=0.04, seed: 1}
-  verl_logs/gsm8k/exp-s0.jsonl:
-    group: verl grpo
-    seed: 0
-    val_dumps: val_dumps/exp-s0  # verl's trainer.validation_data_dir: true val/n and pass@k
-    config: outputs/2026-11-30/10-00-00/.hydra/config.yaml   # a config file for a source without one
-  trackio/my-project.db:
-    runs: [grpo-seed0]          # only these runs (names or ids) of a trackio project
-```
-Per entry (all optional): ``group``, ``seed``, ``val_n``, ``format`` (one of the importers'),
-``flavour`` (trl, verl, openrlhf: the trainer, when its names are not recognised), ``name``,
-``val_dumps``, ``config``, ``runs``. An entry applies to the runs found at or below its path;
-the most specific entry wins. Unknown keys and bad values are errors naming the key and file.
+"""``runs.yaml``: what the sources do not record about imported runs (group, seed, val_n, ...), keyed
+by path; the format: docs/importers.md#runsyaml. Unknown keys and bad values name the key and file.
 """
 
 from __future__ import annotations
@@ -61,8 +41,7 @@ class RunsMap:
     val_n: int | None = None
 
     def entry_for(self, path: str | os.PathLike) -> Entry | None:
-        """What the entries say about ``path``: every entry whose path is ``path`` or one of its
-        ancestors, a more specific one overriding the values it gives."""
+        """Every entry at ``path`` or an ancestor, the more specific overriding."""
         p = Path(path).resolve()
         hits = []
         for e in self.entries:
