@@ -188,22 +188,40 @@ def rows_to_series(rows: Iterable[tuple[int, Mapping[str, Any]]]) -> dict[str, t
     return out
 
 
-def shallow(data: bytes, per_line: int = 4) -> bool:
-    """Whether no line can nest deeper than ``per_line``: deeper lines go to json.loads, which raises
-    RecursionError where pyarrow's reader would exhaust the C stack."""
-    return data.count(b"{") + data.count(b"[") <= per_line * (data.count(b"\n") + 1)
+MAX_FAST_DEPTH = 64  # metrics lines are flat objects (depth 1); pyarrow segfaults near 100,000
+
+
+def shallow(data: bytes, limit: int = MAX_FAST_DEPTH, chunk: int = 1 << 24) -> bool:
+    """Whether no bracket nesting goes deeper than ``limit`` (pyarrow's JSON reader recurses without one);
+    metrics lines have no ``[`` and one ``{`` each, which two byte counts establish."""
+    if b"[" not in data and data.count(b"{") <= data.count(b"\n") + 1:
+        return True
+    depth = 0
+    for start in range(0, len(data), chunk):
+        arr = np.frombuffer(data, dtype=np.uint8, count=min(chunk, len(data) - start), offset=start)
+        delta = (arr == ord("[")).astype(np.int64) + (arr == ord("{")) - (arr == ord("]")) - (arr == ord("}"))
+        running = np.cumsum(delta) + depth
+        if running.size and running.max() > limit:
+            return False
+        depth = int(running[-1]) if running.size else depth
+    return True
+
+
+def read_json_bytes(data: bytes, block_size: int = 1 << 24):
+    """JSON lines → pyarrow Table, parsed in C++ on one thread."""
+    import pyarrow.json as pj
+
+    return pj.read_json(io.BytesIO(data), read_options=pj.ReadOptions(use_threads=False, block_size=block_size))
 
 
 def json_lines_columns(data: bytes, n_rows: int) -> dict[str, np.ndarray] | None:
     """JSON lines of flat objects → float64 arrays per numeric key, by pyarrow; None when it cannot."""
     import pyarrow as pa
-    import pyarrow.json as pj
 
     if not data.strip() or not shallow(data):
         return None
     try:
-        table = pj.read_json(io.BytesIO(data), read_options=pj.ReadOptions(
-            use_threads=False, block_size=max(1 << 20, len(data) + 1)))
+        table = read_json_bytes(data, max(1 << 20, len(data) + 1))
     except Exception:  # ArrowInvalid
         return None
     if table.num_rows != n_rows:

@@ -4,7 +4,6 @@ resume step) and its validation dumps (true val/n and pass@k); docs/importers.md
 
 from __future__ import annotations
 
-import io
 import json
 import math
 import re
@@ -20,6 +19,7 @@ from armorlab.analysis.importers.base import (
     as_float,
     flatten,
     is_metric_value,
+    read_json_bytes,
     shallow,
 )
 
@@ -36,12 +36,6 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - float(np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
 
 
-def _arrow_rows(data: bytes):
-    import pyarrow.json as pj
-
-    return pj.read_json(io.BytesIO(data), read_options=pj.ReadOptions(use_threads=False, block_size=1 << 24))
-
-
 def read_jsonl(path: Path, warnings: list[str]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """The file logger's lines → per-metric (steps, values)."""
     data = path.read_bytes()
@@ -49,7 +43,7 @@ def read_jsonl(path: Path, warnings: list[str]) -> dict[str, tuple[np.ndarray, n
         return {}
     if shallow(data):
         try:
-            return _series_from_table(_arrow_rows(data))
+            return _series_from_table(read_json_bytes(data))
         except Exception:  # ArrowInvalid: a torn line, mixed types: the line-by-line rules below
             pass
     return _series_from_lines(data, str(path), warnings)
