@@ -86,10 +86,7 @@ def detect(path: str | os.PathLike) -> str | None:
     if path.is_file():
         return file_format(path)
     if path.is_dir():
-        if dir_format(path):
-            return dir_format(path)
-        if find_native(path):
-            return "armorlab"
+        return dir_format(path) or ("armorlab" if find_native(path) else None)
     return None
 
 
@@ -174,6 +171,11 @@ def plan(paths: Iterable[str | os.PathLike], *, format: str | None = None, mappi
     seen_native: set[Path] = set()
     wandb_runs: dict[str, Source] = {}
     seen_sources: set[tuple[str, Path]] = set()
+
+    def add_native(rd: RunDir) -> None:
+        if rd.path.resolve() not in seen_native:
+            seen_native.add(rd.path.resolve())
+            out.native.append(rd)
     for p in expand_globs(given):
         if not p.exists():
             raise ArmorLabError("path not found", key="path", value=str(p))
@@ -181,17 +183,12 @@ def plan(paths: Iterable[str | os.PathLike], *, format: str | None = None, mappi
         fmt = (entry.format if entry and entry.format else None) or format
         if fmt in (None, "armorlab") and p.is_dir():
             for rd in find_native(p):
-                if rd.path.resolve() not in seen_native:
-                    seen_native.add(rd.path.resolve())
-                    out.native.append(rd)
+                add_native(rd)
         if fmt == "armorlab":
             continue
         for kind, src in _sources(p, fmt, seen_native):
             if kind == "armorlab":
-                rd = RunDir(src)
-                if src.resolve() not in seen_native:
-                    seen_native.add(src.resolve())
-                    out.native.append(rd)
+                add_native(RunDir(src))
                 continue
             key = (kind, src.resolve())
             if key in seen_sources:  # named twice (a glob and its match, a dir and a run in it)

@@ -32,7 +32,6 @@ BLOCK = 32768
 FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
 _TYPE_CRC = {t: zlib.crc32(bytes((t,))) for t in (FULL, FIRST, MIDDLE, LAST)}
 RUN_DIR = re.compile(r"^(offline-)?run-\d{8}_\d{6}-(?P<id>[A-Za-z0-9]+)$")
-W_STEP = "_step"
 
 
 def available() -> bool:
@@ -264,7 +263,6 @@ def read_file(path: Path, history: _History, info: dict[str, Any], warnings: lis
     try:
         merged = all_cls.FromString(b"".join(payloads))
     except Exception:  # DecodeError: a damaged record among them; find and skip it record by record
-        merged = None
         ok = []
         for raw in payloads:
             try:
