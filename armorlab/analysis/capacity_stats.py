@@ -123,7 +123,6 @@ def _widened_mass(po: np.ndarray, ref_logp: np.ndarray, beta: Any, out: np.ndarr
 def anchor_kl(logp, ref_logp) -> dict[str, float]:
     """k1, k3 means (kl.K1, K3) on anchor tokens, as the trainer's ``anchor/kl_k*``: anchors are π_ref samples
     conditioned on a correct reward, so neither KL direction (the forward one is ``kl/forward_k*``)."""
-
     logp, ref_logp = np.asarray(logp), np.asarray(ref_logp)
     if logp.size == 0:
         return {"anchor_kl_k1": math.nan, "anchor_kl_k3": math.nan}

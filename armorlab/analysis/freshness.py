@@ -67,7 +67,6 @@ def _code_state() -> list[Any]:
 
 def input_key(recipe: Any, out_dir: str | os.PathLike) -> str | None:
     """The report's input key; None when the inputs cannot be listed (the report will say why)."""
-
     recipe_state = {k: v for k, v in dataclasses.asdict(recipe).items() if k != "path"}
     if getattr(recipe, "format", None) or getattr(recipe, "runs_map", None) or not recipe.runs:
         return None  # imported runs (armorlab.analysis.importers): their files are not tracked here
@@ -101,7 +100,6 @@ def _outputs_state(out_dir: Path, files: Iterable[str]) -> dict[str, Any]:
 def write_stamp(out_dir: str | os.PathLike, key: str | None, summary: dict[str, Any],
                 outputs: Iterable[str | os.PathLike]) -> None:
     """Record that ``out_dir`` holds the report of the inputs with ``key`` (no key: no stamp)."""
-
     out_dir = Path(out_dir)
     path = out_dir / STAMP
     if key is None:
