@@ -291,6 +291,18 @@ def test_the_decision_jobs_script_waits_on_the_look_and_keeps_values_on_their_li
         evil.decision_script(1, ["1"])
 
 
+@pytest.mark.parametrize("flag", ["--max-seeds", "--seeds-per-look"])
+def test_seed_counts_past_a_thousand_are_refused_at_once(tmp_path, flag):
+    import time
+
+    spec = _flat_spec(tmp_path)
+    t0 = time.perf_counter()
+    with pytest.raises(ArmorLabError, match=f"at most 1,000.*key '{flag}', value 1000000000"):
+        _chain(spec, tmp_path / "runs", **{flag.removeprefix("--").replace("-", "_"): 10**9})
+    assert time.perf_counter() - t0 < 5
+    assert _chain(spec, tmp_path / "runs", max_seeds=1000).design.max_seeds == 1000
+
+
 def test_words_for_an_arm_not_resolved_at_max_seeds():
 
     design = Design(baseline="b", arms=("a",), endpoint="final", delta=0.05, first_look=3, max_seeds=3)

@@ -28,7 +28,7 @@ from armorlab.analysis import importers
 from armorlab.analysis.importers.base import flatten as flatten_config  # nested config → dotted keys
 from armorlab.analysis.importers.base import read_json_bytes, shallow
 from armorlab.core.config import LOGGING_KEYS
-from armorlab.core.fsutil import atomic_file, atomic_write_text, read_regular
+from armorlab.core.fsutil import atomic_file, atomic_write_text, read_regular, read_regular_text, remove_file
 from armorlab.core.health import GATE_DROP, GATE_SHARE, GATE_WINDOW, WATCHED, series_warnings
 from armorlab.core.runs import RunDir, valid_step
 from armorlab.errors import ArmorLabError
@@ -269,14 +269,14 @@ def _write_cache(sweep_dir: Path, entries: dict[str, _Entry]) -> None:
     meta = json.dumps({"version": CACHE_VERSION, "runs": meta_runs}).encode()
     table = table.replace_schema_metadata({**(table.schema.metadata or {}), _META_KEY: meta})
     path = sweep_dir / CACHE_DIR / CACHE_FILE
-    with atomic_file(path) as tmp, pa.OSFile(str(tmp), "wb") as sink, \
+    with atomic_file(path, within=sweep_dir) as tmp, pa.OSFile(str(tmp), "wb") as sink, \
             pa.ipc.new_file(sink, table.schema) as writer:
         writer.write_table(table)
     for old in OLD_CACHE_FILES:
-        (path.parent / old).unlink(missing_ok=True)
+        remove_file(path.parent / old, within=sweep_dir)
     gitignore = path.parent / ".gitignore"
     if not gitignore.exists():
-        atomic_write_text(gitignore, "*\n")
+        atomic_write_text(gitignore, "*\n", within=sweep_dir)
 
 
 # --------------------------------------------------------------------------- the run set
@@ -396,7 +396,7 @@ def in_stages(run_dirs: Iterable[RunDir], stages: Iterable[str]) -> list[RunDir]
         sweep = rd.path.parent
         if sweep not in maps:
             try:
-                maps[sweep] = dict(json.loads((sweep / MANIFEST).read_text(encoding="utf-8")).get("stages") or {})
+                maps[sweep] = dict(json.loads(read_regular_text(sweep / MANIFEST)).get("stages") or {})
             except (OSError, ValueError, AttributeError):
                 maps[sweep] = {}
         if maps[sweep].get(rd.id) in wanted:

@@ -27,6 +27,7 @@ from armorlab.analysis.load import RunSet, load
 from armorlab.analysis.page import ReportResult, result_summary  # noqa: F401 (re-export)
 from armorlab.analysis.recipe import DEFAULT_CURVES, Recipe, default_out_dir, unit_disagreement  # noqa: F401 (re-export)
 from armorlab.analysis.stages import Decided, Drawn, Grouped, Loaded, Scored
+from armorlab.core.fsutil import refuse_symlinks
 from armorlab.core.runs import RunDir
 from armorlab.stats import collapse, select
 from armorlab.stats import seeds as stats
@@ -52,6 +53,7 @@ def build_report(recipe: Recipe, out_dir: str | Path | None = None, *, cache: bo
     metrics cache (armorlab.analysis.load)."""
     out = Path(out_dir) if out_dir is not None else default_out_dir(recipe)
     key = freshness.input_key(recipe, out)  # before reading: a run growing meanwhile makes it stale
+    refuse_symlinks(out / "plots", within=out.parent)  # every file below is written by path
     freshness.forget(out)
     loaded = load_runs(recipe, cache=cache, progress=progress)
     grouped = group_runs(recipe, loaded, names)

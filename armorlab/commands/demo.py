@@ -99,7 +99,9 @@ def stage_one_sentence(run_dirs: list[Path]) -> str | None:
         text = f"stage 1 (DAPO from the warm start, seed {rd.read_config().get('seed')}): val/acc {evals[0][1]:.3f}"
         selected = path / "selected.json"
         if selected.is_file():
-            pick = json.loads(selected.read_text(encoding="utf-8"))
+            from armorlab.core.fsutil import SMALL_FILE_BYTES, read_regular_text
+
+            pick = json.loads(read_regular_text(selected, limit=SMALL_FILE_BYTES))
             text += f" → selected peak level {pick['value']:.3f} at rollout {pick.get('rollout')}"
         text += f" → {evals[-1][1]:.3f} at rollout {evals[-1][0]}"
         parts.append(text)

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from armorlab.core.exits import EXIT_BUSY, EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, describe_exit
+from armorlab.core.fsutil import open_append
 from armorlab.core.runs import RunDir, slurm_job_id
 from armorlab.vllm.servers import RunningServers, ServerError, ServerSet, StartStopped, server_model
 
@@ -205,7 +206,7 @@ class TrainJob:
         out: Any = None
         if log_path is not None:
             Path(log_path).parent.mkdir(parents=True, exist_ok=True)
-            out = open(log_path, "ab")  # noqa: SIM115 - closed below, after the child exits
+            out = open_append(log_path)  # closed below, after the child exits
         try:
             self._done.clear()
             self._asked = set()

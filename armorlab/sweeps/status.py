@@ -27,7 +27,7 @@ from typing import Any
 import yaml
 
 from armorlab.core.config import LOGGING_KEYS
-from armorlab.core.fsutil import read_regular_text
+from armorlab.core.fsutil import SMALL_FILE_BYTES, read_regular_text
 from armorlab.core.runs import RunDir, canonical_json
 from armorlab.errors import ArmorLabError
 from armorlab.sweeps import slurmctl
@@ -139,7 +139,7 @@ def collect(sweep_dir: str | Path) -> SweepStatus:
 def read_looks_json(sweep_dir: Path) -> dict[str, Any] | None:
     """looks.json as plain JSON (armorlab.sweeps.until_resolved reads it with its design): status stays light."""
     try:
-        data = json.loads((Path(sweep_dir) / LOOKS).read_text(encoding="utf-8"))
+        data = json.loads(read_regular_text(Path(sweep_dir) / LOOKS, limit=SMALL_FILE_BYTES))
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) and isinstance(data.get("looks"), list) else None

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from armorlab.core.checks import Invalid
+from armorlab.core.fsutil import atomic_write_text
 from armorlab.core.runs import RunDir, now_iso
 from armorlab.errors import ArmorLabError
 from armorlab.stats.margins import PREVENTION_ENDPOINTS, margin_source
@@ -83,6 +84,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MAX_SEEDS, DEFAULT_SEEDS_PER_LOOK = 10, 2
 DECISION_TIME_MIN, DECISION_MEM = 30, "2G"
+MAX_SEEDS_LIMIT = 1_000  # --max-seeds and --seeds-per-look: each seed is a training run per arm
 # the design keys a re-run may not change once a look is recorded (the error rate assumes them)
 FIXED_KEYS = ("baseline", "arms", "endpoint", "alpha", "spending", "first_look", "power", "higher_is_better")
 ACTION_WORDS = {SUBMIT: "to run", DONE: "completed", ACTIVE: "queued/running", FAILED: "failed",
@@ -144,6 +146,9 @@ class Chain:
         for key, v in (("--max-seeds", n_max), ("--seeds-per-look", k)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ArmorLabError("must be a positive integer", key=key, value=v)
+            if v > MAX_SEEDS_LIMIT:  # the runs are planned up front: 10^9 seeds would never finish planning
+                raise ArmorLabError(f"must be at most {MAX_SEEDS_LIMIT:,} (seeds per arm; each is a training run)",
+                                    key=key, value=v)
         extended, self.seeds, self.first = extend_spec(spec, self.stage_name, n_max)
         runs = expand(extended)
         self.order = [r.run_id for r in runs]
@@ -416,7 +421,7 @@ class Chain:
         logs = self.sweep_dir / LOGS_DIR
         logs.mkdir(parents=True, exist_ok=True)
         script = logs / f"decision-look{st.look}.sh"
-        script.write_text(self.decision_script(st.look, after), encoding="utf-8")
+        atomic_write_text(script, self.decision_script(st.look, after), within=self.sweep_dir)
         try:
             out = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, timeout=60)
         except (OSError, subprocess.TimeoutExpired) as exc:

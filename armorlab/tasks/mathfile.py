@@ -33,7 +33,7 @@ from armorlab.core.model_dir import entry_problem
 from armorlab.errors import ArmorLabError
 from armorlab.tasks.base import Task
 from armorlab.tasks.heldout import first_of_each, problem_key
-from armorlab.tasks.rewards import math_verify_reward, parse_gold
+from armorlab.tasks.rewards import math_verify_reward, non_finite_answer, parse_gold
 
 log = logging.getLogger(__name__)
 
@@ -173,6 +173,10 @@ def _column(rows: list[dict[str, Any]], key: str, field: str, path: str, *,
             kinds = "a non-empty string, a number" + (" or a list of {role, content} messages" if conversations
                                                       else "")
             raise ArmorLabError(f"record {number}: column '{key}' must be {kinds}, got {value!r}",
+                                key=f"{section}.{field}", value=key, file=path)
+        if field == "answer_key" and non_finite_answer(str(value)):
+            raise ArmorLabError(f"record {number}: answer {value!r} is not a finite number (NaN, an infinity or "
+                                "past float range): no completion can be scored against it",
                                 key=f"{section}.{field}", value=key, file=path)
         out.append(str(value))
     return out

@@ -46,7 +46,13 @@ from typing import Any
 
 from armorlab.core.config import FIELDS, load_config, resolve, split_config
 from armorlab.core.exits import EXIT_BUSY, EXIT_FAILED, EXIT_NO_SPACE, EXIT_OK, EXIT_PREEMPTED
-from armorlab.core.fsutil import writable_dir
+from armorlab.core.fsutil import (
+    SMALL_FILE_BYTES,
+    read_regular_text,
+    refuse_symlinks,
+    remove_tree,
+    writable_dir,
+)
 from armorlab.core.runs import RunDir, slurm_job_id
 from armorlab.core.vllm_config import check_vllm_installed
 from armorlab.errors import ArmorLabError
@@ -119,7 +125,7 @@ def read_stop_request(run_dir: RunDir) -> str | None:
     """The stop reason when ``stop_request`` exists (its JSON ``reason``, else its text), else None."""
     path = run_dir.path / STOP_REQUEST
     try:
-        text = path.read_text(encoding="utf-8").strip()
+        text = read_regular_text(path, limit=SMALL_FILE_BYTES).strip()
     except FileNotFoundError:
         return None
     except OSError as exc:
@@ -136,7 +142,7 @@ def complete_checkpoint(run_dir: RunDir) -> Path | None:
     """The newest checkpoint whose trainer_state.json (written last by transformers) parses."""
     for cp in reversed(run_dir.checkpoints()):
         try:
-            json.loads((cp / "trainer_state.json").read_text(encoding="utf-8"))
+            json.loads(read_regular_text(cp / "trainer_state.json"))
         except (OSError, ValueError):
             log.warning("skipping incomplete checkpoint %s", cp)
             continue
@@ -188,12 +194,10 @@ def _in_checkpoint(exc: BaseException) -> bool:
 def _remove_partial_checkpoints(run_dir: RunDir) -> None:
     """Checkpoints a full disk left half-written (no trainer_state.json: resume skips them anyway),
     removed to give the failure's status write room."""
-    import shutil
-
     complete = complete_checkpoint(run_dir)
     for cp in run_dir.checkpoints():
         if complete is None or int(cp.name.split("-")[1]) > int(complete.name.split("-")[1]):
-            shutil.rmtree(cp, ignore_errors=True)
+            remove_tree(cp, within=run_dir.path)
 
 
 def one_line(exc: BaseException) -> str:
@@ -563,6 +567,11 @@ def train_run_dir(path: str | os.PathLike, *, callbacks: Iterable[Any] = ()) -> 
     if not run_dir.config_path.is_file():
         raise ArmorLabError("not a run directory (no config.yaml)", key="--run-dir", value=str(path))
     check_launch()
+    # transformers writes checkpoints/, and armorlab the rest, by path: a link planted in a shared run
+    # dir would send those writes (and checkpoint deletions) elsewhere
+    for entry in (run_dir.metrics_path, run_dir.status_path, run_dir.checkpoints_dir, run_dir.selected_path,
+                  run_dir.tokens_dir, run_dir.report_dir):
+        refuse_symlinks(entry, within=run_dir.path)
     # One owner per run dir: the training process holds its lock for life (rank 0 of a
     # multi-process launch speaks for all). A second trainer leaves everything untouched.
     lock_fd = run_dir.acquire_owner() if int(os.environ.get("RANK") or 0) == 0 else None
