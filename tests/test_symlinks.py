@@ -182,9 +182,8 @@ def test_a_report_files_link_is_refused_and_the_stamp_link_removed_not_followed(
 
 # --------------------------------------------------------------------------- §4: small-file readers
 def _reads_of(tmp_path: Path) -> dict[str, tuple[Path, object]]:
-    from armorlab.sweeps.until_resolved_looks import read_looks
-
     from armorlab.analysis import freshness
+    from armorlab.sweeps.until_resolved_looks import read_looks
     from armorlab.train.init_from import _from_selected
 
     sweep = tmp_path / "sw"

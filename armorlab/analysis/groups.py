@@ -11,6 +11,9 @@ its select.report):
                                                 selection metric is ``<split>/acc`` (eval_sizes)
     selected_step, selected_val, selected_test  (R1) best on val, reported on test (select.py)
     val@S, test@S                               (R2) at each matched step S
+    A run that stopped itself (state ``stopped``, stop_on_collapse) has its val and test curves
+    carried forward at its level at stop to the longest curve's end (stopping.carry_forward, S2)
+    for final, auc and val@S/test@S: a collapsed run counts as collapsed, not as missing.
     tok_*                                       token-sample statistics (capacity_stats.py)
 """
 
@@ -33,6 +36,7 @@ from armorlab.analysis.value_labels import fmt_value, norm_value
 from armorlab.errors import ArmorLabError
 from armorlab.stats import collapse, select
 from armorlab.stats import seeds as stats
+from armorlab.stats.stopping import carry_forward
 
 log = logging.getLogger(__name__)
 
@@ -280,10 +284,12 @@ def run_scores(rs: RunSet, groups: Groups, recipe: Recipe, matched: Sequence[int
     sel, col = recipe.select, recipe.collapse
     rows = []
     interp_sel, interp_matched, short = [], {}, {}
+    horizon = _longest(rs, sel.metric) if (rs.runs["state"] == "stopped").any() else None
     for run in rs.runs.itertuples(index=False):
         rid = run.run_id
         vs, vv = rs.curve(rid, sel.metric)
         ts, tv = rs.curve(rid, sel.report)
+        stopped = run.state == "stopped" and horizon is not None
         row: dict[str, Any] = {"run_id": rid, "group": groups.of_run[rid], "seed": getattr(run, "seed", None),
                                "state": run.state, "reason": run.reason,
                                "world_size": getattr(run, "world_size", None),
@@ -302,6 +308,9 @@ def run_scores(rs: RunSet, groups: Groups, recipe: Recipe, matched: Sequence[int
             m[k] = sign * m[k]
         row.update(m)
         chosen = select.select_best(vs, vv, ts, tv, mode=sel.mode)
+        if stopped:  # (S2) final is its level at stop already; auc and matched steps carry it on
+            (vs, vv), (ts, tv) = (carry_forward(xs, xv, horizon, col.patience) for xs, xv in ((vs, vv), (ts, tv)))
+            row["auc"] = collapse.curve_auc(vs, vv)
         row.update(selected_step=chosen.step, selected_val=chosen.selected_value,
                    selected_test=chosen.reported_value)
         if chosen.step is not None and ts.size and not chosen.reported_exact and math.isfinite(
@@ -329,6 +338,12 @@ def run_scores(rs: RunSet, groups: Groups, recipe: Recipe, matched: Sequence[int
         notes.add(f"run {rid} did not reach matched step(s) {', '.join(map(str, steps))}: "
                   f"left out of those columns")
     return pd.DataFrame(rows)
+
+
+def _longest(rs: RunSet, metric: str) -> float:
+    """The last eval step of the longest ``metric`` curve: the horizon stopped runs are carried to."""
+    ends = [float(s[-1]) for s in (rs.curve(r, metric)[0] for r in rs.run_ids) if s.size]
+    return max(ends, default=math.nan)
 
 
 def score_columns(per_run: pd.DataFrame, matched: Sequence[int]) -> list[str]:

@@ -531,7 +531,7 @@ def _facts(rd: RunDir, e: _Entry) -> _Facts:
     # how a run was logged is not an experimental factor
     config = {k: v for k, v in flatten_config(e.config or {}).items()
               if k not in META_COLUMNS and k not in LOGGING_KEYS}
-    health = _health(e.frame, final=status.get("state") in ("completed", "failed")) if len(e.frame) else []
+    health = _health(e.frame, final=status.get("state") in ("completed", "stopped", "failed")) if len(e.frame) else []
     return _Facts(status, config, health)
 
 
@@ -606,7 +606,7 @@ def _with_imported(rs: RunSet | None, imported: list[importers.ImportedRun]) -> 
         if len(run.table) == 0:
             warnings.append(f"run {rid}: no metrics in {run.path}")
             continue
-        warnings.extend(f"run {rid}: {w}" for w in _health(run.table, final=run.state in ("completed", "failed")))
+        warnings.extend(f"run {rid}: {w}" for w in _health(run.table, final=run.state in ("completed", "stopped", "failed")))
         frames.append(run.table)
         ids.append(rid)
     for (fmt, flavour, metrics), rids in cannot.items():

@@ -140,7 +140,11 @@ def _state_notes(rs: RunSet, notes: G.Notes) -> None:
     for run in rs.runs.itertuples(index=False):
         if run.state == "unknown":  # an imported run whose source does not record how it ended
             continue
-        if run.state != "completed":
+        if run.state == "stopped":
+            why = f" ({run.reason})" if isinstance(run.reason, str) and run.reason else ""
+            notes.add(f"run {run.run_id} stopped itself{why}: its level at stop is carried forward "
+                      "to the horizon in final, auc and matched-step scores")
+        elif run.state != "completed":
             reason = f": {run.reason}" if isinstance(run.reason, str) and run.reason else ""
             notes.add(f"run {run.run_id} is {run.state}{reason} (its curves end early)")
         elif isinstance(run.reason, str) and run.reason.startswith("stopped"):

@@ -45,6 +45,7 @@ from armorlab.core.eval_sets import FIELD_SPECS as EVAL_SET_FIELDS
 from armorlab.core.fit_checks import TINY_MAX_POSITIONS, TINY_MODEL, check_held_out, check_lengths  # noqa: F401
 from armorlab.core.identity import data_identity, model_identity
 from armorlab.core.schedule import STEP_UNITS, config_per_rollout, rollout_horizon
+from armorlab.core.stop_on_collapse import STOP_FIELDS, check_stop
 from armorlab.core.trl_fields import TRL_RANGES, check_trl_value, grpo_field_kinds, grpo_field_names
 from armorlab.core.vllm_config import check_engine_parallelism, check_vllm_servers
 from armorlab.core.yamlfile import UniqueKeyLoader, load_yaml_mapping  # noqa: F401 - the config's readers
@@ -331,6 +332,8 @@ FIELDS: dict[str, Field] = {
 }
 # held-out evaluation sets and the kept checkpoint's metric (armorlab.core.eval_sets)
 FIELDS.update({name: Field(*spec) for name, spec in EVAL_SET_FIELDS.items()})
+# a run that stops itself once it has collapsed (armorlab.core.stop_on_collapse)
+FIELDS.update({name: Field(*spec) for name, spec in STOP_FIELDS.items()})
 # --------------------------------------------------------------------------- objectives' own parameters
 # verl's names for the parameters of its losses (armorlab.core.objective_fields); null = the
 # objective's default, dropped where the objective does not read them
@@ -349,7 +352,8 @@ DROPPED_AT_DEFAULT: dict[str, Any] = {"step_unit": "optimizer", "max_rollouts": 
                                       "grad_share_every": 10,
                                       "ref_vllm_dtype": None, "ref_vllm_tensor_parallel_size": 1,
                                       "kl_telemetry": True, "ref_validate_resets": False,
-                                      "eval_sets": None, "allow_eval_overlap": False, "keep_select": None}
+                                      "eval_sets": None, "allow_eval_overlap": False, "keep_select": None,
+                                      "stop_on_collapse": None}
 REF_VLLM_SERVER_KEYS = ("ref_vllm_server_host", "ref_vllm_server_port", "ref_vllm_server_base_url",
                         "ref_vllm_server_timeout", "ref_vllm_group_port")
 
@@ -721,6 +725,7 @@ def _resolve_once(raw: Mapping[str, Any], *, file: str | None = None, check_path
                             max_steps_given="max_steps" in raw, file=file)
     if steps is not None:
         out["max_steps"] = steps
+    check_stop(out, file)
     for key in [k for k in out if k not in FIELDS and trl_fields.is_inert_default(k, out[k])]:
         del out[key]  # `use_vllm: false` and no use_vllm are one run
     for key, value in out.items():  # dates, NaN, binary, ... cannot be hashed into a run id

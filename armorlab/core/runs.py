@@ -49,7 +49,9 @@ _SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 log = logging.getLogger(__name__)
 
-STATES = ("pending", "running", "completed", "failed")
+STATES = ("pending", "running", "completed", "failed", "stopped")
+# a run in one of these is done: nothing restarts it (``stopped``: it stopped itself, stop_on_collapse)
+FINAL_STATES = ("completed", "stopped")
 SELECTED = "selected.json"
 SELECTED_KEYS = ("rule", "metric", "mode", "step", "rollout", "value", "checkpoint")
 CONFIG, STATUS, METRICS, TOKENS, CHECKPOINTS, REPORT = (
@@ -252,7 +254,7 @@ class RunDir:
                      attempt: int | None = None, durable: bool = True,
                      world_size: int | None = None) -> dict[str, Any]:
         """Atomically replace status.json. ``running`` bumps the attempt and stamps ``started``;
-        ``completed``/``failed`` stamp ``ended``; ``world_size`` (training processes of the
+        ``completed``/``failed``/``stopped`` stamp ``ended``; ``world_size`` (training processes of the
         attempt) is kept until an attempt records another."""
         if state not in STATES:
             raise ValueError(f"state must be one of {STATES}, got {state!r}")
@@ -264,7 +266,7 @@ class RunDir:
             "attempt": attempt if attempt is not None else prev_attempt + (state == "running"),
             "job_id": job_id if job_id is not None else (old or {}).get("job_id"),
             "started": now_iso() if state == "running" else (old or {}).get("started"),
-            "ended": now_iso() if state in ("completed", "failed") else None,
+            "ended": now_iso() if state in ("completed", "failed", "stopped") else None,
         }
         if (old or {}).get("warnings"):
             status["warnings"] = old["warnings"]

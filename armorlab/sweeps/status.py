@@ -44,7 +44,7 @@ from armorlab.sweeps.spec import short_value
 
 log = logging.getLogger(__name__)
 
-TERMINAL = ("completed", "failed")
+TERMINAL = ("completed", "stopped", "failed")
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
@@ -189,7 +189,7 @@ def _follow_parents(rows: list[RunRow], parents: Mapping[str, str]) -> None:
     by_id = {r.run_id: r for r in rows}
     for row in rows:
         parent = by_id.get(parents.get(row.run_id, ""))
-        if parent is None or row.state in ("completed", "running", "failed"):
+        if parent is None or row.state in (*TERMINAL, "running"):
             continue
         if parent.state == "failed":
             row.state, row.reason = "failed", parent_failed_reason(parent.run_id, parent.reason)
@@ -197,7 +197,7 @@ def _follow_parents(rows: list[RunRow], parents: Mapping[str, str]) -> None:
             row.state = "failed"
             row.reason = (f"its job waits for a job of {parent.run_id} that did not complete "
                           "(DependencyNeverSatisfied): run the sweep again")
-        elif row.state == "queued" and parent.state != "completed":
+        elif row.state == "queued" and parent.state not in TERMINAL:
             row.reason = row.reason or f"waits for {parent.run_id}"
 
 

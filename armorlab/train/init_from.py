@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from armorlab.core.fsutil import SMALL_FILE_BYTES, atomic_write_json, read_regular_text
-from armorlab.core.runs import RunDir
+from armorlab.core.runs import FINAL_STATES, RunDir
 from armorlab.errors import ArmorLabError
 
 log = logging.getLogger(__name__)
@@ -101,7 +101,7 @@ def find_start(run_dir: RunDir, init_from: Mapping[str, Any], *, key: str = "ini
         raise ArmorLabError(f"no run to continue from at {parent.path}", key=f"{key}.run",
                             value=init_from["run"], file=file)
     state = parent.read_status()
-    if state["state"] != "completed":
+    if state["state"] not in FINAL_STATES:  # a stopped run's selection is final too
         why = f": {state['reason']}" if state.get("reason") else ""
         raise ArmorLabError(f"the run to continue from is {state['state']}{why}; a continuation starts from "
                             "its final selection, once it has completed", key=f"{key}.run",

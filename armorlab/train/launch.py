@@ -18,6 +18,9 @@
   reason ``preempted at step N``, exit 75 (submitit requeues the job);
 - ``DIR/stop_request`` (JSON ``{"reason": ...}``): stop after the current step, status
   ``completed`` with reason ``stopped at step N: <reason>``, exit 0 (Optuna pruning);
+- ``stop_on_collapse``: once the validation curve has collapsed (armorlab.train.stopper), stop
+  after that eval step's checkpoint, status ``stopped`` with reason ``collapse at rollout N, level
+  fell k SE``, exit 0; selected.json keeps the peak, and a stopped run is final like a completed one;
 - a non-finite loss stops the run: ``failed`` / ``non-finite loss at step N``, exit 1;
 - several processes (``torchrun ... -m armorlab train`` or ``accelerate launch --multi_gpu``):
   every process trains, only the main one (rank 0) writes status.json (with ``world_size``),
@@ -53,7 +56,7 @@ from armorlab.core.fsutil import (
     remove_tree,
     writable_dir,
 )
-from armorlab.core.runs import RunDir, slurm_job_id
+from armorlab.core.runs import FINAL_STATES, RunDir, slurm_job_id
 from armorlab.core.vllm_config import check_vllm_installed
 from armorlab.errors import ArmorLabError
 from armorlab.train.init_from import (
@@ -591,9 +594,9 @@ def train_run_dir(path: str | os.PathLike, *, callbacks: Iterable[Any] = ()) -> 
 def _train_owned(run_dir: RunDir, callbacks: Iterable[Any]) -> Outcome:
     rank, world_size = process_layout()
     status = run_dir.read_status()
-    if status["state"] == "completed":
-        log.info("%s is already completed; nothing to do", run_dir.path)
-        return Outcome(run_dir.path, "completed", status.get("reason"), EXIT_OK, already_completed=True,
+    if status["state"] in FINAL_STATES:
+        log.info("%s is already %s; nothing to do", run_dir.path, status["state"])
+        return Outcome(run_dir.path, status["state"], status.get("reason"), EXIT_OK, already_completed=True,
                        warnings=tuple(status.get("warnings") or ()))
     main = rank == 0
 
@@ -608,7 +611,7 @@ def _train_owned(run_dir: RunDir, callbacks: Iterable[Any]) -> Outcome:
     write_status("running", job_id=job_id_from_env(), world_size=world_size)
     control = ProcessControl(run_dir)
     health = HealthMonitor(run_dir)
-    trainer = None
+    trainer = stopper = None
     try:
         with control.installed():
             stored = run_dir.read_config()
@@ -625,6 +628,9 @@ def _train_owned(run_dir: RunDir, callbacks: Iterable[Any]) -> Outcome:
             check_memory(cfg, str(run_dir.config_path))  # before any model is loaded
             trainer = build_trainer(cfg, run_dir, [control.callback(), health.callback(), *callbacks],
                                     start_from=start.checkpoint if start else None, reference=reference)
+            from armorlab.train import stopper as stopping
+
+            stopper = stopping.install(trainer, run_dir, cfg)
             if checkpoint is not None:
                 log.info("resuming %s from %s", run_dir.path, checkpoint.name)
             elif start is not None or reference is not None:  # the first step: record what it starts from
@@ -665,6 +671,9 @@ def _train_owned(run_dir: RunDir, callbacks: Iterable[Any]) -> Outcome:
         _close_progress(trainer)
         return Outcome(run_dir.path, "failed", reason, EXIT_FAILED)
     step = trainer.state.global_step
+    if stopper is not None and stopper.stop is not None:  # final: the sweep does not restart it
+        write_status("stopped", reason=stopper.stop.reason)
+        return Outcome(run_dir.path, "stopped", stopper.stop.reason, EXIT_OK)
     if control.preempted and step < trainer.state.max_steps:
         reason = f"preempted at step {step}"
         write_status("pending", reason=reason)

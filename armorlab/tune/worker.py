@@ -45,7 +45,7 @@ from optuna.trial import TrialState
 from armorlab.core.config import resolve
 from armorlab.core.exits import EXIT_BUSY, EXIT_PREEMPTED
 from armorlab.core.fsutil import SMALL_FILE_BYTES, atomic_write_json, open_append, read_regular_text
-from armorlab.core.runs import RunDir
+from armorlab.core.runs import FINAL_STATES, RunDir
 from armorlab.errors import ArmorLabError
 from armorlab.stats.collapse import curve_auc
 from armorlab.sweeps.jobs import describe_exit, train_argv, wrapped_argv
@@ -461,7 +461,7 @@ class Worker:
         try:
             status = rd.read_status()
             reason = status.get("reason") or ""
-            if status["state"] == "completed":
+            if status["state"] in FINAL_STATES:  # stopped on collapse: final too, its curve is reused
                 pruned = "pruned by optuna" in reason
                 if report:
                     self._replay(trial, rd)
