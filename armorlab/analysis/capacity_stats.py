@@ -1,22 +1,8 @@
-"""Probability capacity and KL statistics of per-token samples (a run's ``tokens/`` parquet).
-
-The capacity *formulas* are armorlab.algos.capacity's (UP Eq. 11, ARMOR Eq. 6) — the same code the
-trainer's ``armorlab.algos.loss.probability_capacity`` runs on torch tensors — called here on numpy
-arrays. This module adds what only offline analysis needs:
-
-* ``token_kernel``: one streaming pass over millions of tokens giving the KL estimates
-  (armorlab.algos.kl: reverse k1/k2/k3, and K4's next-token forward KL at the policy's own
-  prefixes — not the sequence-level forward KL, see kl.K4) and the capacity
-  statistics of capacity.capacity_stats (pos_mean, pos_bound_frac, neg_mean) plus the
-  capacity-limited share below. It works in cache-sized chunks with sums instead of masks and
-  boolean indexing, so it runs near memory bandwidth; tests check it against kl.* and
-  capacity.capacity_stats on the same arrays.
-* (CL) capacity-limited share of low-probability correct tokens: among tokens with A > 0 and
-  π_old < p_low (default 0.2), the share whose capacity is bound by the clip (capacity <
-  1 − π_old, capacity_stats' ``pos_bound_frac`` rule). These are the tokens UP argues clipping
-  starves: rare but correct, they cannot grow past (1+ε)·π_old in one update.
-* ``counterfactual_capacity``: the capacity the *same* tokens would have under other objectives
-  (UP vs clipped vs ARMOR), for the capacity-distribution plot.
+"""Probability capacity and KL statistics of a run's ``tokens/`` sample, with armorlab.algos.capacity's
+formulas (UP Eq. 11, ARMOR Eq. 6) and armorlab.algos.kl's estimators on numpy (docs/reports.md#kl-and-capacity).
+    (CL) capacity-limited share: of tokens with A > 0 and π_old < p_low, the share whose capacity < 1 − π_old
+``token_kernel`` streams cache-sized chunks with sums instead of masks (near memory bandwidth); tests check it
+against kl.* and capacity.capacity_stats.
 """
 
 from __future__ import annotations
@@ -47,15 +33,8 @@ def capacity_limited_share(cap, p_old, sign, weight, *, p_low: float = P_LOW) ->
 def token_kernel(logp, old_logp, ref_logp, advantage, *, objective: str, alpha: Any = 1.0,
                  eps_low: float = 0.2, eps_high: float = 0.28, p_low: float = P_LOW,
                  chunk: int = CHUNK) -> dict[str, float]:
-    """KL estimates and capacity statistics of tokens sampled from π_θ, in one chunked pass.
-
-    1-D arrays, one entry per token; ``ref_logp`` may be None (no KL, no ARMOR capacity), ``alpha`` a
-    scalar or per token. Returns tokens, reverse_k1|k2|k3, forward_next_token_on_policy (kl.K4),
-    pos_mean, pos_bound_frac, neg_mean, low_prob_limited (CL); NaN where undefined. Capacity is
-    capacity.token_capacity's (UP Eq. 11, ARMOR Eq. 6) with one widened mass m = π_old + β·π_ref,
-    β = (1−α)/α: A > 0 gets min(ε_high·m, 1 − π_old) (bound iff ε_high·m < 1 − π_old; up's is
-    1 − π_old, never bound), A < 0 min(ε_low·m, π_old); tests/test_analysis_capacity.py checks it.
-    """
+    """KL estimates and capacity statistics (UP Eq. 11, ARMOR Eq. 6; kl.K1–K4; CL) of π_θ's tokens in one
+    chunked pass; ``ref_logp`` may be None (no KL, no ARMOR capacity); NaN where undefined."""
     family = capacity.capacity_family(objective)  # ValueError naming an unknown objective
     logp, old_logp, advantage = np.asarray(logp), np.asarray(old_logp), np.asarray(advantage)
     ref = None if ref_logp is None else np.asarray(ref_logp)
@@ -127,8 +106,7 @@ def token_kernel(logp, old_logp, ref_logp, advantage, *, objective: str, alpha: 
 
 
 def _kl_sums(L: np.ndarray, one: np.ndarray, E: np.ndarray) -> np.ndarray:
-    """(K1-K4) sums of one chunk, L = log π_ref − log π_θ and E = e^L − 1 (written into ``E``): k1 = −L,
-    k2 = ½L², k3 = E − L; K4's w log w − w + 1 with w = e^L is E·L − (E − L)."""
+    """(K1-K4) sums of one chunk, L = log π_ref − log π_θ, E = e^L − 1: k1 = −L, k2 = ½L², k3 = E − L, K4 = E·L − (E − L)."""
     E = np.expm1(L, out=E)
     s_l, s_ll, s_el = float(np.dot(L, one)), float(np.dot(L, L)), float(np.dot(E, L))
     return np.array([s_l, s_ll, s_el, float(np.dot(np.subtract(E, L, out=E), one))])
@@ -143,11 +121,8 @@ def _widened_mass(po: np.ndarray, ref_logp: np.ndarray, beta: Any, out: np.ndarr
 
 
 def anchor_kl(logp, ref_logp) -> dict[str, float]:
-    """k1 and k3 means (kl.K1, K3, log r = log π_θ − log π_ref) on anchor tokens, as the trainer's
-    ``anchor/kl_k*``. Anchors are samples of π_ref *conditioned on a correct reward*, so this
-    estimates neither KL direction: it is how far π_θ has moved on the reference's correct
-    answers (the unconditioned forward KL is the trainer's ``kl/forward_k*``)."""
-
+    """k1, k3 means (kl.K1, K3) on anchor tokens, as the trainer's ``anchor/kl_k*``: anchors are π_ref samples
+    conditioned on a correct reward, so neither KL direction (the forward one is ``kl/forward_k*``)."""
     logp, ref_logp = np.asarray(logp), np.asarray(ref_logp)
     if logp.size == 0:
         return {"anchor_kl_k1": math.nan, "anchor_kl_k3": math.nan}
@@ -178,9 +153,7 @@ def read_tokens(run_path: str | Path, columns=None):
 
 
 def objective_params(config: Mapping[str, Any]) -> dict[str, Any]:
-    """Capacity parameters of a run from its resolved config (objective, α, ε_low, ε_high); the clip
-    a config leaves out is its objective's (the registry's ObjectiveSpec.clip). α is 1 (no mixing)
-    for a run that has none: only the mixed family reads it."""
+    """(objective, α, ε_low, ε_high) of a run; a missing clip is its objective's, α 1 where nothing mixes."""
     objective = config.get("objective", "dapo")
     eps_low, eps_high = objective_spec(objective).clip()
     alpha = config.get("alpha")
@@ -189,8 +162,7 @@ def objective_params(config: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def token_stats(tokens, config: Mapping[str, Any], *, p_low: float = P_LOW) -> dict[str, float]:
-    """token_kernel over a run's token sample with the run's own objective, plus anchor_kl on the
-    anchor rows when the sample marks them (``is_anchor``)."""
+    """token_kernel over a run's token sample with its own objective, plus anchor_kl on ``is_anchor`` rows."""
     params = objective_params(config)
     has_ref = "ref_logp" in tokens.columns and tokens["ref_logp"].notna().all()
     is_anchor = (tokens["is_anchor"].to_numpy(dtype=bool) if "is_anchor" in tokens.columns
@@ -212,9 +184,8 @@ def token_stats(tokens, config: Mapping[str, Any], *, p_low: float = P_LOW) -> d
 
 def counterfactual_capacity(tokens, config: Mapping[str, Any],
                             objectives=("up", "dapo", "armor")) -> dict[str, np.ndarray]:
-    """Capacity of the sample's A > 0 policy tokens under each objective's formula (same tokens,
-    same ε; a mixed objective with the run's α, or ARMOR's default (G−1)/G for a run that mixes
-    nothing). The mixed family needs ref_logp."""
+    """Capacity of the sample's A > 0 tokens under each objective's formula (same tokens and ε; α the run's,
+    else ARMOR's default (G−1)/G); the mixed family needs ref_logp."""
     params = objective_params(config)
     mixes = capacity.capacity_family(params["objective"]) == "mixed" or config.get("alpha") is not None
     alpha = params["alpha"] if mixes else default_alpha(int(config["num_generations"]))

@@ -1,18 +1,6 @@
-"""Is a written report still what ``armorlab report`` would write now? Stdlib only, so the answer
-costs a few hundred ``stat`` calls and no pandas/scipy/matplotlib import.
-
-A report's *input key* is the sha256 of: the recipe as resolved, the output dir, the armorlab
-version and the size + mtime_ns of the analysis code, and for every run dir found from the
-recipe's inputs the size + mtime_ns of config.yaml, status.json, metrics.jsonl and each file
-under tokens/ (plus the plain files directly in each input dir: a sweep's manifest, an Optuna
-study's storage). Writers only append to metrics.jsonl or rename files into place, both of
-which change size or mtime.
-
-``build_report`` computes the key *before* it reads anything (a run that grows while the report
-is written makes the stamp stale, never wrongly fresh) and, once every output is in place,
-writes ``<out>/.armorlab-report.json``: the key, the summary line's numbers and the size +
-mtime_ns of every output file. ``fresh_summary`` returns that summary when the key is unchanged
-and every output is still as written, else None.
+"""Is a written report still what ``armorlab report`` would write now (docs/reports.md#re-running-a-report)?
+Stdlib only. The key (sha256 of recipe, out dir, version, code and every input file's size + mtime_ns) is
+taken *before* anything is read, so a run growing meanwhile makes the stamp stale, never wrongly fresh.
 """
 
 from __future__ import annotations
@@ -45,8 +33,7 @@ def _stat(path: str | os.PathLike) -> tuple[int, int] | None:
 
 
 def _plain_files(directory: str | os.PathLike) -> list[tuple[str, int, int]]:
-    """(name, size, mtime_ns) of the regular files directly in ``directory`` (hidden ones skipped:
-    the analysis cache and lock files are not inputs)."""
+    """(name, size, mtime_ns) of the regular, non-hidden files directly in ``directory``."""
     out = []
     try:
         with os.scandir(directory) as it:
@@ -79,9 +66,7 @@ def _code_state() -> list[Any]:
 
 
 def input_key(recipe: Any, out_dir: str | os.PathLike) -> str | None:
-    """The report's input key (see the module docstring); None when the inputs cannot be listed
-    (a missing path, a glob that matches nothing: the report itself will say what is wrong)."""
-
+    """The report's input key; None when the inputs cannot be listed (the report will say why)."""
     recipe_state = {k: v for k, v in dataclasses.asdict(recipe).items() if k != "path"}
     if getattr(recipe, "format", None) or getattr(recipe, "runs_map", None) or not recipe.runs:
         return None  # imported runs (armorlab.analysis.importers): their files are not tracked here
@@ -115,7 +100,6 @@ def _outputs_state(out_dir: Path, files: Iterable[str]) -> dict[str, Any]:
 def write_stamp(out_dir: str | os.PathLike, key: str | None, summary: dict[str, Any],
                 outputs: Iterable[str | os.PathLike]) -> None:
     """Record that ``out_dir`` holds the report of the inputs with ``key`` (no key: no stamp)."""
-
     out_dir = Path(out_dir)
     path = out_dir / STAMP
     if key is None:
@@ -129,8 +113,7 @@ def write_stamp(out_dir: str | os.PathLike, key: str | None, summary: dict[str, 
 
 
 def fresh_summary(recipe: Any, out_dir: str | os.PathLike) -> dict[str, Any] | None:
-    """The stamped summary when ``out_dir`` already holds this recipe's report of unchanged
-    inputs, written by the same code, with no output file touched since; else None."""
+    """The stamped summary when ``out_dir`` holds this recipe's report of unchanged inputs and outputs, else None."""
     out_dir = Path(out_dir)
     try:
         stamp = json.loads(read_regular_text(out_dir / STAMP, limit=SMALL_FILE_BYTES))

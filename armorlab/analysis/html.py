@@ -45,9 +45,7 @@ class Figure:
 
 @dataclass
 class Section:
-    """One titled part of the page: free HTML (already escaped), then tables, then figures (or
-    figures first with ``figures_first``). A table is (caption, frame) or (caption, frame,
-    element id). ``lead`` sections open the page, above the warnings (the verdict table)."""
+    """A titled part of the page: HTML, tables ((caption, frame[, id])), figures; ``lead`` ones open the page."""
     title: str
     intro: str = ""
     figures: list[Figure] = field(default_factory=list)
@@ -71,9 +69,7 @@ def _cell(text: str) -> str:
 
 
 def _cells(col: pd.Series) -> list[str] | None:
-    """A column's cells as pandas' ``to_html`` writes them, for the kinds the report's tables hold
-    (text with missing values, integers, booleans); None for anything else (floats: pandas
-    formats them column-wide)."""
+    """A column's cells as pandas' ``to_html`` writes text, integers and booleans; None for anything else."""
     dtype = col.dtype
     if isinstance(dtype, np.dtype) and dtype.kind in "iub":
         return [str(v) for v in col.tolist()]
@@ -93,9 +89,8 @@ def _cells(col: pd.Series) -> list[str] | None:
 
 
 def table_html(df: pd.DataFrame) -> str:
-    """``df.to_html(index=False, escape=True, na_rep="—", border=0)``, the same text written
-    directly when every column is text, integers or booleans (pandas' HTML formatter was half
-    of writing index.html)."""
+    """``df.to_html(index=False, escape=True, na_rep="—", border=0)``, written directly where it can
+    (pandas' formatter was half of writing index.html)."""
     columns = []
     if df.columns.size and df.columns.is_unique and all(isinstance(c, str) for c in df.columns):
         for c in df.columns:  # up to the first column of another kind
@@ -134,8 +129,7 @@ def render(title: str, meta: str, warnings: Sequence[str], sections: Sequence[Se
 
 
 def table_block(df: pd.DataFrame, table_id: str | None = None) -> str:
-    """A table in its own horizontally scrolling box, so that a wide one never widens the page:
-    its first column (what a row is) stays in place while the rest scrolls (CSS ``.tbl``)."""
+    """A table in its own horizontally scrolling box (CSS ``.tbl``), its first column fixed."""
     html_ = table_html(df)
     if table_id:
         html_ = html_.replace("<table ", f'<table id="{esc(table_id)}" ', 1)

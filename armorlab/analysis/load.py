@@ -11,7 +11,6 @@ docs/safety-and-errors.md.
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 import os
@@ -27,6 +26,7 @@ import pandas as pd
 
 from armorlab.analysis import importers
 from armorlab.analysis.importers.base import flatten as flatten_config  # nested config → dotted keys
+from armorlab.analysis.importers.base import read_json_bytes, shallow
 from armorlab.core.config import LOGGING_KEYS
 from armorlab.core.fsutil import atomic_file, atomic_write_text, read_regular, read_regular_text, remove_file
 from armorlab.core.health import GATE_DROP, GATE_SHARE, GATE_WINDOW, WATCHED, series_warnings
@@ -72,9 +72,7 @@ def _merge_duplicate_steps(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def _numeric_table(table):
-    """pyarrow's parse → int64 ``step`` + one float64 column per numeric (or boolean) metric, in
-    Arrow (no pandas per file): what _numeric_frame keeps of the same rows, without its per-file
-    pandas overhead. Strings, lists, objects and all-null columns are not metrics."""
+    """pyarrow's parse → int64 ``step`` + float64 numeric/boolean metrics, in Arrow (no per-file pandas)."""
     import pyarrow as pa
 
     cols, names = [table.column("step").cast(pa.int64())], ["step"]
@@ -95,8 +93,7 @@ def _empty_table():
 
 
 def parse_metrics_table(data: bytes, source: str = "metrics.jsonl"):
-    """Parse metrics.jsonl content → (pyarrow Table: int64 ``step`` + float64 metric columns,
-    steps strictly increasing; warnings). The rules are parse_metrics_bytes'."""
+    """metrics.jsonl content → (Table: int64 ``step`` + float64 metrics, steps increasing; warnings)."""
     import pyarrow as pa
 
     if not data.strip():
@@ -105,10 +102,8 @@ def parse_metrics_table(data: bytes, source: str = "metrics.jsonl"):
         if not shallow(data):  # pyarrow's JSON reader crashes the process on deep nesting
             raise ValueError("nested too deeply for pyarrow: the line-by-line parser reads it")
         import pyarrow.compute as pc
-        import pyarrow.json as pj
 
-        table = pj.read_json(io.BytesIO(data), read_options=pj.ReadOptions(use_threads=False,
-                                                                           block_size=1 << 24))
+        table = read_json_bytes(data)
         step = table.column("step") if "step" in table.column_names else None
         if (step is not None and pa.types.is_signed_integer(step.type) and step.null_count == 0
                 and (len(step) == 0 or pc.min(step).as_py() >= 0)):
@@ -123,27 +118,6 @@ def parse_metrics_table(data: bytes, source: str = "metrics.jsonl"):
     frame, warnings = _parse_lines(data, source)
     # no pandas metadata: tables of many runs are concatenated and converted at once
     return pa.Table.from_pandas(frame, preserve_index=False).replace_schema_metadata(None), warnings
-
-
-MAX_FAST_DEPTH = 64  # metrics lines are flat objects (depth 1); pyarrow segfaults near 100,000
-
-
-def shallow(data: bytes, limit: int = MAX_FAST_DEPTH, chunk: int = 1 << 24) -> bool:
-    """Whether no bracket nesting in ``data`` goes deeper than ``limit``: what pyarrow's JSON reader
-    may be handed (it recurses without a limit). Brackets inside strings count too, which only
-    sends an odd file down the safe line-by-line path. Metrics lines have no ``[`` and one ``{``
-    each, which two byte counts establish; anything else is counted, in chunks."""
-    if b"[" not in data and data.count(b"{") <= data.count(b"\n") + 1:
-        return True
-    depth = 0
-    for start in range(0, len(data), chunk):
-        arr = np.frombuffer(data, dtype=np.uint8, count=min(chunk, len(data) - start), offset=start)
-        delta = (arr == ord("[")).astype(np.int64) + (arr == ord("{")) - (arr == ord("]")) - (arr == ord("}"))
-        running = np.cumsum(delta) + depth
-        if running.size and running.max() > limit:
-            return False
-        depth = int(running[-1]) if running.size else depth
-    return True
 
 
 def _parse_lines(data: bytes, source: str) -> tuple[pd.DataFrame, list[str]]:
@@ -196,8 +170,7 @@ def _file_key(path: Path) -> list[int]:
 
 @dataclass
 class _Entry:
-    """One run's parsed metrics (a pyarrow Table: int64 step, float64 metrics; steps increasing)
-    and what they were parsed from."""
+    """One run's parsed metrics Table and what they were parsed from."""
     frame: Any
     metrics_key: list[int]
     config_key: list[int]
@@ -206,9 +179,8 @@ class _Entry:
 
 
 def _read_cache(sweep_dir: Path) -> dict[str, _Entry]:
-    """The cached entries whose rows are what was written: the cache validates itself (its layout,
-    and each entry's digest of its rows, written with it), so a damaged or edited metrics.arrow
-    costs a re-parse of the runs it no longer vouches for, never other peak or final values."""
+    """The cached entries whose rows match their digest: a damaged metrics.arrow costs a re-parse of the
+    runs it no longer vouches for, never wrong values."""
     path = sweep_dir / CACHE_DIR / CACHE_FILE
     if not path.is_file():
         return {}
@@ -256,9 +228,8 @@ _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
 def _digests(table: Any, bounds: list[tuple[int, int]]) -> list[str]:
-    """Per entry, a 64-bit digest of its rows: Σ over cells of value bits × (row + 1) × column
-    weight, wrapping. Any changed, moved or swapped value changes it (a row range shifted by one
-    or by a whole run included); it costs a pass over the table at memory speed."""
+    """Per entry, Σ over cells of value bits × (row + 1) × column weight, wrapping: a changed, moved
+    or swapped value changes it, at memory speed."""
     import hashlib
 
     n = table.num_rows
@@ -311,8 +282,7 @@ def _write_cache(sweep_dir: Path, entries: dict[str, _Entry]) -> None:
 # --------------------------------------------------------------------------- the run set
 @dataclass
 class RunSet:
-    """Loaded runs. ``runs``: one row per run; ``wide``: (run_id, step, metrics...) sorted by run
-    then step; ``warnings``: human-readable problems found while reading."""
+    """Loaded runs: ``runs`` one row per run, ``wide`` (run_id, step, metrics...), ``warnings``."""
     runs: pd.DataFrame
     wide: pd.DataFrame
     warnings: list[str] = field(default_factory=list)
@@ -348,9 +318,7 @@ class RunSet:
         return {c: self.wide[c].to_numpy() for c in self.wide.columns if c != "run_id"}
 
     def curve(self, run_id: str, metric: str) -> tuple[np.ndarray, np.ndarray]:
-        """(steps, values) of one metric of one run, NaN rows dropped; steps count ``counter``. In
-        rollouts, the lines of one rollout are averaged (one point per rollout, as verl logs) and
-        lines without the counter (runs from before it) are left out."""
+        """(steps, values) of one metric, NaN dropped, in ``counter``; in rollouts one averaged point per rollout."""
         cols = self._columns
         if metric not in cols or metric in COUNTERS or run_id not in self._slices:
             return np.empty(0, dtype=np.int64), np.empty(0)
@@ -421,8 +389,7 @@ MANIFEST = "sweep.json"
 
 
 def in_stages(run_dirs: Iterable[RunDir], stages: Iterable[str]) -> list[RunDir]:
-    """The runs that their sweep's manifest (``sweep.json``, its ``stages`` map: run id → stage)
-    puts in one of ``stages``; a run of a sweep without stages is in none."""
+    """The runs their sweep's ``sweep.json`` ``stages`` map puts in one of ``stages``."""
     wanted, maps = set(stages), {}
     out = []
     for rd in run_dirs:
@@ -441,15 +408,8 @@ def load(paths: Iterable[str | os.PathLike], *, cache: bool = True,
          progress: Callable[[int, int], None] | None = None, format: str | None = None,
          mapping: str | os.PathLike | importers.RunsMap | None = None, val_n: int | None = None,
          stages: Iterable[str] | None = None) -> RunSet:
-    """Load runs into a RunSet: armorlab run dirs, sweep dirs, roots of sweeps, and the runs other
-    libraries logged (TRL output dirs, W&B run folders, TensorBoard logs, verl JSONL, trackio DBs;
-    armorlab.analysis.importers), or globs of those. ``format`` reads every path as that format;
-    ``mapping`` (a runs.yaml) gives imported runs their group, seed and val_n, and its paths are
-    loaded when ``paths`` is empty; ``val_n`` is val/n for imported runs that log val/acc without it.
-    With ``stages``, only the armorlab runs of those stages of their sweeps (``in_stages``).
-
-    ``progress(done, total)`` is called as runs are parsed. No run found is an ArmorLabError.
-    """
+    """Runs (armorlab run/sweep dirs, other libraries' logs, globs) → RunSet; ``format``, ``mapping``,
+    ``val_n`` as in armorlab.analysis.importers; ``stages`` keeps those stages' runs. None found: ArmorLabError."""
     paths = list(paths)
     runs_map = importers.load_mapping(mapping) if isinstance(mapping, (str, os.PathLike)) else mapping
     plan = importers.plan(paths, format=format, mapping=runs_map)
@@ -550,10 +510,8 @@ def _health(table, *, final: bool) -> list[str]:
 
 
 def _gate_screened_out(shares: np.ndarray) -> bool:
-    """Whether health.gate_warning cannot fire on these gate-drop shares: a full window exists
-    and no window's mean comes within 10⁻³ of GATE_SHARE (float64 prefix sums of shares in
-    [0, 1] are off by far less). Then the per-step Python series is not built at all — the
-    check cost a tenth of a second over 200 runs of 2,000 steps."""
+    """Whether health.gate_warning cannot fire (no window mean within 10⁻³ of GATE_SHARE): then the
+    per-step series is not built — it cost a tenth of a second over 200 runs."""
     if shares.size < GATE_WINDOW or np.abs(shares).max() > 1.0:
         return False
     prefix = np.concatenate([[0.0], np.cumsum(shares)])
@@ -562,8 +520,7 @@ def _gate_screened_out(shares: np.ndarray) -> bool:
 
 @dataclass
 class _Facts:
-    """What a run set needs of one run besides its metrics: its status (read at every load: a
-    cached run may have finished since), its config as flat columns, its health warnings."""
+    """One run's status (read at every load: a cached run may have finished), flat config and health warnings."""
     status: dict[str, Any]
     config: dict[str, Any]
     health: list[str]
@@ -600,34 +557,29 @@ def _assemble(run_dirs: list[RunDir], entries: dict[Path, _Entry], facts: dict[P
         ids.append(rid)
         slices[rid] = (start, start + len(e.frame))
         start += len(e.frame)
-    runs = pd.DataFrame(rows)
-    if frames:
-        import pyarrow as pa
+    wide = _wide(frames, ids, [b - a for a, b in slices.values()])
+    return RunSet(runs=pd.DataFrame(rows), wide=wide, warnings=warnings, slices=slices)
 
-        # one Arrow concatenation and one conversion for all runs (not one pandas frame per run)
-        table = pa.concat_tables(frames, promote_options="default")
-        metric_cols = sorted(c for c in table.column_names if c != "step")
-        wide = table.select(["step", *metric_cols]).to_pandas()
-        lengths = [b - a for a, b in slices.values()]
-        codes = np.repeat(np.arange(len(ids)), lengths)
-        wide.insert(0, "run_id", pd.Categorical.from_codes(codes, categories=ids))
-    else:
-        wide = pd.DataFrame({"run_id": pd.Series([], dtype=object), "step": pd.Series([], dtype=np.int64)})
-    return RunSet(runs=runs, wide=wide, warnings=warnings, slices=slices)
+
+def _wide(tables: list[Any], ids: list[str], lengths: list[int]) -> pd.DataFrame:
+    """(run_id, step, metrics...) from one Arrow concatenation and one conversion (not a frame per run)."""
+    if not tables:
+        return pd.DataFrame({"run_id": pd.Series([], dtype=object), "step": pd.Series([], dtype=np.int64)})
+    import pyarrow as pa
+
+    table = pa.concat_tables(tables, promote_options="default")
+    wide = table.select(["step", *sorted(c for c in table.column_names if c != "step")]).to_pandas()
+    wide.insert(0, "run_id", pd.Categorical.from_codes(np.repeat(np.arange(len(ids)), lengths), categories=ids))
+    return wide
 
 
 def load_runs(paths: Iterable[str | os.PathLike], *, cache: bool = True) -> pd.DataFrame:
-    """Contract C5: the long table (run_id, varying config columns, step, metric, value).
-
-    ``load(paths).wide`` is the wide per-run view and ``load(paths).runs`` the per-run table.
-    """
+    """Contract C5: the long table (run_id, varying config columns, step, metric, value)."""
     return load(paths, cache=cache).long
 
 
 def _with_imported(rs: RunSet | None, imported: list[importers.ImportedRun]) -> RunSet:
-    """``rs`` (armorlab runs, or None) with the imported runs appended: one row each in ``runs``
-    (``format`` says where it came from; ``sweep`` is the source's project), their tables in
-    ``wide``. Their warnings, health warnings, and one note for those whose val/n is unknown."""
+    """``rs`` (or None) with the imported runs appended to ``runs`` and ``wide``, and their warnings."""
     import pyarrow as pa
 
     taken = set(rs.run_ids) if rs is not None else set()
@@ -674,15 +626,7 @@ def _with_imported(rs: RunSet | None, imported: list[importers.ImportedRun]) -> 
     runs = pd.DataFrame(rows) if rs is None else pd.concat([rs.runs, pd.DataFrame(rows)], ignore_index=True)
     all_ids = native_ids + ids
     lengths += [len(f) for f in frames]
-    tables += frames
-    if tables:
-        table = pa.concat_tables(tables, promote_options="default")
-        metric_cols = sorted(c for c in table.column_names if c != "step")
-        wide = table.select(["step", *metric_cols]).to_pandas()
-        codes = np.repeat(np.arange(len(all_ids)), lengths)
-        wide.insert(0, "run_id", pd.Categorical.from_codes(codes, categories=all_ids))
-    else:
-        wide = pd.DataFrame({"run_id": pd.Series([], dtype=object), "step": pd.Series([], dtype=np.int64)})
+    wide = _wide(tables + frames, all_ids, lengths)
     starts = np.concatenate([[0], np.cumsum(lengths)]).astype(int)
     slices = {r: (int(starts[i]), int(starts[i + 1])) for i, r in enumerate(all_ids)}
     return RunSet(runs=runs, wide=wide, warnings=(list(rs.warnings) if rs is not None else []) + warnings,

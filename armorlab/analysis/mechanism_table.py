@@ -1,11 +1,5 @@
-"""Did each remedy's mechanism act? One row per group: how often each mechanism decided something,
-from the per-step telemetry (docs/metrics.md), so that "no arm differs from DAPO" can be read
-against "and its mechanism did (not) act".
-
-Each cell is the mean over seeds of each run's mean over its logged steps (with its 95% CI), except
-``grad clipped`` (the share of a run's optimizer steps whose gradient norm before clipping exceeded
-``max_grad_norm``: where it is 1, Adam and the clip fix every step's size) and the diversity of
-correct samples at the start and the end of a run (mode collapse).
+"""Did each remedy's mechanism act? Per group, the mean over seeds of each run's mean of its per-step
+telemetry (docs/metrics.md), the share of clipped gradient steps and early/late diversity of correct samples.
 """
 
 from __future__ import annotations
@@ -40,8 +34,7 @@ TRL_MAX_GRAD_NORM = 1.0  # transformers' default, used where a run's config does
 
 
 def clipped_share(grad_norms: np.ndarray, max_grad_norm: float | None) -> float:
-    """Share of steps whose gradient norm before clipping exceeds ``max_grad_norm`` (NaN without
-    steps; 0 when clipping is off, a norm of 0 or none)."""
+    """Share of steps whose pre-clip gradient norm exceeds ``max_grad_norm`` (NaN without steps)."""
     if grad_norms.size == 0:
         return math.nan
     if max_grad_norm is None or not max_grad_norm > 0:
@@ -70,8 +63,7 @@ def _cell(values: list[float]) -> tuple[str, float]:
 
 
 def mechanism_table(rs: RunSet, groups: G.Groups) -> tuple[pd.DataFrame, pd.DataFrame] | None:
-    """(display table with mean [95% CI] cells, numbers table with the means) per group; None when
-    no run logged any mechanism metric."""
+    """(display table of mean [95% CI], numbers table) per group; None when no mechanism metric was logged."""
     present = [m for m in MEAN_OVER_STEPS if m in rs.metrics]
     has_norm = "train/grad_norm" in rs.metrics
     has_div = DIVERSITY in rs.metrics

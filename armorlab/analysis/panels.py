@@ -1,9 +1,6 @@
-"""Small-multiple report figures: one panel per group, so that five or more groups stay readable
-(ten overlapping bands of one axis do not). ``plot_arms`` is the report's first figure (the
-selection metric per compared arm, its baseline in grey in every panel, the collapse onsets and
-each panel titled with the arm's verdict); ``plot_overoptimisation`` puts train reward and
-validation of each group in its own panel from five groups on (up to MAX_PANELS). Same conventions as
-armorlab.analysis.plots: prepared numbers in, one PNG out, a group keeps its colour."""
+"""Small-multiple figures, one panel per group (ten overlapping bands do not read): ``plot_arms`` (the first
+figure) and ``plot_overoptimisation``; conventions as armorlab.analysis.plots.
+"""
 
 from __future__ import annotations
 
@@ -38,8 +35,7 @@ MAX_PANELS = 13
 
 
 def grid_shape(n: int, max_cols: int = MAX_COLS) -> tuple[int, int]:
-    """(rows, cols) for ``n`` panels: the fewest rows of at most ``max_cols``, the panels spread
-    evenly over them (5 → 2×3, not 4 + 1)."""
+    """(rows, cols) for ``n`` panels: fewest rows of ≤ ``max_cols``, spread evenly (5 → 2×3)."""
     rows = max(1, math.ceil(n / max_cols))
     return rows, max(1, math.ceil(n / rows))
 
@@ -55,10 +51,8 @@ def _panels(n: int, width: float, panel_height: float, extra_height: float):
 
 def _share_axes(axes, rows: int, cols: int, x_label: str, y_label: str, bands: Sequence[CurveBand],
                 points: Sequence[float] = ()) -> None:
-    """Same x and y limits in every panel (y: armorlab.analysis.plots.robust_ylim over every band
-    drawn), so that only the outer panels carry tick labels: the x ticks and label under the
-    lowest panel of each column, the y ticks and label left of each row. Four ticks an axis: a
-    panel is small, and each tick is a fifth of a small multiple's drawing time."""
+    """Same limits in every panel, tick labels on the outer ones only; four ticks an axis (each tick is a
+    fifth of a small multiple's drawing time)."""
     from matplotlib.ticker import MaxNLocator
 
     robust_ylim(axes[0], bands, points)
@@ -96,8 +90,7 @@ def _text_inches(text: str, size: float) -> float:
 
 
 def _legend_below(fig, handles: list, labels: list[str]):
-    """A figure legend under the panels, in as many columns as fit the figure's width (matplotlib
-    fills a legend's columns top to bottom: a column is as wide as its widest entry)."""
+    """A figure legend under the panels, in as many columns as fit the figure's width."""
     width = fig.get_size_inches()[0] - 0.3
     ncols = 1
     for n in range(len(labels), 0, -1):
@@ -110,8 +103,7 @@ def _legend_below(fig, handles: list, labels: list[str]):
 
 
 def _wrapped(text: str, width: float, size: float) -> str:
-    """``text`` in lines that fit ``width`` inches at ``size`` points (a title wider than its panel
-    would run into the next one)."""
+    """``text`` in lines that fit ``width`` inches at ``size`` points."""
     return textwrap.fill(text, max(8, int(width / _text_inches("x", size))))
 
 
@@ -120,11 +112,8 @@ def plot_arms(bands: Mapping[str, CurveBand], metric: str, path: Path, *, colors
               markers: Mapping[str, Sequence[tuple]] | None = None, matched_steps: Sequence[int] = (),
               noise: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None, x_label: str = STEP_LABEL,
               verdict_of: str = "", width: float = 11.0) -> Path:
-    """``metric`` per arm, one panel each: the arm's mean over seeds with its 95% CI band, ±1 SE of
-    eval noise (dashed, ``noise`` = {group: (steps, SE)}), its seeds' collapse onsets (▼, labelled
-    with the marker's text: (step, value, text)); the ``baseline`` group the same in grey in every
-    panel (without one, the other groups' means in light grey); each panel titled with the arm's
-    verdict (``verdicts`` = {arm: word}, coloured: better green, worse red, equivalent blue)."""
+    """``metric`` per arm, one panel each (mean, CI band, ±1 SE noise, ▼ collapse onsets), the ``baseline`` in
+    grey in every panel, each titled with its verdict (``verdicts``: better green, worse red, equivalent blue)."""
     arms = [g for g in bands if g != baseline]
     if not arms:  # the baseline alone: its own panel
         arms, baseline = list(bands), None
@@ -185,9 +174,8 @@ def plot_arms(bands: Mapping[str, CurveBand], metric: str, path: Path, *, colors
 def plot_overoptimisation(train: Mapping[str, CurveBand], val: Mapping[str, CurveBand], train_metric: str,
                           val_metric: str, path: Path, *, legend_title: str,
                           colors: Mapping[str, tuple], x_label: str = STEP_LABEL, width: float = 11.0) -> Path:
-    """Train reward (dashed) and validation (solid): rising train reward over falling validation is
-    over-optimisation. Up to SINGLE_AXIS_GROUPS groups on one axis, from there one panel per
-    group (same axes in every panel), above MAX_PANELS groups on one axis again."""
+    """Train reward (dashed) over validation (solid): one axis up to SINGLE_AXIS_GROUPS groups, then one
+    panel per group, one axis again above MAX_PANELS."""
     groups = list(dict.fromkeys([*val, *train]))
     title = f"Over-optimisation: {train_metric} (dashed) vs {val_metric} (solid)"
     drawn = [*val.values(), *train.values()]

@@ -20,10 +20,8 @@ from armorlab.stats.seeds import CurveBand
 
 @functools.cache
 def _matplotlib():
-    """The matplotlib names the figures use, imported at the first figure (a report without
-    figures never pays for it). A Figure on an Agg canvas, not pyplot: a report only writes PNGs,
-    and pyplot's import, its figure registry and its per-change interactive-redraw hook were ~4 %
-    of the figures' cost."""
+    """matplotlib imported at the first figure; a Figure on an Agg canvas, not pyplot (whose import,
+    registry and redraw hook were ~4 % of the figures' cost)."""
     import types
 
     import matplotlib
@@ -68,10 +66,7 @@ _UNITS = {"acc": "accuracy, avg@k", "reward": "mean reward", "entropy": "nats/to
 
 
 def metric_label(metric: str) -> str:
-    """Axis label with units: ``val/acc (accuracy, avg@k)``, ``kl/forward_k3 (nats/sequence)``.
-
-    The trainer logs every ``kl/*`` value as a per-sequence sum of the per-token estimate,
-    averaged over sequences (docs/training.md, "What a run logs"), so KL is in nats per sequence."""
+    """Axis label with units; KL is in nats per sequence (docs/training.md, "What a run logs")."""
     ns, _, name = metric.partition("/")
     if ns == "kl":
         unit = "nats/sequence"
@@ -83,8 +78,7 @@ def metric_label(metric: str) -> str:
 
 
 def _step_axis(ax, fontsize=None, label: str = STEP_LABEL) -> None:
-    """x axis in optimizer steps (or ``label``'s counter), integer ticks only (a short run must not
-    show step 2.5)."""
+    """x axis in optimizer steps (or ``label``'s counter), integer ticks only."""
     from matplotlib.ticker import MaxNLocator
 
     ax.set_xlabel(label, fontsize=fontsize)
@@ -97,8 +91,7 @@ def group_colors(labels: Sequence[str]) -> dict[str, tuple]:
 
 
 def _legend_size(labels: Sequence[str], title: str, fontsize: float) -> tuple[float, float]:
-    """Inches (width, height) a one-column legend of these labels takes: ~0.5 em per character
-    plus the handle; ~1.55 em per row (text + label spacing) plus the title."""
+    """Inches (width, height) of a one-column legend: ~0.5 em per character, ~1.55 em per row."""
     em = fontsize / 72
     chars = max([len(t) for t in labels] + [len(title)])
     return 0.9 + 0.5 * chars * em, (len(labels) + 1) * 1.55 * em + 0.5
@@ -147,9 +140,8 @@ def _tick_label_boxes(axis, renderer) -> list:
 
 
 def _decorations(ax, renderer) -> tuple[float, float, float, float] | None:
-    """Pixels that the axes' tick labels, axis labels and title take outside its box, (left,
-    bottom, right, top), measured as the draw will place them; None for what this does not
-    model (an offset or scale text above or beside the ticks, labels on the top or right)."""
+    """Pixels (left, bottom, right, top) the tick labels, axis labels and title take outside the box;
+    None for what this does not model."""
     if (ax.xaxis.get_major_formatter().get_offset() or ax.yaxis.get_major_formatter().get_offset()
             or ax.xaxis.get_label_position() != "bottom" or ax.yaxis.get_label_position() != "left"):
         return None
@@ -174,13 +166,8 @@ def _decorations(ax, renderer) -> tuple[float, float, float, float] | None:
 
 
 def _place(fig, legend, suptitle, below=None) -> bool:
-    """Lay out a grid of panels (plt.subplots, spare ones hidden) with its suptitle, an outside
-    legend hung from the upper right of one panel and a figure legend at the lower centre
-    (``below``, under the panels): margins measured from the tick
-    labels, axis labels and titles the draw will show, panels of equal size in the space left;
-    the figure grows taller where the legend would run off the bottom. A third of the
-    instructions of constrained layout, which measures every axis and title twice through
-    generic tight bounding boxes. False (nothing decided) for any other shape."""
+    """Lay out a grid of panels with an outside legend from margins measured as the draw will place them:
+    a third of constrained layout's instructions. False for any other shape."""
     renderer = fig.canvas.get_renderer()
     grid = _grid(fig, legend, renderer)
     if grid is None:
@@ -248,8 +235,7 @@ def _place(fig, legend, suptitle, below=None) -> bool:
 
 
 def _grid(fig, legend, renderer):
-    """(visible axes, rows, cols, cell of each axis, the legend's hang) of a grid _place can lay
-    out (one gridspec, one cell per axis, the legend with the rest of its row), else None."""
+    """(visible axes, rows, cols, cells, the legend's hang) of a grid _place can lay out, else None."""
     axes = [ax for ax in fig.axes if ax.axison]
     specs = [ax.get_subplotspec() for ax in fig.axes]
     if not axes or None in specs or len({s.get_gridspec() for s in specs}) != 1:
@@ -273,8 +259,7 @@ def _grid(fig, legend, renderer):
 
 
 def _fits(fig, axes, hang, pad, renderer) -> bool:
-    """Whether the hung legend fits the empty slots beside its panel and the texts centred on a
-    panel (title, x label) its width."""
+    """Whether the hung legend fits beside its panel and the centred texts fit its width."""
     if hang is not None and hang[0].bbox.x1 + 0.01 * hang[0].bbox.width + hang[5] + hang[3] > fig.bbox.width - pad + 1:
         return False
     return not any(t.get_text() and t.get_window_extent(renderer).width > ax.bbox.width + 2 * pad
@@ -282,13 +267,8 @@ def _fits(fig, axes, hang, pad, renderer) -> bool:
 
 
 def _save(fig, path: Path) -> Path:
-    """Write the PNG. Every figure is laid out beforehand, by _place or by matplotlib's
-    constrained layout (room for titles, labels and an outside legend), so no
-    bbox_inches="tight": that draws the figure twice, and the first draw was a fifth of the
-    report's figure time. One draw of the canvas at the PNG's resolution runs a layout engine
-    (measuring text at that resolution) and draws: savefig's pixels (its facecolor "auto" is
-    the figure's), without savefig's extra layout draw; the canvas is then encoded by the writer
-    savefig itself uses (matplotlib.image.imsave, Pillow)."""
+    """Write the PNG from one canvas draw (no bbox_inches="tight": its second draw was a fifth of the
+    figure time), encoded by savefig's own writer."""
     if fig.dpi != DPI:
         fig.set_dpi(DPI)
     fig.canvas.draw()
@@ -311,8 +291,7 @@ def _software() -> str:
 
 
 def _band_path(x: np.ndarray, low: np.ndarray, high: np.ndarray, ok: np.ndarray):
-    """One closed polygon per run of steps where both bounds are finite (along ``low``, back
-    along ``high``), as one compound path: a gap in the bounds stays a gap, as in fill_between."""
+    """One closed polygon per stretch where both bounds are finite: a gap stays a gap, as in fill_between."""
     from matplotlib.path import Path as MplPath
 
     edges = np.flatnonzero(np.diff(np.concatenate([[0], ok.view(np.int8), [0]])))
@@ -333,9 +312,7 @@ def _band_path(x: np.ndarray, low: np.ndarray, high: np.ndarray, ok: np.ndarray)
 
 
 def _band(ax, band: CurveBand, color, label: str | None, *, linestyle="-") -> None:
-    """The mean as a line over its 95 % CI band. The band is one PathPatch added as a plain
-    artist, its points put into the data limits directly: fill_between (masked arrays, unit
-    handling, a view-limit update per call) cost ~3 ms a band, a fifth of a 40-band figure."""
+    """The mean over its 95 % CI band as one PathPatch (fill_between cost ~3 ms a band)."""
     ok = np.isfinite(band.low) & np.isfinite(band.high)
     if ok.any():
         x = np.asarray(band.steps, dtype=np.float64)
@@ -354,11 +331,8 @@ CI_REACH = 0.5  # a CI may widen the y axis by at most this share of the means' 
 
 
 def robust_ylim(ax, bands: Sequence[CurveBand], points: Sequence[float] = ()) -> bool:
-    """y limits that follow the mean curves (and ``points``: markers on seeds' curves), widened
-    by the CI bands by at most CI_REACH of the means' range on each side: one seed's spike makes
-    its group's interval wide (a Student-t interval of 3 seeds is ±4.3 SDs), and the axis must
-    still show where every mean goes. True when a band reaches past the limits (it is cut at the
-    frame). Nothing is set without a finite mean."""
+    """y limits following the means (and ``points``), widened by bands by at most CI_REACH: one seed's
+    spike must not hide where the means go. True when a band is cut at the frame."""
     means = [np.asarray(b.mean, dtype=np.float64) for b in bands]
     means = np.concatenate([*means, np.asarray(points, dtype=np.float64)]) if means or len(points) else np.empty(0)
     means = means[np.isfinite(means)]
@@ -385,9 +359,7 @@ def plot_curves(bands: Mapping[str, CurveBand], metric: str, path: Path, *, lege
                 matched_steps: Sequence[int] = (), title: str | None = None,
                 noise: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None,
                 x_label: str = STEP_LABEL) -> Path:
-    """One metric per group: mean over seeds with its 95 % CI band; ▼ = a seed's collapse step,
-    labelled with its text when a marker is (step, value, text); ``noise`` = {group: (steps, SE)}
-    draws the eval-noise band mean ± 1 SE as thin dashed lines."""
+    """One metric per group: mean with its 95 % CI band, ▼ at seeds' collapse steps, ``noise`` ±1 SE lines."""
     fig, ax = plt.subplots(figsize=(8, 4.6))
     for g, band in bands.items():
         _band(ax, band, colors[g], g)
@@ -439,10 +411,7 @@ KL_REVERSE, KL_FORWARD = "reverse KL(π_θ‖π_ref)", "forward KL(π_ref‖π_�
 
 
 def kl_direction(metric: str) -> tuple[str, str]:
-    """(direction, where its samples come from) of a KL metric, from its name (design.md: a
-    reverse KL is estimated on samples of π_θ, a forward one on unconditioned samples of π_ref;
-    the anchors' are neither): ``("reverse KL(π_θ‖π_ref)", "k3 estimate on samples of π_θ")``.
-    ("", "") for a name that says no direction."""
+    """(direction, where its samples come from) of a KL metric by name (design.md); ("", "") if none."""
     ns, _, name = metric.partition("/")
     if ns == "anchor" and name.startswith("kl_"):
         return "anchor KL (neither direction)", f"{name[3:]} estimate on reward-filtered samples of π_ref"
@@ -461,8 +430,7 @@ def kl_direction(metric: str) -> tuple[str, str]:
 
 def plot_kl(panels: Mapping[str, Mapping[str, CurveBand]], path: Path, *, legend_title: str,
             colors: Mapping[str, tuple], x_label: str = STEP_LABEL) -> Path:
-    """KL over steps, one panel per KL metric (ARMOR Fig. 2b style), each titled with the
-    direction its metric measures and where its samples come from (kl_direction)."""
+    """KL over steps, one panel per KL metric (ARMOR Fig. 2b style), titled by kl_direction."""
     n = len(panels)
     fig, flat = _panel_grid(n, max_cols=2, panel_size=(5.2, 4.0))
     for ax, (metric, bands) in zip(flat, panels.items(), strict=False):
@@ -488,8 +456,7 @@ def _ecdf(ax, x: np.ndarray, color, label: str, linestyle="-") -> None:
 
 def plot_capacity(per_group: Mapping[str, np.ndarray], counterfactual: Mapping[str, np.ndarray], path: Path,
                   *, legend_title: str, colors: Mapping[str, tuple]) -> Path:
-    """ECDF of probability capacity of A > 0 tokens: left, each group under its own objective;
-    right, the same tokens under UP, clipped (DAPO) and ARMOR formulas."""
+    """ECDF of capacity of A > 0 tokens: each group under its objective; the same tokens under UP, DAPO, ARMOR."""
     n = 1 + bool(counterfactual)
     fig, axes = plt.subplots(1, n, figsize=(5.6 * n, 4.4), squeeze=False, layout="constrained")
     ax = axes[0][0]
@@ -517,9 +484,7 @@ def plot_capacity(per_group: Mapping[str, np.ndarray], counterfactual: Mapping[s
 def plot_ablation(summary_rows: Sequence[Mapping], per_run: Mapping[str, Mapping[str, np.ndarray]],
                   scores: Sequence[str], score_labels: Mapping[str, str], x_key: str, hue_keys: Sequence[str],
                   path: Path, *, colors: Mapping[str, tuple]) -> Path:
-    """Bars over the swept key ``x_key``, one bar per combination of the other group keys (the
-    hue, named in the legend), mean with 95% CI error bars and every seed as a dot; one panel
-    per headline score. Without other keys, bars keep their group colours."""
+    """Bars over ``x_key`` per combination of the other keys: mean, 95 % CI and every seed as a dot."""
     def tick(v) -> str:
         return "none" if fmt_value(v) == "None" else fmt_value(v)
 

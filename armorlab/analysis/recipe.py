@@ -76,11 +76,8 @@ DEFAULT_ENDPOINTS = ("final", "drop", "selected_test")
 
 @dataclass(frozen=True)
 class Compare:
-    """Which groups are compared (probability of improvement, verdicts): a baseline (a selector
-    mapping or a group label) or pairs of selectors; both None = automatic. ``endpoints``: the
-    per-run scores the verdicts judge, the first the primary (None = DEFAULT_ENDPOINTS);
-    ``delta``: the equivalence margin, an effect of interest declared before the runs (None: no
-    comparison is called equivalent; armorlab.stats.margins)."""
+    """Which groups are compared: a baseline (selector or label) or pairs (both None: automatic); ``endpoints``
+    the verdicts' scores, the first primary; ``delta`` the margin declared before the runs (armorlab.stats.margins)."""
     baseline: dict[str, Any] | str | None = None
     pairs: list[tuple[dict[str, Any], dict[str, Any]]] | None = None
     endpoints: list[str] | None = None
@@ -165,12 +162,9 @@ def parse_recipe(raw: Mapping[str, Any], *, file: str | None = None, name: str |
         for k in r.group_by:
             if k in SEED_KEYS:
                 raise _err("seeds are aggregated, not grouped on", "group_by", k, file)
-    if raw.get("curves") is not None:
-        r.curves = _str_list(raw["curves"], "curves", file)
-    if raw.get("kl") is not None:
-        r.kl = _str_list(raw["kl"], "kl", file)
-    if raw.get("scores") is not None:
-        r.scores = _str_list(raw["scores"], "scores", file)
+    for k in ("curves", "kl", "scores", "stages"):
+        if raw.get(k) is not None:
+            setattr(r, k, _str_list(raw[k], k, file))
     if raw.get("select") is not None:
         sel = _mapping(raw["select"], "select", file, ("metric", "mode", "report"))
         for k in ("metric", "report"):
@@ -193,8 +187,6 @@ def parse_recipe(raw: Mapping[str, Any], *, file: str | None = None, name: str |
         r.x = _one_of(raw, "x", X_AXES, file)
     if raw.get("out") is not None:
         r.out = _path(raw, "out", "must be a directory path", file)
-    if raw.get("stages") is not None:
-        r.stages = _str_list(raw["stages"], "stages", file)
     if raw.get("format") is not None:
         r.format = _one_of(raw, "format", importers.FORMATS, file)
     if raw.get("runs_map") is not None:
@@ -208,10 +200,8 @@ def parse_recipe(raw: Mapping[str, Any], *, file: str | None = None, name: str |
 
 
 def unit_disagreement(x: str, recipe_file: str | None, units: Mapping[str, str]) -> str | None:
-    """The warning when a recipe reads steps in another unit than its sweeps count in: ``units``
-    maps each sweep (its spec file, or its dir) to its runs' ``step_unit``; None when all agree.
-    "test@500" read at optimizer step 500 of a rollout-counted sweep is rollout 500 ÷ steps per
-    rollout: a different point of training than the one the sweep's horizons and τ name."""
+    """The warning when the recipe's ``x`` differs from its sweeps' ``step_unit`` (``units``: sweep → unit):
+    step 500 of a rollout-counted sweep is another point of training than its horizons name. None if all agree."""
     other = {where: unit for where, unit in units.items() if X_OF_STEP_UNIT.get(unit, "step") != x}
     if not other:
         return None
@@ -224,12 +214,11 @@ def unit_disagreement(x: str, recipe_file: str | None, units: Mapping[str, str])
 def _collapse(raw: Any, file: str | None) -> CollapseParams:
     known = tuple(CollapseParams.__dataclass_fields__)
     col = _mapping(raw, "collapse", file, known)
-    checks = {"delta": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
-              and math.isfinite(v),
-              "patience": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
-              "alpha": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < 1,
-              "entropy_frac": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
-              and 0 < v < 1}
+    def num(v):
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+    checks = {"delta": lambda v: num(v) and v > 0 and math.isfinite(v),
+              "patience": lambda v: num(v) and isinstance(v, int) and v >= 1,
+              "alpha": lambda v: num(v) and 0 < v < 1, "entropy_frac": lambda v: num(v) and 0 < v < 1}
     hints = {"delta": "a number > 0", "patience": "an integer ≥ 1", "alpha": "a number in (0, 1)",
              "entropy_frac": "a number in (0, 1)"}
     for k, v in col.items():
@@ -287,9 +276,8 @@ def recipe_for_paths(paths: list[str], *, group_by: list[str] | None = None, for
 
 
 def default_out_dir(recipe: Recipe) -> Path:
-    """recipe ``out:``; else a single run's ``report/``; a single sweep's ``<sweep>/report``;
-    else ``reports/<recipe name>`` (and ``reports/<name>`` for another library's run: importing
-    never writes into its directory)."""
+    """recipe ``out:``; else a single run's ``report/`` or sweep's ``<sweep>/report``; else
+    ``reports/<recipe name>`` (always so for another library's runs: importing never writes there)."""
     if recipe.out:
         return Path(recipe.out)
     if recipe.path is None and len(recipe.runs) == 1:

@@ -1,7 +1,6 @@
-"""Report tables: the per-group table as CSV (numbers), Markdown and LaTeX (booktabs) (formatted
-``mean [95% CI low, high]``, with a ``95% CI`` column naming the interval's method and flagging
-groups of ≤ 3 seeds as low-powered), the per-run CSV, the probability-of-improvement table, the
-config diff. Writes go through armorlab.core.fsutil.atomic_write_text: a reader never sees half a table."""
+"""Report tables (CSV, Markdown, LaTeX booktabs; cells ``mean [95% CI]`` with the interval's method),
+per-run CSV, P(X > Y), config diff; written atomically.
+"""
 
 from __future__ import annotations
 
@@ -47,8 +46,7 @@ def fmt_ci(mean: float, lo: float, hi: float, *, step: bool = False) -> str:
 
 
 def ci_note(n: int) -> str:
-    """Which interval a group's cells carry (stats S3), flagged low-powered at n ≤ LOW_POWER_N:
-    ``Student-t · low-powered (n=3)``, ``BCa bootstrap``, ``none (n=1)``."""
+    """Which interval a group's cells carry (stats S3), flagged low-powered at n ≤ LOW_POWER_N."""
     n = int(n)
     name = CI_METHOD_NAMES[ci_method(n)]
     if n <= LOW_POWER_N:
@@ -58,10 +56,7 @@ def ci_note(n: int) -> str:
 
 def display_group_table(summary: pd.DataFrame, keys: Sequence[str], scores: Sequence[str],
                         val_metric: str, test_metric: str, *, n_of: str | None = None) -> pd.DataFrame:
-    """Formatted group table: group keys, n, then one ``mean [CI]`` column per score.
-
-    n counts the group's runs, or, with ``n_of``, the runs that have that score (e.g. the runs
-    with token samples)."""
+    """Group keys, n (with ``n_of``: the runs that have that score), one ``mean [CI]`` column per score."""
     rows = []
     for r in summary.to_dict("records"):
         row = {k: fmt_value(r[k]) for k in keys} if keys else {"group": r["group"]}
@@ -105,8 +100,7 @@ def to_markdown(df: pd.DataFrame) -> str:
 
 
 def _escape_latex(text: str) -> str:
-    """pandas' LaTeX escaping (Styler's ``escape="latex"``), replacement for replacement: a
-    backslash becomes \\textbackslash, a space after it or after ~ and ^ is kept by \\space."""
+    """pandas' LaTeX escaping (Styler's ``escape="latex"``), replacement for replacement."""
     mark = "ab2§=§8yz"  # pandas' own placeholder, so that the backslashes added below stay
     return (text.replace("\\", mark).replace(f"{mark} ", f"{mark}\\space ")
             .replace("&", "\\&").replace("%", "\\%").replace("$", "\\$").replace("#", "\\#")
@@ -117,9 +111,8 @@ def _escape_latex(text: str) -> str:
 
 
 def _text_tabular(df: pd.DataFrame) -> str | None:
-    """``df.to_latex(index=False, escape=True)`` of a table of text (every label and cell a str,
-    as the display tables are), written directly: pandas renders it through Styler and a jinja2
-    template, whose import and first render cost a tenth of a second. None for anything else."""
+    """``df.to_latex(index=False, escape=True)`` of a table of text, written directly (pandas' Styler and
+    jinja2 cost a tenth of a second); None for anything else."""
     header = list(df.columns)
     rows = df.astype(object).to_numpy().tolist()
     if not all(isinstance(v, str) for v in header) or not all(isinstance(v, str) for r in rows for v in r):
@@ -131,8 +124,7 @@ def _text_tabular(df: pd.DataFrame) -> str | None:
 
 
 def to_latex(df: pd.DataFrame, caption: str | None = None) -> str:
-    """booktabs tabular (\\toprule/\\midrule/\\bottomrule), LaTeX special characters escaped:
-    pandas' to_latex (the same text written directly for tables of text)."""
+    """booktabs tabular, LaTeX special characters escaped, as pandas' to_latex."""
     body = _text_tabular(df)
     if body is None:
         body = df.to_latex(index=False, escape=True)
@@ -142,8 +134,8 @@ def to_latex(df: pd.DataFrame, caption: str | None = None) -> str:
 
 
 def display_improvement(poi: pd.DataFrame, val_metric: str, test_metric: str) -> pd.DataFrame:
-    """P(X > Y) with its bootstrap CI, or, where the seeds cannot resolve it (stats S4), the point
-    estimate and that statement instead of an interval; plus the exact Mann–Whitney p-value."""
+    """P(X > Y) with its bootstrap CI, or where seeds cannot resolve it (stats S4) that statement; plus
+    the exact Mann–Whitney p-value."""
     rows = []
     for r in poi.to_dict("records"):
         cell = fmt_ci(r["p_improvement"], r["ci_low"], r["ci_high"])

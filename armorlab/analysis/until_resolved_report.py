@@ -1,8 +1,5 @@
-"""The report's verdicts for a sweep run until resolved (`armorlab sweep --until-resolved`): read
-from its ``looks.json`` (armorlab.stats.sequential.latest_comparisons), not recomputed as
-fixed-sample verdicts — those are not valid once seeds were added until something looked
-resolved. The report re-derives the same verdicts the sweep stopped on, and says where the runs
-no longer give the values a look recorded.
+"""The report's verdicts for a sweep run until resolved, read from its ``looks.json`` (fixed-sample
+verdicts are not valid once seeds were added until resolved); notes where the runs no longer give a look's values.
 """
 
 from __future__ import annotations
@@ -77,8 +74,7 @@ def prepare(seqs: Sequence[SequentialVerdicts], val_metric: str, test_metric: st
 
 
 def check(seqs: Sequence[SequentialVerdicts], per_run: pd.DataFrame, rs: RunSet, notes: Notes) -> None:
-    """A note where the runs a look decided on now give other endpoint values than it recorded
-    (a run trained again, or the recipe reads the endpoint differently: select/collapse)."""
+    """A note where the runs now give other endpoint values than a look recorded."""
     path_of = {Path(p).resolve(): rid for rid, p in zip(rs.runs["run_id"], rs.runs["path"], strict=True)}
     for s in seqs:
         look = s.looks[-1]

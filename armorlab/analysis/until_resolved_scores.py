@@ -1,9 +1,5 @@
-"""The numbers one look of a sequential comparison decides on: each run's endpoint score, read
-exactly as the report reads it (armorlab.analysis.groups.run_scores: the same collapse levels,
-the same val-selected step), and whether the baseline fell (armorlab.stats.margins F1).
-
-`armorlab sweep --until-resolved` calls this after each look (locally, or in its Slurm decision
-job); the statistics are armorlab.stats.sequential's.
+"""The numbers one look decides on: each run's endpoint score read exactly as the report reads it
+(analysis.groups.run_scores) and whether the baseline fell (stats.margins F1).
 """
 
 from __future__ import annotations
@@ -41,9 +37,7 @@ class LookScores:
 
 def score_runs(run_dirs: Mapping[str, str | Path], arm_of: Mapping[str, str], endpoint: str, select: Select,
                *, matched_steps: Sequence[int] = (), cache: bool = True) -> LookScores:
-    """Score the runs ``run_dirs`` (run id → its dir), grouped by ``arm_of`` (run id → arm label),
-    on every per-run score of the report; ``endpoint`` must be one of them (``val@S`` needs S in
-    ``matched_steps``)."""
+    """Score ``run_dirs`` grouped by ``arm_of`` on every per-run score; ``endpoint`` must be one of them."""
     if not run_dirs:
         raise ArmorLabError("no runs to score", key="runs", value=[])
     rs = load([str(p) for p in run_dirs.values()], cache=cache)

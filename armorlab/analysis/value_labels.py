@@ -1,6 +1,5 @@
-"""Config values as the report shows them: numpy scalars as Python ones, floats in ``%g``. Kept
-apart from armorlab.analysis.groups (pandas) so that the figures can label with it without
-importing pandas."""
+"""Config values as the report shows them (floats in ``%g``), without pandas, for the figures.
+"""
 
 from __future__ import annotations
 

@@ -1,67 +1,16 @@
-"""Collapse metrics of one learning curve: pure functions over 1-D arrays (steps, values[, n]).
-
-A curve is two equal-length arrays; NaN values are dropped and points are sorted by step, so a
-curve read straight from a metrics table (NaN where a metric was not logged) can be passed as is.
-Step-valued results are ``int`` or ``None`` (undefined / never happened); value results are floats
-(NaN when undefined, e.g. on an empty curve).
-
-Every eval is noisy: ``val/acc`` is a mean over ``val/n`` scored completions, so two evals of the
-same checkpoint differ by a few standard errors (SE). The running maximum of a noisy curve is
-biased upwards, and "δ below the running peak for m evals" fires on about half of all flat
-curves at 64 prompts × 4 samples. So every decision here is a test against the eval noise,
-calibrated to a false-alarm rate α on flat curves (benchmarks/collapse_calibration.py measures
-it with binomial noise, and the power to find a fall of 4 SE).
-
-Noise of one eval (its SE), one of two ways:
-    (N1) binomial, when the eval size n is known (``val/n`` = prompts × samples; values in [0, 1]):
-         SE² = p(1 − p)/n. For a mean of rewards in [0, 1] this is an upper bound (a [0, 1]
-         variable of mean p has variance ≤ p(1 − p)), exact for 0/1 rewards when every prompt
-         has the same success rate, conservative on a fixed val set whose prompts differ.
-    (N2) from the curve itself, otherwise: σ̂² = mean of the k = ⌈0.9·N⌉ smallest (Δ²v_i)² /
-         (6 · c(k/N)), the trimmed mean square of the N second differences
-         (Δ²v_i = v_{i+1} − 2v_i + v_{i−1} has variance 6σ² for independent noise), with
-         c(f) = 1 − 2qφ(q)/f, q = Φ⁻¹(½ + f/2), the variance of a standard normal kept within its
-         central fraction f (c = 1 when nothing is trimmed). Second differences cancel a linear
-         trend and the trim drops the few kinks where the trend bends, so a rise or a fall is
-         not mistaken for noise. (The median absolute deviation was tried first: its σ̂ is so
-         noisy on short curves that the calibration found 74 % of the 4-SE falls instead of 88 %.)
-
-Definitions, with m = ``patience`` evals per level (default 3) and K evals:
-    (C1) level       L_i = mean(v_i, …, v_{i+m−1}), i = 0 … K−m: the curve averaged over m evals
-    (C2) peak        max_i L_i (a level, so its upward noise bias is √m smaller than the raw
-                     maximum's); peak_step = the middle eval of that window; final = L_{K−m}, the
-                     level of the last m evals; drop = peak − final; drop_rel = drop / |peak|;
-                     drop_z = drop / SE(peak − final), the drop in standard errors; the SE sums
-                     the per-eval variances of the evals only one of the two windows holds
-    (C3) fall z      for a window j and the highest level P_j = L_a among the windows a that end
-                     before j starts (a ≤ j − m): z_j = (P_j − L_j) / SE(L_a − L_j), where
-                     (N1) SE² = p̄(1 − p̄)(1/N_a + 1/N_j), the pooled two-proportion test
-                          (N = completions in the window, p̄ their pooled mean), or
-                     (N2) SE² = 2σ̂²/m
-    (C4) threshold   z*_α(K, m) = the (1 − α) quantile of max_j z_j on K evals of pure Gaussian
-                     noise (σ known for N1; σ̂ re-estimated from each noise draw for N2, so the
-                     threshold also pays for not knowing σ). Monte Carlo, 20 000 seeded draws
-                     (≥ 2 000 for curves of over 100 evals), cached per (K, m, α, noise). Taking the maximum over every window and every
-                     earlier peak is what makes α the false-alarm rate of the whole curve.
-    (C5) collapse    the first window j with z_j ≥ z*_α and P_j − L_j ≥ δ: significantly below the
-                     earlier peak (noise) and by at least δ (a drop that matters; defaults α =
-                     0.04, δ = 0.03). collapse_step = the step of the first eval in window j that
-                     lies nearer the low level than the peak (v_i ≤ (P_j + L_j)/2): the onset,
-                     not the detection. collapse_z = z_j.
-                     Online (the tune pruner) the threshold uses ``horizon`` = the number of evals
-                     the whole run will have: the statistic of a prefix never exceeds the whole
-                     curve's, so checking after every eval keeps the false-alarm rate at α. With
-                     (N2) σ̂ is re-estimated on each prefix, so the threshold is the quantile of the
-                     maximum over all prefixes of ≥ 10 evals (``sequential``; none is judged sooner).
-    (C6) auc         ∫ v d(step) / (last step − first step), trapezoid rule: the curve's mean
-                     level, comparable across runs of different length
-    (C7) divergence  a collapse (C5) during which the train reward rose: the first window j that
-                     passes (C5) and over whose span [first step of the peak window a, last step
-                     of window j] the least-squares slope of the train reward is > 0 with a
-                     one-sided t-test at level α (scipy.stats.linregress): the over-optimisation
-                     signature. divergence_step = the collapse onset of that window.
-    entropy_collapse_step  first step with entropy < threshold (default: 10 % of its first value)
-    length_blowup     max length / first length
+"""Collapse metrics of one learning curve: pure functions of (steps, values[, n]); NaN points dropped,
+sorted by step. Every decision is a test against the eval noise, calibrated to a false-alarm rate α on flat
+curves (benchmarks/collapse_calibration.py; the reasoning is in docs/reports.md#collapse-metrics).
+    (N1) binomial SE² = p(1 − p)/n when the eval size n (``val/n``) is known
+    (N2) σ̂² = mean of the ⌈0.9·N⌉ smallest (Δ²v_i)² / (6·c(k/N)), c(f) = 1 − 2qφ(q)/f, q = Φ⁻¹(½ + f/2)
+         (the MAD was tried first: too noisy on short curves, 74 % of 4-SE falls found instead of 88 %)
+    (C1) level L_i = mean(v_i, …, v_{i+m−1}), m = patience
+    (C2) peak = max_i L_i, final = L_{K−m}, drop = peak − final, drop_z = drop / SE(peak − final)
+    (C3) z_j = (P_j − L_j) / SE(L_a − L_j), P_j = L_a the highest level of windows ending before j
+    (C4) z*_α(K, m) = (1 − α) quantile of max_j z_j on K evals of Gaussian noise (seeded Monte Carlo)
+    (C5) collapse: first j with z_j ≥ z*_α and P_j − L_j ≥ δ; online, the threshold of the ``horizon``
+    (C6) auc = ∫ v d(step) / (last step − first step)
+    (C7) divergence: a collapse (C5) over whose span the train reward's slope is > 0 (one-sided t, level α)
 """
 
 from __future__ import annotations
@@ -111,11 +60,10 @@ def clean_curve(steps, values) -> tuple[np.ndarray, np.ndarray]:
 
 def _clean_with_n(steps, values, n) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """clean_curve that keeps an eval-size array (or scalar) aligned with the points."""
+    if n is None:
+        return (*clean_curve(steps, values), None)
     s = np.asarray(steps, dtype=np.float64).ravel()
     v = np.asarray(values, dtype=np.float64).ravel()
-    if n is None:
-        s, v = clean_curve(s, v)
-        return s, v, None
     n = np.broadcast_to(np.asarray(n, dtype=np.float64).ravel(), v.shape) if np.ndim(n) == 0 or np.size(n) == 1 \
         else np.asarray(n, dtype=np.float64).ravel()
     if n.shape != v.shape:
@@ -136,8 +84,7 @@ def _step(x: float) -> int | float:
 
 # --------------------------------------------------------------------------- noise
 def binomial_se(values, n) -> np.ndarray:
-    """(N1) SE of each eval, sqrt(v(1 − v)/n), with v clipped to [½/n, 1 − ½/n] so that an
-    eval at 0 or 1 still shows the noise it could have had."""
+    """(N1) SE of each eval, with v clipped to [½/n, 1 − ½/n] so an eval at 0 or 1 keeps its noise."""
     v = np.asarray(values, dtype=np.float64)
     n = np.asarray(n, dtype=np.float64)
     p = np.clip(v, 0.5 / n, 1 - 0.5 / n)
@@ -145,8 +92,7 @@ def binomial_se(values, n) -> np.ndarray:
 
 
 def curve_noise(values) -> float:
-    """(N2) σ̂ from the trimmed mean square of the curve's second differences; NaN with fewer
-    than 3 second differences (5 evals)."""
+    """(N2) σ̂ of a curve; NaN with fewer than 5 evals."""
     v = np.asarray(values, dtype=np.float64)
     return float(_curve_noise_rows(v[None, :])[0]) if v.size >= 5 else math.nan
 
@@ -157,7 +103,6 @@ def _trim_consistency(kept: int, total: int) -> float:
     f = kept / total
     if f >= 1:
         return 1.0
-
     q = float(ndtri(0.5 + f / 2))
     return 1.0 - 2.0 * q * math.exp(-q * q / 2) / math.sqrt(2 * math.pi) / f
 
@@ -196,8 +141,7 @@ def _running_peak(levels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 @dataclass(frozen=True)
 class FallTest:
-    """(C3) for every window j = m … K−m: ``peak`` = P_j, ``peak_at`` = a (its window index),
-    ``level`` = L_j, ``z`` = z_j; ``z_star`` = (C4); ``noise`` = "binomial" or "curve"."""
+    """(C3) per window j = m … K−m: peak P_j, its window a, level L_j, z_j; z_star (C4); noise kind."""
     window: np.ndarray
     peak: np.ndarray
     peak_at: np.ndarray
@@ -217,10 +161,8 @@ def _diff_se(L: np.ndarray, N: np.ndarray | None, sigma: float, m: int, a, b) ->
 
 def fall_test(values, n=None, *, patience: int = PATIENCE, alpha: float = ALPHA,
               horizon: int | None = None, sigma: float | None = None) -> FallTest | None:
-    """(C3)/(C4) on a clean curve (sorted, finite); None when there is no window pair (K < 2m)
-    or, for (N2), too few evals to estimate the noise (K < 5; online, with ``horizon``, K < 10:
-    a σ̂ from a handful of evals would force a threshold of 7 SE on every later decision).
-    ``sigma``: curve_noise(values), when the caller has it already (N2 only)."""
+    """(C3)/(C4) on a clean curve; None without a window pair (K < 2m) or, for (N2), under 5 evals
+    (10 online: a σ̂ from a handful of evals would force a 7-SE threshold on every later decision)."""
     v = np.asarray(values, dtype=np.float64)
     m, k = patience, v.size
     if k < 2 * m or (n is None and k < (ONLINE_CURVE_MIN_EVALS if horizon else 5)):
@@ -245,12 +187,8 @@ def fall_test(values, n=None, *, patience: int = PATIENCE, alpha: float = ALPHA,
 @functools.lru_cache(maxsize=512)
 def null_threshold(n_evals: int, patience: int, alpha: float, noise: str = "binomial", *,
                    sequential: bool = False) -> float:
-    """(C4) z*_α of ``_simulate_null_threshold``, kept on disk between processes: every cold
-    report needs it once, and the simulation is a constant of its arguments (seeded). The file,
-    ``$ARMORLAB_CACHE`` (default ``~/.cache/armorlab``) ``/null_threshold/<key>.json``, is keyed
-    by the arguments, the simulation's constants, numpy's version and this module's source, so
-    a change to any of them computes it afresh; an unreadable or unwritable file only costs the
-    simulation."""
+    """(C4) z*_α, kept on disk (``cache_root()/null_threshold``) keyed by the arguments, constants,
+    numpy's version and this source: every cold report needs it once and the simulation is seeded."""
     if not 0 < alpha < 1:
         raise ValueError(f"alpha must be in (0, 1), got {alpha}")
     if n_evals < 2 * patience:
@@ -279,16 +217,8 @@ def _threshold_file(n_evals: int, patience: int, alpha: float, noise: str, seque
 
 def _simulate_null_threshold(n_evals: int, patience: int, alpha: float, noise: str = "binomial", *,
                              sequential: bool = False) -> float:
-    """(C4) z*_α: the (1 − α) quantile of max_j z_j over ``n_evals`` evals of Gaussian noise.
-
-    Seeded Monte Carlo: NULL_DRAWS draws, fewer for long curves (NULL_BUDGET simulated evals,
-    at least MIN_DRAWS draws) so a report over 2,000-eval curves stays fast; in chunks so long
-    curves stay small in memory;
-    ``noise`` = "binomial" (σ known) or "curve" (σ̂ (N2) from each draw). ``sequential``: the
-    curve is tested after every eval with σ̂ from the evals so far (the pruner), so the statistic
-    is the maximum over every prefix of ≥ max(2m, 10) evals (_prefix_ends) — with σ known that
-    equals the whole curve's, but an early σ̂ from a few evals is noisy and needs its own threshold.
-    """
+    """(C4) seeded Monte Carlo in chunks; ``sequential``: the maximum over every prefix of ≥ max(2m, 10)
+    evals, as the pruner re-estimates σ̂ after each eval (an early σ̂ is noisy and needs its own threshold)."""
     if not 0 < alpha < 1:
         raise ValueError(f"alpha must be in (0, 1), got {alpha}")
     m, k = patience, n_evals
@@ -320,8 +250,7 @@ def _simulate_null_threshold(n_evals: int, patience: int, alpha: float, noise: s
 
 
 def _prefix_ends(first: int, last: int) -> list[int]:
-    """Prefix lengths the sequential threshold checks: every one up to 40 evals, then steps of 5 %
-    (σ̂ of a long prefix barely moves between neighbours) and the last."""
+    """Prefix lengths checked: each up to 40 evals, then 5 % steps (σ̂ barely moves) and the last."""
     ends = list(range(first, min(last, 40) + 1))
     end = max(41, first)
     while end < last:
@@ -340,8 +269,7 @@ def _check(delta: float, patience: int) -> None:
 
 
 def _onsets(v: np.ndarray, t: FallTest, delta: float, m: int) -> tuple[np.ndarray, np.ndarray]:
-    """(C5) windows that pass, and the onset eval of each (the first eval of the window at or below
-    the midpoint; one exists: the window's mean is below it, since P_j − L_j ≥ δ > 0)."""
+    """(C5) passing windows and the onset of each: the first eval at or below the midpoint."""
     ok = np.flatnonzero((t.z >= t.z_star) & (t.peak - t.level >= delta))
     mid = (t.peak[ok] + t.level[ok]) / 2
     start = t.window[ok]
@@ -351,11 +279,7 @@ def _onsets(v: np.ndarray, t: FallTest, delta: float, m: int) -> tuple[np.ndarra
 
 def collapse_step(steps, values, delta: float = DELTA, patience: int = PATIENCE, *, n=None,
                   alpha: float = ALPHA, horizon: int | None = None) -> int | None:
-    """(C5) Onset step of the first significant fall below the earlier peak level; None if never.
-
-    ``n``: eval sizes (scalar or one per eval) for (N1); without it the noise is (N2).
-    ``horizon``: evals the whole run will have, for decisions on a growing curve (C5).
-    """
+    """(C5) onset step of the first significant fall below the earlier peak; None if never."""
     return _collapse(steps, values, delta, patience, n, alpha, horizon)[0]
 
 
@@ -378,10 +302,7 @@ def _first_fall(s: np.ndarray, v: np.ndarray, t: FallTest | None, delta: float, 
 
 
 def curve_auc(steps, values) -> float:
-    """(C6) Trapezoid area under the curve divided by the step span: the curve's mean level.
-
-    One point gives its value; an empty curve gives NaN.
-    """
+    """(C6) trapezoid area / step span; one point gives its value, none gives NaN."""
     s, v = clean_curve(steps, values)
     if v.size == 0:
         return float("nan")
@@ -390,16 +311,9 @@ def curve_auc(steps, values) -> float:
     return float(np.trapezoid(v, s) / (s[-1] - s[0]))
 
 
-def _t_quantile(q: float, df: int) -> float:
-    return t_ppf(q, df)
-
-
 def _train_rises(ts: np.ndarray, tv: np.ndarray, lo: float, hi: float, alpha: float) -> bool:
-    """(C7) one-sided t-test that the least-squares slope of the train reward on [lo, hi] is > 0.
-
-    ``ts`` is sorted (clean_curve). The slope and its standard error are scipy.stats.linregress's
-    (slope = Sxy/Sxx, stderr = sqrt(SSE/(n−2)/Sxx)), written out: this runs once per candidate
-    fall of every run, and linregress's own overhead made it most of a report's time."""
+    """(C7) one-sided t-test of the train reward's slope on [lo, hi], linregress's formulas written out
+    (its overhead was most of a report's time)."""
     a, b = np.searchsorted(ts, lo, "left"), np.searchsorted(ts, hi, "right")
     x, y = ts[a:b], tv[a:b]
     if x.size < 3 or x[-1] == x[0]:
@@ -414,17 +328,12 @@ def _train_rises(ts: np.ndarray, tv: np.ndarray, lo: float, hi: float, alpha: fl
     stderr = math.sqrt(max(float(resid @ resid), 0.0) / (x.size - 2) / sxx)
     if stderr == 0:
         return True
-    return slope / stderr >= _t_quantile(1 - alpha, x.size - 2)
+    return slope / stderr >= t_ppf(1 - alpha, x.size - 2)
 
 
 def _rises_screen(ts: np.ndarray, tv: np.ndarray, lo: np.ndarray, hi: np.ndarray, alpha: float) -> np.ndarray:
-    """Which spans [lo_i, hi_i] may pass _train_rises, for many spans at once (O(1) per span):
-    a span is dropped only when it surely fails. From prefix sums of the centred x, y and their
-    products: Sxx, Sxy, Syy of the span and t = √(n−2)·Sxy / √(Sxx·Syy − Sxy²) (the same
-    statistic as slope/stderr). Prefix sums cancel digits, so each sum is widened by its
-    worst-case rounding error (sequential summation: ≤ N·eps·Σ|terms|, times a safety factor)
-    and a span is dropped when even the most favourable values in those bounds give a slope
-    ≤ 0 or a t below the quantile; the spans kept are decided by the exact _train_rises."""
+    """Spans that may pass _train_rises, all at once from prefix sums; each sum is widened by its
+    worst-case rounding error so a span is dropped only when it surely fails."""
     a = np.searchsorted(ts, lo, "left")
     b = np.searchsorted(ts, hi, "right")
     n = (b - a).astype(np.float64)
@@ -462,12 +371,7 @@ def _t_quantiles(q: float, df: np.ndarray) -> np.ndarray:
 def divergence_step(steps, values, train_steps, train_values, delta: float = DELTA,
                     patience: int = PATIENCE, *, n=None, alpha: float = ALPHA,
                     horizon: int | None = None) -> int | None:
-    """(C7) Onset step of the first significant val fall (C5) while the train reward rose
-    significantly over the same span; None if never (or if either curve is too short).
-
-    Spans are screened all at once (_rises_screen) and only those that may pass are tested one
-    by one with the exact _train_rises, in window order: a long curve has hundreds of candidate
-    falls and the one-by-one test alone was most of a report's time."""
+    """(C7) onset of the first significant val fall while the train reward rose; None if never."""
     _check(delta, patience)
     s, v, n = _clean_with_n(steps, values, n)
     ts, tv = clean_curve(train_steps, train_values)
@@ -490,11 +394,7 @@ def _divergence(s: np.ndarray, v: np.ndarray, t: FallTest | None, ts: np.ndarray
 
 
 def peak_and_drop(steps, values, n=None, patience: int = PATIENCE) -> dict[str, Any]:
-    """(C2) peak, peak_step, final, drop, drop_rel, drop_z of the levels (C1).
-
-    With fewer than m evals the level is the mean of all of them (peak = final, drop = 0).
-    drop_z uses the per-eval SEs of the evals the peak and final windows do not share (N1, or
-    N2 when ≥ 5 evals; else NaN)."""
+    """(C2) peak, peak_step, final, drop, drop_rel, drop_z; under m evals the level is their mean."""
     s, v, n = _clean_with_n(steps, values, n)
     return _peak_and_drop(s, v, eval_se(v, n), patience)
 
@@ -548,13 +448,7 @@ def collapse_metrics(steps, values, *, n=None, train_steps=None, train_values=No
                      patience: int = PATIENCE, alpha: float = ALPHA,
                      entropy_threshold: float | None = None,
                      entropy_frac: float = ENTROPY_FRAC) -> dict[str, Any]:
-    """All collapse metrics of a validation curve (plus train reward / entropy / length curves).
-
-    Returns peak, peak_step, final, drop, drop_rel, drop_z, collapse_step, collapse_z, noise
-    ("binomial" with ``n``, "curve" without), noise_se (median per-eval SE), auc,
-    divergence_step, entropy_collapse_step, length_blowup, n_evals. Curves that are not given
-    yield None/NaN.
-    """
+    """All collapse metrics of a val curve (and train reward / entropy / length curves; missing → None/NaN)."""
     _check(delta, patience)
     s, v, n = _clean_with_n(steps, values, n)
     out: dict[str, Any] = {"n_evals": int(v.size)}

@@ -1,39 +1,14 @@
-"""Seeds until resolved: a group-sequential comparison of each arm with its baseline whose error
-rates hold at α however many looks it takes. Pure functions (no I/O); the sweep's orchestration
-calls ``decide_look`` after each look and appends what it returns to ``looks.json``.
-
-Method (docs/verdicts.md): a two-sided group-sequential test with Lan–DeMets alpha spending
-(Lan & DeMets 1983, Biometrika), O'Brien–Fleming type by default, Pocock type on request;
-boundaries by the recursive numerical integration of Armitage, McPherson & Rowe (1969), as
-Jennison & Turnbull (2000, "Group Sequential Methods with Applications to Clinical Trials")
-compute them; unknown variance by the significance-level approach (each z boundary is turned
-into its nominal level, and the Welch t statistic with its own degrees of freedom is held to
-that level: Pocock 1977; Jennison & Turnbull 2000); estimates as repeated confidence intervals
-(Jennison & Turnbull 1984, Controlled Clinical Trials 5:33–45; their book's chapter 9), which
-also decide equivalence within ±δ; Holm (1979) over the arms on the repeated p-values. Type I error, power and seeds used are measured
-by simulation in benchmarks/sequential_seeds.py.
-
-    (G1) information fraction of a comparison with n_x and n_y seeds:
-         t = I / I_max, I = 1/(1/n_x + 1/n_y), I_max = n_max/2 (both arms at --max-seeds)
-    (G2) O'Brien–Fleming-type spending (Lan & DeMets 1983), per side of the two-sided test, each
-         side holding α/2 (as ld98 of Reboussin et al. 2000 and gsDesign's sfLDOF do):
-         α(t) = 2·(2 − 2Φ(z_{1−α/4} / √t)) in all
-    (G3) Pocock-type spending (Lan & DeMets 1983): α(t) = α·ln(1 + (e − 1)·t) (both sides)
-    (G4) boundary c_k at look k: P₀(|Z_j| < c_j for j < k, |Z_k| ≥ c_k) = α(t_k) − α(t_{k−1}),
-         where Z_k√t_k = S(t_k) is Brownian motion with drift η (η = 0 under the null): the
-         increments S(t_k) − S(t_{k−1}) ~ N(η·(t_k − t_{k−1}), t_k − t_{k−1}) are independent.
-         The sub-density of Z_k on the continuation region is carried from look to look on a
-         Simpson grid (GRID points); the last look of a sequence spends what is left (t = 1).
-    (G5) the t statistic's boundary: nominal level a_k = 2(1 − Φ(c_k)); reject when
-         |d/se| ≥ t_{ν}^{-1}(1 − a_k/2), ν Welch's degrees of freedom (verdicts W2)
-    (G6) repeated confidence interval at look k: d ± t_{ν}^{-1}(1 − a_k/2)·se
-    (G7) Holm over the m arms on repeated p-values (the smallest level at which the boundary is
-         crossed): with r arms rejected so far (at this or an earlier look) an arm is rejected
-         when it crosses the boundary computed at level α/(m − r); repeated until none more.
-         An arm not rejected is equivalent when its (G6) interval at level α/(m − r) lies in
-         (−δ, δ). A resolved arm stops; at --max-seeds an unresolved arm is "not resolved".
-    (G8) classical boundaries on K equally spaced looks (for the published tables):
-         Pocock c_k = C_P(K, α); O'Brien–Fleming c_k = C_B(K, α)·√(K/k)
+"""Seeds until resolved: a group-sequential comparison of each arm with its baseline (Lan–DeMets spending,
+repeated CIs, Holm over arms); method, references and the equations in full: docs/verdicts.md; error rates
+measured by benchmarks/sequential_seeds.py. ``decide_look`` is called after each look.
+    (G1) t = I / I_max, I = 1/(1/n_x + 1/n_y), I_max = n_max/2
+    (G2) O'Brien–Fleming-type spending, α/2 a side: α(t) = 2·(2 − 2Φ(z_{1−α/4} / √t))
+    (G3) Pocock-type spending: α(t) = α·ln(1 + (e − 1)·t)
+    (G4) c_k: P₀(|Z_j| < c_j for j < k, |Z_k| ≥ c_k) = α(t_k) − α(t_{k−1}), Z_k√t_k Brownian motion
+    (G5) reject when |d/se| ≥ t_ν⁻¹(1 − a_k/2), a_k = 2(1 − Φ(c_k)), ν Welch's
+    (G6) repeated CI d ± t_ν⁻¹(1 − a_k/2)·se; equivalent when inside (−δ, δ)
+    (G7) Holm: with r arms rejected, an arm is rejected at level α/(m − r)
+    (G8) Pocock c_k = C_P(K, α); O'Brien–Fleming c_k = C_B(K, α)·√(K/k)
 """
 
 from __future__ import annotations
@@ -54,8 +29,6 @@ GRID = 201                 # Simpson points per look on (−c, c), odd: boundari
 SPENDING = ("obf", "pocock")
 LOOKS_VERSION = 1
 CONTINUE = "continue"
-
-
 sp = Lazy("scipy.special", "scipy.optimize")  # the report never needs them
 
 
@@ -97,8 +70,7 @@ class _Walk:
         self.mass: np.ndarray | None = None   # density × Simpson weight on that grid
 
     def _moments(self, t: float) -> tuple[np.ndarray, np.ndarray, float]:
-        """Given each grid point of the last look (a single start point S(0) = 0 before the
-        first): its probability mass, the mean of S(t) and the increment's sd."""
+        """Mass, mean of S(t) and the increment's sd of each grid point of the last look."""
         dt = t - self.t
         if self.z is None:
             return np.ones(1), np.full(1, self.drift * dt), math.sqrt(dt)
@@ -148,8 +120,7 @@ def _boundaries(fractions: tuple[float, ...], alpha: float, spending: str) -> tu
 
 def spending_boundaries(fractions: Sequence[float], alpha: float = V.ALPHA, spending: str = "obf"
                         ) -> tuple[float, ...]:
-    """(G4) two-sided z boundaries c_1 … c_K of Lan–DeMets spending at information fractions
-    ``fractions`` (increasing, in (0, 1]); a last fraction of 1 spends all of α."""
+    """(G4) two-sided z boundaries at increasing information fractions in (0, 1]."""
     if spending not in SPENDING:
         raise ValueError(f"spending must be one of {SPENDING}, got {spending!r}")
     if not 0 < alpha < 1:
@@ -159,8 +130,7 @@ def spending_boundaries(fractions: Sequence[float], alpha: float = V.ALPHA, spen
 
 def crossing_probabilities(bounds: Sequence[float], fractions: Sequence[float], drift: float = 0.0
                            ) -> list[tuple[float, float]]:
-    """(G4) per look, P(stop there above c_k) and P(stop there below −c_k), for a drift η
-    (E[Z_k] = η√t_k)."""
+    """(G4) per look, P(stop above c_k) and P(stop below −c_k) for a drift η (E[Z_k] = η√t_k)."""
     f = _check_fractions(fractions)
     if len(bounds) != len(f):
         raise ValueError("one boundary per look")
@@ -172,8 +142,7 @@ def crossing_probabilities(bounds: Sequence[float], fractions: Sequence[float], 
 
 
 def classical_boundaries(looks: int, alpha: float = V.ALPHA, shape: str = "pocock") -> tuple[float, ...]:
-    """(G8) Pocock's constant boundary or O'Brien & Fleming's C·√(K/k) on ``looks`` equally
-    spaced looks with two-sided size α, solved by (G4)'s integration."""
+    """(G8) Pocock's or O'Brien & Fleming's boundaries on equally spaced looks, by (G4)'s integration."""
     f = tuple((k + 1) / looks for k in range(looks))
     scale = [1.0 if shape == "pocock" else math.sqrt(looks / (k + 1)) for k in range(looks)]
     if shape not in ("pocock", "obf"):
@@ -201,10 +170,7 @@ def t_boundary(c: float, df: float) -> float:
 # --------------------------------------------------------------------------- the design and a look
 @dataclass(frozen=True)
 class Design:
-    """A sequential comparison fixed before its first look: arms against ``baseline`` on
-    ``endpoint`` (a report score: final, drop, selected_test, ...), looks of ``seeds_per_look``
-    per arm after a first look of ``first_look``, up to ``max_seeds``; ``delta`` the smallest
-    effect of interest (equivalence margin and the power statement); ``spending`` obf|pocock."""
+    """A sequential comparison fixed before its first look (fields: docs/verdicts.md)."""
     baseline: str
     arms: tuple[str, ...]
     endpoint: str = "final"
@@ -289,21 +255,15 @@ def _history(looks: Sequence[Mapping[str, Any]], arm: str) -> tuple[list[float],
 
 
 def _stats(values: Sequence[float]) -> dict[str, Any]:
-    x = np.asarray([v for v in values if v is not None and math.isfinite(v)], dtype=np.float64)
+    x = np.asarray(_finite_list(values), dtype=np.float64)
     return {"n": int(x.size), "mean": float(x.mean()) if x.size else None,
             "sd": float(x.std(ddof=1)) if x.size > 1 else None, "values": [float(v) for v in x]}
 
 
 def decide_look(design: Design, values: Mapping[str, Sequence[float]],
                 looks: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
-    """The decision after one look (G1–G7), as the JSON record appended to looks.json.
-
-    ``values``: every arm's endpoint values so far (one per completed seed; the baseline's too);
-    ``looks``: the records of the earlier looks (their ``comparisons`` carry each arm's tested
-    fractions and any final verdict). An arm resolved earlier keeps its verdict and is not tested
-    again. Returns ``{"look", "seeds", "stats", "comparisons", "next", "done"}``: ``next`` maps
-    each arm that goes on (the baseline included while any arm does) to the seeds it should have
-    at the next look; ``done`` is true when nothing goes on."""
+    """(G1–G7) the decision after one look, the JSON record appended to looks.json; an arm resolved
+    earlier keeps its verdict; ``next`` maps each arm that goes on to its seeds at the next look."""
     missing = [a for a in (design.baseline, *design.arms) if a not in values]
     if missing:
         raise ArmorLabError("no values for this arm at the look", key="values", value=missing[0])
@@ -354,9 +314,7 @@ def decide_look(design: Design, values: Mapping[str, Sequence[float]],
             comps[a]["seeds_needed"] = V.seeds_for_power(design.delta, w.pooled_sd, design.alpha / m,
                                                          design.power)
     going = [a for a in design.arms if comps[a]["verdict"] == CONTINUE]
-    nxt = {}
-    for a in going:
-        nxt[a] = _next_size(len(_finite_list(values[a])), design)
+    nxt = {a: _next_size(len(_finite_list(values[a])), design) for a in going}
     if going:
         nxt[design.baseline] = max(_next_size(len(base), design), max(nxt.values()))
     return {"look": len(looks) + 1,
@@ -367,10 +325,7 @@ def decide_look(design: Design, values: Mapping[str, Sequence[float]],
 
 
 def _next_size(n: int, design: Design) -> int:
-    for s in design.schedule():
-        if s > n:
-            return s
-    return design.max_seeds
+    return next((s for s in design.schedule() if s > n), design.max_seeds)
 
 
 def _crosses(w: V.Welch, fractions: list[float], level: float, spending: str) -> bool:
@@ -396,8 +351,7 @@ def _jsonable(d: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def latest_comparisons(looks: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Each arm's comparison at the last look (a resolved arm's carries its final verdict): what
-    a report shows for a sweep run until resolved."""
+    """Each arm's comparison at the last look, as a report shows it."""
     return {c["arm"]: dict(c) for c in looks[-1].get("comparisons", ())} if looks else {}
 
 

@@ -1,8 +1,5 @@
-"""Importers of runs other libraries logged (TRL, W&B, TensorBoard, verl, trackio; OpenRLHF through
-W&B or TensorBoard; the formats and their extras: docs/importers.md), into the same RunSet an
-armorlab run gives. ``plan(paths)`` finds what each path holds (``detect``), ``read(plan)``
-imports it. Importing never writes into a source: files are only read, SQLite is opened
-read-only, and no cache is kept beside them.
+"""Importers of other libraries' runs into the RunSet an armorlab run gives (docs/importers.md):
+``plan(paths)`` finds what each path holds, ``read(plan)`` imports it. Importing never writes into a source.
 """
 
 from __future__ import annotations
@@ -44,8 +41,7 @@ class Plan:
 
 # --------------------------------------------------------------------------- detection
 def is_native_run(path: Path) -> bool:
-    """An armorlab run dir (config.yaml + status.json or metrics.jsonl, or in a sweep dir); not a
-    W&B run's ``files/`` folder, which also holds a config.yaml."""
+    """An armorlab run dir; not a W&B ``files/`` folder, which also holds a config.yaml."""
     if not (path / CONFIG).is_file() or (path / "wandb-metadata.json").exists():
         return False
     return (path / STATUS).exists() or (path / METRICS).exists() or (path.parent / "sweep.json").exists()
@@ -90,10 +86,7 @@ def detect(path: str | os.PathLike) -> str | None:
     if path.is_file():
         return file_format(path)
     if path.is_dir():
-        if dir_format(path):
-            return dir_format(path)
-        if find_native(path):
-            return "armorlab"
+        return dir_format(path) or ("armorlab" if find_native(path) else None)
     return None
 
 
@@ -144,8 +137,7 @@ def _walk(path: Path, depth: int, skip: set[Path], out: list[tuple[str, Path]]) 
 
 
 def _sources(path: Path, fmt: str | None, skip: set[Path]) -> list[tuple[str, Path]]:
-    """(format, path) of every source at or below ``path`` (``fmt``: only that format, and
-    ``path`` read as it when it is one)."""
+    """(format, path) of every source at or below ``path`` (only ``fmt`` when given)."""
     if path.is_file():
         kind = file_format(path)
         if fmt is not None:
@@ -179,6 +171,11 @@ def plan(paths: Iterable[str | os.PathLike], *, format: str | None = None, mappi
     seen_native: set[Path] = set()
     wandb_runs: dict[str, Source] = {}
     seen_sources: set[tuple[str, Path]] = set()
+
+    def add_native(rd: RunDir) -> None:
+        if rd.path.resolve() not in seen_native:
+            seen_native.add(rd.path.resolve())
+            out.native.append(rd)
     for p in expand_globs(given):
         if not p.exists():
             raise ArmorLabError("path not found", key="path", value=str(p))
@@ -186,17 +183,12 @@ def plan(paths: Iterable[str | os.PathLike], *, format: str | None = None, mappi
         fmt = (entry.format if entry and entry.format else None) or format
         if fmt in (None, "armorlab") and p.is_dir():
             for rd in find_native(p):
-                if rd.path.resolve() not in seen_native:
-                    seen_native.add(rd.path.resolve())
-                    out.native.append(rd)
+                add_native(rd)
         if fmt == "armorlab":
             continue
         for kind, src in _sources(p, fmt, seen_native):
             if kind == "armorlab":
-                rd = RunDir(src)
-                if src.resolve() not in seen_native:
-                    seen_native.add(src.resolve())
-                    out.native.append(rd)
+                add_native(RunDir(src))
                 continue
             key = (kind, src.resolve())
             if key in seen_sources:  # named twice (a glob and its match, a dir and a run in it)
@@ -244,8 +236,7 @@ def read_source(src: Source) -> list[ImportedRun]:
 
 
 def apply_entry(run: ImportedRun, e: Entry | None, val_n: int | None = None) -> None:
-    """A runs.yaml entry's group (as ``run_group``) and seed into the run's config; its val_n (else ``val_n``) as
-    ``val/n`` at each ``val/acc`` step of a run that does not log one."""
+    """A runs.yaml entry's group (as ``run_group``), seed and val_n (else ``val_n``) onto the run."""
     if e is not None:
         if e.group is not None:
             run.config[GROUP_KEY] = e.group

@@ -1,14 +1,6 @@
-"""What every importer shares: the imported run, name mapping onto armorlab's namespaces, and the
-step-aligned metrics table built from per-metric series.
-
-An importer reads a source (files some other library wrote) and returns :class:`ImportedRun`\\ s:
-a pyarrow table of int64 ``step`` + one float64 column per metric, named in armorlab's namespaces
-(``train/``, ``val/``, ``obj/``, ...) by the source's :class:`NameMap`; a metric no rule maps keeps
-its source name under ``src/<name>``. Merging follows metrics.jsonl's rule (armorlab.analysis.load):
-a metric logged twice at a step keeps the later value, and a missing value (NaN, null) never
-erases a number.
-
-Nothing here writes a file: importing is read-only (tests snapshot the sources to prove it).
+"""What every importer shares: the imported run, source → armorlab name mapping (unmapped names kept as
+``src/<name>``) and the step-aligned table, merged as metrics.jsonl is (the later value wins per step, a
+missing one never erases a number). Nothing here writes a file: importing is read-only.
 """
 
 from __future__ import annotations
@@ -32,8 +24,7 @@ STATES = ("completed", "running", "failed", "unknown")
 
 @dataclass(frozen=True)
 class Rule:
-    """``pattern`` (a regular expression matched against the whole source name) → ``target``
-    (armorlab's name; ``{group}`` fills in a named group). ``note`` says how the two differ."""
+    """``pattern`` (a regex matched against the whole source name) → ``target`` (``{group}`` fills a named group)."""
     pattern: str
     target: str
     note: str = ""
@@ -49,8 +40,7 @@ def _compile(pattern: str) -> re.Pattern[str]:
 
 
 class NameMap:
-    """Source metric name → armorlab name: the first rule that matches, else ``src/<name>``. A
-    target of ``None`` drops the metric (a step counter, a summary)."""
+    """Source name → armorlab name by the first matching rule, else ``src/<name>``; ``None`` drops it."""
 
     def __init__(self, rules: Iterable[Rule], *, drop: Iterable[str] = ()) -> None:
         self.rules = tuple(rules)
@@ -58,12 +48,9 @@ class NameMap:
         self._cache: dict[str, str | None] = {}
 
     def __call__(self, name: str) -> str | None:
-        try:
-            return self._cache[name]
-        except KeyError:
-            pass
-        target = self._cache[name] = self._target(name)
-        return target
+        if name not in self._cache:
+            self._cache[name] = self._target(name)
+        return self._cache[name]
 
     def _target(self, name: str) -> str | None:
         return self._match(name, name)
@@ -81,12 +68,7 @@ class NameMap:
 
 @dataclass
 class ImportedRun:
-    """One run read from another library's files, in armorlab's terms.
-
-    ``table``: pyarrow Table, int64 ``step`` (strictly increasing) + float64 metric columns.
-    ``config``: the run's config as the source recorded it (flat dotted keys), {} when it records
-    none. ``unavailable``: armorlab metrics this source cannot give. ``origin``: armorlab name →
-    the source name(s) it came from."""
+    """One run read from another library's files: ``table`` int64 ``step`` + float64 metrics, flat ``config``."""
     name: str
     path: Path
     format: str
@@ -107,8 +89,7 @@ class ImportedRun:
 
 # --------------------------------------------------------------------------- values
 def as_float(value: Any) -> float:
-    """A logged value as float: numbers and booleans; the strings JSON writers use for
-    non-finite floats ("NaN", "Infinity", "-Infinity"); anything else NaN (not a metric)."""
+    """A logged value as float (numbers, booleans, JSON writers' non-finite strings); anything else NaN."""
     if isinstance(value, bool):
         return 1.0 if value else 0.0
     if isinstance(value, (int, float)):
@@ -142,10 +123,8 @@ def dedupe(steps: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarra
 
 def build_table(series: Mapping[str, tuple[np.ndarray, np.ndarray]], names: NameMap,
                 extra: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None):
-    """Per-metric (steps, values) under their source names → (pyarrow Table of armorlab names
-    on the union of steps, origin). Two source names mapped to one armorlab name (an old and a
-    new spelling) are coalesced: at each step the value of the first one read, where it has one.
-    ``extra``: series already under armorlab names (computed by the importer)."""
+    """Per-metric source series (+ ``extra`` already named) → (Table on the union of steps, origin); two
+    source names of one target coalesce, the first read winning per step."""
     import pyarrow as pa
 
     grouped: dict[str, list[tuple[str, np.ndarray, np.ndarray]]] = {}
@@ -186,9 +165,7 @@ def build_table(series: Mapping[str, tuple[np.ndarray, np.ndarray]], names: Name
 
 
 def rows_to_series(rows: Iterable[tuple[int, Mapping[str, Any]]]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """(step, {name: value}) rows → per-name (steps, values); values that are not numbers are
-    left out (strings, lists, media). Columnar (pandas builds the columns of the union of the
-    rows' keys in C); a column of mixed types (a "NaN" string among floats) is read value by value."""
+    """(step, {name: value}) rows → per-name (steps, values), non-numbers left out (pandas builds columns)."""
     import pandas as pd
 
     rows = list(rows)
@@ -211,25 +188,40 @@ def rows_to_series(rows: Iterable[tuple[int, Mapping[str, Any]]]) -> dict[str, t
     return out
 
 
-def shallow(data: bytes, per_line: int = 4) -> bool:
-    """Whether no line of JSON-lines ``data`` can nest deeper than ``per_line`` objects/arrays:
-    what pyarrow's JSON reader is given (a pathologically deep line is for json.loads, which
-    raises RecursionError instead of exhausting the C stack)."""
-    return data.count(b"{") + data.count(b"[") <= per_line * (data.count(b"\n") + 1)
+MAX_FAST_DEPTH = 64  # metrics lines are flat objects (depth 1); pyarrow segfaults near 100,000
+
+
+def shallow(data: bytes, limit: int = MAX_FAST_DEPTH, chunk: int = 1 << 24) -> bool:
+    """Whether no bracket nesting goes deeper than ``limit`` (pyarrow's JSON reader recurses without one);
+    metrics lines have no ``[`` and one ``{`` each, which two byte counts establish."""
+    if b"[" not in data and data.count(b"{") <= data.count(b"\n") + 1:
+        return True
+    depth = 0
+    for start in range(0, len(data), chunk):
+        arr = np.frombuffer(data, dtype=np.uint8, count=min(chunk, len(data) - start), offset=start)
+        delta = (arr == ord("[")).astype(np.int64) + (arr == ord("{")) - (arr == ord("]")) - (arr == ord("}"))
+        running = np.cumsum(delta) + depth
+        if running.size and running.max() > limit:
+            return False
+        depth = int(running[-1]) if running.size else depth
+    return True
+
+
+def read_json_bytes(data: bytes, block_size: int = 1 << 24):
+    """JSON lines → pyarrow Table, parsed in C++ on one thread."""
+    import pyarrow.json as pj
+
+    return pj.read_json(io.BytesIO(data), read_options=pj.ReadOptions(use_threads=False, block_size=block_size))
 
 
 def json_lines_columns(data: bytes, n_rows: int) -> dict[str, np.ndarray] | None:
-    """JSON lines of flat objects → one float64 array per numeric key (NaN where a line lacks
-    it), parsed in C++ by pyarrow; None when pyarrow cannot (a line that is not an object, types
-    that change between lines, deep nesting): the caller then parses line by line."""
+    """JSON lines of flat objects → float64 arrays per numeric key, by pyarrow; None when it cannot."""
     import pyarrow as pa
-    import pyarrow.json as pj
 
     if not data.strip() or not shallow(data):
         return None
     try:
-        table = pj.read_json(io.BytesIO(data), read_options=pj.ReadOptions(
-            use_threads=False, block_size=max(1 << 20, len(data) + 1)))
+        table = read_json_bytes(data, max(1 << 20, len(data) + 1))
     except Exception:  # ArrowInvalid
         return None
     if table.num_rows != n_rows:
@@ -261,11 +253,8 @@ SEED_RE = re.compile(r"(^|[._])(data_loader_|data_|)seed$")
 
 
 def seed_and_config(flat: Mapping[str, Any], drop: Iterable[str] = ()) -> dict[str, Any]:
-    """The config columns of an imported run: identity keys (output paths, run names) dropped —
-    they differ between every pair of runs and are no experimental factor — and the source's
-    seed keys folded into one ``seed`` (seeds are what the report aggregates over, never a
-    group): the value of ``seed`` when the source has that key, else the seed keys that are set,
-    as ``key=value`` text."""
+    """Config columns of an imported run: identity keys (paths, names) dropped — no experimental factor —
+    and seed keys folded into one ``seed`` (``seed`` itself, else ``key=value`` text of those set)."""
     drop = set(drop)
     out = {k: v for k, v in flat.items() if k not in drop and not any(k.startswith(d + ".") for d in drop)}
     seeds = {k: out.pop(k) for k in [k for k in out if SEED_RE.search(k)]}
@@ -287,13 +276,9 @@ def unavailable(table_metrics: Iterable[str], cannot: Iterable[str]) -> list[str
 # --------------------------------------------------------------------------- protobuf
 def derived_message(name: str, source: Any, retype: dict[str, int], repeat: tuple[str, ...] = (),
                     message: dict[str, Any] | None = None) -> Any:
-    """A message class with the layout of ``source`` (a class of the library's own protobufs: its
-    field numbers and names, read from the installed descriptors) but some fields read as raw bytes (``retype``: field → wire
-    type) or as repeated (``repeat``): parsing then stops at those fields, or collects every
-    occurrence of them from a concatenation of messages (protobuf merges repeated fields by
-    appending), or as another message (``message``: field → a class made here; occurrences of a
-    singular message field merge, so their repeated fields append too). Built once per process in
-    protobuf's default pool."""
+    """A class with ``source``'s protobuf layout but some fields as raw bytes (``retype``), repeated
+    (``repeat``: concatenated messages then collect every occurrence) or another class (``message``);
+    built once per process in protobuf's default pool."""
     from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
     pool = descriptor_pool.Default()

@@ -1,10 +1,6 @@
-"""The trainers whose logs armorlab reads (TRL, verl, OpenRLHF) and how their metric names map
-onto armorlab's namespaces. A *flavour* is the trainer; a *format* (importers/__init__) is the file
-it was logged to. One flavour's table serves every format: TRL's names reach W&B, TensorBoard and
-trackio through transformers' ``rewrite_logs`` (``eval_x`` → ``eval/x``, ``x`` → ``train/x``),
-which ``normalise`` undoes before the rules are matched.
-
-docs/importers.md shows these tables; tests/test_importers_names.py checks that it lists every rule.
+"""The trainers whose logs armorlab reads (TRL, verl, OpenRLHF) and how their names map onto armorlab's;
+one flavour's table serves every format (``normalise`` undoes transformers' ``rewrite_logs`` first).
+docs/importers.md shows these tables; a test checks that it lists every rule.
 """
 
 from __future__ import annotations
@@ -16,7 +12,14 @@ from typing import Any
 
 import numpy as np
 
-from armorlab.analysis.importers.base import NameMap, Rule, build_table
+from armorlab.analysis.importers.base import (
+    ImportedRun,
+    NameMap,
+    Rule,
+    build_table,
+    seed_and_config,
+    unavailable,
+)
 
 # ----------------------------------------------------------------------------- TRL (GRPOTrainer)
 # Names as in trainer_state.json's log_history (transformers' Trainer.log + TRL's GRPOTrainer.log).
@@ -166,8 +169,7 @@ def _openrlhf_raw(name: str) -> str:
 
 @dataclass(frozen=True)
 class Flavour:
-    """A trainer's naming. ``step_keys``: the logged metrics that carry its step in a W&B or
-    trackio row (their own step counters count calls); ``cannot``: armorlab metrics it never logs."""
+    """A trainer's naming: ``step_keys`` carry its step in W&B/trackio rows; ``cannot``: metrics it never logs."""
     name: str
     rules: tuple[Rule, ...]
     drop: frozenset[str] = frozenset()
@@ -208,6 +210,11 @@ _TRL_NAMES = re.compile(r"^(train|eval)/(completions/mean_length|completion_leng
 _VERL_NAMES = re.compile(r"^(actor/|critic/|val-core/|val-aux/|response_length/|timing_s/|perf/)")
 
 
+def pick(flavour: str | None, config: Mapping[str, Any], names: Iterable[str]) -> Flavour:
+    """The flavour a runs.yaml names, else the detected one."""
+    return FLAVOURS[flavour] if flavour else detect(config, names)
+
+
 def detect(config: Mapping[str, Any], names: Iterable[str]) -> Flavour:
     """The trainer that logged a run, from its config's keys, else from its metric names."""
     keys = set(config)
@@ -229,8 +236,7 @@ def detect(config: Mapping[str, Any], names: Iterable[str]) -> Flavour:
 
 
 def verl_rules(config: Mapping[str, Any], names: Iterable[str] = ("actor/kl_loss",)) -> tuple[tuple[Rule, ...], list[str]]:
-    """verl's rules for a run with this config: actor/kl_loss is obj/beta_kl only when its
-    estimator is k3 or k2 (armorlab's obj/beta_kl); the default (low_var_kl) when unrecorded."""
+    """verl's rules: actor/kl_loss is obj/beta_kl only for a k3 or k2 estimator (default low_var_kl)."""
     kind = config.get("actor_rollout_ref.actor.kl_loss_type")
     notes = []
     if kind is None:
@@ -244,8 +250,7 @@ def verl_rules(config: Mapping[str, Any], names: Iterable[str] = ("actor/kl_loss
 
 
 def single_source_aliases(metrics: Iterable[str]) -> dict[str, str]:
-    """``val/<ds>/<x>`` → ``val/<x>`` when exactly one data source logged it: armorlab's val/acc
-    is the whole validation set's, which one data source is."""
+    """``val/<ds>/<x>`` → ``val/<x>`` when exactly one data source logged it (then it is the whole set)."""
     by_name: dict[str, list[str]] = {}
     for m in metrics:
         if not m.startswith("val/"):
@@ -258,8 +263,7 @@ def single_source_aliases(metrics: Iterable[str]) -> dict[str, str]:
 
 def mapped_table(series, fl: Flavour, config: Mapping[str, Any], warnings: list[str],
                  extra: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None):
-    """Source series → (armorlab-named table, origin) under flavour ``fl``: its rules (verl's
-    depend on the run's kl_loss_type), then the single-data-source aliases (val/<ds>/acc → val/acc)."""
+    """Source series → (armorlab-named table, origin) under flavour ``fl``'s rules and aliases."""
     rules = None
     if fl is VERL:
         rules, notes = verl_rules(config, series)
@@ -277,3 +281,13 @@ def mapped_table(series, fl: Flavour, config: Mapping[str, Any], warnings: list[
         names = ["step", *sorted(c for c in cols if c != "step")]
         table = pa.table({n: cols[n] for n in names})
     return table, origin
+
+
+def imported_run(series, fl: Flavour, flat: Mapping[str, Any], warnings: list[str], *, extra=None,
+                 cannot: Iterable[str] | None = None, config: Mapping[str, Any] | None = None,
+                 **fields: Any) -> ImportedRun:
+    """What every importer ends with: the mapped table and its run (``fields``: name, path, state, ...)."""
+    table, origin = mapped_table(series, fl, flat, warnings, extra)
+    return ImportedRun(table=table, config={**seed_and_config(flat, fl.identity), **(config or {})},
+                       flavour=fl.name, warnings=warnings, origin=origin,
+                       unavailable=unavailable(table.column_names, fl.cannot if cannot is None else cannot), **fields)

@@ -1,25 +1,5 @@
-"""``runs.yaml``: what the sources do not record about imported runs — which group a run belongs
-to, its seed, how many completions stand behind each validation (``val_n``) — keyed by path.
-
-```yaml
-val_n: 500                      # optional: val/n of every run that logs val/acc without one
-runs:
-  outputs/grpo-beta0-s*:        # a path or a glob, relative to this file
-    group: grpo beta=0
-    val_n: 256                  # overrides the top-level val_n
-  outputs/grpo-beta0.04-s1: {group: grpo beta=0.04, seed: 1}
-  verl_logs/gsm8k/exp-s0.jsonl:
-    group: verl grpo
-    seed: 0
-    val_dumps: val_dumps/exp-s0  # verl's trainer.validation_data_dir: true val/n and pass@k
-    config: outputs/2026-11-30/10-00-00/.hydra/config.yaml   # a config file for a source without one
-  trackio/my-project.db:
-    runs: [grpo-seed0]          # only these runs (names or ids) of a trackio project
-```
-Per entry (all optional): ``group``, ``seed``, ``val_n``, ``format`` (one of the importers'),
-``flavour`` (trl, verl, openrlhf: the trainer, when its names are not recognised), ``name``,
-``val_dumps``, ``config``, ``runs``. An entry applies to the runs found at or below its path;
-the most specific entry wins. Unknown keys and bad values are errors naming the key and file.
+"""``runs.yaml``: what the sources do not record about imported runs (group, seed, val_n, ...), keyed
+by path; the format: docs/importers.md#runsyaml. Unknown keys and bad values name the key and file.
 """
 
 from __future__ import annotations
@@ -61,8 +41,7 @@ class RunsMap:
     val_n: int | None = None
 
     def entry_for(self, path: str | os.PathLike) -> Entry | None:
-        """What the entries say about ``path``: every entry whose path is ``path`` or one of its
-        ancestors, a more specific one overriding the values it gives."""
+        """Every entry at ``path`` or an ancestor, the more specific overriding."""
         p = Path(path).resolve()
         hits = []
         for e in self.entries:
@@ -88,17 +67,19 @@ def load(path: str | os.PathLike) -> RunsMap:
     path = Path(path)
     raw = load_yaml_mapping(path)
     file = str(path)
+
+    def err(problem: str, key: str, value: Any) -> ArmorLabError:
+        return ArmorLabError(problem, key=key, value=value, file=file)
+
     for k in raw:
         if k not in TOP_KEYS:
-            raise ArmorLabError(f"unknown key (known: {', '.join(TOP_KEYS)})", key=str(k), value=raw[k], file=file)
+            raise err(f"unknown key (known: {', '.join(TOP_KEYS)})", str(k), raw[k])
     val_n = raw.get("val_n")
     if val_n is not None and not _positive_int(val_n):
-        raise ArmorLabError("must be a positive integer (completions per evaluation)", key="val_n", value=val_n,
-                            file=file)
+        raise err("must be a positive integer (completions per evaluation)", "val_n", val_n)
     runs = raw.get("runs")
     if not isinstance(runs, dict) or not runs:
-        raise ArmorLabError("must be a mapping {path: {group: ..., seed: ..., val_n: ...}}", key="runs", value=runs,
-                            file=file)
+        raise err("must be a mapping {path: {group: ..., seed: ..., val_n: ...}}", "runs", runs)
     base = path.resolve().parent
     entries = []
     for pattern, spec in runs.items():
@@ -106,36 +87,32 @@ def load(path: str | os.PathLike) -> RunsMap:
         if spec is None:
             spec = {}
         if not isinstance(pattern, str) or not isinstance(spec, dict):
-            raise ArmorLabError("each entry is path: {group: ..., seed: ..., val_n: ...}", key=key, value=spec,
-                                file=file)
+            raise err("each entry is path: {group: ..., seed: ..., val_n: ...}", key, spec)
         for k in spec:
             if k not in ENTRY_KEYS:
-                raise ArmorLabError(f"unknown key (known: {', '.join(ENTRY_KEYS)})", key=f"{key}.{k}", value=spec[k],
-                                    file=file)
+                raise err(f"unknown key (known: {', '.join(ENTRY_KEYS)})", f"{key}.{k}", spec[k])
         full = os.path.join(base, os.path.expanduser(pattern))
         matches = sorted(glob.glob(full)) if glob.has_magic(full) else ([full] if os.path.exists(full) else [])
         if not matches:
-            raise ArmorLabError("path not found", key=key, value=pattern, file=file)
+            raise err("path not found", key, pattern)
         e = Entry(full, [Path(m).resolve() for m in matches])
         if spec.get("group") is not None:
             if not isinstance(spec["group"], (str, int, float)) or isinstance(spec["group"], bool):
-                raise ArmorLabError("must be a group label", key=f"{key}.group", value=spec["group"], file=file)
+                raise err("must be a group label", f"{key}.group", spec["group"])
             e.group = str(spec["group"])
         if spec.get("seed") is not None:
             if not isinstance(spec["seed"], (int, str)) or isinstance(spec["seed"], bool):
-                raise ArmorLabError("must be an integer or a label", key=f"{key}.seed", value=spec["seed"], file=file)
+                raise err("must be an integer or a label", f"{key}.seed", spec["seed"])
             e.seed = spec["seed"]
         if spec.get("val_n") is not None:
             if not _positive_int(spec["val_n"]):
-                raise ArmorLabError("must be a positive integer (completions per evaluation)", key=f"{key}.val_n",
-                                    value=spec["val_n"], file=file)
+                raise err("must be a positive integer (completions per evaluation)", f"{key}.val_n", spec["val_n"])
             e.val_n = spec["val_n"]
         e.val_n = e.val_n or val_n
         for k, known in (("format", FORMATS), ("flavour", FLAVOURS)):
             if spec.get(k) is not None:
                 if spec[k] not in known:
-                    raise ArmorLabError(f"must be one of {', '.join(known)}", key=f"{key}.{k}", value=spec[k],
-                                        file=file)
+                    raise err(f"must be one of {', '.join(known)}", f"{key}.{k}", spec[k])
                 setattr(e, k, spec[k])
         if spec.get("name") is not None:
             e.name = str(spec["name"])
@@ -143,12 +120,12 @@ def load(path: str | os.PathLike) -> RunsMap:
             if spec.get(k) is not None:
                 p = Path(base, os.path.expanduser(str(spec[k])))
                 if not p.exists():
-                    raise ArmorLabError("path not found", key=f"{key}.{k}", value=spec[k], file=file)
+                    raise err("path not found", f"{key}.{k}", spec[k])
                 setattr(e, k, p)
         if spec.get("runs") is not None:
             r = spec["runs"]
             if not isinstance(r, list) or not r or not all(isinstance(x, (str, int)) for x in r):
-                raise ArmorLabError("must be a list of run names or ids", key=f"{key}.runs", value=r, file=file)
+                raise err("must be a list of run names or ids", f"{key}.runs", r)
             e.runs = [str(x) for x in r]
         entries.append(e)
     return RunsMap(path, entries, val_n)

@@ -1,22 +1,6 @@
-"""TensorBoard event files (``events.out.tfevents.*``), read with the ``tensorboard`` package's own
-protobuf definitions (``tensorboard.compat.proto.event_pb2``) and no TensorFlow: ``pip install
-armorlab[tensorboard]``.
-
-Every point is read — TensorBoard's EventAccumulator keeps at most 10,000 scalars per tag by
-default (reservoir sampling); this reader never subsamples. Scalars come from ``simple_value``
-(torch's, tensorboardX's and transformers' SummaryWriter) and from scalar tensor summaries of a
-numeric dtype (``tf.summary.scalar`` in TF2). Text summaries are kept apart (transformers logs the
-training arguments as ``args/text_summary``).
-
-Record framing (TFRecord): uint64 length, uint32 masked CRC-32C of the length, the data, uint32
-masked CRC-32C of the data, little-endian. Records are framed by their length; a last record cut
-short (a writer killed mid-write) is skipped with a warning. Both CRCs are checked with the
-``google-crc32c`` package (C; benchmarks/README.md, "Library replacements", measures their cost): a
-record whose data fails its CRC is skipped with a warning, a length that fails its CRC ends the
-file's reading (what follows cannot be framed), as a corrupted record that does not parse does.
-
-One directory of event files is one run (as TensorBoard shows runs); files of one directory
-(a restarted writer) are read in name order, a later value winning per (tag, step).
+"""TensorBoard event files, read with the ``tensorboard`` package's protobufs and no TensorFlow
+(``armorlab[tensorboard]``); every point is read (EventAccumulator subsamples to 10,000 per tag) and both
+TFRecord CRC-32Cs checked (google-crc32c); format and recovery rules: docs/importers.md#tensorboard.
 """
 
 from __future__ import annotations
@@ -33,8 +17,6 @@ from armorlab.analysis.importers.base import (
     ImportedRun,
     derived_message,
     flatten,
-    seed_and_config,
-    unavailable,
 )
 from armorlab.errors import ArmorLabError
 
@@ -66,8 +48,7 @@ def event_files(logdir: Path) -> list[Path]:
 
 
 def masked(crc):
-    """TFRecord's masked CRC-32C: the CRC rotated right by 15 bits plus 0xa282ead8 (mod 2³²); an int
-    or a uint64 array."""
+    """TFRecord's masked CRC-32C: rotated right by 15 bits plus 0xa282ead8 (mod 2³²)."""
     return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
 
@@ -77,11 +58,8 @@ def _u32(raw: np.ndarray, offsets: np.ndarray) -> np.ndarray:
 
 
 def records(data: bytes, source: str, warnings: list[str]) -> list[bytes]:
-    """The data of each TFRecord in ``data`` whose CRCs hold; a torn last record, a record whose
-    data fails its CRC and everything from a length that fails its CRC on are left out with a
-    warning. The records are framed first, then the CRCs checked all at once (one C call per
-    record through ``map``, masks and comparisons in numpy; a length's CRC once per distinct
-    length): checked one by one they cost a third of an import (benchmarks/README.md)."""
+    """The data of each TFRecord whose CRCs hold (torn, failing or unframable records left out with a
+    warning); CRCs checked all at once: one by one they cost a third of an import (benchmarks/README.md)."""
     try:
         from google_crc32c import value as crc32c
     except ImportError as exc:
@@ -158,9 +136,7 @@ SENT_VALUE = -1.2345678e38          # a float32 no scalar is (checked: the count
 
 
 def _lite_classes():
-    """tensorboard's Event read as one merged message over a concatenation of events: step
-    repeated (one entry per event that has a non-zero step), and its summary values merged into
-    one Value whose tag, simple_value and tensor are repeated (every value's, in order)."""
+    """Event parsed as one merged message over concatenated events: steps and summary values repeated."""
     from google.protobuf.descriptor_pb2 import FieldDescriptorProto as FDP
     from tensorboard.compat.proto import event_pb2, summary_pb2
 
@@ -185,10 +161,8 @@ def _marker() -> bytes:
 
 
 def _fast(payloads: list[bytes]):
-    """(tag code per scalar, tags by code, value per scalar, step per scalar, indices of the events
-    to read one by one) from one parse of all events (see _lite_classes), or None when the
-    markers do not line up. An event whose values are not all simple_value (text, tensors,
-    images) is left to the event-by-event path."""
+    """Per-scalar tag codes, tags, values, steps and the events to read one by one (non-simple values),
+    from one parse of all events; None when the markers do not line up."""
     import pandas as pd
 
     _, _, event_all = _lite_classes()
@@ -307,25 +281,24 @@ def run_dirs(root: Path) -> list[Path]:
     return sorted(found)
 
 
+def json_text(texts: dict[str, str], tags: tuple[str, ...]) -> dict[str, Any]:
+    """The first of ``tags`` whose text is a JSON object (transformers logs its arguments so), else {}."""
+    for tag in tags:
+        try:
+            loaded = json.loads(texts[tag]) if tag in texts else None
+        except ValueError:
+            continue
+        if isinstance(loaded, dict):
+            return loaded
+    return {}
+
+
 def read(logdir: Path, *, name: str | None = None, flavour: str | None = None) -> ImportedRun:
-    """One TensorBoard run dir → ImportedRun (the trainer recognised from the ``args`` text
-    transformers writes, else from its tag names)."""
+    """One TensorBoard run dir → ImportedRun (trainer from transformers' ``args`` text, else tag names)."""
     logdir = Path(logdir)
     series, texts, warnings = read_dir(logdir)
-    config: dict[str, Any] = {}
-    for tag in ("args/text_summary", "config/text_summary", "hparams/text_summary"):
-        if tag in texts:
-            try:
-                loaded = json.loads(texts[tag])
-            except ValueError:
-                continue
-            if isinstance(loaded, dict):
-                config = flatten(loaded)
-                break
-    fl = F.FLAVOURS[flavour] if flavour else F.detect(config, series)
-    table, origin = F.mapped_table(series, fl, config, warnings)
-    return ImportedRun(name=name or logdir.name, path=logdir, format="tensorboard", table=table,
-                       config=seed_and_config(config, fl.identity), flavour=fl.name,
-                       project=logdir.parent.name or None, state="unknown",
-                       reason="TensorBoard logs do not record whether a run finished", warnings=warnings,
-                       unavailable=unavailable(table.column_names, fl.cannot), origin=origin)
+    config = flatten(json_text(texts, ("args/text_summary", "config/text_summary", "hparams/text_summary")))
+    fl = F.pick(flavour, config, series)
+    return F.imported_run(series, fl, config, warnings, name=name or logdir.name, path=logdir, format="tensorboard",
+                          project=logdir.parent.name or None, state="unknown",
+                          reason="TensorBoard logs do not record whether a run finished")

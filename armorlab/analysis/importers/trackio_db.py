@@ -1,16 +1,6 @@
-"""trackio projects: one SQLite file per project (``$TRACKIO_DIR/<project>.db``, by default under
-``~/.cache/huggingface/trackio``), read with the standard library's sqlite3.
-
-Tables read: ``metrics(run_id, run_name, step, timestamp, metrics)`` — ``metrics`` is one JSON
-object per ``trackio.log`` call, non-finite floats written as the strings "NaN"/"Infinity" —
-and ``configs(run_id, run_name, config)``. A run is a ``run_id`` (older files, without that
-column: a ``run_name``). trackio's ``step`` counts log calls unless the caller passes one, so the
-trainer's own counter is used where its rows carry one (TRL ``train/global_step``); rows without
-it (TRL's profiling timers) are then left out, with a count in the run's warnings.
-
-Read-only: a file without a write-ahead log beside it is opened ``immutable`` (SQLite then takes
-no lock and creates no file); one with a ``-wal`` file (a writer is live, or was killed) is opened
-``mode=ro``, which reads the log's pages but never checkpoints it.
+"""trackio projects (one SQLite file each), read with sqlite3 (docs/importers.md#trackio). Read-only: a file
+without a ``-wal`` beside it is opened ``immutable`` (no lock, no file created), else ``mode=ro``, which
+reads the log's pages but never checkpoints it.
 """
 
 from __future__ import annotations
@@ -24,14 +14,7 @@ from urllib.parse import quote
 import numpy as np
 
 from armorlab.analysis.importers import flavours as F
-from armorlab.analysis.importers.base import (
-    ImportedRun,
-    flatten,
-    json_lines_columns,
-    rows_to_series,
-    seed_and_config,
-    unavailable,
-)
+from armorlab.analysis.importers.base import ImportedRun, flatten, json_lines_columns, rows_to_series
 from armorlab.errors import ArmorLabError
 
 
@@ -104,8 +87,7 @@ def read_project(path: Path, *, flavour: str | None = None, only: set[str] | Non
 
 
 def _columns(blobs: list[bytes]) -> dict[str, np.ndarray]:
-    """The rows' metrics as one float64 array per name (NaN where a row lacks it): pyarrow's
-    JSON reader over the rows, else one json.loads for all of them (mixed types, "NaN" strings)."""
+    """The rows' metrics as float64 arrays: pyarrow's JSON reader, else one json.loads for all rows."""
     cols = json_lines_columns(b"\n".join(b.replace(b"\n", b" ") for b in blobs), len(blobs))
     if cols is not None:
         return cols
@@ -123,7 +105,7 @@ def _run(path: Path, rid: str, run_name: str, steps: np.ndarray, cols: dict[str,
          raw_config: dict[str, Any], flavour: str | None, unique: bool) -> ImportedRun:
     warnings: list[str] = []
     flat = flatten({k: v for k, v in raw_config.items() if not k.startswith("_")})
-    fl = F.FLAVOURS[flavour] if flavour else F.detect(flat, cols)
+    fl = F.pick(flavour, flat, cols)
     own = [cols[k] for k in fl.step_keys if k in cols]
     keep = None
     if own:  # the trainer's step where its rows carry it; rows without it are left out
@@ -141,9 +123,6 @@ def _run(path: Path, rid: str, run_name: str, steps: np.ndarray, cols: dict[str,
         values = col if keep is None else col[keep]
         ok = ~np.isnan(values)
         series[name] = (steps, values) if ok.all() else (steps[ok], values[ok])
-    table, origin = F.mapped_table(series, fl, flat, warnings)
-    return ImportedRun(name=run_name if unique else f"{run_name}-{str(rid)[:8]}", path=path, format="trackio",
-                       table=table, config=seed_and_config(flat, fl.identity), flavour=fl.name,
-                       project=path.stem, state="unknown",
-                       reason="trackio does not record whether a run finished", warnings=warnings,
-                       unavailable=unavailable(table.column_names, fl.cannot), origin=origin)
+    return F.imported_run(series, fl, flat, warnings, name=run_name if unique else f"{run_name}-{str(rid)[:8]}",
+                          path=path, format="trackio", project=path.stem, state="unknown",
+                          reason="trackio does not record whether a run finished")

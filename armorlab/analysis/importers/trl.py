@@ -1,16 +1,6 @@
-"""TRL output dirs: ``checkpoint-*/trainer_state.json`` (and the ``trainer_state.json`` that
-``Trainer.save_state`` leaves at the top), the only log a TRL run keeps by default (transformers'
-``report_to`` defaults to ``"none"``).
-
-Each checkpoint's ``log_history`` holds every log row up to it; the histories are merged with the
-newest file (by ``global_step``) winning per (metric, step), so steps are never duplicated. The
-closing summary row (``train_runtime``, ``train_loss``, ...) is not a step and is dropped. Train
-and eval rows of one step become one row. TRL's metric names (old and new spellings) map onto
-armorlab's by ``flavours.TRL_RULES``.
-
-The run's config: the ``args`` text that transformers' TensorBoard callback writes (when the
-output dir has a TensorBoard log and ``armorlab[tensorboard]`` is installed), else the few
-settings trainer_state.json records (max_steps, batch size, logging/eval/save steps).
+"""TRL output dirs: ``trainer_state.json`` of each checkpoint (and the top one), merged newest-first per
+(metric, step); the config from transformers' TensorBoard ``args`` text where there is one
+(docs/importers.md#trl-grpotrainer).
 """
 
 from __future__ import annotations
@@ -21,13 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from armorlab.analysis.importers import flavours, tensorboard_events
-from armorlab.analysis.importers.base import (
-    ImportedRun,
-    flatten,
-    rows_to_series,
-    seed_and_config,
-    unavailable,
-)
+from armorlab.analysis.importers.base import ImportedRun, flatten, rows_to_series
 
 STATE = "trainer_state.json"
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
@@ -90,15 +74,9 @@ def tensorboard_args(out_dir: Path, warnings: list[str]) -> dict[str, Any]:
         warnings.append("the run's config is in its TensorBoard log: install armorlab[tensorboard] to read it")
         return {}
     for logdir in reversed(logdirs):  # the newest attempt's
-        texts = tensorboard_events.read_texts(logdir)
-        for tag in ("args/text_summary", "args"):
-            if tag in texts:
-                try:
-                    args = json.loads(texts[tag])
-                except ValueError:
-                    continue
-                if isinstance(args, dict):
-                    return args
+        args = tensorboard_events.json_text(tensorboard_events.read_texts(logdir), ("args/text_summary", "args"))
+        if args:
+            return args
     return {}
 
 
@@ -111,8 +89,6 @@ def read(out_dir: Path, *, name: str | None = None) -> ImportedRun:
     last = states[-1] if states else {}
     settings = {k: last[k] for k in STATE_SETTINGS if last.get(k) is not None}
     flat = flatten({**settings, **args})
-    config = seed_and_config(flat, flavours.TRL_IDENTITY)
-    table, origin = flavours.mapped_table(series, flavours.TRL, flat, warnings)
     control = (last.get("stateful_callbacks") or {}).get("TrainerControl", {}).get("args", {})
     step, max_steps = last.get("global_step"), last.get("max_steps")
     if control.get("should_training_stop") or (isinstance(max_steps, int) and max_steps > 0
@@ -123,7 +99,5 @@ def read(out_dir: Path, *, name: str | None = None) -> ImportedRun:
         reason = f"last checkpoint at step {step} of {max_steps}" if step is not None else "no checkpoint state"
     if not args:
         warnings.append("no training arguments recorded (seed unknown): give the seed in a runs.yaml mapping")
-    return ImportedRun(name=name or out_dir.name, path=out_dir, format="trl", table=table, config=config,
-                       flavour="trl", project=out_dir.parent.name or None, state=state, reason=reason,
-                       warnings=warnings, unavailable=unavailable(table.column_names, flavours.TRL_CANNOT),
-                       origin=origin)
+    return flavours.imported_run(series, flavours.TRL, flat, warnings, name=name or out_dir.name, path=out_dir,
+                                 format="trl", project=out_dir.parent.name or None, state=state, reason=reason)

@@ -1,22 +1,9 @@
-"""verl's ``file`` logger and its validation dumps; standard library + pyarrow (base install).
-
-The file logger (``verl/utils/tracking.py``, ``FileLogger``) writes one JSON line per
-``Tracking.log`` call, ``{"step": <global_steps>, "data": {<metric>: <value>, ...}}``, to
-``$VERL_FILE_LOGGER_ROOT/<project>/<experiment>.jsonl`` (or ``$VERL_FILE_LOGGER_PATH``). verl opens
-that file for writing, not appending: a resumed run overwrites it, and its curve starts at the
-resume step (said in the run's warnings). verl's step is ``global_steps``: one generation batch
-(a rollout), which armorlab also records as ``rollout``.
-
-``trainer.validation_data_dir`` dumps (``RayPPOTrainer._dump_generations``): one
-``<global_steps>.jsonl`` per validation, a line per scored completion with ``input``, ``output``,
-``gts``, ``score``, ``step`` and the reward function's extra keys (``acc``, ...). They give what
-the logged means cannot: ``val/n`` (completions scored), ``val/acc`` over all data sources, and
-per-prompt ``val/pass@k`` by the unbiased estimator (``pass_at_k``).
+"""verl's ``file`` logger (verl opens it for writing, not appending: a resumed run's curve starts at the
+resume step) and its validation dumps (true val/n and pass@k); docs/importers.md#verl.
 """
 
 from __future__ import annotations
 
-import io
 import json
 import math
 import re
@@ -32,9 +19,8 @@ from armorlab.analysis.importers.base import (
     as_float,
     flatten,
     is_metric_value,
-    seed_and_config,
+    read_json_bytes,
     shallow,
-    unavailable,
 )
 
 DUMP = re.compile(r"^(\d+)\.jsonl$")
@@ -42,20 +28,12 @@ PASS_THRESHOLD = 1.0  # a completion passes at full score (armorlab's anchor_rew
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k of one prompt with ``c`` correct among ``n`` samples:
-    1 − C(n−c, k)/C(n, k) (Chen et al. 2021, "Evaluating Large Language Models Trained on Code",
-    §2.1), in its product form 1 − Π_{i=n−c+1}^{n} (1 − k/i)."""
+    """Unbiased pass@k = 1 − C(n−c, k)/C(n, k) (Chen et al. 2021, §2.1), as 1 − Π_{i=n−c+1}^{n} (1 − k/i)."""
     if k > n:
         raise ValueError(f"k={k} > n={n}")
     if n - c < k:
         return 1.0
     return 1.0 - float(np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
-
-
-def _arrow_rows(data: bytes):
-    import pyarrow.json as pj
-
-    return pj.read_json(io.BytesIO(data), read_options=pj.ReadOptions(use_threads=False, block_size=1 << 24))
 
 
 def read_jsonl(path: Path, warnings: list[str]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -65,7 +43,7 @@ def read_jsonl(path: Path, warnings: list[str]) -> dict[str, tuple[np.ndarray, n
         return {}
     if shallow(data):
         try:
-            return _series_from_table(_arrow_rows(data))
+            return _series_from_table(read_json_bytes(data))
         except Exception:  # ArrowInvalid: a torn line, mixed types: the line-by-line rules below
             pass
     return _series_from_lines(data, str(path), warnings)
@@ -155,9 +133,7 @@ def _dump_rows(path: Path, warnings: list[str]) -> list[dict[str, Any]]:
 
 
 def dump_metrics(rows: Sequence[dict[str, Any]], threshold: float = PASS_THRESHOLD) -> dict[str, float]:
-    """One validation dump's rows → val/n, val/acc (mean over completions of ``acc`` where the
-    reward function returns it, else of ``score``, as verl's core variable), val/pass@k (share of
-    prompts with a completion at or above ``threshold``, k = each prompt's samples) and the
+    """One validation dump → val/n, val/acc (of ``acc`` where given, else ``score``), val/pass@k and the
     unbiased val/pass@<k> for k = 1, 2, 4, ... below the samples per prompt."""
     values, prompts = [], {}
     key = "acc" if any(is_metric_value(r.get("acc")) for r in rows) else "score"
@@ -207,13 +183,10 @@ def read(path: Path, *, name: str | None = None, val_dumps: Path | None = None,
         if steps[0] > 1:
             warnings.append(f"{path.name} starts at step {steps[0]}: verl's file logger rewrites its file when a "
                             "run resumes, so the steps before the resume are not in it")
-    table, origin = F.mapped_table(series, F.VERL, flat, warnings, extra)
     cannot = [m for m in F.VERL_CANNOT if not (val_dumps is not None and m in ("val/n", "val/pass@k"))]
     if not config:
         warnings.append("verl's file logger records no config: give the seed (and a config file) in a runs.yaml "
                         "mapping")
-    return ImportedRun(name=name or path.stem, path=path, format="verl", table=table,
-                       config=seed_and_config(flat, F.VERL.identity), flavour="verl",
-                       project=path.parent.name or None, state="unknown",
-                       reason="verl's file logger does not record whether a run finished", warnings=warnings,
-                       unavailable=unavailable(table.column_names, cannot), origin=origin)
+    return F.imported_run(series, F.VERL, flat, warnings, extra=extra, cannot=cannot, name=name or path.stem,
+                          path=path, format="verl", project=path.parent.name or None, state="unknown",
+                          reason="verl's file logger does not record whether a run finished")

@@ -1,20 +1,7 @@
-"""W&B local run folders (``wandb/run-*/``, ``wandb/offline-run-*/``), read without a server or an
-account: ``pip install armorlab[wandb]``.
-
-A run folder's ``run-<id>.wandb`` is W&B's transaction log: a 7-byte header (``:W&B``, magic
-0xBEE1, version 0) then LevelDB's log format (32 KiB blocks of chunks, each with a CRC-32 of its
-type byte and data, a uint16 length and a type: full, first, middle, last; wandb's
-``core/pkg/leveldb/record.go``, a fork of golang/leveldb's record package with the IEEE CRC). Each
-record is a ``wandb.proto.wandb_internal_pb2.Record`` parsed with wandb's own protobuf
-definitions; the reader is this module's, not an internal wandb reader API (those come and go
-between wandb versions). A chunk whose CRC fails skips to the next block, as LevelDB's reader
-recovers; a torn last record is left out with a warning.
-
-History rows: ``Record.history`` items (key, JSON value). The step of a row is the trainer's
-own counter where it logs one (TRL and OpenRLHF ``train/global_step``, OpenRLHF eval rows
-``eval/global_step``), else W&B's ``_step`` (verl logs with ``step=global_steps``). The config:
-the run record's and every later config record's items. A run resumed into a new folder (same
-run id) is merged, the later folder winning per (metric, step).
+"""W&B local run folders read without a server (``armorlab[wandb]``): the ``.wandb`` transaction log is
+LevelDB's log format (wandb's ``core/pkg/leveldb/record.go``, IEEE CRC) of wandb_internal_pb2 Records,
+parsed here rather than through wandb's internal reader APIs, which change between versions; a chunk whose
+CRC fails skips to the next block, as LevelDB recovers (docs/importers.md#wb-local-run-folders).
 """
 
 from __future__ import annotations
@@ -35,8 +22,6 @@ from armorlab.analysis.importers.base import (
     as_float,
     derived_message,
     flatten,
-    seed_and_config,
-    unavailable,
 )
 from armorlab.errors import ArmorLabError
 
@@ -47,7 +32,6 @@ BLOCK = 32768
 FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
 _TYPE_CRC = {t: zlib.crc32(bytes((t,))) for t in (FULL, FIRST, MIDDLE, LAST)}
 RUN_DIR = re.compile(r"^(offline-)?run-\d{8}_\d{6}-(?P<id>[A-Za-z0-9]+)$")
-W_STEP = "_step"
 
 
 def available() -> bool:
@@ -107,10 +91,8 @@ def records(data: bytes, source: str, warnings: list[str]) -> Iterator[bytes]:
 
 
 def _lite_classes():
-    """(Record with every field repeated and every message as raw bytes: a whole log's records
-    concatenated parse at once into the list of each kind; HistoryRecord with its items read as
-    one merged HistoryItem whose key, nested_key and value_json are repeated — every item's, in
-    order — and its step repeated; that HistoryItem)."""
+    """(Record with every field repeated, messages as raw bytes; HistoryRecord whose items merge into one
+    HistoryItem with repeated key, nested_key, value_json; that HistoryItem): a whole log parses at once."""
     from google.protobuf.descriptor_pb2 import FieldDescriptorProto as FDP
 
     try:
@@ -130,12 +112,8 @@ MARK = "\x00armorlab-row\x01"  # a name no wandb metric has (numpy would strip a
 
 
 class _History:
-    """A run's history records (their raw HistoryRecord bytes), decoded at the end by one C parse
-    instead of one Python step per item: the records concatenated with a marker item after each
-    (protobuf merges concatenated messages) give every record's step and every item's name and
-    value text in order, the markers delimiting the records; Arrow converts the values. Runs
-    whose items do not line up (names in ``key`` rather than ``nested_key``, the typed values
-    newer wandb may write) are read item by item with wandb's HistoryRecord."""
+    """A run's raw history records, decoded at the end in one C parse (a marker item after each record
+    delimits them); runs whose items do not line up are read item by item with wandb's HistoryRecord."""
 
     def __init__(self) -> None:
         self.raw: list[bytes] = []
@@ -192,8 +170,7 @@ class _History:
         return set(self._items()[1]) if self.raw else set()
 
     def series(self, step_keys: tuple[str, ...], drop: set[str]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-        """Per metric (steps, values). wandb writes a row's items in no fixed order (they come
-        from a Go map), so items are grouped by name, not rows by key set."""
+        """Per metric (steps, values), grouped by name: wandb writes a row's items in no fixed order."""
         if not self.raw:
             return {}
         codes, uniques, values, counts, rec_steps = self._items()
@@ -230,8 +207,7 @@ def _varint(n: int) -> bytes:
 
 
 def _floats(raw: Any) -> np.ndarray:
-    """JSON value texts as float64: converted by Arrow (numbers, NaN, Infinity), else by
-    json.loads one by one (booleans, media, tables: not numbers → NaN)."""
+    """JSON value texts as float64 (Arrow, else json.loads one by one; non-numbers → NaN)."""
     import pyarrow as pa
 
     texts = list(raw)
@@ -252,8 +228,7 @@ def _item_key(item: Any) -> str:
 
 
 def _item_value(item: Any) -> Any:
-    """A history item's value: value_json (what wandb writes), else the typed fields newer
-    versions may use."""
+    """A history item's value: value_json, else the typed fields newer wandb may write."""
     if item.value_json:
         try:
             return json.loads(item.value_json)
@@ -277,8 +252,7 @@ def _config_update(config: dict[str, Any], items: Any) -> None:
 
 
 def read_file(path: Path, history: _History, info: dict[str, Any], warnings: list[str]) -> None:
-    """Add one .wandb file's history rows to ``history`` and its run facts to ``info``: its records
-    parsed in one call (RecordAll), the run, config and exit records then with wandb's classes."""
+    """Add one .wandb file's history rows to ``history`` and its run facts to ``info``."""
     pb, all_cls, _, _ = _lite_classes()
     try:
         data = path.read_bytes()
@@ -289,7 +263,6 @@ def read_file(path: Path, history: _History, info: dict[str, Any], warnings: lis
     try:
         merged = all_cls.FromString(b"".join(payloads))
     except Exception:  # DecodeError: a damaged record among them; find and skip it record by record
-        merged = None
         ok = []
         for raw in payloads:
             try:
@@ -332,8 +305,7 @@ def is_run_dir(path: Path) -> bool:
 
 
 def run_dirs(root: Path) -> list[Path]:
-    """W&B run folders at or below ``root`` (a ``wandb/`` dir, a run folder, or a dir holding
-    ``wandb/``); ``latest-run`` (a link to one of them) is skipped."""
+    """W&B run folders at or below ``root`` (``latest-run``, a link, skipped)."""
     root = Path(root)
     if is_run_dir(root):
         return [root]
@@ -357,22 +329,17 @@ def read(folders: list[Path], *, name: str | None = None, flavour: str | None = 
         read_file(f, history, info, warnings)
     raw_config = {k: v for k, v in info.get("config", {}).items() if not k.startswith("_wandb")}
     flat = flatten(raw_config)
-    fl = F.FLAVOURS[flavour] if flavour else F.detect(flat, history.names())
+    fl = F.pick(flavour, flat, history.names())
     series = history.series(fl.step_keys, set(fl.drop))
-    table, origin = F.mapped_table(series, fl, flat, warnings)
-    config = seed_and_config(flat, fl.identity)
-    if info.get("group"):
-        config["wandb.group"] = info["group"]
     code = info.get("exit_code")
     if code is None:
         state, reason = "unknown", "no exit record: the run is still going, or its process was killed"
     else:
         state, reason = ("completed", None) if code == 0 else ("failed", f"exit code {code}")
     last = folders[-1]
-    return ImportedRun(name=name or info.get("name") or info.get("run_id") or last.name, path=last,
-                       format="wandb", table=table, config=config, flavour=fl.name, project=info.get("project"),
-                       state=state, reason=reason, warnings=warnings,
-                       unavailable=unavailable(table.column_names, fl.cannot), origin=origin)
+    return F.imported_run(series, fl, flat, warnings, config={"wandb.group": info["group"]} if info.get("group") else None,
+                          name=name or info.get("name") or info.get("run_id") or last.name, path=last,
+                          format="wandb", project=info.get("project"), state=state, reason=reason)
 
 
 def runs(root: Path) -> list[list[Path]]:
