@@ -40,6 +40,7 @@ import torch
 
 from armorlab.algos.objectives import objective_spec
 from armorlab.core.config import ANCHOR_RATIOS
+from armorlab.train.reference import gathered_for_generate
 
 log = logging.getLogger(__name__)
 
@@ -141,8 +142,9 @@ class TransformersSampler:
         was_training = self.model.training
         self.model.eval()
         try:
-            out = self.model.generate(input_ids=input_ids, attention_mask=attention,
-                                      generation_config=self.generation_config)
+            with gathered_for_generate(self.model):  # FSDP 2: each layer gathered once per call, not per token
+                out = self.model.generate(input_ids=input_ids, attention_mask=attention,
+                                          generation_config=self.generation_config)
         finally:
             self.model.train(was_training)
         self.generate_calls += 1

@@ -72,8 +72,10 @@ from armorlab.train.mechanisms import gradient_shares, rollout_diversity
 from armorlab.train.reference import (
     ReferencePolicy,
     build_reference_model,
+    fsdp2_reference_kwargs,
     reference_needed,
     reference_scored,
+    shard_per_layer,
     telemetry_generation,
 )
 from armorlab.train.telemetry import StepStats, TokenDump, sequence_kl_estimates
@@ -267,6 +269,8 @@ class ArmorLabTrainer(GRPOTrainer):
         add_fused_lm_head(ref, temperature=self.temperature, cast_lm_head_to_fp32=self.args.cast_lm_head_to_fp32)
         if self.is_deepspeed_enabled:
             return prepare_deepspeed(ref, self.accelerator)
+        if self.is_fsdp_enabled and self.accelerator.state.fsdp_plugin.fsdp_version == 2:
+            return shard_per_layer(ref, **fsdp2_reference_kwargs(self.accelerator, ref)).eval()
         if self.is_fsdp_enabled:
             return prepare_fsdp(ref, self.accelerator)
         return self.accelerator.prepare_model(ref, evaluation_mode=True)
