@@ -85,11 +85,19 @@ def reference_scored(args: Any, *, beta: float, has_reference: bool, telemetry_n
     dump records π_ref where it is scored anyway (NaN elsewhere): a baseline never pays a π_ref
     forward for a dump.
     """
-    from armorlab.algos.objectives import objective_spec
-
-    if objective_spec(args.objective).uses_reference or beta != 0.0 or args.anchor:
+    if reference_trains(args, beta=beta):
         return True
     return has_reference and bool(args.kl_telemetry) and telemetry_now
+
+
+def reference_trains(args: Any, *, beta: float) -> bool:
+    """Whether the loss reads π_ref's log-probs (armor's r_mix, β·KL, anchor rows' ratios): then
+    every row that trains is scored; else only the telemetry reads them, and one micro-batch of
+    rows of a telemetry generation is enough for ``kl/reverse_*`` (a baseline pays ≈ 1/8 of one
+    micro-batch's forward per generation, never a forward of the whole batch)."""
+    from armorlab.algos.objectives import objective_spec
+
+    return bool(objective_spec(args.objective).uses_reference or beta != 0.0 or args.anchor)
 
 
 # --------------------------------------------------------------------------- model holder
