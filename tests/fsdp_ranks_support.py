@@ -8,8 +8,9 @@ layer, then the root) and as the trainer shards π_ref (``reference.shard_per_la
 gathers): every forward of either gathers parameters from both processes, so both must run the
 same forwards.
 
-1. anchors: process 0 has 3 prompts that the reference never solves (k = 4: three rounds of
-   draws), process 1 has its 2 prompts in the anchor cache (nothing to draw);
+1. anchors: process 0 has 3 prompts that the reference never solves (k = 4: three adaptive rounds
+   of draws), process 1 has its 2 prompts in the anchor cache (nothing to draw); the cache is
+   shared, so process 0's 3 new draws reach process 1's cache;
 2. the exact-KL probe with 5 sequences on process 0 and none on process 1, validation-style
    generation of the policy with 3 prompts against 1;
 3. a π_ref reset after an optimizer step, with every whole-tensor gather disabled (local shards);
@@ -104,7 +105,8 @@ def main(out: str, mode: str) -> None:
     # 1. anchors: process 1's prompts are all cached
     sampler = anc.TransformersSampler(ref, tok, gen, [tok.eos_token_id], batch_size=2, sync=sync)
     never = lambda requests, samples: [[0.0] * len(s) for s in samples]  # noqa: E731 - unsolvable prompts
-    rollout = anc.AnchorRollout(sampler, never, k=4, anchor_filter="correct", threshold=1.0, sync=sync)
+    rollout = anc.AnchorRollout(sampler, never, k=4, anchor_filter="correct", threshold=1.0, sync=sync,
+                                adaptive=True, share=anc.all_processes)
     texts = ["12+34=", "5+6=", "70+8="] if rank == 0 else ["9+9=", "1+2="]
     reqs = [anc.GroupRequest(t, tok(t)["input_ids"]) for t in texts]
     if rank == 1:
@@ -112,7 +114,7 @@ def main(out: str, mode: str) -> None:
             rollout.cache.put(anc.prompt_key(t), anc.ReferenceDraw([anc.Completion((5,), "x")], [1.0]))
     outcomes, generated = rollout.run(reqs, seed=0, step=0)
     result["anchors"] = {"generated": generated, "rounds": rollout.rounds, "generate_calls": sampler.generate_calls,
-                         "cached": [o.cached for o in outcomes]}
+                         "cached": [o.cached for o in outcomes], "cache": len(rollout.cache)}
     if mode == "nosync":
         dist.barrier()
         Path(out, f"result-r{rank}.json").write_text(json.dumps(result))

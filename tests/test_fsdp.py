@@ -50,8 +50,9 @@ def test_sharded_ranks_stay_in_step_reset_by_local_shards_and_push_whole_tensors
     r0, r1 = (json.loads((tmp_path / f"result-r{r}.json").read_text()) for r in (0, 1))
     # 1. process 0: 3 prompts × (1 + 1 + 2) draws, never correct; process 1 drew nothing but took part
     #    in all 3 rounds and in as many generate calls (chunks of 2 rows: 2 + 2 + 3 for 3, 3, 6 rows)
-    assert r0["anchors"] == {"generated": 12, "rounds": 3, "generate_calls": 7, "cached": [False] * 3}
-    assert r1["anchors"] == {"generated": 0, "rounds": 3, "generate_calls": 7, "cached": [True] * 2}
+    #    (adaptive rounds); the shared cache hands process 0's 3 new draws to process 1 (2 + 3 keys)
+    assert r0["anchors"] == {"generated": 12, "rounds": 3, "generate_calls": 7, "cached": [False] * 3, "cache": 3}
+    assert r1["anchors"] == {"generated": 0, "rounds": 3, "generate_calls": 7, "cached": [True] * 2, "cache": 5}
     # 2. the probe counted process 0's 5 sequences (3 forwards of 2 rows; process 1 scored dummies)
     assert (r0["probe"], r1["probe"]) == ({"count": 5.0, "finite": True}, {"count": 0.0, "finite": True})
     assert r0["validation"] == {"prompts": 3, "generate_calls": 3} and r1["validation"] == {"prompts": 1,

@@ -2,18 +2,22 @@
 
 For each prompt group of G completions the frozen reference π_ref draws up to k samples. With
 ``anchor_filter="correct"`` the first one whose reward reaches the threshold becomes the group's
-*anchor*; with ``"any"`` the first sample does (the unfiltered control). The draws are *adaptive*
-rejection sampling: one sample for every prompt that needs an anchor, then more only for the
+*anchor*; with ``"any"`` the first sample does (the unfiltered control). By default the k draws
+of every prompt come from one sampler call (``anchor_rounds: one``): with HF ``generate`` each call
+is latency-bound, so one call of k rows per prompt costs about what one row does. ``adaptive``
+rejection sampling draws one sample for every prompt that needs an anchor, then more only for the
 prompts still without a correct one, in rounds of 1, 1, 2, 4, ... samples (at most k in all, at
 most ⌈log2 k⌉ + 1 rounds), so a prompt costs ≈ (1 − (1−p)^k)/p draws at success rate p instead of
-k, and the anchor is still the first correct sample of the same sequence of draws. The anchor replaces one
+k, in more calls. Either way the anchor is the first correct sample of the same sequence of draws. The anchor replaces one
 of the G on-policy completions before rewards and advantages are computed, so each group holds
 G−1 on-policy samples plus one anchor. The *gate* (Algorithm 1 line 13) removes groups whose
 reference found no correct sample from the loss.
 
 Reference draws are cached per prompt (sha256 of the prompt text) for as long as π_ref stays
 the same: a prompt that recurs within one reference window costs no new samples; on reuse a
-random correct sample (any sample for ``"any"``) is picked. The cache is cleared on reset.
+random correct sample (any sample for ``"any"``) is picked. The cache is cleared on reset. With
+several processes each one's new draws are gathered to all (``share``), so a prompt drawn on one
+process is a hit on every other.
 
 Sampling goes through :class:`ReferenceSampler`, which knows nothing about transformers: it maps
 prompt token ids to completions, so a vLLM sampler can replace :class:`TransformersSampler`.
@@ -64,6 +68,19 @@ class ReferenceSampler(Protocol):
 
 
 Sync = Callable[[int], int]  # a process's count → the largest count over all processes (a collective)
+Share = Callable[[dict], list[dict]]  # a process's object → every process's, in rank order (a collective)
+
+
+def all_processes(obj: Any) -> list[Any]:
+    """``obj`` of every process of the default group (``all_gather_object``; every process must
+    call it); ``[obj]`` without torch.distributed."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
 
 
 def max_over_processes(value: int, device: Any = None) -> int:
@@ -270,9 +287,12 @@ class GroupOutcome:
 ScoreFn = Callable[[Sequence[GroupRequest], Sequence[Sequence[Completion]]], list[list[float]]]
 
 
-def round_sizes(k: int) -> list[int]:
-    """Samples per pending prompt in each round of adaptive rejection sampling: 1, 1, 2, 4, ...
-    (each round doubles what was drawn so far), the last one cut so they sum to k."""
+def round_sizes(k: int, adaptive: bool = True) -> list[int]:
+    """Samples per pending prompt in each round: ``[k]`` (one sampler call), or for adaptive
+    rejection sampling 1, 1, 2, 4, ... (each round doubles what was drawn so far), the last one
+    cut so they sum to k."""
+    if not adaptive:
+        return [k]
     sizes, drawn = [], 0
     while drawn < k:
         size = min(max(drawn, 1), k - drawn)
@@ -289,11 +309,14 @@ class AnchorRollout:
     """
 
     def __init__(self, sampler: ReferenceSampler, score: ScoreFn, *, k: int, anchor_filter: str,
-                 threshold: float, cache: AnchorCache | None = None, sync: Sync | None = None) -> None:
+                 threshold: float, cache: AnchorCache | None = None, sync: Sync | None = None,
+                 adaptive: bool = False, share: Share | None = None) -> None:
         self.sampler, self.score = sampler, score
         self.k, self.anchor_filter, self.threshold = int(k), anchor_filter, float(threshold)
         self.cache = cache if cache is not None else AnchorCache()
         self.sync = sync
+        self.adaptive = adaptive  # rounds of 1, 1, 2, ... draws; else one call of k draws
+        self.share = share  # every process's new draws → all of them (the cache shared across processes)
         self.rounds = 0  # sampling rounds run so far (each one sampler call)
 
     def _done(self, draw: ReferenceDraw) -> bool:
@@ -305,7 +328,7 @@ class AnchorRollout:
         samples each, stopping at the first that qualifies) and each one's first sample."""
         draws = [ReferenceDraw([], []) for _ in requests]
         pending = list(range(len(requests)))
-        sizes = round_sizes(1 if self.anchor_filter == "any" else self.k)
+        sizes = round_sizes(1 if self.anchor_filter == "any" else self.k, self.adaptive)
         for size in sizes:
             busy = len(pending) if self.sync is None else self.sync(len(pending))
             if not busy:
@@ -335,6 +358,16 @@ class AnchorRollout:
                 self.cache.put(key, d)
                 firsts[key] = f
                 generated += len(d.samples)
+        if self.share is not None:  # every process caches every process's new draws (a collective)
+            mine = AnchorCache()
+            for key in first_of:
+                mine.put(key, self.cache.get(key))
+            for state in self.share(mine.state_dict()):
+                theirs = AnchorCache()
+                theirs.load_state_dict(state)
+                for key in state:
+                    if key not in self.cache:
+                        self.cache.put(key, theirs.get(key))
         outcomes = []
         for i, key in enumerate(keys):
             draw = self.cache.get(key)

@@ -196,7 +196,10 @@ class ArmorLabTrainer(GRPOTrainer):
             self.anchor_rollout = anc.AnchorRollout(
                 self.reference_sampler, self._score_groups, k=args.anchor_samples,
                 anchor_filter=args.anchor_filter, threshold=args.anchor_reward_threshold,
-                sync=self.max_over_processes if collective else None)
+                sync=self.max_over_processes if collective else None, adaptive=args.anchor_rounds == "adaptive",
+                # a sampler running beside the policy's generation runs in a side thread: no collectives there
+                share=anc.all_processes if self.accelerator.num_processes > 1
+                and not getattr(self.reference_sampler, "concurrent", False) else None)
         self._anchor_thread = None  # anchors drawn beside the policy's generation (a server sampler)
         self.validator = Validator(self, {"val": val_dataset, "test": test_dataset}, k=args.val_samples,
                                    temperature=args.val_temperature, greedy=args.val_greedy,
