@@ -536,11 +536,13 @@ def _phases(plan: MemoryPlan, w: int, b: int, fb: int) -> None:
     tokens = rows * seq
     head_b = 4 if run.cast_lm_head_to_fp32 else b
     scored = rows * run.completion_tokens  # TRL scores only completion tokens on Triton devices
-    ref_gather = []
-    if run.reference and fsdp:
-        ref_gather = [Line("ref_gather", "π_ref all-gathered (FSDP2 root unit)", s.params * b,
-                           "TRL's prepare_fsdp shards π_ref as one unit: each forward gathers all of it",
-                           "ref_vllm_mode: colocate or server for anchors; fewer π_ref forwards")]
+    ref_gather, ref_units = [], []
+    if run.reference and fsdp:  # π_ref sharded per layer (train/reference.shard_per_layer)
+        ref_gather = [Line("ref_gather", "π_ref gathered for a generate call (FSDP2, per layer)", s.params * b,
+                           "each layer gathered once per call and kept until it ends, not once per token",
+                           "ref_vllm_mode: colocate or server for anchors")]
+        ref_units = [Line("ref_units", "π_ref gathered units (FSDP2, per layer)", fsdp_unit_bytes(s, b, grads=False),
+                          "a forward gathers one layer at a time, the next prefetched")]
     # 1. a training micro-batch: the activations its forward keeps, then the backward's peak (the
     # fused head's backward first, then one layer at a time)
     head_bw = (logprob_tile_bytes(scored, s.vocab_size, head_b, backward=True)
@@ -563,7 +565,7 @@ def _phases(plan: MemoryPlan, w: int, b: int, fb: int) -> None:
     # 2. scoring: old/π_ref log-probs without gradients, per_device_train_batch_size rows at a time
     lines = [Line("score", f"no-grad forward ({rows} × {seq} tokens)", forward_no_grad_bytes(s, tokens, b)
                   + attention_mask_bytes(rows, seq) + logprob_tile_bytes(scored, s.vocab_size, head_b),
-                  "one layer at a time + one log-prob tile", _fix_micro(run)), *ref_gather]
+                  "one layer at a time + one log-prob tile", _fix_micro(run)), *ref_units]
     plan.phases.append(Phase("score", "log-prob scoring (old / π_ref)", tuple(lines)))
     # 3. the rollout's generation
     if run.use_vllm and run.vllm_mode == "colocate":
