@@ -218,6 +218,10 @@ def test_transformers_sampler_generates_in_chunks_and_pads_calls_to_the_busiest_
     assert model.calls == [2, 1, 1, 1, 1]  # its own chunk, then one-row dummies up to the busiest's 5 calls
     model.calls.clear()
     assert synced.sample([], 4) == [] and model.calls == [1] * 5  # nothing to draw: still 5 calls
+    per_prompt = anc.TransformersSampler(model, _Tok(), None, [2], batch_size=2, per_prompt=True)
+    model.calls.clear()
+    per_prompt.sample([[5], [6], [7]], 4)  # chunks of 2 prompts × their 4 draws: 12 rows in 2 calls
+    assert model.calls == [8, 4]
 
 
 def test_with_sync_every_process_runs_every_round_also_with_nothing_to_draw():

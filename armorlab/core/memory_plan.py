@@ -113,6 +113,7 @@ class RunMemory:
     gradient_checkpointing: bool = True
     generation_rows: int = 64            # rows of one HF generate of the rollout (per process)
     eval_rows: int = 8                   # per_device_eval_batch_size: validation/anchor/probe chunks
+    anchor_draws: int = 4                # rows per prompt in one anchor call: k (one round), else the largest round
     cast_lm_head_to_fp32: bool = False
     optimizer: str = "adamw_torch_fused"
     reference: bool = True               # π_ref is held (armorlab.train.reference.reference_needed)
@@ -586,9 +587,9 @@ def _phases(plan: MemoryPlan, w: int, b: int, fb: int) -> None:
     # 4. anchors: π_ref samples k per prompt, per_device_eval_batch_size rows per generate
     if run.anchors and run.ref_vllm_mode == "none":
         plan.phases.append(Phase("anchors", "anchor sampling (π_ref, HF generate)", (
-            Line("gen", f"KV cache + sampling ({run.eval_rows} rows × {seq} tokens)",
-                 generate_bytes(s, run.eval_rows, run.prompt_tokens, run.completion_tokens, fb),
-                 "per_device_eval_batch_size rows per call",
+            Line("gen", f"KV cache + sampling ({run.eval_rows * run.anchor_draws} rows × {seq} tokens)",
+                 generate_bytes(s, run.eval_rows * run.anchor_draws, run.prompt_tokens, run.completion_tokens, fb),
+                 "per_device_eval_batch_size prompts × their draws per call",
                  "a smaller per_device_eval_batch_size, or ref_vllm_mode: colocate/server"), *ref_gather)))
     # 5. validation (and the probe's samples): HF generate, or the policy engine with use_vllm
     if run.validation and not run.use_vllm:

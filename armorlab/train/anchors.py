@@ -112,7 +112,8 @@ def process_syncs(num_processes: int, device: Any, sharded: bool) -> tuple[Sync 
 
 class TransformersSampler:
     """:class:`ReferenceSampler` on a transformers model with ``generate``, in chunks of
-    ``batch_size`` rows (left-padded), so the KV cache of one call is one chunk's.
+    ``batch_size`` rows (``per_prompt``: prompts, each with its k rows; left-padded), so the KV cache
+    of one call is one chunk's.
 
     ``model`` is read at every call, so resetting its weights in place takes effect at once.
     With ``sync`` (the model's forward is a collective), every process makes the same number of
@@ -120,13 +121,16 @@ class TransformersSampler:
     """
 
     def __init__(self, model: Any, tokenizer: Any, generation_config: Any, eos_token_ids: Sequence[int],
-                 *, batch_size: int = 8, sync: Sync | None = None) -> None:
+                 *, batch_size: int = 8, sync: Sync | None = None, per_prompt: bool = False) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.generation_config = generation_config
         self.eos_token_ids = list(eos_token_ids)
         self.batch_size = max(1, int(batch_size))
         self.sync = sync
+        # chunks of batch_size prompts with all their k draws (the anchors' one round of k in one
+        # call: a call is latency-bound, so k rows cost about what one does), not of batch_size rows
+        self.per_prompt = per_prompt
         self.generate_calls = 0
 
     @property
@@ -136,7 +140,8 @@ class TransformersSampler:
     @torch.no_grad()
     def sample(self, prompt_ids: Sequence[Sequence[int]], k: int) -> list[list[Completion]]:
         rows = [list(p) for p in prompt_ids for _ in range(k)]
-        chunks = [rows[start:start + self.batch_size] for start in range(0, len(rows), self.batch_size)]
+        size = self.batch_size * (k if self.per_prompt else 1)
+        chunks = [rows[start:start + size] for start in range(0, len(rows), size)]
         calls = len(chunks) if self.sync is None else self.sync(len(chunks))
         out_ids: list[list[int]] = []
         for chunk in chunks:

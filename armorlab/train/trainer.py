@@ -186,7 +186,8 @@ class ArmorLabTrainer(GRPOTrainer):
         if reference_sampler is None and self.ref_model is not None:
             reference_sampler = anc.TransformersSampler(
                 self.ref_model, self._tokenizer, self.armorlab_generation_config, self.eos_token_ids,
-                batch_size=args.per_device_eval_batch_size, sync=self.collective_sync)
+                batch_size=args.per_device_eval_batch_size, sync=self.collective_sync,
+                per_prompt=args.anchor_rounds != "adaptive")
         self.reference_sampler = reference_sampler
         self.anchor_rollout = None
         # off: every rollout draws afresh; window: draws are reused until π_ref resets
