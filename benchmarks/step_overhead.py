@@ -4,9 +4,10 @@
 
 Part 1: the peer a user would pick instead, stock ``GRPOTrainer(loss_type="dapo", beta=0)`` (no
 reference model at all), against ``ArmorLabTrainer`` with objective dapo and up (targets ≤ 1.03:
-at β = 0 without anchors π_ref only scores 1/8 of the rows, for ``kl/reverse_*``), armor without
-anchors (≤ 1.15: r_mix needs π_ref's forward on every row) and armor with anchors and the gate
-(≤ 1.25 on the tiny model: also the reference draws, adaptive rejection sampling), on the same
+at β = 0 without anchors π_ref only scores one micro-batch of 1 generation in 8, for
+``kl/reverse_*``), the same with the paper base's telemetry (``token_sample_rate: 0.001``, ≤ 1.03),
+armor without anchors (≤ 1.20: r_mix needs π_ref's forward on every row) and armor with anchors and
+the gate (≤ 1.35 on the tiny model: also the reference draws, one call of k per prompt), on the same
 tiny model, batch, task and seed, at learning rate 0 (identical completions everywhere, checked
 after each round — except with anchors, whose reference draws move the generation RNG). The
 variants train in lockstep (``lockstep.py``: each in its own thread, one optimizer step each in
@@ -222,6 +223,8 @@ def main() -> None:
     if 1 in parts:
         # ---------------------------------------------------------------- part 1
         variants = {PEER: stock, "armorlab dapo": armorlab("dapo", **frozen), "armorlab up": armorlab("up", **frozen),
+                    "armorlab dapo (paper telemetry)": armorlab("dapo", **PAPER_TELEMETRY, **frozen),
+                    "armorlab up (paper telemetry)": armorlab("up", **PAPER_TELEMETRY, **frozen),
                     "armorlab armor (anchor off)": armorlab("armor", anchor=False, anchor_gate=False, **frozen),
                     ANCHORED: armorlab("armor", **frozen)}  # the armor preset: anchors and gate on
         if opts.control:
@@ -339,7 +342,9 @@ def main() -> None:
 PEER = "stock dapo (beta=0)"
 ANCHORED = "armorlab armor (anchors + gate)"
 UNPAIRED = {ANCHORED}  # generates other completions than the peer (its reference draws use the RNG)
-TARGETS = {"armorlab dapo": 1.03, "armorlab up": 1.03, "armorlab armor (anchor off)": 1.15, ANCHORED: 1.25}
+PAPER_TELEMETRY = {"token_sample_rate": 0.001}  # sweeps/paper/base.yaml's (kl_probe_prompts 0 as here, kl_telemetry on)
+TARGETS = {"armorlab dapo": 1.03, "armorlab up": 1.03, "armorlab dapo (paper telemetry)": 1.03,
+           "armorlab up (paper telemetry)": 1.03, "armorlab armor (anchor off)": 1.20, ANCHORED: 1.35}
 REFERENCE_WORK = ("armorlab armor (anchor off)", ANCHORED)  # variants whose objective reads π_ref on every row
 SPLIT = ("policy_generation", "reference_draws", "reference_forward", "scoring", "training")
 

@@ -2,11 +2,15 @@
 ``torchrun --nproc_per_node 2 THIS_FILE OUT [nosync]``.
 
 The models are sharded as accelerate's FSDP 2 shards the policy (``fully_shard`` on each decoder
-layer, then the root) and as TRL's ``prepare_fsdp`` shards π_ref (the root only): every forward
-of either gathers parameters from both processes, so both must run the same forwards.
+layer, then the root) and as the trainer shards π_ref (``reference.shard_per_layer``, the same, with
+``reshard_after_forward=True`` passed as accelerate's plugin passes it — not TRL's root-only
+``prepare_fsdp`` under FSDP 2's auto setting, which kept π_ref gathered and hid the per-token
+gathers): every forward of either gathers parameters from both processes, so both must run the
+same forwards.
 
-1. anchors: process 0 has 3 prompts that the reference never solves (k = 4: three rounds of
-   draws), process 1 has its 2 prompts in the anchor cache (nothing to draw);
+1. anchors: process 0 has 3 prompts that the reference never solves (k = 4: three adaptive rounds
+   of draws), process 1 has its 2 prompts in the anchor cache (nothing to draw); the cache is
+   shared, so process 0's 3 new draws reach process 1's cache;
 2. the exact-KL probe with 5 sequences on process 0 and none on process 1, validation-style
    generation of the policy with 3 prompts against 1;
 3. a π_ref reset after an optimizer step, with every whole-tensor gather disabled (local shards);
@@ -28,11 +32,10 @@ if __name__ == "__main__":
 import torch
 
 
-def shard_like_trl_reference(model):
-    from torch.distributed.fsdp import fully_shard
+def shard_like_armorlab_reference(model):
+    from armorlab.train.reference import shard_per_layer
 
-    fully_shard(model)
-    return model.eval()
+    return shard_per_layer(model, reshard_after_forward=True).eval()  # as the trainer's _prepare_reference
 
 
 class EngineStandIn:
@@ -93,7 +96,7 @@ def main(out: str, mode: str) -> None:
     path = prepare_model(cfg["model"], cfg["task"], cache_dir=model_cache())
     tok = AutoTokenizer.from_pretrained(path)
     policy = shard_like_accelerate(AutoModelForCausalLM.from_pretrained(path))
-    ref = shard_like_trl_reference(AutoModelForCausalLM.from_pretrained(path)).requires_grad_(False)
+    ref = shard_like_armorlab_reference(AutoModelForCausalLM.from_pretrained(path)).requires_grad_(False)
     sync = None if mode == "nosync" else functools.partial(anc.max_over_processes, device="cpu")
     gen = GenerationConfig(max_new_tokens=4, do_sample=True, pad_token_id=tok.pad_token_id,
                            eos_token_id=tok.eos_token_id, disable_compile=True)
@@ -102,7 +105,8 @@ def main(out: str, mode: str) -> None:
     # 1. anchors: process 1's prompts are all cached
     sampler = anc.TransformersSampler(ref, tok, gen, [tok.eos_token_id], batch_size=2, sync=sync)
     never = lambda requests, samples: [[0.0] * len(s) for s in samples]  # noqa: E731 - unsolvable prompts
-    rollout = anc.AnchorRollout(sampler, never, k=4, anchor_filter="correct", threshold=1.0, sync=sync)
+    rollout = anc.AnchorRollout(sampler, never, k=4, anchor_filter="correct", threshold=1.0, sync=sync,
+                                adaptive=True, share=anc.all_processes)
     texts = ["12+34=", "5+6=", "70+8="] if rank == 0 else ["9+9=", "1+2="]
     reqs = [anc.GroupRequest(t, tok(t)["input_ids"]) for t in texts]
     if rank == 1:
@@ -110,7 +114,7 @@ def main(out: str, mode: str) -> None:
             rollout.cache.put(anc.prompt_key(t), anc.ReferenceDraw([anc.Completion((5,), "x")], [1.0]))
     outcomes, generated = rollout.run(reqs, seed=0, step=0)
     result["anchors"] = {"generated": generated, "rounds": rollout.rounds, "generate_calls": sampler.generate_calls,
-                         "cached": [o.cached for o in outcomes]}
+                         "cached": [o.cached for o in outcomes], "cache": len(rollout.cache)}
     if mode == "nosync":
         dist.barrier()
         Path(out, f"result-r{rank}.json").write_text(json.dumps(result))

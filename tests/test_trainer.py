@@ -12,7 +12,7 @@ from armorlab.algos.loss import AGGREGATION_UNIT, policy_loss
 from armorlab.algos.objectives import objective_spec
 from armorlab.core.config import objective_choices
 from armorlab.train.trainer import ArmorLabTrainer
-from tests.trainer_support import AnswerSampler, answer_table, build, resolved, tokenizer_for
+from tests.trainer_support import AnswerSampler, answer_table, build, capturing, resolved, tokenizer_for
 
 
 def _plain_logps(model, inputs, temperature):
@@ -236,6 +236,47 @@ def test_dynamic_sampling_factor_refills_the_batch_with_groups_that_have_spread(
             kept += spread
         assert kept == min(groups, with_spread)                       # spread groups first, then masked fill
         assert float(out["num_items_in_batch"]) == float(out["completion_mask"].sum())
+
+
+def _filter_first_run(tmp_path, after: bool):
+    """armor with β·KL, factor 2, π_old scored (GA 1 < steps_per_generation 2): the captured batches,
+    the policy losses logged, and the rows each no-grad π_old / π_ref forward really scored."""
+    cfg = resolved(objective="armor", anchor=False, anchor_gate=False, beta=0.04, max_steps=4,
+                   dynamic_sampling=True, dynamic_sampling_factor=2, learning_rate=0.0)
+
+    class Counting(capturing("old_per_token_logps", "ref_per_token_logps", "completion_mask", "armorlab_keep")):
+        score_after_filter = after
+
+        def _get_per_token_logps_and_entropies(self, model, input_ids, *args, **kwargs):
+            out = super()._get_per_token_logps_and_entropies(model, input_ids, *args, **kwargs)
+            if not torch.is_grad_enabled() and not bool(out[0].isnan().all()):  # NaN: put off until the filter
+                self.scored.append(("ref" if model is self.ref_model else "old", input_ids.size(0)))
+            return out
+
+    trainer = build(tmp_path / str(after), cfg, trainer_cls=Counting)
+    trainer.captured, trainer.scored = [], []
+    trainer.train()
+    losses = [h["obj/policy_loss"] for h in trainer.state.log_history if "obj/policy_loss" in h]
+    return cfg, trainer.captured, losses, trainer.scored
+
+
+def test_filter_first_scores_only_the_kept_rows_and_their_losses_are_unchanged(tmp_path):
+    """Issue 38 §3: with over-generation π_old and π_ref score the rows that train (verl filters
+    first), and those rows' log-probs and losses equal the score-everything path's exactly."""
+    cfg, first, loss_first, scored_first = _filter_first_run(tmp_path, after=True)
+    _, every, loss_every, scored_every = _filter_first_run(tmp_path, after=False)
+    rows = cfg["per_device_train_batch_size"] * cfg["steps_per_generation"]  # one generation batch: 32 rows
+    generations = len(first)
+    assert generations == len(every) >= 2
+    # score everything: 2 × 32 rows drawn, each scored by π_old and π_ref (TRL's β·KL)
+    assert sorted(scored_every) == sorted([("old", 2 * rows), ("ref", 2 * rows)] * generations)
+    assert sorted(scored_first) == sorted([("old", rows), ("ref", rows)] * generations)
+    for a, b in zip(first, every, strict=True):
+        assert torch.equal(a["armorlab_keep"], b["armorlab_keep"])
+        for key in ("old_per_token_logps", "ref_per_token_logps"):
+            m = a["completion_mask"].bool()
+            assert torch.equal(a[key][m], b[key][m]), key
+    assert loss_first == loss_every and len(loss_first) == cfg["max_steps"]
 
 
 class BiasCorrectionProbe(ArmorLabTrainer):

@@ -36,11 +36,12 @@ def _logged(trainer, name):
 
 
 def test_dapo_at_beta_0_scores_only_the_telemetry_generations_with_the_reference(tmp_path):
-    """1/8 of the rows for kl/reverse_*, as whole generations: the 1st, 9th, ... (2 steps each)."""
+    """kl/reverse_* on one generation in 8 (the 1st, 9th, ...; 2 steps each), and of it one
+    micro-batch of rows (issue 38 §3: never a forward of the whole batch that dapo does not pay)."""
     trainer = build(tmp_path, resolved(objective="dapo", max_steps=18))
     rows = _count_reference_rows(trainer)
     trainer.train()
-    assert sum(rows) == 2 * ROWS  # generations 0 and 8 of 9
+    assert rows == [16, 16]  # generations 0 and 8 of 9: per_device_train_batch_size rows of 32 each
     steps = [h["step"] for h in trainer.state.log_history if "kl/reverse_k3" in h]
     assert steps == [1, 2, 17, 18]  # logged on the steps that train on a scored generation
     assert all(math.isfinite(x) and x >= 0 for x in _logged(trainer, "kl/reverse_k3"))

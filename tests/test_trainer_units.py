@@ -89,7 +89,7 @@ def test_round_sizes_double_what_was_drawn_and_sum_to_k():
 
 def test_fresh_draw_keeps_first_correct_and_draws_only_for_prompts_still_without_one():
     sampler = CountingSampler(["1", "2", "3", "2"])  # draws 1 and 3 of a prompt are "2"
-    rollout = anc.AnchorRollout(sampler, exact_score, k=4, anchor_filter="correct", threshold=1.0)
+    rollout = anc.AnchorRollout(sampler, exact_score, k=4, anchor_filter="correct", threshold=1.0, adaptive=True)
     outcomes, generated = rollout.run([req("a", "2"), req("b", "7")], seed=0, step=0)
     # round 1: a and b one draw each ("1": both wrong); round 2: one more each (a gets "2", done);
     # round 3: two more for b alone ("3", "2": still wrong) -> a 2 draws, b 4 = k
@@ -115,7 +115,7 @@ def test_adaptive_rejection_draws_about_the_truncated_geometric_mean_with_the_sa
     def score(requests, samples):
         return [[1.0 if c.text == "ok" else 0.0 for c in group] for group in samples]
 
-    rollout = anc.AnchorRollout(Bernoulli(), score, k=k, anchor_filter="correct", threshold=1.0)
+    rollout = anc.AnchorRollout(Bernoulli(), score, k=k, anchor_filter="correct", threshold=1.0, adaptive=True)
     outcomes, generated = rollout.run([req(f"q{i}", "") for i in range(prompts)], seed=0, step=0)
     q = 1 - p
     expected_draws = 1 + q + 2 * q ** 2  # rounds of 1, 1, 2 samples (by hand, for k = 4)
@@ -125,9 +125,40 @@ def test_adaptive_rejection_draws_about_the_truncated_geometric_mean_with_the_sa
     assert rollout.rounds == 3
 
 
-def test_cache_reuse_within_window_and_resample_after_clear():
+def test_one_round_draws_k_per_prompt_in_one_call_and_keeps_the_first_correct():
+    """Issue 38 §2 (the default): one sampler call of k draws per prompt, the anchor the first correct
+    of them, as adaptive rounds would pick it from the same stream."""
     sampler = CountingSampler(["1", "2", "3", "2"])
     rollout = anc.AnchorRollout(sampler, exact_score, k=4, anchor_filter="correct", threshold=1.0)
+    outcomes, generated = rollout.run([req("a", "2"), req("b", "7")], seed=0, step=0)
+    assert rollout.rounds == 1 and sampler.prompts == [(97,), (98,)] and generated == 8
+    assert outcomes[0].anchor.ids == (1, 99) and outcomes[0].solvable
+    assert outcomes[1].anchor is None and not outcomes[1].solvable
+    adaptive = anc.AnchorRollout(CountingSampler(["1", "2", "3", "2"]), exact_score, k=4, anchor_filter="correct",
+                                 threshold=1.0, adaptive=True)
+    same, _ = adaptive.run([req("a", "2"), req("b", "7")], seed=0, step=0)
+    assert [o.anchor for o in same] == [o.anchor for o in outcomes] and adaptive.rounds == 3
+
+
+def test_shared_cache_holds_every_process_new_draws():
+    """The cache shared across processes: what ``share`` hands back (every process's new draws, here
+    a stand-in for process 1's) becomes cache hits; a key drawn here too keeps this process's draw."""
+    other = anc.AnchorCache()
+    other.put(anc.prompt_key("b"), anc.ReferenceDraw([anc.Completion((5,), "7")], [1.0]))
+    other.put(anc.prompt_key("a"), anc.ReferenceDraw([anc.Completion((6,), "2")], [1.0]))
+    handed = []
+    rollout = anc.AnchorRollout(CountingSampler(["2"]), exact_score, k=2, anchor_filter="correct", threshold=1.0,
+                                share=lambda mine: handed.append(mine) or [mine, other.state_dict()])
+    rollout.run([req("a", "2")], seed=0, step=0)
+    assert list(handed[0]) == [anc.prompt_key("a")]  # only the new draws travel
+    assert rollout.cache.get(anc.prompt_key("a")).samples[0].ids == (0, 99)  # its own draw kept
+    (o,), generated = rollout.run([req("b", "7")], seed=0, step=1)
+    assert generated == 0 and o.cached and o.anchor.text == "7"
+
+
+def test_cache_reuse_within_window_and_resample_after_clear():
+    sampler = CountingSampler(["1", "2", "3", "2"])
+    rollout = anc.AnchorRollout(sampler, exact_score, k=4, anchor_filter="correct", threshold=1.0, adaptive=True)
     rollout.run([req("a", "2")], seed=0, step=0)  # draws "1", "2": asked twice
     # the same prompt twice in one batch and again later: no new samples
     outcomes, generated = rollout.run([req("a", "2"), req("a", "2")], seed=0, step=1)
@@ -187,6 +218,10 @@ def test_transformers_sampler_generates_in_chunks_and_pads_calls_to_the_busiest_
     assert model.calls == [2, 1, 1, 1, 1]  # its own chunk, then one-row dummies up to the busiest's 5 calls
     model.calls.clear()
     assert synced.sample([], 4) == [] and model.calls == [1] * 5  # nothing to draw: still 5 calls
+    per_prompt = anc.TransformersSampler(model, _Tok(), None, [2], batch_size=2, per_prompt=True)
+    model.calls.clear()
+    per_prompt.sample([[5], [6], [7]], 4)  # chunks of 2 prompts × their 4 draws: 12 rows in 2 calls
+    assert model.calls == [8, 4]
 
 
 def test_with_sync_every_process_runs_every_round_also_with_nothing_to_draw():
@@ -201,7 +236,7 @@ def test_with_sync_every_process_runs_every_round_also_with_nothing_to_draw():
 
     others_pending = iter([3, 2, 1])  # the busiest other process: 3, 2 and 1 prompts pending in rounds 1-3
     rollout = anc.AnchorRollout(Recording(), exact_score, k=4, anchor_filter="correct", threshold=1.0,
-                                sync=lambda mine: max(mine, next(others_pending)))
+                                sync=lambda mine: max(mine, next(others_pending)), adaptive=True)
     rollout.cache.put(anc.prompt_key("a"), anc.ReferenceDraw([anc.Completion((1,), "2")], [1.0]))
     outcomes, generated = rollout.run([req("a", "2")], seed=0, step=0)
     assert calls == [(0, 1), (0, 1), (0, 2)] and generated == 0 and outcomes[0].cached

@@ -271,6 +271,9 @@ FIELDS: dict[str, Field] = {
                        "docs/schedules.md)", type=str),
     "max_rollouts": Field(None, optional(integer(1)), "horizon in rollouts: sets max_steps to max_rollouts × "
                           "optimizer steps per rollout (give one of the two)", type=int | None),
+    "anchor_rounds": Field("one", choice("one", "adaptive"), "reference draws per prompt: one sampler call of "
+                           "k draws (one), or rounds of 1, 1, 2, 4, ... draws for the prompts still without an "
+                           "anchor (adaptive: fewer draws, more calls)", type=str | None),
     "anchor_cache": Field(None, optional(choice("window", "off")), "reuse a prompt's reference draws until π_ref "
                           "resets (window) or draw afresh every rollout (off); null = window when π_ref resets, "
                           "off when it is static", type=str | None),
@@ -347,6 +350,7 @@ REF_VLLM_KEYS = ("ref_vllm_mode", "ref_vllm_memory", "ref_vllm_dtype", "ref_vllm
 # nothing), so configs written before they existed keep their run ids (the resolved config of
 # `step_unit: optimizer` is the one without the key).
 DROPPED_AT_DEFAULT: dict[str, Any] = {"step_unit": "optimizer", "max_rollouts": None, "anchor_cache": None,
+                                      "anchor_rounds": "one",
                                       "keep_checkpoints": 1, "init_from": None, "ref_from": None,
                                       "val_greedy": False,
                                       "grad_share_every": 10,
@@ -798,7 +802,8 @@ def _check_logging_backends(report_to: Any, file: str | None) -> None:
 
 
 INERT_KEYS = frozenset({"alpha", "quantile_k", "kl_estimator", "anchor_filter", "anchor_ratio", "anchor_samples",
-                        "anchor_reward_threshold", "dynamic_sampling_factor", "anchor_cache"})
+                        "anchor_reward_threshold", "dynamic_sampling_factor", "anchor_cache",
+                        "anchor_rounds"})
 
 
 def default_anchor_ratio(objective: str) -> str:
@@ -852,6 +857,7 @@ def _normalise_inert(cfg: dict[str, Any]) -> None:
         cfg["anchor_samples"] = None
         cfg["anchor_reward_threshold"] = None
         cfg["anchor_cache"] = None
+        cfg["anchor_rounds"] = None
     elif cfg["anchor_cache"] == default_anchor_cache(cfg["ref_reset_steps"], cfg["ref_reset_schedule"]):
         cfg["anchor_cache"] = None  # what null means here: one run, one id
     if not reads_alpha(cfg["objective"], anchor_on, cfg["anchor_ratio"]):

@@ -113,6 +113,7 @@ class RunMemory:
     gradient_checkpointing: bool = True
     generation_rows: int = 64            # rows of one HF generate of the rollout (per process)
     eval_rows: int = 8                   # per_device_eval_batch_size: validation/anchor/probe chunks
+    anchor_draws: int = 4                # rows per prompt in one anchor call: k (one round), else the largest round
     cast_lm_head_to_fp32: bool = False
     optimizer: str = "adamw_torch_fused"
     reference: bool = True               # π_ref is held (armorlab.train.reference.reference_needed)
@@ -536,11 +537,13 @@ def _phases(plan: MemoryPlan, w: int, b: int, fb: int) -> None:
     tokens = rows * seq
     head_b = 4 if run.cast_lm_head_to_fp32 else b
     scored = rows * run.completion_tokens  # TRL scores only completion tokens on Triton devices
-    ref_gather = []
-    if run.reference and fsdp:
-        ref_gather = [Line("ref_gather", "π_ref all-gathered (FSDP2 root unit)", s.params * b,
-                           "TRL's prepare_fsdp shards π_ref as one unit: each forward gathers all of it",
-                           "ref_vllm_mode: colocate or server for anchors; fewer π_ref forwards")]
+    ref_gather, ref_units = [], []
+    if run.reference and fsdp:  # π_ref sharded per layer (train/reference.shard_per_layer)
+        ref_gather = [Line("ref_gather", "π_ref gathered for a generate call (FSDP2, per layer)", s.params * b,
+                           "each layer gathered once per call and kept until it ends, not once per token",
+                           "ref_vllm_mode: colocate or server for anchors")]
+        ref_units = [Line("ref_units", "π_ref gathered units (FSDP2, per layer)", fsdp_unit_bytes(s, b, grads=False),
+                          "a forward gathers one layer at a time, the next prefetched")]
     # 1. a training micro-batch: the activations its forward keeps, then the backward's peak (the
     # fused head's backward first, then one layer at a time)
     head_bw = (logprob_tile_bytes(scored, s.vocab_size, head_b, backward=True)
@@ -563,7 +566,7 @@ def _phases(plan: MemoryPlan, w: int, b: int, fb: int) -> None:
     # 2. scoring: old/π_ref log-probs without gradients, per_device_train_batch_size rows at a time
     lines = [Line("score", f"no-grad forward ({rows} × {seq} tokens)", forward_no_grad_bytes(s, tokens, b)
                   + attention_mask_bytes(rows, seq) + logprob_tile_bytes(scored, s.vocab_size, head_b),
-                  "one layer at a time + one log-prob tile", _fix_micro(run)), *ref_gather]
+                  "one layer at a time + one log-prob tile", _fix_micro(run)), *ref_units]
     plan.phases.append(Phase("score", "log-prob scoring (old / π_ref)", tuple(lines)))
     # 3. the rollout's generation
     if run.use_vllm and run.vllm_mode == "colocate":
@@ -584,9 +587,9 @@ def _phases(plan: MemoryPlan, w: int, b: int, fb: int) -> None:
     # 4. anchors: π_ref samples k per prompt, per_device_eval_batch_size rows per generate
     if run.anchors and run.ref_vllm_mode == "none":
         plan.phases.append(Phase("anchors", "anchor sampling (π_ref, HF generate)", (
-            Line("gen", f"KV cache + sampling ({run.eval_rows} rows × {seq} tokens)",
-                 generate_bytes(s, run.eval_rows, run.prompt_tokens, run.completion_tokens, fb),
-                 "per_device_eval_batch_size rows per call",
+            Line("gen", f"KV cache + sampling ({run.eval_rows * run.anchor_draws} rows × {seq} tokens)",
+                 generate_bytes(s, run.eval_rows * run.anchor_draws, run.prompt_tokens, run.completion_tokens, fb),
+                 "per_device_eval_batch_size prompts × their draws per call",
                  "a smaller per_device_eval_batch_size, or ref_vllm_mode: colocate/server"), *ref_gather)))
     # 5. validation (and the probe's samples): HF generate, or the policy engine with use_vllm
     if run.validation and not run.use_vllm:

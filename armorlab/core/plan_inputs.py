@@ -225,6 +225,7 @@ def run_memory(cfg: Mapping[str, Any], shape: ModelShape, par: Parallelism, *,
         completion_tokens=int(cfg.get("max_completion_length", 256)),
         gradient_checkpointing=bool(cfg.get("gradient_checkpointing", False)), generation_rows=gen_rows,
         eval_rows=int(cfg.get("per_device_eval_batch_size", 8)),
+        anchor_draws=_anchor_draws(cfg),
         cast_lm_head_to_fp32=bool(cfg.get("cast_lm_head_to_fp32", False)),
         optimizer=str(cfg.get("optim", "adamw_torch_fused")), reference=reference_held(cfg),
         resets=bool(cfg.get("ref_reset_steps") or cfg.get("ref_reset_schedule")),
@@ -264,3 +265,10 @@ def memory_check_enabled(env: Mapping[str, str] | None = None) -> bool:
     """``ARMORLAB_MEMORY_CHECK=off`` turns the refusal off (the plan is an estimate: docs/memory-plan.md)."""
     env = os.environ if env is None else env
     return env.get("ARMORLAB_MEMORY_CHECK", "on").lower() not in ("off", "0", "false", "no")
+
+
+def _anchor_draws(cfg: dict) -> int:
+    """Rows per prompt in one anchor ``generate`` call: k with ``anchor_rounds: one``; adaptive
+    rounds draw at most k // 2 in their largest round (1 for k ≤ 3)."""
+    k = int(cfg.get("anchor_samples") or 4)
+    return k if (cfg.get("anchor_rounds") or "one") == "one" else max(1, k // 2)

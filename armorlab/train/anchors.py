@@ -2,18 +2,22 @@
 
 For each prompt group of G completions the frozen reference π_ref draws up to k samples. With
 ``anchor_filter="correct"`` the first one whose reward reaches the threshold becomes the group's
-*anchor*; with ``"any"`` the first sample does (the unfiltered control). The draws are *adaptive*
-rejection sampling: one sample for every prompt that needs an anchor, then more only for the
+*anchor*; with ``"any"`` the first sample does (the unfiltered control). By default the k draws
+of every prompt come from one sampler call (``anchor_rounds: one``): with HF ``generate`` each call
+is latency-bound, so one call of k rows per prompt costs about what one row does. ``adaptive``
+rejection sampling draws one sample for every prompt that needs an anchor, then more only for the
 prompts still without a correct one, in rounds of 1, 1, 2, 4, ... samples (at most k in all, at
 most ⌈log2 k⌉ + 1 rounds), so a prompt costs ≈ (1 − (1−p)^k)/p draws at success rate p instead of
-k, and the anchor is still the first correct sample of the same sequence of draws. The anchor replaces one
+k, in more calls. Either way the anchor is the first correct sample of the same sequence of draws. The anchor replaces one
 of the G on-policy completions before rewards and advantages are computed, so each group holds
 G−1 on-policy samples plus one anchor. The *gate* (Algorithm 1 line 13) removes groups whose
 reference found no correct sample from the loss.
 
 Reference draws are cached per prompt (sha256 of the prompt text) for as long as π_ref stays
 the same: a prompt that recurs within one reference window costs no new samples; on reuse a
-random correct sample (any sample for ``"any"``) is picked. The cache is cleared on reset.
+random correct sample (any sample for ``"any"``) is picked. The cache is cleared on reset. With
+several processes each one's new draws are gathered to all (``share``), so a prompt drawn on one
+process is a hit on every other.
 
 Sampling goes through :class:`ReferenceSampler`, which knows nothing about transformers: it maps
 prompt token ids to completions, so a vLLM sampler can replace :class:`TransformersSampler`.
@@ -40,6 +44,7 @@ import torch
 
 from armorlab.algos.objectives import log_mixture, objective_spec
 from armorlab.core.config import ANCHOR_RATIOS
+from armorlab.train.reference import gathered_for_generate
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +68,19 @@ class ReferenceSampler(Protocol):
 
 
 Sync = Callable[[int], int]  # a process's count → the largest count over all processes (a collective)
+Share = Callable[[dict], list[dict]]  # a process's object → every process's, in rank order (a collective)
+
+
+def all_processes(obj: Any) -> list[Any]:
+    """``obj`` of every process of the default group (``all_gather_object``; every process must
+    call it); ``[obj]`` without torch.distributed."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
 
 
 def max_over_processes(value: int, device: Any = None) -> int:
@@ -94,7 +112,8 @@ def process_syncs(num_processes: int, device: Any, sharded: bool) -> tuple[Sync 
 
 class TransformersSampler:
     """:class:`ReferenceSampler` on a transformers model with ``generate``, in chunks of
-    ``batch_size`` rows (left-padded), so the KV cache of one call is one chunk's.
+    ``batch_size`` rows (``per_prompt``: prompts, each with its k rows; left-padded), so the KV cache
+    of one call is one chunk's.
 
     ``model`` is read at every call, so resetting its weights in place takes effect at once.
     With ``sync`` (the model's forward is a collective), every process makes the same number of
@@ -102,13 +121,16 @@ class TransformersSampler:
     """
 
     def __init__(self, model: Any, tokenizer: Any, generation_config: Any, eos_token_ids: Sequence[int],
-                 *, batch_size: int = 8, sync: Sync | None = None) -> None:
+                 *, batch_size: int = 8, sync: Sync | None = None, per_prompt: bool = False) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.generation_config = generation_config
         self.eos_token_ids = list(eos_token_ids)
         self.batch_size = max(1, int(batch_size))
         self.sync = sync
+        # chunks of batch_size prompts with all their k draws (the anchors' one round of k in one
+        # call: a call is latency-bound, so k rows cost about what one does), not of batch_size rows
+        self.per_prompt = per_prompt
         self.generate_calls = 0
 
     @property
@@ -118,7 +140,8 @@ class TransformersSampler:
     @torch.no_grad()
     def sample(self, prompt_ids: Sequence[Sequence[int]], k: int) -> list[list[Completion]]:
         rows = [list(p) for p in prompt_ids for _ in range(k)]
-        chunks = [rows[start:start + self.batch_size] for start in range(0, len(rows), self.batch_size)]
+        size = self.batch_size * (k if self.per_prompt else 1)
+        chunks = [rows[start:start + size] for start in range(0, len(rows), size)]
         calls = len(chunks) if self.sync is None else self.sync(len(chunks))
         out_ids: list[list[int]] = []
         for chunk in chunks:
@@ -141,8 +164,9 @@ class TransformersSampler:
         was_training = self.model.training
         self.model.eval()
         try:
-            out = self.model.generate(input_ids=input_ids, attention_mask=attention,
-                                      generation_config=self.generation_config)
+            with gathered_for_generate(self.model):  # FSDP 2: each layer gathered once per call, not per token
+                out = self.model.generate(input_ids=input_ids, attention_mask=attention,
+                                          generation_config=self.generation_config)
         finally:
             self.model.train(was_training)
         self.generate_calls += 1
@@ -268,9 +292,12 @@ class GroupOutcome:
 ScoreFn = Callable[[Sequence[GroupRequest], Sequence[Sequence[Completion]]], list[list[float]]]
 
 
-def round_sizes(k: int) -> list[int]:
-    """Samples per pending prompt in each round of adaptive rejection sampling: 1, 1, 2, 4, ...
-    (each round doubles what was drawn so far), the last one cut so they sum to k."""
+def round_sizes(k: int, adaptive: bool = True) -> list[int]:
+    """Samples per pending prompt in each round: ``[k]`` (one sampler call), or for adaptive
+    rejection sampling 1, 1, 2, 4, ... (each round doubles what was drawn so far), the last one
+    cut so they sum to k."""
+    if not adaptive:
+        return [k]
     sizes, drawn = [], 0
     while drawn < k:
         size = min(max(drawn, 1), k - drawn)
@@ -287,11 +314,14 @@ class AnchorRollout:
     """
 
     def __init__(self, sampler: ReferenceSampler, score: ScoreFn, *, k: int, anchor_filter: str,
-                 threshold: float, cache: AnchorCache | None = None, sync: Sync | None = None) -> None:
+                 threshold: float, cache: AnchorCache | None = None, sync: Sync | None = None,
+                 adaptive: bool = False, share: Share | None = None) -> None:
         self.sampler, self.score = sampler, score
         self.k, self.anchor_filter, self.threshold = int(k), anchor_filter, float(threshold)
         self.cache = cache if cache is not None else AnchorCache()
         self.sync = sync
+        self.adaptive = adaptive  # rounds of 1, 1, 2, ... draws; else one call of k draws
+        self.share = share  # every process's new draws → all of them (the cache shared across processes)
         self.rounds = 0  # sampling rounds run so far (each one sampler call)
 
     def _done(self, draw: ReferenceDraw) -> bool:
@@ -303,7 +333,7 @@ class AnchorRollout:
         samples each, stopping at the first that qualifies) and each one's first sample."""
         draws = [ReferenceDraw([], []) for _ in requests]
         pending = list(range(len(requests)))
-        sizes = round_sizes(1 if self.anchor_filter == "any" else self.k)
+        sizes = round_sizes(1 if self.anchor_filter == "any" else self.k, self.adaptive)
         for size in sizes:
             busy = len(pending) if self.sync is None else self.sync(len(pending))
             if not busy:
@@ -333,6 +363,16 @@ class AnchorRollout:
                 self.cache.put(key, d)
                 firsts[key] = f
                 generated += len(d.samples)
+        if self.share is not None:  # every process caches every process's new draws (a collective)
+            mine = AnchorCache()
+            for key in first_of:
+                mine.put(key, self.cache.get(key))
+            for state in self.share(mine.state_dict()):
+                theirs = AnchorCache()
+                theirs.load_state_dict(state)
+                for key in state:
+                    if key not in self.cache:
+                        self.cache.put(key, theirs.get(key))
         outcomes = []
         for i, key in enumerate(keys):
             draw = self.cache.get(key)

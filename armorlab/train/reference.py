@@ -10,6 +10,7 @@ reset counter and saves both into a checkpoint so a resumed run continues with t
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import logging
@@ -84,11 +85,19 @@ def reference_scored(args: Any, *, beta: float, has_reference: bool, telemetry_n
     dump records π_ref where it is scored anyway (NaN elsewhere): a baseline never pays a π_ref
     forward for a dump.
     """
-    from armorlab.algos.objectives import objective_spec
-
-    if objective_spec(args.objective).uses_reference or beta != 0.0 or args.anchor:
+    if reference_trains(args, beta=beta):
         return True
     return has_reference and bool(args.kl_telemetry) and telemetry_now
+
+
+def reference_trains(args: Any, *, beta: float) -> bool:
+    """Whether the loss reads π_ref's log-probs (armor's r_mix, β·KL, anchor rows' ratios): then
+    every row that trains is scored; else only the telemetry reads them, and one micro-batch of
+    rows of a telemetry generation is enough for ``kl/reverse_*`` (a baseline pays ≈ 1/8 of one
+    micro-batch's forward per generation, never a forward of the whole batch)."""
+    from armorlab.algos.objectives import objective_spec
+
+    return bool(objective_spec(args.objective).uses_reference or beta != 0.0 or args.anchor)
 
 
 # --------------------------------------------------------------------------- model holder
@@ -138,6 +147,70 @@ def cast_lm_head_to_fp32(model: Any) -> None:
     head.forward = forward_fp32
     if model.config.tie_word_embeddings:
         model.model.embed_tokens.register_forward_hook(lambda module, args, output: output.to(original))
+
+
+# --------------------------------------------------------------------------- sharding (FSDP 2)
+def decoder_layers(model: Any) -> list[Any]:
+    """The model's repeated blocks: modules of a class it names in ``_no_split_modules`` (what
+    accelerate's FSDP 2 auto-wrap shards the policy by)."""
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    return [m for m in model.modules() if type(m).__name__ in names]
+
+
+def shard_per_layer(model: Any, **fsdp_kwargs: Any) -> Any:
+    """``fully_shard`` each decoder layer, then the root, as accelerate shards the policy.
+
+    TRL's ``prepare_fsdp`` shards π_ref at the root only and passes ``reshard_after_forward``
+    explicitly, which turns off FSDP 2's root exemption: every forward, and every token of
+    ``generate``, then gathers the whole model at once. Per layer, a forward gathers one layer at a
+    time (the peak is a layer, and the next gather overlaps this layer's compute);
+    :func:`gathered_for_generate` keeps them gathered for the length of one ``generate`` call.
+    """
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in decoder_layers(model):
+        fully_shard(layer, **fsdp_kwargs)
+    fully_shard(model, **fsdp_kwargs)
+    return model
+
+
+def fsdp2_reference_kwargs(accelerator: Any, model: Any) -> dict[str, Any]:
+    """The ``fully_shard`` settings TRL's ``prepare_fsdp`` gives π_ref (the policy's plugin)."""
+    from accelerate.utils.fsdp_utils import get_parameters_from_modules
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    plugin = accelerator.state.fsdp_plugin
+    mesh = getattr(accelerator, "torch_device_mesh", None)
+    return {"reshard_after_forward": plugin.reshard_after_forward, "offload_policy": plugin.cpu_offload,
+            "mp_policy": plugin.mixed_precision_policy or MixedPrecisionPolicy(),
+            "mesh": mesh[tuple(accelerator.parallelism_config.fsdp_dim_names)] if mesh is not None else None,
+            "ignored_params": get_parameters_from_modules(plugin.ignored_modules, model, accelerator.device)}
+
+
+@contextlib.contextmanager
+def gathered_for_generate(model: Any):
+    """Within: each FSDP 2 unit of ``model`` stays gathered after its first forward, so one
+    ``generate`` call gathers each layer once instead of once per token; on exit every unit is
+    resharded (and gets back its own ``reshard_after_forward``). The price is the whole model's weights for
+    the length of the call — a layer at a time still, while they are being gathered. No-op for a
+    model that is not FSDP 2."""
+    from torch.distributed.fsdp import FSDPModule
+
+    units = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    if not units:
+        yield
+        return
+    # each unit's own setting, restored on exit (the policy's may be False: SHARD_GRAD_OP)
+    before = [any(g.post_forward_mesh_info is not None for g in unit._get_fsdp_state()._fsdp_param_groups)
+              for unit in units]
+    for unit in units:
+        unit.set_reshard_after_forward(False, recurse=False)
+    try:
+        yield
+    finally:
+        for unit, reshards in zip(units, before, strict=True):
+            unit.reshard()
+            unit.set_reshard_after_forward(reshards, recurse=False)
 
 
 class ReferencePolicy:

@@ -72,8 +72,11 @@ from armorlab.train.mechanism_telemetry import gradient_shares, rollout_diversit
 from armorlab.train.reference import (
     ReferencePolicy,
     build_reference_model,
+    fsdp2_reference_kwargs,
     reference_needed,
     reference_scored,
+    reference_trains,
+    shard_per_layer,
     telemetry_generation,
 )
 from armorlab.train.telemetry import StepStats, TokenDump, sequence_kl_estimates
@@ -132,6 +135,9 @@ class ArmorLabTrainer(GRPOTrainer):
     # Whole generations rather than a share of each: one forward in 8 instead of 8 small ones, so the
     # fixed cost of a forward (under FSDP: gathering every parameter) is paid 8× less
     reverse_kl_share = 0.125
+    # with over-generation (dynamic_sampling_factor > 1), π_old's and π_ref's log-probs are computed
+    # after the filter, on the rows that train (verl's order), not on every row drawn; False: before
+    score_after_filter = True
 
     def __init__(self, model: Any, reward_funcs: Any, args: ArmorLabConfig, *, val_dataset: Any = None,
                  test_dataset: Any = None, reference_sampler: anc.ReferenceSampler | None = None,
@@ -180,7 +186,8 @@ class ArmorLabTrainer(GRPOTrainer):
         if reference_sampler is None and self.ref_model is not None:
             reference_sampler = anc.TransformersSampler(
                 self.ref_model, self._tokenizer, self.armorlab_generation_config, self.eos_token_ids,
-                batch_size=args.per_device_eval_batch_size, sync=self.collective_sync)
+                batch_size=args.per_device_eval_batch_size, sync=self.collective_sync,
+                per_prompt=args.anchor_rounds != "adaptive")
         self.reference_sampler = reference_sampler
         self.anchor_rollout = None
         # off: every rollout draws afresh; window: draws are reused until π_ref resets
@@ -190,7 +197,10 @@ class ArmorLabTrainer(GRPOTrainer):
             self.anchor_rollout = anc.AnchorRollout(
                 self.reference_sampler, self._score_groups, k=args.anchor_samples,
                 anchor_filter=args.anchor_filter, threshold=args.anchor_reward_threshold,
-                sync=self.max_over_processes if collective else None)
+                sync=self.max_over_processes if collective else None, adaptive=args.anchor_rounds == "adaptive",
+                # a sampler running beside the policy's generation runs in a side thread: no collectives there
+                share=anc.all_processes if self.accelerator.num_processes > 1
+                and not getattr(self.reference_sampler, "concurrent", False) else None)
         self._anchor_thread = None  # anchors drawn beside the policy's generation (a server sampler)
         self.validator = Validator(self, {"val": val_dataset, "test": test_dataset}, k=args.val_samples,
                                    temperature=args.val_temperature, greedy=args.val_greedy,
@@ -203,6 +213,7 @@ class ArmorLabTrainer(GRPOTrainer):
         self._rollout_inputs: list[dict] | None = None
         self._rollout_marks: dict[str, Any] | None = None
         self._rewards_gathered: torch.Tensor | None = None
+        self._deferred: list[str] | None = None  # log-probs put off until the filter (_score_kept)
         self._ref_samples_pending = 0.0
         self._last_logged_step = 0
         self.add_callback(ArmorLabCallback(self))
@@ -267,6 +278,8 @@ class ArmorLabTrainer(GRPOTrainer):
         add_fused_lm_head(ref, temperature=self.temperature, cast_lm_head_to_fp32=self.args.cast_lm_head_to_fp32)
         if self.is_deepspeed_enabled:
             return prepare_deepspeed(ref, self.accelerator)
+        if self.is_fsdp_enabled and self.accelerator.state.fsdp_plugin.fsdp_version == 2:
+            return shard_per_layer(ref, **fsdp2_reference_kwargs(self.accelerator, ref)).eval()
         if self.is_fsdp_enabled:
             return prepare_fsdp(ref, self.accelerator)
         return self.accelerator.prepare_model(ref, evaluation_mode=True)
@@ -416,13 +429,15 @@ class ArmorLabTrainer(GRPOTrainer):
                 self.train_dataset, (self.args.dynamic_sampling_factor - 1) * target // self.num_generations,
                 self.num_generations, seed)
         self._rollout_inputs, self._rollout_marks = inputs, None
+        self._deferred = [] if len(inputs) > target and self.score_after_filter else None
         try:
             output = super()._generate_and_score_completions(inputs)
         finally:
             self._rollout_inputs = None
-        if "ref_per_token_logps" not in output:  # TRL computes them only when beta != 0
-            self._add_reference_logps(output)
+            deferred, self._deferred = self._deferred, None
         if not self.model.training:  # TRL's own evaluation: no anchors, no gate, no telemetry
+            if "ref_per_token_logps" not in output:  # TRL computes them only when beta != 0
+                self._add_reference_logps(output)
             return output
         device = self.accelerator.device
         marks, self._rollout_marks = self._rollout_marks, None
@@ -486,6 +501,7 @@ class ArmorLabTrainer(GRPOTrainer):
             output = {k: v[rows] if torch.is_tensor(v) and v.dim() and v.size(0) == n else v for k, v in output.items()}
             mask = output["completion_mask"] * output.get("tool_mask", 1)
             output["num_items_in_batch"] = self.accelerator.gather(mask.sum()).sum()
+        self._score_kept(output, deferred or ())
         if filters:  # rows of the batch the filters left without a training group, refill included
             output[f"{GENERATION_STAT}train/refill_shortfall:total"] = target - output["armorlab_keep"].sum()
             output[f"{GENERATION_STAT}train/refill_shortfall:count"] = torch.tensor(float(target), device=device)
@@ -500,6 +516,39 @@ class ArmorLabTrainer(GRPOTrainer):
             totals = self.accelerator.reduce(totals, reduction="sum")
         output["armorlab_gen_tokens"], output["armorlab_gen_rows"] = totals.unbind(0)
         return output
+
+    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep,
+                                           batch_size=None, compute_entropy=False, **kwargs):
+        """TRL's, except inside an over-generated rollout (``_deferred`` a list): its no-grad π_old
+        and π_ref scoring of every drawn row is put off — NaN stands in, the model is noted — and
+        :meth:`_score_kept` runs it on the rows the filter keeps. Not where TRL reads π_old itself
+        (vLLM's importance-sampling correction) or the forward takes more than token ids."""
+        later = self._deferred is not None and not compute_entropy and not torch.is_grad_enabled() \
+            and not any(v is not None for v in kwargs.values()) \
+            and (model is self.ref_model or not (self.use_vllm and self.vllm_importance_sampling_correction))
+        if not later:
+            return super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep,
+                                                              batch_size=batch_size, compute_entropy=compute_entropy,
+                                                              **kwargs)
+        self._deferred.append("ref_per_token_logps" if model is self.ref_model else "old_per_token_logps")
+        return torch.full((input_ids.size(0), logits_to_keep), math.nan, device=input_ids.device), None, None
+
+    @torch.no_grad()
+    def _score_kept(self, output: dict, deferred: Any) -> None:
+        """π_old's and π_ref's log-probs of the rows that train: those put off during the rollout
+        (``_get_per_token_logps_and_entropies``) and π_ref's where armorlab reads it at β = 0."""
+        ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
+        att = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
+        width, batch = output["completion_ids"].size(1), self.args.per_device_train_batch_size
+        if "old_per_token_logps" in deferred:
+            with disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
+                output["old_per_token_logps"], _, _ = self._get_per_token_logps_and_entropies(
+                    self.model, ids, att, width, batch_size=batch)
+        if "ref_per_token_logps" in deferred:
+            output["ref_per_token_logps"], _, _ = self._get_per_token_logps_and_entropies(
+                self.ref_model, ids, att, width, batch_size=batch)
+        elif "ref_per_token_logps" not in output:  # TRL computes them only when beta != 0
+            self._add_reference_logps(output)
 
     def _diversity(self, output: dict, start: int, n: int) -> None:
         """``train/correct_distinct`` and ``train/correct_entropy`` of this process's whole groups
@@ -550,8 +599,12 @@ class ArmorLabTrainer(GRPOTrainer):
         ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
         att = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
         batch = self.args.per_device_train_batch_size if self.model.training else self.args.per_device_eval_batch_size
+        # telemetry alone reads them: one micro-batch of rows (the same count on every process), NaN elsewhere
+        rows = ids.size(0) if reference_trains(self.args, beta=self.beta) else min(ids.size(0), batch)
         logps, _, _ = self._get_per_token_logps_and_entropies(
-            self.ref_model, ids, att, output["completion_ids"].size(1), batch_size=batch)
+            self.ref_model, ids[:rows], att[:rows], output["completion_ids"].size(1), batch_size=batch)
+        if rows < ids.size(0):
+            logps = torch.cat([logps, logps.new_full((ids.size(0) - rows, logps.size(1)), math.nan)])
         output["ref_per_token_logps"] = logps
 
     # ------------------------------------------------------------------ loss
@@ -707,8 +760,9 @@ class ArmorLabTrainer(GRPOTrainer):
             obj_names.append(name)
             defined = math.isfinite(value)  # NaN: every token masked on this process
             stats.add(name, value if defined else 0.0, 1.0 if defined else 0.0)
-        if ref is not None:
-            totals, count = sequence_kl_estimates(logp, ref, on_tok)  # samples of π_θ: KL(π_θ‖π_ref)
+        if ref is not None:  # rows π_ref did not score (the telemetry's micro-batch aside) are NaN: left out
+            scored = on_tok * ref.isfinite().all(1, keepdim=True).float()
+            totals, count = sequence_kl_estimates(logp, torch.nan_to_num(ref), scored)  # samples of π_θ: KL(π_θ‖π_ref)
             for i, name in enumerate(("k1", "k2", "k3")):
                 stats.add(f"kl/reverse_{name}", totals[i], count)
             if self.args.anchor:  # reward-filtered π_ref samples: neither direction, logged as such
