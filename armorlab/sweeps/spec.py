@@ -52,7 +52,7 @@ from armorlab.core.config import (
     set_dotted,
 )
 from armorlab.core.runs import canonical_json, run_id
-from armorlab.errors import ArmorLabError
+from armorlab.errors import ArmorLabError, combine
 from armorlab.sweeps.compare import CompareSpec, parse_compare
 from armorlab.sweeps.controls import Controls, Pair, check, matches, parse_controls
 from armorlab.sweeps.fastcopy import _copier, _SeededRunId
@@ -181,45 +181,58 @@ def parse_spec(data: Mapping[str, Any], *, path: str | Path | None = None) -> Sw
     if not isinstance(data, Mapping):
         raise ArmorLabError("a sweep spec must be a mapping", key="<root>", value=type(data).__name__,
                             file=file)
+    problems: list[ArmorLabError] = []  # every problem of the file at once, as the config layer does
+
+    def checked(parse: Callable[..., Any], *args: Any, default: Any = None) -> Any:
+        try:
+            return parse(*args)
+        except ArmorLabError as exc:
+            problems.extend(exc.problems)
+            return default
+
     for key in data:
         if key not in SPEC_KEYS:
-            raise ArmorLabError(f"unknown sweep spec key{did_you_mean(key, SPEC_KEYS)} (known: {', '.join(SPEC_KEYS)})",
-                                key=str(key),
-                                value=data[key], file=file)
+            problems.append(ArmorLabError(f"unknown sweep spec key{did_you_mean(key, SPEC_KEYS)} (known: "
+                                          f"{', '.join(SPEC_KEYS)})", key=str(key), value=data[key], file=file))
     name = data.get("name", path.stem if path is not None else None)
     if not isinstance(name, str) or not NAME_RE.fullmatch(name):
-        raise ArmorLabError("sweep name must be 1-100 characters from letters, digits, '_', '.', '-' "
-                            "(it names a directory and the Slurm jobs)", key="name", value=name, file=file)
+        problems.append(ArmorLabError("sweep name must be 1-100 characters from letters, digits, '_', '.', '-' "
+                                      "(it names a directory and the Slurm jobs)", key="name", value=name,
+                                      file=file))
     description = data.get("description")
     if description is not None and not isinstance(description, str):
-        raise ArmorLabError("must be a string", key="description", value=description, file=file)
-    base = parse_base(data.get("base"), path, file)
-    grid = parse_grid(data.get("grid"), file)
-    seeds = parse_seeds(data.get("seeds"), file)
-    include = parse_points(data.get("include"), "include", file, allow_empty=True)
-    exclude = parse_points(data.get("exclude"), "exclude", file, allow_empty=False)
-    check_seed_keys(seeds, grid, include, "", file)
-    controls = parse_controls(data.get("controls"), "controls", file)
+        problems.append(ArmorLabError("must be a string", key="description", value=description, file=file))
+    base = checked(parse_base, data.get("base"), path, file, default={})
+    grid = checked(parse_grid, data.get("grid"), file, default={})
+    seeds = checked(parse_seeds, data.get("seeds"), file)
+    include = checked(lambda: parse_points(data.get("include"), "include", file, allow_empty=True), default=[])
+    exclude = checked(lambda: parse_points(data.get("exclude"), "exclude", file, allow_empty=False), default=[])
+    checked(check_seed_keys, seeds, grid, include, "", file)
+    controls = checked(parse_controls, data.get("controls"), "controls", file, default=[])
     stages = None
     if data.get("stages") is not None:
         for key in ("grid", "include", "exclude", "controls"):
             if data.get(key) is not None:
-                raise ArmorLabError("with `stages:`, each stage has its own grid, include, exclude and controls",
-                                    key=key, value=data[key], file=file)
-        stages = parse_stages(data["stages"], seeds, path, file)
+                problems.append(ArmorLabError("with `stages:`, each stage has its own grid, include, exclude "
+                                              "and controls", key=key, value=data[key], file=file))
+        stages = checked(parse_stages, data["stages"], seeds, path, file)
     profile = data.get("profile")
     if profile is not None and (not isinstance(profile, str) or not profile):
-        raise ArmorLabError("must be a path to a profile YAML", key="profile", value=profile, file=file)
+        problems.append(ArmorLabError("must be a path to a profile YAML", key="profile", value=profile, file=file))
     search = data.get("search")
     if search is not None and not isinstance(search, Mapping):
-        raise ArmorLabError("must be a mapping (see `armorlab tune`)", key="search", value=search, file=file)
-    if search is not None and stages is not None:
-        raise ArmorLabError("a search (`armorlab tune`) has no stages", key="stages", value="...", file=file)
-    compare = parse_compare(data.get("compare"), file)
+        problems.append(ArmorLabError("must be a mapping (see `armorlab tune`)", key="search", value=search,
+                                      file=file))
+    elif search is not None and data.get("stages") is not None:
+        problems.append(ArmorLabError("a search (`armorlab tune`) has no stages", key="stages", value="...",
+                                      file=file))
+    compare = checked(parse_compare, data.get("compare"), file)
     if compare is not None and compare.stage is not None and compare.stage not in [st.name for st in stages or ()]:
-        raise ArmorLabError(f"must name a stage of this spec (stages: "
-                            f"{', '.join(st.name for st in stages or ()) or 'none'})", key="compare.stage",
-                            value=compare.stage, file=file)
+        problems.append(ArmorLabError(f"must name a stage of this spec (stages: "
+                                      f"{', '.join(st.name for st in stages or ()) or 'none'})",
+                                      key="compare.stage", value=compare.stage, file=file))
+    if problems:
+        raise combine(problems)
     return SweepSpec(name=name, base=base, grid=grid, seeds=seeds, include=include, exclude=exclude,
                      profile=profile, search=dict(search) if search is not None else None, path=path,
                      description=description, stages=stages, controls=controls, compare=compare)

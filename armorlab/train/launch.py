@@ -386,6 +386,19 @@ def make_args(cfg: dict[str, Any], run_dir: RunDir) -> Any:
         raise ArmorLabError(f"GRPOConfig rejected the config: {exc}", file=file) from None
 
 
+# Warnings that say nothing a user can act on, silenced where training starts. DDP's: transformers
+# passes find_unused_parameters=True whenever gradient checkpointing is off, and torch then warns
+# once per process that no parameter was unused (an extra traversal per step, not an error).
+KNOWN_NOISE = (r"find_unused_parameters=True was specified in DDP constructor",)
+
+
+def quiet_known_noise() -> None:
+    import warnings
+
+    for message in KNOWN_NOISE:
+        warnings.filterwarnings("ignore", message=message)
+
+
 def build_trainer(cfg: dict[str, Any], run_dir: RunDir, callbacks: Iterable[Any] = (),
                   start_from: str | os.PathLike | None = None, reference: Any = None) -> Any:
     """The trainer of a resolved config; ``start_from`` (a continuing run's selected parent
@@ -400,6 +413,7 @@ def build_trainer(cfg: dict[str, Any], run_dir: RunDir, callbacks: Iterable[Any]
     from armorlab.train.telemetry import RunDirLogger
     from armorlab.train.trainer import ArmorLabTrainer
 
+    quiet_known_noise()
     args = make_args(cfg, run_dir)
     rows = _train_rows(cfg["task"])
     if rows is not None:  # before the model is built or loaded

@@ -1,0 +1,87 @@
+"""A researcher's first hour (issue 40): each friction as the user met it, through the CLI where
+that is how it was met."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import pytest
+import yaml
+
+from armorlab.cli import main
+
+
+def _yaml(path: Path, data) -> Path:
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def _error_of(capsys, argv: list[str]) -> str:
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    return capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- §5 small habits
+def test_set_with_a_space_says_what_was_meant(capsys):
+    err = _error_of(capsys, ["train", "--set", "alpha", "0.7"])
+    assert "did you mean --set alpha=0.7?" in err and "cannot read file" not in err
+    err = _error_of(capsys, ["sweep", "x.yaml", "--dry-run", "--set", "alpha"])
+    assert "did you mean --set alpha=VALUE?" in err
+
+
+def test_a_misspelt_objective_gets_a_near_miss(capsys):
+    err = _error_of(capsys, ["train", "--set", "objective=armr"])
+    assert "(did you mean 'armor'?)" in err and "key 'objective'" in err
+
+
+def test_a_sweep_spec_with_two_typos_reports_both(tmp_path, capsys):
+    for name, spec, keys in (
+        ("top", {"bsae": {"model": "tiny"}, "gird": {"alpha": [0.9]}}, ("'bsae'", "'gird'")),
+        ("grid", {"base": {"model": "tiny"}, "grid": {"alpah": [0.9], "ref_reset_step": [1]}},
+         ("'grid.alpah'", "'grid.ref_reset_step'")),
+        ("base+grid", {"base": {"model": "tiny", "alpah": 0.5}, "grid": {"ref_reset_step": [1]}},
+         ("'base.alpah'", "'grid.ref_reset_step'")),
+        ("include", {"base": {"model": "tiny"}, "include": [{"objectiv": "dapo"}, {"alpah": 0.5}]},
+         ("'include.objectiv'", "'include.alpah'")),
+    ):
+        spec_path = _yaml(tmp_path / "s.yaml", {"name": "t", "seeds": [0], **spec})
+        err = _error_of(capsys, ["sweep", str(spec_path), "--dry-run", "--root", str(tmp_path / "runs")])
+        assert "2 problems in" in err, (name, err)
+        assert all(k in err for k in keys), (name, err)
+
+
+def test_max_prompt_length_is_told_what_replaced_it(tmp_path, capsys):
+    err = _error_of(capsys, ["train", "--set", "max_prompt_length=64"])
+    assert "no longer has it" in err and "did you mean 'max_completion_length'" not in err
+    spec_path = _yaml(tmp_path / "s.yaml", {"name": "t", "grid": {"max_prompt_length": [64]}})
+    err = _error_of(capsys, ["sweep", str(spec_path), "--dry-run", "--root", str(tmp_path / "runs")])
+    assert "no longer has it" in err and "max_completion_length" not in err
+
+
+def test_check_task_shows_an_unrenderable_chat_prompt_as_text(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("ARMORLAB_CACHE", str(tmp_path / "cache"))  # the tiny model is not built
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"problem": f"What is {i}+1?", "answer": str(i + 1)}) + "\n"
+                            for i in range(30)))
+    cfg = _yaml(tmp_path / "c.yaml", {"model": "tiny", "task": {
+        "name": "math", "path": str(data), "val_size": 4, "test_size": 4, "chat": True, "system_prompt": "Be brief."}})
+    err = _error_of(capsys, ["check-task", str(cfg), "--rows", "1"])
+    assert "[system] Be brief.\n[user] What is" in err
+    assert "{'role'" not in err and "set task.chat: false" in err and str(cfg) in err
+
+
+def test_ddp_unused_parameter_warning_is_filtered():
+    from armorlab.train.launch import quiet_known_noise
+
+    text = ("find_unused_parameters=True was specified in DDP constructor, but did not find any unused "
+            "parameters in the forward pass.")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        quiet_known_noise()
+        warnings.warn(text, UserWarning, stacklevel=1)
+        warnings.warn("something else", UserWarning, stacklevel=1)
+    assert [str(w.message) for w in seen] == ["something else"]
