@@ -85,3 +85,45 @@ def test_ddp_unused_parameter_warning_is_filtered():
         warnings.warn(text, UserWarning, stacklevel=1)
         warnings.warn("something else", UserWarning, stacklevel=1)
     assert [str(w.message) for w in seen] == ["something else"]
+
+
+# --------------------------------------------------------------------------- §6 one owner, every time
+def test_a_rerun_after_kill_9_never_starts_a_second_trainer(tmp_path, monkeypatch):
+    """The sweep is killed while its (detached) trainer still imports, before a trainer of its own
+    would have taken the lock: the re-run must find the run owned (the job took the lock before
+    starting the trainer), say by whom, and start nothing — every time."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from sweep_support import run_cli, standin_command, wait_for, write_spec
+
+    from armorlab.core.runs import RunDir
+    from armorlab.sweeps.jobs import ENV_COMMAND
+    from armorlab.sweeps.submit import plan_sweep
+
+    monkeypatch.setenv(ENV_COMMAND, standin_command())
+    for attempt in range(2):
+        name = f"own{attempt}"
+        spec = write_spec(tmp_path / f"{name}.yaml", {"name": name, "base": {"max_steps": 3, "val_every": 1},
+                                                      "seeds": [attempt]})
+        root = tmp_path / "runs"
+        rd = RunDir(root / name / plan_sweep(spec, root=root).runs[0].run_id)
+        env = {**os.environ, "ARMORLAB_STANDIN_START_S": "6", "ARMORLAB_STANDIN_STEP_S": "0.01"}
+        sweep = subprocess.Popen([sys.executable, "-m", "armorlab.cli", "sweep", str(spec), "--root", str(root),
+                                  "-w", "1", "--detach"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            wait_for(lambda rd=rd: (rd.path / "standin_pids").is_file(), 60, "the trainer to start")
+            sweep.send_signal(signal.SIGKILL)
+            sweep.wait(timeout=60)
+            trainer = int((rd.path / "standin_pids").read_text().split()[0])
+            out = run_cli("sweep", str(spec), "--root", str(root), env={"ARMORLAB_STANDIN_START_S": "0"})
+            assert out.returncode == 0, out.stderr
+            assert f"is owned by PID {trainer} on" in out.stderr and "nothing to run" in out.stderr, out.stderr
+            wait_for(lambda rd=rd: rd.read_status()["state"] == "completed", 120, "the first trainer to finish")
+        finally:
+            if sweep.poll() is None:
+                sweep.kill()
+        assert (rd.path / "standin_pids").read_text().split() == [str(trainer)]  # one trainer process, ever
+        assert rd.read_status()["attempt"] == 1 and [r["step"] for r in rd.read_metrics()] == [0, 1, 2, 3]

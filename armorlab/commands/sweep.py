@@ -116,7 +116,12 @@ def _summary(plan) -> str:
         ("failed", "failed (use --retry failed)"), ("parent failed", "not started: their parent failed"),
         ("waits for parent", "waiting for a parent running elsewhere (run the sweep again later)"))
         if counts.get(k)]
-    return f"sweep {plan.spec.name}: {len(plan.runs)} run(s) in {plan.sweep_dir}: {', '.join(parts)}"
+    from armorlab.core.runs import describe_owner
+
+    owned = [f"\n  {run_id} is owned by {describe_owner(owner)}: a live trainer (e.g. of an earlier sweep that was "
+             "killed), not started again; run the sweep again once it has exited"
+             for run_id, owner in getattr(plan, "owners", {}).items()]
+    return f"sweep {plan.spec.name}: {len(plan.runs)} run(s) in {plan.sweep_dir}: {', '.join(parts)}" + "".join(owned)
 
 
 def _print_dry_run(plan, workers: int | None, cluster_max: Callable[[], int] | None) -> None:

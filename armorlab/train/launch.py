@@ -47,7 +47,7 @@ from typing import Any
 from armorlab.core.config import FIELDS, load_config, resolve, split_config
 from armorlab.core.exits import EXIT_BUSY, EXIT_FAILED, EXIT_NO_SPACE, EXIT_OK, EXIT_PREEMPTED
 from armorlab.core.fsutil import writable_dir
-from armorlab.core.runs import RunDir, slurm_job_id
+from armorlab.core.runs import RunDir, describe_owner, slurm_job_id
 from armorlab.core.vllm_config import check_vllm_installed
 from armorlab.errors import ArmorLabError
 from armorlab.train.init_from import (
@@ -579,11 +579,11 @@ def train_run_dir(path: str | os.PathLike, *, callbacks: Iterable[Any] = ()) -> 
     check_launch()
     # One owner per run dir: the training process holds its lock for life (rank 0 of a
     # multi-process launch speaks for all). A second trainer leaves everything untouched.
-    lock_fd = run_dir.acquire_owner() if int(os.environ.get("RANK") or 0) == 0 else None
-    if lock_fd is None and int(os.environ.get("RANK") or 0) == 0:
-        owner = run_dir.owner() or {}
-        reason = (f"another live process owns this run dir (pid {owner.get('pid')} on {owner.get('host')} "
-                  f"since {owner.get('since')}): not training it twice")
+    rank0 = int(os.environ.get("RANK") or 0) == 0
+    lock_fd = run_dir.acquire_owner() if rank0 else None
+    if lock_fd is None and rank0:
+        reason = (f"the run dir is owned by {describe_owner(run_dir.owner() or {})}, another live process: "
+                  "not training it twice")
         log.error("%s: %s", run_dir.path, reason)
         return Outcome(run_dir.path, run_dir.read_status()["state"], reason, EXIT_BUSY)
     try:
