@@ -127,3 +127,40 @@ def test_a_rerun_after_kill_9_never_starts_a_second_trainer(tmp_path, monkeypatc
                 sweep.kill()
         assert (rd.path / "standin_pids").read_text().split() == [str(trainer)]  # one trainer process, ever
         assert rd.read_status()["attempt"] == 1 and [r["step"] for r in rd.read_metrics()] == [0, 1, 2, 3]
+
+
+# --------------------------------------------------------------------------- §2 status states
+def test_status_of_a_live_local_sweep_says_queued_running_completed(tmp_path):
+    """A local sweep alive with three runs: one not started, one its trainer owns, one finished.
+    The sweep process being alive makes none of them `running` by itself."""
+    import socket
+    import subprocess
+    import sys
+
+    from armorlab.core.config import resolve
+    from armorlab.core.runs import RunDir
+    from armorlab.sweeps.manifest import Manifest
+    from armorlab.sweeps.status import collect
+
+    sweep_dir = tmp_path / "sw"
+    cfg = resolve({"max_steps": 5})
+    waiting, training, done = (RunDir.create(sweep_dir, {**cfg, "seed": s}) for s in (0, 1, 2))
+    training.write_status("running")
+    done.write_status("completed")
+    hold = ("import sys, time; from armorlab.core.runs import RunDir; RunDir(sys.argv[1]).acquire_owner(); "
+            "print('held', flush=True); time.sleep(60)")
+    # stands in for the sweep: a live process of this host whose command line names armorlab
+    sweep = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "armorlab"])
+    trainer = subprocess.Popen([sys.executable, "-c", hold, str(training.path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert trainer.stdout.readline().strip() == "held"
+        manifest = Manifest(sweep_dir, "sw", runs=[waiting.id, training.id, done.id])
+        manifest.record("local", manifest.runs,
+                        [f"local:{socket.gethostname()}:{sweep.pid}:{n}" for n in range(3)])
+        rows = {r.run_id: (r.state, r.slurm_state, r.attempts) for r in collect(sweep_dir).rows}
+    finally:
+        for p in (sweep, trainer):
+            p.kill()
+            p.wait()
+    assert rows == {waiting.id: ("queued", "local:queued", 0), training.id: ("running", "local:running", 1),
+                    done.id: ("completed", "local", 0)}
