@@ -164,3 +164,52 @@ def test_status_of_a_live_local_sweep_says_queued_running_completed(tmp_path):
             p.wait()
     assert rows == {waiting.id: ("queued", "local:queued", 0), training.id: ("running", "local:running", 1),
                     done.id: ("completed", "local", 0)}
+
+
+# --------------------------------------------------------------------------- §2 intervals in range
+def test_score_ranges_follow_the_metric_and_the_values():
+    from armorlab.analysis.ranges import score_range, score_ranges
+
+    assert score_range("auc", "val/acc", "test/acc") == (0.0, 1.0)
+    assert score_range("test@100", "val/acc", "test/pass@8") == (0.0, 1.0)
+    assert score_range("drop", "val/math500/avg@4", "test/acc") == (-1.0, 1.0)
+    assert score_range("final", "val/reward", "test/acc") is None          # not a proportion by its name
+    assert score_range("peak_step", "val/acc", "test/acc") is None
+    # a value outside [0, 1] under an accuracy's name: no range is assumed
+    assert score_ranges(["auc", "final"], "val/acc", "test/acc", {"auc": [0.4, 1.5], "final": [0.2]}) == \
+        {"final": (0.0, 1.0)}
+
+
+def test_a_two_seed_auc_interval_stays_in_0_1():
+    import math
+
+    import pandas as pd
+
+    from armorlab.analysis import groups as G
+    from armorlab.analysis.ranges import score_ranges
+
+    per_run = pd.DataFrame({"run_id": list("abcde"), "group": ["two"] * 2 + ["three"] * 3,
+                            "auc": [0.3, 0.9, 0.90, 0.98, 0.99]})
+    groups = G.Groups(keys=[], table=pd.DataFrame({"group": ["two", "three"]}),
+                      of_run={r: g for r, g in zip(per_run.run_id, per_run.group, strict=True)})
+    bounds = score_ranges(["auc"], "val/acc", "test/acc", per_run)
+    free, clipped = (G.group_summary(per_run, groups, ["auc"], bounds=b).set_index("group") for b in (None, bounds))
+    # two seeds: 0.6 ± t(0.975, 1) · 0.4243/√2 = 0.6 ± 12.7062 · 0.3 → [−3.212, 4.412] → [0, 1]
+    assert free.loc["two", "auc_ci_low"] == pytest.approx(0.6 - 12.7062 * 0.3, abs=1e-3)
+    assert (clipped.loc["two", "auc_ci_low"], clipped.loc["two", "auc_ci_high"]) == (0.0, 1.0)
+    # three seeds: mean 0.95667, sd 0.049329, 4.30265 · 0.049329/√3 = 0.12254 → [0.83413, 1.07921] → high 1
+    assert clipped.loc["three", "auc_ci_low"] == pytest.approx(0.95667 - 0.12254, abs=1e-4)
+    assert clipped.loc["three", "auc_ci_high"] == 1.0
+    assert math.isclose(clipped.loc["three", "auc_mean"], 0.95667, abs_tol=1e-5)
+
+
+def test_a_difference_of_accuracies_stays_in_minus_1_1():
+    from armorlab.analysis.ranges import difference_range
+    from armorlab.analysis.verdict_table import within
+    from armorlab.stats import verdicts as V
+
+    (v,) = V.compare({"arm": [0.1, 0.9], "base": [0.2, 0.7]}, [("arm", "base")], "selected_test")
+    # Welch: d = 0.05, se² = 0.32/2 + 0.125/2 = 0.2225, df = 0.2225²/(0.16² + 0.0625²) = 1.678: t ≈ 5.6
+    assert v.diff == pytest.approx(0.05) and v.low < -2 and v.high > 2
+    clipped = within(v, difference_range((0.0, 1.0)))
+    assert (clipped.low, clipped.high, clipped.verdict) == (-1.0, 1.0, v.verdict)

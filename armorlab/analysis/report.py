@@ -44,6 +44,7 @@ from armorlab.analysis import (
 from armorlab.analysis import groups as G
 from armorlab.analysis.html import Figure, Section, esc, write_index
 from armorlab.analysis.load import RunSet, load
+from armorlab.analysis.ranges import score_ranges
 from armorlab.analysis.recipe import DEFAULT_CURVES, Recipe, default_out_dir, unit_disagreement  # noqa: F401 (re-export)
 from armorlab.core.fsutil import atomic_write_yaml
 from armorlab.core.runs import RunDir, now_iso
@@ -432,7 +433,8 @@ def _build_report(recipe: Recipe, out: Path, *, cache: bool, progress: Callable[
     cols = G.score_columns(per_run, matched)
     tok_cols = G.token_columns(per_run)
     summary = G.group_summary(per_run, groups, cols + G.extra_columns(per_run) + tok_cols,
-                              step_range=_step_range(rs, sel.metric))
+                              step_range=_step_range(rs, sel.metric),
+                              bounds=score_ranges(cols, sel.metric, sel.report, per_run))
     scores = G.resolve_scores(recipe, per_run, matched)
     label = {s: tables.score_label(s, sel.metric, sel.report) for s in cols + tok_cols}
 
