@@ -213,3 +213,71 @@ def test_a_difference_of_accuracies_stays_in_minus_1_1():
     assert v.diff == pytest.approx(0.05) and v.low < -2 and v.high > 2
     clipped = within(v, difference_range((0.0, 1.0)))
     assert (clipped.low, clipped.high, clipped.verdict) == (-1.0, 1.0, v.verdict)
+
+
+# --------------------------------------------------------------------------- §4 cluster habits
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _usage_lines() -> list[tuple[str, str]]:
+    """Every `armorlab sweep` line a user can copy: from the comments of slurm/*.yaml and the code of
+    README.md and docs/*.md (continuation lines joined); a synopsis with [options] is not a command."""
+    import re
+
+    found = []
+    for f in sorted((REPO / "slurm").glob("*.yaml")):
+        found += [(f.name, m.group(1)) for m in re.finditer(r"^#\s+(armorlab sweep .*)$", f.read_text(), re.M)]
+    for f in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        text = f.read_text().replace("\\\n", " ")
+        found += [(f.name, line) for line in text.splitlines() if line.startswith("armorlab sweep ")]
+    return [(f, line.split(" #")[0].strip()) for f, line in found if "[" not in line]
+
+
+def test_every_shipped_sweep_line_runs_as_written_in_a_dry_run(tmp_path, capsys, monkeypatch):
+    import shlex
+
+    monkeypatch.chdir(REPO)
+    lines = _usage_lines()
+    assert len(lines) >= 10 and any(f == "gpu-8x-vllm.yaml" for f, _ in lines)
+    for f, line in lines:
+        argv = [w for w in shlex.split(line)[1:] if w != "--wait"]  # --wait would follow a real submission
+        argv = ["sweeps/armor_alpha.yaml" if w == "SPEC" else w for w in argv]
+        argv += ["--root", str(tmp_path / "runs")] + ([] if "--dry-run" in argv else ["--dry-run"])
+        with pytest.raises(SystemExit) as exc:
+            main(argv)
+        out = capsys.readouterr()
+        assert exc.value.code == 0, (f, line, out.err[-1500:])
+
+
+def test_a_dry_run_shows_each_profiles_launch_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(REPO)
+    for profile, launcher in (("slurm/gpu-8x.yaml", "accelerate.commands.launch --config_file"),
+                              ("slurm/default.yaml", "-m armorlab.cli train --run-dir")):
+        with pytest.raises(SystemExit) as exc:
+            main(["sweep", "sweeps/armor_alpha.yaml", "--profile", profile, "--dry-run", "--root", str(tmp_path)])
+        assert exc.value.code == 0
+        line = [x for x in capsys.readouterr().out.splitlines() if x.startswith("each run is trained by: ")]
+        assert len(line) == 1 and launcher in line[0] and "'<run dir>'" in line[0], (profile, line)
+
+
+def test_an_error_of_one_grid_point_names_the_point(tmp_path, capsys):
+    spec = _yaml(tmp_path / "s.yaml", {"name": "t", "base": {"objective": "armor"},
+                                       "grid": {"alpha": [0.7, 1.5], "ref_reset_steps": [0, 2]}, "seeds": [0]})
+    err = _error_of(capsys, ["sweep", str(spec), "--dry-run", "--root", str(tmp_path / "runs")])
+    assert "point alpha=1.5, ref_reset_steps=0: must be ≤ 1.0" in err and "key 'alpha'" in err
+
+
+def test_a_dry_run_reads_a_config_only_model_dir_with_a_warning(tmp_path, capsys):
+    model = tmp_path / "llama"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
+                                                   "num_attention_heads": 2, "vocab_size": 128}))
+    argv = ["sweep", str(REPO / "sweeps/armor_alpha.yaml"), "--set", f"model={model}", "--root", str(tmp_path / "r")]
+    with pytest.raises(SystemExit) as exc:
+        main([*argv, "--dry-run"])
+    out = capsys.readouterr()
+    assert exc.value.code == 0, out.err
+    assert "warning: not a loadable model directory: no weights" in out.err and "provisional" in out.err
+    assert "each run is trained by:" in out.out
+    err = _error_of(capsys, argv)  # a real run still refuses it, before anything is written
+    assert "no weights" in err and not (tmp_path / "r").exists()

@@ -6,6 +6,7 @@ submitit (the dry run renders the sbatch text itself: armorlab.sweeps.sbatch.ren
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from collections.abc import Callable
@@ -65,8 +66,14 @@ def register(app: typer.Typer) -> None:
 
             cluster_max = slurmctl.max_array_size_later()
         try:
-            plan = plan_sweep(spec, root=root, executor=executor, profile=profile, retry_failed=retry == "failed",
-                              overrides=parse_overrides(set_))
+            from armorlab.sweeps.spec import paths_unchecked
+
+            with paths_unchecked() if dry_run else contextlib.nullcontext([]) as missing:
+                plan = plan_sweep(spec, root=root, executor=executor, profile=profile,
+                                  retry_failed=retry == "failed", overrides=parse_overrides(set_))
+            for problem in missing:  # the script can be read before the weights and data are on disk
+                typer.echo(f"warning: {problem} — shown anyway (a dry run); those runs' ids are provisional "
+                           "until the path exists, and a real submission refuses it", err=True)
             if dry_run:
                 if plan.executor == "slurm" and cluster_max is None:  # the profile chose Slurm
                     from armorlab.sweeps import slurmctl
@@ -158,12 +165,19 @@ def _print_dry_run(plan, workers: int | None, cluster_max: Callable[[], int] | N
 
         lines.append("")
         lines += [summary(memory, ids) for memory, ids in plan_runs(plan.profile, todo, file=plan.spec.file)]
-    if plan.profile.vllm_servers is not None and todo:
+    if todo:
         from armorlab.sweeps.jobs import train_argv
-        from armorlab.vllm.servers import describe
 
         argv = train_argv("<run dir>", **{k: v for k, v in plan.profile.launch_options().items() if k != "vllm_servers"})
-        lines += ["", *describe(plan.profile.vllm_servers, python=plan.profile.python, trainer_argv=argv)]
+        if plan.profile.vllm_servers is not None:
+            from armorlab.vllm.servers import describe
+
+            lines += ["", *describe(plan.profile.vllm_servers, python=plan.profile.python, trainer_argv=argv)]
+        else:  # the sbatch script runs a job runner: say what the job itself starts for each run
+            import shlex
+
+            python = plan.profile.python or shlex.quote(argv[0])  # the profile's shell text, as written
+            lines += ["", f"each run is trained by: {python} {shlex.join(argv[1:])}"]
     sys.stdout.write("\n".join(lines) + "\n")
 
 

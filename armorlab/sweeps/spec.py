@@ -36,10 +36,13 @@ in product order (first axis slowest), then includes, each with its seeds in the
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import copy
 import itertools
 import math
-from collections.abc import Callable, Mapping
+import re
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -303,7 +306,7 @@ def _expand_stage(st: Stage, base: dict[str, Any], spec_seeds: list[int] | None,
     plans: list[RunPlan] = []
     for origin, point in points(st):
         raw = _point_config(base, point, seeds[0], file)
-        resolved = _resolve(raw, file)
+        resolved = _resolve(raw, file, point)
         seeded_id = _SeededRunId(resolved) if seeds != [None] else None
         copy_resolved = _copier(resolved)
         for seed in seeds:
@@ -346,7 +349,7 @@ def _expand_continuing(spec: SweepSpec, index: int, st: Stage, base: dict[str, A
         raw = _point_config(base, point, seeds[0], file)
         # resolved once per point: init_from and seed are checked as given and nothing derives from them
         raw["init_from"] = st.parent.init_from(f"{spec.name}/{'0' * 12}")
-        resolved = _resolve(raw, file)
+        resolved = _resolve(raw, file, point)
         copy_resolved = _copier(resolved)
         for seed in seeds:
             own = resolved["seed"] if seed is None else seed
@@ -405,10 +408,38 @@ def _with_seed(copy_config: Callable[[], dict[str, Any]], seed: int) -> Callable
     return make
 
 
-def _resolve(raw: dict[str, Any], file: str) -> dict[str, Any]:
+# keys whose problems are files not (yet) on disk: model weights, data files, held-out sets, a
+# reference checkpoint. A dry run reads the sbatch script before they are copied to the cluster.
+_PATH_KEYS = re.compile(r"model(\.name)?|task\.path|eval_sets\.[^.]+\.path|ref_from(\..*)?")
+_unchecked_paths: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("unchecked_paths", default=None)
+
+
+@contextlib.contextmanager
+def paths_unchecked() -> Iterator[list[str]]:
+    """Within it, a point whose only problems are paths not on disk expands anyway (unfingerprinted,
+    so its run id is provisional); the yielded list gets one warning per such problem (`sweep --dry-run`)."""
+    warnings: list[str] = []
+    token = _unchecked_paths.set(warnings)
+    try:
+        yield warnings
+    finally:
+        _unchecked_paths.reset(token)
+
+
+def _resolve(raw: dict[str, Any], file: str, point: Mapping[str, Any] | None = None) -> dict[str, Any]:
     try:
         return resolve(raw, file=file)
-    except ArmorLabError:
+    except ArmorLabError as exc:
+        warnings = _unchecked_paths.get()
+        if warnings is not None and all(p.key and _PATH_KEYS.fullmatch(p.key) for p in exc.problems):
+            for p in exc.problems:
+                if str(p) not in warnings:
+                    warnings.append(str(p))
+            return resolve(raw, file=file, check_paths=False)
+        if point:  # which of the spec's points: the file alone does not say
+            where = ", ".join(f"{k}={v}" for k, v in point.items())
+            raise combine([ArmorLabError(f"point {where}: {p.args[0].split(' [key ')[0]}", key=p.key,
+                                         value=p.value, file=p.file) for p in exc.problems]) from None
         raise
     except (TypeError, OverflowError) as exc:  # e.g. an integer too large for a float field
         raise ArmorLabError(f"invalid value: {exc}", file=file) from None
