@@ -212,30 +212,44 @@ def _submit_slurm(plan, wait: bool) -> None:
 def run_plan_locally(plan, workers: int | None, *, detach: bool = False, exit_on_failure: bool = True) -> list[str]:
     """Train a plan's runs here with a progress bar (also used by `armorlab demo`); returns the
     runs that failed (exit 1 when one did, unless not ``exit_on_failure``)."""
-    from rich.console import Console
+    from rich.markup import escape
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from armorlab.commands import console as make_console
     from armorlab.sweeps.submit import run_local
 
-    console = Console(stderr=True)
+    console = make_console(stderr=True)
     console.print(_summary(plan))
     n = len(plan.to_submit)
     if not n:
         console.print("nothing to run")
         return []
+    from armorlab.sweeps.executors import thread_note
+    from armorlab.sweeps.spec import describe_run
+
+    console.print(thread_note(workers or plan.profile.workers))
+    labels = {r.run_id: describe_run(r) for r in plan.runs}
     failed: list[str] = []
+    started = done = 0
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console, transient=False) as progress:
         task = progress.add_task(f"training {plan.spec.name}", total=n)
 
         def on_event(event: str, run_id: str, payload) -> None:
+            # a line per start and end, with the run's stage and point: in a log file the bar shows nothing
+            nonlocal started, done
+            if event == "start":
+                started += 1
+                progress.console.print(f"[{started}/{n}] started {run_id} {labels.get(run_id, '')}",
+                                       markup=False, highlight=False)
             if event != "done":
                 return
+            done += 1
             progress.advance(task)
             mark = {"completed": "[green]completed[/]", "failed": "[red]failed[/]"}.get(
                 payload.state, f"[yellow]{payload.state}[/]")
-            reason = f": {payload.reason}" if payload.reason else ""
-            progress.console.print(f"{run_id} {mark}{reason}")
+            reason = f": {escape(payload.reason)}" if payload.reason else ""
+            progress.console.print(f"[{done}/{n} done] {run_id} {escape(labels.get(run_id, ''))} {mark}{reason}")
             if payload.state == "failed":
                 failed.append(run_id)
 
@@ -257,12 +271,11 @@ def _until_resolved(spec: Path, *, root: Path, executor: str | None, profile: Pa
                     detach: bool, dry_run: bool, wait: bool) -> None:
     """Seeds in looks until resolved (armorlab.sweeps.until_resolved): locally a foreground loop,
     on Slurm the look's arrays and a decision job that carries the chain on by itself."""
-    from rich.console import Console
-
+    from armorlab.commands import console as make_console
     from armorlab.sweeps.submit import load_sweep
     from armorlab.sweeps.until_resolved import Chain, advance, describe, look_line
 
-    console = Console(stderr=True)
+    console = make_console(stderr=True)
     cluster_max = None
     if dry_run:
         from armorlab.sweeps import slurmctl
@@ -361,9 +374,9 @@ def _clip(text: str, limit: int) -> str:
 
 
 def _print_status(st) -> None:
-    from rich.console import Console
+    from armorlab.commands import console as make_console
 
-    console = Console()
+    console = make_console()
     console.print(_status_table(st))
     for r in st.rows:  # in full: a narrow table folds the reason column
         if r.state == "failed" and r.reason:
