@@ -281,3 +281,22 @@ def test_a_dry_run_reads_a_config_only_model_dir_with_a_warning(tmp_path, capsys
     assert "each run is trained by:" in out.out
     err = _error_of(capsys, argv)  # a real run still refuses it, before anything is written
     assert "no weights" in err and not (tmp_path / "r").exists()
+
+
+def test_setuptools_editable_banner_is_filtered_on_every_editable_install():
+    import re
+    import subprocess
+    import sys
+
+    makefile = (REPO / "Makefile").read_text()
+    spec = re.search(r'^EDITABLE = PYTHONWARNINGS="([^"]+)"$', makefile, re.M).group(1)
+    installs = [ln for ln in makefile.splitlines() if re.search(r"pip install .*-e ", ln)]
+    assert installs and all(ln.lstrip().startswith("@$(EDITABLE) ") for ln in installs)
+    # the banner as setuptools' editable_wheel raises it (a BuildBackendWarning, a UserWarning)
+    banner = ("Editable installation.\n!!\n\n        ****\n        Please be careful with folders in your working "
+              "directory with the same\n        name as your package as they may take precedence during imports.")
+    code = f"import warnings; warnings.warn({banner!r}, UserWarning); warnings.warn('other', UserWarning)"
+    for env, shown in (({}, True), ({"PYTHONWARNINGS": spec}, False)):
+        err = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             env={"PATH": "/usr/bin:/bin", **env}).stderr
+        assert ("Editable installation" in err) is shown and "other" in err
