@@ -130,7 +130,7 @@ def test_demo_report_leads_with_the_headline(tmp_path):
     assert html.index("<h2>Verdict</h2>") < html.index("Headline: does validation collapse") < html.index(
         "Results per group")
     # final levels 0.57 (dapo) and 0.783 (armor) in both seeds: no spread, so the difference is exact
-    assert result.verdicts == ["armor vs dapo: +0.213 [+0.213, +0.213] final val/acc — better, resolved with "
+    assert result.verdicts == ["armor vs dapo: +0.213 [+0.213, +0.213] final level of val/acc — better, resolved with "
                                "2 seeds per arm"]
     table = state["table"].set_index("group")
     # dapo's levels (means of 3 evals): peak = (0.80 + 0.82 + 0.80)/3 = 0.8067 around step 20, final =
@@ -159,7 +159,7 @@ def test_printed_headline_opens_with_the_verdicts(capsys):
 
     table = pd.DataFrame([{"group": "dapo", "final": "0.670"}])
     print_headline({"table": table, "sentences": ["dapo: held-out accuracy rose"]},
-                   ["armor vs dapo: −0.031 [−0.093, +0.031] final val/acc — not resolved with 3 seeds per arm"])
+                   ["armor vs dapo: −0.031 [−0.093, +0.031] final level of val/acc — not resolved with 3 seeds per arm"])
     out = capsys.readouterr().out
     assert out.index("verdicts against DAPO") < out.index("armor vs dapo: −0.031") < out.index("headline") \
         < out.index("dapo: held-out accuracy rose")

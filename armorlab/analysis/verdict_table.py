@@ -61,8 +61,9 @@ def within(v: V.Verdict, bounds: tuple[float, float] | None) -> V.Verdict:
 
 
 def endpoint_label(endpoint: str, val_metric: str, test_metric: str) -> str:
-    fixed = {"final": f"final {val_metric}", "drop": f"drop from peak of {val_metric}",
-             "selected_test": f"{test_metric} at the val-selected step", "peak": f"peak {val_metric}"}
+    # peak and final are levels (means of consecutive evals), not evals: say so wherever they are printed
+    fixed = {"final": f"final level of {val_metric}", "drop": f"drop from the peak level of {val_metric}",
+             "selected_test": f"{test_metric} at the val-selected step", "peak": f"peak level of {val_metric}"}
     return fixed.get(endpoint) or tables.score_label(endpoint, val_metric, test_metric)
 
 

@@ -34,10 +34,11 @@ from typing import TYPE_CHECKING, Any
 
 from armorlab.core.exits import EXIT_BUSY, EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, describe_exit
 from armorlab.core.runs import RunDir, describe_owner, slurm_job_id
-from armorlab.vllm.servers import RunningServers, ServerError, ServerSet, StartStopped, server_model
 
 if TYPE_CHECKING:
     from submitit.helpers import DelayedSubmission
+
+    from armorlab.vllm.servers import RunningServers, ServerSet
 
 log = logging.getLogger(__name__)
 
@@ -283,6 +284,9 @@ class TrainJob:
     def _start_servers(self, rd: RunDir, env: dict[str, str]) -> JobOutcome | None:
         """Start this attempt's vLLM servers and wait until they answer; None when they do (``env``
         then holds the trainer's CUDA_VISIBLE_DEVICES and the servers' ports), else the outcome."""
+        # lazy: the servers' module, for jobs that start servers only (`sweep --dry-run` stays light)
+        from armorlab.vllm.servers import RunningServers, ServerError, StartStopped, server_model
+
         assert self.vllm_servers is not None
         base = {**os.environ, **env}
         job = slurm_job_id(base) or base.get("ARMORLAB_JOB_ID")
@@ -305,6 +309,9 @@ class TrainJob:
 
     def _server_died(self, *, stop_trainer: bool = True) -> str | None:
         """The reason when a server died under the trainer; the trainer is asked to checkpoint and stop."""
+        # lazy: see _start_servers
+        from armorlab.vllm.servers import ServerError
+
         assert self._servers is not None
         try:
             self._servers.check_alive()
