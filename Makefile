@@ -11,6 +11,9 @@ VERL_PIN ?= verl==0.9.1
 PYTEST_ARGS ?=
 # pip on this kind of machine warns about missing mirror folders; keep re-runs quiet.
 PIPQ = 2>&1 | { grep -v -e "is ignored: it is neither" -e "^$$" || true; }
+# setuptools' editable build warns on every install that a folder named like the package may shadow
+# it ("Editable installation. !! ... !!", 9 lines): true of every source checkout, nothing to act on
+EDITABLE = PYTHONWARNINGS="ignore:Editable installation"
 
 export HF_HUB_OFFLINE := 1
 export HF_HUB_DISABLE_TELEMETRY := 1
@@ -43,7 +46,7 @@ $(PY):
 $(STAMP): pyproject.toml | $(PY)
 	@$(PY) -c "import torch" 2>/dev/null || { echo "installing $(TORCH_CPU) (CPU)"; $(PY) -m pip install -q $(TORCH_CPU) $(PIPQ); }
 	@echo "installing armorlab into $(VENV)"
-	@$(PY) -m pip install -q -e ".[dev]" $(PIPQ)
+	@$(EDITABLE) $(PY) -m pip install -q -e ".[dev]" $(PIPQ)
 	@# verl's own file logger for the importer tests: its source only (its dependencies need GPUs),
 	@# kept apart from site-packages; tests/importer_writers.py loads verl/utils/tracking.py from it
 	@$(PY) -m pip install -q --no-deps --target $(VENV)/share/verl $(VERL_PIN) $(PIPQ) || echo "verl source not installed: the verl tests write its documented format"
@@ -56,7 +59,7 @@ install: $(STAMP)
 DOCS_STAMP := $(VENV)/.armorlab-docs-installed
 $(DOCS_STAMP): pyproject.toml $(STAMP)
 	@echo "installing the docs extra into $(VENV)"
-	@$(PY) -m pip install -q -e ".[dev,docs]" $(PIPQ)
+	@$(EDITABLE) $(PY) -m pip install -q -e ".[dev,docs]" $(PIPQ)
 	@touch $(DOCS_STAMP)
 
 $(VLLM_PY):
@@ -68,7 +71,7 @@ $(VLLM_PY):
 $(VLLM_STAMP): pyproject.toml | $(VLLM_PY)
 	@$(VLLM_PY) -c "import torch" 2>/dev/null || { echo "installing $(TORCH_CPU) (CPU) into $(VLLM_VENV)"; $(VLLM_PY) -m pip install -q $(TORCH_CPU) $(PIPQ); }
 	@echo "installing $(VLLM_PINS) and armorlab into $(VLLM_VENV) (several minutes)"
-	@$(VLLM_PY) -m pip install -q $(VLLM_PINS) -e ".[dev]" $(PIPQ)
+	@$(EDITABLE) $(VLLM_PY) -m pip install -q $(VLLM_PINS) -e ".[dev]" $(PIPQ)
 	@$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec triton $(PIPQ)
 	@$(VLLM_PY) -c "import vllm, trl; from transformers import Qwen2ForCausalLM"
 	@touch $(VLLM_STAMP)

@@ -63,6 +63,7 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point: user errors print one line to stderr and exit 2, without a traceback; usage
     errors print the usage line too (exit 2). ``argv`` defaults to ``sys.argv[1:]``."""
     try:
+        _check_set_words(sys.argv[1:] if argv is None else argv)
         rc = app(args=argv, prog_name="armorlab", standalone_mode=False)
     except ArmorLabError as exc:
         typer.echo(f"error: {exc}", err=True)
@@ -80,6 +81,19 @@ def main(argv: list[str] | None = None) -> None:
             typer.echo("hint: give --set once per key: --set model=tiny --set task.digits=3", err=True)
         sys.exit(exc.exit_code)
     sys.exit(rc if isinstance(rc, int) else 0)
+
+
+def _check_set_words(argv: list[str]) -> None:
+    """``--set alpha 0.7`` (a space for the ``=``) would read 0.7 as the config file: say what was meant."""
+    for i, word in enumerate(argv[:-1]):
+        key = argv[i + 1]
+        if word == "--set" and "=" not in key:
+            value = argv[i + 2] if i + 2 < len(argv) and not argv[i + 2].startswith("-") else "VALUE"
+            raise ArmorLabError(f"--set takes key=value: did you mean --set {key}={value}?", key="--set",
+                                value=key, file="the command line")
+    if argv and argv[-1] == "--set":
+        raise ArmorLabError("--set takes key=value, e.g. --set alpha=0.7", key="--set", value=None,
+                            file="the command line")
 
 
 def _click_exceptions() -> tuple[type[BaseException], ...]:

@@ -6,7 +6,8 @@ exactly the metrics of an uninterrupted one. Knobs (env): ARMORLAB_STANDIN_STEP_
 step (default 0.02); ARMORLAB_STANDIN_HOLD_AT = a step at which the run parks until it is stopped
 (a signal or a stop request), so a test that interrupts it mid-run never races a fast finish on a busy
 machine. A run whose model name is neither "tiny" nor a directory holding a file ``standin-model``
-fails like a missing model would. ARMORLAB_STANDIN_VAL_LEVELS = JSON {objective: [level, spread]}
+fails like a missing model would. ARMORLAB_STANDIN_START_S = seconds before it takes the run dir's lock
+(a trainer importing torch); each process appends its pid to ``standin_pids``. ARMORLAB_STANDIN_VAL_LEVELS = JSON {objective: [level, spread]}
 makes every val/acc of a run of that objective ``val_level(seed, level, spread)`` (flat curves whose
 final level is known exactly: tests of verdicts). ARMORLAB_STANDIN_VAL_STEPS = JSON [[from_step, value],
 ...] makes val/acc a step function of the step (each value from its step on; val/n = 400 beside it),
@@ -84,6 +85,9 @@ def main() -> int:
     parser.add_argument("--run-dir", required=True)
     args = parser.parse_args()
     rd = RunDir(args.run_dir)
+    with open(rd.path / "standin_pids", "a") as fh:  # every trainer process ever started on this run dir
+        fh.write(f"{os.getpid()}\n")
+    time.sleep(float(os.environ.get("ARMORLAB_STANDIN_START_S", "0")))  # a real trainer imports torch first
     if rd.acquire_owner() is None:  # contract: one trainer per run dir (held until exit)
         print(f"another live process owns {rd.path}", file=sys.stderr)
         return 73

@@ -125,7 +125,7 @@ def test_probability_of_improvement_against_baseline(clean_report):
 def test_tables_in_every_format(clean_report):
     t = clean_report.out_dir / "tables"
     md = (t / "groups.md").read_text()
-    assert md.splitlines()[0].startswith("| objective | n | peak val/acc")
+    assert md.splitlines()[0].startswith("| objective | n | peak level val/acc")
     assert "| dapo | 3 | 0.367 [" in md and "3/3 runs @ 30 [30, 30]" in md
     tex = (t / "groups.tex").read_text()
     assert all(rule in tex for rule in ("\\toprule", "\\midrule", "\\bottomrule"))

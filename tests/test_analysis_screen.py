@@ -151,7 +151,7 @@ def test_the_page_opens_with_the_answer_the_verdicts_and_their_figure(three_arms
     assert [page.index(x) for x in order] == sorted(page.index(x) for x in order)
     # final levels: dapo 0.2, armor and up 0.5 + k/30 → both +0.333 better (Holm over 2 arms)
     answer = re.search(r'id="answer"><b>(.*?)</b>', page).group(1)
-    assert answer == "Against dapo on final val/acc (3 seeds per arm): armor and up are better."
+    assert answer == "Against dapo on final level of val/acc (3 seeds per arm): armor and up are better."
     assert 'src="plots/val.png"' in page and (tmp_path / "r" / "plots" / "val.png").is_file()
     # the groups' names everywhere on the page, their labels only in the CSV files
     assert "objective=" not in page.split("<h2>Configs that differ")[0]
@@ -174,9 +174,9 @@ def test_every_pair_compared_reads_as_a_table_of_rows_against_columns(three_arms
     page = res.index.read_text()
     answer = re.search(r'id="answer"><b>(.*?)</b>', page).group(1)
     # armor and up end alike, dapo below both: dapo is worse than each; armor vs up stays open
-    assert answer.startswith("On final val/acc (3 seeds per arm): dapo is worse than each of the 2 others; "
+    assert answer.startswith("On final level of val/acc (3 seeds per arm): dapo is worse than each of the 2 others; "
                              "2 of 3 pairs are resolved")
-    table = _table(page, "verdict-table").set_index("final val/acc: row vs column")
+    table = _table(page, "verdict-table").set_index("final level of val/acc: row vs column")
     assert table.loc["armor", "dapo"] == "better +0.333" and table.loc["dapo", "armor"] == "worse −0.333"
     assert table.loc["armor", "armor"] == "·" and table.loc["up", "armor"].startswith("not resolved +0.000")
 

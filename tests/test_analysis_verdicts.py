@@ -49,7 +49,7 @@ def test_verdicts_open_the_page_and_the_summary(result):
     # Welch: d = 0.3333, se = s_armor/√3 = (1/30)/√3, ν = 2 (dapo has no spread), t_{2, 0.975} = 4.3027
     half = 4.302653 * (1 / 30) / math.sqrt(3)
     assert 0.3333 - half == pytest.approx(0.2505, abs=1e-4)
-    sentence = "armor vs dapo: +0.333 [+0.251, +0.416] final val/acc — better, resolved with 3 seeds per arm"
+    sentence = "armor vs dapo: +0.333 [+0.251, +0.416] final level of val/acc — better, resolved with 3 seeds per arm"
     assert result.verdicts == [sentence]
     assert R.result_summary(result)["verdicts"] == [sentence]
     assert sentence in html
@@ -123,7 +123,7 @@ def test_a_baseline_that_never_falls_cannot_show_prevention(tmp_path):
         if delta is None:
             assert "armor is not resolved (no margin declared). dapo did not fall here" in said
     # declared δ: the interval d = 0 ± t·se lies inside ±0.05, but says why it proves nothing
-    assert res.verdicts[0].startswith("armor vs dapo: +0.000 [−0.023, +0.023] final val/acc — within ±0.050 with "
+    assert res.verdicts[0].startswith("armor vs dapo: +0.000 [−0.023, +0.023] final level of val/acc — within ±0.050 with "
                                       "3 seeds per arm, but dapo did not fall here")
     rows = pd.read_csv(tmp_path / "r0.05" / "tables" / "verdicts.csv")
     assert set(rows["verdict"]) == {"cannot show prevention"}
@@ -137,12 +137,12 @@ def test_a_declared_margin_makes_equivalence_possible_and_none_rules_it_out(tmp_
     root = _runs(tmp_path / "sw", {"dapo": fell, "armor": fell})
     res = R.build_report(_recipe(root, endpoints=["final"], delta=0.1), tmp_path / "declared")
     # Welch: d = 0, se = √(2·10⁻⁴/3), ν = 4, t_{4, 0.975} = 2.7764: ±0.0227, inside ±0.1
-    assert res.verdicts == ["armor vs dapo: +0.000 [−0.023, +0.023] final val/acc — equivalent within ±0.100, "
+    assert res.verdicts == ["armor vs dapo: +0.000 [−0.023, +0.023] final level of val/acc — equivalent within ±0.100, "
                             "resolved with 3 seeds per arm"]
     assert "δ = 0.1 (declared: compare.delta)" in res.index.read_text()
     res = R.build_report(_recipe(root, endpoints=["final"]), tmp_path / "none")
     assert "equivalent" not in _said(res)
-    assert res.verdicts == ["armor vs dapo: +0.000 [−0.023, +0.023] final val/acc — not resolved with 3 seeds per "
+    assert res.verdicts == ["armor vs dapo: +0.000 [−0.023, +0.023] final level of val/acc — not resolved with 3 seeds per "
                             "arm: no margin declared (compare.delta) for equivalence or a seed plan"]
     assert any("no margin declared" in w for w in res.warnings)
 

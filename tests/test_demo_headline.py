@@ -36,8 +36,8 @@ def test_group_rows_means_collapses_and_probability_of_improvement():
 def test_verdict_states_rise_fall_and_comparison_plainly():
     t = H.group_rows(_runs(), ["dapo", "armor"], "dapo")
     lines = H.verdict(t, "dapo", {"dapo": "DAPO", "armor": "ARMOR"})
-    assert lines[0].startswith("DAPO: held-out accuracy rose from 0.750 at step 0 to a peak of 0.810")
-    assert "ended at 0.610" in lines[0] and "0.60 → 0.90" in lines[0] and "2/2 seeds" in lines[0]
+    assert lines[0].startswith("DAPO: held-out accuracy rose from 0.750 at step 0 to a peak level of 0.810")
+    assert "ended at a final level of 0.610" in lines[0] and "0.60 → 0.90" in lines[0] and "2/2 seeds" in lines[0]
     assert "no consistent ordering against DAPO (Mann–Whitney p = 1.00)" in lines[1]
     assert "2 seed(s) per group" in lines[-1]
     better = _runs()
@@ -53,6 +53,17 @@ def test_verdict_states_rise_fall_and_comparison_plainly():
     five["final"] = [0.60, 0.61, 0.62, 0.63, 0.64, 0.70, 0.71, 0.72, 0.73, 0.74]
     line = H.verdict(H.group_rows(five, ["dapo", "armor"], "dapo"), "dapo")[1]
     assert "ended above dapo (Mann–Whitney p = 0.008)" in line
+
+
+def test_a_continued_arm_that_only_fell_says_so_from_its_start():
+    # the demo: a start of 0.715, a peak level 0.684 below it, a final level 0.652
+    runs = pd.DataFrame([{"run_id": "d0", "group": "dapo", "seed": 0, "start": 0.715, "peak": 0.684,
+                          "peak_step": 2, "final": 0.652, "drop": 0.032, "drop_se": 1.5, "collapse_step": 6,
+                          "best": 0.715, "last": 0.64, "drop_start": 0.715 - 0.652, "train_start": 0.5,
+                          "train_end": 0.7}])
+    line = H.verdict(H.group_rows(runs, ["dapo"], "dapo"), "dapo", unit="rollout")[0]
+    assert "did not rise above its start (0.715 at rollout 0; peak level 0.684; best single eval 0.715)" in line
+    assert "final level of 0.652 (last eval 0.640): 0.063 below its start, a drop of 0.032 from its peak level" in line
 
 
 def test_a_baseline_that_did_not_fall_cannot_show_prevention():
@@ -119,21 +130,26 @@ def test_demo_report_leads_with_the_headline(tmp_path):
     assert html.index("<h2>Verdict</h2>") < html.index("Headline: does validation collapse") < html.index(
         "Results per group")
     # final levels 0.57 (dapo) and 0.783 (armor) in both seeds: no spread, so the difference is exact
-    assert result.verdicts == ["armor vs dapo: +0.213 [+0.213, +0.213] final val/acc — better, resolved with "
+    assert result.verdicts == ["armor vs dapo: +0.213 [+0.213, +0.213] final level of val/acc — better, resolved with "
                                "2 seeds per arm"]
     table = state["table"].set_index("group")
     # dapo's levels (means of 3 evals): peak = (0.80 + 0.82 + 0.80)/3 = 0.8067 around step 20, final =
     # (0.58 + 0.57 + 0.56)/3 = 0.57; the windows share no eval, so with n = 400
     # SE² = Σ p(1−p) over the six evals / (9·400) and the drop is 0.2367 / SE standard errors
-    assert table.loc["dapo", "peak (rollout)"] == "0.807 (20)"
-    assert table.loc["dapo", "final"] == "0.570"
+    assert table.loc["dapo", "peak level (rollout)"] == "0.807 (20)"
+    assert table.loc["dapo", "final level"] == "0.570"
+    # beside the levels, the raw evals: best 0.82 (rollout 20), last 0.56; from rollout 0: 0.75 − 0.57
+    assert (table.loc["dapo", "best eval"], table.loc["dapo", "last eval"]) == ("0.820", "0.560")
+    assert table.loc["dapo", "drop from rollout 0"] == "0.180"
     se = math.sqrt(sum(p * (1 - p) for p in (0.80, 0.82, 0.80, 0.58, 0.57, 0.56)) / (9 * 400))
     dapo = state["runs"][state["runs"]["group"].str.contains("dapo")]
     assert dapo["drop_se"].tolist() == pytest.approx([(0.8066667 - 0.57) / se] * 2, rel=1e-4)
     assert table.loc["dapo", "collapsed (rollout)"].startswith("2/2")
     assert table.loc["armor", "collapsed (rollout)"].startswith("0/2")
     assert table.loc["armor", "P(final > dapo)"] == "1.00"
-    assert state["sentences"][0].startswith("dapo: held-out accuracy rose from 0.750 at rollout 0 to a peak of 0.807")
+    assert state["sentences"][0].startswith("dapo: held-out accuracy rose from 0.750 at rollout 0 to a peak level of "
+                                            "0.807 (median rollout 20; best single eval 0.820)")
+    assert "ended at a final level of 0.570 (last eval 0.560)" in state["sentences"][0]
     assert "ended above dapo in every seed pair, which a rank test cannot resolve with 2 vs 2 seeds" in state["sentences"][1]
     assert (tmp_path / "report" / "tables" / "demo_headline.md").is_file()
 
@@ -143,7 +159,7 @@ def test_printed_headline_opens_with_the_verdicts(capsys):
 
     table = pd.DataFrame([{"group": "dapo", "final": "0.670"}])
     print_headline({"table": table, "sentences": ["dapo: held-out accuracy rose"]},
-                   ["armor vs dapo: −0.031 [−0.093, +0.031] final val/acc — not resolved with 3 seeds per arm"])
+                   ["armor vs dapo: −0.031 [−0.093, +0.031] final level of val/acc — not resolved with 3 seeds per arm"])
     out = capsys.readouterr().out
     assert out.index("verdicts against DAPO") < out.index("armor vs dapo: −0.031") < out.index("headline") \
         < out.index("dapo: held-out accuracy rose")

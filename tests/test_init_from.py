@@ -99,10 +99,11 @@ def test_without_selected_json_the_start_is_computed_from_the_metrics_among_kept
     finally:
         gone.with_name("removed-2").rename(gone)
     init = json.loads((child.path / INIT).read_text())
-    # the rule restated: levels are means of 3 consecutive evals (steps 0..4), each standing for its
-    # middle eval (1, 2, 3); the best level whose middle step still has its checkpoint (1 or 3) wins
+    # the rule restated: each eval (steps 0..4) is scored by the mean of the evals one before to one
+    # after it that exist; the best level whose step still has its checkpoint (1, 3 or 4) wins
     vals = [r["val/acc"] for r in parent.read_metrics() if "val/acc" in r]
-    levels = {mid: sum(vals[mid - 1:mid + 2]) / 3 for mid in (1, 3)}
+    assert len(vals) == 5 and (parent.path / "checkpoints" / "checkpoint-4").is_dir()
+    levels = {1: sum(vals[0:3]) / 3, 3: sum(vals[2:5]) / 3, 4: sum(vals[3:5]) / 2}
     best = max(levels, key=lambda mid: (levels[mid], -mid))
     assert (init["step"], init["source"]) == (best, FROM_METRICS)
     assert math.isclose(init["value"], levels[best])

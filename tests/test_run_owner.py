@@ -57,7 +57,7 @@ def test_a_second_trainer_exits_73_and_touches_nothing(tmp_path):
         proc.kill()
         proc.wait()
     assert out.returncode == 73, out.stderr
-    assert "another live process owns" in out.stderr and str(proc.pid) in out.stderr
+    assert f"owned by PID {proc.pid} on" in out.stderr
     assert rd.status_path.read_bytes() == before and not rd.metrics_path.exists()
 
 

@@ -141,18 +141,28 @@ def test_refill_factor_now_also_serves_the_gate():
 
 
 # --------------------------------------------------------------------------- the selected checkpoint
-def test_selection_is_the_report_peak_level_not_the_raw_maximum():
+def test_selection_is_a_level_not_the_raw_maximum():
     steps = [0, 10, 20, 30, 40, 50, 60]
-    values = [0.50, 0.52, 0.90, 0.50, 0.70, 0.72, 0.71]   # one lucky eval at 20
-    # levels of 3 evals: 0.64, 0.64, 0.70, 0.64, 0.71; the best window is evals 40-60, middle 50
+    values = [0.50, 0.52, 0.90, 0.50, 0.70, 0.72, 0.80]   # one lucky eval at 20
+    # levels: 10: 0.64, 20: 0.64, 30: 0.70, 40: 0.64, 50: 0.74, and 60: (0.72 + 0.80)/2 = 0.76
     (pick,) = select_checkpoints(steps, values)
-    assert pick.step == 50 and pick.level == pytest.approx((0.70 + 0.72 + 0.71) / 3)
-    assert pick.window == (40, 50, 60)
-    from armorlab.stats.collapse import peak_and_drop
-
-    assert peak_and_drop(steps, values)["peak_step"] == 50   # the report's peak_step
-    # mode min (a loss): the lowest level
+    assert pick.step == 60 and pick.level == pytest.approx(0.76) and pick.window == (50, 60)
+    values[-1] = 0.71  # 50: (0.70 + 0.72 + 0.71)/3 = 0.71 (the centred rule's pick), 60: 0.715
+    assert select_checkpoints(steps, values)[0].step == 60
+    values[-1] = 0.60  # 50: 0.673, 60: 0.66: 30 (0.70) is best
+    assert select_checkpoints(steps, values)[0].step == 30
+    assert select_checkpoints(steps, values, settled=True)[0].step == 30
+    # mode min (a loss): the lowest level, 10 (0.64) before 20 (0.64) and 40 (0.64) on the tie
     assert select_checkpoints(steps, values, mode="min")[0].step == 10
+
+
+def test_selection_picks_the_last_checkpoint_of_a_rising_curve():
+    # the case: 0.59 at step 5 was chosen over 0.635 at step 10 by the window's middle
+    steps, values = [0, 5, 10], [0.50, 0.59, 0.635]
+    (pick,) = select_checkpoints(steps, values)
+    assert pick.step == 10 and pick.level == pytest.approx((0.59 + 0.635) / 2)
+    # settled levels leave the last one out: a later eval may still lower it
+    assert select_checkpoints(steps, values, settled=True)[0].step == 5
 
 
 def test_top_k_picks_distinct_eligible_steps_best_first():

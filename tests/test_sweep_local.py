@@ -266,6 +266,8 @@ def test_local_workers_share_the_cores_unless_the_user_set_threads(monkeypatch, 
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))  # an idle machine (a loaded one: T1)
     profile = load_profile(None)
     assert LocalExecutor(tmp_path, profile, workers=2).thread_env() == {"OMP_NUM_THREADS": "4"}
     assert LocalExecutor(tmp_path, profile, workers=16).thread_env() == {"OMP_NUM_THREADS": "1"}

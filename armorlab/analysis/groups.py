@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 
 from armorlab.analysis.load import META_COLUMNS, RunSet
+from armorlab.analysis.ranges import clip_interval
 from armorlab.analysis.recipe import SEED_KEYS, Recipe
 from armorlab.analysis.value_labels import fmt_value, norm_value
 from armorlab.errors import ArmorLabError
@@ -370,11 +371,13 @@ STEP_SCORES = ("peak_step", "collapse_step", "selected_step", "divergence_step",
 
 
 def group_summary(per_run: pd.DataFrame, groups: Groups, cols: Sequence[str],
-                  step_range: tuple[float, float] | None = None) -> pd.DataFrame:
+                  step_range: tuple[float, float] | None = None,
+                  bounds: Mapping[str, tuple[float, float]] | None = None) -> pd.DataFrame:
     """One row per group: keys, n (runs), collapsed (runs with a collapse step), and per score
     ``<score>_mean/_ci_low/_ci_high/_std/_iqm/_n`` (stats.summarise over seeds). The interval of
     a step score (STEP_SCORES) is clipped to ``step_range``, the steps that exist: a Student-t
-    interval of the mean peak step 25 over three seeds can read [−3, 53]."""
+    interval of the mean peak step 25 over three seeds can read [−3, 53]; a score with ``bounds``
+    (analysis.ranges: a proportion's [0, 1]) to those."""
     rows = []
     at = group_rows(per_run)
     numeric = numeric_columns(per_run, cols)
@@ -392,6 +395,9 @@ def group_summary(per_run: pd.DataFrame, groups: Groups, cols: Sequence[str],
                     v = row[f"{c}_{end}"]
                     if v is not None and math.isfinite(v):
                         row[f"{c}_{end}"] = min(max(v, step_range[0]), step_range[1])
+            if bounds and c in bounds:
+                row[f"{c}_ci_low"], row[f"{c}_ci_high"] = clip_interval(row[f"{c}_ci_low"], row[f"{c}_ci_high"],
+                                                                        bounds[c])
         rows.append(row)
     return pd.DataFrame(rows)
 

@@ -2,12 +2,17 @@
 did each remedy fare against the baseline? Pure pandas/numpy over the report's per-run scores.
 
 Per run (``run_rows``):
-    start        first val value (the warm-started model, step 0)
+    start        first val value (step 0: the warm-started model, or for an arm that continues
+                 from another run's selected checkpoint, that checkpoint)
     peak, peak_step, final, drop, drop_z, collapse_step   the report's per-run scores
                  (armorlab.stats.collapse: peak and final are levels, means of m evals; drop_z
                  is the drop in standard errors of the eval noise, binomial from ``val/n``;
                  collapse_step is the onset of a fall the noise cannot explain, calibrated to a
                  fixed false-alarm rate on flat curves)
+    best, last   the raw best and last evals, shown beside the levels (a level is not an eval)
+    drop_start   start − final level: the fall from where the run started, which for a continued
+                 arm is the checkpoint it starts from (the drop from its own peak level can be 0
+                 on a curve that only fell)
     train_start, train_end   mean train reward over the first and last ``TRAIN_WINDOW`` logged steps
 Per group (``group_rows``): means over seeds, collapsed seeds k/n with their median collapse step,
 and (H1) P(final of X > final of baseline) over all seed pairs (ties ½), the probability of
@@ -45,6 +50,8 @@ def run_rows(per_run: pd.DataFrame, curve: Curve, *, val_metric: str = VAL_METRI
             "start": float(vv[0]) if vv.size else math.nan, "peak": peak, "peak_step": r.get("peak_step"),
             "final": final, "final_step": int(vs[-1]) if vs.size else None,
             "drop": peak - final, "drop_se": float(r.get("drop_z", math.nan)), "collapse_step": r.get("collapse_step"),
+            "best": float(np.max(vv)) if vv.size else math.nan, "last": float(vv[-1]) if vv.size else math.nan,
+            "drop_start": (float(vv[0]) if vv.size else math.nan) - final,
             "train_start": float(tv[:TRAIN_WINDOW].mean()) if tv.size else math.nan,
             "train_end": float(tv[-TRAIN_WINDOW:].mean()) if tv.size else math.nan,
         })
@@ -73,6 +80,7 @@ def group_rows(runs: pd.DataFrame, order: Sequence[str], baseline: str | None) -
             "group": g, "seeds": len(sub), "start": sub["start"].mean(), "peak": sub["peak"].mean(),
             "peak_step": sub["peak_step"].astype(float).median(), "final": sub["final"].mean(),
             "drop": sub["drop"].mean(), "drop_se": sub["drop_se"].mean(),
+            **{k: sub[k].mean() if k in sub else math.nan for k in ("best", "last", "drop_start")},
             "collapsed": f"{len(cs)}/{len(sub)}", "collapse_step": float(np.median(cs)) if cs else math.nan,
             "train_start": sub["train_start"].mean(), "train_end": sub["train_end"].mean(), "poi_final": poi,
             "mw_p": mw_p, "resolvable": resolvable,
@@ -90,8 +98,10 @@ def display(table: pd.DataFrame, baseline: str | None, unit: str = "step") -> pd
     for r in table.to_dict("records"):
         rows.append({
             "group": r["group"], "seeds": r["seeds"], f"{unit} 0": f(r["start"]),
-            f"peak ({unit})": f"{f(r['peak'])} ({f(r['peak_step'], '{:.0f}')})", "final": f(r["final"]),
-            "drop (SEs)": f"{f(r['drop'])} ({f(r['drop_se'], '{:.1f}')})",
+            f"peak level ({unit})": f"{f(r['peak'])} ({f(r['peak_step'], '{:.0f}')})", "best eval": f(r.get("best")),
+            "final level": f(r["final"]), "last eval": f(r.get("last")),
+            "drop from peak level (SEs)": f"{f(r['drop'])} ({f(r['drop_se'], '{:.1f}')})",
+            f"drop from {unit} 0": f(r.get("drop_start")),
             f"collapsed ({unit})": f"{r['collapsed']} ({f(r['collapse_step'], '{:.0f}')})",
             "train reward": f"{f(r['train_start'], '{:.2f}')} → {f(r['train_end'], '{:.2f}')}",
             f"P(final > {baseline or 'baseline'})": "—" if r["group"] == baseline else f(r["poi_final"], "{:.2f}"),
@@ -116,12 +126,18 @@ def verdict(table: pd.DataFrame, baseline: str | None, names: dict[str, str] | N
     if baseline in rows:
         b = rows[baseline]
         rose = b["peak"] - b["start"]
-        shape = (f"rose from {b['start']:.3f} at {unit} 0 to a peak of {b['peak']:.3f} (median {unit} "
-                 f"{b['peak_step']:.0f})" if rose > 0 else f"did not rise above its start ({b['start']:.3f})")
+        best = f"; best single eval {b['best']:.3f}" if math.isfinite(b.get("best", math.nan)) else ""
+        last = f" (last eval {b['last']:.3f})" if math.isfinite(b.get("last", math.nan)) else ""
+        shape = (f"rose from {b['start']:.3f} at {unit} 0 to a peak level of {b['peak']:.3f} (median {unit} "
+                 f"{b['peak_step']:.0f}{best})" if rose > 0 else
+                 f"did not rise above its start ({b['start']:.3f} at {unit} 0; peak level {b['peak']:.3f}{best})")
+        from_start = b.get("drop_start", math.nan)
         lines.append(
-            f"{name(baseline)}: held-out accuracy {shape}, then ended at {b['final']:.3f}: a drop of "
-            f"{b['drop']:.3f}, {b['drop_se']:.1f} standard errors of the evaluation noise, while train reward went "
-            f"{b['train_start']:.2f} → {b['train_end']:.2f}. Collapse detected in {b['collapsed']} seeds.")
+            f"{name(baseline)}: held-out accuracy {shape}, then ended at a final level of {b['final']:.3f}{last}: "
+            + (f"{from_start:.3f} below its start, " if math.isfinite(from_start) and rose <= 0 else "")
+            + f"a drop of {b['drop']:.3f} from its peak level, {b['drop_se']:.1f} standard errors of the evaluation "
+            f"noise, while train reward went {b['train_start']:.2f} → {b['train_end']:.2f}. Levels are means of "
+            f"consecutive evals. Collapse detected in {b['collapsed']} seeds.")
         k, n = (int(x) for x in str(b["collapsed"]).split("/"))
         but = caveat(prevention(name(baseline), k, n, curve_alpha), "final")
         if but:
@@ -144,8 +160,9 @@ def verdict(table: pd.DataFrame, baseline: str | None, names: dict[str, str] | N
         else:
             how = f"no consistent ordering against {name(baseline)} (Mann–Whitney p = {r['mw_p']:.2f})"
         final_b = rows[baseline]["final"] if baseline in rows else math.nan
-        lines.append(f"{name(g)}: final {r['final']:.3f} vs {final_b:.3f}, P(final > {name(baseline)}) = {p:.2f}: "
-                     f"{how}; drop from its own peak {r['drop']:.3f} ({r['drop_se']:.1f} SEs), collapse "
+        lines.append(f"{name(g)}: final level {r['final']:.3f} vs {final_b:.3f}, P(final > {name(baseline)}) = "
+                     f"{p:.2f}: {how}; drop from its own peak level {r['drop']:.3f} ({r['drop_se']:.1f} SEs), "
+                     f"from {unit} 0 {r.get('drop_start', math.nan):.3f}, collapse "
                      f"detected in {r['collapsed']} seeds" + (f"; {but}." if baseline in rows and but else "."))
     if seeds and seeds < 5:
         lines.append(f"{seeds} seed(s) per group: P(X > Y) takes only a few values and one seed can flip it; "

@@ -25,6 +25,7 @@ from armorlab.analysis import groups as G
 from armorlab.analysis.html import Section
 from armorlab.analysis.load import RunSet, load
 from armorlab.analysis.page import ReportResult, result_summary  # noqa: F401 (re-export)
+from armorlab.analysis.ranges import score_ranges
 from armorlab.analysis.recipe import DEFAULT_CURVES, Recipe, default_out_dir, unit_disagreement  # noqa: F401 (re-export)
 from armorlab.analysis.stages import Decided, Drawn, Grouped, Loaded, Scored
 from armorlab.core.fsutil import refuse_symlinks
@@ -195,7 +196,8 @@ def score(recipe: Recipe, loaded: Loaded, grouped: Grouped) -> Scored:
     per_run = G.run_scores(rs, groups, recipe, matched, notes, tok_stats)
     cols, tok_cols = G.score_columns(per_run, matched), G.token_columns(per_run)
     summary = G.group_summary(per_run, groups, cols + G.extra_columns(per_run) + tok_cols,
-                              step_range=_step_range(rs, sel.metric))
+                              step_range=_step_range(rs, sel.metric),
+                              bounds=score_ranges(cols, sel.metric, sel.report, per_run))
     return Scored(bands, noise, matched, per_run, cols, tok_cols, summary, G.resolve_scores(recipe, per_run, matched),
                   grouped.named(capacity), counterfactual, tuple(curve_notes.items), tuple(notes.items))
 

@@ -17,8 +17,8 @@ from armorlab.stats.seeds import CI_METHOD_NAMES, LOW_POWER_N, ci_method
 
 def score_label(score: str, val_metric: str, test_metric: str) -> str:
     """Column header for a score: ``test/acc @ val-best step``, ``val/acc @ 200`` ..."""
-    fixed = {"peak": f"peak {val_metric}", "peak_step": "step of peak", "final": f"final {val_metric}",
-             "drop": "drop (peak − final)", "drop_rel": "relative drop", "collapse_step": "collapse step",
+    fixed = {"peak": f"peak level {val_metric}", "peak_step": "step of peak", "final": f"final level {val_metric}",
+             "drop": "drop (peak level − final level)", "drop_rel": "relative drop", "collapse_step": "collapse step",
              "auc": f"AUC {val_metric} (mean level)", "selected_val": f"{val_metric} @ best step",
              "selected_test": f"{test_metric} @ val-best step", "selected_step": "val-best step",
              "divergence_step": "divergence step", "entropy_collapse_step": "entropy-collapse step",

@@ -7,6 +7,7 @@ and formats what they return.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from armorlab.analysis import tables
 from armorlab.analysis.groups import Notes, group_rows, numeric_columns
 from armorlab.analysis.html import Figure, Section, esc
 from armorlab.analysis.load import RunSet
+from armorlab.analysis.ranges import clip_interval, difference_range, score_ranges
 from armorlab.analysis.recipe import DEFAULT_ENDPOINTS, Recipe
 from armorlab.core.fsutil import atomic_write_text
 from armorlab.core.runs import RunDir
@@ -51,9 +53,17 @@ class VerdictTable:
         return bases.pop() if len(bases) == 1 else None
 
 
+def within(v: V.Verdict, bounds: tuple[float, float] | None) -> V.Verdict:
+    """The verdict with its interval inside the difference's range (analysis.ranges R1); the
+    verdict itself was decided on the whole interval."""
+    low, high = clip_interval(v.low, v.high, bounds)
+    return dataclasses.replace(v, low=low, high=high)
+
+
 def endpoint_label(endpoint: str, val_metric: str, test_metric: str) -> str:
-    fixed = {"final": f"final {val_metric}", "drop": f"drop from peak of {val_metric}",
-             "selected_test": f"{test_metric} at the val-selected step", "peak": f"peak {val_metric}"}
+    # peak and final are levels (means of consecutive evals), not evals: say so wherever they are printed
+    fixed = {"final": f"final level of {val_metric}", "drop": f"drop from the peak level of {val_metric}",
+             "selected_test": f"{test_metric} at the val-selected step", "peak": f"peak level of {val_metric}"}
     return fixed.get(endpoint) or tables.score_label(endpoint, val_metric, test_metric)
 
 
@@ -121,10 +131,12 @@ def build(per_run: pd.DataFrame, rs: RunSet, recipe: Recipe, pairs: Sequence[tup
     if not math.isfinite(delta):
         notes.add("verdicts: no margin declared (compare.delta): no comparison is called equivalent and no "
                   "seeds are planned")
+    ranges = score_ranges(endpoints, sel.metric, sel.report, per_run)
     for e in endpoints:
         values = {g: numeric[e][at.get(g, none)] for g in compared}
         deltas[e] = (delta, margin_source(cmp_.delta, file))
-        verdicts += [V.with_caveat(v, caveat(falls[v.baseline], e, (names or {}).get(v.baseline)))
+        verdicts += [V.with_caveat(within(v, difference_range(ranges.get(e))),
+                                   caveat(falls[v.baseline], e, (names or {}).get(v.baseline)))
                      for v in V.compare(values, pairs, e, delta=delta,
                                         higher_is_better=higher_is_better(e, sel.mode))]
     labels = {e: endpoint_label(e, sel.metric, sel.report) for e in endpoints}

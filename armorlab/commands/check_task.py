@@ -17,7 +17,7 @@ import typer
 
 
 def check_rows(cfg: dict[str, Any], *, rows: int, split: str, seed: int,
-               summary: list[str] | None = None) -> list[dict[str, Any]]:
+               summary: list[str] | None = None, file: str | None = None) -> list[dict[str, Any]]:
     """The printed facts per row: prompt text, answer, gold reward, sample, its reward, truncated.
     ``split``: train, val, test or a held-out set's name; ``summary`` gets one line per split (its
     rows, the repeated problems dropped from training, each held-out set's avg@n / pass@k)."""
@@ -44,11 +44,18 @@ def check_rows(cfg: dict[str, Any], *, rows: int, split: str, seed: int,
                        f"; val: {len(task.val)}; test: {len(task.test)}")
         summary += [f"{s.prefix}: {len(s.data)} problems" + (f" ({s.dropped} repeated rows dropped)" if s.dropped
                     else "") + f", avg@{s.samples}, pass@{s.k} ({s.path})" for s in held_out.values()]
+    chat = bool(len(data)) and isinstance(data[0]["prompt"], list)
+    if chat and not (model_path is not None and has_chat_template(model_path)):
+        raise ArmorLabError(f"the prompts are chat conversations, but the model ({describe_model(cfg['model'])}) has "
+                            "no chat template to render them; set task.chat: false (plain-text prompts) or use a "
+                            "model whose tokenizer has a chat template. The first prompt:\n"
+                            + readable_chat(data[0]["prompt"]), key="task.chat", value=cfg["task"].get("chat"),
+                            file=file)
     if model_path is None:  # the tiny model is not built: prompts and gold rewards only
         out = []
         for row in data.select(range(min(rows, len(data)))):
             gold = task.target_completion(row["answer"])
-            out.append({"prompt": row["prompt"] if isinstance(row["prompt"], str) else str(row["prompt"]),
+            out.append({"prompt": row["prompt"],
                         "answer": row["answer"], "gold_completion": gold,
                         "gold_reward": task.score([_as_completion(gold, row["prompt"])], [row["answer"]])[0],
                         "sample": None, "reward": None, "truncated": False})
@@ -76,6 +83,15 @@ def check_rows(cfg: dict[str, Any], *, rows: int, split: str, seed: int,
     return out
 
 
+def readable_chat(messages: list[dict[str, str]]) -> str:
+    """A conversation as lines a person reads (``[user] What is 2+2?``), not a Python repr."""
+    return "\n".join(f"[{m.get('role', '?')}] {m.get('content', '')}" for m in messages)
+
+
+def describe_model(model: Any) -> str:
+    return model.get("name", "?") if isinstance(model, dict) else str(model)
+
+
 def _as_list(value: Any) -> list[Any]:
     return list(value) if isinstance(value, (list, tuple)) else [value]
 
@@ -99,7 +115,8 @@ def register(app: typer.Typer) -> None:
         cfg = load_config(config, set_)
         unreadable = 0
         summary: list[str] = []
-        facts = check_rows(cfg, rows=rows, split=split, seed=seed, summary=summary)
+        facts = check_rows(cfg, rows=rows, split=split, seed=seed, summary=summary,
+                           file=str(config) if config is not None else "--set")
         for line in summary:
             typer.echo(line)
         for i, r in enumerate(facts, 1):

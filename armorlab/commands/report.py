@@ -118,10 +118,11 @@ def write_report(recipe, out: Path | None, *, cache: bool = True, lead=None, ver
                        verdicts=verdicts)
         return summary
 
-    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-    console = Console(stderr=True)
+    from armorlab.commands import console as make_console
+
+    console = make_console(stderr=True)
     with Progress(TextColumn("reading runs"), BarColumn(), MofNCompleteColumn(), console=console,
                   transient=True) as bar:
         task = bar.add_task("runs", total=None)

@@ -6,6 +6,7 @@ submitit (the dry run renders the sbatch text itself: armorlab.sweeps.sbatch.ren
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from collections.abc import Callable
@@ -65,8 +66,14 @@ def register(app: typer.Typer) -> None:
 
             cluster_max = slurmctl.max_array_size_later()
         try:
-            plan = plan_sweep(spec, root=root, executor=executor, profile=profile, retry_failed=retry == "failed",
-                              overrides=parse_overrides(set_))
+            from armorlab.sweeps.spec import paths_unchecked
+
+            with paths_unchecked() if dry_run else contextlib.nullcontext([]) as missing:
+                plan = plan_sweep(spec, root=root, executor=executor, profile=profile,
+                                  retry_failed=retry == "failed", overrides=parse_overrides(set_))
+            for problem in missing:  # the script can be read before the weights and data are on disk
+                typer.echo(f"warning: {problem} — shown anyway (a dry run); those runs' ids are provisional "
+                           "until the path exists, and a real submission refuses it", err=True)
             if dry_run:
                 if plan.executor == "slurm" and cluster_max is None:  # the profile chose Slurm
                     from armorlab.sweeps import slurmctl
@@ -116,7 +123,12 @@ def _summary(plan) -> str:
         ("failed", "failed (use --retry failed)"), ("parent failed", "not started: their parent failed"),
         ("waits for parent", "waiting for a parent running elsewhere (run the sweep again later)"))
         if counts.get(k)]
-    return f"sweep {plan.spec.name}: {len(plan.runs)} run(s) in {plan.sweep_dir}: {', '.join(parts)}"
+    from armorlab.core.runs import describe_owner
+
+    owned = [f"\n  {run_id} is owned by {describe_owner(owner)}: a live trainer (e.g. of an earlier sweep that was "
+             "killed), not started again; run the sweep again once it has exited"
+             for run_id, owner in getattr(plan, "owners", {}).items()]
+    return f"sweep {plan.spec.name}: {len(plan.runs)} run(s) in {plan.sweep_dir}: {', '.join(parts)}" + "".join(owned)
 
 
 def _print_dry_run(plan, workers: int | None, cluster_max: Callable[[], int] | None) -> None:
@@ -153,12 +165,19 @@ def _print_dry_run(plan, workers: int | None, cluster_max: Callable[[], int] | N
 
         lines.append("")
         lines += [summary(memory, ids) for memory, ids in plan_runs(plan.profile, todo, file=plan.spec.file)]
-    if plan.profile.vllm_servers is not None and todo:
+    if todo:
         from armorlab.sweeps.jobs import train_argv
-        from armorlab.vllm.servers import describe
 
         argv = train_argv("<run dir>", **{k: v for k, v in plan.profile.launch_options().items() if k != "vllm_servers"})
-        lines += ["", *describe(plan.profile.vllm_servers, python=plan.profile.python, trainer_argv=argv)]
+        if plan.profile.vllm_servers is not None:
+            from armorlab.vllm.servers import describe
+
+            lines += ["", *describe(plan.profile.vllm_servers, python=plan.profile.python, trainer_argv=argv)]
+        else:  # the sbatch script runs a job runner: say what the job itself starts for each run
+            import shlex
+
+            python = plan.profile.python or shlex.quote(argv[0])  # the profile's shell text, as written
+            lines += ["", f"each run is trained by: {python} {shlex.join(argv[1:])}"]
     sys.stdout.write("\n".join(lines) + "\n")
 
 
@@ -193,30 +212,44 @@ def _submit_slurm(plan, wait: bool) -> None:
 def run_plan_locally(plan, workers: int | None, *, detach: bool = False, exit_on_failure: bool = True) -> list[str]:
     """Train a plan's runs here with a progress bar (also used by `armorlab demo`); returns the
     runs that failed (exit 1 when one did, unless not ``exit_on_failure``)."""
-    from rich.console import Console
+    from rich.markup import escape
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from armorlab.commands import console as make_console
     from armorlab.sweeps.submit import run_local
 
-    console = Console(stderr=True)
+    console = make_console(stderr=True)
     console.print(_summary(plan))
     n = len(plan.to_submit)
     if not n:
         console.print("nothing to run")
         return []
+    from armorlab.sweeps.executors import thread_note
+    from armorlab.sweeps.spec import describe_run
+
+    console.print(thread_note(workers or plan.profile.workers))
+    labels = {r.run_id: describe_run(r) for r in plan.runs}
     failed: list[str] = []
+    started = done = 0
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console, transient=False) as progress:
         task = progress.add_task(f"training {plan.spec.name}", total=n)
 
         def on_event(event: str, run_id: str, payload) -> None:
+            # a line per start and end, with the run's stage and point: in a log file the bar shows nothing
+            nonlocal started, done
+            if event == "start":
+                started += 1
+                progress.console.print(f"[{started}/{n}] started {run_id} {labels.get(run_id, '')}",
+                                       markup=False, highlight=False)
             if event != "done":
                 return
+            done += 1
             progress.advance(task)
             mark = {"completed": "[green]completed[/]", "stopped": "[green]stopped[/]", "failed": "[red]failed[/]"}.get(
                 payload.state, f"[yellow]{payload.state}[/]")
-            reason = f": {payload.reason}" if payload.reason else ""
-            progress.console.print(f"{run_id} {mark}{reason}")
+            reason = f": {escape(payload.reason)}" if payload.reason else ""
+            progress.console.print(f"[{done}/{n} done] {run_id} {escape(labels.get(run_id, ''))} {mark}{reason}")
             if payload.state == "failed":
                 failed.append(run_id)
 
@@ -238,12 +271,11 @@ def _until_resolved(spec: Path, *, root: Path, executor: str | None, profile: Pa
                     detach: bool, dry_run: bool, wait: bool) -> None:
     """Seeds in looks until resolved (armorlab.sweeps.until_resolved): locally a foreground loop,
     on Slurm the look's arrays and a decision job that carries the chain on by itself."""
-    from rich.console import Console
-
+    from armorlab.commands import console as make_console
     from armorlab.sweeps.submit import load_sweep
     from armorlab.sweeps.until_resolved import Chain, advance, describe, look_line
 
-    console = Console(stderr=True)
+    console = make_console(stderr=True)
     cluster_max = None
     if dry_run:
         from armorlab.sweeps import slurmctl
@@ -342,9 +374,9 @@ def _clip(text: str, limit: int) -> str:
 
 
 def _print_status(st) -> None:
-    from rich.console import Console
+    from armorlab.commands import console as make_console
 
-    console = Console()
+    console = make_console()
     console.print(_status_table(st))
     for r in st.rows:  # in full: a narrow table folds the reason column
         if r.state == "failed" and r.reason:

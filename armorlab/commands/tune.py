@@ -52,9 +52,10 @@ def register(app: typer.Typer) -> None:
         import logging
 
         import optuna
-        from rich.console import Console
 
+        from armorlab.commands import console as make_console
         from armorlab.errors import ArmorLabError
+        from armorlab.sweeps.executors import thread_note
         from armorlab.tune.study import (
             is_study_dir,
             load_study_spec,
@@ -68,10 +69,9 @@ def register(app: typer.Typer) -> None:
         # Optuna logs every trial at INFO to stderr; the progress bar and table say it better.
         if not logging.getLogger().isEnabledFor(logging.INFO):
             optuna.logging.set_verbosity(optuna.logging.WARNING)
-        import sys
 
         # piped or logged output gets rich's 80-column default: too narrow for params + run ids
-        console = Console() if sys.stdout.isatty() else Console(width=160)
+        console = make_console()
         if status:
             if spec.is_dir():
                 study_dir = spec
@@ -116,10 +116,21 @@ def register(app: typer.Typer) -> None:
                           TextColumn("{task.fields[extra]}"), TimeElapsedColumn(), console=console,
                           transient=False) as bar:
                 task = bar.add_task(f"{ctx.name} trials", total=n_trials, extra="")
+                bar.console.print(thread_note(n_workers), markup=False, highlight=False)
+                seen: list[tuple[int, ...]] = []
 
                 def progress(c: dict) -> None:
                     bar.update(task, completed=min(c["finished"], n_trials),
                                extra=f"{c['running']} running, {c['pruned']} pruned, {c['fail']} failed")
+                    # a line whenever a trial starts or ends: in a log file the bar shows nothing
+                    key = (c["running"], c["complete"], c["pruned"], c["fail"])
+                    if seen and seen[-1] == key or not any(key):
+                        return
+                    seen.append(key)
+                    started = c["running"] + c["finished"] + c["fail"]
+                    bar.console.print(f"trials: {started} started, {c['finished']}/{n_trials} finished "
+                                      f"({c['pruned']} pruned), {c['fail']} failed; best so far: "
+                                      f"{best_so_far(ctx.study_dir)}", markup=False, highlight=False)
 
                 try:
                     result = run_local(ctx, n_workers, launch=prof.launch_options(), on_progress=progress)
@@ -144,3 +155,16 @@ def register(app: typer.Typer) -> None:
                               f"{', '.join(result['job_states'])}); logs in {ctx.study_dir / '.submitit'}",
                               style="red")
                 raise typer.Exit(1)
+
+
+def best_so_far(study_dir) -> str:
+    """``0.412 (trial 3: alpha=0.7)``, or ``none yet`` before a trial completes."""
+    from armorlab.tune.study import study_status
+
+    best = study_status(study_dir, top=1)["best"]
+    if not best:
+        return "none yet"
+    b = best[0]
+    values = ", ".join(f"{v:.4g}" for v in b["values"])
+    params = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in b["params"].items())
+    return f"{values} (trial {b['number']}: {params})"

@@ -59,7 +59,7 @@ def number(lo: float | None = None, hi: float | None = None, *, lo_open: bool = 
 def choice(*choices: str) -> Callable[[Any], str]:
     def check(v: Any) -> str:
         if v not in choices:
-            raise Invalid(f"must be one of {', '.join(choices)}")
+            raise Invalid(f"must be one of {', '.join(choices)}{did_you_mean(v, choices)}")
         return v
     return check
 

@@ -66,7 +66,7 @@ def objective_choices() -> tuple[str, ...]:
 def _objective(v: Any) -> str:
     choices = objective_names()  # read at check time: an objective registered later is valid too
     if not isinstance(v, str) or v not in choices:
-        raise Invalid(f"must be one of {', '.join(choices)}")
+        raise Invalid(f"must be one of {', '.join(choices)}{did_you_mean(v, choices)}")
     return v
 
 
@@ -487,6 +487,21 @@ def known_keys() -> frozenset[str]:
     return frozenset(FIELDS) | grpo_field_names() | {"task", "model"}
 
 
+# GRPOConfig fields that TRL retired: the nearest spelling (max_prompt_length → max_completion_length)
+# would point a user at a different knob, so say what replaced it instead
+RETIRED_TRL_KEYS = {
+    "max_prompt_length": "TRL's GRPOConfig no longer has it: prompts are not truncated; shorten or drop overlong "
+                         "prompts in the data, and give `armorlab plan --prompt-tokens N` their length",
+}
+
+
+def unknown_key_hint(key: Any, choices: Any = None) -> str:
+    """What to say after "unknown config key": a retired TRL field's replacement, else a near miss."""
+    if isinstance(key, str) and key.rsplit(".", 1)[-1] in RETIRED_TRL_KEYS:
+        return f" ({RETIRED_TRL_KEYS[key.rsplit('.', 1)[-1]]})"
+    return did_you_mean(key, known_keys() if choices is None else choices)
+
+
 # --------------------------------------------------------------------------- dotted keys
 def get_dotted(cfg: Mapping[str, Any], key: str, default: Any = None) -> Any:
     node: Any = cfg
@@ -684,7 +699,7 @@ def _resolve_once(raw: Mapping[str, Any], *, file: str | None = None, check_path
                                 value=raw[key], file=file)
         if key not in FIELDS and key not in known_trl and key not in ("task", "model"):
             raise ArmorLabError("unknown config key (not an armorlab field nor a GRPOConfig field)"
-                                + did_you_mean(key, known_keys()), key=key, value=raw[key], file=file)
+                                + unknown_key_hint(key), key=key, value=raw[key], file=file)
         problem = trl_fields.config_problem(key, raw[key]) if key not in FIELDS else None
         if problem:
             raise ArmorLabError(problem, key=key, value=raw[key], file=file)

@@ -96,6 +96,12 @@ def slurm_job_id(env: Mapping[str, str] | None = None) -> str | None:
     return env.get("SLURM_JOB_ID") or None
 
 
+def describe_owner(owner: Mapping[str, Any]) -> str:
+    """``PID 4242 on node1 (since 2026-…)``: who holds a run dir's owner.lock."""
+    since = f" (since {owner['since']})" if owner.get("since") else ""
+    return f"PID {owner.get('pid', '?')} on {owner.get('host', '?')}{since}"
+
+
 def valid_step(step: Any) -> bool:
     """A logged step: an int (not a bool) that fits the int64 columns readers put it in."""
     return isinstance(step, int) and not isinstance(step, bool) and 0 <= step < 2**63
@@ -345,10 +351,11 @@ class RunDir:
     def owner_path(self) -> Path:
         return self.path / OWNER
 
-    def acquire_owner(self, *, wait_s: float = OWNER_WAIT_S) -> int | None:
+    def acquire_owner(self, *, wait_s: float = OWNER_WAIT_S, pid: int | None = None) -> int | None:
         """Take the run dir's exclusive lock for this process; returns its fd (keep it open while
         training; closing it or exiting releases the lock), or None when another live process
-        holds it. Only one process may train a run dir at a time.
+        holds it. Only one process may train a run dir at a time. A lock held by this process's
+        launcher (the sweep job that took it before starting the trainer) counts as this process's.
 
         The lock file is opened without following a symlink and must be a regular file: a link
         planted there would otherwise have the owner record written into whatever it points to,
@@ -360,6 +367,8 @@ class RunDir:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except OSError as exc:
+                if exc.errno in _HELD and self.owned_by_ancestor():
+                    return fd  # handed down by the job that started this process: it is ours already
                 if exc.errno not in _HELD or time.monotonic() >= deadline:
                     os.close(fd)
                     if exc.errno in _HELD:
@@ -368,10 +377,15 @@ class RunDir:
             time.sleep(0.05)
         import socket  # here: start-up of `status` and `sweep --dry-run` (issue 14)
 
-        info = {"pid": os.getpid(), "host": socket.gethostname(), "since": now_iso(), "job_id": slurm_job_id()}
+        self.write_owner(fd, os.getpid() if pid is None else pid, socket.gethostname())
+        return fd
+
+    @staticmethod
+    def write_owner(fd: int, pid: int, host: str) -> None:
+        """The owner record (for messages) of the lock held through ``fd``."""
+        info = {"pid": pid, "host": host, "since": now_iso(), "job_id": slurm_job_id()}
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
-        return fd
 
     def _open_owner(self, flags: int) -> int:
         try:
@@ -410,6 +424,25 @@ class RunDir:
             return None
         finally:
             os.close(fd)
+
+    def owned_by_ancestor(self) -> bool:
+        """Whether the process holding the run dir's lock is this process or one of its ancestors:
+        the job that started this trainer took the lock before starting it (so no second trainer
+        can slip in while this one imports) and handed it down. Linux /proc; False elsewhere."""
+        owner = self.owner()
+        pid = owner.get("pid") if owner else None
+        if not isinstance(pid, int):
+            return False
+        here = os.getpid()
+        while here > 1:
+            if here == pid:
+                return True
+            try:
+                with open(f"/proc/{here}/stat", encoding="utf-8", errors="replace") as fh:
+                    here = int(fh.read().rsplit(")", 1)[1].split()[1])  # the field after state: ppid
+            except (OSError, ValueError, IndexError):
+                return False
+        return False
 
     # ---------------------------------------------------------------- checkpoints
     def checkpoints(self) -> list[Path]:

@@ -9,9 +9,9 @@
 The gap between (R1)'s val value and the matched-step values is the best-checkpoint selection
 bias the ARMOR review names.
 
-A run's *kept* checkpoint (selected.json, written by the trainer) is chosen by the report's
-noise-aware peak instead (``select_checkpoints``): the best level of several evals, not (R1)'s raw
-maximum, so a lucky eval does not decide which weights a later stage continues from.
+A run's *kept* checkpoint (selected.json, written by the trainer) is chosen by a noise-aware level
+instead (``select_checkpoints``, S1): the best mean of several evals around a checkpoint, not (R1)'s
+raw maximum, so a lucky eval does not decide which weights a later stage continues from.
 """
 
 from __future__ import annotations
@@ -103,55 +103,63 @@ class Pick:
 def level_rule(patience: int = PATIENCE, metric: str = VAL_METRIC, mode: str = "max") -> str:
     """selected.json's ``rule``: how :func:`select_checkpoints` chose, in words."""
     best = "highest" if mode == "max" else "lowest"
-    return (f"peak level: the {best} mean of {patience} consecutive {metric} evals (analysis.collapse C1/C2, "
-            f"the report's peak); the checkpoint of the window's middle eval")
+    return (f"level: each checkpoint scored by the mean of the {patience} {metric} evals around it, fewer at "
+            f"either end of the curve (the last by the evals up to it); the {best} level's checkpoint")
 
 
 def select_checkpoints(steps, values, *, eligible=None, patience: int = PATIENCE, mode: str = "max",
-                       top: int = 1) -> list[Pick]:
-    """The ``top`` checkpoints by noise-aware level, best first: the report's peak rule (C2 of
-    armorlab.stats.collapse) instead of a raw maximum, which on a noisy eval picks a lucky step.
+                       top: int = 1, settled: bool = False) -> list[Pick]:
+    """The ``top`` checkpoints by noise-aware level, best first (S1), instead of a raw maximum, which
+    on a noisy eval picks a lucky step.
 
-    Levels are means of m = min(patience, K) consecutive evals of the K logged ones (C1); a
-    window stands for its middle eval (C2's peak_step: index i + (m − 1)//2). Only windows whose
-    middle eval is in ``eligible`` (steps that have a checkpoint; default: every step > 0, as
-    step 0 is the initial model) compete; ties go to the earlier window. When no window has an
-    eligible middle (two evals, the first at step 0), the same rule runs on the eligible evals
-    alone. Each step is picked once; fewer than ``top`` picks when fewer steps qualify.
+    (S1) Of K logged evals and m = min(patience, K), eval j is scored by the mean of the evals
+    j − h … j − h + m − 1 (h = (m − 1)//2) that exist: inside the curve the report's peak window
+    (C1, centred on j), at its ends fewer evals. The centred window alone (C2's peak_step) could
+    never pick the last checkpoint, so on a still-rising curve it chose one h evals short of the
+    best; a level of fewer evals is noisier, which benchmarks/selection.py measures on flat
+    curves. Only evals in ``eligible`` (steps that have a checkpoint; default: every step > 0,
+    as step 0 is the initial model) compete; ties go to the earlier step. Each step is picked
+    once; fewer than ``top`` picks when fewer steps qualify. ``settled``: only evals whose level
+    no later eval can change (not the last ⌈(m − 1)/2⌉, see :func:`pending_steps`) compete.
     """
     if mode not in ("max", "min"):
         raise ValueError(f"mode must be 'max' or 'min', got {mode!r}")
     s, v = clean_curve(steps, values)
     ok = (lambda x: x > 0) if eligible is None else (lambda x, e=frozenset(eligible): x in e)
-    picks = _ranked(s, v, ok, patience, mode, top)
-    if not picks:
+    picks = _ranked(s, v, ok, patience, mode, top, settled)
+    if not picks:  # only step 0 has a full window (two evals): the rule on the eligible evals alone
         keep = np.array([ok(x) for x in s], dtype=bool)
-        picks = _ranked(s[keep], v[keep], ok, patience, mode, top)
+        picks = _ranked(s[keep], v[keep], ok, patience, mode, top, settled)
     return picks
 
 
-def _ranked(s: np.ndarray, v: np.ndarray, ok, patience: int, mode: str, top: int) -> list[Pick]:
+def _ranked(s: np.ndarray, v: np.ndarray, ok, patience: int, mode: str, top: int, settled: bool) -> list[Pick]:
     if v.size == 0:
         return []
-    m = min(patience, v.size)
+    k = v.size
+    m = min(patience, k)
+    j = np.arange(k)
+    lo = np.maximum(j - (m - 1) // 2, 0)
+    hi = np.minimum(j - (m - 1) // 2 + m, k)           # exclusive
     c = np.concatenate([[0.0], np.cumsum(v)])
-    levels = (c[m:] - c[:-m]) / m                      # (C1)
-    middle = np.arange(levels.size) + (m - 1) // 2     # (C2) the eval a window stands for
+    levels = (c[hi] - c[lo]) / (hi - lo)               # (S1)
+    if settled:
+        levels = levels[j - (m - 1) // 2 + m <= k]     # a prefix: no later eval extends these windows
     order = np.argsort(-levels if mode == "max" else levels, kind="stable")
     picks: list[Pick] = []
     for i in order:
-        step = _as_step(s[middle[i]])
+        step = _as_step(s[i])
         if ok(step) and all(p.step != step for p in picks):
-            picks.append(Pick(step, float(levels[i]), tuple(_as_step(x) for x in s[i:i + m])))
+            picks.append(Pick(step, float(levels[i]), tuple(_as_step(x) for x in s[lo[i]:hi[i]])))
             if len(picks) == top:
                 break
     return picks
 
 
 def pending_steps(steps, patience: int = PATIENCE) -> list[int | float]:
-    """Eval steps a later eval may still make a window's middle (their checkpoints must stay until
-    then): with K evals so far, the next window's middle is eval K − ⌈(m − 1)/2⌉ (0-based), and
-    every later window's middle comes after it (also while K < m, where m shrinks to K)."""
+    """Eval steps whose level (S1) a later eval may still change (their checkpoints must stay until
+    then): with K evals so far, the windows of evals K − ⌈(m − 1)/2⌉ … K − 1 (0-based) reach past
+    the last eval (also while K < m, where m shrinks to K)."""
     s = np.unique(np.asarray(steps, dtype=np.float64))
     first = max(0, s.size - math.ceil((patience - 1) / 2))
     return [_as_step(x) for x in s[first:]]

@@ -14,7 +14,7 @@ from armorlab.stats import verdicts as V
 from armorlab.stats.margins import NO_MARGIN, NO_PREVENTION, caveat
 from armorlab.stats.sequential import CONTINUE, Design
 
-_FIXED = {"final": "final {v}", "drop": "drop from peak of {v}", "peak": "peak {v}", "auc": "AUC of {v}",
+_FIXED = {"final": "final level of {v}", "drop": "drop from the peak level of {v}", "peak": "peak level of {v}", "auc": "AUC of {v}",
           "selected_test": "{t} at the val-selected step", "selected_val": "{v} at the val-selected step"}
 
 
@@ -49,7 +49,7 @@ def resolved_at(looks: Sequence[Mapping[str, Any]], arm: str) -> int | None:
 
 
 def sentence(c: Mapping[str, Any], design: Design, looks: Sequence[Mapping[str, Any]], label: str) -> str:
-    """``armor vs dapo: −0.031 [−0.052, −0.010] final val/acc — worse at look 2, resolved with 5
+    """``armor vs dapo: −0.031 [−0.052, −0.010] final level of val/acc — worse at look 2, resolved with 5
     seeds per arm``: one arm's latest comparison (armorlab.stats.sequential.latest_comparisons)."""
     n_arm, n_base = (list(c.get("n") or [0, 0]) + [0, 0])[:2]
     head = f"{c['arm']} vs {c.get('baseline', design.baseline)}: {interval(c)} {label}"

@@ -257,7 +257,7 @@ def more_runs(v: Verdict) -> int:
 
 def sentence(v: Verdict, label: str, *, names: Mapping[str, str] | None = None,
              hours: float | None = None) -> str:
-    """One plain sentence: ``armor vs dapo: −0.031 [−0.052, −0.010] final val/acc — worse,
+    """One plain sentence: ``armor vs dapo: −0.031 [−0.052, −0.010] final level of val/acc — worse,
     resolved with 7 seeds per arm``; ``hours``: what the extra runs of an unresolved
     comparison cost (None: run times unknown)."""
     names = names or {}

@@ -55,12 +55,36 @@ class Interrupted(KeyboardInterrupt):
     """The local sweep was asked to stop (Ctrl-C, SIGTERM from `armorlab cancel`)."""
 
 
+def trainer_threads(workers: int, cores: int | None = None, load: float | None = None) -> int:
+    """(T1) Threads per local trainer: the cores this process may use that are idle (cores − the
+    1-minute load average, at least 1), split between ``workers`` trainers, at least 1. N trainers
+    each using every core run slower than N on a share each, and a trainer whose threads outnumber
+    the idle cores waits on the busiest of them at every op: one trainer with 2 threads on a loaded
+    2-core machine ran 3–8× slower per step than each of two with 1."""
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if load is None:
+        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    idle = max(1, int(cores - load + 0.5))
+    return max(1, min(cores, idle) // max(1, workers))
+
+
 def local_thread_env(workers: int) -> dict[str, str]:
-    """Split this machine's cores between ``workers`` local trainers: N trainers each using every
-    core run slower than N trainers on a share each. A thread count the user exported wins."""
+    """OMP_NUM_THREADS for each of ``workers`` local trainers (T1; torch reads it at start). A thread
+    count the user exported wins."""
     if "OMP_NUM_THREADS" in os.environ:
         return {}
-    return {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // workers))}
+    return {"OMP_NUM_THREADS": str(trainer_threads(workers))}
+
+
+def thread_note(workers: int) -> str:
+    """The line the CLI prints about it."""
+    if "OMP_NUM_THREADS" in os.environ:
+        return f"each trainer uses OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']} threads (exported)"
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    return (f"{workers} trainer(s) at a time, each with {trainer_threads(workers, cores, load)} thread(s) "
+            f"({cores} cores, load {load:.1f}; export OMP_NUM_THREADS to choose)")
 
 
 class LocalExecutor:

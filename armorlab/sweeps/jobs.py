@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -33,11 +34,12 @@ from typing import TYPE_CHECKING, Any
 
 from armorlab.core.exits import EXIT_BUSY, EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, describe_exit
 from armorlab.core.fsutil import open_append
-from armorlab.core.runs import FINAL_STATES, RunDir, slurm_job_id
-from armorlab.vllm.servers import RunningServers, ServerError, ServerSet, StartStopped, server_model
+from armorlab.core.runs import FINAL_STATES, RunDir, describe_owner, slurm_job_id
 
 if TYPE_CHECKING:
     from submitit.helpers import DelayedSubmission
+
+    from armorlab.vllm.servers import RunningServers, ServerSet
 
 log = logging.getLogger(__name__)
 
@@ -151,6 +153,7 @@ class TrainJob:
         self._asked: set[int] = set()  # stop signals sent to this attempt's trainer
         self._servers: RunningServers | None = None
         self._stop_asked = threading.Event()  # a stop that came before the trainer was started
+        self._lock_fd: int | None = None  # the run dir's owner lock while this job holds it
 
     def __repr__(self) -> str:
         return f"TrainJob({self.run_dir!r}, launcher={self.launcher!r})"
@@ -193,11 +196,27 @@ class TrainJob:
         status = rd.read_status()
         if status["state"] in FINAL_STATES:  # a duplicate or late requeue: nothing to do
             return JobOutcome(self.run_dir, EXIT_OK, status["state"], status.get("reason"))
-        owner = rd.owner()
-        if owner is not None:  # a live trainer (e.g. an orphan of a killed sweep) has it: never a second
+        # The lock is taken here, before the trainer starts, and handed down to it (an inherited
+        # descriptor): a re-run cannot find the run dir free while a trainer it did not see is
+        # still importing, so there is never a second trainer process on it.
+        lock_fd = rd.acquire_owner(wait_s=0)
+        if lock_fd is None:  # a live trainer (e.g. an orphan of a killed sweep) has it: never a second
             return JobOutcome(self.run_dir, EXIT_BUSY, status["state"],
-                              f"another live process owns this run dir (pid {owner.get('pid')} on "
-                              f"{owner.get('host')})")
+                              f"the run dir is owned by {describe_owner(rd.owner() or {})}: not started again")
+        self._lock_fd = lock_fd
+        try:
+            return self._run_owned(rd, lock_fd, env=env, log_path=log_path)
+        finally:
+            self._release_lock()
+
+    def _release_lock(self) -> None:
+        """Close this job's copy of the owner lock (the trainer, if started, holds its own)."""
+        fd, self._lock_fd = self._lock_fd, None
+        if fd is not None:
+            os.close(fd)
+
+    def _run_owned(self, rd: RunDir, lock_fd: int, *, env: dict[str, str] | None,
+                   log_path: str | os.PathLike | None) -> JobOutcome:
         slurm = os.environ.get("SUBMITIT_EXECUTOR") == "slurm"
         argv = wrapped_argv(train_argv(self.run_dir, launcher=self.launcher, accelerate_config=self.accelerate_config),
                             die_with_parent=not self.detach, ignore_signal=_checkpoint_signal() if slurm else 0)
@@ -219,8 +238,9 @@ class TrainJob:
                 argv, cwd=os.getcwd(), env={**os.environ, **env}, stdin=subprocess.DEVNULL,
                 stdout=out, stderr=subprocess.STDOUT if out is not None else None,
                 # own process group: a terminal's Ctrl-C reaches the sweep, which forwards SIGTERM
-                start_new_session=True,
+                start_new_session=True, pass_fds=(lock_fd,),
             )
+            RunDir.write_owner(lock_fd, self._proc.pid, socket.gethostname())  # the trainer, not this job
             # Wait in a helper thread: submitit's signal handler runs in this (main) thread and
             # calls checkpoint(), which must be able to wait for the child too (Popen.wait holds a
             # lock a handler re-entering it would deadlock on).
@@ -238,6 +258,7 @@ class TrainJob:
             if self._servers is not None:
                 self._servers.stop()
         rc = self._proc.returncode
+        self._release_lock()  # the trainer is gone: whether another process owns the run is asked below
         status = rd.read_status()
         if server_death is not None and status["state"] not in FINAL_STATES:
             # the trainer's own reason would be a connection error, or "preempted" (we stopped it)
@@ -264,6 +285,9 @@ class TrainJob:
     def _start_servers(self, rd: RunDir, env: dict[str, str]) -> JobOutcome | None:
         """Start this attempt's vLLM servers and wait until they answer; None when they do (``env``
         then holds the trainer's CUDA_VISIBLE_DEVICES and the servers' ports), else the outcome."""
+        # lazy: the servers' module, for jobs that start servers only (`sweep --dry-run` stays light)
+        from armorlab.vllm.servers import RunningServers, ServerError, StartStopped, server_model
+
         assert self.vllm_servers is not None
         base = {**os.environ, **env}
         job = slurm_job_id(base) or base.get("ARMORLAB_JOB_ID")
@@ -286,6 +310,9 @@ class TrainJob:
 
     def _server_died(self, *, stop_trainer: bool = True) -> str | None:
         """The reason when a server died under the trainer; the trainer is asked to checkpoint and stop."""
+        # lazy: see _start_servers
+        from armorlab.vllm.servers import ServerError
+
         assert self._servers is not None
         try:
             self._servers.check_alive()

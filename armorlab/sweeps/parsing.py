@@ -9,9 +9,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from armorlab.core.checks import did_you_mean
-from armorlab.core.config import MODEL_FIELDS_TINY, TASK_FIELDS, known_keys, load_yaml_mapping
-from armorlab.errors import ArmorLabError
+from armorlab.core.config import (
+    MODEL_FIELDS_TINY,
+    TASK_FIELDS,
+    known_keys,
+    load_yaml_mapping,
+    unknown_key_hint,
+)
+from armorlab.errors import ArmorLabError, combine
 
 # Sweep names become directory names and Slurm job names: keep them to a shell- and path-safe set.
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")  # fullmatch: `$` would allow a final newline
@@ -55,7 +60,7 @@ def check_key(key: Any, where: str, file: str) -> str:
     if ok and len(parts) > 1:
         ok = top in _SUBKEYS and len(parts) == 2 and parts[1] in _SUBKEYS[top]
     if not ok:
-        near = did_you_mean(key, [*known_keys(), *(f"{t}.{k}" for t, ks in _SUBKEYS.items() for k in ks)])
+        near = unknown_key_hint(key, [*known_keys(), *(f"{t}.{k}" for t, ks in _SUBKEYS.items() for k in ks)])
         raise ArmorLabError(f"unknown config key (not an armorlab field, a GRPOConfig field, task.X or model.X){near}",
                             key=f"{where}.{key}", value=key, file=file)
     return key
@@ -69,10 +74,18 @@ def parse_base(raw: Any, path: Path | None, file: str, *, where: str = "base") -
         raw = load_yaml_mapping(base_path)
     if not isinstance(raw, Mapping):
         raise ArmorLabError("must be a run config mapping or a path to one", key=where, value=raw, file=file)
+    problems = []
     for key in raw:
         if not isinstance(key, str) or "." in key:
-            raise ArmorLabError("base keys are plain config keys (nest task/model settings)",
-                                key=f"{where}.{key}", value=raw[key], file=file)
+            problems.append(ArmorLabError("base keys are plain config keys (nest task/model settings)",
+                                          key=f"{where}.{key}", value=raw[key], file=file))
+            continue
+        try:  # a typo here is reported with the grid's, not one round trip later when runs expand
+            check_key(key, where, file)
+        except ArmorLabError as exc:
+            problems.append(exc)
+    if problems:
+        raise combine(problems)
     return copy.deepcopy(dict(raw))
 
 
@@ -81,13 +94,18 @@ def parse_grid(raw: Any, file: str, *, where: str = "grid") -> dict[str, list[An
         return {}
     if not isinstance(raw, Mapping):
         raise ArmorLabError("must map config keys to lists of values", key=where, value=raw, file=file)
-    grid = {}
+    grid, problems = {}, []
     for key, values in raw.items():
-        key = check_key(key, where, file)
+        try:
+            key = check_key(key, where, file)
+        except ArmorLabError as exc:
+            problems.append(exc)
         if not isinstance(values, list) or not values:
-            raise ArmorLabError("a grid axis must be a non-empty list of values", key=f"{where}.{key}",
-                                value=values, file=file)
+            problems.append(ArmorLabError("a grid axis must be a non-empty list of values", key=f"{where}.{key}",
+                                          value=values, file=file))
         grid[key] = copy.deepcopy(values)
+    if problems:
+        raise combine(problems)
     return grid
 
 
@@ -107,12 +125,20 @@ def parse_points(raw: Any, where: str, file: str, *, allow_empty: bool) -> list[
         return []
     if not isinstance(raw, list):
         raise ArmorLabError("must be a list of mappings", key=where, value=raw, file=file)
-    points = []
+    points, problems = [], []
     for i, point in enumerate(raw):
         if not isinstance(point, Mapping) or (not point and not allow_empty):
-            raise ArmorLabError("each entry must be a non-empty mapping of config keys to values",
-                                key=f"{where}[{i}]", value=point, file=file)
-        points.append({check_key(k, where, file): copy.deepcopy(v) for k, v in point.items()})
+            problems.append(ArmorLabError("each entry must be a non-empty mapping of config keys to values",
+                                          key=f"{where}[{i}]", value=point, file=file))
+            continue
+        for k in point:
+            try:
+                check_key(k, where, file)
+            except ArmorLabError as exc:
+                problems.append(exc)
+        points.append(copy.deepcopy(dict(point)))
+    if problems:
+        raise combine(problems)
     return points
 
 

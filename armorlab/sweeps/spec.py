@@ -36,10 +36,13 @@ in product order (first axis slowest), then includes, each with its seeds in the
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import copy
 import itertools
 import math
-from collections.abc import Callable, Mapping
+import re
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,7 +55,7 @@ from armorlab.core.config import (
     set_dotted,
 )
 from armorlab.core.runs import canonical_json, run_id
-from armorlab.errors import ArmorLabError
+from armorlab.errors import ArmorLabError, combine
 from armorlab.sweeps.controls import Controls, Pair, check, matches, parse_controls
 from armorlab.sweeps.parsing import (
     NAME_RE,
@@ -181,45 +184,58 @@ def parse_spec(data: Mapping[str, Any], *, path: str | Path | None = None) -> Sw
     if not isinstance(data, Mapping):
         raise ArmorLabError("a sweep spec must be a mapping", key="<root>", value=type(data).__name__,
                             file=file)
+    problems: list[ArmorLabError] = []  # every problem of the file at once, as the config layer does
+
+    def checked(parse: Callable[..., Any], *args: Any, default: Any = None) -> Any:
+        try:
+            return parse(*args)
+        except ArmorLabError as exc:
+            problems.extend(exc.problems)
+            return default
+
     for key in data:
         if key not in SPEC_KEYS:
-            raise ArmorLabError(f"unknown sweep spec key{did_you_mean(key, SPEC_KEYS)} (known: {', '.join(SPEC_KEYS)})",
-                                key=str(key),
-                                value=data[key], file=file)
+            problems.append(ArmorLabError(f"unknown sweep spec key{did_you_mean(key, SPEC_KEYS)} (known: "
+                                          f"{', '.join(SPEC_KEYS)})", key=str(key), value=data[key], file=file))
     name = data.get("name", path.stem if path is not None else None)
     if not isinstance(name, str) or not NAME_RE.fullmatch(name):
-        raise ArmorLabError("sweep name must be 1-100 characters from letters, digits, '_', '.', '-' "
-                            "(it names a directory and the Slurm jobs)", key="name", value=name, file=file)
+        problems.append(ArmorLabError("sweep name must be 1-100 characters from letters, digits, '_', '.', '-' "
+                                      "(it names a directory and the Slurm jobs)", key="name", value=name,
+                                      file=file))
     description = data.get("description")
     if description is not None and not isinstance(description, str):
-        raise ArmorLabError("must be a string", key="description", value=description, file=file)
-    base = parse_base(data.get("base"), path, file)
-    grid = parse_grid(data.get("grid"), file)
-    seeds = parse_seeds(data.get("seeds"), file)
-    include = parse_points(data.get("include"), "include", file, allow_empty=True)
-    exclude = parse_points(data.get("exclude"), "exclude", file, allow_empty=False)
-    check_seed_keys(seeds, grid, include, "", file)
-    controls = parse_controls(data.get("controls"), "controls", file)
+        problems.append(ArmorLabError("must be a string", key="description", value=description, file=file))
+    base = checked(parse_base, data.get("base"), path, file, default={})
+    grid = checked(parse_grid, data.get("grid"), file, default={})
+    seeds = checked(parse_seeds, data.get("seeds"), file)
+    include = checked(lambda: parse_points(data.get("include"), "include", file, allow_empty=True), default=[])
+    exclude = checked(lambda: parse_points(data.get("exclude"), "exclude", file, allow_empty=False), default=[])
+    checked(check_seed_keys, seeds, grid, include, "", file)
+    controls = checked(parse_controls, data.get("controls"), "controls", file, default=[])
     stages = None
     if data.get("stages") is not None:
         for key in ("grid", "include", "exclude", "controls"):
             if data.get(key) is not None:
-                raise ArmorLabError("with `stages:`, each stage has its own grid, include, exclude and controls",
-                                    key=key, value=data[key], file=file)
-        stages = parse_stages(data["stages"], seeds, path, file)
+                problems.append(ArmorLabError("with `stages:`, each stage has its own grid, include, exclude "
+                                              "and controls", key=key, value=data[key], file=file))
+        stages = checked(parse_stages, data["stages"], seeds, path, file)
     profile = data.get("profile")
     if profile is not None and (not isinstance(profile, str) or not profile):
-        raise ArmorLabError("must be a path to a profile YAML", key="profile", value=profile, file=file)
+        problems.append(ArmorLabError("must be a path to a profile YAML", key="profile", value=profile, file=file))
     search = data.get("search")
     if search is not None and not isinstance(search, Mapping):
-        raise ArmorLabError("must be a mapping (see `armorlab tune`)", key="search", value=search, file=file)
-    if search is not None and stages is not None:
-        raise ArmorLabError("a search (`armorlab tune`) has no stages", key="stages", value="...", file=file)
-    compare = parse_compare(data.get("compare"), file)
+        problems.append(ArmorLabError("must be a mapping (see `armorlab tune`)", key="search", value=search,
+                                      file=file))
+    elif search is not None and data.get("stages") is not None:
+        problems.append(ArmorLabError("a search (`armorlab tune`) has no stages", key="stages", value="...",
+                                      file=file))
+    compare = checked(parse_compare, data.get("compare"), file)
     if compare is not None and compare.stage is not None and compare.stage not in [st.name for st in stages or ()]:
-        raise ArmorLabError(f"must name a stage of this spec (stages: "
-                            f"{', '.join(st.name for st in stages or ()) or 'none'})", key="compare.stage",
-                            value=compare.stage, file=file)
+        problems.append(ArmorLabError(f"must name a stage of this spec (stages: "
+                                      f"{', '.join(st.name for st in stages or ()) or 'none'})",
+                                      key="compare.stage", value=compare.stage, file=file))
+    if problems:
+        raise combine(problems)
     return SweepSpec(name=name, base=base, grid=grid, seeds=seeds, include=include, exclude=exclude,
                      profile=profile, search=dict(search) if search is not None else None, path=path,
                      description=description, stages=stages, controls=controls, compare=compare)
@@ -290,7 +306,7 @@ def _expand_stage(st: Stage, base: dict[str, Any], spec_seeds: list[int] | None,
     plans: list[RunPlan] = []
     for origin, point in points(st):
         raw = _point_config(base, point, seeds[0], file)
-        resolved = _resolve(raw, file)
+        resolved = _resolve(raw, file, point)
         seeded_id = _SeededRunId(resolved) if seeds != [None] else None
         copy_resolved = _copier(resolved)
         for seed in seeds:
@@ -333,7 +349,7 @@ def _expand_continuing(spec: SweepSpec, index: int, st: Stage, base: dict[str, A
         raw = _point_config(base, point, seeds[0], file)
         # resolved once per point: init_from and seed are checked as given and nothing derives from them
         raw["init_from"] = st.parent.init_from(f"{spec.name}/{'0' * 12}")
-        resolved = _resolve(raw, file)
+        resolved = _resolve(raw, file, point)
         copy_resolved = _copier(resolved)
         for seed in seeds:
             own = resolved["seed"] if seed is None else seed
@@ -392,10 +408,38 @@ def _with_seed(copy_config: Callable[[], dict[str, Any]], seed: int) -> Callable
     return make
 
 
-def _resolve(raw: dict[str, Any], file: str) -> dict[str, Any]:
+# keys whose problems are files not (yet) on disk: model weights, data files, held-out sets, a
+# reference checkpoint. A dry run reads the sbatch script before they are copied to the cluster.
+_PATH_KEYS = re.compile(r"model(\.name)?|task\.path|eval_sets\.[^.]+\.path|ref_from(\..*)?")
+_unchecked_paths: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("unchecked_paths", default=None)
+
+
+@contextlib.contextmanager
+def paths_unchecked() -> Iterator[list[str]]:
+    """Within it, a point whose only problems are paths not on disk expands anyway (unfingerprinted,
+    so its run id is provisional); the yielded list gets one warning per such problem (`sweep --dry-run`)."""
+    warnings: list[str] = []
+    token = _unchecked_paths.set(warnings)
+    try:
+        yield warnings
+    finally:
+        _unchecked_paths.reset(token)
+
+
+def _resolve(raw: dict[str, Any], file: str, point: Mapping[str, Any] | None = None) -> dict[str, Any]:
     try:
         return resolve(raw, file=file)
-    except ArmorLabError:
+    except ArmorLabError as exc:
+        warnings = _unchecked_paths.get()
+        if warnings is not None and all(p.key and _PATH_KEYS.fullmatch(p.key) for p in exc.problems):
+            for p in exc.problems:
+                if str(p) not in warnings:
+                    warnings.append(str(p))
+            return resolve(raw, file=file, check_paths=False)
+        if point:  # which of the spec's points: the file alone does not say
+            where = ", ".join(f"{k}={v}" for k, v in point.items())
+            raise combine([ArmorLabError(f"point {where}: {p.args[0].split(' [key ')[0]}", key=p.key,
+                                         value=p.value, file=p.file) for p in exc.problems]) from None
         raise
     except (TypeError, OverflowError) as exc:  # e.g. an integer too large for a float field
         raise ArmorLabError(f"invalid value: {exc}", file=file) from None

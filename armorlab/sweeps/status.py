@@ -112,14 +112,16 @@ def collect(sweep_dir: str | Path) -> SweepStatus:
         if job is None:
             job_state, active = None, False
         elif is_local(job):
-            active = local_job_alive(job)
-            job_state = "local:running" if active else "local"
+            # the sweep process being alive says the run is queued in it, not that it trains: only a
+            # run its trainer owns (or says so) runs, and a finished one is not the job's business
+            active = status["state"] not in TERMINAL and local_job_alive(job)
+            job_state = "local" if not active else "local:running" if status["state"] == "running" else "local:queued"
         else:
             job_state = slurm_states.get(job, "?" if warning else None)
             active = slurmctl.is_active(job_state)
         last_step, val_acc = _progress(rd)
         cfg = configs[rid]
-        owned = status["state"] == "running" and rd.owner() is not None
+        owned = status["state"] not in TERMINAL and rd.owner() is not None
         rows.append(RunRow(
             run_id=rid, state=_display_state(status["state"], job_state, active, owned), last_step=last_step,
             max_steps=cfg.get("max_steps") if cfg else None, val_acc=val_acc, slurm_state=job_state,

@@ -62,6 +62,7 @@ class SweepPlan:
     runs: list[RunPlan]
     retry_failed: bool = False
     actions: dict[str, str] = field(default_factory=dict)  # run id → SUBMIT / DONE / ACTIVE / FAILED / ...
+    owners: dict[str, dict[str, Any]] = field(default_factory=dict)  # run id → its live trainer's owner.lock record
     controls: list[tuple[str | None, list[Pair]]] = field(default_factory=list)  # stage → compared pairs
 
     @property
@@ -113,12 +114,15 @@ def plan_runs(spec: SweepSpec, runs: list[RunPlan], *, root: str | Path, profile
     if executor == "local" and profile.python is None:  # this Python trains them: vLLM must be here
         for r in plan.runs:
             check_vllm_installed(r.config, spec.file)
-    plan.actions = classify(plan.sweep_dir, plan.runs, retry_failed=retry_failed, executor=executor)
+    plan.actions = classify(plan.sweep_dir, plan.runs, retry_failed=retry_failed, executor=executor,
+                            owners=plan.owners)
     check_sweep_memory(profile, [r for r in plan.runs if plan.actions[r.run_id] == SUBMIT], spec_file=spec.file)
     return plan
 
 
-def classify(sweep_dir: Path, runs: list[RunPlan], *, retry_failed: bool, executor: str) -> dict[str, str]:
+def classify(sweep_dir: Path, runs: list[RunPlan], *, retry_failed: bool, executor: str,
+             owners: dict[str, dict[str, Any]] | None = None) -> dict[str, str]:
+    """Each run's action; ``owners`` gets the owner.lock record of each run a live process trains."""
     manifest = load_manifest(sweep_dir)
     last_jobs = {r.run_id: manifest.last_job(r.run_id) for r in runs} if manifest else {}
     active = _active_jobs([j for j in last_jobs.values() if j], executor=executor)
@@ -130,8 +134,14 @@ def classify(sweep_dir: Path, runs: list[RunPlan], *, retry_failed: bool, execut
         state = rd.read_status()["state"] if rd is not None and rd.status_path.exists() else None
         if state in FINAL_STATES:  # stopped (stop_on_collapse) is final: never restarted
             actions[r.run_id] = DONE
-        elif last_jobs.get(r.run_id) in active or (state == "running" and rd.owner() is not None):
-            actions[r.run_id] = ACTIVE  # a live job, or a live trainer (the orphan of a killed sweep)
+        elif last_jobs.get(r.run_id) in active:
+            actions[r.run_id] = ACTIVE
+        elif rd is not None and (owner := rd.owner()) is not None:
+            # a live trainer (the orphan of a killed sweep, still training or checkpointing to stop),
+            # whatever its status says: the lock is taken before the trainer starts, so it decides
+            actions[r.run_id] = ACTIVE
+            if owners is not None:
+                owners[r.run_id] = owner
         elif state == "failed" and not retry_failed:
             actions[r.run_id] = FAILED
         else:

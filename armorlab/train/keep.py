@@ -8,14 +8,16 @@ validation collapse the peak's weights are gone. The keeper owns the rotation in
 
 - at every validation step the trainer saves a checkpoint (the peak can only be kept if it was
   saved), and the selection runs on the validation curve so far
-  (``armorlab.stats.select.select_checkpoints``: the report's peak level, mean of 3 evals);
+  (``armorlab.stats.select.select_checkpoints``: a level, the mean of the 3 evals around a
+  checkpoint, of the evals up to it for the last one);
 - ``selected.json`` is written atomically BEFORE anything is deleted, so it never names a
   checkpoint that is gone; a checkpoint is removed by renaming it out of the ``checkpoint-N``
   namespace first, so a kill mid-delete never leaves a half-deleted checkpoint to resume from;
 - protected: the last ``save_total_limit`` checkpoints (all, when it is null), the ``keep``
-  best, and the checkpoints of the latest evals that a later eval may still make a window's
-  middle (``select.pending_steps``: one at 3 evals per level). A window outside the best
-  ``keep`` never re-enters them (later windows only push it down), so pruning loses nothing.
+  best, and the checkpoints of the latest evals whose level a later eval may still change
+  (``select.pending_steps``: one at 3 evals per level). A settled checkpoint outside the best
+  ``keep`` settled ones never re-enters them (later levels only push it down), so pruning loses
+  nothing.
 
 Disk is bounded by ``save_total_limit + keep_checkpoints + 1`` checkpoints at any time.
 """
@@ -60,7 +62,11 @@ def retention(checkpoints: Iterable[int], evals: Sequence[tuple[int, float]], *,
     values = [v for _, v in evals]
     picks = select_checkpoints(steps, values, eligible=saved, patience=patience, mode=mode, top=keep) \
         if keep > 0 and evals else []
-    protected = {int(p.step) for p in picks} | {int(s) for s in pending_steps(steps, patience)}
+    # the best by settled levels (S1) and the pending ones: a later eval can lower a pending level,
+    # never a settled one, so a checkpoint outside this set never re-enters the best `keep`
+    best = select_checkpoints(steps, values, eligible=saved, patience=patience, mode=mode, top=keep,
+                              settled=True) if keep > 0 and evals else []
+    protected = {int(p.step) for p in [*picks, *best]} | {int(s) for s in pending_steps(steps, patience)}
     protected |= set(saved if not last or last <= 0 else saved[-last:])
     kept = frozenset(s for s in saved if s in protected)
     return Retention(picks, kept, tuple(s for s in saved if s not in kept))

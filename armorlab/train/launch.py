@@ -56,7 +56,7 @@ from armorlab.core.fsutil import (
     remove_tree,
     writable_dir,
 )
-from armorlab.core.runs import FINAL_STATES, RunDir, slurm_job_id
+from armorlab.core.runs import FINAL_STATES, RunDir, describe_owner, slurm_job_id
 from armorlab.core.vllm_config import check_vllm_installed
 from armorlab.errors import ArmorLabError
 from armorlab.train.init_from import (
@@ -393,6 +393,19 @@ def make_args(cfg: dict[str, Any], run_dir: RunDir) -> Any:
         raise ArmorLabError(f"GRPOConfig rejected the config: {exc}", file=file) from None
 
 
+# Warnings that say nothing a user can act on, silenced where training starts. DDP's: transformers
+# passes find_unused_parameters=True whenever gradient checkpointing is off, and torch then warns
+# once per process that no parameter was unused (an extra traversal per step, not an error).
+KNOWN_NOISE = (r"find_unused_parameters=True was specified in DDP constructor",)
+
+
+def quiet_known_noise() -> None:
+    import warnings
+
+    for message in KNOWN_NOISE:
+        warnings.filterwarnings("ignore", message=message)
+
+
 def build_trainer(cfg: dict[str, Any], run_dir: RunDir, callbacks: Iterable[Any] = (),
                   start_from: str | os.PathLike | None = None, reference: Any = None) -> Any:
     """The trainer of a resolved config; ``start_from`` (a continuing run's selected parent
@@ -407,6 +420,7 @@ def build_trainer(cfg: dict[str, Any], run_dir: RunDir, callbacks: Iterable[Any]
     from armorlab.train.telemetry import RunDirLogger
     from armorlab.train.trainer import ArmorLabTrainer
 
+    quiet_known_noise()
     args = make_args(cfg, run_dir)
     rows = _train_rows(cfg["task"])
     if rows is not None:  # before the model is built or loaded
@@ -577,11 +591,11 @@ def train_run_dir(path: str | os.PathLike, *, callbacks: Iterable[Any] = ()) -> 
         refuse_symlinks(entry, within=run_dir.path)
     # One owner per run dir: the training process holds its lock for life (rank 0 of a
     # multi-process launch speaks for all). A second trainer leaves everything untouched.
-    lock_fd = run_dir.acquire_owner() if int(os.environ.get("RANK") or 0) == 0 else None
-    if lock_fd is None and int(os.environ.get("RANK") or 0) == 0:
-        owner = run_dir.owner() or {}
-        reason = (f"another live process owns this run dir (pid {owner.get('pid')} on {owner.get('host')} "
-                  f"since {owner.get('since')}): not training it twice")
+    rank0 = int(os.environ.get("RANK") or 0) == 0
+    lock_fd = run_dir.acquire_owner() if rank0 else None
+    if lock_fd is None and rank0:
+        reason = (f"the run dir is owned by {describe_owner(run_dir.owner() or {})}, another live process: "
+                  "not training it twice")
         log.error("%s: %s", run_dir.path, reason)
         return Outcome(run_dir.path, run_dir.read_status()["state"], reason, EXIT_BUSY)
     try:
