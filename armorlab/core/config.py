@@ -237,7 +237,8 @@ FIELDS: dict[str, Field] = {
                                  type=str),
     "quantile_k": Field(0.4, number(0.0, 1.0, lo_open=True), "QAE's K: baseline = K-quantile of the group",
                         type=float | None),
-    "kl_estimator": Field("k3", choice("k3", "k2"), "per-token estimator of the β·KL(π_θ‖π_ref) penalty",
+    "kl_estimator": Field("k3", choice("k3", "k2", "low_var_kl"), "per-token estimator of the β·KL(π_θ‖π_ref) "
+                          "penalty: k3 (TRL's, unclamped), k2, or low_var_kl (verl's: k3 clamped to [−10, 10])",
                           type=str | None),
     "dual_clip": Field(None, _dual_clip, "dual-clip constant c > 1 for A < 0 (verl), null = off",
                        type=float | None),
