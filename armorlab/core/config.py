@@ -731,6 +731,7 @@ def _resolve_once(raw: Mapping[str, Any], *, file: str | None = None, check_path
                             "ref_vllm_mode: none", key="ref_vllm_mode", value=out["ref_vllm_mode"], file=file)
     check_vllm_servers(out, file)
     check_engine_parallelism(out, file)
+    check_full_support_sampling(out, file)
     if check_paths:
         _fingerprint_ref_checkpoint(out, file)
     out["task"] = _resolve_task(raw.get("task"), file, check_paths)
@@ -740,6 +741,30 @@ def _resolve_once(raw: Mapping[str, Any], *, file: str | None = None, check_path
         check_lengths(out, file)
     _normalise_inert(out)
     return out
+
+
+# UP's objectives: the A > 0 branch π_θ/sg(π_θ) (and pure IS, π_θ/π_old unclipped) assumes the rows
+# were sampled from π_θ's full distribution; no ratio corrects a truncated sampler there.
+UP_OBJECTIVES = ("up", "up_gspo", "up_pure_is", "up_self_anchored")
+# (key, value at which sampling keeps the full vocabulary); TRL's defaults
+FULL_SUPPORT = (("top_p", 1.0), ("top_k", 0), ("min_p", 0.0))
+
+
+def check_full_support_sampling(out: Mapping[str, Any], file: str | None) -> None:
+    """Refuse truncated sampling (top_p < 1, top_k > 0, min_p > 0) with ARMOR's anchors or UP:
+    vLLM's log-probs are then renormalised over the kept tokens (TRL issue 6789), while anchors
+    are scored with π_ref's full-vocabulary log-probs, and UP's positive branch has no ratio
+    that could correct for the truncated sampler (docs/papers.md, "Truncated sampling")."""
+    if not (out.get("anchor") or out["objective"] in UP_OBJECTIVES):
+        return
+    who = "ARMOR's anchors (anchor: true)" if out.get("anchor") else f"objective {out['objective']}"
+    for key, full in FULL_SUPPORT:
+        value = out.get(key)
+        if value is not None and value != full:
+            raise ArmorLabError(f"truncated sampling biases {who}: log-probs of a truncated sampler are "
+                                f"renormalised over the kept tokens, π_ref's and π_θ's are not; use {key}: "
+                                f"{full} (validation sampling has its own val_* keys)", key=key, value=value,
+                                file=file)
 
 
 def _fingerprint_ref_checkpoint(out: dict[str, Any], file: str | None) -> None:
