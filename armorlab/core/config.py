@@ -272,6 +272,14 @@ FIELDS: dict[str, Field] = {
                               "(TRL's rotation alone)", type=int),
     "val_samples": Field(4, integer(1), "k of avg@k / pass@k", type=int),
     "val_temperature": Field(1.0, number(0.0), "sampling temperature for validation", type=float),
+    "val_top_p": Field(None, optional(number(0.0, 1.0, lo_open=True)), "top-p of validation sampling (verl's "
+                       "val_kwargs.top_p; the DAPO recipe's 0.7); null = the training top_p", type=float | None),
+    "overlong_buffer_len": Field(0, integer(0), "DAPO's soft overlong punishment: the last N tokens before "
+                                 "max_completion_length cost up to overlong_penalty_factor of reward, linearly "
+                                 "(verl's overlong_buffer.len); 0 = off", type=int),
+    "overlong_penalty_factor": Field(1.0, number(0.0), "reward a completion of max_completion_length tokens loses "
+                                     "to the overlong punishment (verl's overlong_buffer.penalty_factor)",
+                                     type=float),
     "val_greedy": Field(False, boolean, "also score one greedy completion per held-out prompt (val/acc_greedy, "
                         "test/acc_greedy) beside val/acc's val_samples at val_temperature; inert at "
                         "val_temperature 0, where val/acc is greedy", type=bool),
@@ -339,7 +347,8 @@ REF_VLLM_KEYS = ("ref_vllm_mode", "ref_vllm_memory", "ref_vllm_dtype", "ref_vllm
 # `step_unit: optimizer` is the one without the key).
 DROPPED_AT_DEFAULT: dict[str, Any] = {"step_unit": "optimizer", "max_rollouts": None, "anchor_cache": None,
                                       "keep_checkpoints": 1, "init_from": None, "ref_from": None,
-                                      "val_greedy": False,
+                                      "val_greedy": False, "val_top_p": None, "overlong_buffer_len": 0,
+                                      "overlong_penalty_factor": 1.0,
                                       "grad_share_every": 10,
                                       "ref_vllm_dtype": None, "ref_vllm_tensor_parallel_size": 1,
                                       "kl_telemetry": True, "ref_validate_resets": False,
@@ -445,7 +454,11 @@ TASK_FIELDS: dict[str, dict[str, Field]] = {
                              "(a list of {role, content} messages, TRL's format)"),
         "answer_key": Field("answer", text, "column holding the reference answer"),
         "prompt_template": Field(None, optional(text), "text prompt around the problem; {problem} marks "
-                                 "its place (e.g. the boxed-answer instruction)"),
+                                 "its place (e.g. the boxed-answer instruction, or `dapo`: DAPO-Math-17k's "
+                                 "\"Answer:\" instruction)"),
+        "scorer": Field("boxed", choice("boxed", "answer_line"), "what a completion is scored on: its boxed "
+                        "answer (math-verify), or DAPO-Math's last \"Answer:\" line (verl's math_dapo; boxed as "
+                        "fallback)"),
         "system_prompt": Field(None, optional(text), "system message of chat prompts"),
         "chat": Field(None, optional(boolean), "send chat prompts (the tokenizer's chat template, as TRL "
                       "applies it); null = when the model's tokenizer has a chat template"),
@@ -568,8 +581,10 @@ def _resolve_task(raw: Any, file: str | None, check_paths: bool = True) -> dict[
             ident = data_identity(out["path"], file=file)
             out["path"], out["fingerprint"] = ident["path"], ident["fingerprint"]
             check_held_out(out, raw, file)
+        if out["scorer"] == "boxed":
+            del out["scorer"]  # the default: math configs written before the key keep their run ids
         template = out["prompt_template"]
-        if template is not None and "{problem}" not in template:
+        if template is not None and template != "dapo" and "{problem}" not in template:
             raise ArmorLabError("must contain {problem} where the problem goes", key="task.prompt_template",
                                 value=template, file=file)
     return out
@@ -732,6 +747,11 @@ def _resolve_once(raw: Mapping[str, Any], *, file: str | None = None, check_path
     check_vllm_servers(out, file)
     check_engine_parallelism(out, file)
     check_full_support_sampling(out, file)
+    if out["overlong_buffer_len"] and isinstance(out.get("max_completion_length"), int) \
+            and out["overlong_buffer_len"] >= out["max_completion_length"]:
+        raise ArmorLabError(f"the overlong buffer must be shorter than max_completion_length "
+                            f"({out['max_completion_length']})", key="overlong_buffer_len",
+                            value=out["overlong_buffer_len"], file=file)
     if check_paths:
         _fingerprint_ref_checkpoint(out, file)
     out["task"] = _resolve_task(raw.get("task"), file, check_paths)
@@ -874,6 +894,9 @@ def _normalise_inert(cfg: dict[str, Any]) -> None:
         cfg["dynamic_sampling_factor"] = None
     if cfg["val_temperature"] == 0:  # val/acc is the greedy score already
         cfg["val_greedy"] = False
+        cfg["val_top_p"] = None
+    if not cfg["overlong_buffer_len"]:
+        cfg["overlong_penalty_factor"] = 1.0
     for key, default in DROPPED_AT_DEFAULT.items():
         if key in cfg and cfg[key] == default:
             del cfg[key]

@@ -301,13 +301,16 @@ class ArmorLabTrainer(GRPOTrainer):
 
     def _reward_values(self, prompts: list, completions: list[str], completion_ids: list[list[int]],
                        rows: list[dict]) -> list[float]:
-        """Σ_i w_i·f_i over the (plain) reward functions, as TRL weighs them; unscorable → NaN."""
+        """Σ_i w_i·f_i over the (plain) reward functions, as TRL weighs them; unscorable → NaN.
+        Anchors and validation judge correctness: length shaping (``shapes_length``) is left out."""
         comps = [self._as_completion(c, p) for c, p in zip(completions, prompts, strict=True)]
         keys = [k for k in (rows[0] if rows else {}) if k not in ("prompt", "completion", "completion_ids")]
         kwargs = {k: [r[k] for r in rows] for k in keys}
         total = torch.zeros(len(prompts))
         scored = torch.zeros(len(prompts), dtype=torch.bool)
         for weight, func in zip(self.reward_weights.tolist(), self.reward_funcs, strict=True):
+            if getattr(func, "shapes_length", False):  # correctness only: no overlong punishment
+                continue
             out = func(prompts=prompts, completions=comps, completion_ids=completion_ids,
                        trainer_state=self.state, log_extra=lambda *a, **k: None,
                        log_metric=lambda *a, **k: None, **kwargs)
