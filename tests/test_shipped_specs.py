@@ -194,3 +194,17 @@ def test_effective_anchor_cache_spells_out_what_null_means():
     assert diff(effective(fresh), effective(cached))[0] == {"anchor_cache": ("off", "window")}
     assert diff(effective(fresh), effective(static))[0] == {"ref_reset_steps": (160, 0)}
     assert "anchor_cache" not in effective({"anchor": False, "anchor_gate": False, "ref_reset_steps": 160})
+
+
+@pytest.mark.parametrize("path", PAPER_SPECS, ids=_id)
+def test_paper_dry_run_shows_fresh_anchors_and_bounded_refill(path, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    args = ["sweep", str(path), "--dry-run", "--root", str(tmp_path / "runs")]
+    for o in TINY:
+        args += ["--set", o]
+    out = CliRunner().invoke(app, args).output
+    protocol = [line for line in out.splitlines() if line.startswith("  ") and "run(s): " in line and "refill" in line]
+    assert protocol, out
+    assert all("refill ≤ 10 generation batch(es) of 3× the prompts" in line for line in protocol)
+    reused = [line for line in protocol if "reused until π_ref resets" in line]
+    assert len(reused) == (1 if path.name == "armor_controls.yaml" else 0)

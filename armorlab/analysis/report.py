@@ -49,6 +49,7 @@ from armorlab.core.fsutil import atomic_write_yaml
 from armorlab.core.runs import RunDir, now_iso
 from armorlab.stats import collapse, select
 from armorlab.stats import seeds as stats
+from armorlab.stats.effective_batch import EFFECTIVE_BATCH_TOLERANCE, effective_batch_gap
 
 log = logging.getLogger(__name__)
 
@@ -303,6 +304,23 @@ def build_report(recipe: Recipe, out_dir: str | Path | None = None, *, cache: bo
                          names=names)
 
 
+def _effective_batch_notes(rs: RunSet, groups: G.Groups, pairs: Sequence[tuple[str, str]],
+                           display: Mapping[str, str], notes: G.Notes) -> None:
+    """A note for each compared pair whose effective batches differ beyond the tolerance
+    (armorlab.stats.effective_batch, from train/refill_shortfall)."""
+    def shortfalls(label: str) -> list[float]:
+        means = [rs.curve(r, "train/refill_shortfall")[1] for r in groups.members.get(label, ())]
+        return [float(m.mean()) for m in means if m.size]
+
+    for a, b in pairs:
+        gap = effective_batch_gap(shortfalls(b), shortfalls(a))
+        if gap is not None:
+            notes.add(f"effective batch differs between {display.get(a, a)} and {display.get(b, b)}: "
+                      f"{gap[1]:.0%} vs {gap[0]:.0%} of the batch trains (1 − mean train/refill_shortfall; "
+                      f"tolerance {EFFECTIVE_BATCH_TOLERANCE:.0%}): their batch sizes and loss normalisers "
+                      f"differ — raise max_num_gen_batches, or read the comparison with that in mind")
+
+
 def _draw(plot: Callable[..., Path], *args: Any, **kwargs: Any) -> Callable[[], Path]:
     """Draw one figure (a function of armorlab.analysis.plots) now; the page asks for its path."""
     path = plot(*args, **kwargs)
@@ -379,6 +397,7 @@ def _build_report(recipe: Recipe, out: Path, *, cache: bool, progress: Callable[
     matched = G.resolve_matched_steps(rs, recipe)
     per_run = G.run_scores(rs, groups, recipe, matched, score_notes, tok_stats)
     pairs = G.comparison_pairs(rs.runs, groups, recipe)
+    _effective_batch_notes(rs, groups, pairs, display, notes)
     # a sweep run until resolved: its looks.json's verdicts; fixed-sample ones would ignore the looks
     sequential = looks_report.find(recipe.runs)
     if sequential:

@@ -297,6 +297,10 @@ FIELDS: dict[str, Field] = {
                                      "first groups that train: with unequal rewards (dynamic_sampling) and past "
                                      "the gate (anchor_gate); verl's filter_groups; 1 = no refill",
                                      type=int | None),
+    "max_num_gen_batches": Field(1, integer(1), "refill until the batch is full: generation batches (each of "
+                                 "dynamic_sampling_factor × the prompts) per step at most, verl's "
+                                 "max_num_gen_batches; what they cannot fill is logged as train/refill_shortfall; "
+                                 "1 = one batch", type=int),
     "init_from": Field(None, _init_from, "start from the checkpoint another run selected (its selected.json), "
                        "π_ref initialised to it: {run: <sweep>/<run-id>, select: {metric, mode} | {step: N} | "
                        "{rollout: N} | {mode: last}, optimizer: fresh|parent, warmup: N}; a sweep's `stages:` "
@@ -348,7 +352,7 @@ REF_VLLM_KEYS = ("ref_vllm_mode", "ref_vllm_memory", "ref_vllm_dtype", "ref_vllm
 DROPPED_AT_DEFAULT: dict[str, Any] = {"step_unit": "optimizer", "max_rollouts": None, "anchor_cache": None,
                                       "keep_checkpoints": 1, "init_from": None, "ref_from": None,
                                       "val_greedy": False, "val_top_p": None, "overlong_buffer_len": 0,
-                                      "overlong_penalty_factor": 1.0,
+                                      "overlong_penalty_factor": 1.0, "max_num_gen_batches": 1,
                                       "grad_share_every": 10,
                                       "ref_vllm_dtype": None, "ref_vllm_tensor_parallel_size": 1,
                                       "kl_telemetry": True, "ref_validate_resets": False,
@@ -892,6 +896,8 @@ def _normalise_inert(cfg: dict[str, Any]) -> None:
     # the refill serves both filters; gate-only configs from before it did keep a null factor
     if not cfg["dynamic_sampling"] and (not cfg["anchor_gate"] or cfg["dynamic_sampling_factor"] == 1):
         cfg["dynamic_sampling_factor"] = None
+    if not (cfg["dynamic_sampling"] or cfg["anchor_gate"]):
+        cfg["max_num_gen_batches"] = 1  # nothing to refill
     if cfg["val_temperature"] == 0:  # val/acc is the greedy score already
         cfg["val_greedy"] = False
         cfg["val_top_p"] = None
