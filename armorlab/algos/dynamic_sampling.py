@@ -80,9 +80,10 @@ def extra_prompt_rows(dataset: Any, groups: int, group_size: int, seed: int) -> 
     return [dataset[i] for i in picks for _ in range(group_size)]
 
 
-def check_refill_fits(local_rows: int, group_size: int, factor: int) -> None:
+def check_refill_fits(local_rows: int, group_size: int, factor: int, batches: int = 1) -> None:
     """The refill selects whole groups on each process: its generation batch must hold whole groups."""
-    if factor > 1 and local_rows % group_size:
+    if (factor > 1 or batches > 1) and local_rows % group_size:
+        key, value = ("dynamic_sampling_factor", factor) if factor > 1 else ("max_num_gen_batches", batches)
         raise ArmorLabError(f"the refill selects whole groups per process: per_device_train_batch_size × "
                             f"steps_per_generation ({local_rows}) must be a multiple of num_generations "
-                            f"({group_size})", key="dynamic_sampling_factor", value=factor)
+                            f"({group_size})", key=key, value=value)

@@ -234,7 +234,8 @@ class ArmorLabTrainer(GRPOTrainer):
         custom_rollout = self.tools or self.rollout_func is not None or self.environment_factories is not None
         if self.args.dynamic_sampling or self.args.anchor_gate:
             dyn.check_refill_fits(self.args.per_device_train_batch_size * self.args.steps_per_generation,
-                                  self.num_generations, self.args.dynamic_sampling_factor)
+                                  self.num_generations, self.args.dynamic_sampling_factor,
+                                  self.args.max_num_gen_batches or 1)
         if custom_rollout and (self.args.anchor or self.args.anchor_gate):
             raise ArmorLabError("anchors are not supported with tools, rollout_func or environments",
                                 key="anchor", value=self.args.anchor)
@@ -420,12 +421,15 @@ class ArmorLabTrainer(GRPOTrainer):
         factor, bound, groups = self.args.dynamic_sampling_factor or 1, self.args.max_num_gen_batches or 1, \
             target // self.num_generations
         rounds: list[dict] = []
-        while len(rounds) < bound:
+        while True:
             seed = (self.args.seed * 1_000_003 + self.state.global_step) * 1009 + self.accelerator.process_index
             seed = seed * 131 + len(rounds) if rounds else seed  # round 0 draws what the single refill drew
             extra = (factor - 1) * groups if not rounds else factor * groups
             fresh = dyn.extra_prompt_rows(self.train_dataset, extra, self.num_generations, seed) if extra else []
             rounds.append(self._generation_round((list(inputs) if not rounds else []) + fresh, len(rounds)))
+            if len(rounds) >= bound:
+                break
+            # whole groups per process here (check_refill_fits): the fewest that train on any process
             training = sum(float(r["armorlab_keep"].view(-1, self.num_generations)[:, 0].sum()) for r in rounds)
             fewest = self.accelerator.gather(torch.tensor([training], device=self.accelerator.device)).min()
             if float(fewest) >= groups:
