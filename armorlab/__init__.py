@@ -10,8 +10,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from armorlab import _moved
-
-__version__ = "0.2.0"
+from armorlab._version import __version__ as __version__
 
 # public name → module that defines it
 _EXPORTS = {

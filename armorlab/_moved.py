@@ -50,6 +50,16 @@ MOVED: dict[str, str] = {
     "armorlab.analysis.verdicts": "armorlab.stats.verdicts",
     "armorlab.analysis.sequential": "armorlab.stats.sequential",
     "armorlab.analysis.looks_text": "armorlab.stats.sequential_text",
+    # issue 34: each look-alike module named by what it holds; seeds until resolved under one name
+    "armorlab.sweeps.looks": "armorlab.sweeps.until_resolved_looks",
+    "armorlab.sweeps.compare": "armorlab.sweeps.until_resolved_compare",
+    "armorlab.analysis.looks_report": "armorlab.analysis.until_resolved_report",
+    "armorlab.analysis.look_values": "armorlab.analysis.until_resolved_scores",
+    "armorlab.analysis.values": "armorlab.analysis.value_labels",
+    "armorlab.analysis.mechanisms": "armorlab.analysis.mechanism_table",
+    "armorlab.train.mechanisms": "armorlab.train.mechanism_telemetry",
+    "armorlab.core.fit": "armorlab.core.fit_checks",
+    "armorlab.sweeps.fastcopy": "armorlab.sweeps.seed_copies",
 }
 
 _OWN_SPECS: dict[str, importlib.machinery.ModuleSpec] = {}

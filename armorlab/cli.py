@@ -7,7 +7,7 @@ import sys
 
 import typer
 
-from armorlab import __version__
+from armorlab._version import __version__
 from armorlab.commands import (
     check_task,
     coercion,

@@ -11,7 +11,12 @@ Part 2, named (tests/fuzz_surfaces.py): each case in a child process with a time
 crash (pyarrow's segfault) is measured, not suffered; it also counts inputs accepted although
 invalid, valid ones refused, errors that do not name what they must, and wrong results.
 
-Prints ``name=value`` lines, per kind and surface, then the totals. The armorlab measured is the one
+Part 1 also generates storage URLs with a password in each form one can hold it (userinfo, a user
+holding '@', ``?password=`` in any case, ``?sslpassword=``, libpq ``key=value`` strings) and counts
+those whose password is shown (redacted, scrubbed from an error, or in the URL stored).
+
+Prints ``name=value`` lines, per kind and surface, then per surface the issue-41 tally
+(``writes_outside secrets segfaults hangs tracebacks accepted_invalid``), then the totals. The armorlab measured is the one
 on PYTHONPATH (and, for part 2, ``--tree``, default: the same checkout): the "before" figure is
 
     PYTHONPATH=/path/to/main python benchmarks/fuzz.py --tree /path/to/main
@@ -34,12 +39,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 os.environ.setdefault("MPLBACKEND", "Agg")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-# share of the generated cases per kind (report cases draw figures: ~1 s each, so few of them)
+# share of the generated cases per kind (report cases draw figures: ~1 s each, so few of them);
+# storage URLs are checked in-process (microseconds each): as many as there are other cases
 MIX = {"config": 0.36, "spec": 0.36, "status": 0.25, "recipe": 0.015, "report": 0.015}
+URL_SHARE = 1.0
+# the issue-41 tally: its name → the named cases' outcomes it counts
+HARM = {"writes_outside": ("writes_outside",), "secrets": ("secrets",), "segfaults": ("segfault",),
+        "hangs": ("hang",), "tracebacks": ("traceback",), "accepted_invalid": ("accepted",),
+        "payloads": ("payload",)}
 
 
 def generated(n_cases: int, seed_value: int) -> tuple[dict[str, int], list[str]]:
     from fuzz_cases import (
+        STORAGE_FORMS,
         Tally,
         Workspace,
         case_recipe,
@@ -52,6 +64,8 @@ def generated(n_cases: int, seed_value: int) -> tuple[dict[str, int], list[str]]
         run_cli,
         run_damage,
         spec_dicts,
+        storage_passwords,
+        storage_secret_shown,
     )
     from hypothesis import HealthCheck, given, seed, settings
     from hypothesis import strategies as st
@@ -91,10 +105,21 @@ def generated(n_cases: int, seed_value: int) -> tuple[dict[str, int], list[str]]
     def reports(damage):
         check("report", case_run_dir(ws, damage, "report"))
 
+    leaks: list[str] = []
+
+    @settings(max_examples=max(1, round(n_cases * URL_SHARE)), deadline=None, database=None,
+              suppress_health_check=list(HealthCheck), derandomize=False)
+    @given(form=st.sampled_from(STORAGE_FORMS), password=storage_passwords)
+    def urls(form, password):
+        shown = storage_secret_shown(form, password)
+        tally.counts[("url", "secret" if shown else 0)] += 1
+        if shown and len(leaks) < 20:
+            leaks.append(f"[url] {form} {password!r}: {shown}")
+
     cwd = os.getcwd()
     os.chdir(ws.root)  # where a `$(touch PWNED)` that ran would leave its file
     try:
-        for fn in (configs, specs, status, recipes, reports):
+        for fn in (configs, specs, status, recipes, reports, urls):
             seed(seed_value)(fn)()  # the same --seed generates the same cases
     finally:
         os.chdir(cwd)
@@ -105,10 +130,12 @@ def generated(n_cases: int, seed_value: int) -> tuple[dict[str, int], list[str]]
         lines.append(f"{kind}_cases={sum(by.values())} {kind}_exit0={by.get(0, 0)} {kind}_exit2={by.get(2, 0)} "
                      f"{kind}_tracebacks={by.get('traceback', 0)} {kind}_hangs={by.get('hang', 0)} "
                      f"{kind}_payloads={by.get('payload', 0)}")
-    for tb in tally.tracebacks:
+    n_urls = sum(n for (k, _), n in tally.counts.items() if k == "url")
+    lines.append(f"url_cases={n_urls} url_secrets={tally.counts[('url', 'secret')]}")
+    for tb in [*tally.tracebacks, *leaks]:
         print(tb, file=sys.stderr)
     totals = {"cases": tally.n, "tracebacks": tally.n_tracebacks, "hangs": tally.total("hang"),
-              "payloads": tally.total("payload")}
+              "payloads": tally.total("payload"), "secrets": tally.counts[("url", "secret")]}
     return totals, lines
 
 
@@ -141,6 +168,10 @@ def named(tree: str, quick: bool, surfaces: list[str] | None, show: bool) -> tup
         if by:
             lines.append(f"{surface}_cases={sum(by.values())} " + " ".join(
                 f"{surface}_{o}={by.get(o, 0)}" for o in ("ok", "error", *BAD)))
+    for surface in SURFACES:
+        by = {o: n for (s, o), n in counts.items() if s == surface}
+        if by:
+            lines.append(f"{surface}: " + " ".join(f"{h}={sum(by.get(o, 0) for o in outs)}" for h, outs in HARM.items()))
     total = {o: sum(n for (_, oo), n in counts.items() if oo == o) for o in ("ok", "error", *BAD)}
     total["cases"] = sum(counts.values())
     total["skipped"] = skipped
@@ -164,11 +195,13 @@ def main() -> int:
     tree = args.tree or str(Path(armorlab.__file__).resolve().parents[1])
     print(f"armorlab={tree} load={os.getloadavg()[0]:.1f} tmp={tempfile.gettempdir()}")
     t0 = time.perf_counter()
-    gen = {"cases": 0, "tracebacks": 0, "hangs": 0, "payloads": 0}
+    gen = {"cases": 0, "tracebacks": 0, "hangs": 0, "payloads": 0, "secrets": 0}
     if not args.no_generated:
         gen, lines = generated(args.cases, args.seed)
         print("\n".join(lines))
-    nam = {"cases": 0, "traceback": 0, "hang": 0, "payload": 0}
+    from fuzz_surfaces import BAD
+
+    nam = {"cases": 0, **{o: 0 for o in BAD}}
     if not args.no_named:
         nam, lines = named(tree, args.quick, args.surface, args.show)
         print("\n".join(lines))
@@ -178,10 +211,14 @@ def main() -> int:
     tracebacks = gen["tracebacks"] + nam["traceback"]
     hangs = gen["hangs"] + nam["hang"]
     payloads = gen["payloads"] + nam["payload"]
+    harm = {"writes_outside": nam["writes_outside"], "secrets": gen["secrets"] + nam["secrets"],
+            "segfaults": nam["segfault"], "accepted_invalid": nam["accepted"]}
     print(f"tracebacks={tracebacks}")
     print(f"hangs={hangs}")
     print(f"payloads={payloads}")
-    return 0 if tracebacks == hangs == payloads == 0 else 1
+    for name, n in harm.items():
+        print(f"{name}={n}")
+    return 0 if tracebacks == hangs == payloads == sum(harm.values()) == 0 else 1
 
 
 if __name__ == "__main__":

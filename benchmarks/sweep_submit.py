@@ -124,6 +124,20 @@ def main() -> None:
             slurmctl.scancel(arrays)
             return elapsed
 
+        # map_array in a fresh process, submitit's import included: what `sweep` would add through it
+        fresh_script = ("import json, sys, submitit\n"
+                        "ex = submitit.SlurmExecutor(folder=sys.argv[1])\n"
+                        "ex.update_parameters(**json.loads(sys.argv[2]))\n"
+                        "print(' '.join(sorted({j.job_id.split('_', 1)[0] for j in ex.map_array(abs, range(int(sys.argv[3])))})))")
+
+        def fresh_map_array(i: int) -> float:
+            elapsed, out = timed([sys.executable, "-c", fresh_script, str(work / f"fresh{i}"), json.dumps(params),
+                                  str(N_RUNS)], env)
+            arrays = out.stdout.split()
+            queued.extend(arrays)
+            slurmctl.scancel(arrays)
+            return elapsed
+
         def sweep_submit(i: int) -> float:
             root = work / f"runs{i}"
             calls_before = len(counter.read_text().splitlines()) if counter.exists() else 0
@@ -142,6 +156,8 @@ def main() -> None:
         dry_root = work / "dry"
         measures = {
             "raw_map_array_s": raw_map_array,
+            "fresh_map_array_s": fresh_map_array,
+            "python_s": lambda i: timed([sys.executable, "-c", "pass"], env)[0],
             "submit_s": sweep_submit,
             "dry_run_s": lambda i: timed([*cli, "sweep", str(spec), "--root", str(dry_root), "--profile",
                                           str(profile), "--dry-run"], env)[0],
@@ -150,7 +166,7 @@ def main() -> None:
         }
         stats: dict[str, int] = {}
         samples: dict[str, list[float]] = {k: [] for k in measures}
-        queueing = {"raw_map_array_s", "submit_s"}
+        queueing = {"raw_map_array_s", "fresh_map_array_s", "submit_s"}
         for i in range(max(args.repeats, args.local_repeats)):
             names = [n for n in measures if i < (args.repeats if n in queueing else args.local_repeats)]
             for name in names[i % len(names):] + names[:i % len(names)]:  # rotate who goes first
@@ -177,6 +193,15 @@ def main() -> None:
         print(f"help_ratio={best['help_s'] / best['import_typer_rich_s']:.2f}")
         print(f"dry_run_ratio={best['dry_run_s'] / best['help_s']:.2f}")
         print(f"submit_ratio={best['submit_s'] / (best['raw_map_array_s'] + best['help_s']):.2f}")
+        # the hand-written array submission against submitit's map_array (library_replacements.py):
+        # `sweep` through map_array would pay at least the plan (the dry run: start-up, spec, ids,
+        # script) plus a fresh process's import of submitit and map_array of as many tasks, less
+        # that process's interpreter start-up (the dry run paid it); the floor leaves out pickling
+        # TrainJobs (map_array here pickles abs) and the manifest
+        for key, b in (("", best), ("cpu_", cpu)):
+            floor = b["dry_run_s"] + b["fresh_map_array_s"] - b["python_s"]
+            print(f"submit_by_map_array_floor_{key}s={floor:.3f}")
+            print(f"array_submission_{key}gain={1 - b['submit_s'] / floor:.2f}")
     finally:
         if queued:
             subprocess.run(["scancel", *queued], capture_output=True)

@@ -224,10 +224,14 @@ vllm_servers = st.one_of(st.fixed_dictionaries({}, optional={"policy": _server, 
                                                             "command": st.one_of(hostile_text, st.lists(hostile_text))}),
                          values)
 _export = st.builds(lambda a, b: f"ALL,{a}={b}", st.sampled_from(["BASH_ENV", "ENV", "FOO", "BASH_FUNC_x%%",
-                                                                  "LD_PRELOAD"]), hostile_text)
+                                                                  "LD_PRELOAD", "PATH", "PYTHONPATH", "LD_LIBRARY_PATH",
+                                                                  "PYTHONSTARTUP"]), hostile_text)
+# the long options sbatch reads as --export-file (it accepts unambiguous prefixes)
+_export_file = st.builds(lambda k, v: {k: v}, st.sampled_from(["export-file", "export_file", "export-fil", "export-f",
+                                                               "export-"]), hostile_text)
 profile_dicts = st.dictionaries(st.sampled_from([*PROFILE_FIELDS, "bogus"]), st.none(), max_size=6).flatmap(
     lambda keys: st.fixed_dictionaries({k: (st.one_of(st.dictionaries(hostile_text, scalars, max_size=2),
-                                                      st.fixed_dictionaries({"export": _export}))
+                                                      st.fixed_dictionaries({"export": _export}), _export_file)
                                             if k == "sbatch" else st.lists(hostile_text, max_size=2)
                                             if k == "setup" else st.sampled_from(["slurm", "local"])
                                             if k == "executor" else vllm_servers
@@ -344,3 +348,52 @@ def case_run_dir(ws: Workspace, damage: dict, command: str) -> tuple[list[str], 
     argv = ["status", str(sweep)] if command == "status" else ["report", str(sweep), "--out", str(d / "rep"),
                                                                "--no-cache"]
     return argv, f"{command} damage={damage!r:.1200}"
+
+
+# --------------------------------------------------------------------------- storage URLs (issue 41 §2)
+# A password in each form a storage URL can carry it; generated, then checked never to be shown.
+_PW_CHARS = st.characters(min_codepoint=33, max_codepoint=126, exclude_characters="\\'")
+storage_passwords = st.text(_PW_CHARS, min_size=6, max_size=16).map(lambda p: "Pw" + p)
+STORAGE_FORMS = ("userinfo", "userinfo raw @", "user@server", "?password=", "?PASSWORD=", "?sslpassword=",
+                 "conninfo", "conninfo quoted")
+
+
+def storage_url(form: str, password: str) -> str:
+    """``password`` written into a storage URL (or libpq string) as ``form`` does."""
+    from urllib.parse import quote
+
+    enc = quote(password, safe="")
+    if form == "userinfo":
+        return f"postgresql://ann:{enc}@db.example:5432/x"
+    if form == "userinfo raw @":  # unencoded '@' is read as far as the '@' before the host
+        raw = password.replace("/", "").replace("?", "").replace("#", "").replace("%", "") + "@x"
+        return f"postgresql://ann:{raw}@db.example:5432/x"
+    if form == "user@server":
+        return f"postgresql://ann@srv:{enc}@db.example/x"
+    if form.startswith("?"):
+        return f"postgresql://ann@db.example/x?sslmode=require&{form[1:-1]}={enc}"
+    value = password.replace(" ", "") if form == "conninfo" else password
+    if form == "conninfo quoted" or any(c in value for c in " '\\"):
+        value = "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    return f"host=db.example dbname=x user=ann password={value} sslmode=require"
+
+
+def storage_secret_shown(form: str, password: str) -> str | None:
+    """Where a generated URL's password is shown (its redacted form, an error scrubbed of it, the URL
+    stored), or None: it never is."""
+    from urllib.parse import quote
+
+    from armorlab.tune.secrets import redact, scrub, secrets_of, split_password
+
+    url = storage_url(form, password)
+    secret = secrets_of(url)
+    if not secret:
+        return f"not found in {url!r}"
+    spellings = {s for x in secret for s in (x, quote(x, safe=""))}
+    shown = {"redact": redact(url), "scrub": scrub(f"could not open {url}", url)}
+    if form not in ("?sslpassword=", "conninfo", "conninfo quoted"):  # those are refused, never stored
+        shown["stored"] = split_password(url)[0]
+    for where, text in shown.items():
+        if any(s in text for s in spellings if len(s) >= 6):
+            return f"{where}: {text!r}"
+    return None

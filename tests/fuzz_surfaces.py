@@ -10,10 +10,12 @@ cases measure any checkout (``benchmarks/fuzz.py --tree /path/to/main`` is the "
 An outcome is one of:
 
 - ``ok`` / ``error``: exit 0 / exit 2 without a traceback, as expected;
-- ``traceback``: any other exit code, a signal (pyarrow's segfault), or "Traceback" on stderr;
+- ``traceback``: any other exit code, or "Traceback" on stderr; ``segfault``: killed by a signal
+  (pyarrow's segfault);
 - ``hang``: still running at the case's timeout (then killed);
-- ``payload``: something the input smuggled in ran or leaked (a marker file written, a file a
-  symlink points to overwritten, a password in the output or in a file written);
+- ``payload``: something the input smuggled in ran (a marker file written); ``writes_outside``: a
+  file or dir a planted symlink points to was changed; ``secrets``: a password in the output or in
+  a file written (a case's ``harm`` says which of the three its ``payload`` check measures);
 - ``accepted``: exit 0 where the input is invalid (the old "accepted-but-invalid");
 - ``refused``: exit 2 where the input is valid;
 - ``unnamed``: the expected exit 2, but the message lacks what the case says it must name (the
@@ -38,8 +40,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
-OUTCOMES = ("ok", "error", "traceback", "hang", "payload", "accepted", "refused", "unnamed", "wrong")
-BAD = ("traceback", "hang", "payload", "accepted", "refused", "unnamed", "wrong")
+OUTCOMES = ("ok", "error", "traceback", "segfault", "hang", "payload", "writes_outside", "secrets", "accepted",
+            "refused", "unnamed", "wrong")
+BAD = ("traceback", "segfault", "hang", "payload", "writes_outside", "secrets", "accepted", "refused", "unnamed",
+       "wrong")
 
 
 @dataclass
@@ -55,6 +59,7 @@ class Case:
     check: Callable[[Workspace, Path], bool] | None = None        # an exit 0's results are right
     slow: bool = False                               # trains, loads a model or waits on a service
     needs: str | None = None                         # "mount", "postgres", "slurm": skipped without
+    harm: str = "payload"                            # what a payload is: payload | writes_outside | secrets
 
 
 @dataclass
@@ -142,7 +147,9 @@ def run_case(ws: Workspace, case: Case) -> Result:
     if case.surface == "disk" and rc == FULL_DISK_EXIT:
         rc = 2  # a full disk's own exit code (armorlab.core.exits.EXIT_NO_SPACE) is its clean error
     if case.payload is not None and case.payload(ws, d, text):
-        outcome = "payload"
+        outcome = case.harm
+    elif rc is not None and rc < 0:
+        outcome = "segfault"
     elif rc not in (0, 2) or "Traceback" in err:
         outcome = "traceback"
     elif rc == 0 and case.expect == "error":
@@ -883,5 +890,206 @@ NEW_USER = [
          names=("not part of the run id",), timeout=900, slow=True, env={"ARMORLAB_CACHE": _shared_cache()}),
 ]
 
-CASES: list[Case] = [*SECURITY, *DATA, *MODEL, *RUN_DIRS, *VLLM, *VALUES, *DISK, *NEW_USER]
+# --------------------------------------------------------------------------- issue 41 (round 4)
+KEYS = b"ssh-ed25519 AAAA first\nssh-ed25519 BBBB second-without-newline"  # a torn tail a mender would cut
+
+
+def _canaries(d: Path) -> Path:
+    """A file and a dir outside every run dir, holding what armorlab writes or deletes by those names."""
+    out = d / "outside"
+    for name in ("checkpoint-1", "checkpoint-2"):
+        (out / name).mkdir(parents=True)
+        (out / name / "weights.bin").write_bytes(b"precious")
+    for name in ("metrics.arrow", "metrics.parquet", ".gitignore", ".armorlab-report.json", "index.html"):
+        (out / name).write_bytes(b"precious")
+    (d / "authorized_keys").write_bytes(KEYS)
+    (d / "canaries.json").write_text(json.dumps(_snapshot(d)))
+    return out
+
+
+def _snapshot(d: Path) -> dict[str, str]:
+    files = [d / "authorized_keys", *sorted((d / "outside").rglob("*"))]
+    return {str(p): p.read_bytes().hex() if p.is_file() else "<dir>" for p in files}
+
+
+def _canaries_changed(ws: Workspace, d: Path, text: str) -> bool:
+    return _snapshot(d) != json.loads((d / "canaries.json").read_text())
+
+
+def _planted(where: str, command: str) -> Callable[[Workspace, Path], list[str]]:
+    """A healthy sweep copy with a link planted at ``where`` (relative to its first run, or to the
+    sweep dir for a leading '../'); ``command`` runs on it."""
+    def build(ws: Workspace, d: Path) -> list[str]:
+        sweep = _sweep_copy(ws, d)
+        run = _victim(sweep)
+        out = _canaries(d)
+        if command == "train":  # a run to resume, not one already completed: train would write
+            status = json.loads((run / "status.json").read_text())
+            (run / "status.json").write_text(json.dumps({**status, "state": "failed", "reason": "killed"}))
+        link = (run / where).resolve() if where.startswith("..") else run / where
+        if link.is_dir() and not link.is_symlink():
+            shutil.rmtree(link)
+        elif link.exists() or link.is_symlink():
+            link.unlink()
+        link.parent.mkdir(parents=True, exist_ok=True)
+        target = d / "authorized_keys" if where.endswith((".jsonl", ".json", ".html")) else out
+        link.symlink_to(target, target_is_directory=target.is_dir())
+        if command == "train":
+            return ["train", "--run-dir", str(run)]
+        if command == "report-run":
+            return ["report", str(run)]
+        return ["report", str(sweep), "--out", str(d / "rep")] if command == "report-sweep" else ["status", str(sweep)]
+    return build
+
+
+def _planted_report_file(name: str) -> Callable[[Workspace, Path], list[str]]:
+    def build(ws: Workspace, d: Path) -> list[str]:
+        sweep = _sweep_copy(ws, d)
+        _canaries(d)
+        (d / "rep").mkdir()
+        (d / "rep" / name).symlink_to(d / "authorized_keys")
+        return ["report", str(sweep), "--out", str(d / "rep")]
+    return build
+
+
+def _reader(name: str, kind: str, command: str) -> Callable[[Workspace, Path], list[str]]:
+    """A FIFO or a /dev/zero link where armorlab reads a small file of a sweep or report dir."""
+    def build(ws: Workspace, d: Path) -> list[str]:
+        sweep = _sweep_copy(ws, d)
+        path = (d / "rep" / name) if command == "report" and name.startswith(".armorlab") else sweep / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _mkfifo(path) if kind == "fifo" else path.symlink_to("/dev/zero")
+        return ["report", str(sweep), "--out", str(d / "rep")] if command == "report" else ["status", str(sweep)]
+    return build
+
+
+def _plan_with(fields: dict | str) -> Callable[[Workspace, Path], list[str]]:
+    def build(ws: Workspace, d: Path) -> list[str]:
+        m = _model_copy(ws, d)
+        cfg = json.loads((m / "config.json").read_text())
+        (m / "config.json").write_text(fields if isinstance(fields, str) else json.dumps({**cfg, **fields}))
+        return ["plan", str(_yaml(d / "c.yaml", {"model": str(m)}))]
+    return build
+
+
+def _answers(answer: str) -> Callable[[Workspace, Path], list[str]]:
+    def build(ws: Workspace, d: Path) -> list[str]:
+        rows = [json.dumps({"problem": f"q{i}", "answer": str(i)}) for i in range(12)]
+        rows[4] = '{"problem": "q4", "answer": ' + answer + "}"
+        (d / "d.jsonl").write_text("\n".join(rows) + "\n")
+        return _check_task(ws, d, data=d / "d.jsonl")
+    return build
+
+
+def _alias_bomb(ws: Workspace, d: Path) -> list[str]:
+    lines = ["name: fz", "base: {max_steps: 3}", 'l0: &l0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    lines += [f"l{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * 8) + "]" for i in range(1, 10)]
+    (d / "s.yaml").write_text("\n".join(lines) + "\n")
+    return ["sweep", str(d / "s.yaml"), "--dry-run", "--root", str(d / "runs")]
+
+
+def _until_resolved(flag: str, value: str) -> Callable[[Workspace, Path], list[str]]:
+    def build(ws: Workspace, d: Path) -> list[str]:
+        spec = _yaml(d / "s.yaml", {"name": "ur", "base": {"max_steps": 3, "val_every": 1},
+                                    "grid": {"objective": ["dapo", "armor"]}, "seeds": [0, 1],
+                                    "compare": {"baseline": {"objective": "dapo"}, "delta": 0.05}})
+        return ["sweep", str(spec), "--until-resolved", flag, value, "--dry-run", "--root", str(d / "runs")]
+    return build
+
+
+def _storage_in_spec(storage) -> Callable[[Workspace, Path], list[str]]:
+    def build(ws: Workspace, d: Path) -> list[str]:
+        return ["tune", str(_tune_spec(d, storage=storage)), "--root", str(d / "runs")]
+    return build
+
+
+def _leaks_beside_the_spec(secret: str) -> Callable[[Workspace, Path, str], bool]:
+    """The secret in the output or a file armorlab wrote (the spec holding it is the case's input)."""
+    return lambda ws, d, text: _leaks(secret)(ws, d / "runs", text)
+
+
+def _template(template: str) -> Callable[[Path], None]:
+    def damage(m: Path) -> None:
+        cfg = json.loads((m / "tokenizer_config.json").read_text())
+        (m / "tokenizer_config.json").write_text(json.dumps({**cfg, "chat_template": template}))
+    return damage
+
+
+def _model_config(**fields) -> Callable[[Path], None]:
+    def damage(m: Path) -> None:
+        cfg = json.loads((m / "config.json").read_text())
+        (m / "config.json").write_text(json.dumps({**cfg, **fields}).replace("1e+300", "1e12"))
+    return damage
+
+
+ROUND4 = [
+    # writes through planted links: each canary must come through unchanged
+    *[Case("symlinks", f"planted {where} link: {command}", _planted(where, command), payload=_canaries_changed,
+           harm="writes_outside", expect=expect, names=names, timeout=180)
+      for where, command, expect, names in (
+          ("metrics.jsonl", "train", "error", ("metrics.jsonl", "symbolic link")),
+          ("status.json", "train", "error", ("status.json", "symbolic link")),
+          ("checkpoints", "train", "error", ("checkpoints", "symbolic link")),
+          ("selected.json", "train", "error", ("selected.json", "symbolic link")),
+          ("report", "report-run", "error", ("report", "symbolic link")),
+          ("../.armorlab-cache", "report-sweep", "ok", ()),
+          ("../.armorlab-cache", "status", "ok", ()))],
+    *[Case("symlinks", f"planted report file link: {name}", _planted_report_file(name), payload=_canaries_changed,
+           harm="writes_outside", names=("symbolic link",), timeout=180)
+      for name in ("index.html", "recipe.yaml")],
+    # small files read with a size cap and never blocking
+    *[Case("readers", f"{name} is {'a FIFO' if kind == 'fifo' else 'a /dev/zero link'}: {command}",
+           _reader(name, kind, command), expect="ok", timeout=60)  # read as absent (a report's stamp: stale)
+      for name, command in (("looks.json", "status"), ("looks.json", "report"), (".armorlab-report.json", "report"))
+      for kind in ("fifo", "zero")],
+    # passwords in every URL form, and a storage of the wrong type
+    Case("security", "storage user@server:password@host", _tune_with("postgresql://ann@srv:Sekr4t-azure@127.0.0.1:1/db"),
+         names=("--storage",), payload=_leaks("Sekr4t-azure"), harm="secrets", timeout=120),
+    Case("security", "storage as a libpq key=value string",
+         _tune_with("host=127.0.0.1 port=1 user=ann password='Sekr5t lib' dbname=db"),
+         names=("--storage",), payload=_leaks("Sekr5t"), harm="secrets", timeout=120),
+    Case("security", "storage ?sslpassword=", _tune_with("postgresql://ann@127.0.0.1:1/db?sslpassword=Sekr6t-ssl"),
+         names=("--storage", "sslpassword"), payload=_leaks("Sekr6t-ssl"), harm="secrets", timeout=120),
+    Case("security", "storage ?PASSWORD= (upper case)", _tune_with("postgresql://ann@127.0.0.1:1/db?PASSWORD=Sekr7t-up"),
+         names=("--storage",), payload=_leaks("Sekr7t-up"), harm="secrets", timeout=120),
+    Case("security", "search.storage of the wrong type", _storage_in_spec({"url": "postgresql://a:Sekr8t-map@h/db"}),
+         names=("search.storage",), payload=_leaks_beside_the_spec("Sekr8t-map"), harm="secrets", timeout=120),
+    Case("security", "search.storage a libpq string", _storage_in_spec("host=h password=Sekr9t-spec"),
+         names=("search.storage",), payload=_leaks_beside_the_spec("Sekr9t-spec"), harm="secrets", timeout=120),
+    # sbatch's prefixes of --export-file, and exports that choose the code a job runs
+    *[Case("security", f"sbatch {option}", lambda ws, d, option=option: _with_profile(
+        d, {"executor": "slurm", "sbatch": {option: "/tmp/env"}}), names=("export-file",))
+      for option in ("export-f", "export-fil", "export-")],
+    *[Case("security", f"sbatch export {name}", lambda ws, d, name=name: _with_profile(
+        d, {"executor": "slurm", "sbatch": {"export": f"ALL,{name}=/tmp/evil"}}), names=(name, "allow_exports"))
+      for name in ("PATH", "PYTHONPATH", "PYTHONSTARTUP", "LD_LIBRARY_PATH", "PERL5OPT")],
+    Case("security", "sbatch export PYTHONPATH allowed by the profile", lambda ws, d: _with_profile(
+        d, {"executor": "slurm", "allow_exports": ["PYTHONPATH"], "sbatch": {"export": "ALL,PYTHONPATH=/opt/x"}}),
+        expect="ok"),
+    # wrong results that used to pass
+    *[Case("values", f"plan: config.json {label}", _plan_with(fields), names=names)
+      for label, fields, names in (("-28 layers", {"num_hidden_layers": -28}, ("num_hidden_layers", "-28")),
+                                   ("vocab_size 1e12", '{"model_type": "llama", "vocab_size": 1e12}', ("vocab_size",)),
+                                   ("0 heads", {"num_attention_heads": 0}, ("num_attention_heads",)),
+                                   ("a list", "[1, 2]", ("JSON object",)),
+                                   ("text_config a list", {"text_config": [1]}, ("JSON object",)))],
+    *[Case("data", f"answer {answer}", _answers(answer), names=("not a finite number", "answer_key"))
+      for answer in ("NaN", "1e400", "-Infinity", '"nan"', '"inf"')],
+    Case("model", "vocab_size 1e12", _damaged_model(_model_config(vocab_size=1e300)), names=("vocab_size",)),
+    Case("model", "a chat template that does not parse", _damaged_model(_template("{% for m in messages %}")),
+         names=("chat template does not parse",)),
+    Case("model", "a chat template that raises", _damaged_model(_template("{{ raise_exception('no user role') }}")),
+         names=("chat template raises", "no user role")),
+    Case("values", "a YAML alias bomb", _alias_bomb, names=("aliases",), timeout=20),
+    Case("values", "--max-seeds 1000000000", _until_resolved("--max-seeds", "1000000000"), names=("--max-seeds",),
+         timeout=30),
+    Case("values", "--seeds-per-look 1000000000", _until_resolved("--seeds-per-look", "1000000000"),
+         names=("--seeds-per-look",), timeout=30),
+    *[Case("vllm", f"vllm-serve {flag} {value}", lambda ws, d, flag=flag, value=value: [
+        "vllm-serve", "--model", str(ws.model), flag, value], names=(flag,), timeout=60)
+      for flag, value in (("--port", "70000"), ("--port", "0"), ("--host", ""), ("--dtype", "fp7"),
+                          ("--model", "/no/such/model"))],
+]
+
+CASES: list[Case] = [*SECURITY, *DATA, *MODEL, *RUN_DIRS, *VLLM, *VALUES, *DISK, *NEW_USER, *ROUND4]
 SURFACES = tuple(dict.fromkeys(c.surface for c in CASES))

@@ -8,7 +8,10 @@ step (default 0.02); ARMORLAB_STANDIN_HOLD_AT = a step at which the run parks un
 machine. A run whose model name is neither "tiny" nor a directory holding a file ``standin-model``
 fails like a missing model would. ARMORLAB_STANDIN_VAL_LEVELS = JSON {objective: [level, spread]}
 makes every val/acc of a run of that objective ``val_level(seed, level, spread)`` (flat curves whose
-final level is known exactly: tests of verdicts). A run that continues from another (``init_from``) records the
+final level is known exactly: tests of verdicts). ARMORLAB_STANDIN_VAL_STEPS = JSON [[from_step, value],
+...] makes val/acc a step function of the step (each value from its step on; val/n = 400 beside it),
+and a run with ``stop_on_collapse`` then stops as the trainer does (armorlab.stats.stopping decides;
+selected.json by armorlab.stats.select's rule over its checkpoints; status ``stopped``). A run that continues from another (``init_from``) records the
 state of that run when it started in ``standin_parent.json``. Started by a job with vLLM servers ($ARMORLAB_VLLM_ENDPOINTS), it records what it got
 in ``standin_trainer.json`` and fails like TRL's client would when the policy server stops answering.
 """
@@ -24,6 +27,10 @@ import time
 from pathlib import Path
 
 from armorlab.core.runs import RunDir
+from armorlab.core.schedule import config_per_rollout, planned_evals, rollout_at
+from armorlab.core.stop_on_collapse import level_evals, rollouts_per_eval
+from armorlab.stats.select import select_checkpoints
+from armorlab.stats.stopping import CollapseWatch
 from armorlab.vllm.endpoints import read_endpoints
 
 
@@ -46,6 +53,24 @@ def val_level(seed: int, level: float, spread: float) -> float:
     """A run's flat val/acc under ARMORLAB_STANDIN_VAL_LEVELS: the level, moved by spread × (u − ½)
     with u = metric(seed, 0, 1) in [0, 1)."""
     return level + spread * (metric(seed, 0, 1) - 0.5)
+
+
+def stop_watch(cfg: dict) -> CollapseWatch | None:
+    stop = cfg.get("stop_on_collapse")
+    if stop is None:
+        return None
+    return CollapseWatch(patience=level_evals(stop["patience"], rollouts_per_eval(cfg)), delta=stop["delta"],
+                         alpha=stop["alpha"], horizon=planned_evals(cfg))
+
+
+def keep_peak(rd: RunDir, per) -> None:
+    """selected.json as the trainer's keeper writes it (its rule, over the saved checkpoints)."""
+    evals = [(r["step"], r["val/acc"]) for r in rd.read_metrics() if r.get("val/acc") is not None]
+    saved = [int(p.name.split("-")[1]) for p in rd.checkpoints()]
+    pick = select_checkpoints([s for s, _ in evals], [v for _, v in evals], eligible=saved)[0]
+    (rd.path / "selected.json").write_text(json.dumps({
+        "rule": "standin", "metric": "val/acc", "mode": "max", "step": int(pick.step), "rollout": rollout_at(int(pick.step), per),
+        "value": pick.level, "checkpoint": f"checkpoints/checkpoint-{int(pick.step)}"}))
 
 
 def job_id() -> str | None:
@@ -84,7 +109,11 @@ def main() -> int:
         return 1
     seed, max_steps = cfg["seed"], cfg["max_steps"]
     levels = json.loads(os.environ.get("ARMORLAB_STANDIN_VAL_LEVELS") or "{}")
-    if cfg.get("objective") in levels:
+    pieces = json.loads(os.environ.get("ARMORLAB_STANDIN_VAL_STEPS") or "[]")
+    if pieces:
+        def val(step: int) -> float:
+            return [v for at, v in pieces if at <= step][-1]
+    elif cfg.get("objective") in levels:
         flat = val_level(seed, *levels[cfg["objective"]])
 
         def val(step: int) -> float:
@@ -95,8 +124,11 @@ def main() -> int:
     val_every, save_steps = cfg["val_every"], cfg.get("save_steps") or max_steps
     last = rd.last_checkpoint()
     step = json.loads((last / "state.json").read_text())["step"] if last else 0
+    watch, per = stop_watch(cfg), config_per_rollout(cfg) or 1
     if step == 0 and val_every:
-        rd.append_metrics(0, {"val/acc": val(0)})
+        rd.append_metrics(0, {"val/acc": val(0), **({"val/n": 400.0} if pieces else {})})
+        if watch is not None:
+            watch.observe(0, val(0), 400)
 
     def save(at: int) -> None:
         ck = rd.checkpoints_dir / f"checkpoint-{at}"
@@ -115,9 +147,15 @@ def main() -> int:
         row = {"train/reward": metric(seed, step, 0)}
         if val_every and step % val_every == 0:
             row["val/acc"] = val(step)
+            if pieces:
+                row["val/n"] = 400.0
         rd.append_metrics(step, row)
         if step % save_steps == 0:
             save(step)
+        if watch is not None and "val/acc" in row and watch.observe(rollout_at(step, per), row["val/acc"], 400):
+            keep_peak(rd, per)
+            rd.write_status("stopped", reason=watch.stop.reason)
+            return 0
         while step == hold_at and stop["signal"] is None and not request.exists():
             time.sleep(0.01)
         if stop["signal"] is not None and step < max_steps:

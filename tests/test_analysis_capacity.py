@@ -131,3 +131,17 @@ def test_run_token_sample(tmp_path):
     np.testing.assert_allclose(cf["up"], 1 - np.exp(pos["old_logp"]))
     assert set(cf) == {"up", "dapo", "armor"} and (cf["dapo"] <= cf["armor"] + 1e-12).all()
     assert cs.read_tokens(tmp_path) is None
+
+
+def test_capacity_parameters_come_from_the_objective_registry():
+    # a config that sets no clip gets its objective's: gspo's preset (3e-4, 4e-4), DAPO's 0.2/0.28 otherwise
+    gspo, up = cs.objective_params({"objective": "gspo"}), cs.objective_params({"objective": "up"})
+    assert (gspo["eps_low"], gspo["eps_high"], up["eps_low"], up["eps_high"]) == (3e-4, 4e-4, 0.2, 0.28)
+    # a dapo run (α null, G = 4): ARMOR's counterfactual uses α = 3/4, so β = (1−α)/α = 1/3 and
+    # Eq. 6's upper bound is 1.28·π_old + 0.28·β·π_ref: π_old 0.5, π_ref 0.3 → 0.64 + 0.028 = 0.668
+    cfg = resolve({"objective": "dapo", "num_generations": 4})
+    assert cfg["alpha"] is None
+    tokens = pd.DataFrame({"logp": np.log([0.5]), "old_logp": np.log([0.5]), "ref_logp": np.log([0.3]),
+                           "advantage": [1.0]})
+    cf = cs.counterfactual_capacity(tokens, cfg)
+    assert cf["armor"] == pytest.approx([0.668 - 0.5]) and cf["dapo"] == pytest.approx([0.14])

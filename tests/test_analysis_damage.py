@@ -14,6 +14,7 @@ import pyarrow as pa
 import pytest
 
 from armorlab.analysis import load as L
+from armorlab.analysis.groups import run_groups
 from armorlab.core.config import resolve
 from armorlab.core.runs import RunDir
 
@@ -145,8 +146,8 @@ def test_shallow_accepts_metrics_lines_fast_and_counts_otherwise():
 def test_load_exposes_the_reports_group_labels(sweep, tmp_path):
     rs = L.load([sweep])
     # one config, three seeds: one group (seeds never split groups)
-    assert set(rs.groups()) == {"all runs"}
-    labels = rs.groups(["seed"])
+    assert set(run_groups(rs)) == {"all runs"}
+    labels = run_groups(rs, ["seed"])
     assert sorted(labels) == ["seed=0", "seed=1", "seed=2"] and labels.index.name == "run_id"
-    long = rs.long.assign(group=rs.long["run_id"].map(rs.groups(["seed"])))
+    long = rs.long.assign(group=rs.long["run_id"].map(run_groups(rs, ["seed"])))
     assert long["group"].notna().all() and np.isin(long["group"], labels.to_numpy()).all()

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from armorlab.analysis import groups as G
-from armorlab.analysis.values import norm_value
+from armorlab.analysis.value_labels import norm_value
 
 # values a flattened config can hold, with look-alikes that must (or must not) count as equal
 VALUES = [0.0, -0.0, 1, 1.0, True, np.float64(0.5), 0.5, np.int64(3), 3, None, "a", "b", '["x", 1]',

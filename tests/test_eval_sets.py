@@ -17,7 +17,8 @@ from armorlab.algos.pass_at_k import pass_at_k
 from armorlab.core.config import resolve
 from armorlab.errors import ArmorLabError
 from armorlab.tasks import build_task
-from armorlab.tasks.heldout import build_eval_sets, first_of_each, problem_key
+from armorlab.tasks.heldout import first_of_each, problem_key
+from armorlab.tasks.mathfile import build_eval_sets
 
 PROBLEMS = 24  # distinct problems of the DAPO-shaped file
 REPEATS = 100

@@ -103,6 +103,11 @@ SAMPLE = (
     "one server named twice (localhost vs 127.0.0.1)", "scale_rewards: false", "three problems at once",
     "a 5,000-digit int", "--root is a file: sweep", "status of the run dir train prints",
     "a local dry run with a hanging scontrol",
+    # issue 41
+    "planted metrics.jsonl link: train", "planted checkpoints link: train", "looks.json is a FIFO: status",
+    "storage user@server:password@host", "search.storage of the wrong type", "sbatch export-f",
+    "sbatch export PYTHONPATH", "plan: config.json -28 layers", "a chat template that raises", "a YAML alias bomb",
+    "--max-seeds 1000000000", "vllm-serve --port 70000",
 )
 
 
@@ -113,6 +118,22 @@ def surfaces():
     w = Workspace()
     yield w
     w.close()
+
+
+def test_generated_storage_urls_never_show_their_password():
+    from fuzz_cases import STORAGE_FORMS, storage_passwords, storage_secret_shown
+
+    shown = []
+
+    @settings(FAST, max_examples=300)
+    @given(form=st.sampled_from(STORAGE_FORMS), password=storage_passwords)
+    def run(form, password):
+        where = storage_secret_shown(form, password)
+        if where:
+            shown.append((form, password, where))
+
+    run()
+    assert not shown, shown[:5]
 
 
 @pytest.mark.parametrize("name", SAMPLE)

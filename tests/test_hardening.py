@@ -79,6 +79,30 @@ def test_sbatch_export_may_not_set_a_start_up_hook(tmp_path, export, hook):
     assert load_profile(p).sbatch["export"] == "ALL,OMP_NUM_THREADS=4,ENVIRONMENT=x"  # near names pass
 
 
+@pytest.mark.parametrize("option", ["export-file", "export_file", "export-fil", "export-f", "export-"])
+def test_every_prefix_sbatch_reads_as_export_file_is_refused(tmp_path, option):
+    p = tmp_path / "p.yaml"
+    p.write_text(yaml.safe_dump({"executor": "slurm", "sbatch": {option: "/tmp/env"}}))
+    err = _err(load_profile, p)
+    assert err.key == "sbatch" and err.file == str(p) and "export-file" in str(err) and option in str(err)
+    p.write_text(yaml.safe_dump({"executor": "slurm", "sbatch": {"exclusive": "user", "export": "ALL"}}))
+    assert load_profile(p).sbatch == {"exclusive": "user", "export": "ALL"}
+
+
+@pytest.mark.parametrize("name", ["PATH", "PYTHONPATH", "PYTHONSTARTUP", "PYTHONHOME", "PERL5OPT",
+                                  "LD_LIBRARY_PATH", "BASH_ENV", "ENV"])
+def test_sbatch_export_may_not_choose_the_code_a_job_runs_unless_allowed(tmp_path, name):
+    p = tmp_path / "p.yaml"
+    prof = {"executor": "slurm", "sbatch": {"export": f"ALL,OMP_NUM_THREADS=2,{name}=/tmp/evil"}}
+    p.write_text(yaml.safe_dump(prof))
+    err = _err(load_profile, p)
+    assert err.key == "sbatch" and err.file == str(p) and name in str(err) and "allow_exports" in str(err)
+    p.write_text(yaml.safe_dump({**prof, "allow_exports": [name]}))
+    assert load_profile(p).allow_exports == (name,)
+    p.write_text(yaml.safe_dump({**prof, "allow_exports": [f"{name}=x"]}))
+    assert _err(load_profile, p).key == "allow_exports"
+
+
 @pytest.mark.parametrize("server, key", [
     ({"env": {"BASH_ENV": "/x"}}, "vllm_servers.policy.env"),
     ({"env": {"X": "a\x00b"}}, "vllm_servers.policy.env"),
@@ -135,6 +159,29 @@ def test_deep_yaml_nesting_is_an_error_naming_the_file(tmp_path, text):
     p = _cfg_file(tmp_path, text)
     err = _err(load_yaml_mapping, p)
     assert err.file == str(p) and "nested" in str(err)
+
+
+def _alias_bomb(levels: int, width: int = 10) -> str:
+    lines = ["l0: &l0 [" + ", ".join(["lol"] * width) + "]"]
+    lines += [f"l{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * width) + "]" for i in range(1, levels)]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("text, words", [(_alias_bomb(10), "aliases"),  # 10^10 values from 10 lines
+                                         (_alias_bomb(7), "aliases"),  # 10^7: the 11 s case of the campaign
+                                         ("x: &x [*x]\n", "nested"),  # a list that holds itself
+                                         ("a: &a [[[[1]]]]\nb: [" + ", ".join(["*a"] * 30) + "]\n", None)])
+def test_alias_bombs_are_refused_at_once_and_shared_aliases_pass(tmp_path, text, words):
+    import time
+
+    p = _cfg_file(tmp_path, text)
+    t0 = time.perf_counter()
+    if words is None:
+        assert len(load_yaml_mapping(p)["b"]) == 30
+    else:
+        err = _err(load_yaml_mapping, p)
+        assert err.file == str(p) and words in str(err) and str(err).count(str(p)) == 1
+    assert time.perf_counter() - t0 < 1.0
 
 
 def test_yaml_escapes_past_unicode_are_an_error_not_a_traceback(tmp_path):
@@ -198,7 +245,37 @@ DAMAGE = {
     "a FIFO": (lambda m: os.mkfifo(m / "notes"), "FIFO"),
     "a symlink loop": (lambda m: os.symlink("loop", m / "loop"), "symlink loop"),
     "a dangling link": (lambda m: os.symlink(m / "gone", m / "extra.bin"), "dangling symlink"),
+    "vocab_size 1e12": (lambda m: (m / "config.json").write_text(
+        '{"model_type": "qwen2", "hidden_size": 64, "vocab_size": 1e12}'), "vocab_size is 1000000000000.0"),
+    "-28 layers": (lambda m: (m / "config.json").write_text(
+        '{"model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": -28}'), "num_hidden_layers is -28"),
+    "a chat template that does not parse": (lambda m: (m / "tokenizer_config.json").write_text(json.dumps(
+        {"chat_template": "{% for m in messages %}{{ m.content }}"})), "chat template does not parse"),
+    "a chat template that raises": (lambda m: (m / "tokenizer_config.json").write_text(json.dumps(
+        {"chat_template": "{{ raise_exception('System role not supported') }}"})), "System role not supported"),
+    "a chat_template.jinja that raises": (lambda m: (m / "chat_template.jinja").write_text(
+        "{{ messages[0]['content'] / 0 }}"), "chat template raises"),
 }
+
+
+def test_a_working_chat_template_passes(tmp_path):
+    model = fake_model_dir(tmp_path / "m")
+    (model / "tokenizer_config.json").write_text(json.dumps({"chat_template": (
+        "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}assistant:{% endif %}")}))
+    assert resolve({"model": str(model)})["model"]["name"] == str(model)
+
+
+@pytest.mark.parametrize("field, value", [("num_hidden_layers", -28), ("vocab_size", 1e12), ("num_attention_heads", 0),
+                                          ("hidden_size", "64"), ("intermediate_size", True)])
+def test_the_memory_plan_refuses_sizes_no_model_has(field, value):
+    from armorlab.core.plan_inputs import shape_from_config
+
+    cfg = {"model_type": "llama", "vocab_size": 1000, "hidden_size": 64, "intermediate_size": 128,
+           "num_hidden_layers": 2, "num_attention_heads": 4, field: value}
+    err = _err(shape_from_config, cfg, name="m", source="m/config.json")
+    assert (err.key, err.value, err.file) == ("model", "m", "m/config.json") and field in str(err)
+    assert shape_from_config({**cfg, field: 8 if field != "hidden_size" else 64}, name="m", source="x").num_layers > 0
 
 
 @pytest.mark.parametrize("damage", list(DAMAGE))

@@ -254,6 +254,61 @@ def test_tensorboard_keeps_every_point_and_tolerates_a_torn_record(tmp_path):
 
 
 @needs_tb
+def test_tensorboard_crcs_are_checked(tmp_path):
+    import struct
+
+    pytest.importorskip("google_crc32c")
+    logdir = W.write_tensorboard(tmp_path / "tb" / "run1", [(s, {"val/acc": s / 100}) for s in range(100)])
+    f = next(logdir.glob("events.out.tfevents.*"))
+    whole = f.read_bytes()
+    frames, pos = [], 0          # (offset, data length) of each record: record 0 is the file-version event
+    while pos < len(whole):
+        (n,) = struct.unpack_from("<Q", whole, pos)
+        frames.append((pos, n))
+        pos += 16 + n
+    assert len(frames) == 101
+    rs = load([tmp_path / "tb"])                    # the writer's own CRCs hold: nothing skipped
+    assert rs.curve(rs.run_ids[0], "val/acc")[0].tolist() == list(range(100))
+    assert not any("CRC" in w for w in rs.warnings)
+    damaged = bytearray(whole)
+    at, n = frames[1 + 40]                          # step 40's data, one byte flipped
+    damaged[at + 12 + n - 1] ^= 0x01
+    at, _ = frames[1 + 70]                          # step 70's length CRC, one bit flipped
+    damaged[at + 8] ^= 0x01
+    f.write_bytes(bytes(damaged))
+    rs = load([tmp_path / "tb"])
+    assert rs.curve(rs.run_ids[0], "val/acc")[0].tolist() == [s for s in range(70) if s != 40]
+    assert sum("fails its CRC; skipped" in w for w in rs.warnings) == 1
+    assert sum("fails its CRC; the rest of the file skipped" in w for w in rs.warnings) == 1
+
+
+@needs_tb
+def test_the_benchmarks_library_sides_read_what_the_importer_reads(tmp_path):
+    """benchmarks/library_replacements.py times the reader against tbparse and against itself
+    without CRCs: both must read the same points, or the comparison is of different work."""
+    import importlib.util
+    from types import SimpleNamespace
+
+    pytest.importorskip("tbparse")
+    spec = importlib.util.spec_from_file_location(
+        "library_replacements", Path(__file__).parents[1] / "benchmarks" / "library_replacements.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    tb = importers.tensorboard_events
+    logdir = W.write_tensorboard(tmp_path / "run", [(s, {"val/acc": s / 7, "train/reward": -s / 3}) for s in range(40)])
+    by_tbparse, no_crc = SimpleNamespace(), SimpleNamespace(_LEN=tb._LEN)
+    bench._tensorboard_by_tbparse(by_tbparse)
+    bench._tensorboard_without_crc(no_crc)
+    ours, theirs = tb.read_dir(logdir)[0], by_tbparse.read_dir(logdir)[0]
+    assert sorted(ours) == sorted(theirs) == ["train/reward", "val/acc"]
+    for tag in ours:
+        assert ours[tag][0].tolist() == theirs[tag][0].tolist() == list(range(40))
+        np.testing.assert_array_equal(ours[tag][1], theirs[tag][1])
+    data = next(logdir.glob("events.out.tfevents.*")).read_bytes()
+    assert list(no_crc.records(data, "f", [])) == list(tb.records(data, "f", []))
+
+
+@needs_tb
 def test_tensorboard_scalar_tensor_summaries(tmp_path):
     from tensorboard.compat.proto import event_pb2, summary_pb2
     from tensorboard.summary.writer.event_file_writer import EventFileWriter

@@ -1,10 +1,13 @@
-"""The house rules (issue 24): which layer may import which, no import circles, the torch-free layers
-free of torch, and every pre-0.2 module path still importable (with a warning) as the same module."""
+"""The house rules (issues 24, 34): which layer may import which and no import circles (import-linter
+contracts in pyproject.toml, seen to fail on planted violations), the torch-free layers free of torch,
+and every old module path still importable (with a warning) as the same module."""
 
 from __future__ import annotations
 
 import ast
 import importlib
+import os
+import shutil
 import subprocess
 import sys
 import warnings
@@ -15,28 +18,8 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "armorlab"
 
-# The one statement of the layers: what each part of armorlab may import (besides itself).
-# errors is the one exception type, imported by all; cli and __main__ sit on top.
-ALLOWED: dict[str, set[str]] = {
-    "errors": set(),
-    "algos": {"errors"},                               # pure math
-    "core": {"errors", "algos"},                       # torch-free contract (reads the objective registry)
-    "tasks": {"errors", "core"},                       # datasets and reward functions
-    "vllm": {"errors", "core"},                        # torch-free serving
-    "stats": {"errors", "core"},                       # decisions on curves and seeds
-    "analysis": {"errors", "algos", "core", "stats"},  # numpy/pandas math and reports
-    "sweeps": {"errors", "core", "vllm", "stats", "analysis"},  # spec → runs → executors (never the trainer)
-    "tune": {"errors", "core", "stats", "analysis", "sweeps"},  # studies whose trials are runs
-    "train": {"errors", "algos", "core", "tasks", "vllm", "stats"},  # TRL glue
-    "commands": {"errors", "algos", "core", "tasks", "vllm", "stats", "analysis", "sweeps", "tune", "train"},
-    "cli": {"errors", "core", "commands"},
-    "__main__": {"cli"},
-    "__init__": {"_moved"},                            # exports lazily, by name
-    "_moved": set(),
-}
-# the package itself (its __version__) may be imported by every part
-for _rules in ALLOWED.values():
-    _rules.add("__init__")
+# The rules themselves are import-linter contracts in pyproject.toml ([tool.importlinter]).
+ROOT = PACKAGE.parent
 TORCH_FREE = ("core", "vllm", "tasks", "stats", "analysis", "sweeps", "tune", "commands", "cli")
 
 
@@ -46,18 +29,18 @@ def part_of(module: str) -> str:
     return "__init__" if len(parts) == 1 else parts[1]
 
 
-def module_name(path: Path) -> str:
-    rel = path.relative_to(PACKAGE.parent).with_suffix("")
+def module_name(path: Path, package: Path = PACKAGE) -> str:
+    rel = path.relative_to(package.parent).with_suffix("")
     parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
     return ".".join(parts)
 
 
-def imports_of(path: Path) -> list[tuple[str, int, bool]]:
+def imports_of(path: Path, root: Path = PACKAGE) -> list[tuple[str, int, bool]]:
     """(imported armorlab module, line, inside a function) for every import in ``path``, type-checking
     blocks included (they are promises about the layering too), except the package face's: its
     type-checking block only names what it exports lazily."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    me = module_name(path)
+    me = module_name(path, root)
     package = me if path.name == "__init__.py" else me.rpartition(".")[0]
     found: list[tuple[str, int, bool]] = []
 
@@ -78,8 +61,8 @@ def imports_of(path: Path) -> list[tuple[str, int, bool]]:
                     # `from armorlab.x import y`: y may be a module (armorlab.x.y) or a name in armorlab.x
                     for alias in child.names:
                         sub = f"{target}.{alias.name}"
-                        is_module = (PACKAGE.parent / sub.replace(".", "/")).with_suffix(".py").is_file() or \
-                            (PACKAGE.parent / sub.replace(".", "/") / "__init__.py").is_file()
+                        is_module = (root.parent / sub.replace(".", "/")).with_suffix(".py").is_file() or \
+                            (root.parent / sub.replace(".", "/") / "__init__.py").is_file()
                         found.append((sub if is_module else target, child.lineno, inner))
             visit(child, inner)
 
@@ -87,37 +70,55 @@ def imports_of(path: Path) -> list[tuple[str, int, bool]]:
     return found
 
 
-def all_imports() -> dict[str, list[tuple[str, int, bool]]]:
-    return {module_name(p): imports_of(p) for p in sorted(PACKAGE.rglob("*.py"))}
-
-
-def test_every_part_is_in_the_rules():
-    parts = {part_of(m) for m in all_imports()}
-    assert parts == set(ALLOWED), f"parts without a rule or rules without a part: {parts ^ set(ALLOWED)}"
-
-
-def test_the_rules_are_layers():
-    # the allowed directions themselves form no circle
-    TopologicalSorter({k: v for k, v in ALLOWED.items()}).static_order()
-
-
-def test_no_import_points_up_a_layer():
-    wrong = []
-    for module, imports in all_imports().items():
-        mine = part_of(module)
-        for target, line, _ in imports:
-            theirs = part_of(target)
-            if theirs != mine and theirs not in ALLOWED[mine]:
-                wrong.append(f"{module}:{line} imports {target} ({mine} may import {sorted(ALLOWED[mine])})")
-    assert not wrong, "\n".join(wrong)
-
-
-def test_no_import_circle_between_modules():
-    graph = {m: {t for t, _, _ in imps if t != m} for m, imps in all_imports().items()}
+def import_circle(package: Path) -> list[str]:
+    """One circle of top-level or in-function imports between modules of ``package``, or []."""
+    graph = {module_name(p, package): {t for t, _, _ in imports_of(p, package)} for p in package.rglob("*.py")}
     try:
-        TopologicalSorter(graph).static_order()
+        tuple(TopologicalSorter({m: ts - {m} for m, ts in graph.items()}).static_order())  # the walk finds it
     except CycleError as exc:
-        pytest.fail(f"import circle: {' -> '.join(exc.args[1])}")
+        return list(exc.args[1])
+    return []
+
+
+def lint_imports(root: Path) -> subprocess.CompletedProcess:
+    """import-linter's verdict on the contracts in ``root``/pyproject.toml for ``root``/armorlab."""
+    exe = Path(sys.executable).with_name("lint-imports")
+    if not exe.is_file():
+        pytest.fail(f"{exe} is missing: pip install -e '.[dev]' (import-linter checks the house rules)")
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    return subprocess.run([str(exe), "--no-cache", "--no-logo"], cwd=root, env=env, capture_output=True, text=True)
+
+
+def test_the_house_rules_hold():
+    out = lint_imports(ROOT)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "0 broken" in out.stdout and import_circle(PACKAGE) == []
+
+
+PLANTED = {  # file → its text, the contract it breaks
+    "circle": ({"analysis/planted_a.py": "from armorlab.analysis import planted_b\n",
+                "analysis/planted_b.py": "from armorlab.analysis import planted_a\n"},
+               "No import circles between modules"),
+    "upward": ({"stats/planted.py": "from armorlab.analysis import load\n"}, "Layers: nothing imports upward"),
+    "package face": ({"analysis/planted.py": "from armorlab import __version__\n"},
+                     "No part imports the package face"),
+    "trainer in sweeps": ({"sweeps/planted.py": "def f():\n    from armorlab.train import trainer\n"},
+                          "Layers: nothing imports upward"),
+}
+
+
+@pytest.mark.parametrize("plant", PLANTED)
+def test_a_planted_violation_breaks_the_rules(plant, tmp_path):
+    shutil.copytree(PACKAGE, tmp_path / "armorlab", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    assert lint_imports(tmp_path).returncode == 0  # the copy itself keeps the rules
+    files, contract = PLANTED[plant]
+    for name, text in files.items():
+        (tmp_path / "armorlab" / name).write_text(text, encoding="utf-8")
+    out = lint_imports(tmp_path)
+    broken = [line for line in out.stdout.splitlines() if line.endswith(" BROKEN")]
+    assert out.returncode != 0 and any(line.startswith(contract) for line in broken), out.stdout + out.stderr
+    assert bool(import_circle(tmp_path / "armorlab")) == (plant == "circle")
 
 
 def test_torch_free_layers_import_armorlab_at_the_top():
@@ -158,6 +159,29 @@ def test_exit_codes_are_defined_once():
                        isinstance(n, ast.Name) and n.id.startswith("EXIT_") for n in ast.walk(t))
                    for t in node.targets)]
     assert defined and all(d.startswith("core/exits.py") for d in defined), defined
+    assert exit_literals(PACKAGE) == []
+
+
+def exit_literals(package: Path) -> list[str]:
+    """Where a module returns or exits with a literal code of armorlab's own (73-75) instead of its name."""
+    from armorlab.core import exits
+
+    own = {v for k, v in vars(exits).items() if k.startswith("EXIT_") and v > 2}
+    found = []
+    for p in package.rglob("*.py"):
+        for node in ast.walk(ast.parse(p.read_text(encoding="utf-8"))):
+            value = node.value if isinstance(node, ast.Return) else \
+                node.args[0] if isinstance(node, ast.Call) and ast.unparse(node.func) in ("sys.exit", "os._exit",
+                                                                                       "SystemExit") and node.args \
+                else None
+            if isinstance(value, ast.Constant) and value.value in own:
+                found.append(f"{p.relative_to(package)}:{node.lineno}")
+    return found
+
+
+def test_a_literal_exit_code_is_found(tmp_path):
+    (tmp_path / "job.py").write_text("import sys\ndef f():\n    return 75\nsys.exit(73)\n", encoding="utf-8")
+    assert exit_literals(tmp_path) == ["job.py:3", "job.py:4"]
 
 
 def test_every_old_path_is_the_new_module_with_a_warning():

@@ -14,7 +14,7 @@ from armorlab.algos.diversity import correct_diversity, distinct, empirical_entr
 from armorlab.algos.loss import policy_loss
 from armorlab.core.config import resolve
 from armorlab.core.runs import run_id
-from armorlab.train.mechanisms import gradient_shares, rollout_diversity
+from armorlab.train.mechanism_telemetry import gradient_shares, rollout_diversity
 
 # Three rows of 5 tokens, α = 0.5, ε = (0.2, 0.28). At α = 0.5, r_mix = w·r + (1 − w) with
 # w = π_old/(π_old + π_ref). Per token (π_old, π_ref, π) → r, w, r_mix:

@@ -152,3 +152,18 @@ def test_dual_clip_caps_negative_advantage_loss():
     assert out.metrics["dual_clip_frac"] == pytest.approx(1 / 6)
     assert out.metrics["clip_frac_low"] == pytest.approx(1 / 6)
     assert out.metrics["clip_frac"] == pytest.approx(3 / 6)
+
+
+def test_the_mixed_policy_is_one_function_for_trainer_and_objective():
+    import math
+
+    import torch
+
+    from armorlab.algos import objectives
+    from armorlab.train import anchors
+
+    assert anchors.log_mixture is objectives.log_mixture  # anchor rows and ARMOR's ratio share it
+    logp, ref = torch.tensor([math.log(0.4)], dtype=torch.float64), torch.tensor([math.log(0.2)], dtype=torch.float64)
+    # 0.75·0.4 + 0.25·0.2 = 0.35 (by hand); at α = 1 the policy itself, bit for bit
+    assert objectives.log_mixture(logp, ref, 0.75).exp().item() == pytest.approx(0.35, rel=1e-12)
+    assert torch.equal(objectives.log_mixture(logp, ref, 1.0), logp)

@@ -29,12 +29,12 @@ from armorlab.core.runs import RunDir
 from armorlab.errors import ArmorLabError
 from armorlab.stats.sequential import SPENDING, Design, decide_look, looks_record
 from armorlab.stats.sequential_text import sentence
-from armorlab.sweeps.compare import SPENDINGS
 from armorlab.sweeps.jobs import ENV_COMMAND
-from armorlab.sweeps.looks import extended_seeds
 from armorlab.sweeps.manifest import LOOKS, load_manifest
 from armorlab.sweeps.submit import load_sweep
 from armorlab.sweeps.until_resolved import Chain
+from armorlab.sweeps.until_resolved_compare import SPENDINGS
+from armorlab.sweeps.until_resolved_looks import extended_seeds
 
 SELECT = {"metric": "val/acc", "mode": "max"}
 
@@ -291,6 +291,18 @@ def test_the_decision_jobs_script_waits_on_the_look_and_keeps_values_on_their_li
         evil.decision_script(1, ["1"])
 
 
+@pytest.mark.parametrize("flag", ["--max-seeds", "--seeds-per-look"])
+def test_seed_counts_past_a_thousand_are_refused_at_once(tmp_path, flag):
+    import time
+
+    spec = _flat_spec(tmp_path)
+    t0 = time.perf_counter()
+    with pytest.raises(ArmorLabError, match=f"at most 1,000.*key '{flag}', value 1000000000"):
+        _chain(spec, tmp_path / "runs", **{flag.removeprefix("--").replace("-", "_"): 10**9})
+    assert time.perf_counter() - t0 < 5
+    assert _chain(spec, tmp_path / "runs", max_seeds=1000).design.max_seeds == 1000
+
+
 def test_words_for_an_arm_not_resolved_at_max_seeds():
 
     design = Design(baseline="b", arms=("a",), endpoint="final", delta=0.05, first_look=3, max_seeds=3)
@@ -304,7 +316,7 @@ def test_words_for_an_arm_not_resolved_at_max_seeds():
 
 
 def test_the_looks_file_name_is_one_across_layers():
-    from armorlab.analysis.looks_report import LOOKS_FILE
+    from armorlab.analysis.until_resolved_report import LOOKS_FILE
 
     assert LOOKS_FILE == LOOKS
 

@@ -167,6 +167,31 @@ def test_math_verify_scoring(completion, answer, expected):
     assert math_verify_reward(prompts=None, completions=[completion], answer=[answer]) == [expected]
 
 
+@pytest.mark.parametrize(("completion", "answer", "expected"), [
+    ("\\boxed{nan}", "nan", 0.0),  # math-verify alone scores these 1.0: n·a·n = n·a·n
+    ("\\boxed{NaN}", "NaN", 0.0),
+    ("\\boxed{1e400}", "1e400", 0.0),  # 1·e·400
+    ("\\boxed{inf}", "inf", 0.0),
+    ("\\boxed{inf}", "\\infty", 0.0),  # the float spelling of ∞ is no answer, whatever the gold
+    ("\\boxed{-Infinity}", "-\\infty", 0.0),
+    ("\\boxed{\\infty}", "\\infty", 1.0),  # LaTeX's ∞ (a limit) and intervals stay answers
+    ("\\boxed{(-\\infty, 3]}", "(-\\infty, 3]", 1.0),
+    ("\\boxed{1e30}", "1e30", 1.0),
+])
+def test_non_finite_answers_never_score(completion, answer, expected):
+    assert math_verify_reward(prompts=None, completions=[completion], answer=[answer]) == [expected]
+
+
+@pytest.mark.parametrize("answer", ["NaN", "1e400", "-Infinity", '"nan"', '"inf"'])
+def test_a_data_file_with_a_non_finite_answer_is_refused(tmp_path, answer):
+    rows = [json.dumps({"problem": f"q{i}", "answer": str(i)}) for i in range(12)]
+    rows[5] = f'{{"problem": "q5", "answer": {answer}}}'
+    path = tmp_path / "d.jsonl"
+    path.write_text("\n".join(rows) + "\n")
+    with pytest.raises(ArmorLabError, match=r"record 6: answer .* not a finite number.*task.answer_key.*d.jsonl"):
+        math_task(path)
+
+
 def test_math_verify_reward_in_a_thread():
     # math-verify's signal-based timeout raises outside the main thread; the reward must not.
     out = {}

@@ -389,7 +389,11 @@ def test_config_validates_with_the_shared_checks():
 def test_config_inert_nulls_take_defaults_and_gate_only_is_valid():
     args = _config(objective="dapo", alpha=None, anchor=False, anchor_gate=True, anchor_filter=None,
                    anchor_ratio=None)
-    assert args.alpha == 0.5 and args.anchor_filter == "correct" and args.anchor_gate and not args.anchor  # (2−1)/2
+    assert args.anchor_filter == "correct" and args.anchor_gate and not args.anchor
+    # α stays null where the run never reads it (not re-defaulted, then forced to 1 on the way to the
+    # loss); where it does, a Python user who left it out gets (G−1)/G = (2−1)/2
+    assert args.alpha is None and _config(objective="armor", alpha=None).alpha == 0.5
+    assert _config(objective="dapo", alpha=None, anchor=True, anchor_ratio="mixed").alpha == 0.5
 
 
 def test_group_has_spread_by_hand():

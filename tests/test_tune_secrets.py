@@ -110,3 +110,76 @@ def test_a_password_in_a_non_postgres_url_is_refused_not_stored(tmp_path):
     assert out.returncode == 2 and "Pw-mysql-1" not in out.stdout + out.stderr
     assert "search.storage" in out.stderr and "$VAR" in out.stderr
     assert not (tmp_path / "runs" / "mysqlpw" / ".tune" / "study.json").exists()
+
+
+# --------------------------------------------------------------------------- issue 41 §2: every URL form
+from armorlab.tune.secrets import conninfo_pairs, redact_value, secrets_of  # noqa: E402
+
+FORMS = {  # (how it is written, the secret in it)
+    "user@server:password@host": ("postgresql://ann@srv:Pw-azure-1@db.example/x", "Pw-azure-1"),
+    "libpq key=value": ("host=db.example dbname=x user=ann password='Pw lib\\'pq-2'", "Pw lib'pq-2"),
+    "?sslpassword=": ("postgresql://ann@db.example/x?sslmode=require&sslpassword=Pw-ssl-3", "Pw-ssl-3"),
+    "?PASSWORD=": ("postgresql://ann@db.example/x?PASSWORD=Pw-upper-4", "Pw-upper-4"),
+}
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_every_url_form_is_masked_when_shown(form):
+    url, secret = FORMS[form]
+    assert secrets_of(url) == [secret]
+    shown = redact(url)
+    assert secret not in shown and "***" in shown and "db.example" in shown
+    assert scrub(f"could not connect: {url}", url).count(secret) == 0
+
+
+def test_the_forms_parse_by_their_own_rules():
+    # the user holds '@' (written %40 when the password is taken out); libpq's quoting and escapes
+    assert split_password(FORMS["user@server:password@host"][0]) == \
+        ("postgresql://ann%40srv@db.example/x", "Pw-azure-1")
+    assert conninfo_pairs("host = h  password='a b\\\\c\\'d' port=5") == \
+        [("host", "h"), ("password", "a b\\c'd"), ("port", "5")]
+    assert conninfo_pairs("not a conninfo") is None and redact("not a password=x at all") == "***"
+    # a '@' in the query of a URL whose user holds none is no password
+    assert split_password("postgresql://me@h:5432/db?application_name=a@b") == \
+        ("postgresql://me@h:5432/db?application_name=a@b", None)
+    assert redact_value({"url": "postgresql://u:Pw-5@h/db", "Password": "Pw-6", "n": 3}) == \
+        {"url": "postgresql://u:***@h/db", "Password": "***", "n": 3}
+
+
+@pytest.mark.parametrize("storage, secret", [
+    (FORMS["libpq key=value"][0], "Pw lib'pq-2"),
+    (FORMS["?sslpassword="][0], "Pw-ssl-3"),
+    ({"url": "postgresql://ann:Pw-dict-7@h/x"}, "Pw-dict-7"),
+    (["postgresql://ann:Pw-list-8@h/x"], "Pw-list-8"),
+], ids=["conninfo", "sslpassword", "a mapping", "a list"])
+@pytest.mark.parametrize("where", ["spec", "--storage"])
+def test_a_storage_that_cannot_be_kept_secret_is_refused_masked_and_not_stored(tmp_path, storage, secret, where):
+    import json
+
+    if where == "--storage" and not isinstance(storage, str):
+        pytest.skip("the command line gives strings only")
+    search = "space: {alpha: [0.5, 0.7]}\nsampler: {type: grid}\n"
+    if where == "spec":
+        search += f"storage: {json.dumps(storage)}\n"
+    p = spec(tmp_path, "masked", search)
+    extra = ["--storage", storage] if where == "--storage" else []
+    out = run_cli("tune", str(p), "--root", str(tmp_path / "runs"), *extra, timeout=120)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert secret not in out.stdout + out.stderr and "***" in out.stderr and "Traceback" not in out.stderr
+    assert ("search.storage" if where == "spec" else "--storage") in out.stderr
+    assert not (tmp_path / "runs" / "masked" / ".tune" / "study.json").exists()
+
+
+def test_the_study_file_and_spec_copy_are_their_owners_only(tmp_path):
+    import stat
+
+    from armorlab.tune.study import STUDY_FILE, TUNE_DIR, prepare_study
+
+    p = spec(tmp_path, "private", "space: {alpha: [0.5, 0.7]}\nsampler: {type: grid}\n")
+    old = os.umask(0o022)
+    try:
+        ctx = prepare_study(p, root=tmp_path / "runs", storage=f"sqlite:///{tmp_path / 'a.db'}")
+    finally:
+        os.umask(old)
+    for name in (STUDY_FILE, "spec.yaml"):
+        assert stat.S_IMODE((ctx.study_dir / TUNE_DIR / name).stat().st_mode) == 0o600, name

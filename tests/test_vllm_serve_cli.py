@@ -66,3 +66,26 @@ def test_vllm_serve_without_vllm_is_a_one_line_error():
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert "vLLM is not installed" in out.stderr and "vllm-serve" in out.stderr
+
+
+@pytest.mark.parametrize("option, value, words", [
+    ("port", 70000, "from 1 to 65535"), ("port", 0, "from 1 to 65535"), ("host", "", "host name"),
+    ("host", "a b", "without spaces"), ("dtype", "fp8-ish", "one of auto"), ("model", "", "model directory"),
+    ("model", "/no/such/model", "not a model directory"), ("model", "q\x07w", "control characters"),
+    ("extra", ["--served-model-name", "a\x00b"], "NUL"),
+])
+def test_a_bad_server_value_is_named_beside_the_install_hint(monkeypatch, option, value, words):
+    import armorlab.vllm.env as vllm_env
+    from armorlab.errors import ArmorLabError
+    from armorlab.vllm.serve import serve
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(vllm_env.importlib.util, "find_spec", lambda name, *a: None if name == "vllm"
+                        else real_find_spec(name, *a))  # vLLM absent, whatever this machine has
+    kwargs = {"model": "Qwen/Qwen3-0.6B", "host": "127.0.0.1", "port": 8000, "dtype": "auto", option: value}
+    with pytest.raises(ArmorLabError) as info:
+        serve(**kwargs)
+    own, hint = info.value.problems
+    assert own.key == ("vLLM arguments" if option == "extra" else f"--{option}") and words in str(own)
+    assert own.value == (value[1] if option == "extra" else value)
+    assert "vLLM is not installed" in str(hint) and words in str(info.value)

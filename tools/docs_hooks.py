@@ -12,9 +12,9 @@ name stops the build. The sources:
 - the configuration reference: ``armorlab.core.config`` (FIELDS, TASK_FIELDS, MODEL_FIELDS_TINY, the
   defaults dicts, LOGGING_KEYS), the objective registry (``armorlab.algos.objectives``: each
   objective's metadata and preset) and ``armorlab.core.trl_fields`` (GRPOConfig's fields, classified);
-- the layers: the ALLOWED table of ``tests/test_layout.py`` (read with ``ast``, its comments with
-  ``tokenize``: the test is the one statement of the rules), the modules of each part (their
-  docstrings), the exit codes (``armorlab/core/exits.py``) and the old module paths
+- the layers: the import-linter contracts in ``pyproject.toml`` (the one statement of the rules, run
+  by ``tests/test_layout.py``) and that test's TORCH_FREE (read with ``ast``), the modules of each
+  part (their docstrings), the exit codes (``armorlab/core/exits.py``) and the old module paths
   (``armorlab._moved.MOVED``).
 
 Why a hook and not the mkdocs-gen-files plugin: a hook is MkDocs' own mechanism (no extra package to
@@ -34,6 +34,8 @@ import tokenize
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # this checkout's armorlab, whether or not it is the installed one
@@ -177,41 +179,43 @@ def trl_fields_reference() -> str:
 
 
 # --------------------------------------------------------------------------- layers
-def allowed_table() -> tuple[dict[str, set[str]], dict[str, str], tuple[str, ...]]:
-    """ALLOWED (part → parts it may import), each entry's comment, and TORCH_FREE, read from
-    tests/test_layout.py without running it."""
-    source = LAYOUT_TEST.read_text(encoding="utf-8")
-    comments = comments_by_line(source)
-    allowed: dict[str, set[str]] = {}
-    why: dict[str, str] = {}
-    torch_free: tuple[str, ...] = ()
-    for node in ast.parse(source).body:
-        target = node.target if isinstance(node, ast.AnnAssign) else \
-            node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None
-        if not isinstance(target, ast.Name) or node.value is None:
-            continue
-        if target.id == "ALLOWED":
-            assert isinstance(node.value, ast.Dict)
-            for key, val in zip(node.value.keys, node.value.values, strict=True):
-                part = ast.literal_eval(key)
-                allowed[part] = set(ast.literal_eval(val))
-                why[part] = comments.get(val.end_lineno, "")
-        elif target.id == "TORCH_FREE":
-            torch_free = tuple(ast.literal_eval(node.value))
-    if not allowed:
-        raise ValueError(f"no ALLOWED table in {LAYOUT_TEST}")
-    return allowed, why, torch_free
+def contracts() -> list[dict[str, Any]]:
+    """The import-linter contracts of pyproject.toml, in their order."""
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        return tomllib.load(f)["tool"]["importlinter"]["contracts"]
+
+
+def torch_free() -> tuple[str, ...]:
+    """TORCH_FREE of tests/test_layout.py (the parts its fresh interpreter imports), read without running it."""
+    for node in ast.parse(LAYOUT_TEST.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] == ["TORCH_FREE"]:
+            return tuple(ast.literal_eval(node.value))
+    raise ValueError(f"no TORCH_FREE in {LAYOUT_TEST}")
+
+
+def layer_rows() -> list[list[str]]:
+    """The layers contract's layers, top first, each a list of parts (``a | b``: independent of each other)."""
+    (layered,) = [c for c in contracts() if c["type"] == "layers"]
+    return [[p.strip() for p in re.split(r"[|:]", layer)] for layer in layered["layers"]]
+
+
+def parts() -> list[str]:
+    """Every part of the package: the layered ones top first, then its face and its private helpers."""
+    (layered,) = [c for c in contracts() if c["type"] == "layers"]
+    return [p for row in layer_rows() for p in row] + ["__init__", *layered.get("exhaustive_ignores", [])]
 
 
 def layers() -> str:
-    allowed, why, torch_free = allowed_table()
-    rows = []
-    for part, deps in allowed.items():
-        name = f"`armorlab/{part}.py`" if (ROOT / "armorlab" / f"{part}.py").is_file() else f"`armorlab/{part}/`"
-        rows.append([name, ", ".join(f"`{d}`" for d in sorted(deps)) or "—",
-                     "yes" if part in torch_free else "", cell(why[part])])
-    return table(["part", "may import (besides itself and the package's `__init__`)", "torch-free (tested)",
-                  "why"], rows)
+    free = torch_free()
+
+    def name(part: str) -> str:
+        return f"`armorlab/{part}.py`" if (ROOT / "armorlab" / f"{part}.py").is_file() else f"`armorlab/{part}/`"
+
+    rows = [[str(i), ", ".join(name(p) for p in row), "yes" if all(p in free for p in row) else ""]
+            for i, row in enumerate(layer_rows(), 1)]
+    rules = "\n".join(f"- {c['name']} (`{c['type']}`)" for c in contracts())
+    return (table(["layer (top first)", "parts", "torch-free (tested)"], rows)
+            + f"\n\nThe contracts (`pyproject.toml`, `[tool.importlinter]`):\n\n{rules}")
 
 
 def _summary(path: Path) -> str:
@@ -220,10 +224,9 @@ def _summary(path: Path) -> str:
 
 
 def modules() -> str:
-    allowed, _, _ = allowed_table()
     package = ROOT / "armorlab"
     rows = []
-    for part in allowed:
+    for part in parts():
         folder = package / part
         paths = sorted(p for p in folder.glob("*.py") if p.name != "__init__.py") if folder.is_dir() \
             else [package / f"{part}.py"]

@@ -87,6 +87,12 @@ class ObjectiveSpec:
     # config keys it reads besides ε and their defaults (None: required); TRL's or verl's names
     params: Mapping[str, Any] = field(default_factory=dict)
 
+    def clip(self) -> tuple[float, float]:
+        """(ε_low, ε_high) a run of this objective has when its config sets neither: its preset's,
+        else DEFAULT_EPS."""
+        eps = {**DEFAULT_EPS, **{k: v for k, v in self.defaults.items() if k in DEFAULT_EPS}}
+        return float(eps["epsilon"]), float(eps["epsilon_high"])
+
     @property
     def doc(self) -> str:
         """The first line of the function's docstring."""
@@ -94,6 +100,12 @@ class ObjectiveSpec:
 
 
 _REGISTRY: dict[str, ObjectiveSpec] = {}
+DEFAULT_EPS = {"epsilon": 0.2, "epsilon_high": 0.28}  # DAPO's clip-higher: every objective's unless its preset
+
+
+def default_alpha(num_generations: int) -> float:
+    """α = (G−1)/G: the weight of the G−1 on-policy samples in a group that holds one anchor (ARMOR)."""
+    return (num_generations - 1) / num_generations
 
 
 def register_objective(name: str, *, aggregation: str, capacity: str, sequence_level: bool = False,
@@ -170,6 +182,14 @@ def up_denominator(logp: Tensor, old_logp: Tensor, advantages: Tensor) -> Tensor
 LINEAR_MIX_LIMIT = 1e26
 
 
+def log_mixture(logp: Tensor, ref_logp: Tensor, alpha: Tensor | float) -> Tensor:
+    """ARMOR (arXiv 2607.10481, §4.2): log(α·π + (1−α)·π_ref) per token, the mixed policy whose ratio
+    is r_mix (numerator with π_θ, denominator with π_old). At α = 1 it is log π bit for bit."""
+    if not hasattr(alpha, "log"):  # a plain number
+        alpha = logp.new_tensor(float(alpha))
+    return (logp + alpha.log()).logaddexp(ref_logp + (-alpha).log1p())
+
+
 def mixed_ratio(logp: Tensor, old_logp: Tensor, ref_logp: Tensor, alpha: Tensor | float, *,
                 plain_ratio: Tensor | None = None) -> Tensor:
     """ARMOR (arXiv 2607.10481, §4.2): the mixed importance ratio whose r_mix = 1 ± ε solution is Eq. 6,
@@ -184,7 +204,7 @@ def mixed_ratio(logp: Tensor, old_logp: Tensor, ref_logp: Tensor, alpha: Tensor 
 
     Two evaluations of the same equation:
     * log space (always correct): exp(log π_θ − log D) + (1 − w), with
-      log D = log(π_old + (1−α)/α·π_ref) = logaddexp(log π_old, log π_ref + log((1−α)/α)).
+      log D = log(π_old + (1−α)/α·π_ref) = log_mixture(log π_old, log π_ref, α) − log α.
       Finite for log-probs down to −1e4, where π underflows.
     * linear, given ``plain_ratio`` = exp(log π_θ − log π_old) carrying the gradient:
       1 + w·(r − 1) = lerp(1, r, w) in one fused op, used only while every r < LINEAR_MIX_LIMIT
@@ -201,9 +221,8 @@ def mixed_ratio(logp: Tensor, old_logp: Tensor, ref_logp: Tensor, alpha: Tensor 
         # in place on our own gradient-free temporaries: these passes run on every token of the batch
         weight = (old_logp - ref_logp).add_(log_odds_alpha).sigmoid_()   # w
         return plain_ratio.new_ones(()).lerp(plain_ratio, weight)
-    ref_term = ref_logp - log_odds_alpha                  # log((1−α)/α·π_ref)
-    log_den = old_logp.logaddexp(ref_term)
-    ref_share = ref_term.sub_(old_logp).sigmoid_()        # 1 − w
+    log_den = log_mixture(old_logp, ref_logp, alpha) - alpha.log()
+    ref_share = (ref_logp - log_odds_alpha).sub_(old_logp).sigmoid_()  # 1 − w
     return (logp - log_den).exp() + ref_share
 
 
@@ -261,7 +280,7 @@ def grpo(b: Batch) -> Surrogate:
     return token_clipped(b)
 
 
-# DAPO (Yu et al. 2025): clip-higher 0.2/0.28 (config.DEFAULT_EPS), token-level loss, no KL (β = 0,
+# DAPO (Yu et al. 2025): clip-higher 0.2/0.28 (DEFAULT_EPS), token-level loss, no KL (β = 0,
 # armorlab's default) and dynamic sampling; its overlong reward shaping is a reward function, not
 # an objective setting
 @register_objective("dapo", aggregation="token-mean", capacity="clipped",
@@ -328,7 +347,3 @@ def armor(b: Batch) -> Surrogate:
     ratio = log_r.exp()
     r_mix = mixed_ratio(b.logp, b.old_logp, b.ref_logp, b.alpha, plain_ratio=ratio)
     return clipped(b, r_mix, plain_log_ratio=log_r, plain_ratio=ratio)
-
-
-# The remedies the field uses now (TRL's and verl's losses), registered after the built-ins.
-from armorlab.algos import field_objectives  # noqa: E402, F401

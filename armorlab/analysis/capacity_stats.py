@@ -30,12 +30,12 @@ from typing import Any
 import numpy as np
 
 from armorlab.algos import capacity, kl
+from armorlab.algos.objectives import default_alpha, objective_spec
 
 log = logging.getLogger(__name__)
 
 P_LOW = 0.2
 CHUNK = 32768  # float32: 128 KiB per array, the kernel's eight chunk arrays (1 MiB) stay in L2 cache
-TOKEN_COLUMNS = ("logp", "old_logp", "ref_logp", "advantage", "is_anchor", "step")
 
 
 def capacity_limited_share(cap, p_old, sign, weight, *, p_low: float = P_LOW) -> float:
@@ -49,29 +49,18 @@ def token_kernel(logp, old_logp, ref_logp, advantage, *, objective: str, alpha: 
                  chunk: int = CHUNK) -> dict[str, float]:
     """KL estimates and capacity statistics of tokens sampled from π_θ, in one chunked pass.
 
-    Arrays are 1-D, one entry per real token (no padding). ``ref_logp`` may be None (no KL, and
-    no ARMOR capacity). ``alpha`` is a scalar or a per-token array. Returns ``tokens``,
-    ``reverse_k1``, ``reverse_k2``, ``reverse_k3``, ``forward_next_token_on_policy`` (kl.K4:
-    the next-token KL(π_ref‖π_θ) averaged over the policy's own prefixes), ``pos_mean``,
-    ``pos_bound_frac``, ``neg_mean`` and ``low_prob_limited`` (CL); NaN where undefined.
-
-    Capacity is capacity.token_capacity's (UP Eq. 11 with ARMOR Eq. 6) rearranged so that one
-    widened mass serves both signs: with β = (1−α)/α and m = π_old + β·π_ref (β = 0 for the
-    plain trust region), Eq. 6 gives upper − π_old = ε_high·m and π_old − lower = ε_low·m, so
-
-        A > 0:  min(ε_high·m, 1 − π_old)   (bound by the clip iff ε_high·m < 1 − π_old)
-        A < 0:  min(ε_low·m, π_old)
-
-    and up's A > 0 capacity is 1 − π_old, never bound. tests/test_analysis_capacity.py checks
-    this against capacity.token_capacity and capacity.capacity_stats on the same arrays.
+    1-D arrays, one entry per token; ``ref_logp`` may be None (no KL, no ARMOR capacity), ``alpha`` a
+    scalar or per token. Returns tokens, reverse_k1|k2|k3, forward_next_token_on_policy (kl.K4),
+    pos_mean, pos_bound_frac, neg_mean, low_prob_limited (CL); NaN where undefined. Capacity is
+    capacity.token_capacity's (UP Eq. 11, ARMOR Eq. 6) with one widened mass m = π_old + β·π_ref,
+    β = (1−α)/α: A > 0 gets min(ε_high·m, 1 − π_old) (bound iff ε_high·m < 1 − π_old; up's is
+    1 − π_old, never bound), A < 0 min(ε_low·m, π_old); tests/test_analysis_capacity.py checks it.
     """
     family = capacity.capacity_family(objective)  # ValueError naming an unknown objective
-    logp = np.asarray(logp)
-    old_logp = np.asarray(old_logp)
-    advantage = np.asarray(advantage)
+    logp, old_logp, advantage = np.asarray(logp), np.asarray(old_logp), np.asarray(advantage)
     ref = None if ref_logp is None else np.asarray(ref_logp)
     n_all = logp.shape[0]
-    if any(a.shape != (n_all,) for a in (logp, old_logp, advantage, *(() if ref is None else (ref,)))):
+    if any(a is not None and a.shape != (n_all,) for a in (logp, old_logp, advantage, ref)):
         raise ValueError("token_kernel wants 1-D arrays of one length")
     widened = family == "mixed"
     if widened and ref is None:
@@ -79,45 +68,30 @@ def token_kernel(logp, old_logp, ref_logp, advantage, *, objective: str, alpha: 
     alpha_arr = np.asarray(alpha) if widened and np.ndim(alpha) else None
     beta = 0.0 if not widened or alpha_arr is not None else (1.0 - float(alpha)) / float(alpha)
     unbounded = family == "unbounded_positive"
-    # the field's objectives (issue 39): capacity.token_capacity's own formula per chunk
-    general = family not in ("clipped", "unbounded_positive", "mixed")
-    dtype = np.result_type(logp.dtype, np.float32)
-    ones = np.ones(chunk, dtype)
+    general = family not in ("clipped", "unbounded_positive", "mixed")  # capacity.token_capacity per chunk
+    ones = np.ones(chunk, dtype := np.result_type(logp.dtype, np.float32))
     # seven chunk buffers, reused across the steps, keep the working set in L2 cache
     buf = {k: np.empty(chunk, dtype) for k in ("po", "t1", "t2", "omp", "bd", "pos", "neg")}
     # Every statistic is a dot product of two chunk arrays (BLAS, the fastest reduction numpy
     # has); 0/1 masks are written straight as floats, so counts are dots too (exact: integers
     # below 2**24 per chunk). The running totals are python floats (float64).
-    s_l = s_ll = s_d = s_el = 0.0
-    n_pos = n_neg = n_bound = n_low = n_low_bound = 0.0
-    pos_sum = neg_sum = 0.0
+    kl_sums = np.zeros(4)  # Σ L, Σ L², Σ E·L, Σ (E − L) (_kl_sums)
+    n_pos = n_neg = n_bound = n_low = n_low_bound = pos_sum = neg_sum = 0.0
     for a in range(0, n_all, chunk):
         b = min(a + chunk, n_all)
         n = b - a
         one, t1, t2 = ones[:n], buf["t1"][:n], buf["t2"][:n]
         po = np.exp(old_logp[a:b], out=buf["po"][:n])
         if ref is not None:
-            # (K1-K3) with L = log r = log π_ref − log π_θ and E = e^L − 1: k1 = −L, k2 = ½L²,
-            # k3 = E − L; (K4) w log w − w + 1 with w = e^L is E·L − (E − L)
-            L = np.subtract(ref[a:b], logp[a:b], out=t1)
-            E = np.expm1(L, out=t2)
-            s_l += float(np.dot(L, one))
-            s_ll += float(np.dot(L, L))
-            s_el += float(np.dot(E, L))
-            s_d += float(np.dot(np.subtract(E, L, out=E), one))
+            kl_sums += _kl_sums(np.subtract(ref[a:b], logp[a:b], out=t1), one, t2)
         pos = np.greater(advantage[a:b], 0, out=buf["pos"][:n])
         neg = np.less(advantage[a:b], 0, out=buf["neg"][:n])
         n_pos += float(np.dot(pos, one))
         n_neg += float(np.dot(neg, one))
         omp = np.subtract(1.0, po, out=buf["omp"][:n])
-        if widened:
-            m = np.exp(ref[a:b], out=t1)
-            if alpha_arr is None:
-                m *= beta
-            else:
-                al = alpha_arr[a:b]
-                m *= (1.0 - al) / al
-            m += po
+        if widened:  # β per token where α is
+            al = alpha_arr[a:b] if alpha_arr is not None else None
+            m = _widened_mass(po, ref[a:b], beta if al is None else (1.0 - al) / al, t1)
         else:
             m = po
         bound = None
@@ -142,18 +116,30 @@ def token_kernel(logp, old_logp, ref_logp, advantage, *, objective: str, alpha: 
         if bound is not None:
             low *= bound
             n_low_bound += float(np.dot(low, pos))
-    nan = math.nan
-    out = {"tokens": float(n_all)}
-    if ref is not None and n_all:
-        out.update(reverse_k1=-s_l / n_all, reverse_k2=0.5 * s_ll / n_all, reverse_k3=s_d / n_all,
-                   forward_next_token_on_policy=(s_el - s_d) / n_all)
-    else:
-        out.update(reverse_k1=nan, reverse_k2=nan, reverse_k3=nan, forward_next_token_on_policy=nan)
-    out.update(pos_mean=pos_sum / n_pos if n_pos else nan,
-               pos_bound_frac=n_bound / n_pos if n_pos else nan,
-               neg_mean=neg_sum / n_neg if n_neg else nan,
-               low_prob_limited=n_low_bound / n_low if n_low else nan)
-    return out
+    nan, n = math.nan, float(n_all)
+    s_l, s_ll, s_el, s_d = (float(x) for x in kl_sums)
+    kl = ((-s_l / n, 0.5 * s_ll / n, s_d / n, (s_el - s_d) / n) if ref is not None and n_all else (nan,) * 4)
+    return {"tokens": n, **dict(zip(("reverse_k1", "reverse_k2", "reverse_k3", "forward_next_token_on_policy"),
+                                    kl, strict=True)),
+            "pos_mean": pos_sum / n_pos if n_pos else nan, "pos_bound_frac": n_bound / n_pos if n_pos else nan,
+            "neg_mean": neg_sum / n_neg if n_neg else nan,
+            "low_prob_limited": n_low_bound / n_low if n_low else nan}
+
+
+def _kl_sums(L: np.ndarray, one: np.ndarray, E: np.ndarray) -> np.ndarray:
+    """(K1-K4) sums of one chunk, L = log π_ref − log π_θ and E = e^L − 1 (written into ``E``): k1 = −L,
+    k2 = ½L², k3 = E − L; K4's w log w − w + 1 with w = e^L is E·L − (E − L)."""
+    E = np.expm1(L, out=E)
+    s_l, s_ll, s_el = float(np.dot(L, one)), float(np.dot(L, L)), float(np.dot(E, L))
+    return np.array([s_l, s_ll, s_el, float(np.dot(np.subtract(E, L, out=E), one))])
+
+
+def _widened_mass(po: np.ndarray, ref_logp: np.ndarray, beta: Any, out: np.ndarray) -> np.ndarray:
+    """m = π_old + β·π_ref (ARMOR Eq. 6's widening), β = (1−α)/α a scalar or per token, into ``out``."""
+    m = np.exp(ref_logp, out=out)
+    m *= beta
+    m += po
+    return m
 
 
 def anchor_kl(logp, ref_logp) -> dict[str, float]:
@@ -192,12 +178,14 @@ def read_tokens(run_path: str | Path, columns=None):
 
 
 def objective_params(config: Mapping[str, Any]) -> dict[str, Any]:
-    """Capacity parameters of a run from its resolved config (objective, α, ε_low, ε_high)."""
+    """Capacity parameters of a run from its resolved config (objective, α, ε_low, ε_high); the clip
+    a config leaves out is its objective's (the registry's ObjectiveSpec.clip). α is 1 (no mixing)
+    for a run that has none: only the mixed family reads it."""
+    objective = config.get("objective", "dapo")
+    eps_low, eps_high = objective_spec(objective).clip()
     alpha = config.get("alpha")
-    return {"objective": config.get("objective", "dapo"),
-            "alpha": 1.0 if alpha is None else float(alpha),
-            "eps_low": float(config.get("epsilon", 0.2)),
-            "eps_high": float(config.get("epsilon_high", config.get("epsilon", 0.28)))}
+    return {"objective": objective, "alpha": 1.0 if alpha is None else float(alpha),
+            "eps_low": float(config.get("epsilon", eps_low)), "eps_high": float(config.get("epsilon_high", eps_high))}
 
 
 def token_stats(tokens, config: Mapping[str, Any], *, p_low: float = P_LOW) -> dict[str, float]:
@@ -208,9 +196,9 @@ def token_stats(tokens, config: Mapping[str, Any], *, p_low: float = P_LOW) -> d
     is_anchor = (tokens["is_anchor"].to_numpy(dtype=bool) if "is_anchor" in tokens.columns
                  else np.zeros(len(tokens), dtype=bool))
     policy = tokens[~is_anchor]
-    if params["objective"] == "armor" and not has_ref:
-        log.info("no ref_logp in token sample: ARMOR capacity uses α = 1 (plain trust region)")
-        params = {**params, "objective": "dapo"}
+    if capacity.capacity_family(params["objective"]) == "mixed" and not has_ref:
+        log.info("no ref_logp in token sample: %s capacity uses the plain trust region (α = 1)", params["objective"])
+        params = {**params, "objective": "dapo"}  # a clipped objective, with this run's ε
     out = token_kernel(policy["logp"].to_numpy(), policy["old_logp"].to_numpy(),
                        policy["ref_logp"].to_numpy() if has_ref else None,
                        policy["advantage"].to_numpy(), p_low=p_low, **params)
@@ -225,9 +213,11 @@ def token_stats(tokens, config: Mapping[str, Any], *, p_low: float = P_LOW) -> d
 def counterfactual_capacity(tokens, config: Mapping[str, Any],
                             objectives=("up", "dapo", "armor")) -> dict[str, np.ndarray]:
     """Capacity of the sample's A > 0 policy tokens under each objective's formula (same tokens,
-    same ε; ARMOR with the run's α, or 0.8 for a run that has none). ARMOR needs ref_logp."""
+    same ε; a mixed objective with the run's α, or ARMOR's default (G−1)/G for a run that mixes
+    nothing). The mixed family needs ref_logp."""
     params = objective_params(config)
-    alpha = params["alpha"] if params["objective"] == "armor" else 0.8
+    mixes = capacity.capacity_family(params["objective"]) == "mixed" or config.get("alpha") is not None
+    alpha = params["alpha"] if mixes else default_alpha(int(config["num_generations"]))
     keep = tokens["advantage"].to_numpy() > 0
     if "is_anchor" in tokens.columns:
         keep &= ~tokens["is_anchor"].to_numpy(dtype=bool)
@@ -237,7 +227,7 @@ def counterfactual_capacity(tokens, config: Mapping[str, Any],
              if "ref_logp" in tokens.columns and tokens["ref_logp"].notna().all() else None)
     out = {}
     for obj in objectives:
-        if obj == "armor" and p_ref is None:
+        if capacity.capacity_family(obj) == "mixed" and p_ref is None:
             continue
         out[obj] = capacity.token_capacity(obj, p_old, sign, p_ref=p_ref, alpha=alpha,
                                            eps_low=params["eps_low"], eps_high=params["eps_high"])

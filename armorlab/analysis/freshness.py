@@ -25,8 +25,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from armorlab import __version__
-from armorlab.core.fsutil import atomic_write_json
+from armorlab._version import __version__
+from armorlab.core.fsutil import SMALL_FILE_BYTES, atomic_write_json, read_regular_text, remove_file
 from armorlab.core.runs import expand_globs, find_run_dirs
 from armorlab.errors import ArmorLabError
 
@@ -119,7 +119,7 @@ def write_stamp(out_dir: str | os.PathLike, key: str | None, summary: dict[str, 
     out_dir = Path(out_dir)
     path = out_dir / STAMP
     if key is None:
-        path.unlink(missing_ok=True)
+        remove_file(path)
         return
     rel = sorted({str(Path(p).resolve().relative_to(out_dir.resolve())) for p in outputs})
     # no fsync here or for the outputs: after a machine crash a file may be empty, and the sizes
@@ -133,7 +133,7 @@ def fresh_summary(recipe: Any, out_dir: str | os.PathLike) -> dict[str, Any] | N
     inputs, written by the same code, with no output file touched since; else None."""
     out_dir = Path(out_dir)
     try:
-        stamp = json.loads((out_dir / STAMP).read_text(encoding="utf-8"))
+        stamp = json.loads(read_regular_text(out_dir / STAMP, limit=SMALL_FILE_BYTES))
         outputs = stamp["outputs"]
         if stamp.get("version") != STAMP_VERSION or not outputs:
             return None
@@ -149,4 +149,4 @@ def fresh_summary(recipe: Any, out_dir: str | os.PathLike) -> dict[str, Any] | N
 
 def forget(out_dir: str | os.PathLike) -> None:
     """Drop the stamp (before rewriting a report: a half-written one must not look fresh)."""
-    (Path(out_dir) / STAMP).unlink(missing_ok=True)
+    remove_file(Path(out_dir) / STAMP)

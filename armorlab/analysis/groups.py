@@ -11,6 +11,9 @@ its select.report):
                                                 selection metric is ``<split>/acc`` (eval_sizes)
     selected_step, selected_val, selected_test  (R1) best on val, reported on test (select.py)
     val@S, test@S                               (R2) at each matched step S
+    A run that stopped itself (state ``stopped``, stop_on_collapse) has its val and test curves
+    carried forward at its level at stop to the longest curve's end (stopping.carry_forward, S2)
+    for final, auc and val@S/test@S: a collapsed run counts as collapsed, not as missing.
     tok_*                                       token-sample statistics (capacity_stats.py)
 """
 
@@ -29,10 +32,11 @@ import pandas as pd
 
 from armorlab.analysis.load import META_COLUMNS, RunSet
 from armorlab.analysis.recipe import SEED_KEYS, Recipe
-from armorlab.analysis.values import fmt_value, norm_value
+from armorlab.analysis.value_labels import fmt_value, norm_value
 from armorlab.errors import ArmorLabError
 from armorlab.stats import collapse, select
 from armorlab.stats import seeds as stats
+from armorlab.stats.stopping import carry_forward
 
 log = logging.getLogger(__name__)
 
@@ -220,6 +224,16 @@ def make_groups(runs: pd.DataFrame, keys: Sequence[str], *, file: str | None = N
     return Groups(list(keys), pd.DataFrame(rows), of_run, members)
 
 
+def run_groups(rs: RunSet, group_by: Sequence[str] | None = None) -> pd.Series:
+    """The report's group of each run (index run_id, values its label, e.g.
+    ``"objective=armor, alpha=0.8"``): grouped by ``group_by`` as a recipe's ``group_by``, or by the
+    keys the report picks itself (auto_group_by); seeds are never a group key. For a plot per group:
+    ``rs.long.assign(group=rs.long["run_id"].map(run_groups(rs)))``."""
+    keys = list(group_by) if group_by is not None else auto_group_by(rs.runs)
+    of_run = make_groups(rs.runs, keys).of_run
+    return pd.Series([of_run[r] for r in rs.run_ids], index=pd.Index(rs.run_ids, name="run_id"), name="group")
+
+
 # --------------------------------------------------------------------------- per-run scores
 @dataclass
 class Notes:
@@ -270,10 +284,12 @@ def run_scores(rs: RunSet, groups: Groups, recipe: Recipe, matched: Sequence[int
     sel, col = recipe.select, recipe.collapse
     rows = []
     interp_sel, interp_matched, short = [], {}, {}
+    horizon = _longest(rs, sel.metric) if (rs.runs["state"] == "stopped").any() else None
     for run in rs.runs.itertuples(index=False):
         rid = run.run_id
         vs, vv = rs.curve(rid, sel.metric)
         ts, tv = rs.curve(rid, sel.report)
+        stopped = run.state == "stopped" and horizon is not None
         row: dict[str, Any] = {"run_id": rid, "group": groups.of_run[rid], "seed": getattr(run, "seed", None),
                                "state": run.state, "reason": run.reason,
                                "world_size": getattr(run, "world_size", None),
@@ -292,6 +308,9 @@ def run_scores(rs: RunSet, groups: Groups, recipe: Recipe, matched: Sequence[int
             m[k] = sign * m[k]
         row.update(m)
         chosen = select.select_best(vs, vv, ts, tv, mode=sel.mode)
+        if stopped:  # (S2) final is its level at stop already; auc and matched steps carry it on
+            (vs, vv), (ts, tv) = (carry_forward(xs, xv, horizon, col.patience) for xs, xv in ((vs, vv), (ts, tv)))
+            row["auc"] = collapse.curve_auc(vs, vv)
         row.update(selected_step=chosen.step, selected_val=chosen.selected_value,
                    selected_test=chosen.reported_value)
         if chosen.step is not None and ts.size and not chosen.reported_exact and math.isfinite(
@@ -319,6 +338,12 @@ def run_scores(rs: RunSet, groups: Groups, recipe: Recipe, matched: Sequence[int
         notes.add(f"run {rid} did not reach matched step(s) {', '.join(map(str, steps))}: "
                   f"left out of those columns")
     return pd.DataFrame(rows)
+
+
+def _longest(rs: RunSet, metric: str) -> float:
+    """The last eval step of the longest ``metric`` curve: the horizon stopped runs are carried to."""
+    ends = [float(s[-1]) for s in (rs.curve(r, metric)[0] for r in rs.run_ids) if s.size]
+    return max(ends, default=math.nan)
 
 
 def score_columns(per_run: pd.DataFrame, matched: Sequence[int]) -> list[str]:

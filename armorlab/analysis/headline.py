@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import pandas as pd
 
+from armorlab.core.eval_sets import VAL_METRIC
 from armorlab.stats.collapse import ALPHA as COLLAPSE_ALPHA
 from armorlab.stats.margins import caveat, prevention
 from armorlab.stats.seeds import mann_whitney_p, poi_resolvable, probability_of_improvement
@@ -30,7 +31,7 @@ TRAIN_WINDOW = 10
 Curve = Callable[[str, str], tuple[np.ndarray, np.ndarray]]
 
 
-def run_rows(per_run: pd.DataFrame, curve: Curve, *, val_metric: str = "val/acc",
+def run_rows(per_run: pd.DataFrame, curve: Curve, *, val_metric: str = VAL_METRIC,
              train_metric: str = "train/reward") -> pd.DataFrame:
     """One row per run with the headline quantities (see the module docstring)."""
     rows = []

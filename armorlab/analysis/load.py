@@ -2,24 +2,11 @@
 value), a wide per-run table (run_id, step, one column per metric) and a per-run table
 (run_id, sweep, path, state, reason, flattened config).
 
-Reading follows armorlab.core.runs (RunDir, find_run_dirs) and its rules for metrics.jsonl, vectorised:
-* each file is parsed in one call to pyarrow's JSON reader; a file it rejects (a torn line from a
-  killed writer, a stray non-object line) is re-read line by line, skipping each bad line with a
-  warning, exactly like RunDir.iter_metrics;
-* rows whose ``step`` is not an integer are ignored; duplicate steps (after a resume) merge with
-  the later line winning per metric, like RunDir.read_metrics (a later explicit ``null`` does not
-  erase an earlier number: the vectorised merge keeps the last non-null value);
-* non-numeric metric values are ignored (booleans become 0/1).
-
-A cache lives next to the runs it holds: ``<sweep>/.armorlab-cache/metrics.arrow`` (hidden, so
-run discovery skips it), an uncompressed Arrow IPC file: written at memory speed and read by
-memory-mapping (parquet's encoding cost ~1 s per 100 MB here and bought nothing: noisy floats do
-not compress). Each run's entry is keyed on the size and mtime_ns of its
-metrics.jsonl and config.yaml; a run whose files changed is re-parsed, the others come from the
-cache, and parse warnings are stored with the entry so a cached load warns the same way. Each
-entry also carries a digest of its rows, checked when it is read: a damaged or edited cache
-(rows shifted between runs) is re-parsed, never read as other values. A cache that cannot be
-read or written is ignored (logged), never an error.
+metrics.jsonl follows armorlab.core.runs' rules (torn lines skipped with a warning, non-integer
+steps ignored, the later line winning per metric after a resume, non-numbers ignored), parsed by
+pyarrow in one call per file; a file it rejects is re-read line by line. The cache
+(``<sweep>/.armorlab-cache/metrics.arrow``) and how it stays true: docs/reports.md and
+docs/safety-and-errors.md.
 """
 
 from __future__ import annotations
@@ -28,7 +15,7 @@ import io
 import json
 import logging
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -41,7 +28,7 @@ import pandas as pd
 from armorlab.analysis import importers
 from armorlab.analysis.importers.base import flatten as flatten_config  # nested config → dotted keys
 from armorlab.core.config import LOGGING_KEYS
-from armorlab.core.fsutil import atomic_file, atomic_write_text, read_regular
+from armorlab.core.fsutil import atomic_file, atomic_write_text, read_regular, read_regular_text, remove_file
 from armorlab.core.health import GATE_DROP, GATE_SHARE, GATE_WINDOW, WATCHED, series_warnings
 from armorlab.core.runs import RunDir, valid_step
 from armorlab.errors import ArmorLabError
@@ -311,14 +298,14 @@ def _write_cache(sweep_dir: Path, entries: dict[str, _Entry]) -> None:
     meta = json.dumps({"version": CACHE_VERSION, "runs": meta_runs}).encode()
     table = table.replace_schema_metadata({**(table.schema.metadata or {}), _META_KEY: meta})
     path = sweep_dir / CACHE_DIR / CACHE_FILE
-    with atomic_file(path) as tmp, pa.OSFile(str(tmp), "wb") as sink, \
+    with atomic_file(path, within=sweep_dir) as tmp, pa.OSFile(str(tmp), "wb") as sink, \
             pa.ipc.new_file(sink, table.schema) as writer:
         writer.write_table(table)
     for old in OLD_CACHE_FILES:
-        (path.parent / old).unlink(missing_ok=True)
+        remove_file(path.parent / old, within=sweep_dir)
     gitignore = path.parent / ".gitignore"
     if not gitignore.exists():
-        atomic_write_text(gitignore, "*\n")
+        atomic_write_text(gitignore, "*\n", within=sweep_dir)
 
 
 # --------------------------------------------------------------------------- the run set
@@ -400,20 +387,6 @@ class RunSet:
             cols = [c for c in cols if self.runs[c].astype(str).nunique(dropna=False) > 1]
         return cols
 
-    def groups(self, group_by: Sequence[str] | None = None) -> pd.Series:
-        """The report's group of each run (index run_id, values its label, e.g.
-        ``"objective=armor, alpha=0.8"``): grouped by ``group_by`` as a recipe's ``group_by``, or
-        by the keys the report picks itself (the fewest varying keys that tell the configs apart,
-        armorlab.analysis.groups.auto_group_by); seeds are never a group key. For a plot per group:
-        ``rs.long.assign(group=rs.long["run_id"].map(rs.groups()))``."""
-        # lazy: groups imports the statistics stack (scipy); loading runs does not need it
-        from armorlab.analysis.groups import auto_group_by, make_groups
-
-        keys = list(group_by) if group_by is not None else auto_group_by(self.runs)
-        of_run = make_groups(self.runs, keys).of_run
-        return pd.Series([of_run[r] for r in self.run_ids], index=pd.Index(self.run_ids, name="run_id"),
-                         name="group")
-
     @cached_property
     def long(self) -> pd.DataFrame:
         """(run_id, <config keys that vary between runs>, step, metric, value), NaNs dropped."""
@@ -456,7 +429,7 @@ def in_stages(run_dirs: Iterable[RunDir], stages: Iterable[str]) -> list[RunDir]
         sweep = rd.path.parent
         if sweep not in maps:
             try:
-                maps[sweep] = dict(json.loads((sweep / MANIFEST).read_text(encoding="utf-8")).get("stages") or {})
+                maps[sweep] = dict(json.loads(read_regular_text(sweep / MANIFEST)).get("stages") or {})
             except (OSError, ValueError, AttributeError):
                 maps[sweep] = {}
         if maps[sweep].get(rd.id) in wanted:
@@ -601,7 +574,7 @@ def _facts(rd: RunDir, e: _Entry) -> _Facts:
     # how a run was logged is not an experimental factor
     config = {k: v for k, v in flatten_config(e.config or {}).items()
               if k not in META_COLUMNS and k not in LOGGING_KEYS}
-    health = _health(e.frame, final=status.get("state") in ("completed", "failed")) if len(e.frame) else []
+    health = _health(e.frame, final=status.get("state") in ("completed", "stopped", "failed")) if len(e.frame) else []
     return _Facts(status, config, health)
 
 
@@ -681,7 +654,7 @@ def _with_imported(rs: RunSet | None, imported: list[importers.ImportedRun]) -> 
         if len(run.table) == 0:
             warnings.append(f"run {rid}: no metrics in {run.path}")
             continue
-        warnings.extend(f"run {rid}: {w}" for w in _health(run.table, final=run.state in ("completed", "failed")))
+        warnings.extend(f"run {rid}: {w}" for w in _health(run.table, final=run.state in ("completed", "stopped", "failed")))
         frames.append(run.table)
         ids.append(rid)
     for (fmt, flavour, metrics), rids in cannot.items():

@@ -11,8 +11,10 @@ from pathlib import Path
 
 import numpy as np
 
-from armorlab.analysis.values import fmt_value
+from armorlab.algos.capacity import capacity_family
+from armorlab.analysis.value_labels import fmt_value
 from armorlab.core.fsutil import atomic_file
+from armorlab.core.lazy import Lazy
 from armorlab.stats.seeds import CurveBand
 
 
@@ -40,12 +42,7 @@ def _matplotlib():
                                  rcParams=matplotlib.rcParams)
 
 
-class _LazyMatplotlib:
-    def __getattr__(self, name: str):
-        return getattr(_matplotlib(), name)
-
-
-plt = _LazyMatplotlib()
+plt = Lazy(_matplotlib)
 
 # matplotlib's tab10 and tab20 (Vega's category palettes), written out so that choosing the group
 # colours needs no matplotlib import
@@ -60,6 +57,9 @@ def _palette(n: int) -> list[tuple[float, float, float, float]]:
     return [(int(h[0:2], 16) / 255, int(h[2:4], 16) / 255, int(h[4:6], 16) / 255, 1.0) for h in table]
 
 DPI = 110
+# each capacity family (armorlab.algos.objectives.CAPACITY_FAMILIES) in the counterfactual panel
+CAPACITY_STYLE = {"clipped": ("clipped", "tab:red", "--"), "unbounded_positive": ("unbounded for A > 0", "tab:green", "-"),
+                  "mixed": ("mixed trust region, Eq. 6", "tab:blue", "-.")}
 STEP_LABEL = "step (optimizer steps)"
 AXIS_LABELS = {"step": STEP_LABEL, "rollout": "rollout (generation batches)"}  # a recipe's ``x``
 _UNITS = {"acc": "accuracy, avg@k", "reward": "mean reward", "entropy": "nats/token",
@@ -182,25 +182,10 @@ def _place(fig, legend, suptitle, below=None) -> bool:
     instructions of constrained layout, which measures every axis and title twice through
     generic tight bounding boxes. False (nothing decided) for any other shape."""
     renderer = fig.canvas.get_renderer()
-    axes = [ax for ax in fig.axes if ax.axison]
-    specs = [ax.get_subplotspec() for ax in fig.axes]
-    if not axes or None in specs or len({s.get_gridspec() for s in specs}) != 1:
+    grid = _grid(fig, legend, renderer)
+    if grid is None:
         return False
-    rows, cols = specs[0].get_gridspec().get_geometry()
-    cell = {ax: (s.rowspan.start, s.colspan.start) for ax, s in zip(fig.axes, specs, strict=True)
-            if len(s.rowspan) == 1 and len(s.colspan) == 1}
-    if len(cell) != len(fig.axes):
-        return False
-    hang = None
-    if legend is not None:
-        lax = legend.axes
-        r, c = cell[lax]
-        if lax not in axes or any(ax in axes and cell[ax][0] == r and cell[ax][1] > c for ax in fig.axes):
-            return False  # the legend must have the rest of its row to itself
-        lbox = legend.get_window_extent(renderer)
-        # its size, and its offset from the panel's top right corner (borderaxespad) beyond the anchor
-        hang = (lax, r, c, lbox.width, lbox.height, lbox.x0 - lax.bbox.x1 - 0.01 * lax.bbox.width,
-                lax.bbox.y1 - lbox.y1)
+    axes, rows, cols, cell, hang = grid
     pad = _PAD * fig.dpi
     floor = 0.0  # the band under the panels that the figure legend takes
     if below is not None:
@@ -253,17 +238,47 @@ def _place(fig, legend, suptitle, below=None) -> bool:
             suptitle.set_verticalalignment("top")
     else:
         return False
-    if hang is not None and hang[0].bbox.x1 + 0.01 * hang[0].bbox.width + hang[5] + hang[3] > fig.bbox.width - pad + 1:
-        return False  # wider than the empty slots beside it
-    for ax in axes:  # the texts centred on a panel must fit its width
-        width = ax.bbox.width + 2 * pad
-        if any(t.get_text() and t.get_window_extent(renderer).width > width for t in (ax.title, ax.xaxis.label)):
-            return False
+    if not _fits(fig, axes, hang, pad, renderer):
+        return False
     for ax in axes:
         # the title at its default place, fixed: the draw would otherwise measure the whole y axis
         # again per title to dodge an offset text, and there is none here (see _decorations)
         ax.set_title(ax.get_title(), fontsize=ax.title.get_fontsize(), y=1.0)
     return True
+
+
+def _grid(fig, legend, renderer):
+    """(visible axes, rows, cols, cell of each axis, the legend's hang) of a grid _place can lay
+    out (one gridspec, one cell per axis, the legend with the rest of its row), else None."""
+    axes = [ax for ax in fig.axes if ax.axison]
+    specs = [ax.get_subplotspec() for ax in fig.axes]
+    if not axes or None in specs or len({s.get_gridspec() for s in specs}) != 1:
+        return None
+    rows, cols = specs[0].get_gridspec().get_geometry()
+    cell = {ax: (s.rowspan.start, s.colspan.start) for ax, s in zip(fig.axes, specs, strict=True)
+            if len(s.rowspan) == 1 and len(s.colspan) == 1}
+    if len(cell) != len(fig.axes):
+        return None
+    hang = None
+    if legend is not None:
+        lax = legend.axes
+        r, c = cell[lax]
+        if lax not in axes or any(ax in axes and cell[ax][0] == r and cell[ax][1] > c for ax in fig.axes):
+            return None
+        lbox = legend.get_window_extent(renderer)
+        # its size, and its offset from the panel's top right corner (borderaxespad) beyond the anchor
+        hang = (lax, r, c, lbox.width, lbox.height, lbox.x0 - lax.bbox.x1 - 0.01 * lax.bbox.width,
+                lax.bbox.y1 - lbox.y1)
+    return axes, rows, cols, cell, hang
+
+
+def _fits(fig, axes, hang, pad, renderer) -> bool:
+    """Whether the hung legend fits the empty slots beside its panel and the texts centred on a
+    panel (title, x label) its width."""
+    if hang is not None and hang[0].bbox.x1 + 0.01 * hang[0].bbox.width + hang[5] + hang[3] > fig.bbox.width - pad + 1:
+        return False
+    return not any(t.get_text() and t.get_window_extent(renderer).width > ax.bbox.width + 2 * pad
+                   for ax in axes for t in (ax.title, ax.xaxis.label))
 
 
 def _save(fig, path: Path) -> Path:
@@ -487,11 +502,9 @@ def plot_capacity(per_group: Mapping[str, np.ndarray], counterfactual: Mapping[s
     ax.legend(title=legend_title, fontsize=7, title_fontsize=7, frameon=False, loc="lower right")
     if counterfactual:
         ax2 = axes[0][1]
-        names = {"up": "UP (unbounded)", "dapo": "clipped (DAPO)", "armor": "ARMOR (Eq. 6)"}
-        styles = {"up": ("tab:green", "-"), "dapo": ("tab:red", "--"), "armor": ("tab:blue", "-.")}
         for obj, cap in counterfactual.items():
-            color, ls = styles.get(obj, ("gray", ":"))
-            _ecdf(ax2, cap, color, names.get(obj, obj), linestyle=ls)
+            words, color, ls = CAPACITY_STYLE[capacity_family(obj)]
+            _ecdf(ax2, cap, color, f"{obj} ({words})", linestyle=ls)
         ax2.set_title("Same tokens under each objective")
         ax2.set_xlabel("probability capacity Δπ (UP Eq. 11)")
         ax2.set_ylabel("fraction of tokens ≤ x (ECDF)")

@@ -39,7 +39,7 @@ from typing import Any
 
 from armorlab.analysis import importers
 from armorlab.core.checks import did_you_mean
-from armorlab.core.config import load_yaml_mapping
+from armorlab.core.config import DEFAULT_SELECTION, load_yaml_mapping
 from armorlab.errors import ArmorLabError
 
 DEFAULT_CURVES = ("val/acc", "train/reward", "kl/reverse_k3", "kl/forward_k3", "cap/pos_mean",
@@ -55,9 +55,9 @@ X_OF_STEP_UNIT = {"optimizer": "step", "rollout": "rollout"}  # a run's step_uni
 
 @dataclass(frozen=True)
 class Select:
-    metric: str = "val/acc"
-    mode: str = "max"
-    report: str = "test/acc"
+    metric: str = DEFAULT_SELECTION["metric"]
+    mode: str = DEFAULT_SELECTION["mode"]
+    report: str = DEFAULT_SELECTION["report"]
 
 
 @dataclass(frozen=True)
@@ -186,50 +186,9 @@ def parse_recipe(raw: Mapping[str, Any], *, file: str | None = None, name: str |
             raise _err("must be a non-empty list of step numbers ≥ 0", "matched_steps", steps, file)
         r.matched_steps = sorted(set(steps))
     if raw.get("collapse") is not None:
-        known = tuple(CollapseParams.__dataclass_fields__)
-        col = _mapping(raw["collapse"], "collapse", file, known)
-        checks = {"delta": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
-                  and math.isfinite(v),
-                  "patience": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
-                  "alpha": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < 1,
-                  "entropy_frac": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
-                  and 0 < v < 1}
-        hints = {"delta": "a number > 0", "patience": "an integer ≥ 1", "alpha": "a number in (0, 1)",
-                 "entropy_frac": "a number in (0, 1)"}
-        for k, v in col.items():
-            if k in checks and not checks[k](v):
-                raise _err(f"must be {hints[k]}", f"collapse.{k}", v, file)
-            if k not in checks and (not isinstance(v, str) or "/" not in v):
-                raise _err("must be a metric name", f"collapse.{k}", v, file)
-        r.collapse = CollapseParams(**col)
+        r.collapse = _collapse(raw["collapse"], file)
     if raw.get("compare") is not None:
-        cmp_ = _mapping(raw["compare"], "compare", file, ("baseline", "pairs", "endpoints", "delta"))
-        if "baseline" in cmp_ and "pairs" in cmp_:
-            raise _err("give either baseline or pairs", "compare", cmp_, file)
-        baseline = None
-        if isinstance(cmp_.get("baseline"), str) and cmp_["baseline"]:
-            baseline = cmp_["baseline"]  # a group label, as the report names groups
-        elif "baseline" in cmp_:
-            baseline = _selector(cmp_["baseline"], "compare.baseline", file)
-        endpoints = (_str_list(cmp_["endpoints"], "compare.endpoints", file)
-                     if cmp_.get("endpoints") is not None else None)
-        delta = cmp_.get("delta")
-        if delta is not None and (isinstance(delta, bool) or not isinstance(delta, (int, float))
-                                  or not math.isfinite(delta) or delta <= 0):
-            raise _err("must be a number > 0, the equivalence margin (or null: no margin, nothing equivalent)",
-                       "compare.delta", delta, file)
-        pairs = None
-        if "pairs" in cmp_:
-            if not isinstance(cmp_["pairs"], list) or not cmp_["pairs"]:
-                raise _err("must be a list of [selector, selector] pairs", "compare.pairs", cmp_["pairs"], file)
-            pairs = []
-            for i, pair in enumerate(cmp_["pairs"]):
-                if not isinstance(pair, list) or len(pair) != 2:
-                    raise _err("each pair is [selector, selector]", f"compare.pairs[{i}]", pair, file)
-                pairs.append((_selector(pair[0], f"compare.pairs[{i}][0]", file),
-                              _selector(pair[1], f"compare.pairs[{i}][1]", file)))
-        r.compare = Compare(baseline, pairs, list(dict.fromkeys(endpoints)) if endpoints else None,
-                            float(delta) if delta is not None else None)
+        r.compare = _compare(raw["compare"], file)
     if raw.get("x") is not None:
         r.x = _one_of(raw, "x", X_AXES, file)
     if raw.get("out") is not None:
@@ -260,6 +219,55 @@ def unit_disagreement(x: str, recipe_file: str | None, units: Mapping[str, str])
     want = sorted({X_OF_STEP_UNIT.get(u, "step") for u in other.values()})
     return (f"UNIT MISMATCH: {recipe_file or 'this report'} reads x: {x}, but {said}: its matched steps, "
             f"selected steps and curves count another unit than the sweep; set x: {' or '.join(want)}")
+
+
+def _collapse(raw: Any, file: str | None) -> CollapseParams:
+    known = tuple(CollapseParams.__dataclass_fields__)
+    col = _mapping(raw, "collapse", file, known)
+    checks = {"delta": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+              and math.isfinite(v),
+              "patience": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
+              "alpha": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < 1,
+              "entropy_frac": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
+              and 0 < v < 1}
+    hints = {"delta": "a number > 0", "patience": "an integer ≥ 1", "alpha": "a number in (0, 1)",
+             "entropy_frac": "a number in (0, 1)"}
+    for k, v in col.items():
+        if k in checks and not checks[k](v):
+            raise _err(f"must be {hints[k]}", f"collapse.{k}", v, file)
+        if k not in checks and (not isinstance(v, str) or "/" not in v):
+            raise _err("must be a metric name", f"collapse.{k}", v, file)
+    return CollapseParams(**col)
+
+
+def _compare(raw: Any, file: str | None) -> Compare:
+    cmp_ = _mapping(raw, "compare", file, ("baseline", "pairs", "endpoints", "delta"))
+    if "baseline" in cmp_ and "pairs" in cmp_:
+        raise _err("give either baseline or pairs", "compare", cmp_, file)
+    baseline = None
+    if isinstance(cmp_.get("baseline"), str) and cmp_["baseline"]:
+        baseline = cmp_["baseline"]  # a group label, as the report names groups
+    elif "baseline" in cmp_:
+        baseline = _selector(cmp_["baseline"], "compare.baseline", file)
+    endpoints = (_str_list(cmp_["endpoints"], "compare.endpoints", file)
+                 if cmp_.get("endpoints") is not None else None)
+    delta = cmp_.get("delta")
+    if delta is not None and (isinstance(delta, bool) or not isinstance(delta, (int, float))
+                              or not math.isfinite(delta) or delta <= 0):
+        raise _err("must be a number > 0, the equivalence margin (or null: no margin, nothing equivalent)",
+                   "compare.delta", delta, file)
+    pairs = None
+    if "pairs" in cmp_:
+        if not isinstance(cmp_["pairs"], list) or not cmp_["pairs"]:
+            raise _err("must be a list of [selector, selector] pairs", "compare.pairs", cmp_["pairs"], file)
+        pairs = []
+        for i, pair in enumerate(cmp_["pairs"]):
+            if not isinstance(pair, list) or len(pair) != 2:
+                raise _err("each pair is [selector, selector]", f"compare.pairs[{i}]", pair, file)
+            pairs.append((_selector(pair[0], f"compare.pairs[{i}][0]", file),
+                          _selector(pair[1], f"compare.pairs[{i}][1]", file)))
+    return Compare(baseline, pairs, list(dict.fromkeys(endpoints)) if endpoints else None,
+                   float(delta) if delta is not None else None)
 
 
 def load_recipe(path: str | Path) -> Recipe:

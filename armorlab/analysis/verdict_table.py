@@ -70,7 +70,7 @@ def run_hours(rs: RunSet) -> dict[str, float]:
     its last attempt only)."""
     out = {}
     for run in rs.runs.itertuples(index=False):
-        if run.state != "completed":
+        if run.state not in ("completed", "stopped"):  # a stopped run's hours are its whole cost
             continue
         try:  # a damaged or hand-edited status.json costs only its run's time
             status = RunDir(run.path).read_status()

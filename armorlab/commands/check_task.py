@@ -27,7 +27,7 @@ def check_rows(cfg: dict[str, Any], *, rows: int, split: str, seed: int,
 
     from armorlab.errors import ArmorLabError
     from armorlab.tasks import build_task
-    from armorlab.tasks.heldout import build_eval_sets
+    from armorlab.tasks.mathfile import build_eval_sets
     from armorlab.train.models import cached_model, has_chat_template
 
     model_path = cached_model(cfg["model"], cfg["task"])  # never builds: check-task does not train

@@ -12,7 +12,7 @@ headline open with the verdicts (armorlab.stats.verdicts: each remedy better, wo
 or not resolved against continued DAPO, with the seeds that would resolve it), then the headline
 (armorlab.analysis.headline): stage 1's rise to the selected peak, DAPO's fall from it in standard
 errors, and each remedy against DAPO, in plain sentences; then whether each remedy's mechanism
-acted (armorlab.analysis.mechanisms).
+acted (armorlab.analysis.mechanism_table).
 """
 
 from __future__ import annotations
@@ -66,6 +66,7 @@ def demo_recipe(run_dirs: list[Path]):
     """The five arms continuing from stage 1 over seeds, in rollouts: selected on val and reported on
     test, verdicts and P(X > DAPO)."""
     from armorlab.analysis.recipe import parse_recipe
+    from armorlab.core.config import DEFAULT_SELECTION
 
     return parse_recipe({
         "title": "armorlab demo: validation collapse on a fixed set of 64 prompts (tiny model, scratchpad sums)",
@@ -75,7 +76,7 @@ def demo_recipe(run_dirs: list[Path]):
         "curves": ["val/acc", "val/acc_greedy", "train/reward", "train/correct_distinct", "train/correct_entropy",
                    "train/entropy", "kl/reverse_k3", "kl/exact_reverse", "obj/clip_frac", "obj/widened_frac",
                    "obj/anchor_grad_share", "obj/kl_grad_share", "anchor/gate_drop", "train/grad_norm"],
-        "select": {"metric": "val/acc", "mode": "max", "report": "test/acc"},
+        "select": dict(DEFAULT_SELECTION),
         "compare": {"baseline": BASELINE, "endpoints": ["final", "drop", "selected_test"]},
     }, name="demo")
 
@@ -98,7 +99,9 @@ def stage_one_sentence(run_dirs: list[Path]) -> str | None:
         text = f"stage 1 (DAPO from the warm start, seed {rd.read_config().get('seed')}): val/acc {evals[0][1]:.3f}"
         selected = path / "selected.json"
         if selected.is_file():
-            pick = json.loads(selected.read_text(encoding="utf-8"))
+            from armorlab.core.fsutil import SMALL_FILE_BYTES, read_regular_text
+
+            pick = json.loads(read_regular_text(selected, limit=SMALL_FILE_BYTES))
             text += f" → selected peak level {pick['value']:.3f} at rollout {pick.get('rollout')}"
         text += f" → {evals[-1][1]:.3f} at rollout {evals[-1][0]}"
         parts.append(text)

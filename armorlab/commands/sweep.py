@@ -239,7 +239,7 @@ def run_plan_locally(plan, workers: int | None, *, detach: bool = False, exit_on
             if event != "done":
                 return
             progress.advance(task)
-            mark = {"completed": "[green]completed[/]", "failed": "[red]failed[/]"}.get(
+            mark = {"completed": "[green]completed[/]", "stopped": "[green]stopped[/]", "failed": "[red]failed[/]"}.get(
                 payload.state, f"[yellow]{payload.state}[/]")
             reason = f": {payload.reason}" if payload.reason else ""
             progress.console.print(f"{run_id} {mark}{reason}")
@@ -350,7 +350,7 @@ def _status_table(st):
         # narrow terminals squeeze config/job/reason, never the short columns
         table.add_column(col, overflow="fold", no_wrap=col in ("run", "state", "step", "val/acc", "att.", "procs"),
                          min_width=14 if col == "config" else None)
-    colour = {"completed": "green", "failed": "red", "running": "cyan", "queued": "blue", "lost": "magenta"}
+    colour = {"completed": "green", "stopped": "green", "failed": "red", "running": "cyan", "queued": "blue", "lost": "magenta"}
     for r in st.rows:
         step = "-" if r.last_step is None else f"{r.last_step}/{r.max_steps if r.max_steps else '?'}"
         table.add_row(r.run_id, r.point, f"[{colour.get(r.state, 'white')}]{r.state}[/]", step,
@@ -395,7 +395,7 @@ def _watch(sweep_dir: Path, interval: float) -> None:
     task = bar.add_task("runs", total=len(st.rows))
     with Live(Group(_status_table(st), bar), refresh_per_second=2) as live:
         while True:
-            done = sum(r.state in ("completed", "failed") for r in st.rows)
+            done = sum(r.state in ("completed", "stopped", "failed") for r in st.rows)
             bar.update(task, completed=done, total=len(st.rows))
             live.update(Group(_status_table(st), bar))
             if st.finished:

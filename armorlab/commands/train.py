@@ -36,7 +36,7 @@ def register(app: typer.Typer) -> None:
         if is_main_process():  # one line per run, not one per process
             typer.echo(str(outcome.path))
             if outcome.already_completed:
-                typer.echo(f"already completed: {outcome.path} (nothing trained; delete the dir to train it "
+                typer.echo(f"already {outcome.state}: {outcome.path} (nothing trained; delete the dir to train it "
                            "again)", err=True)
             if outcome.note:
                 typer.echo(f"note: {outcome.note}", err=True)

@@ -163,6 +163,19 @@ def startup_hook(name: str) -> bool:
     return name in STARTUP_HOOKS or name.startswith("BASH_FUNC_")
 
 
+# Besides the start-up hooks: variables that choose which code a job runs — the programs found
+# (PATH), the libraries loaded (any LD_*: LD_LIBRARY_PATH), the interpreters' start-up code and
+# modules (PYTHONPATH, PYTHONSTARTUP, PYTHONHOME, PERL5OPT, PERL5LIB, RUBYOPT, NODE_OPTIONS).
+# A profile's sbatch `export` sets them only when its `allow_exports` names them.
+CODE_CHOOSING = ("PATH", "PYTHONPATH", "PYTHONSTARTUP", "PYTHONHOME", "PYTHONUSERBASE", "PERL5OPT", "PERL5LIB",
+                 "RUBYOPT", "RUBYLIB", "NODE_OPTIONS")
+
+
+def runs_code(name: str) -> bool:
+    """Whether exporting ``name`` to a job can change what code it runs (startup_hook, or CODE_CHOOSING)."""
+    return startup_hook(name) or name in CODE_CHOOSING or name.startswith("LD_")
+
+
 def no_nul(v: Any) -> Any:
     """``v`` unchanged unless its text holds a NUL byte (no argv word or environment value can:
     the process start fails with "embedded null byte" long after the check would have)."""

@@ -20,7 +20,13 @@ from typing import Any
 
 import yaml
 
-from armorlab.algos.objectives import AGGREGATIONS, objective_names, objective_spec
+from armorlab.algos.objectives import (
+    AGGREGATIONS,
+    DEFAULT_EPS,
+    default_alpha,
+    objective_names,
+    objective_spec,
+)
 from armorlab.core import objective_fields, trl_fields
 from armorlab.core.checks import (
     Invalid,
@@ -34,11 +40,12 @@ from armorlab.core.checks import (
     optional,
     text,
 )
+from armorlab.core.eval_sets import DEFAULT_KEEP_SELECT, TEST_METRIC, resolve_eval_sets
 from armorlab.core.eval_sets import FIELD_SPECS as EVAL_SET_FIELDS
-from armorlab.core.eval_sets import resolve_eval_sets
-from armorlab.core.fit import TINY_MAX_POSITIONS, TINY_MODEL, check_held_out, check_lengths  # noqa: F401
+from armorlab.core.fit_checks import TINY_MAX_POSITIONS, TINY_MODEL, check_held_out, check_lengths  # noqa: F401
 from armorlab.core.identity import data_identity, model_identity
 from armorlab.core.schedule import STEP_UNITS, config_per_rollout, rollout_horizon
+from armorlab.core.stop_on_collapse import STOP_FIELDS, check_stop
 from armorlab.core.trl_fields import TRL_RANGES, check_trl_value, grpo_field_kinds, grpo_field_names
 from armorlab.core.vllm_config import check_engine_parallelism, check_vllm_servers
 from armorlab.core.yamlfile import UniqueKeyLoader, load_yaml_mapping  # noqa: F401 - the config's readers
@@ -97,7 +104,8 @@ def _schedule(v: Any) -> list[list[int | None]] | None:
 # run id does not depend on where the root lies; the sweep name as armorlab.sweeps.spec allows it.
 INIT_FROM_RUN_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}/[0-9a-f]{12}")
 SELECT_MODES = ("max", "min")
-DEFAULT_SELECT = {"metric": "val/acc", "mode": "max"}
+DEFAULT_SELECT = DEFAULT_KEEP_SELECT  # init_from.select's metric form: val/acc, max, as the kept checkpoint's
+DEFAULT_SELECTION = {**DEFAULT_SELECT, "report": TEST_METRIC}  # report recipes, compare: (shown on test/acc)
 
 
 OPTIMIZER_STARTS = ("fresh", "parent")
@@ -337,6 +345,8 @@ FIELDS: dict[str, Field] = {
 }
 # held-out evaluation sets and the kept checkpoint's metric (armorlab.core.eval_sets)
 FIELDS.update({name: Field(*spec) for name, spec in EVAL_SET_FIELDS.items()})
+# a run that stops itself once it has collapsed (armorlab.core.stop_on_collapse)
+FIELDS.update({name: Field(*spec) for name, spec in STOP_FIELDS.items()})
 # --------------------------------------------------------------------------- objectives' own parameters
 # verl's names for the parameters of its losses (armorlab.core.objective_fields); null = the
 # objective's default, dropped where the objective does not read them
@@ -356,7 +366,8 @@ DROPPED_AT_DEFAULT: dict[str, Any] = {"step_unit": "optimizer", "max_rollouts": 
                                       "grad_share_every": 10,
                                       "ref_vllm_dtype": None, "ref_vllm_tensor_parallel_size": 1,
                                       "kl_telemetry": True, "ref_validate_resets": False,
-                                      "eval_sets": None, "allow_eval_overlap": False, "keep_select": None}
+                                      "eval_sets": None, "allow_eval_overlap": False, "keep_select": None,
+                                      "stop_on_collapse": None}
 REF_VLLM_SERVER_KEYS = ("ref_vllm_server_host", "ref_vllm_server_port", "ref_vllm_server_base_url",
                         "ref_vllm_server_timeout", "ref_vllm_group_port")
 
@@ -407,7 +418,6 @@ def preset(objective: str) -> dict[str, Any]:
     user did not set the key."""
     return dict(objective_spec(objective).defaults)
 
-DEFAULT_EPS = {"epsilon": 0.2, "epsilon_high": 0.28}
 # GRPOConfig fields the run directory decides (checkpoints/ is the output dir; resume is automatic).
 MANAGED_KEYS = frozenset({"output_dir", "resume_from_checkpoint", "overwrite_output_dir"})
 # GRPOConfig fields that change how a run is *logged*, not what it *is*: they stay in config.yaml
@@ -735,6 +745,7 @@ def _resolve_once(raw: Mapping[str, Any], *, file: str | None = None, check_path
                             max_steps_given="max_steps" in raw, file=file)
     if steps is not None:
         out["max_steps"] = steps
+    check_stop(out, file)
     for key in [k for k in out if k not in FIELDS and trl_fields.is_inert_default(k, out[k])]:
         del out[key]  # `use_vllm: false` and no use_vllm are one run
     for key, value in out.items():  # dates, NaN, binary, ... cannot be hashed into a run id
@@ -840,11 +851,6 @@ INERT_KEYS = frozenset({"alpha", "quantile_k", "kl_estimator", "anchor_filter", 
                         "anchor_reward_threshold", "dynamic_sampling_factor", "anchor_cache"})
 
 
-def default_alpha(num_generations: int) -> float:
-    """α = (G−1)/G: the weight of the G−1 on-policy samples in a group that holds one anchor (ARMOR)."""
-    return (num_generations - 1) / num_generations
-
-
 def default_anchor_ratio(objective: str) -> str:
     """The objective's own ratio for off-policy (anchor) rows: r_mix for an objective that mixes in
     π_ref (armor); for the others the importance ratio against the policy that sampled the row,
@@ -864,15 +870,22 @@ def default_anchor_cache(ref_reset_steps: int, schedule: Any) -> str:
     return "window" if reference_resets(ref_reset_steps, schedule) else "off"
 
 
+def reads_alpha(objective: str, anchor: bool, anchor_ratio: str | None) -> bool:
+    """Whether a run reads α: its objective mixes in π_ref (armor), or its anchor rows take the mixed
+    ratio. Elsewhere α is null in the resolved config, and the trainer never sees a value for it."""
+    return objective_spec(objective).uses_reference or (bool(anchor) and anchor_ratio == "mixed")
+
+
 def fill_objective_defaults(cfg: Any) -> None:
-    """Defaults that depend on other keys (a dict or an ArmorLabConfig): α from G, anchor_ratio
-    from the objective. Shared by ``resolve`` and the trainer's config."""
+    """Defaults that depend on other keys (a dict or an ArmorLabConfig): anchor_ratio from the
+    objective, α from G where the run reads it. Shared by ``resolve`` and the trainer's config (for
+    Python users who build it without ``resolve``; a resolved config has them already)."""
     get = cfg.get if isinstance(cfg, dict) else lambda k: getattr(cfg, k)
     put = cfg.__setitem__ if isinstance(cfg, dict) else lambda k, v: setattr(cfg, k, v)
-    if get("alpha") is None:
-        put("alpha", default_alpha(int(get("num_generations"))))
     if get("anchor_ratio") is None:
         put("anchor_ratio", default_anchor_ratio(get("objective")))
+    if get("alpha") is None and reads_alpha(get("objective"), get("anchor"), get("anchor_ratio")):
+        put("alpha", default_alpha(int(get("num_generations"))))
 
 
 def _normalise_inert(cfg: dict[str, Any]) -> None:
@@ -891,8 +904,8 @@ def _normalise_inert(cfg: dict[str, Any]) -> None:
         cfg["anchor_cache"] = None
     elif cfg["anchor_cache"] == default_anchor_cache(cfg["ref_reset_steps"], cfg["ref_reset_schedule"]):
         cfg["anchor_cache"] = None  # what null means here: one run, one id
-    if not (objective_spec(cfg["objective"]).uses_reference or (anchor_on and cfg["anchor_ratio"] == "mixed")):
-        cfg["alpha"] = None
+    if not reads_alpha(cfg["objective"], anchor_on, cfg["anchor_ratio"]):
+        cfg["alpha"] = None  # a user's α the run never reads (a grid crossing dapo with α): one run
     # the refill serves both filters; gate-only configs from before it did keep a null factor
     if not cfg["dynamic_sampling"] and (not cfg["anchor_gate"] or cfg["dynamic_sampling_factor"] == 1):
         cfg["dynamic_sampling_factor"] = None

@@ -34,7 +34,9 @@ SET_DEFAULTS: dict[str, Any] = {"role": "test", "samples": 1, "k": None, "split"
 SET_CHECKS = {"path": text, "role": choice(*ROLES), "samples": integer(1, MAX_SAMPLES),
               "k": optional(integer(1, MAX_SAMPLES)), "split": text, "problem_key": text,
               "answer_key": text, "fingerprint": optional(text)}
-DEFAULT_KEEP_SELECT = {"metric": "val/acc", "mode": "max"}
+VAL_METRIC = "val/acc"    # the validation score selections and comparisons use unless told (docs/metrics.md)
+TEST_METRIC = "test/acc"  # ... and the held-out score they report at the selected step
+DEFAULT_KEEP_SELECT = {"metric": VAL_METRIC, "mode": "max"}
 
 
 def eval_sets_shape(v: Any) -> dict[str, Any] | None:
@@ -53,7 +55,7 @@ def keep_select_shape(v: Any) -> dict[str, str] | None:
         return None
     if not isinstance(v, Mapping) or set(map(str, v)) - {"metric", "mode"}:
         raise Invalid("must be a mapping {metric: <val/... metric>, mode: max|min} or null")
-    metric, mode = v.get("metric", "val/acc"), v.get("mode", "max")
+    metric, mode = v.get("metric", VAL_METRIC), v.get("mode", "max")
     if not isinstance(metric, str) or not metric.startswith("val/") or metric.count("/") > 2:
         raise Invalid("metric must be a validation metric such as val/acc or val/<set>/acc (a test/ metric is "
                       "reported, never selected on)")

@@ -144,13 +144,84 @@ def check_model_dir(root: str | os.PathLike) -> None:
     if not isinstance(model_type, str) or not model_type:
         raise ModelDirProblem("config.json has no model_type (transformers needs it to pick the architecture)",
                               str(cfg_path))
+    for section in (config, config.get("text_config")):
+        problem = sizes_problem(section) if isinstance(section, dict) else None
+        if problem:
+            raise ModelDirProblem(f"config.json: {problem}", str(cfg_path))
     for name in names:
         if name.endswith(".json") and (root / name).is_file():
             _load_json(root / name)
+    _check_chat_template(root, names)
     _check_weights(root, names)
     if not any(n in names for n in TOKENIZER_FILES):
         raise ModelDirProblem(f"no tokenizer ({', '.join(TOKENIZER_FILES[:4])}): save it with "
                               "tokenizer.save_pretrained(<dir>)", str(root))
+
+
+# config.json's sizes, each a positive integer below a bound far above any released model's (a
+# vocabulary of 1e12 would make the embedding alone 4 TB: a typo, found here, not by the allocator)
+SIZE_BOUNDS = {"vocab_size": 1 << 24, "hidden_size": 1 << 20, "intermediate_size": 1 << 22,
+               "num_hidden_layers": 10_000, "num_attention_heads": 1 << 16, "num_key_value_heads": 1 << 16,
+               "head_dim": 1 << 16, "max_position_embeddings": 1 << 28}
+
+
+def sizes_problem(cfg: dict[str, Any]) -> str | None:
+    """Why one of config.json's sizes (SIZE_BOUNDS) cannot be a model's: the field and value named."""
+    for key, bound in SIZE_BOUNDS.items():
+        value = cfg.get(key)
+        if value is None:
+            continue
+        whole = isinstance(value, int) and not isinstance(value, bool)
+        if not whole or not 1 <= value <= bound:
+            return f"{key} is {value!r}: must be a whole number from 1 to {bound:,}"
+    return None
+
+
+def _chat_template(root: Path, names: list[str]) -> tuple[str, str] | None:
+    """(the chat template saved with the tokenizer, the file it is in), or None."""
+    if "chat_template.jinja" in names:
+        path = root / "chat_template.jinja"
+        return read_regular(path, limit=MAX_JSON_BYTES).decode("utf-8", errors="replace"), str(path)
+    for name, key in (("chat_template.json", "chat_template"), ("tokenizer_config.json", "chat_template")):
+        if name in names:
+            value = _load_json(root / name).get(key)
+            if isinstance(value, list):  # named templates: [{name, template}]; the default one is used
+                value = next((t.get("template") for t in value if isinstance(t, dict) and t.get("name") == "default"),
+                             None)
+            if isinstance(value, str) and value:
+                return value, str(root / name)
+    return None
+
+
+@lru_cache(maxsize=64)
+def template_problem(template: str) -> str | None:
+    """Why a chat template cannot turn a one-question conversation into a prompt: it does not parse,
+    or it raises (rendered as transformers renders it: Jinja2's sandbox, ``raise_exception``)."""
+    from jinja2 import TemplateError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message: str) -> None:
+        raise TemplateError(message)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env.globals["raise_exception"] = raise_exception
+    try:
+        compiled = env.from_string(template)
+    except TemplateError as exc:
+        return f"does not parse: {str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__}"
+    try:
+        compiled.render(messages=[{"role": "user", "content": "What is 1 + 1?"}], add_generation_prompt=True,
+                        bos_token="<s>", eos_token="</s>", tools=None, documents=None)
+    except Exception as exc:  # noqa: BLE001 - whatever a template raises, it cannot make a prompt
+        return f"raises {type(exc).__name__} on a one-question conversation: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+    return None
+
+
+def _check_chat_template(root: Path, names: list[str]) -> None:
+    found = _chat_template(root, names)
+    problem = template_problem(found[0]) if found else None
+    if problem:
+        raise ModelDirProblem(f"the chat template {problem}", found[1])
 
 
 def _check_weights(root: Path, names: list[str]) -> None:

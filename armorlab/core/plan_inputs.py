@@ -14,6 +14,7 @@ from typing import Any
 
 from armorlab.algos.objectives import objective_spec
 from armorlab.core.config import MODEL_FIELDS_TINY, TINY_MODEL, load_yaml_mapping
+from armorlab.core.fsutil import SMALL_FILE_BYTES, read_regular_text
 from armorlab.core.identity import hub_snapshot
 from armorlab.core.known_models import KNOWN_CONFIGS, known_config
 from armorlab.core.memory_plan import (
@@ -25,6 +26,7 @@ from armorlab.core.memory_plan import (
     RunMemory,
     plan_memory,
 )
+from armorlab.core.model_dir import sizes_problem
 from armorlab.errors import ArmorLabError
 
 DEFAULT_PROMPT_TOKENS = 512  # prompts are not bounded by the config: the plan assumes this many
@@ -38,7 +40,11 @@ _LLAMA_LIKE = ("llama", "qwen2", "qwen3", "mistral")
 # --------------------------------------------------------------------------- model shape
 def shape_from_config(cfg: Mapping[str, Any], *, name: str, source: str) -> ModelShape:
     """A ModelShape from config.json's fields (a multimodal config's ``text_config`` if it has one)."""
-    cfg = cfg.get("text_config") or cfg
+    if isinstance(cfg, Mapping):
+        cfg = cfg.get("text_config") or cfg
+    problem = sizes_problem(cfg) if isinstance(cfg, Mapping) else "must hold a JSON object (text_config too)"
+    if problem:  # a negative layer count planned a negative peak that "fits"
+        raise ArmorLabError(f"config.json: {problem}", key="model", value=name, file=source)
     model_type = str(cfg.get("model_type", ""))
     try:
         heads = int(cfg["num_attention_heads"])
@@ -94,7 +100,7 @@ def load_shape(model: Any, *, file: str | None = None) -> ModelShape:
     for candidate in candidates:
         if candidate.is_file():
             try:
-                data = json.loads(candidate.read_text(encoding="utf-8"))
+                data = json.loads(read_regular_text(candidate, limit=SMALL_FILE_BYTES))
             except (OSError, ValueError) as exc:
                 raise ArmorLabError(f"cannot read config.json: {exc}", key="model", value=name,
                                     file=str(candidate)) from None
@@ -139,7 +145,17 @@ def parallelism_from_profile(profile: Any) -> Parallelism:
     if getattr(profile, "launcher", "python") != "accelerate" or not profile.accelerate_config:
         return Parallelism("single", 1, source="one process (launcher: python)")
     path = Path(profile.accelerate_config).expanduser()
-    return parallelism_from_accelerate(load_yaml_mapping(path), source=str(path))
+    try:
+        par = parallelism_from_accelerate(load_yaml_mapping(path), source=str(path))
+    except ArmorLabError:
+        raise
+    except (TypeError, ValueError, AttributeError, OverflowError) as exc:  # a field of the wrong type
+        raise ArmorLabError(f"not an accelerate config the plan can read ({exc})", key="accelerate_config",
+                            value=str(path), file=str(path)) from None
+    if par.processes < 1:
+        raise ArmorLabError("num_processes must be at least 1", key="num_processes", value=par.processes,
+                            file=str(path))
+    return par
 
 
 def parallelism_from_env(env: Mapping[str, str] | None = None) -> Parallelism:

@@ -32,6 +32,7 @@ import yaml
 
 from armorlab.core.config import LOGGING_KEYS
 from armorlab.core.fsutil import (
+    SMALL_FILE_BYTES,
     NotRegularFile,
     append_line,
     atomic_write_json,
@@ -48,7 +49,9 @@ _SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 log = logging.getLogger(__name__)
 
-STATES = ("pending", "running", "completed", "failed")
+STATES = ("pending", "running", "completed", "failed", "stopped")
+# a run in one of these is done: nothing restarts it (``stopped``: it stopped itself, stop_on_collapse)
+FINAL_STATES = ("completed", "stopped")
 SELECTED = "selected.json"
 SELECTED_KEYS = ("rule", "metric", "mode", "step", "rollout", "value", "checkpoint")
 CONFIG, STATUS, METRICS, TOKENS, CHECKPOINTS, REPORT = (
@@ -183,7 +186,7 @@ class RunDir:
                                         key="config", value=rd.id, file=str(rd.config_path))
                 existing = None  # a torn write that still parses: the name says what it must hold
         if existing != dict(cfg):  # new, torn, or only the logging settings differ
-            atomic_write_yaml(rd.config_path, dict(cfg), durable=durable)
+            atomic_write_yaml(rd.config_path, dict(cfg), durable=durable, within=rd.path)
         if not rd.status_path.exists() or (not durable and rd._stored_status() is None):
             rd.write_status("pending", durable=durable)
         return rd
@@ -251,7 +254,7 @@ class RunDir:
                      attempt: int | None = None, durable: bool = True,
                      world_size: int | None = None) -> dict[str, Any]:
         """Atomically replace status.json. ``running`` bumps the attempt and stamps ``started``;
-        ``completed``/``failed`` stamp ``ended``; ``world_size`` (training processes of the
+        ``completed``/``failed``/``stopped`` stamp ``ended``; ``world_size`` (training processes of the
         attempt) is kept until an attempt records another."""
         if state not in STATES:
             raise ValueError(f"state must be one of {STATES}, got {state!r}")
@@ -263,7 +266,7 @@ class RunDir:
             "attempt": attempt if attempt is not None else prev_attempt + (state == "running"),
             "job_id": job_id if job_id is not None else (old or {}).get("job_id"),
             "started": now_iso() if state == "running" else (old or {}).get("started"),
-            "ended": now_iso() if state in ("completed", "failed") else None,
+            "ended": now_iso() if state in ("completed", "failed", "stopped") else None,
         }
         if (old or {}).get("warnings"):
             status["warnings"] = old["warnings"]
@@ -271,7 +274,7 @@ class RunDir:
         if world_size is not None:
             status["world_size"] = int(world_size)
         try:
-            atomic_write_json(self.status_path, status, durable=durable)
+            atomic_write_json(self.status_path, status, durable=durable, within=self.path)
         except OSError as exc:
             if exc.errno not in (errno.ENOSPC, errno.EDQUOT) or not self.status_path.is_file():
                 raise
@@ -287,7 +290,7 @@ class RunDir:
         if status.get("warnings", []) == warnings:
             return
         status["warnings"] = list(warnings)
-        atomic_write_json(self.status_path, status)
+        atomic_write_json(self.status_path, status, within=self.path)
 
     # ---------------------------------------------------------------- metrics
     def append_metrics(self, step: int, metrics: Mapping[str, float], *, rollout: int | None = None) -> None:
@@ -299,7 +302,7 @@ class RunDir:
         for key, value in metrics.items():
             value = float(value)
             row[key] = value if math.isfinite(value) else None
-        append_line(self.metrics_path, json.dumps(row, separators=(",", ":")))
+        append_line(self.metrics_path, json.dumps(row, separators=(",", ":")), within=self.path)
 
     def iter_metrics(self) -> Iterator[dict[str, Any]]:
         """Yield the parsed lines in file order; a torn (unparseable) line, or one whose step is not
@@ -427,7 +430,7 @@ class RunDir:
         """selected.json (the run's validation-selected checkpoint, written by the trainer), or None
         when the run has none yet; a damaged file is an ArmorLabError naming it."""
         try:
-            data = json.loads(self.selected_path.read_text(encoding="utf-8"))
+            data = json.loads(read_regular_text(self.selected_path, limit=SMALL_FILE_BYTES))
         except FileNotFoundError:
             return None
         except (OSError, ValueError) as exc:
@@ -452,13 +455,15 @@ def _rewrite_in_place(path: Path, text: str) -> None:
 
 def expand_globs(paths: Iterable[str | os.PathLike]) -> list[Path]:
     """The paths as given, each glob pattern replaced by its matches (sorted); a pattern that
-    matches nothing is an ArmorLabError naming it (a typo must not shrink a report silently)."""
+    matches nothing is an ArmorLabError naming it (a typo must not shrink a report silently). A
+    path that exists as written is literal, magic characters or not (``runs/exp[1]`` is that dir,
+    not ``runs/exp1``)."""
     import glob  # here: most commands name no glob
 
     out: list[Path] = []
     for p in paths:
         text = str(p)
-        if glob.has_magic(text):
+        if glob.has_magic(text) and not os.path.lexists(text):
             matches = sorted(glob.glob(text))
             if not matches:
                 raise ArmorLabError("glob matches nothing", key="runs", value=text)

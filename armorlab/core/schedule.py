@@ -91,6 +91,15 @@ def config_val_every_steps(cfg: Mapping[str, Any]) -> int | None:
     return None if per is None else optimizer_steps(int(every), "rollout", per)
 
 
+def planned_evals(cfg: Mapping[str, Any]) -> int | None:
+    """Evals a run of ``cfg`` will log: step 0, every ``val_every`` steps (in optimizer steps, also
+    when ``step_unit: rollout`` counts it in rollouts), and the last step."""
+    every, total = config_val_every_steps(cfg), cfg.get("max_steps")
+    if not every or not total or every <= 0 or total <= 0:
+        return None
+    return int(total) // int(every) + 1 + (1 if int(total) % int(every) else 0)
+
+
 def rollout_horizon(step_unit: str, max_rollouts: int | None, max_steps: int, per_rollout: Fraction | None, *,
                     max_steps_given: bool, file: str | None = None) -> int | None:
     """Check the rollout-counted settings of a config; the max_steps ``max_rollouts`` sets (None when

@@ -82,7 +82,9 @@ def load_yaml_mapping(path: str | Path) -> dict[str, Any]:
     except UnicodeDecodeError as exc:
         raise ArmorLabError(f"not UTF-8 text (byte {exc.start}: {exc.reason})", file=str(path)) from None
     try:
-        data = yaml.load(content, Loader=UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+        data = _load_bounded(content, str(path))
+    except ArmorLabError:
+        raise
     except LongInteger as exc:
         raise ArmorLabError(f"{exc}: too long to be a number (Python reads at most "
                             f"{sys.get_int_max_str_digits():,})", key=None if exc.key is None else str(exc.key),
@@ -93,8 +95,6 @@ def load_yaml_mapping(path: str | Path) -> dict[str, Any]:
         raise ArmorLabError(f"invalid YAML: {exc}", file=str(path)) from None
     except RecursionError:
         raise ArmorLabError("invalid YAML: nested too deeply to be a config", file=str(path)) from None
-    if _depth(data) > MAX_YAML_DEPTH:
-        raise ArmorLabError(f"nested more than {MAX_YAML_DEPTH} levels deep: not a config", file=str(path))
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -103,16 +103,53 @@ def load_yaml_mapping(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def _depth(data: Any, limit: int = MAX_YAML_DEPTH + 1) -> int:
-    """Nesting depth of lists and mappings, counted up to ``limit`` (iteratively: no recursion)."""
-    deepest, stack = 0, [(data, 0)]
+def _load_bounded(content: str, file: str) -> Any:
+    """``yaml.load`` with the node graph measured before any object is built: its depth and the size
+    it expands to through aliases (``&a [*b, *b, ...]`` nine times over is a billion values from a
+    few lines; measured on the graph, each node once, it is refused at once)."""
+    loader = UniqueKeyLoader(content)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        depth, size = _shape(node)
+        if depth > MAX_YAML_DEPTH:
+            raise ArmorLabError(f"nested more than {MAX_YAML_DEPTH} levels deep: not a config", file=file)
+        if size > MAX_YAML_VALUES:
+            raise ArmorLabError(f"expands through its aliases (&anchor / *alias) to more than {MAX_YAML_VALUES:,} "
+                                "values: not a config (an alias bomb?)", file=file)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+MAX_YAML_VALUES = 1_000_000  # values once aliases are expanded; a 1,000-point sweep spec holds ~20,000
+
+
+def _shape(root: yaml.Node) -> tuple[int, int]:
+    """(nesting depth, values once aliases are expanded) of a composed YAML node graph: each node is
+    measured once (aliases share nodes), iteratively (no recursion); a node that contains itself
+    (``&a [*a]``) is infinitely deep."""
+    memo: dict[int, tuple[int, int]] = {}
+    on_path: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
     while stack:
-        node, depth = stack.pop()
-        deepest = max(deepest, depth)
-        if deepest >= limit:
-            return deepest
-        if isinstance(node, dict):
-            stack.extend((v, depth + 1) for v in node.values())
-        elif isinstance(node, list):
-            stack.extend((v, depth + 1) for v in node)
-    return deepest
+        node, children_done = stack.pop()
+        kids = [] if isinstance(node, yaml.ScalarNode) else \
+            [v for pair in node.value for v in pair] if isinstance(node, yaml.MappingNode) else list(node.value)
+        if children_done:
+            on_path.discard(id(node))
+            depth = 1 + max(memo[id(k)][0] for k in kids) if kids else 0
+            size = min(1 + sum(memo[id(k)][1] for k in kids), MAX_YAML_VALUES + 1)
+            memo[id(node)] = (depth, size)
+            continue
+        if id(node) in memo:
+            continue
+        on_path.add(id(node))
+        stack.append((node, True))
+        for k in kids:
+            if id(k) in on_path:
+                return MAX_YAML_DEPTH + 1, MAX_YAML_VALUES + 1
+            if id(k) not in memo:
+                stack.append((k, False))
+    return memo[id(root)]

@@ -9,6 +9,6 @@ tuning (pruning) and by the report alike, so none of them stands on the report.
     margins          equivalence margins (declared, never a noise unit) and whether the baseline fell
     sequential       seeds until resolved, the decisions: group-sequential boundaries, decide_look,
                      looks.json (the loop is armorlab.sweeps.until_resolved, its report
-                     armorlab.analysis.looks_report)
+                     armorlab.analysis.until_resolved_report)
     sequential_text  the sentences those decisions are printed as
 """

@@ -78,7 +78,7 @@ from typing import Any
 import numpy as np
 from scipy.special import ndtri, stdtrit
 
-from armorlab.core.fsutil import atomic_file, cache_root
+from armorlab.core.fsutil import SMALL_FILE_BYTES, atomic_file, cache_root, read_regular_text
 from armorlab.stats.seeds import t_ppf  # cached there
 
 DELTA = 0.03
@@ -257,7 +257,7 @@ def null_threshold(n_evals: int, patience: int, alpha: float, noise: str = "bino
         return math.inf
     path = _threshold_file(n_evals, patience, alpha, noise, sequential)
     try:
-        return float(json.loads(path.read_text())["z_star"])
+        return float(json.loads(read_regular_text(path, limit=SMALL_FILE_BYTES))["z_star"])
     except (OSError, ValueError, KeyError, TypeError):
         pass
     z_star = _simulate_null_threshold(n_evals, patience, alpha, noise, sequential=sequential)

@@ -3,10 +3,9 @@ Statistical Precipice"): mean, std, n, a 95% CI of the mean that keeps its cover
 IQM, probability of improvement, plus the alignment of learning curves whose eval steps differ.
 
 rliable itself does not run with pandas 3, so the resampling is scipy.stats.bootstrap's (seeded,
-so reports are reproducible) and the statistics are small pure functions. The percentile
-bootstrap and the exact Mann–Whitney p-value are written out in numpy with scipy's arithmetic
-(the same numbers, tests/test_analysis_stats.py compares them with scipy.stats): importing
-scipy.stats costs more than a report's statistics; BCa (30 seeds and more) still calls scipy:
+so reports are reproducible), the exact Mann–Whitney p-value scipy.stats.mannwhitneyu's, and the
+statistics are small pure functions (benchmarks/README.md, "Library replacements": the numpy
+copies of both bought under 20 % of a cold report):
     (S1) IQM(x) = scipy.stats.trim_mean(x, 0.25): drops ⌊n/4⌋ seeds at each end and averages the
          rest (the interquartile mean when 4 divides n; at n ≤ 3 nothing is dropped and it is the
          plain mean, at n = 5 one seed per end). Robust to one lucky or crashed seed.
@@ -25,11 +24,10 @@ scipy.stats costs more than a report's statistics; BCa (30 seeds and more) still
          1 − c (2 vs 2: 0.33; 3 vs 3: 0.10; 4 vs 4: 0.029). Its bootstrap CI would read [1, 1]
          (every resample separates too), so no interval is given. With more seeds the exact
          Mann–Whitney p-value is reported beside the bootstrap CI (``mw_p``).
-    (S5) Percentile bootstrap CI: resample each sample with replacement (rng.integers, X then Y),
-         evaluate the statistic per resample, take the α and 1 − α quantiles (α = (1 − c)/2) by
-         the linear rule, j + g = p·n + 1 − p over the sorted distribution.
-    (S6) Exact Mann–Whitney p: U's null counts N(n, m; u) = N(n − 1, m; u − m) + N(n, m − 1; u)
-         over C(n + m, n) orderings; p = 2·P(U' ≥ max(U, nm − U)), capped at 1.
+    (S5) Percentile bootstrap CI: scipy.stats.bootstrap(method="percentile"), resampling each
+         sample with replacement and taking the α and 1 − α quantiles, α = (1 − c)/2.
+    (S6) Exact Mann–Whitney p: scipy.stats.mannwhitneyu(method="exact"), the distribution of U over
+         all C(n + m, n) orderings; p = 2·P(U' ≥ max(U, nm − U)), capped at 1.
 """
 
 from __future__ import annotations
@@ -41,19 +39,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from armorlab.core.lazy import Lazy
+
 log = logging.getLogger(__name__)
 
 
-class _LazyScipyStats:
-    """scipy.stats, imported at first use (half a second): most reports and the commands that
-    only read run dirs never need it."""
-    def __getattr__(self, name: str):
-        from scipy import stats
-
-        return getattr(stats, name)
-
-
-sps = _LazyScipyStats()
+# scipy.stats takes half a second to import: most reports and the commands that only read run dirs
+# never need it
+sps = Lazy("scipy.stats")
 
 
 @functools.lru_cache(maxsize=1024)
@@ -174,46 +167,17 @@ def summarise(values, *, confidence: float = CONFIDENCE, n_resamples: int = N_RE
     return Summary(n, mean, float(x.std(ddof=1)), lo, hi, float(iqm(x)), method)
 
 
-def _resample(x: np.ndarray, n_resamples: int, rng: np.random.Generator) -> np.ndarray:
-    """(n_resamples, n) draws with replacement from the 1-D ``x``: scipy.stats.bootstrap's
-    resampling (``rng.integers(0, n, (n_resamples, n))``, one call per sample, in order)."""
-    return x[rng.integers(0, x.size, (n_resamples, x.size))]
-
-
-def _percentile_interval(theta: np.ndarray, confidence: float) -> tuple[float, float]:
-    """(S5) The percentile interval of a bootstrap distribution: its α and 1 − α quantiles,
-    α = (1 − c)/2, by the linear rule (Hyndman–Fan type 7) in scipy.stats.quantile's own
-    arithmetic (j + g = p·n + 1 − p, value = (1 − g)·y₍ⱼ₎ + g·y₍ⱼ₊₁₎, 1-based order statistics),
-    which scipy.stats.bootstrap(method="percentile") returns; numpy.quantile's formula differs from
-    it in the last bit."""
-    alpha = np.asarray((1 - confidence) / 2, dtype=np.float64)
-    p = np.stack((alpha, 1 - alpha))
-    y = np.sort(theta)
-    n = np.float64(y.size)
-    jg = p * n + (1 - p)
-    jp1 = jg // 1
-    j = jp1 - 1
-    g = jg % 1
-    g[j < 0] = 0
-    j, jp1 = np.clip(j, 0.0, n - 1).astype(np.int64), np.clip(jp1, 0.0, n - 1).astype(np.int64)
-    lo, hi = (1 - g) * y[j] + g * y[jp1]
-    return float(lo), float(hi)
-
-
 def bootstrap_ci(x, *, statistic=np.mean, confidence: float = CONFIDENCE,
                  n_resamples: int = N_RESAMPLES, seed: int = SEED,
                  method: str = "percentile") -> tuple[float, float]:
     """Bootstrap CI of ``statistic`` (vectorised: takes ``axis``) over the 1-D sample ``x``:
-    scipy.stats.bootstrap's numbers for ``rng=np.random.default_rng(seed)``; ``method``
-    "percentile" (resampled here, S5) or "BCa" (scipy.stats.bootstrap itself)."""
+    scipy.stats.bootstrap with ``rng=np.random.default_rng(seed)``, ``method`` "percentile" (S5) or
+    "BCa" (falling back to percentile where BCa's acceleration is degenerate)."""
     x = _finite(x)
     if x.size < 2:
         return math.nan, math.nan
     if np.all(x == x[0]):
         return float(x[0]), float(x[0])
-    if method == "percentile":
-        rng = np.random.default_rng(seed)
-        return _percentile_interval(statistic(_resample(x, n_resamples, rng), axis=-1), confidence)
     res = sps.bootstrap((x,), statistic, vectorized=True, method=method, n_resamples=n_resamples,
                         confidence_level=confidence, rng=np.random.default_rng(seed))
     lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
@@ -233,52 +197,16 @@ def poi_resolvable(n_x: int, n_y: int, *, confidence: float = CONFIDENCE) -> boo
 MW_EXACT_MAX = 10  # seeds a side up to which mann_whitney_p is exact
 
 
-@functools.cache
-def u_counts(n_x: int, n_y: int) -> tuple[int, ...]:
-    """(S6) How many of the C(n_x + n_y, n_x) orderings of n_x + n_y distinct values give the
-    Mann–Whitney count U = #{(i, j): x_i > y_j} = u, for u = 0 … n_x·n_y (the null distribution
-    of U). Recurrence on the largest value: an x beats all n_y values of y (U grows by n_y), a y
-    beats none, so N(n_x, n_y; u) = N(n_x − 1, n_y; u − n_y) + N(n_x, n_y − 1; u), N(0, ·) =
-    N(·, 0) = [1]."""
-    if n_x == 0 or n_y == 0:
-        return (1,)
-    top_x, top_y = u_counts(n_x - 1, n_y), u_counts(n_x, n_y - 1)
-    out = [0] * (n_x * n_y + 1)
-    for u, c in enumerate(top_x):
-        out[u + n_y] += c
-    for u, c in enumerate(top_y):
-        out[u] += c
-    return tuple(out)
-
-
-def mann_whitney_exact_p(u_x: float, n_x: int, n_y: int) -> float:
-    """(S6) Two-sided exact Mann–Whitney p-value of the statistic U_x (ties counted ½) as
-    scipy.stats.mannwhitneyu(method="exact") computes it: U = max(U_x, n_x·n_y − U_x) truncated to
-    an integer (no tie correction: with ties it is the p-value of the distinct-value null), p =
-    2·P(U' ≥ U) from the counts of u_counts over C(n_x + n_y, n_x), capped at 1. The sum runs over
-    the smaller tail in scipy's order (pmf = count / total, then a running sum)."""
-    n1, n2 = min(n_x, n_y), max(n_x, n_y)
-    k = int(max(u_x, n_x * n_y - u_x))
-    kc = n1 * n2 - k
-    pmf = np.asarray(u_counts(n1, n2), dtype=np.float64) / float(math.comb(n1 + n2, n1))
-    cdf = np.cumsum(pmf)
-    sf = 1.0 - cdf[k] + pmf[k] if k < kc else cdf[kc]
-    return float(np.clip(2 * sf, 0.0, 1.0))
-
-
 def mann_whitney_p(x, y) -> float:
     """Two-sided Mann–Whitney U p-value; NaN when either side has no finite value. Exact (the
     distribution of U over all orderings, S6) up to 10 seeds a side, also with ties, where
-    scipy would switch to the normal approximation — at 3 seeds that approximation would claim
+    scipy's "auto" would switch to the normal approximation — at 3 seeds that approximation would claim
     p = 0.064 for a separation whose exact p is 0.1. Beyond, scipy.stats.mannwhitneyu's "auto"."""
     x, y = _finite(x), _finite(y)
     if x.size == 0 or y.size == 0:
         return math.nan
-    if max(x.size, y.size) <= MW_EXACT_MAX:
-        diff = x[:, None] - y[None, :]
-        return mann_whitney_exact_p(np.count_nonzero(diff > 0) + 0.5 * np.count_nonzero(diff == 0),
-                                    x.size, y.size)
-    return float(sps.mannwhitneyu(x, y, alternative="two-sided", method="auto").pvalue)
+    method = "exact" if max(x.size, y.size) <= MW_EXACT_MAX else "auto"
+    return float(sps.mannwhitneyu(x, y, alternative="two-sided", method=method).pvalue)
 
 
 def poi_with_ci(x, y, *, confidence: float = CONFIDENCE, n_resamples: int = N_RESAMPLES,
@@ -289,9 +217,9 @@ def poi_with_ci(x, y, *, confidence: float = CONFIDENCE, n_resamples: int = N_RE
     p = probability_of_improvement(x, y)
     if x.size < 2 or y.size < 2 or not poi_resolvable(x.size, y.size, confidence=confidence):
         return p, math.nan, math.nan
-    rng = np.random.default_rng(seed)
-    theta = _poi_vectorised(_resample(x, n_resamples, rng), _resample(y, n_resamples, rng))
-    return (p, *_percentile_interval(theta, confidence))
+    res = sps.bootstrap((x, y), _poi_vectorised, vectorized=True, paired=False, method="percentile",
+                        n_resamples=n_resamples, confidence_level=confidence, rng=np.random.default_rng(seed))
+    return p, float(res.confidence_interval.low), float(res.confidence_interval.high)
 
 
 # --------------------------------------------------------------------------- curves

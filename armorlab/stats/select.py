@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from armorlab.core.eval_sets import VAL_METRIC
 from armorlab.stats.collapse import PATIENCE, clean_curve
 
 
@@ -71,11 +72,6 @@ def select_best(steps, values, report_steps=None, report_values=None, *, mode: s
     return Selection(step_out, float(v[i]), at.value, at.exact)
 
 
-def matched_values(steps, values, matched_steps) -> list[ValueAt]:
-    """(R2) The curve at each of ``matched_steps``."""
-    return [value_at(steps, values, m) for m in matched_steps]
-
-
 def default_matched_steps(eval_steps_per_run: list[np.ndarray],
                           fractions: tuple[float, ...] = (0.25, 0.5, 1.0)) -> list[int]:
     """Matched steps when a recipe names none: ¼, ½ and all of the last step every run reached,
@@ -104,7 +100,7 @@ class Pick:
     window: tuple[int | float, ...]
 
 
-def level_rule(patience: int = PATIENCE, metric: str = "val/acc", mode: str = "max") -> str:
+def level_rule(patience: int = PATIENCE, metric: str = VAL_METRIC, mode: str = "max") -> str:
     """selected.json's ``rule``: how :func:`select_checkpoints` chose, in words."""
     best = "highest" if mode == "max" else "lowest"
     return (f"peak level: the {best} mean of {patience} consecutive {metric} evals (analysis.collapse C1/C2, "

@@ -46,6 +46,7 @@ from typing import Any
 
 import numpy as np
 
+from armorlab.core.lazy import Lazy
 from armorlab.errors import ArmorLabError
 from armorlab.stats import verdicts as V
 
@@ -55,15 +56,7 @@ LOOKS_VERSION = 1
 CONTINUE = "continue"
 
 
-class _LazySpecial:
-    """scipy.special and scipy.optimize, imported at first use (the report never needs them)."""
-    def __getattr__(self, name: str):
-        from scipy import optimize, special
-
-        return getattr(special, name) if hasattr(special, name) else getattr(optimize, name)
-
-
-sp = _LazySpecial()
+sp = Lazy("scipy.special", "scipy.optimize")  # the report never needs them
 
 
 # --------------------------------------------------------------------------- spending and boundaries

@@ -9,6 +9,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from armorlab.core.eval_sets import TEST_METRIC, VAL_METRIC
 from armorlab.stats import verdicts as V
 from armorlab.stats.margins import NO_MARGIN, NO_PREVENTION, caveat
 from armorlab.stats.sequential import CONTINUE, Design
@@ -17,7 +18,7 @@ _FIXED = {"final": "final {v}", "drop": "drop from peak of {v}", "peak": "peak {
           "selected_test": "{t} at the val-selected step", "selected_val": "{v} at the val-selected step"}
 
 
-def endpoint_label(endpoint: str, val_metric: str = "val/acc", test_metric: str = "test/acc") -> str:
+def endpoint_label(endpoint: str, val_metric: str = VAL_METRIC, test_metric: str = TEST_METRIC) -> str:
     if endpoint in _FIXED:
         return _FIXED[endpoint].format(v=val_metric, t=test_metric)
     return endpoint

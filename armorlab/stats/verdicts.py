@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, replace
 import numpy as np
 
 from armorlab.stats.margins import NO_MARGIN, NO_PREVENTION
-from armorlab.stats.seeds import t_ppf
+from armorlab.stats.seeds import sps, t_ppf
 
 ALPHA = 0.05
 POWER = 0.8
@@ -41,17 +41,6 @@ MAX_SEEDS_PLANNED = 1000   # (P2) gives up above this many seeds per arm
 LOWER_IS_BETTER = frozenset({"drop", "drop_rel", "drop_z"})
 
 BETTER, WORSE, EQUIVALENT, UNRESOLVED, TOO_FEW = "better", "worse", "equivalent", "not resolved", "too few seeds"
-
-
-class _LazySpecial:
-    """scipy.special, imported at first use: only a verdict needs it, not every reader of stats."""
-    def __getattr__(self, name: str):
-        from scipy import special
-
-        return getattr(special, name)
-
-
-special = _LazySpecial()
 
 
 def _finite(x) -> np.ndarray:
@@ -101,78 +90,74 @@ def t_quantile(q: float, df: float) -> float:
 
 
 def welch_interval(w: Welch, level: float) -> tuple[float, float]:
-    """(W3) d ± t_{1−level/2, ν}·se (NaN without a spread estimate)."""
+    """(W3) d ± t_{1−level/2, ν}·se (NaN without a spread estimate): scipy.stats.t.interval."""
     if not math.isfinite(w.se):
         return math.nan, math.nan
     if w.se == 0:
         return w.diff, w.diff
-    half = t_quantile(1 - level / 2, w.df) * w.se
-    return w.diff - half, w.diff + half
+    lo, hi = sps.t.interval(1 - level, w.df, loc=w.diff, scale=w.se)
+    return float(lo), float(hi)
 
 
 def welch_p(w: Welch) -> float:
-    """(W3) two-sided p-value of d = 0."""
+    """(W3) two-sided p-value of d = 0: scipy.stats.ttest_ind_from_stats(equal_var=False)."""
     if not math.isfinite(w.se):
         return math.nan
     if w.se == 0:
         return 0.0 if w.diff != 0 else 1.0
-    return float(2 * special.stdtr(w.df, -abs(w.diff) / w.se))
+    return float(sps.ttest_ind_from_stats(w.mean_x, w.sd_x, w.n_x, w.mean_y, w.sd_y, w.n_y,
+                                          equal_var=False).pvalue)
 
 
 def holm(p: Sequence[float], alpha: float = ALPHA) -> tuple[list[bool], list[float]]:
-    """(H1) Which hypotheses Holm's step-down rejects, and the level each arm is tested at.
-    NaN p-values (too few seeds) are never rejected and count in m."""
+    """(H1) Which hypotheses Holm's step-down rejects (statsmodels' multipletests), and the level
+    each arm is tested at. NaN p-values (too few seeds) are never rejected and count in m."""
+    from statsmodels.stats.multitest import multipletests
+
     m = len(p)
-    order = sorted(range(m), key=lambda i: (math.isnan(p[i]), p[i] if not math.isnan(p[i]) else 0.0))
-    rejected, levels = [False] * m, [alpha / m if m else alpha] * m
-    r = 0
+    if m == 0:
+        return [], []
+    # a NaN enters as p = 1: never rejected (α < 1), still one of the m hypotheses
+    rejected = [bool(r) for r in multipletests(np.nan_to_num(np.asarray(p, dtype=np.float64), nan=1.0),
+                                               alpha=alpha, method="holm")[0]]
+    r = sum(rejected)
+    order = sorted((i for i in range(m) if rejected[i]), key=lambda i: p[i])
+    levels = [alpha / (m - r) if r < m else alpha] * m
     for j, i in enumerate(order):
-        level = alpha / (m - j)
-        if not math.isnan(p[i]) and p[i] <= level:
-            rejected[i], levels[i], r = True, level, r + 1
-        else:
-            break
-    rest = alpha / (m - r) if r < m else alpha
-    for i in range(m):
-        if not rejected[i]:
-            levels[i] = rest
+        levels[i] = alpha / (m - j)
     return rejected, levels
 
 
 def t_test_power(n: int, delta: float, sd: float, level: float = ALPHA) -> float:
-    """(P1) power of the two-sided two-sample t-test with n seeds per arm (noncentral t)."""
+    """(P1) power of the two-sided two-sample t-test with n seeds per arm (noncentral t):
+    statsmodels' TTestIndPower."""
+    from statsmodels.stats.power import TTestIndPower
+
     if n < 2 or not (sd > 0) or not math.isfinite(sd):
         return math.nan
-    df = 2 * n - 2
-    ncp = abs(delta) / (sd * math.sqrt(2 / n))
-    c = t_quantile(1 - level / 2, df)
-    return float(1 - special.nctdtr(df, ncp, c) + special.nctdtr(df, ncp, -c))
+    return float(TTestIndPower().power(abs(delta) / sd, n, level, ratio=1.0, alternative="two-sided"))
 
 
 def seeds_for_power(delta: float, sd: float, level: float = ALPHA, power: float = POWER,
                     n_max: int = MAX_SEEDS_PLANNED) -> int | None:
-    """(P2) the fewest seeds per arm whose (P1) reaches ``power``; None above ``n_max`` or
-    without a spread (sd NaN). With no spread at all, 2 seeds already resolve any δ > 0."""
+    """(P2) the fewest seeds per arm whose (P1) reaches ``power`` (statsmodels' tt_ind_solve_power,
+    rounded up); None above ``n_max`` or without a spread (sd NaN). With no spread at all, 2 seeds
+    already resolve any δ > 0."""
+    from statsmodels.stats.power import tt_ind_solve_power
+
     if not (delta > 0) or not math.isfinite(sd):
         return None
     if sd == 0:
         return 2
-    # (P1) rises with n: bracket by doubling, then bisect
-    hi = 2
-    while t_test_power(hi, delta, sd, level) < power:
-        if hi >= n_max:
-            return None
-        hi = min(2 * hi, n_max)
-    lo = max(2, hi // 2)
-    if t_test_power(lo, delta, sd, level) >= power:
-        return lo
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if t_test_power(mid, delta, sd, level) >= power:
-            hi = mid
-        else:
-            lo = mid
-    return hi
+    if t_test_power(n_max, delta, sd, level) < power:
+        return None
+    n = max(2, math.ceil(tt_ind_solve_power(delta / sd, None, level, power, ratio=1.0) - 1e-6))
+    # the solver's root sits within its tolerance of the integer it rounds to: check both sides
+    while n > 2 and t_test_power(n - 1, delta, sd, level) >= power:
+        n -= 1
+    while t_test_power(n, delta, sd, level) < power:
+        n += 1
+    return n
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,8 @@ Torch-free by design: a job meets training only through its run directory, by ru
     executors.py  local (worker pool) and slurm (submitit arrays) executors
     submit.py     plan → what still needs submitting → submit → manifest
     status.py     per-run state for `armorlab status`, and cancel
-    compare.py    the spec's `compare:` (what `--until-resolved` compares)
-    looks.py      looks.json and the seeds each look runs
-    until_resolved.py  seeds in looks until resolved: the loop, the Slurm decision job
+    seed_copies.py  each seed's copy of a resolved point and its run id, fast (1,000-run dry runs)
+    until_resolved.py  seeds until resolved, the loop: looks, the Slurm decision job
+    until_resolved_compare.py  the spec's `compare:` (what `--until-resolved` compares)
+    until_resolved_looks.py    looks.json and the seeds each look runs
 """

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from armorlab.core.exits import EXIT_FAILED
 from armorlab.core.fsutil import atomic_write_bytes
-from armorlab.core.runs import RunDir
+from armorlab.core.runs import FINAL_STATES, RunDir
 from armorlab.errors import ArmorLabError
 from armorlab.sweeps import slurmctl
 from armorlab.sweeps.array_task import ARRAY_SUFFIX, array_bytes, task_entry
@@ -128,14 +128,14 @@ class LocalExecutor:
         def settle(rid: str, outcome: JobOutcome) -> None:
             """Start the runs that waited for ``rid``, or fail them (and theirs) if it failed."""
             for child in waiting.pop(rid, []):
-                if outcome.state == "completed":
+                if outcome.state in FINAL_STATES:  # a stopped parent's selection is final too
                     start(child)
                 elif outcome.state == "failed":
                     failed = _fail_for_parent(batch[child][0], rid, outcome.reason)
                     results[child] = failed
                     on_event("done", child, failed)
                     settle(child, failed)
-                # else (stopped, preempted): it stays pending for the next run of the sweep
+                # else (preempted): it stays pending for the next run of the sweep
 
         for rid in batch:
             if after.get(rid) not in batch:

@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from armorlab.core.exits import EXIT_BUSY, EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, describe_exit
-from armorlab.core.runs import RunDir, slurm_job_id
+from armorlab.core.fsutil import open_append
+from armorlab.core.runs import FINAL_STATES, RunDir, slurm_job_id
 from armorlab.vllm.servers import RunningServers, ServerError, ServerSet, StartStopped, server_model
 
 if TYPE_CHECKING:
@@ -190,8 +191,8 @@ class TrainJob:
         """Run one training attempt to its end and report how it ended."""
         rd = self._materialise()
         status = rd.read_status()
-        if status["state"] == "completed":  # a duplicate or late requeue: nothing to do
-            return JobOutcome(self.run_dir, EXIT_OK, "completed", status.get("reason"))
+        if status["state"] in FINAL_STATES:  # a duplicate or late requeue: nothing to do
+            return JobOutcome(self.run_dir, EXIT_OK, status["state"], status.get("reason"))
         owner = rd.owner()
         if owner is not None:  # a live trainer (e.g. an orphan of a killed sweep) has it: never a second
             return JobOutcome(self.run_dir, EXIT_BUSY, status["state"],
@@ -205,7 +206,7 @@ class TrainJob:
         out: Any = None
         if log_path is not None:
             Path(log_path).parent.mkdir(parents=True, exist_ok=True)
-            out = open(log_path, "ab")  # noqa: SIM115 - closed below, after the child exits
+            out = open_append(log_path)  # closed below, after the child exits
         try:
             self._done.clear()
             self._asked = set()
@@ -238,7 +239,7 @@ class TrainJob:
                 self._servers.stop()
         rc = self._proc.returncode
         status = rd.read_status()
-        if server_death is not None and status["state"] != "completed":
+        if server_death is not None and status["state"] not in FINAL_STATES:
             # the trainer's own reason would be a connection error, or "preempted" (we stopped it)
             status = rd.write_status("failed", reason=server_death)
             return JobOutcome(self.run_dir, EXIT_FAILED, status["state"], status.get("reason"))
@@ -347,7 +348,7 @@ class TrainJob:
         if self._servers is not None:  # before submitit requeues (and exits): no server outlives the job
             self._servers.stop()
         state = RunDir(self.run_dir).read_status()["state"]
-        if state in ("completed", "failed"):
+        if state in (*FINAL_STATES, "failed"):
             return None  # nothing left to resume; submitit records why it did not requeue
         return DelayedSubmission(TrainJob(self.run_dir, launcher=self.launcher,
                                           accelerate_config=self.accelerate_config, vllm_servers=self.vllm_servers))

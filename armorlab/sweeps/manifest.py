@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from armorlab.core.fsutil import atomic_write_text, read_regular_text
+from armorlab.core.fsutil import atomic_write_text, open_append, read_regular_text
 from armorlab.core.runs import now_iso
 from armorlab.errors import ArmorLabError
 
@@ -138,7 +138,7 @@ def locked(sweep_dir: str | os.PathLike) -> Iterator[None]:
     """Exclusive lock on the sweep dir, so two `armorlab sweep` calls cannot both submit a run."""
     sweep_dir = Path(sweep_dir)
     sweep_dir.mkdir(parents=True, exist_ok=True)
-    with open(sweep_dir / LOCK, "a") as fh:
+    with open_append(sweep_dir / LOCK) as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
             yield

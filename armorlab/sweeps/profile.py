@@ -21,6 +21,8 @@ launcher: python            # or accelerate (multi-GPU / multi-node)
 accelerate_config: null     # accelerate config file, required with launcher: accelerate
 python: null                # python command on the nodes (default: this interpreter)
 sbatch: {constraint: a100}  # any other sbatch option, passed through (values are shell-quoted)
+allow_exports: []           # variables sbatch's export may set although they choose the code a job runs
+                            # (PATH, PYTHONPATH, LD_*, BASH_ENV...: armorlab.core.checks.runs_code)
 vllm_servers: null          # vLLM server(s) each job starts on its node first (armorlab.vllm.servers)
 ```
 ``setup`` and ``python`` are shell text written by the profile's author; nothing from a sweep
@@ -91,25 +93,39 @@ def _sbatch(v: Any) -> dict[str, Any]:
             script_value(value)
         except Invalid as exc:
             raise Invalid(f"option {key!r} {exc}") from None
-        if key in ("export", "export-file", "export_file"):
-            _export(key, value)
+        name = key.replace("_", "-")
+        if len(name) > len("export") and "export-file".startswith(name):  # sbatch takes any unambiguous prefix
+            raise Invalid(f"option {key!r} is sbatch's --export-file (sbatch accepts a long option's unambiguous "
+                          "prefixes), refused: the variables it sets cannot be checked; use export: ALL,NAME=value")
     return dict(v)
 
 
 _EXPORT_NAME = re.compile(r"(?:^|,)\s*['\"]?([A-Za-z_][A-Za-z0-9_%]*)")
 
 
-def _export(key: str, value: Any) -> None:
-    """sbatch's ``--export=ALL,NAME=value,...`` may not set a start-up hook (checks.STARTUP_HOOKS):
-    bash would run the file ``BASH_ENV`` names before the job script, on the node; an export file
-    is refused (its variables cannot be checked here)."""
-    if key != "export":
-        raise Invalid(f"option {key!r} is refused: the variables it sets cannot be checked for start-up hooks "
-                      "(BASH_ENV, ...); use export: ALL,NAME=value")
+def _export(value: Any, allowed: tuple[str, ...]) -> None:
+    """sbatch's ``--export=ALL,NAME=value,...`` may not set a start-up hook (checks.STARTUP_HOOKS:
+    bash would run the file ``BASH_ENV`` names before the job script, on the node), nor a variable
+    that chooses the code the job runs (checks.CODE_CHOOSING, LD_*), unless ``allow_exports`` names it."""
     for name in _EXPORT_NAME.findall(str(value)):
+        if name in allowed:
+            continue
         if checks.startup_hook(name):
             raise Invalid(f"option 'export' sets {name}, which makes the job's shell run code before the job "
-                          f"starts; refused (start-up hooks: {', '.join(checks.STARTUP_HOOKS)}, BASH_FUNC_*)")
+                          f"starts; refused (start-up hooks: {', '.join(checks.STARTUP_HOOKS)}, BASH_FUNC_*) "
+                          "unless the profile's allow_exports names it")
+        if checks.runs_code(name):
+            raise Invalid(f"option 'export' sets {name}, which chooses the code the job runs; refused unless "
+                          f"the profile's allow_exports names it (allow_exports: [{name}]), or set it in setup:")
+
+
+def _names(v: Any) -> tuple[str, ...]:
+    if v is None:
+        return ()
+    if not isinstance(v, list) or not all(isinstance(x, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", x)
+                                          for x in v):
+        raise Invalid("must be a list of environment variable names")
+    return tuple(v)
 
 
 _CHECKS: dict[str, Callable[[Any], Any]] = {
@@ -133,6 +149,7 @@ _CHECKS: dict[str, Callable[[Any], Any]] = {
     "accelerate_config": checks.optional(_script_text),
     "python": checks.optional(_script_text),
     "sbatch": _sbatch,
+    "allow_exports": _names,
     "vllm_servers": lambda v: v,  # checked in parse_profile, against gpus_per_node and the launcher
 }
 
@@ -159,6 +176,7 @@ class Profile:
     accelerate_config: str | None = None
     python: str | None = None
     sbatch: dict[str, Any] = field(default_factory=dict)
+    allow_exports: tuple[str, ...] = ()
     vllm_servers: ServerSet | None = None
     path: Path | None = None
 
@@ -215,6 +233,12 @@ def parse_profile(data: Mapping[str, Any], *, path: Path | None = None) -> Profi
             values[key] = _CHECKS[key](raw)
         except Invalid as exc:
             raise ArmorLabError(str(exc), key=key, value=raw, file=file) from None
+    for key, value in values.get("sbatch", {}).items():
+        if key == "export":
+            try:
+                _export(value, values.get("allow_exports", ()))
+            except Invalid as exc:
+                raise ArmorLabError(str(exc), key="sbatch", value=data["sbatch"], file=file) from None
     if values.get("launcher") == "accelerate":
         cfg = values.get("accelerate_config")
         if cfg is None:

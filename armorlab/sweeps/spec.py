@@ -8,7 +8,7 @@ seeds: [0, 1, 2]                            # every grid/include point is crosse
 include: [{objective: dapo}]                # extra points (also crossed with the seeds)
 exclude: [{alpha: 0.7, ref_reset_steps: 0}] # drops grid points whose resolved config matches
 profile: slurm/default.yaml                 # where to run; `armorlab sweep --profile` overrides it
-compare: {baseline: {objective: dapo}}      # `--until-resolved`: the baseline arm (armorlab.sweeps.compare)
+compare: {baseline: {objective: dapo}}      # `--until-resolved`: the baseline arm (armorlab.sweeps.until_resolved_compare)
 ```
 Stages (the ARMOR paper's continual protocol): each stage is a grid of its own (``base`` merged
 over the spec's, ``grid``/``include``/``exclude``/``seeds``/``controls``); a stage with ``from``
@@ -53,9 +53,7 @@ from armorlab.core.config import (
 )
 from armorlab.core.runs import canonical_json, run_id
 from armorlab.errors import ArmorLabError
-from armorlab.sweeps.compare import CompareSpec, parse_compare
 from armorlab.sweeps.controls import Controls, Pair, check, matches, parse_controls
-from armorlab.sweeps.fastcopy import _copier, _SeededRunId
 from armorlab.sweeps.parsing import (
     NAME_RE,
     check_seed_keys,
@@ -65,7 +63,9 @@ from armorlab.sweeps.parsing import (
     parse_points,
     parse_seeds,
 )
+from armorlab.sweeps.seed_copies import _copier, _SeededRunId
 from armorlab.sweeps.stages import Stage, parse_stages
+from armorlab.sweeps.until_resolved_compare import CompareSpec, parse_compare
 
 SPEC_KEYS = ("name", "description", "base", "grid", "seeds", "include", "exclude", "profile", "search", "stages",
              "controls", "compare")
@@ -85,7 +85,7 @@ class SweepSpec:
     description: str | None = None
     stages: list[Stage] | None = None
     controls: list[Controls] = field(default_factory=list)
-    compare: CompareSpec | None = None   # what `--until-resolved` compares (armorlab.sweeps.compare)
+    compare: CompareSpec | None = None   # what `--until-resolved` compares (armorlab.sweeps.until_resolved_compare)
 
     @property
     def file(self) -> str:

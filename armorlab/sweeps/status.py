@@ -27,7 +27,7 @@ from typing import Any
 import yaml
 
 from armorlab.core.config import LOGGING_KEYS
-from armorlab.core.fsutil import read_regular_text
+from armorlab.core.fsutil import SMALL_FILE_BYTES, read_regular_text
 from armorlab.core.runs import RunDir, canonical_json
 from armorlab.errors import ArmorLabError
 from armorlab.sweeps import slurmctl
@@ -44,7 +44,7 @@ from armorlab.sweeps.spec import short_value
 
 log = logging.getLogger(__name__)
 
-TERMINAL = ("completed", "failed")
+TERMINAL = ("completed", "stopped", "failed")
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
@@ -139,7 +139,7 @@ def collect(sweep_dir: str | Path) -> SweepStatus:
 def read_looks_json(sweep_dir: Path) -> dict[str, Any] | None:
     """looks.json as plain JSON (armorlab.sweeps.until_resolved reads it with its design): status stays light."""
     try:
-        data = json.loads((Path(sweep_dir) / LOOKS).read_text(encoding="utf-8"))
+        data = json.loads(read_regular_text(Path(sweep_dir) / LOOKS, limit=SMALL_FILE_BYTES))
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) and isinstance(data.get("looks"), list) else None
@@ -189,7 +189,7 @@ def _follow_parents(rows: list[RunRow], parents: Mapping[str, str]) -> None:
     by_id = {r.run_id: r for r in rows}
     for row in rows:
         parent = by_id.get(parents.get(row.run_id, ""))
-        if parent is None or row.state in ("completed", "running", "failed"):
+        if parent is None or row.state in (*TERMINAL, "running"):
             continue
         if parent.state == "failed":
             row.state, row.reason = "failed", parent_failed_reason(parent.run_id, parent.reason)
@@ -197,7 +197,7 @@ def _follow_parents(rows: list[RunRow], parents: Mapping[str, str]) -> None:
             row.state = "failed"
             row.reason = (f"its job waits for a job of {parent.run_id} that did not complete "
                           "(DependencyNeverSatisfied): run the sweep again")
-        elif row.state == "queued" and parent.state != "completed":
+        elif row.state == "queued" and parent.state not in TERMINAL:
             row.reason = row.reason or f"waits for {parent.run_id}"
 
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from armorlab.core.config import deep_merge
 from armorlab.core.fsutil import atomic_write_yaml, writable_dir
-from armorlab.core.runs import RunDir
+from armorlab.core.runs import FINAL_STATES, RunDir
 from armorlab.core.vllm_config import check_vllm_installed
 from armorlab.errors import ArmorLabError
 from armorlab.sweeps import slurmctl
@@ -128,7 +128,7 @@ def classify(sweep_dir: Path, runs: list[RunPlan], *, retry_failed: bool, execut
     for r in runs:
         rd = RunDir(sweep_dir / r.run_id) if r.run_id in present else None
         state = rd.read_status()["state"] if rd is not None and rd.status_path.exists() else None
-        if state == "completed":
+        if state in FINAL_STATES:  # stopped (stop_on_collapse) is final: never restarted
             actions[r.run_id] = DONE
         elif last_jobs.get(r.run_id) in active or (state == "running" and rd.owner() is not None):
             actions[r.run_id] = ACTIVE  # a live job, or a live trainer (the orphan of a killed sweep)

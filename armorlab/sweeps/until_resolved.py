@@ -1,6 +1,6 @@
 """`armorlab sweep SPEC --until-resolved`: seeds in looks until every comparison is resolved.
 
-The spec's ``compare:`` (armorlab.sweeps.compare) names the baseline arm of the compared stage;
+The spec's ``compare:`` (armorlab.sweeps.until_resolved_compare) names the baseline arm of the compared stage;
 every other arm is compared with it on one endpoint by the group-sequential rule of
 armorlab.stats.sequential. The spec's seeds are the first look's; each later look gives the
 arms still unresolved (and the baseline) ``seeds_per_look`` more seeds — the next seeds after
@@ -14,7 +14,7 @@ stopped. Which look comes next and which of its runs are still to run follow fro
 and the runs' states, so every entry point — the local loop, a decision job, a re-run of the
 command — does the same thing from wherever the last one stopped (``advance``):
 
-- all runs of the current look completed: decide it (armorlab.analysis.look_values reads the
+- all runs of the current look completed: decide it (armorlab.analysis.until_resolved_scores reads the
   endpoint as the report does), append it, go on with the next look;
 - a run failed (or completed without a value of the endpoint): the chain stops and says which
   and why (``--retry failed`` resumes it);
@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from armorlab.core.checks import Invalid
+from armorlab.core.fsutil import atomic_write_text
 from armorlab.core.runs import RunDir, now_iso
 from armorlab.errors import ArmorLabError
 from armorlab.stats.margins import PREVENTION_ENDPOINTS, margin_source
@@ -51,9 +52,7 @@ from armorlab.stats.sequential import (
 from armorlab.stats.sequential_text import design_line, endpoint_label, look_line, sentence
 from armorlab.stats.verdicts import LOWER_IS_BETTER
 from armorlab.sweeps import slurmctl
-from armorlab.sweeps.compare import CompareSpec, from_controls
 from armorlab.sweeps.controls import arm_key, matches
-from armorlab.sweeps.looks import extend_spec, read_looks, write_looks
 from armorlab.sweeps.manifest import (
     LOGS_DIR,
     LOOKS,
@@ -78,11 +77,14 @@ from armorlab.sweeps.submit import (
     plan_runs,
     submit_slurm,
 )
+from armorlab.sweeps.until_resolved_compare import CompareSpec, from_controls
+from armorlab.sweeps.until_resolved_looks import extend_spec, read_looks, write_looks
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_SEEDS, DEFAULT_SEEDS_PER_LOOK = 10, 2
 DECISION_TIME_MIN, DECISION_MEM = 30, "2G"
+MAX_SEEDS_LIMIT = 1_000  # --max-seeds and --seeds-per-look: each seed is a training run per arm
 # the design keys a re-run may not change once a look is recorded (the error rate assumes them)
 FIXED_KEYS = ("baseline", "arms", "endpoint", "alpha", "spending", "first_look", "power", "higher_is_better")
 ACTION_WORDS = {SUBMIT: "to run", DONE: "completed", ACTIVE: "queued/running", FAILED: "failed",
@@ -144,6 +146,9 @@ class Chain:
         for key, v in (("--max-seeds", n_max), ("--seeds-per-look", k)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ArmorLabError("must be a positive integer", key=key, value=v)
+            if v > MAX_SEEDS_LIMIT:  # the runs are planned up front: 10^9 seeds would never finish planning
+                raise ArmorLabError(f"must be at most {MAX_SEEDS_LIMIT:,} (seeds per arm; each is a training run)",
+                                    key=key, value=v)
         extended, self.seeds, self.first = extend_spec(spec, self.stage_name, n_max)
         runs = expand(extended)
         self.order = [r.run_id for r in runs]
@@ -345,8 +350,8 @@ class Chain:
     def decide(self, st: Standing, *, by: str) -> dict[str, Any] | None:
         """Decide the look in progress (its runs all completed) and append it to looks.json; None
         when another process recorded it meanwhile. Raises ChainStopped when a run has no value."""
-        from armorlab.analysis.look_values import score_runs  # lazy: pandas, for the decision only
-        from armorlab.analysis.recipe import Select
+        from armorlab.analysis.recipe import Select  # lazy: pandas, for the decision only (both lines)
+        from armorlab.analysis.until_resolved_scores import score_runs
 
         compared = self.look_run_ids(st.want)
         matched = [self.compare.matched_step] if self.compare.matched_step is not None else []
@@ -416,7 +421,7 @@ class Chain:
         logs = self.sweep_dir / LOGS_DIR
         logs.mkdir(parents=True, exist_ok=True)
         script = logs / f"decision-look{st.look}.sh"
-        script.write_text(self.decision_script(st.look, after), encoding="utf-8")
+        atomic_write_text(script, self.decision_script(st.look, after), within=self.sweep_dir)
         try:
             out = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, timeout=60)
         except (OSError, subprocess.TimeoutExpired) as exc:

@@ -21,6 +21,7 @@ import json
 import logging
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +32,8 @@ from armorlab.core.identity import hub_snapshot
 from armorlab.core.model_dir import entry_problem
 from armorlab.errors import ArmorLabError
 from armorlab.tasks.base import Task
-from armorlab.tasks.heldout import first_of_each
-from armorlab.tasks.rewards import DAPO_PROMPT_TEMPLATE, SCORERS, parse_gold
+from armorlab.tasks.heldout import first_of_each, problem_key
+from armorlab.tasks.rewards import DAPO_PROMPT_TEMPLATE, SCORERS, non_finite_answer, parse_gold
 
 log = logging.getLogger(__name__)
 
@@ -173,6 +174,10 @@ def _column(rows: list[dict[str, Any]], key: str, field: str, path: str, *,
                                                       else "")
             raise ArmorLabError(f"record {number}: column '{key}' must be {kinds}, got {value!r}",
                                 key=f"{section}.{field}", value=key, file=path)
+        if field == "answer_key" and non_finite_answer(str(value)):
+            raise ArmorLabError(f"record {number}: answer {value!r} is not a finite number (NaN, an infinity or "
+                                "past float range): no completion can be scored against it",
+                                key=f"{section}.{field}", value=key, file=path)
         out.append(str(value))
     return out
 
@@ -241,3 +246,55 @@ def build(cfg: Mapping[str, Any], *, chat: bool = False) -> Task:
     return Task(name="math", train=train, val=rows_at(order[:val_end]), test=rows_at(order[val_end:test_end]),
                 reward_funcs=[SCORERS[cfg.get("scorer", "boxed")]], warm_start=train, target_completion=boxed,
                 completion_chars=None, settings={**cfg, "chat": use_chat, "dedup_dropped": dropped})
+
+
+@dataclass
+class EvalSet:
+    """One named held-out set: ``data`` (prompt, answer rows), logged under ``<role>/<name>/``."""
+
+    name: str
+    role: str
+    data: Any  # datasets.Dataset
+    samples: int
+    k: int
+    path: str
+    dropped: int = 0  # rows repeating an earlier problem of the set (a file repeated n times for avg@n)
+
+    @property
+    def prefix(self) -> str:
+        return f"{self.role}/{self.name}"
+
+
+def build_eval_sets(cfg: Mapping[str, Any], task: Any) -> dict[str, EvalSet]:
+    """The resolved config's ``eval_sets`` as the task's prompts; a set sharing problems with the
+    task's training rows is an error naming the count and the file unless ``allow_eval_overlap``."""
+    from datasets import Dataset
+
+    tc, settings = cfg["task"], task.settings
+    train_keys = {problem_key(p) for p in task.train["prompt"]} if cfg.get("eval_sets") else set()
+    out = {}
+    for name, spec in (cfg.get("eval_sets") or {}).items():
+        where = f"eval_sets.{name}"
+        rows = load_records(spec["path"], spec["split"], key=f"{where}.path")
+        problems = _column(rows, spec["problem_key"], "problem_key", spec["path"], conversations=True,
+                           section=where)
+        answers = _column(rows, spec["answer_key"], "answer_key", spec["path"], section=where)
+        prompts = [make_prompt(p, template=tc["prompt_template"], system=tc["system_prompt"],
+                               chat=settings["chat"]) for p in problems]
+        kept, dropped = first_of_each(prompts)  # a repeat would count twice in n and break pass@k
+        if dropped:
+            log.warning("%s: %d of %d rows repeat an earlier problem and are dropped (for avg@n of each "
+                        "problem, set samples: n)", where, dropped, len(prompts))
+            prompts, answers = [prompts[i] for i in kept], [answers[i] for i in kept]
+        shared = sum(problem_key(p) in train_keys for p in prompts)
+        if shared and not cfg.get("allow_eval_overlap"):
+            raise ArmorLabError(f"{shared} of its {len(prompts)} problems are also training problems of "
+                                f"{tc['path']} (after normalising whitespace, case and LaTeX spacing): it is not "
+                                "held out. Remove them, or set allow_eval_overlap: true if you mean it",
+                                key=f"{where}.path", value=spec["path"], file=spec["path"])
+        if shared:
+            log.warning("%s shares %d of %d problems with training (allow_eval_overlap: true)", where, shared,
+                        len(prompts))
+        out[name] = EvalSet(name, spec["role"], Dataset.from_dict({"prompt": prompts, "answer": answers}),
+                            spec["samples"], spec["k"], spec["path"], dropped)
+    return out

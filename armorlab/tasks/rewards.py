@@ -10,6 +10,7 @@ and TRL logs them under their ``__name__``.
 from __future__ import annotations
 
 import logging
+import math
 import re
 import threading
 from collections.abc import Sequence
@@ -74,6 +75,26 @@ def exact_match_reward(prompts: Sequence[Any] | None = None, completions: Sequen
 
 
 # --------------------------------------------------------------------------- math-verify
+_BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
+
+
+def non_finite_answer(text: Any) -> bool:
+    """Whether an answer (boxed or not) is a number no float holds: NaN, an infinity spelled as a
+    float (``inf``, ``-Infinity``) or a literal past float range (``1e400``). math-verify reads
+    ``nan`` as the product n·a·n and ``1e400`` as 1·e·400, so two of them "match"; none is an
+    answer. LaTeX's ``\\infty`` (limits, intervals) is not such a spelling and stays an answer."""
+    if not isinstance(text, str):
+        return False
+    inner = text.strip().strip("$").strip()
+    if inner.startswith("\\boxed{") and inner.endswith("}"):
+        inner = inner[len("\\boxed{"):-1].strip()
+    try:
+        value = float(inner.replace(",", ""))
+    except (ValueError, OverflowError):
+        return False
+    return not math.isfinite(value)
+
+
 def _timeout_s() -> int | None:
     # math-verify times out with signal.alarm, which raises outside the main thread (TRL's
     # async rewards, data-loader threads, executors). There it runs without a timeout; the
@@ -117,7 +138,7 @@ def math_verify_score(completion: Any, answer: Any) -> float:
     two candidates does not match a single reference answer.
     """
     text = completion_text(completion)
-    if not text or not isinstance(answer, str) or not answer.strip():
+    if not text or not isinstance(answer, str) or not answer.strip() or non_finite_answer(answer):
         return 0.0
     try:
         from math_verify import parse, verify
@@ -128,8 +149,8 @@ def math_verify_score(completion: Any, answer: Any) -> float:
         timeout = _timeout_s()
         pred = parse(text[-MATH_TAIL_CHARS:], extraction_config=_prediction_config(),
                      parsing_timeout=timeout)
-        if not pred:
-            return 0.0
+        if not pred or any(non_finite_answer(b) for b in _BOXED.findall(text[-MATH_TAIL_CHARS:])):
+            return 0.0  # math-verify turns `inf` into ∞: the spelling is checked as written
         return 1.0 if verify(gold, pred, timeout_seconds=timeout) else 0.0
     except (KeyboardInterrupt, SystemExit):
         raise

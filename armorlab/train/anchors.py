@@ -38,7 +38,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from armorlab.algos.objectives import objective_spec
+from armorlab.algos.objectives import log_mixture, objective_spec
 from armorlab.core.config import ANCHOR_RATIOS
 
 log = logging.getLogger(__name__)
@@ -409,17 +409,9 @@ def group_keep(solvable_global: torch.Tensor, group_size: int) -> torch.Tensor:
 
 
 # --------------------------------------------------------------------------- ratio on anchor rows
-def log_mixture(logp: torch.Tensor, ref_logp: torch.Tensor, alpha: float) -> torch.Tensor:
-    """log(α·π + (1−α)·π_ref) per token: the numerator (and, with π_old, the denominator) of ARMOR's r_mix."""
-    if alpha >= 1.0:
-        return logp
-    return torch.logaddexp(logp + torch.log(torch.tensor(alpha, dtype=logp.dtype, device=logp.device)),
-                           ref_logp + torch.log(torch.tensor(1.0 - alpha, dtype=logp.dtype, device=logp.device)))
-
-
 def anchor_ratio_inputs(objective: str, anchor_ratio: str | None, logp: torch.Tensor, old_logp: torch.Tensor,
                         ref_logp: torch.Tensor | None, is_anchor: torch.Tensor | None,
-                        alpha: float) -> tuple[torch.Tensor, torch.Tensor, float | torch.Tensor]:
+                        alpha: float | None) -> tuple[torch.Tensor, torch.Tensor, float | torch.Tensor]:
     """(logp, old_logp, alpha) to hand to ``policy_loss`` so anchor rows get the configured ratio.
 
     On-policy rows always keep the objective's own ratio (r_mix for ``armor``, π_θ/π_old for the
@@ -432,7 +424,6 @@ def anchor_ratio_inputs(objective: str, anchor_ratio: str | None, logp: torch.Te
     - ``current``: π_θ/π_old, as if π_old had sampled the anchor (α := 1 on those rows).
     """
     armor = objective_spec(objective).uses_reference  # its own rows use r_mix with α
-    alpha = 1.0 if alpha is None else float(alpha)
     if is_anchor is None or anchor_ratio is None or not bool(is_anchor.any()):
         return logp, old_logp, alpha if armor else 1.0
     if anchor_ratio not in ANCHOR_RATIOS:

@@ -4,7 +4,7 @@
   rewards); ``val/pass@k`` the share of prompts with at least one sample whose reward reaches
   the correctness threshold; ``val/length`` the mean completion length in tokens (eos included,
   as TRL counts it). The same on the test split under ``test/``. Anchors are never injected.
-- Each named held-out set (``eval_sets``, tasks/heldout.py) the same under ``val/<set>/`` or
+- Each named held-out set (``eval_sets``, tasks/mathfile.py) the same under ``val/<set>/`` or
   ``test/<set>/``, with its own n samples per problem (acc = avg@n) and pass@k's k ≤ n, estimated
   without bias from the n samples (algos/pass_at_k.py).
 - ``kl/exact_reverse`` = E_{y~π_θ} Σ_t KL(π_θ(·|y<t) ‖ π_ref(·|y<t)) and ``kl/exact_forward`` =
@@ -110,7 +110,7 @@ class Validator:
                  greedy: bool = False, eval_sets: Mapping[str, Any] | None = None) -> None:
         self.trainer = trainer
         self.splits = {name: ds for name, ds in splits.items() if ds is not None and len(ds) > 0}
-        # the named held-out sets (tasks.heldout.EvalSet), each with its own n samples and pass@k's k
+        # the named held-out sets (tasks.mathfile.EvalSet), each with its own n samples and pass@k's k
         self.sets = {s.prefix: s for s in (eval_sets or {}).values() if len(s.data) > 0}
         self.k, self.temperature, self.threshold = int(k), float(temperature), float(threshold)
         self.greedy = bool(greedy) and self.temperature > 0  # at temperature 0, acc is greedy already

@@ -34,13 +34,14 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from armorlab.core.fsutil import atomic_write_json
-from armorlab.core.runs import RunDir
+from armorlab.core.fsutil import SMALL_FILE_BYTES, atomic_write_json, read_regular_text
+from armorlab.core.runs import FINAL_STATES, RunDir
 from armorlab.errors import ArmorLabError
 
 log = logging.getLogger(__name__)
@@ -76,7 +77,7 @@ def parent_run_dir(run_dir: RunDir, init_from: Mapping[str, Any]) -> RunDir:
 def loadable(checkpoint: Path) -> bool:
     """A complete checkpoint: weights config and trainer state written (the state is written last)."""
     try:
-        json.loads((checkpoint / "trainer_state.json").read_text(encoding="utf-8"))
+        json.loads(read_regular_text(checkpoint / "trainer_state.json"))
     except (OSError, ValueError):
         return False
     return (checkpoint / "config.json").is_file()
@@ -100,7 +101,7 @@ def find_start(run_dir: RunDir, init_from: Mapping[str, Any], *, key: str = "ini
         raise ArmorLabError(f"no run to continue from at {parent.path}", key=f"{key}.run",
                             value=init_from["run"], file=file)
     state = parent.read_status()
-    if state["state"] != "completed":
+    if state["state"] not in FINAL_STATES:  # a stopped run's selection is final too
         why = f": {state['reason']}" if state.get("reason") else ""
         raise ArmorLabError(f"the run to continue from is {state['state']}{why}; a continuation starts from "
                             "its final selection, once it has completed", key=f"{key}.run",
@@ -216,7 +217,7 @@ def find_reference(run_dir: RunDir, cfg: Mapping[str, Any], model_path: Path | s
 def _recorded(run_dir: RunDir, init_from: Mapping[str, Any], record: str = INIT,
               key: str = "init_from") -> Start | None:
     try:
-        data = json.loads((run_dir.path / record).read_text(encoding="utf-8"))
+        data = json.loads(read_regular_text(run_dir.path / record, limit=SMALL_FILE_BYTES))
     except (OSError, ValueError):
         return None
     if not isinstance(data, dict) or data.get("run") != init_from["run"] or not isinstance(data.get("checkpoint"), str):
@@ -233,7 +234,7 @@ def _recorded(run_dir: RunDir, init_from: Mapping[str, Any], record: str = INIT,
 def _from_selected(parent: RunDir, init_from: Mapping[str, Any], file: str) -> Start | None:
     path = parent.path / SELECTED
     try:
-        sel = json.loads(path.read_text(encoding="utf-8"))
+        sel = json.loads(read_regular_text(path, limit=SMALL_FILE_BYTES))
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as exc:
@@ -244,9 +245,15 @@ def _from_selected(parent: RunDir, init_from: Mapping[str, Any], file: str) -> S
     if not isinstance(sel.get("step"), int) or not isinstance(sel.get("checkpoint"), str):
         raise ArmorLabError("selected.json lacks its step or checkpoint", key="step", value=sel.get("step"),
                             file=str(path))
+    checkpoint = (parent.path / sel["checkpoint"]).absolute()
+    own = parent.checkpoints_dir / f"checkpoint-{sel['step']}"
+    if os.path.realpath(checkpoint) != os.path.realpath(own) or checkpoint.is_symlink():
+        raise ArmorLabError(f"selected.json must name its own run's checkpoint of the selected step ({own.relative_to(parent.path)}): "
+                            "a checkpoint elsewhere would start this run from another run's weights",
+                            key="checkpoint", value=sel["checkpoint"], file=str(path))
     rollout = sel.get("rollout")
     return Start(init_from["run"], sel["step"], rollout if isinstance(rollout, int) else None,
-                 (parent.path / sel["checkpoint"]).absolute(), FROM_SELECTED, sel.get("rule"), sel.get("value"))
+                 checkpoint, FROM_SELECTED, sel.get("rule"), sel.get("value"))
 
 
 def _from_metrics(parent: RunDir, init_from: Mapping[str, Any], file: str, key: str = "init_from") -> Start:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import math
-import shutil
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,8 +31,8 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from armorlab.core.eval_sets import DEFAULT_KEEP_SELECT
-from armorlab.core.fsutil import atomic_write_json
+from armorlab.core.eval_sets import DEFAULT_KEEP_SELECT, VAL_METRIC
+from armorlab.core.fsutil import atomic_write_json, refuse_symlinks, remove_tree
 from armorlab.core.runs import RunDir
 from armorlab.core.schedule import rollout_at
 from armorlab.stats.collapse import PATIENCE
@@ -71,7 +70,7 @@ class CheckpointKeeper(TrainerCallback):
     """The keeper for one run dir (module docstring). ``last``: the run's ``save_total_limit``."""
 
     def __init__(self, trainer: Any, run_dir: RunDir, *, keep: int, last: int | None,
-                 metric: str = "val/acc", mode: str = "max", patience: int = PATIENCE) -> None:
+                 metric: str = VAL_METRIC, mode: str = "max", patience: int = PATIENCE) -> None:
         self.trainer, self.run_dir = trainer, run_dir
         self.keep, self.last = int(keep), last
         self.metric, self.mode, self.patience = metric, mode, patience
@@ -88,7 +87,7 @@ class CheckpointKeeper(TrainerCallback):
                     self.evals[row["step"]] = float(value)
         if state.is_world_process_zero:
             for leftover in self.run_dir.checkpoints_dir.glob(f"{DELETING}*"):
-                shutil.rmtree(leftover, ignore_errors=True)
+                remove_tree(leftover, within=self.run_dir.path)
 
     def on_step_end(self, args, state, control, **kwargs):
         if validation_due(self.trainer, args, state.global_step):
@@ -118,7 +117,7 @@ class CheckpointKeeper(TrainerCallback):
         if plan.picks:
             self.write_selected(plan.picks[0])
         for step in plan.drop:
-            _remove(saved[step])
+            _remove(saved[step], self.run_dir.path)
         return plan
 
     def write_selected(self, pick: Pick) -> dict[str, Any]:
@@ -127,19 +126,21 @@ class CheckpointKeeper(TrainerCallback):
                   "mode": self.mode, "step": step, "rollout": rollout_at(step, self.trainer.per_rollout),
                   "value": pick.level, "checkpoint": f"checkpoints/checkpoint-{step}",
                   "window": [int(s) for s in pick.window]}
-        atomic_write_json(self.run_dir.selected_path, record)
+        atomic_write_json(self.run_dir.selected_path, record, within=self.run_dir.path)
         return record
 
 
-def _remove(path: Path) -> None:
-    """Rename out of the checkpoint-N names (atomic), then delete: never a half-deleted checkpoint-N."""
+def _remove(path: Path, run_dir: Path) -> None:
+    """Rename out of the checkpoint-N names (atomic), then delete: never a half-deleted checkpoint-N,
+    never one through a link (refuse_symlinks)."""
+    refuse_symlinks(path, within=run_dir)
     doomed = path.with_name(f"{DELETING}{path.name}")
     try:
         path.rename(doomed)
     except OSError as exc:
         log.warning("could not prune %s: %s", path, exc)
         return
-    shutil.rmtree(doomed, ignore_errors=True)
+    remove_tree(doomed, within=run_dir)
 
 
 def install(trainer: Any, run_dir: RunDir, keep: int) -> CheckpointKeeper | None:

@@ -18,6 +18,9 @@
   reason ``preempted at step N``, exit 75 (submitit requeues the job);
 - ``DIR/stop_request`` (JSON ``{"reason": ...}``): stop after the current step, status
   ``completed`` with reason ``stopped at step N: <reason>``, exit 0 (Optuna pruning);
+- ``stop_on_collapse``: once the validation curve has collapsed (armorlab.train.stopper), stop
+  after that eval step's checkpoint, status ``stopped`` with reason ``collapse at rollout N, level
+  fell k SE``, exit 0; selected.json keeps the peak, and a stopped run is final like a completed one;
 - a non-finite loss stops the run: ``failed`` / ``non-finite loss at step N``, exit 1;
 - several processes (``torchrun ... -m armorlab train`` or ``accelerate launch --multi_gpu``):
   every process trains, only the main one (rank 0) writes status.json (with ``world_size``),
@@ -46,8 +49,14 @@ from typing import Any
 
 from armorlab.core.config import FIELDS, load_config, resolve, split_config
 from armorlab.core.exits import EXIT_BUSY, EXIT_FAILED, EXIT_NO_SPACE, EXIT_OK, EXIT_PREEMPTED
-from armorlab.core.fsutil import writable_dir
-from armorlab.core.runs import RunDir, slurm_job_id
+from armorlab.core.fsutil import (
+    SMALL_FILE_BYTES,
+    read_regular_text,
+    refuse_symlinks,
+    remove_tree,
+    writable_dir,
+)
+from armorlab.core.runs import FINAL_STATES, RunDir, slurm_job_id
 from armorlab.core.vllm_config import check_vllm_installed
 from armorlab.errors import ArmorLabError
 from armorlab.train.init_from import (
@@ -119,7 +128,7 @@ def read_stop_request(run_dir: RunDir) -> str | None:
     """The stop reason when ``stop_request`` exists (its JSON ``reason``, else its text), else None."""
     path = run_dir.path / STOP_REQUEST
     try:
-        text = path.read_text(encoding="utf-8").strip()
+        text = read_regular_text(path, limit=SMALL_FILE_BYTES).strip()
     except FileNotFoundError:
         return None
     except OSError as exc:
@@ -136,7 +145,7 @@ def complete_checkpoint(run_dir: RunDir) -> Path | None:
     """The newest checkpoint whose trainer_state.json (written last by transformers) parses."""
     for cp in reversed(run_dir.checkpoints()):
         try:
-            json.loads((cp / "trainer_state.json").read_text(encoding="utf-8"))
+            json.loads(read_regular_text(cp / "trainer_state.json"))
         except (OSError, ValueError):
             log.warning("skipping incomplete checkpoint %s", cp)
             continue
@@ -188,12 +197,10 @@ def _in_checkpoint(exc: BaseException) -> bool:
 def _remove_partial_checkpoints(run_dir: RunDir) -> None:
     """Checkpoints a full disk left half-written (no trainer_state.json: resume skips them anyway),
     removed to give the failure's status write room."""
-    import shutil
-
     complete = complete_checkpoint(run_dir)
     for cp in run_dir.checkpoints():
         if complete is None or int(cp.name.split("-")[1]) > int(complete.name.split("-")[1]):
-            shutil.rmtree(cp, ignore_errors=True)
+            remove_tree(cp, within=run_dir.path)
 
 
 def one_line(exc: BaseException) -> str:
@@ -394,7 +401,7 @@ def build_trainer(cfg: dict[str, Any], run_dir: RunDir, callbacks: Iterable[Any]
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
     from armorlab.tasks import build_task
-    from armorlab.tasks.heldout import build_eval_sets
+    from armorlab.tasks.mathfile import build_eval_sets
     from armorlab.train import keep
     from armorlab.train.models import has_chat_template, prepare_model
     from armorlab.train.telemetry import RunDirLogger
@@ -568,6 +575,11 @@ def train_run_dir(path: str | os.PathLike, *, callbacks: Iterable[Any] = ()) -> 
     if not run_dir.config_path.is_file():
         raise ArmorLabError("not a run directory (no config.yaml)", key="--run-dir", value=str(path))
     check_launch()
+    # transformers writes checkpoints/, and armorlab the rest, by path: a link planted in a shared run
+    # dir would send those writes (and checkpoint deletions) elsewhere
+    for entry in (run_dir.metrics_path, run_dir.status_path, run_dir.checkpoints_dir, run_dir.selected_path,
+                  run_dir.tokens_dir, run_dir.report_dir):
+        refuse_symlinks(entry, within=run_dir.path)
     # One owner per run dir: the training process holds its lock for life (rank 0 of a
     # multi-process launch speaks for all). A second trainer leaves everything untouched.
     lock_fd = run_dir.acquire_owner() if int(os.environ.get("RANK") or 0) == 0 else None
@@ -587,9 +599,9 @@ def train_run_dir(path: str | os.PathLike, *, callbacks: Iterable[Any] = ()) -> 
 def _train_owned(run_dir: RunDir, callbacks: Iterable[Any]) -> Outcome:
     rank, world_size = process_layout()
     status = run_dir.read_status()
-    if status["state"] == "completed":
-        log.info("%s is already completed; nothing to do", run_dir.path)
-        return Outcome(run_dir.path, "completed", status.get("reason"), EXIT_OK, already_completed=True,
+    if status["state"] in FINAL_STATES:
+        log.info("%s is already %s; nothing to do", run_dir.path, status["state"])
+        return Outcome(run_dir.path, status["state"], status.get("reason"), EXIT_OK, already_completed=True,
                        warnings=tuple(status.get("warnings") or ()))
     main = rank == 0
 
@@ -604,7 +616,7 @@ def _train_owned(run_dir: RunDir, callbacks: Iterable[Any]) -> Outcome:
     write_status("running", job_id=job_id_from_env(), world_size=world_size)
     control = ProcessControl(run_dir)
     health = HealthMonitor(run_dir)
-    trainer = None
+    trainer = stopper = None
     try:
         with control.installed():
             stored = run_dir.read_config()
@@ -621,6 +633,9 @@ def _train_owned(run_dir: RunDir, callbacks: Iterable[Any]) -> Outcome:
             check_memory(cfg, str(run_dir.config_path))  # before any model is loaded
             trainer = build_trainer(cfg, run_dir, [control.callback(), health.callback(), *callbacks],
                                     start_from=start.checkpoint if start else None, reference=reference)
+            from armorlab.train import stopper as stopping
+
+            stopper = stopping.install(trainer, run_dir, cfg)
             if checkpoint is not None:
                 log.info("resuming %s from %s", run_dir.path, checkpoint.name)
             elif start is not None or reference is not None:  # the first step: record what it starts from
@@ -661,6 +676,9 @@ def _train_owned(run_dir: RunDir, callbacks: Iterable[Any]) -> Outcome:
         _close_progress(trainer)
         return Outcome(run_dir.path, "failed", reason, EXIT_FAILED)
     step = trainer.state.global_step
+    if stopper is not None and stopper.stop is not None:  # final: the sweep does not restart it
+        write_status("stopped", reason=stopper.stop.reason)
+        return Outcome(run_dir.path, "stopped", stopper.stop.reason, EXIT_OK)
     if control.preempted and step < trainer.state.max_steps:
         reason = f"preempted at step {step}"
         write_status("pending", reason=reason)

@@ -200,7 +200,9 @@ class ReferencePolicy:
         if not state_path.is_file():
             log.warning("no reference state in %s; keeping the initial reference", checkpoint_dir)
             return
-        state = json.loads(state_path.read_text(encoding="utf-8"))
+        from armorlab.core.fsutil import read_regular_text
+
+        state = json.loads(read_regular_text(state_path))
         self.resets = int(state["resets"])
         self.last_reset_step = int(state["last_reset_step"])
         if self.resets and self.model is not None:

@@ -68,7 +68,7 @@ from armorlab.errors import ArmorLabError
 from armorlab.train import anchors as anc
 from armorlab.train.evaluation import Validator
 from armorlab.train.hooks import ArmorLabCallback, EpochSeededRepeatSampler, policy_server_client
-from armorlab.train.mechanisms import gradient_shares, rollout_diversity
+from armorlab.train.mechanism_telemetry import gradient_shares, rollout_diversity
 from armorlab.train.reference import (
     ReferencePolicy,
     build_reference_model,
@@ -116,7 +116,7 @@ class ArmorLabTrainer(GRPOTrainer):
     """GRPOTrainer training any armorlab objective, with anchors, reference resets and telemetry.
 
     Extra keyword arguments: ``val_dataset`` / ``test_dataset`` (columns ``prompt`` + reward
-    kwargs) for ``val/*`` and ``test/*``; ``eval_sets`` (name → tasks.heldout.EvalSet) for the named
+    kwargs) for ``val/*`` and ``test/*``; ``eval_sets`` (name → tasks.mathfile.EvalSet) for the named
     held-out sets' ``val/<name>/*`` / ``test/<name>/*``; ``data_metrics`` logged once at step 0
     (``data/dedup_dropped``); ``reference_sampler`` to replace the transformers
     sampler of π_ref (the vLLM seam); ``tokens_dir`` for the token dump (default

@@ -33,8 +33,9 @@ class ArmorLabConfig(GRPOConfig):
 
     ``objective`` replaces TRL's ``loss_type``/``importance_sampling_level``; ``epsilon`` and
     ``epsilon_high`` are the clip bounds of every objective. A ``None`` in a field that
-    ``config.resolve`` nulls when inert (``alpha`` for dapo, anchor options with anchors off)
-    means "not used by this run" and takes the default.
+    ``config.resolve`` nulls when inert (anchor options with anchors off) means "not used by this
+    run" and takes the default; ``alpha`` keeps the resolved value, null where the run never reads
+    it (config.reads_alpha), and (G−1)/G where it does and a Python user left it out.
     """
 
     def __post_init__(self) -> None:

@@ -12,7 +12,7 @@ import optuna
 from optuna.pruners import BasePruner
 from optuna.trial import FrozenTrial
 
-from armorlab.core.schedule import config_val_every_steps
+from armorlab.core.schedule import config_val_every_steps, planned_evals
 from armorlab.stats.collapse import collapse_step
 from armorlab.tune.space import SearchSpec
 
@@ -52,15 +52,6 @@ class CollapsePruner(BasePruner):
 
     def prune(self, study: optuna.Study, trial: FrozenTrial) -> bool:
         return self.collapse_step(trial.intermediate_values, trial.user_attrs.get(EVAL_N_ATTR)) is not None
-
-
-def planned_evals(cfg: Mapping[str, Any]) -> int | None:
-    """Evals a run of ``cfg`` will log: step 0, every ``val_every`` steps (in optimizer steps, also
-    when ``step_unit: rollout`` counts it in rollouts), and the last step."""
-    every, total = config_val_every_steps(cfg), cfg.get("max_steps")
-    if not every or not total or every <= 0 or total <= 0:
-        return None
-    return int(total) // int(every) + 1 + (1 if int(total) % int(every) else 0)
 
 
 def make_pruner(search: SearchSpec, base_cfg: Mapping[str, Any]) -> BasePruner:

@@ -27,7 +27,7 @@ from typing import Any
 from armorlab.core import config as cfgmod
 from armorlab.core.checks import Invalid, count_text, did_you_mean, within_max_points
 from armorlab.errors import ArmorLabError
-from armorlab.tune.secrets import redact
+from armorlab.tune.secrets import redact_value
 
 PARAM_TYPES = ("float", "int", "categorical")
 SUMMARIES = ("auc", "final", "peak", "test-at-val-best")
@@ -387,7 +387,7 @@ def parse_search(raw: Any, base: Mapping[str, Any], *, file: str | None = None) 
         space[name] = _parse_param(name, praw, file)
     _check_points_resolve(space, base, file)
 
-    obj_raw = raw.get("objective", {"metric": "val/acc", "summary": "auc"})
+    obj_raw = raw.get("objective", {"metric": cfgmod.DEFAULT_SELECT["metric"], "summary": "auc"})
     if isinstance(obj_raw, list):
         if not obj_raw:
             raise _err("objective list is empty", "search.objective", obj_raw, file)
@@ -435,7 +435,7 @@ def parse_search(raw: Any, base: Mapping[str, Any], *, file: str | None = None) 
     if storage is not None and (not isinstance(storage, str) or "://" not in storage):
         raise _err("must be null (journal file in the study dir) or a database URL such as "
                    "postgresql://host/db or sqlite:///path.db", "search.storage",
-                   redact(storage) if isinstance(storage, str) else storage, file)
+                   redact_value(storage), file)
     beat = _heartbeat(raw.get("heartbeat"), file)
     return SearchSpec(space=space, objectives=objectives, directions=directions, sampler=sampler,
                       pruner=pruner, n_trials=n_trials, max_retries=max_retries, storage=storage,

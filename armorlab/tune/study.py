@@ -37,11 +37,18 @@ from pathlib import Path
 from typing import Any
 
 from armorlab.core.config import resolve
-from armorlab.core.fsutil import atomic_write_json, atomic_write_yaml, writable_dir
+from armorlab.core.fsutil import (
+    SMALL_FILE_BYTES,
+    atomic_write_json,
+    atomic_write_yaml,
+    open_append,
+    read_regular_text,
+    writable_dir,
+)
 from armorlab.errors import ArmorLabError
 from armorlab.sweeps.sbatch import checked_executor
 from armorlab.sweeps.spec import load_spec
-from armorlab.tune.secrets import redact, remember, split_password, worker_env
+from armorlab.tune.secrets import redact, remember, split_password, ssl_password, worker_env
 from armorlab.tune.space import parse_search
 
 log = logging.getLogger(__name__)
@@ -60,7 +67,7 @@ def searched_keys(study_dir: str | os.PathLike) -> list[str]:
     import json
 
     try:
-        data = json.loads((Path(study_dir) / TUNE_DIR / STUDY_FILE).read_text(encoding="utf-8"))
+        data = json.loads(read_regular_text(Path(study_dir) / TUNE_DIR / STUDY_FILE, limit=SMALL_FILE_BYTES))
         space = data["search"]["space"]
     except (OSError, ValueError, KeyError, TypeError):
         return []
@@ -125,7 +132,7 @@ def prepare_study(spec_path: str | os.PathLike, *, root: str | os.PathLike = "ru
                        search_raw=spec.search, storage_url=url, spec_file=spec.file,
                        extra={"profile": str(spec.profile_path()) if spec.profile else None})
     ctx.write()
-    atomic_write_yaml(ctx.tune_dir / "spec.yaml", spec.to_dict())
+    atomic_write_yaml(ctx.tune_dir / "spec.yaml", spec.to_dict(), mode=0o600)  # as study.json
     st = open_storage(study_dir, url, **storage_options(search))
     open_study(study_dir, spec.name, search, st, base_cfg=ctx.base_resolved)
     return ctx
@@ -136,7 +143,14 @@ def keep_password_out(url: str, *, key: str, file: str | None) -> str:
     process's driver and to its workers as ``PGPASSWORD`` (armorlab.tune.secrets); later commands
     read it from ``PGPASSWORD`` or ``~/.pgpass``. A ``$VAR`` password stays (it is expanded when the
     database is opened)."""
+    if "://" not in url:  # a libpq key=value string: SQLAlchemy cannot open it, and it would be stored
+        raise ArmorLabError("must be a database URL such as postgresql://user@host/db (a libpq key=value string "
+                            "is not one)", key=key, value=redact(url), file=file)
     clean, password = split_password(url)
+    passphrase = ssl_password(url)
+    if passphrase is not None and "$" not in passphrase:
+        raise ArmorLabError("a literal sslpassword would be stored in the study dir; write it as $VAR (read from "
+                            "the environment when the database is opened)", key=key, value=redact(url), file=file)
     if password is None or "$" in password:
         return url
     dialect = url.partition("://")[0].partition("+")[0]
@@ -212,7 +226,7 @@ def run_local(ctx: Any, workers: int = 1, *, launch: dict[str, Any] | None = Non
     signal.signal(signal.SIGTERM, stop)
     try:
         for i in range(workers):
-            fh = open(log_dir / f"worker-{i}.log", "ab")  # noqa: SIM115 (lives as long as the worker)
+            fh = open_append(log_dir / f"worker-{i}.log")  # lives as long as the worker
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "armorlab.tune.worker", str(ctx.study_dir), "--index", str(i),
                  "--poll", str(worker_poll_s), *launch_args], stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

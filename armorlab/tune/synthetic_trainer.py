@@ -29,6 +29,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from armorlab.core.exits import EXIT_BUSY, EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED
 from armorlab.core.runs import RunDir
 
 # (optimum, width); learning_rate is compared on a log10 scale
@@ -84,7 +85,7 @@ def train(run_dir: str) -> int:
     lock = rd.acquire_owner()  # contract: one trainer per run dir, the lock held until exit
     if lock is None:
         print(f"another live process owns {rd.path}", file=sys.stderr)
-        return 73
+        return EXIT_BUSY
     try:
         return _train(rd)
     finally:
@@ -113,7 +114,7 @@ def _train(rd: RunDir) -> int:
         time.sleep(step_s)
         if diverge_at is not None and step >= diverge_at:
             rd.write_status("failed", reason=f"non-finite loss at step {step}")
-            return 1
+            return EXIT_FAILED
         rd.append_metrics(step, _rows(cfg, step))
         stop_path = rd.path / "stop_request"
         if stop_path.exists() and step < max_steps:
@@ -122,12 +123,12 @@ def _train(rd: RunDir) -> int:
             except (OSError, ValueError):
                 reason = "stop requested"
             rd.write_status("completed", reason=f"stopped at step {step}: {reason}")
-            return 0
+            return EXIT_OK
         if stop["signal"] and step < max_steps:
             rd.write_status("pending", reason=f"preempted at step {step}")
-            return 75
+            return EXIT_PREEMPTED
     rd.write_status("completed")
-    return 0
+    return EXIT_OK
 
 
 def main(argv: list[str] | None = None) -> int:

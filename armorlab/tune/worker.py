@@ -44,8 +44,8 @@ from optuna.trial import TrialState
 
 from armorlab.core.config import resolve
 from armorlab.core.exits import EXIT_BUSY, EXIT_PREEMPTED
-from armorlab.core.fsutil import atomic_write_json
-from armorlab.core.runs import RunDir
+from armorlab.core.fsutil import SMALL_FILE_BYTES, atomic_write_json, open_append, read_regular_text
+from armorlab.core.runs import FINAL_STATES, RunDir
 from armorlab.errors import ArmorLabError
 from armorlab.stats.collapse import curve_auc
 from armorlab.sweeps.jobs import describe_exit, train_argv, wrapped_argv
@@ -109,14 +109,15 @@ class StudyContext:
                 "storage": self.storage_url, "spec_file": self.spec_file, **self.extra}
 
     def write(self) -> None:
-        atomic_write_json(self.tune_dir / STUDY_FILE, self.to_json())
+        # its owner's only: it names the database and how to reach it
+        atomic_write_json(self.tune_dir / STUDY_FILE, self.to_json(), mode=0o600)
 
     @classmethod
     def load(cls, study_dir: str | os.PathLike) -> StudyContext:
         study_dir = Path(study_dir)
         path = study_dir / TUNE_DIR / STUDY_FILE
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = json.loads(read_regular_text(path, limit=SMALL_FILE_BYTES))
         except OSError:
             raise ArmorLabError("not a study directory (no .tune/study.json); start it with "
                                 "`armorlab tune SPEC`", key="study_dir", value=str(study_dir)) from None
@@ -460,7 +461,7 @@ class Worker:
         try:
             status = rd.read_status()
             reason = status.get("reason") or ""
-            if status["state"] == "completed":
+            if status["state"] in FINAL_STATES:  # stopped on collapse: final too, its curve is reused
                 pruned = "pruned by optuna" in reason
                 if report:
                     self._replay(trial, rd)
@@ -501,7 +502,7 @@ class Worker:
         tail = _MetricsTail(rd.metrics_path)
         reported: set[int] = set()
         pruned_at: int | None = None
-        with open(log_path, "ab") as log_fh:
+        with open_append(log_path) as log_fh:
             log_fh.write(f"--- trial {trial.number} worker {self.index} pid {os.getpid()}\n".encode())
             log_fh.flush()
             self.proc = subprocess.Popen(cmd, stdout=log_fh, stderr=subprocess.STDOUT, env=env,

@@ -19,7 +19,10 @@ import importlib.metadata
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
+from armorlab.core.model_dir import ModelDirProblem, check_model_dir
+from armorlab.errors import ArmorLabError, combine
 from armorlab.vllm.env import CPU_ENV, LOOPBACK_ENV, is_loopback, require_vllm
 
 
@@ -55,9 +58,48 @@ def serve_command(model: str, *, host: str, port: int, dtype: str = "auto", extr
     return argv, env
 
 
+# vLLM's --dtype choices
+DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
+
+
+def argument_problems(model: str, *, host: str, port: int, dtype: str, extra: Sequence[str] = ()) -> list[ArmorLabError]:
+    """What is wrong with the server's own arguments, each named (key, value, why): found whether or not
+    vLLM is installed, so a machine without it still hears about the value it must fix."""
+    problems = []
+
+    def bad(why: str, key: str, value: object) -> None:
+        problems.append(ArmorLabError(why, key=key, value=value))
+
+    if not model or any(ord(c) < 32 for c in model):
+        bad("must be a model directory or hub id, without control characters", "--model", model)
+    elif model.startswith(("/", "./", "../", "~")):  # a path (a hub id never starts so): it must be a model
+        path = Path(model).expanduser()
+        try:
+            check_model_dir(path)
+        except ModelDirProblem as exc:
+            bad(f"not a model directory: {exc} ({exc.file})", "--model", model)
+    if not host or any(c.isspace() or ord(c) < 32 for c in host):
+        bad("must be a host name or address, without spaces or control characters", "--host", host)
+    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+        bad("must be a port number from 1 to 65535", "--port", port)
+    if dtype not in DTYPES:
+        bad(f"must be one of {', '.join(DTYPES)}", "--dtype", dtype)
+    for word in extra:
+        if "\x00" in word:
+            bad("a vLLM argument must not hold a NUL byte (no process can be started with it)", "vLLM arguments",
+                word)
+    return problems
+
+
 def serve(model: str, *, host: str, port: int, dtype: str = "auto", extra: Sequence[str] = ()) -> None:
     """Replace this process with the server (foreground; signals reach vLLM directly)."""
-    require_vllm("vllm-serve", model)
+    problems = argument_problems(model, host=host, port=port, dtype=dtype, extra=extra)
+    try:
+        require_vllm("vllm-serve", model)
+    except ArmorLabError as exc:
+        problems.append(exc)  # beside, not instead of, what is wrong with the values
+    if problems:
+        raise combine(problems)
     import torch
 
     argv, env = serve_command(model, host=host, port=port, dtype=dtype, extra=extra,

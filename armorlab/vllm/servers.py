@@ -47,7 +47,7 @@ from typing import Any
 
 from armorlab.core.checks import Invalid, integer, no_nul, number, startup_hook
 from armorlab.core.exits import describe_exit
-from armorlab.core.fsutil import atomic_write_json
+from armorlab.core.fsutil import atomic_write_json, open_append
 from armorlab.core.runs import RunDir, now_iso
 from armorlab.errors import ArmorLabError
 from armorlab.vllm.endpoints import ENV as ENDPOINTS_ENV
@@ -391,7 +391,7 @@ class RunningServers:
         (self.run_dir.path / LOG_DIR).mkdir(parents=True, exist_ok=True)
         ignore = list(ignore_signals)
         for s in self.servers:
-            with open(s.log_path, "ab") as log:
+            with open_append(s.log_path) as log:
                 log.write(f"--- {now_iso()} attempt {attempt} (job {job_id or '-'}): {shlex.join(s.argv)} "
                           f"(CUDA_VISIBLE_DEVICES={','.join(s.devices)})\n".encode())
                 log.flush()

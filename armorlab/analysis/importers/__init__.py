@@ -1,16 +1,8 @@
-"""Importers of runs other libraries logged, into the same RunSet an armorlab run gives.
-
-    trl                TRL output dirs (checkpoint-*/trainer_state.json)          base install
-    wandb_local        W&B run folders (wandb/run-*, offline-run-*)             armorlab[wandb]
-    tensorboard_events TensorBoard event files                                   armorlab[tensorboard]
-    verl               verl's file-logger JSONL + validation dumps               base install
-    trackio_db         trackio project databases (SQLite)                        base install
-    flavours           TRL / verl / OpenRLHF metric names → armorlab's (OpenRLHF logs to W&B or TensorBoard)
-    mapping            runs.yaml: path → group, seed, val_n (and per-source options)
-
-``plan(paths)`` finds what each path holds (``detect``), ``read(plan)`` imports it. Importing
-never writes into a source: files are only read, SQLite is opened read-only, and no cache is
-kept beside them (armorlab's own metrics.arrow cache is for armorlab sweeps only).
+"""Importers of runs other libraries logged (TRL, W&B, TensorBoard, verl, trackio; OpenRLHF through
+W&B or TensorBoard; the formats and their extras: docs/importers.md), into the same RunSet an
+armorlab run gives. ``plan(paths)`` finds what each path holds (``detect``), ``read(plan)``
+imports it. Importing never writes into a source: files are only read, SQLite is opened
+read-only, and no cache is kept beside them.
 """
 
 from __future__ import annotations

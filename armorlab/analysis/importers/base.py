@@ -28,9 +28,6 @@ import numpy as np
 SRC = "src/"
 # how a run ended, where the source says (an armorlab run's status.json states, plus "unknown")
 STATES = ("completed", "running", "failed", "unknown")
-# metrics every importer is asked about: which of them a source cannot give is said per run
-CORE_METRICS = ("val/acc", "val/n", "val/pass@k", "train/reward", "train/entropy", "train/length",
-                "kl/reverse_k3", "kl/forward_k3", "cap/pos_mean", "anchor/rate")
 
 
 @dataclass(frozen=True)
@@ -245,18 +242,6 @@ def json_lines_columns(data: bytes, n_rows: int) -> dict[str, np.ndarray] | None
     return out
 
 
-def _rows_to_series_slow(rows: Iterable[tuple[int, Mapping[str, Any]]]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    steps: dict[str, list[int]] = {}
-    values: dict[str, list[float]] = {}
-    for step, row in rows:
-        for k, v in row.items():
-            if not is_metric_value(v):
-                continue
-            steps.setdefault(k, []).append(step)
-            values.setdefault(k, []).append(as_float(v))
-    return {k: (np.asarray(steps[k], dtype=np.int64), np.asarray(values[k], dtype=np.float64)) for k in steps}
-
-
 # --------------------------------------------------------------------------- configs
 def flatten(cfg: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     """Nested config → flat dotted keys; lists become JSON text (groupable)."""
@@ -297,12 +282,6 @@ def unavailable(table_metrics: Iterable[str], cannot: Iterable[str]) -> list[str
     """The metrics a source cannot give (its list), less any this run has after all."""
     have = set(table_metrics)
     return [m for m in cannot if m not in have]
-
-
-def read_json_file(path: Path) -> Any:
-    """json.load of a file, raising ArmorLabError-free ValueError/OSError to the caller."""
-    with open(path, "rb") as fh:
-        return json.loads(fh.read())
 
 
 # --------------------------------------------------------------------------- protobuf

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from armorlab.core.fsutil import atomic_write_json
+from armorlab.core.fsutil import SMALL_FILE_BYTES, atomic_write_json, read_regular_text
 from armorlab.errors import ArmorLabError
 from armorlab.stats.sequential import Design, looks_record, read_looks_record
 from armorlab.sweeps.manifest import LOOKS
@@ -26,7 +26,7 @@ def read_looks(sweep_dir: Path) -> tuple[Design | None, list[dict[str, Any]], di
     if not path.exists():
         return None, [], {}
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(read_regular_text(path, limit=SMALL_FILE_BYTES))
     except (OSError, ValueError) as exc:
         raise ArmorLabError(f"unreadable looks.json: {exc}", file=str(path)) from None
     design, looks = read_looks_record(data, file=str(path))

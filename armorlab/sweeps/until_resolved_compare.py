@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from armorlab.core.config import DEFAULT_SELECTION
 from armorlab.errors import ArmorLabError
 from armorlab.sweeps.controls import Controls
 
@@ -47,8 +48,7 @@ class CompareSpec:
     spending: str = "obf"
     alpha: float = 0.05
     stage: str | None = None
-    select: dict[str, str] = field(default_factory=lambda: {"metric": "val/acc", "mode": "max",
-                                                            "report": "test/acc"})
+    select: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_SELECTION))
     where: str = "compare"
 
     def to_dict(self) -> dict[str, Any]:
@@ -102,7 +102,7 @@ def parse_compare(raw: Any, file: str) -> CompareSpec | None:
     stage = raw.get("stage")
     if stage is not None and not isinstance(stage, str):
         raise ArmorLabError("must name a stage", key="compare.stage", value=stage, file=file)
-    select = {"metric": "val/acc", "mode": "max", "report": "test/acc"}
+    select = dict(DEFAULT_SELECTION)
     if raw.get("select") is not None:
         sel = raw["select"]
         if not isinstance(sel, Mapping):

@@ -21,7 +21,7 @@ from armorlab.analysis import tables
 from armorlab.analysis.groups import Notes, numeric_columns
 from armorlab.analysis.html import Section, esc
 from armorlab.analysis.load import RunSet
-from armorlab.core.fsutil import atomic_write_text
+from armorlab.core.fsutil import SMALL_FILE_BYTES, atomic_write_text, read_regular_text
 from armorlab.core.runs import expand_globs
 from armorlab.errors import ArmorLabError
 from armorlab.stats.margins import NO_PREVENTION
@@ -60,7 +60,7 @@ def find(paths: Iterable[str]) -> list[SequentialVerdicts]:
         if not path.is_file():
             continue
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = json.loads(read_regular_text(path, limit=SMALL_FILE_BYTES))
         except (OSError, ValueError) as exc:
             raise ArmorLabError(f"unreadable looks.json: {exc}", file=str(path)) from None
         design, looks = read_looks_record(data, file=str(path))

@@ -1,0 +1,111 @@
+"""Stop on collapse: the online use of the calibrated collapse test (armorlab.stats.collapse, C5)
+by a training run, and how a stopped run's curve enters a report. Pure functions, no I/O.
+
+(S1) stop      after each eval, the level of the last m evals (C1; m evals span ``patience``
+               rollouts) is tested against the highest earlier level with the fall test of the
+               whole run (C3, threshold C4 at ``horizon`` = the evals the run will have if it is
+               not stopped), and the run stops when it passes C5 (z ≥ z*, fall ≥ δ) and each of
+               those m evals lies nearer the low level than the peak, (P + L)/2 or below: the fall
+               has lasted the whole patience, so a one-eval dip never stops a run. A window's z
+               does not depend on the evals after it, so the windows tested online are windows
+               of the whole curve, and a stop is a false alarm of the whole-curve test: the
+               false-stop rate of a flat run is at most α (benchmarks/stop_on_collapse.py
+               measures it). The reason recorded is ``collapse at rollout N, level fell k SE``:
+               N = the first eval of the run of evals at or below (P + L)/2 that ends with the
+               last one (the onset), k = z of the last window.
+(S2) carried   a stopped run did not reach the horizon, and its missing evals are not missing at
+               random: left out, they would drop exactly the collapsed runs from final and
+               matched-step endpoints. Its curve is carried forward at its level at stop L (the
+               mean of its last m evals, C1) at its own eval spacing up to the horizon the
+               report compares at, so ``final``, ``val@S``/``test@S`` and ``auc`` count it as
+               staying collapsed (docs/analysis.md).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from armorlab.stats.collapse import ALPHA, DELTA, PATIENCE, clean_curve, fall_test
+
+
+@dataclass(frozen=True)
+class Stop:
+    """(S1) a run's decision to stop: the collapse onset and its z, and the eval it was decided at."""
+    onset: int | float
+    z: float
+    at: int | float
+
+    @property
+    def reason(self) -> str:
+        return f"collapse at rollout {self.onset}, level fell {self.z:.1f} SE"
+
+
+class CollapseWatch:
+    """(S1) fed one eval at a time (``observe``); answers the Stop once the curve has collapsed.
+
+    ``patience``: evals per level (m); ``horizon``: evals of the whole run; ``mode``: max (a fall
+    is a collapse) or min (a rise is: the values are negated). Binomial noise (N1) when every eval
+    says how many completions it scored and the values are accuracies in [0, 1]; else (N2)."""
+
+    def __init__(self, *, patience: int = PATIENCE, delta: float = DELTA, alpha: float = ALPHA,
+                 horizon: int | None = None, mode: str = "max") -> None:
+        self.patience, self.delta, self.alpha, self.horizon = patience, delta, alpha, horizon
+        self.sign = -1.0 if mode == "min" else 1.0
+        self.x: list[float] = []
+        self.values: list[float] = []
+        self.n: list[float] = []
+        self.stop: Stop | None = None
+
+    def observe(self, x: float, value: float, n: float | None = None) -> Stop | None:
+        if self.stop is not None or not math.isfinite(value):
+            return self.stop
+        if self.x and x <= self.x[-1]:  # a resumed run's evals again: the later one supersedes
+            keep = int(np.searchsorted(self.x, x))
+            del self.x[keep:], self.values[keep:], self.n[keep:]
+        self.x.append(float(x))
+        self.values.append(self.sign * float(value))
+        self.n.append(math.nan if n is None else float(n))
+        n_arr = np.asarray(self.n)
+        values = np.asarray(self.values)
+        binomial = self.sign > 0 and bool(np.all(np.isfinite(n_arr) & (n_arr > 0))) \
+            and bool(np.all((values >= 0) & (values <= 1)))
+        self.stop = last_window_stop(np.asarray(self.x), values, n_arr if binomial else None,
+                                     patience=self.patience, delta=self.delta, alpha=self.alpha,
+                                     horizon=max(self.horizon or 0, len(self.x)))
+        return self.stop
+
+
+def last_window_stop(x: np.ndarray, v: np.ndarray, n: np.ndarray | None, *, patience: int, delta: float,
+                     alpha: float, horizon: int) -> Stop | None:
+    """(S1) on a clean curve (sorted, finite): the Stop when its last window collapsed, else None."""
+    t = fall_test(v, n, patience=patience, alpha=alpha, horizon=horizon)
+    if t is None:
+        return None
+    z, peak, level = float(t.z[-1]), float(t.peak[-1]), float(t.level[-1])
+    below = v <= (peak + level) / 2
+    if not (z >= t.z_star and peak - level >= delta and below[-patience:].all()):
+        return None
+    start = v.size - int(np.argmin(below[::-1])) if not below.all() else 0  # the trailing run of lows
+    return Stop(_whole(x[start]), z, _whole(x[-1]))
+
+
+def _whole(x: float) -> int | float:
+    return int(x) if float(x).is_integer() else float(x)
+
+
+def carry_forward(steps, values, until: float, patience: int = PATIENCE) -> tuple[np.ndarray, np.ndarray]:
+    """(S2) the curve, then its level at stop (mean of its last ``patience`` evals) at every step of
+    its median eval spacing after its last eval, up to and including ``until``."""
+    s, v = clean_curve(steps, values)
+    if v.size < 2 or not until > s[-1]:
+        return s, v
+    level = float(v[-patience:].mean())
+    every = float(np.median(np.diff(s)))
+    if not every > 0:
+        return s, v
+    extra = np.arange(s[-1] + every, until, every)
+    extra = np.append(extra, until) if not extra.size or extra[-1] < until else extra
+    return np.concatenate([s, extra]), np.concatenate([v, np.full(extra.size, level)])
