@@ -390,3 +390,31 @@ def test_notes_keep_their_order_when_the_kl_figure_goes_first(tmp_path):
           for key in ("metric anchor/rate missing in 1/2", "mixes runs with different",
                       "kl/reverse_k3 was logged at different steps", "val/acc was logged at different steps")}
     assert list(at.values()) == sorted(at.values()), result.warnings
+
+
+def test_effective_batch_gap_between_paired_arms_is_warned(tmp_path):
+    from armorlab.stats.effective_batch import effective_batch_gap
+
+    # 1 − mean shortfall: 0.9 vs 0.7 differ by 0.2 > 0.05; 0.9 vs 0.87 do not; no values: no verdict
+    assert effective_batch_gap([0.1, 0.1], [0.2, 0.4]) == pytest.approx((0.9, 0.7))
+    assert effective_batch_gap([0.1], [0.13]) is None
+    assert effective_batch_gap([], [0.5]) is None and effective_batch_gap([float("nan")], [0.5]) is None
+    root = tmp_path / "sw"
+    for objective, short in (("dapo", 0.4), ("armor", 0.05)):
+        for seed in (0, 1):
+            rd = write_run(root, objective, seed, dapo_val(seed) if objective == "dapo" else armor_val(seed), 0.05)
+            for s in range(1, 51):  # appended lines for the same steps: the curve averages them per step
+                rd.append_metrics(s, {"train/refill_shortfall": short})
+    recipe = Recipe(runs=[str(root)], group_by=["objective"],
+                    compare=Compare(pairs=[({"objective": "armor"}, {"objective": "dapo"})]))
+    text = "\n".join(R.build_report(recipe, tmp_path / "out").warnings)
+    assert "effective batch differs" in text and "95%" in text and "60%" in text
+    same = tmp_path / "same"
+    for objective in ("dapo", "armor"):
+        for seed in (0, 1):
+            rd = write_run(same, objective, seed, dapo_val(seed), 0.05)
+            for s in range(1, 51):
+                rd.append_metrics(s, {"train/refill_shortfall": 0.1})
+    recipe = Recipe(runs=[str(same)], group_by=["objective"],
+                    compare=Compare(pairs=[({"objective": "armor"}, {"objective": "dapo"})]))
+    assert "effective batch differs" not in "\n".join(R.build_report(recipe, tmp_path / "out2").warnings)

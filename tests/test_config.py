@@ -147,3 +147,21 @@ def test_bad_trl_values_name_key_value_and_file(raw, key, value):
     with pytest.raises(ArmorLabError) as err:
         resolve(raw, file="spec.yaml")
     assert f"'{key}'" in str(err.value) and repr(value) in str(err.value) and "spec.yaml" in str(err.value)
+
+
+@pytest.mark.parametrize("key,value", [("top_p", 0.7), ("top_k", 20), ("min_p", 0.05)])
+@pytest.mark.parametrize("who", [{"objective": "armor"}, {"objective": "dapo", "anchor": True},
+                                 {"objective": "up"}, {"objective": "up_gspo"}])
+def test_truncated_sampling_is_refused_with_anchors_and_up(who, key, value):
+    with pytest.raises(ArmorLabError) as err:
+        resolve({**who, key: value}, file="spec.yaml")
+    assert err.value.key == key and err.value.value == value and "spec.yaml" in str(err.value)
+    assert "truncated sampling" in str(err.value)
+
+
+def test_truncated_sampling_stays_allowed_where_nothing_assumes_full_support():
+    # no anchor and no UP branch: the plain ratio's sampler mismatch is TRL's (issue 6789), not refused here
+    assert resolve({"objective": "dapo", "top_p": 0.7})["top_p"] == 0.7
+    assert resolve({"objective": "armor", "anchor": False, "anchor_gate": False, "top_k": 20})["top_k"] == 20
+    # the full-support values themselves are fine with anchors
+    assert resolve({"objective": "armor", "top_p": 1.0, "top_k": 0, "min_p": 0.0})["objective"] == "armor"

@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 import math
 
+import numpy as np
 import pytest
 import torch
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
@@ -149,3 +150,63 @@ def test_exact_kl_probe_agrees_with_the_enumeration(pair):
     mean = sum(means) / chunks
     se = math.sqrt(sum((m - mean) ** 2 for m in means) / (chunks - 1) / chunks)
     assert abs(mean - exact["p||q"]["kl"]) <= Z * se
+
+
+# --------------------------------------------------------------------------- verl's low_var_kl
+def _verl_kl_penalty():
+    """verl 0.9.1's own ``kl_penalty`` and ``kl_penalty_forward``, compiled from its
+    ``core_algos.py`` (shipped as source under the venv's share/verl; verl itself is not installed)."""
+    import ast
+    import sys
+    from pathlib import Path
+
+    path = Path(sys.prefix) / "share/verl/verl/trainer/ppo/core_algos.py"
+    if not path.is_file():
+        pytest.skip(f"verl 0.9.1 source not found at {path}")
+    tree = ast.parse(path.read_text())
+    keep = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in ("kl_penalty", "kl_penalty_forward")]
+    for node in keep:
+        node.decorator_list = []
+    namespace = {"torch": torch}
+    exec(compile(ast.Module(body=keep, type_ignores=[]), str(path), "exec"), namespace)
+    return namespace["kl_penalty"]
+
+
+def _log_probs(seed: int):
+    """Policy/reference log-probs whose log-ratio spans (−30, 30): both of verl's clamps bind."""
+    g = torch.Generator().manual_seed(seed)
+    logp = -torch.rand(64, 7, generator=g, dtype=torch.float64) * 30
+    ref = -torch.rand(64, 7, generator=g, dtype=torch.float64) * 30
+    return logp.float(), ref.float()
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_low_var_kl_is_verls_kl_penalty_bit_for_bit(seed):
+    from armorlab.algos import kl
+
+    logp, ref = _log_probs(seed)
+    logp.requires_grad_(True)
+    ours = kl.estimator("low_var_kl")(ref - logp)
+    verl = _verl_kl_penalty()(logp, ref, "low_var_kl")
+    # the same formula stated independently: l = clamp(ref − logp, ±20); clamp(e^l − l − 1, ±10)
+    l_ = torch.clamp(ref - logp.detach(), -20.0, 20.0)
+    by_hand = torch.clamp(torch.exp(l_) - l_ - 1, -10.0, 10.0)
+    assert torch.equal(ours.detach(), verl.detach()) and torch.equal(ours.detach(), by_hand)
+    assert bool((by_hand == 10.0).any()) and bool((ref - logp > 20).any())  # both clamps bind here
+    g_ours, = torch.autograd.grad(ours.sum(), logp)
+    g_verl, = torch.autograd.grad(_verl_kl_penalty()(logp, ref, "low_var_kl").sum(), logp)
+    assert torch.equal(g_ours, g_verl)
+    assert float(g_ours[by_hand == 10.0].abs().max()) == 0.0  # no gradient where the value clamp binds
+    # unclamped k3 differs exactly where a clamp binds, so the comparison can fail
+    assert not torch.equal(kl.estimator("k3")(ref - logp).detach(), ours.detach())
+    np_ours = kl.low_var_kl((ref - logp).detach().numpy())
+    assert np.allclose(np_ours, by_hand.numpy(), rtol=0, atol=1e-5)  # numpy's float32 exp differs by ulps
+
+
+def test_low_var_kl_is_a_config_choice():
+    from armorlab.core.config import resolve
+    from armorlab.errors import ArmorLabError
+
+    assert resolve({"beta": 0.01, "kl_estimator": "low_var_kl"})["kl_estimator"] == "low_var_kl"
+    with pytest.raises(ArmorLabError, match="kl_estimator"):
+        resolve({"beta": 0.01, "kl_estimator": "k4"})

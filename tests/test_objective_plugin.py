@@ -67,7 +67,8 @@ def test_the_registry_is_readable_without_torch():
             "print(objective_choices(), objective_spec('armor').uses_reference, 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     names, uses_ref, torch_loaded = out.stdout.strip().rsplit(" ", 2)
-    assert names.startswith("('grpo', 'dapo', 'dr_grpo', 'gspo', 'up', 'up_gspo', 'armor', 'cispo'")
+    assert names.startswith("('grpo', 'dapo', 'dr_grpo', 'gspo', 'up', 'up_gspo', 'up_pure_is', 'up_self_anchored', 'armor', "
+                            "'cispo'")
     assert (uses_ref, torch_loaded) == ("True", "False")
 
 

@@ -16,7 +16,8 @@ from armorlab.errors import ArmorLabError
 
 ALL = list(objective_names())
 # the objectives built as −A·clamp(ratio, lo, hi): zero gradient exactly where a bound binds
-CLAMPED = [o for o in ALL if objective_spec(o).fn.__module__ == "armorlab.algos.objectives"] + ["bnpo", "luspo"]
+CLAMPED = [o for o in ALL if objective_spec(o).fn.__module__ == "armorlab.algos.objectives"
+           and objective_spec(o).capacity != "unbounded"] + ["bnpo", "luspo"]  # up_self_anchored has no bound
 SEQUENCE_RATIO = ("gspo", "up_gspo", "luspo")
 # whole-batch objectives: they select tokens by the statistics of the batch they are given
 PER_BATCH = [o for o in ALL if o not in MICRO_BATCH_SELECTION]
@@ -145,7 +146,7 @@ def test_gradient_zero_exactly_where_a_clip_binds(objective, dual_clip):
         ratio = (0.7 * np.exp(lp) + 0.3 * np.exp(lr)) / (0.7 * np.exp(lo) + 0.3 * np.exp(lr))
     else:
         ratio = np.exp(lp - lo)
-    binds = _np_binding(ratio, a, *eps, dual_clip, unbounded_positive=objective in ("up", "up_gspo"))
+    binds = _np_binding(ratio, a, *eps, dual_clip, unbounded_positive=objective in ("up", "up_gspo", "up_pure_is"))
     live = (m > 0) & (a[:, None] != 0)
     g = grad.numpy()
     assert binds[live].any() and (~binds[live]).any(), "batch must exercise both cases"
@@ -435,7 +436,7 @@ def test_names_match_the_config_layer():
     from armorlab.core import config
 
     assert config.objective_choices() == tuple(ALL) == (
-        "grpo", "dapo", "dr_grpo", "gspo", "up", "up_gspo", "armor", "cispo", "cispo_verl", "sapo", "gmpo", "dppo_tv",
+        "grpo", "dapo", "dr_grpo", "gspo", "up", "up_gspo", "up_pure_is", "up_self_anchored", "armor", "cispo", "cispo_verl", "sapo", "gmpo", "dppo_tv",
         "dppo_kl", "clip_cov", "kl_cov", "gpg", "dro", "bnpo", "luspo", "vespo")
     assert tuple(AGGREGATORS) == config.AGGREGATIONS
     assert [o for o in ALL if objective_spec(o).sequence_level] == ["gspo", "up_gspo", "gmpo", "luspo"]

@@ -185,3 +185,37 @@ def test_evaluate_names_what_is_wrong_and_exits_2(tmp_path):
         proc = subprocess.run([sys.executable, "-m", "armorlab.cli", "evaluate", str(target)],
                               capture_output=True, text=True, timeout=300)
         assert proc.returncode == 2 and words in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_refill_generates_until_the_batch_is_full_at_most_max_num_gen_batches(tmp_path):
+    # verl's filter_groups: batches of f× the prompts (f = 1 here, 4 groups each) until the groups
+    # that pass the gate fill the 4 slots, at most 3 batches; the reference solves 3 of the 8
+    # training prompts, so a round brings 1.5 training groups on average: some steps fill within the
+    # bound, others run out of it
+    cfg = resolved(objective="dapo", dynamic_sampling=False, anchor_gate=True, max_num_gen_batches=3, max_steps=8)
+    table = answer_table(cfg)
+    solvable = {r["prompt"] for r in _train_rows(cfg)[:3]}
+    sampler = AnswerSampler(tokenizer_for(cfg), lambda p: table[p] if p in solvable else "xx")
+    trainer = build(tmp_path, cfg, trainer_cls=CaptureTrainer, sampler=sampler)
+    trainer.captured = []
+    trainer.train()
+    rows_per_gen = cfg["per_device_train_batch_size"] * cfg["steps_per_generation"]
+    slots, rounds_seen = rows_per_gen // cfg["num_generations"], []
+    for out in trainer.captured:
+        assert out["completion_ids"].size(0) == rows_per_gen                   # the batch keeps its shape
+        keep = out["armorlab_keep"].view(-1, cfg["num_generations"])[:, 0].tolist()
+        assert keep == sorted(keep, reverse=True)                              # groups that train come first
+        rounds = int(out["armorlab_gen:train/gen_batches:total"])
+        drawn = round(float(out["armorlab_gen:anchor/gate_keep_success:count"]) / cfg["num_generations"])
+        drawn += round(float(out["armorlab_gen:anchor/gate_drop_success:count"]) / cfg["num_generations"])
+        assert drawn == rounds * slots                                         # every round drew one batch
+        solvable_drawn = round(float(out["armorlab_gen:anchor/gate_keep_success:count"]) / cfg["num_generations"])
+        assert sum(keep) == min(slots, solvable_drawn)
+        assert 1 <= rounds <= 3 and (sum(keep) == slots or rounds == 3)       # full, or the bound reached
+        short = float(out["armorlab_gen:train/refill_shortfall:total"]) / float(
+            out["armorlab_gen:train/refill_shortfall:count"])
+        assert short == pytest.approx((slots - sum(keep)) / slots)
+        groups = out["armorlab_group"].view(-1, cfg["num_generations"])[:, 0]
+        assert len(set(groups.tolist())) == slots                              # ids unique across rounds
+        rounds_seen.append(rounds)
+    assert max(rounds_seen) > 1, "no step refilled: the check would be vacuous"

@@ -26,7 +26,7 @@ from armorlab.sweeps.submit import plan_sweep
 
 REPO = Path(__file__).resolve().parents[1]
 # the paper specs' 3,072-token completions do not fit the tiny model's 1,024 positions
-TINY = ["model=tiny", "task=arithmetic", "eval_sets=null", "max_completion_length=8"]
+TINY = ["model=tiny", "task=arithmetic", "eval_sets=null", "max_completion_length=8", "overlong_buffer_len=4"]
 
 
 def _specs() -> list[Path]:
@@ -164,3 +164,47 @@ def test_sweep_set_overrides_every_run_and_rejects_bad_items(tmp_path, capsys):
             main(["sweep", str(spec), "--dry-run", "--set", item])
         assert exc.value.code == 2
         assert said in capsys.readouterr().err
+
+
+PAPER_SPECS = [p for p in SPECS if p.parent.name == "paper"]
+
+
+@pytest.mark.parametrize("path", PAPER_SPECS, ids=_id)
+def test_paper_runs_draw_anchors_afresh_except_the_declared_cache_arm(path, tmp_path):
+    """ARMOR Algorithm 1 draws anchors afresh for every batch: every run of a paper sweep that
+    samples from π_ref does so (anchor_cache off in effect), but for armor_controls' cost-saving arm."""
+    from armorlab.sweeps.controls import effective
+
+    plan = plan_or_skip(path, TINY, tmp_path / "runs")
+    sampling = [effective(r.config) for r in plan.runs if r.config["anchor"] or r.config["anchor_gate"]]
+    caches = sorted({c["anchor_cache"] for c in sampling})
+    if path.name == "armor_controls.yaml":
+        assert caches == ["off", "window"]
+        assert sum(c["anchor_cache"] == "window" for c in sampling) == len(load_spec(path).seeds)
+    else:
+        assert caches in ([], ["off"]), f"{path.name}: anchors reused across batches in {caches}"
+
+
+def test_effective_anchor_cache_spells_out_what_null_means():
+    from armorlab.sweeps.controls import diff, effective
+
+    fresh = {"anchor": True, "anchor_gate": True, "ref_reset_steps": 160, "anchor_cache": "off"}
+    cached = {"anchor": True, "anchor_gate": True, "ref_reset_steps": 160}  # null with resets: window
+    static = {"anchor": True, "anchor_gate": True, "ref_reset_steps": 0}    # null, static π_ref: off
+    assert diff(effective(fresh), effective(cached))[0] == {"anchor_cache": ("off", "window")}
+    assert diff(effective(fresh), effective(static))[0] == {"ref_reset_steps": (160, 0)}
+    assert "anchor_cache" not in effective({"anchor": False, "anchor_gate": False, "ref_reset_steps": 160})
+
+
+@pytest.mark.parametrize("path", PAPER_SPECS, ids=_id)
+def test_paper_dry_run_shows_fresh_anchors_and_bounded_refill(path, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    args = ["sweep", str(path), "--dry-run", "--root", str(tmp_path / "runs")]
+    for o in TINY:
+        args += ["--set", o]
+    out = CliRunner().invoke(app, args).output
+    protocol = [line for line in out.splitlines() if line.startswith("  ") and "run(s): " in line and "refill" in line]
+    assert protocol, out
+    assert all("refill ≤ 10 generation batch(es) of 3× the prompts" in line for line in protocol)
+    reused = [line for line in protocol if "reused until π_ref resets" in line]
+    assert len(reused) == (1 if path.name == "armor_controls.yaml" else 0)

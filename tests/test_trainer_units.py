@@ -458,3 +458,23 @@ def test_refill_needs_whole_groups_per_process():
     with pytest.raises(ArmorLabError) as err:
         dyn.check_refill_fits(12, 8, 2)
     assert err.value.key == "dynamic_sampling_factor" and "12" in str(err.value)
+
+
+def test_merge_rounds_pads_prompts_left_completions_right_and_adds_generation_stats():
+    pad = 9
+    a = {"prompt_ids": torch.tensor([[1, 2]]), "prompt_mask": torch.tensor([[1, 1]]),
+         "completion_ids": torch.tensor([[3, 4, 5]]), "completion_mask": torch.tensor([[1, 1, 1]]),
+         "advantages": torch.tensor([0.5]), "armorlab_gen:x:total": torch.tensor(2.0),
+         "armorlab_anchor_rate": torch.tensor(0.25), "num_items_in_batch": torch.tensor(3.0), "meta": "a"}
+    b = {"prompt_ids": torch.tensor([[6, 7, 8]]), "prompt_mask": torch.tensor([[1, 1, 1]]),
+         "completion_ids": torch.tensor([[3]]), "completion_mask": torch.tensor([[1]]),
+         "advantages": torch.tensor([-1.0]), "armorlab_gen:x:total": torch.tensor(5.0),
+         "armorlab_anchor_rate": torch.tensor(0.75), "num_items_in_batch": torch.tensor(1.0), "meta": "b"}
+    out = dyn.merge_rounds([a, b], pad)
+    assert out["prompt_ids"].tolist() == [[pad, 1, 2], [6, 7, 8]]            # TRL left-pads prompts
+    assert out["prompt_mask"].tolist() == [[0, 1, 1], [1, 1, 1]]
+    assert out["completion_ids"].tolist() == [[3, 4, 5], [3, pad, pad]]      # completions on the right
+    assert out["completion_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
+    assert out["advantages"].tolist() == [0.5, -1.0]
+    assert float(out["armorlab_gen:x:total"]) == 7.0                         # (total, count) stats add up
+    assert float(out["armorlab_anchor_rate"]) == 0.5 and out["meta"] == "a"

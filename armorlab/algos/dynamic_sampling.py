@@ -5,8 +5,11 @@ a larger denominator, so dynamic sampling masks it (the trainer multiplies it in
 per-row keep mask as the anchor gate). With an over-generation factor f the trainer samples f×
 the prompt groups and keeps the first groups that train — with reward spread and, with ARMOR's
 gate on, solvable by the reference — so the batch keeps its size: DAPO (§3.2) and ARMOR's
-Algorithm 1 keep sampling until the batch is full; f bounds how far (verl's max_num_gen_batches).
-What f× could not fill stays in the batch, masked, and is logged as ``train/refill_shortfall``.
+Algorithm 1 keep sampling until the batch is full. As verl's DAPO trainer, the trainer generates
+batches of f× the prompts (gen_prompt_bsz) until the groups that train fill the batch on every
+process, at most ``max_num_gen_batches`` of them (``merge_rounds`` joins their outputs). What they
+could not fill stays in the batch, masked, and is logged as ``train/refill_shortfall`` (verl
+raises instead); the batches used per step are ``train/gen_batches``.
 """
 
 from __future__ import annotations
@@ -41,6 +44,34 @@ def refill_rows(keep_local: torch.Tensor, group_size: int, groups: int) -> torch
     return (order.unsqueeze(1) * group_size + torch.arange(group_size, device=order.device)).flatten()
 
 
+def merge_rounds(rounds: list[dict[str, Any]], pad_id: int) -> dict[str, Any]:
+    """One generation output from several refill rounds (TRL's ``_generate_and_score_completions``
+    dicts), rows in round order. Per-row tensors are concatenated, their token dimension padded to
+    the widest round: prompts on the left (TRL left-pads them), everything else on the right, ids with
+    ``pad_id``, masks and per-token values with 0 (masked out). Per-generation (total, count) stats
+    (``armorlab_gen:*``) add up; other 0-d tensors are averaged over the rounds; anything else is the
+    first round's."""
+    out: dict[str, Any] = {}
+    sizes = [r["completion_ids"].size(0) for r in rounds]
+    for key, first in rounds[0].items():
+        values = [r[key] for r in rounds]
+        if not torch.is_tensor(first):
+            out[key] = first
+        elif first.dim() == 0:
+            total = torch.stack(values).sum(0)
+            out[key] = total if key.startswith("armorlab_gen:") else total / len(values)
+        elif all(v.size(0) == n for v, n in zip(values, sizes, strict=True)):
+            width = max(v.size(1) for v in values) if first.dim() == 2 else None
+            fill = pad_id if key.endswith("_ids") else 0
+            left = key.startswith("prompt_")
+            padded = [v if width is None or v.size(1) == width else torch.nn.functional.pad(
+                v, (width - v.size(1), 0) if left else (0, width - v.size(1)), value=fill) for v in values]
+            out[key] = torch.cat(padded)
+        else:
+            out[key] = first
+    return out
+
+
 def extra_prompt_rows(dataset: Any, groups: int, group_size: int, seed: int) -> list[dict]:
     """``groups`` more prompts from ``dataset`` (map-style), each repeated ``group_size`` times as
     TRL's RepeatSampler lays them out, drawn by a generator seeded with ``seed`` alone: the same
@@ -49,9 +80,10 @@ def extra_prompt_rows(dataset: Any, groups: int, group_size: int, seed: int) -> 
     return [dataset[i] for i in picks for _ in range(group_size)]
 
 
-def check_refill_fits(local_rows: int, group_size: int, factor: int) -> None:
+def check_refill_fits(local_rows: int, group_size: int, factor: int, batches: int = 1) -> None:
     """The refill selects whole groups on each process: its generation batch must hold whole groups."""
-    if factor > 1 and local_rows % group_size:
+    if (factor > 1 or batches > 1) and local_rows % group_size:
+        key, value = ("dynamic_sampling_factor", factor) if factor > 1 else ("max_num_gen_batches", batches)
         raise ArmorLabError(f"the refill selects whole groups per process: per_device_train_batch_size × "
                             f"steps_per_generation ({local_rows}) must be a multiple of num_generations "
-                            f"({group_size})", key="dynamic_sampling_factor", value=factor)
+                            f"({group_size})", key=key, value=value)

@@ -17,6 +17,10 @@ Which direction a sample estimates depends only on who drew the samples:
 mass the policy has dropped, reverse KL how far the policy's own samples moved.) Reward-filtered
 samples of π_ref (ARMOR's anchors) are neither direction's samples.
 
+(K3v) verl's ``low_var_kl`` (verl 0.9.1 ``core_algos.kl_penalty_forward``): k3 with the
+      log-ratio clamped to [−20, 20] before the exponential and the per-token value clamped to
+      [−10, 10]; evaluated as verl writes it, exp(log_r) − log_r − 1, so it matches verl bit for bit.
+
 (K4)  next-token forward KL at the policy's own prefixes, by importance weighting: at a prefix
       y<t with the token x ~ π_θ(·|y<t) and w = π_ref(x|y<t)/π_θ(x|y<t),
       KL(π_ref(·|y<t) ‖ π_θ(·|y<t)) = E_θ[w log w] = E_θ[w log w − w + 1]; the second form (used
@@ -70,15 +74,31 @@ def k3(log_r: Any) -> Any:
     return array_namespace(log_r).expm1(log_r) - log_r
 
 
-_KERNELS = {"k1": k1, "k2": k2, "k3": k3}
+def low_var_kl(log_r: Any) -> Any:
+    """(K3v) verl's low_var_kl: clamp(exp(l) − l − 1, −10, 10) with l = clamp(log_r, −20, 20).
+
+    The clamps bound one token's penalty (and cut its gradient where they bind): k3 grows as
+    exp(log_r), so a single token whose π_θ fell far below π_ref would otherwise dominate the loss.
+    """
+    log_r = _array(log_r)
+    xp = array_namespace(log_r)
+    clamped = xp.clip(log_r, -VERL_LOG_RATIO_CLAMP, VERL_LOG_RATIO_CLAMP)
+    return xp.clip(xp.exp(clamped) - clamped - 1, -VERL_KL_CLAMP, VERL_KL_CLAMP)
+
+
+# verl 0.9.1 core_algos.kl_penalty_forward("low_var_kl"): the log-ratio's and the value's clamps
+VERL_LOG_RATIO_CLAMP, VERL_KL_CLAMP = 20.0, 10.0
+# the penalty's estimators (config key kl_estimator); telemetry uses ESTIMATORS only
+PENALTY_ESTIMATORS: tuple[str, ...] = ("k3", "k2", "low_var_kl")
+_KERNELS = {"k1": k1, "k2": k2, "k3": k3, "low_var_kl": low_var_kl}
 
 
 def estimator(name: str):
-    """The estimator function called ``name`` ("k1", "k2" or "k3")."""
+    """The estimator function called ``name`` ("k1", "k2", "k3" or "low_var_kl")."""
     try:
         return _KERNELS[name]
     except (KeyError, TypeError):
-        raise ValueError(f"unknown KL estimator {name!r} (known: {', '.join(ESTIMATORS)})") from None
+        raise ValueError(f"unknown KL estimator {name!r} (known: {', '.join(_KERNELS)})") from None
 
 
 def reverse_kl_tokens(logp: Any, ref_logp: Any, estimator_name: str = "k3") -> Any:

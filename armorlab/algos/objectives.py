@@ -319,6 +319,24 @@ def up_gspo(b: Batch) -> Surrogate:
     return clipped(b, sequence_log_ratio(log_r, b.n_tokens).exp(), unbounded_positive=True)
 
 
+# UP's ablations (arXiv 2607.06987, §5.3 and Fig. 5): what UP's positive branch is compared with
+@register_objective("up_pure_is", aggregation="token-mean", capacity="unbounded_positive")
+def up_pure_is(b: Batch) -> Surrogate:
+    """UP's "pure IS" ablation: A > 0 → −A·π_θ/π_old, the importance ratio unclipped; A ≤ 0 → dapo."""
+    log_r = token_log_ratio(b.logp, b.old_logp)
+    ratio = log_r.exp()
+    return clipped(b, ratio, unbounded_positive=True, plain_log_ratio=log_r, plain_ratio=ratio)
+
+
+@register_objective("up_self_anchored", aggregation="token-mean", capacity="unbounded")
+def up_self_anchored(b: Batch) -> Surrogate:
+    """UP's self-anchored ablation: −A·π_θ/sg(π_θ) on both advantage signs (value 1, gradient
+    −A·∇log π_θ), no bound on either side: π_old enters nowhere."""
+    ratio = token_log_ratio(b.logp, b.logp.detach()).exp()
+    unbounded = b.adv.new_tensor(math.inf).expand_as(b.adv)
+    return Surrogate(-b.adv * ratio, ratio, -unbounded, unbounded)
+
+
 # ARMOR's τ = 160 rollout steps is the paper's; the shipped tiny sweeps set a scaled-down τ themselves
 @register_objective("armor", aggregation="token-mean", capacity="mixed", uses_reference=True,
                     defaults={"anchor": True, "anchor_gate": True, "ref_reset_steps": 160})

@@ -32,6 +32,7 @@ from armorlab.core.fsutil import refuse_symlinks
 from armorlab.core.runs import RunDir
 from armorlab.stats import collapse, select
 from armorlab.stats import seeds as stats
+from armorlab.stats.effective_batch import EFFECTIVE_BATCH_TOLERANCE, effective_batch_gap
 
 log = logging.getLogger(__name__)
 
@@ -176,8 +177,26 @@ def group_runs(recipe: Recipe, loaded: Loaded,
         if mixed:
             notes.add(f"group {row['group']} mixes runs with different {', '.join(mixed)}: "
                       f"add them to group_by to separate them")
-    return Grouped(groups, list(keys), G.names_of(groups, rs, names), diff,
-                   G.comparison_pairs(rs.runs, groups, recipe), tuple(notes.items))
+    display, pairs = G.names_of(groups, rs, names), G.comparison_pairs(rs.runs, groups, recipe)
+    _effective_batch_notes(rs, groups, pairs, display, notes)
+    return Grouped(groups, list(keys), display, diff, pairs, tuple(notes.items))
+
+
+def _effective_batch_notes(rs: RunSet, groups: G.Groups, pairs: Sequence[tuple[str, str]],
+                           display: Mapping[str, str], notes: G.Notes) -> None:
+    """A note for each compared pair whose effective batches differ beyond the tolerance
+    (armorlab.stats.effective_batch, from train/refill_shortfall)."""
+    def shortfalls(label: str) -> list[float]:
+        means = [rs.curve(r, "train/refill_shortfall")[1] for r in groups.members.get(label, ())]
+        return [float(m.mean()) for m in means if m.size]
+
+    for a, b in pairs:
+        gap = effective_batch_gap(shortfalls(b), shortfalls(a))
+        if gap is not None:
+            notes.add(f"effective batch differs between {display.get(a, a)} and {display.get(b, b)}: "
+                      f"{gap[1]:.0%} vs {gap[0]:.0%} of the batch trains (1 − mean train/refill_shortfall; "
+                      f"tolerance {EFFECTIVE_BATCH_TOLERANCE:.0%}): their batch sizes and loss normalisers "
+                      f"differ — raise max_num_gen_batches, or read the comparison with that in mind")
 
 
 # --------------------------------------------------------------------------- score

@@ -137,6 +137,7 @@ def _print_dry_run(plan, workers: int | None, cluster_max: Callable[[], int] | N
     lines = [_summary(plan), ""]
     lines += [f"{r.run_id}  {plan.actions[r.run_id]:<16}  {describe_run(r)}" for r in plan.runs]
     lines.append("")
+    lines += _protocol_lines(plan)
     lines += _controls_lines(plan)
     todo = plan.to_submit
     if plan.executor == "slurm":
@@ -179,6 +180,31 @@ def _print_dry_run(plan, workers: int | None, cluster_max: Callable[[], int] | N
             python = plan.profile.python or shlex.quote(argv[0])  # the profile's shell text, as written
             lines += ["", f"each run is trained by: {python} {shlex.join(argv[1:])}"]
     sys.stdout.write("\n".join(lines) + "\n")
+
+
+def _protocol_lines(plan) -> list[str]:
+    """Per stage, how its runs sample anchors and refill, and their horizon, from the resolved configs."""
+    from collections import Counter
+
+    from armorlab.sweeps.controls import effective
+
+    lines = []
+    for stage in dict.fromkeys(r.stage for r in plan.runs):
+        seen: Counter = Counter()
+        for r in (r for r in plan.runs if r.stage == stage):
+            c = effective(r.config)
+            anchors = ("no reference draws" if not (c["anchor"] or c["anchor_gate"]) else
+                       "reference draws (anchors, gate) afresh every batch" if c["anchor_cache"] == "off" else
+                       "reference draws reused until π_ref resets (anchor_cache: window)")
+            refill = ("no refill" if not (c["dynamic_sampling"] or c["anchor_gate"]) else
+                      f"refill ≤ {c.get('max_num_gen_batches', 1)} generation batch(es) of "
+                      f"{c.get('dynamic_sampling_factor') or 1}× the prompts")
+            horizon = (f"{c['max_rollouts']} rollouts" if c.get("max_rollouts") else f"{c['max_steps']} steps")
+            seen[f"{anchors}; {refill}; {horizon}"] += 1
+        where = f" of stage {stage}" if stage is not None else ""
+        lines.append(f"protocol{where} (resolved configs; where each value comes from: the spec's comments, docs/papers.md):")
+        lines += [f"  {n} run(s): {text}" for text, n in seen.items()]
+    return [*lines, ""] if lines else []
 
 
 def _controls_lines(plan) -> list[str]:

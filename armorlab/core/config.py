@@ -245,7 +245,8 @@ FIELDS: dict[str, Field] = {
                                  type=str),
     "quantile_k": Field(0.4, number(0.0, 1.0, lo_open=True), "QAE's K: baseline = K-quantile of the group",
                         type=float | None),
-    "kl_estimator": Field("k3", choice("k3", "k2"), "per-token estimator of the β·KL(π_θ‖π_ref) penalty",
+    "kl_estimator": Field("k3", choice("k3", "k2", "low_var_kl"), "per-token estimator of the β·KL(π_θ‖π_ref) "
+                          "penalty: k3 (TRL's, unclamped), k2, or low_var_kl (verl's: k3 clamped to [−10, 10])",
                           type=str | None),
     "dual_clip": Field(None, _dual_clip, "dual-clip constant c > 1 for A < 0 (verl), null = off",
                        type=float | None),
@@ -282,6 +283,14 @@ FIELDS: dict[str, Field] = {
                               "(TRL's rotation alone)", type=int),
     "val_samples": Field(4, integer(1), "k of avg@k / pass@k", type=int),
     "val_temperature": Field(1.0, number(0.0), "sampling temperature for validation", type=float),
+    "val_top_p": Field(None, optional(number(0.0, 1.0, lo_open=True)), "top-p of validation sampling (verl's "
+                       "val_kwargs.top_p; the DAPO recipe's 0.7); null = the training top_p", type=float | None),
+    "overlong_buffer_len": Field(0, integer(0), "DAPO's soft overlong punishment: the last N tokens before "
+                                 "max_completion_length cost up to overlong_penalty_factor of reward, linearly "
+                                 "(verl's overlong_buffer.len); 0 = off", type=int),
+    "overlong_penalty_factor": Field(1.0, number(0.0), "reward a completion of max_completion_length tokens loses "
+                                     "to the overlong punishment (verl's overlong_buffer.penalty_factor)",
+                                     type=float),
     "val_greedy": Field(False, boolean, "also score one greedy completion per held-out prompt (val/acc_greedy, "
                         "test/acc_greedy) beside val/acc's val_samples at val_temperature; inert at "
                         "val_temperature 0, where val/acc is greedy", type=bool),
@@ -299,6 +308,10 @@ FIELDS: dict[str, Field] = {
                                      "first groups that train: with unequal rewards (dynamic_sampling) and past "
                                      "the gate (anchor_gate); verl's filter_groups; 1 = no refill",
                                      type=int | None),
+    "max_num_gen_batches": Field(1, integer(1), "refill until the batch is full: generation batches (each of "
+                                 "dynamic_sampling_factor × the prompts) per step at most, verl's "
+                                 "max_num_gen_batches; what they cannot fill is logged as train/refill_shortfall; "
+                                 "1 = one batch", type=int),
     "init_from": Field(None, _init_from, "start from the checkpoint another run selected (its selected.json), "
                        "π_ref initialised to it: {run: <sweep>/<run-id>, select: {metric, mode} | {step: N} | "
                        "{rollout: N} | {mode: last}, optimizer: fresh|parent, warmup: N}; a sweep's `stages:` "
@@ -352,7 +365,8 @@ REF_VLLM_KEYS = ("ref_vllm_mode", "ref_vllm_memory", "ref_vllm_dtype", "ref_vllm
 DROPPED_AT_DEFAULT: dict[str, Any] = {"step_unit": "optimizer", "max_rollouts": None, "anchor_cache": None,
                                       "anchor_rounds": "one",
                                       "keep_checkpoints": 1, "init_from": None, "ref_from": None,
-                                      "val_greedy": False,
+                                      "val_greedy": False, "val_top_p": None, "overlong_buffer_len": 0,
+                                      "overlong_penalty_factor": 1.0, "max_num_gen_batches": 1,
                                       "grad_share_every": 10,
                                       "ref_vllm_dtype": None, "ref_vllm_tensor_parallel_size": 1,
                                       "kl_telemetry": True, "ref_validate_resets": False,
@@ -458,7 +472,11 @@ TASK_FIELDS: dict[str, dict[str, Field]] = {
                              "(a list of {role, content} messages, TRL's format)"),
         "answer_key": Field("answer", text, "column holding the reference answer"),
         "prompt_template": Field(None, optional(text), "text prompt around the problem; {problem} marks "
-                                 "its place (e.g. the boxed-answer instruction)"),
+                                 "its place (e.g. the boxed-answer instruction, or `dapo`: DAPO-Math-17k's "
+                                 "\"Answer:\" instruction)"),
+        "scorer": Field("boxed", choice("boxed", "answer_line"), "what a completion is scored on: its boxed "
+                        "answer (math-verify), or DAPO-Math's last \"Answer:\" line (verl's math_dapo; boxed as "
+                        "fallback)"),
         "system_prompt": Field(None, optional(text), "system message of chat prompts"),
         "chat": Field(None, optional(boolean), "send chat prompts (the tokenizer's chat template, as TRL "
                       "applies it); null = when the model's tokenizer has a chat template"),
@@ -596,8 +614,10 @@ def _resolve_task(raw: Any, file: str | None, check_paths: bool = True) -> dict[
             ident = data_identity(out["path"], file=file)
             out["path"], out["fingerprint"] = ident["path"], ident["fingerprint"]
             check_held_out(out, raw, file)
+        if out["scorer"] == "boxed":
+            del out["scorer"]  # the default: math configs written before the key keep their run ids
         template = out["prompt_template"]
-        if template is not None and "{problem}" not in template:
+        if template is not None and template != "dapo" and "{problem}" not in template:
             raise ArmorLabError("must contain {problem} where the problem goes", key="task.prompt_template",
                                 value=template, file=file)
     return out
@@ -760,6 +780,12 @@ def _resolve_once(raw: Mapping[str, Any], *, file: str | None = None, check_path
                             "ref_vllm_mode: none", key="ref_vllm_mode", value=out["ref_vllm_mode"], file=file)
     check_vllm_servers(out, file)
     check_engine_parallelism(out, file)
+    check_full_support_sampling(out, file)
+    if out["overlong_buffer_len"] and isinstance(out.get("max_completion_length"), int) \
+            and out["overlong_buffer_len"] >= out["max_completion_length"]:
+        raise ArmorLabError(f"the overlong buffer must be shorter than max_completion_length "
+                            f"({out['max_completion_length']})", key="overlong_buffer_len",
+                            value=out["overlong_buffer_len"], file=file)
     if check_paths:
         _fingerprint_ref_checkpoint(out, file)
     out["task"] = _resolve_task(raw.get("task"), file, check_paths)
@@ -769,6 +795,30 @@ def _resolve_once(raw: Mapping[str, Any], *, file: str | None = None, check_path
         check_lengths(out, file)
     _normalise_inert(out)
     return out
+
+
+# UP's objectives: the A > 0 branch π_θ/sg(π_θ) (and pure IS, π_θ/π_old unclipped) assumes the rows
+# were sampled from π_θ's full distribution; no ratio corrects a truncated sampler there.
+UP_OBJECTIVES = ("up", "up_gspo", "up_pure_is", "up_self_anchored")
+# (key, value at which sampling keeps the full vocabulary); TRL's defaults
+FULL_SUPPORT = (("top_p", 1.0), ("top_k", 0), ("min_p", 0.0))
+
+
+def check_full_support_sampling(out: Mapping[str, Any], file: str | None) -> None:
+    """Refuse truncated sampling (top_p < 1, top_k > 0, min_p > 0) with ARMOR's anchors or UP:
+    vLLM's log-probs are then renormalised over the kept tokens (TRL issue 6789), while anchors
+    are scored with π_ref's full-vocabulary log-probs, and UP's positive branch has no ratio
+    that could correct for the truncated sampler (docs/papers.md, "Truncated sampling")."""
+    if not (out.get("anchor") or out["objective"] in UP_OBJECTIVES):
+        return
+    who = "ARMOR's anchors (anchor: true)" if out.get("anchor") else f"objective {out['objective']}"
+    for key, full in FULL_SUPPORT:
+        value = out.get(key)
+        if value is not None and value != full:
+            raise ArmorLabError(f"truncated sampling biases {who}: log-probs of a truncated sampler are "
+                                f"renormalised over the kept tokens, π_ref's and π_θ's are not; use {key}: "
+                                f"{full} (validation sampling has its own val_* keys)", key=key, value=value,
+                                file=file)
 
 
 def _fingerprint_ref_checkpoint(out: dict[str, Any], file: str | None) -> None:
@@ -880,8 +930,13 @@ def _normalise_inert(cfg: dict[str, Any]) -> None:
     # the refill serves both filters; gate-only configs from before it did keep a null factor
     if not cfg["dynamic_sampling"] and (not cfg["anchor_gate"] or cfg["dynamic_sampling_factor"] == 1):
         cfg["dynamic_sampling_factor"] = None
+    if not (cfg["dynamic_sampling"] or cfg["anchor_gate"]):
+        cfg["max_num_gen_batches"] = 1  # nothing to refill
     if cfg["val_temperature"] == 0:  # val/acc is the greedy score already
         cfg["val_greedy"] = False
+        cfg["val_top_p"] = None
+    if not cfg["overlong_buffer_len"]:
+        cfg["overlong_penalty_factor"] = 1.0
     for key, default in DROPPED_AT_DEFAULT.items():
         if key in cfg and cfg[key] == default:
             del cfg[key]

@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from armorlab.core.config import INERT_KEYS, LOGGING_KEYS, get_dotted, known_keys
+from armorlab.core.config import INERT_KEYS, LOGGING_KEYS, default_anchor_cache, get_dotted, known_keys
 from armorlab.core.runs import canonical_json
 from armorlab.errors import ArmorLabError
 
@@ -196,6 +196,15 @@ def flatten(cfg: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def effective(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The config with the values a null stands for spelled out where the comparison needs them:
+    ``anchor_cache`` with anchors or the gate on (window when π_ref resets, else off), so fresh
+    anchors and the cache arm differ visibly instead of as a key one of them lacks."""
+    if not (cfg.get("anchor") or cfg.get("anchor_gate")) or cfg.get("anchor_cache") is not None:
+        return cfg
+    return {**cfg, "anchor_cache": default_anchor_cache(cfg.get("ref_reset_steps", 0), cfg.get("ref_reset_schedule"))}
+
+
 def diff(a: Mapping[str, Any], b: Mapping[str, Any]) -> tuple[dict[str, tuple[Any, Any]], list[str]]:
     """Keys in which two configs differ ((a's, b's); a key one lacks shows as None) and, among them,
     those that are inert in one of the two (resolved to null there)."""
@@ -217,7 +226,7 @@ def check(groups: Sequence[Controls], configs: Sequence[tuple[str, Mapping[str, 
     names."""
     arms: dict[str, tuple[str, Mapping[str, Any]]] = {}
     for label, cfg in configs:
-        arms.setdefault(arm_key(cfg), (label, cfg))
+        arms.setdefault(arm_key(cfg), (label, effective(cfg)))
     covered: set[str] = set()
     pairs: list[Pair] = []
     for group in groups:

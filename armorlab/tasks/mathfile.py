@@ -33,7 +33,7 @@ from armorlab.core.model_dir import entry_problem
 from armorlab.errors import ArmorLabError
 from armorlab.tasks.base import Task
 from armorlab.tasks.heldout import first_of_each, problem_key
-from armorlab.tasks.rewards import math_verify_reward, non_finite_answer, parse_gold
+from armorlab.tasks.rewards import DAPO_PROMPT_TEMPLATE, SCORERS, non_finite_answer, parse_gold
 
 log = logging.getLogger(__name__)
 
@@ -186,6 +186,7 @@ def make_prompt(problem: str | list[dict[str, str]], *, template: str | None, sy
                 chat: bool) -> str | list[dict[str, str]]:
     """One prompt as TRL takes it: plain text, or a conversation TRL renders with the chat template."""
     if isinstance(problem, str):
+        template = DAPO_PROMPT_TEMPLATE if template == "dapo" else template
         text = template.replace("{problem}", problem) if template else problem
         if not chat:
             return f"{system}\n\n{text}" if system else text
@@ -243,7 +244,7 @@ def build(cfg: Mapping[str, Any], *, chat: bool = False) -> Task:
 
     train = rows_at(train_idx)
     return Task(name="math", train=train, val=rows_at(order[:val_end]), test=rows_at(order[val_end:test_end]),
-                reward_funcs=[math_verify_reward], warm_start=train, target_completion=boxed,
+                reward_funcs=[SCORERS[cfg.get("scorer", "boxed")]], warm_start=train, target_completion=boxed,
                 completion_chars=None, settings={**cfg, "chat": use_chat, "dedup_dropped": dropped})
 
 

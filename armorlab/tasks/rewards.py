@@ -163,3 +163,68 @@ def math_verify_reward(prompts: Sequence[Any] | None = None, completions: Sequen
                        answer: Sequence[Any] | None = None, **kwargs: Any) -> list[float]:
     """math-verify reward: boxed-answer extraction, symbolic/numeric equality with the answer."""
     return [math_verify_score(c, a) for c, a in _pairs(completions if completions is not None else [], answer)]
+
+
+# --------------------------------------------------------------------------- DAPO-Math's "Answer:" line
+# The prompt DAPO-Math-17k's rows carry (Yu et al. 2025, arXiv 2503.14476, the DAPO-Math-17k data set):
+# the answer goes on a last line "Answer: ...", which verl's ``math_dapo`` scorer reads.
+DAPO_PROMPT_TEMPLATE = (
+    "Solve the following math problem step by step. The last line of your response should be of the form "
+    "Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n{problem}\n\n"
+    'Remember to put your answer on its own line after "Answer:".')
+# verl 0.9.1 math_dapo: the answer pattern, and the completion's tail it reads (its longest MATH-500
+# answer is 159 characters)
+ANSWER_LINE = re.compile(r"(?i)Answer\s*:\s*([^\n]+)")
+ANSWER_TAIL_CHARS = 300
+
+
+def answer_line(completion: Any) -> str | None:
+    """The text after the last "Answer:" in the completion's last 300 characters (as verl's
+    ``math_dapo`` extracts it), None when there is none."""
+    text = completion_text(completion)
+    found = ANSWER_LINE.findall(text[-ANSWER_TAIL_CHARS:]) if text else []
+    return found[-1].strip() if found else None
+
+
+def answer_line_score(completion: Any, answer: Any) -> float:
+    """1.0 when the last "Answer:" line equals ``answer`` (math-verify equivalence), else 0.0; a
+    completion without such a line is scored on its boxed answer, as verl's ``math_dapo`` falls
+    back to ``\\boxed{}``."""
+    found = answer_line(completion)
+    if found is None:
+        return math_verify_score(completion, answer)
+    return math_verify_score(f"\\boxed{{{found}}}", answer)
+
+
+def answer_line_reward(prompts: Sequence[Any] | None = None, completions: Sequence[Any] | None = None,
+                       answer: Sequence[Any] | None = None, **kwargs: Any) -> list[float]:
+    """DAPO-Math's reward: the "Answer:" line (boxed answer as fallback) against the reference answer."""
+    return [answer_line_score(c, a) for c, a in _pairs(completions if completions is not None else [], answer)]
+
+
+SCORERS = {"boxed": math_verify_reward, "answer_line": answer_line_reward}
+
+
+# --------------------------------------------------------------------------- overlong reward shaping
+def soft_overlong_penalty(length: int, max_len: int, buffer: int, factor: float = 1.0) -> float:
+    """DAPO (Yu et al. 2025, arXiv 2503.14476, §3.4, Eq. 13) soft overlong punishment, as verl's
+    DAPO reward manager adds it: 0 up to L_max − L_cache tokens, then falling linearly to −factor
+    at L_max: min(−(|y| − (L_max − L_cache)) / L_cache · factor, 0)."""
+    return min(-(length - (max_len - buffer)) / buffer * factor, 0.0)
+
+
+class OverlongPenalty:
+    """Reward function adding ``soft_overlong_penalty`` per completion (TRL sums the reward
+    functions, as verl adds it to the score). Counts tokens of ``completion_ids`` (eos included,
+    as verl's response length). ``shapes_length``: anchors and validation judge correctness
+    without it (the trainer's ``_reward_values``)."""
+
+    __name__ = "overlong_penalty"
+    shapes_length = True
+
+    def __init__(self, max_len: int, buffer: int, factor: float) -> None:
+        self.max_len, self.buffer, self.factor = int(max_len), int(buffer), float(factor)
+
+    def __call__(self, prompts: Any = None, completions: Any = None, completion_ids: Any = None,
+                 **kwargs: Any) -> list[float]:
+        return [soft_overlong_penalty(len(ids), self.max_len, self.buffer, self.factor) for ids in completion_ids or ()]

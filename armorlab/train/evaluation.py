@@ -170,6 +170,8 @@ class Validator:
         cfg = copy.deepcopy(tr.armorlab_generation_config)
         if temperature > 0:
             cfg.do_sample, cfg.temperature = True, temperature
+            if tr.args.val_top_p is not None:  # verl's val_kwargs.top_p
+                cfg.top_p = tr.args.val_top_p
         else:
             cfg.do_sample, cfg.temperature = False, None
             cfg.top_p = cfg.top_k = cfg.min_p = None
@@ -262,11 +264,13 @@ def vllm_samples(trainer: Any, prompt_ids: list[list[int]], k: int, temperature:
     filler = list(prompt_ids[-1]) if prompt_ids else [trainer._tokenizer.pad_token_id]
     padded = [list(p) for p in prompt_ids] + [filler] * (most - len(prompt_ids))
     rows = [p for p in padded for _ in range(k)]
-    saved = gen.temperature
+    saved = gen.temperature, gen.top_p
     gen.temperature = temperature
+    if temperature > 0 and trainer.args.val_top_p is not None:  # verl's val_kwargs.top_p
+        gen.top_p = trainer.args.val_top_p
     try:
         _, completion_ids, _, _ = gen.generate(prompts=rows, images=None, num_generations=k)
     finally:
-        gen.temperature = saved
+        gen.temperature, gen.top_p = saved
     return [completions(trainer._tokenizer, completion_ids[i * k:(i + 1) * k], trainer.eos_token_ids)
             for i in range(len(prompt_ids))]

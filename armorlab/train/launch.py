@@ -434,6 +434,11 @@ def build_trainer(cfg: dict[str, Any], run_dir: RunDir, callbacks: Iterable[Any]
         ref_path = None if reference is None else \
             prepare_model(cfg["model"], cfg["task"]) if reference.source == "model" else reference.path
     task = build_task(cfg["task"], chat=has_chat_template(model))
+    if cfg.get("overlong_buffer_len"):  # DAPO's soft overlong punishment, added to the task's reward
+        from armorlab.tasks.rewards import OverlongPenalty
+
+        task.reward_funcs = [*task.reward_funcs, OverlongPenalty(
+            cfg["max_completion_length"], cfg["overlong_buffer_len"], cfg.get("overlong_penalty_factor", 1.0))]
     check_can_step(args, len(task.train), str(run_dir.config_path))
     held_out = build_eval_sets(cfg, task)  # refuses a set that shares problems with training
     data_metrics = {"data/dedup_dropped": float(task.settings["dedup_dropped"])} \

@@ -245,7 +245,8 @@ class ArmorLabTrainer(GRPOTrainer):
         custom_rollout = self.tools or self.rollout_func is not None or self.environment_factories is not None
         if self.args.dynamic_sampling or self.args.anchor_gate:
             dyn.check_refill_fits(self.args.per_device_train_batch_size * self.args.steps_per_generation,
-                                  self.num_generations, self.args.dynamic_sampling_factor)
+                                  self.num_generations, self.args.dynamic_sampling_factor,
+                                  self.args.max_num_gen_batches or 1)
         if custom_rollout and (self.args.anchor or self.args.anchor_gate):
             raise ArmorLabError("anchors are not supported with tools, rollout_func or environments",
                                 key="anchor", value=self.args.anchor)
@@ -314,13 +315,16 @@ class ArmorLabTrainer(GRPOTrainer):
 
     def _reward_values(self, prompts: list, completions: list[str], completion_ids: list[list[int]],
                        rows: list[dict]) -> list[float]:
-        """Σ_i w_i·f_i over the (plain) reward functions, as TRL weighs them; unscorable → NaN."""
+        """Σ_i w_i·f_i over the (plain) reward functions, as TRL weighs them; unscorable → NaN.
+        Anchors and validation judge correctness: length shaping (``shapes_length``) is left out."""
         comps = [self._as_completion(c, p) for c, p in zip(completions, prompts, strict=True)]
         keys = [k for k in (rows[0] if rows else {}) if k not in ("prompt", "completion", "completion_ids")]
         kwargs = {k: [r[k] for r in rows] for k in keys}
         total = torch.zeros(len(prompts))
         scored = torch.zeros(len(prompts), dtype=torch.bool)
         for weight, func in zip(self.reward_weights.tolist(), self.reward_funcs, strict=True):
+            if getattr(func, "shapes_length", False):  # correctness only: no overlong punishment
+                continue
             out = func(prompts=prompts, completions=comps, completion_ids=completion_ids,
                        trainer_state=self.state, log_extra=lambda *a, **k: None,
                        log_metric=lambda *a, **k: None, **kwargs)
@@ -423,22 +427,67 @@ class ArmorLabTrainer(GRPOTrainer):
     def _generate_and_score_completions(self, inputs):
         target = len(inputs)
         filters = self.args.dynamic_sampling or self.args.anchor_gate  # what the refill refills
-        if self.model.training and filters and self.args.dynamic_sampling_factor > 1:
+        if not (self.model.training and filters):
+            output, _ = self._generation_round(inputs, 0, defer=False)
+            if not self.model.training:
+                return output
+            self._score_kept(output, ())
+            return self._loss_counts(output)
+        # verl's filter_groups: generation batches of f× the prompts until the groups that train
+        # fill the batch on every process, at most max_num_gen_batches of them (DAPO §3.2, Algorithm 1)
+        factor, bound, groups = self.args.dynamic_sampling_factor or 1, self.args.max_num_gen_batches or 1, \
+            target // self.num_generations
+        rounds: list[dict] = []
+        deferred: set[str] = set()
+        while True:
             seed = (self.args.seed * 1_000_003 + self.state.global_step) * 1009 + self.accelerator.process_index
-            inputs = list(inputs) + dyn.extra_prompt_rows(
-                self.train_dataset, (self.args.dynamic_sampling_factor - 1) * target // self.num_generations,
-                self.num_generations, seed)
+            seed = seed * 131 + len(rounds) if rounds else seed  # round 0 draws what the single refill drew
+            extra = (factor - 1) * groups if not rounds else factor * groups
+            fresh = dyn.extra_prompt_rows(self.train_dataset, extra, self.num_generations, seed) if extra else []
+            drawn = (list(inputs) if not rounds else []) + fresh
+            # a round drawing more rows than train has π_old and π_ref scored after the filter (verl's order)
+            output, later = self._generation_round(drawn, len(rounds),
+                                                   defer=(len(drawn) > target or bool(rounds)) and self.score_after_filter)
+            rounds.append(output)
+            deferred.update(later)
+            if len(rounds) >= bound:
+                break
+            # whole groups per process here (check_refill_fits): the fewest that train on any process
+            training = sum(float(r["armorlab_keep"].view(-1, self.num_generations)[:, 0].sum()) for r in rounds)
+            fewest = self.accelerator.gather(torch.tensor([training], device=self.accelerator.device)).min()
+            if float(fewest) >= groups:
+                break
+        output = dyn.merge_rounds(rounds, self._tokenizer.pad_token_id) if len(rounds) > 1 else rounds[0]
+        device, n = self.accelerator.device, output["completion_ids"].size(0)
+        output[f"{GENERATION_STAT}train/gen_batches:total"] = torch.tensor(float(len(rounds)), device=device)
+        output[f"{GENERATION_STAT}train/gen_batches:count"] = torch.tensor(1.0, device=device)
+        if n > target:  # over-generated: train on the first groups that train (spread, and past the gate)
+            rows = dyn.refill_rows(output["armorlab_keep"], self.num_generations, groups)
+            output = {k: v[rows] if torch.is_tensor(v) and v.dim() and v.size(0) == n else v for k, v in output.items()}
+            mask = output["completion_mask"] * output.get("tool_mask", 1)
+            output["num_items_in_batch"] = self.accelerator.gather(mask.sum()).sum()
+        self._score_kept(output, deferred)
+        # rows of the batch the filters left without a training group, refill included
+        output[f"{GENERATION_STAT}train/refill_shortfall:total"] = target - output["armorlab_keep"].sum()
+        output[f"{GENERATION_STAT}train/refill_shortfall:count"] = torch.tensor(float(target), device=device)
+        return self._loss_counts(output)
+
+    def _generation_round(self, inputs, round_index: int, *, defer: bool):
+        """One generation batch (TRL's generation and scoring, anchors, gate, dynamic sampling's
+        keep mask): round ``round_index`` of a refill; group ids stay unique across rounds. With
+        ``defer`` the no-grad π_old/π_ref scoring is put off (:meth:`_score_kept`): returns the
+        output and the names of the log-probs left to score."""
         self._rollout_inputs, self._rollout_marks = inputs, None
-        self._deferred = [] if len(inputs) > target and self.score_after_filter else None
+        self._deferred = [] if defer else None
         try:
             output = super()._generate_and_score_completions(inputs)
         finally:
             self._rollout_inputs = None
-            deferred, self._deferred = self._deferred, None
+            deferred, self._deferred = self._deferred or [], None
         if not self.model.training:  # TRL's own evaluation: no anchors, no gate, no telemetry
             if "ref_per_token_logps" not in output:  # TRL computes them only when beta != 0
                 self._add_reference_logps(output)
-            return output
+            return output, deferred
         device = self.accelerator.device
         marks, self._rollout_marks = self._rollout_marks, None
         n = output["completion_ids"].size(0)
@@ -456,7 +505,8 @@ class ArmorLabTrainer(GRPOTrainer):
         # TRL generates when its micro-step counter _step (saved with checkpoints) reaches a
         # multiple of steps_per_generation·num_iterations; global_step would repeat with GA > 1.
         generation = self._step // (self.args.steps_per_generation * self.num_iterations)
-        first = generation * self._rewards_gathered.numel()  # global rows generated, over-generation included
+        # global rows generated, over-generation included; each refill round its own block of ids
+        first = (generation * (self.args.max_num_gen_batches or 1) + round_index) * self._rewards_gathered.numel()
         output["armorlab_group"] = torch.div(torch.arange(first + start, first + start + n, device=device),
                                              self.num_generations, rounding_mode="floor")
         keep = torch.ones(n, device=device)
@@ -496,15 +546,9 @@ class ArmorLabTrainer(GRPOTrainer):
                 float((1.0 - spread).sum()) / self.num_generations, device=device)
             output[f"{GENERATION_STAT}train/zero_var_frac:count"] = torch.tensor(groups_all, device=device)
         output["armorlab_keep"] = keep
-        if n > target:  # over-generated: train on the first groups that train (spread, and past the gate)
-            rows = dyn.refill_rows(keep, self.num_generations, target // self.num_generations)
-            output = {k: v[rows] if torch.is_tensor(v) and v.dim() and v.size(0) == n else v for k, v in output.items()}
-            mask = output["completion_mask"] * output.get("tool_mask", 1)
-            output["num_items_in_batch"] = self.accelerator.gather(mask.sum()).sum()
-        self._score_kept(output, deferred or ())
-        if filters:  # rows of the batch the filters left without a training group, refill included
-            output[f"{GENERATION_STAT}train/refill_shortfall:total"] = target - output["armorlab_keep"].sum()
-            output[f"{GENERATION_STAT}train/refill_shortfall:count"] = torch.tensor(float(target), device=device)
+        return output, deferred
+
+    def _loss_counts(self, output: dict) -> dict:
         # the loss normaliser's counts: the rows that train, over every process (gated, zero-spread
         # and refill-dropped rows excluded); 0-d, so every micro-batch of this generation gets them
         loss_mask = output["completion_mask"].float() * output["armorlab_keep"].unsqueeze(1)

@@ -1,0 +1,28 @@
+"""Whether two compared arms trained on the same effective batch (issue 36): with dynamic sampling
+or ARMOR's gate, the share of a batch's rows that train is 1 − ``train/refill_shortfall``; arms that
+filter differently (ARMOR keeps all-wrong groups, which DAPO drops) can end up with different batch
+sizes and loss normalisers, a confound no config key shows. Pure Python, no I/O."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+# Paired arms whose effective batches — the share of a batch's rows that train, 1 − the run's mean
+# train/refill_shortfall — differ by more than this are flagged: their batch sizes and loss
+# normalisers differ, a confound no config key shows (issue 36: ARMOR keeps all-wrong groups that
+# DAPO drops). Our choice: 0.05 of the batch, well above the step-to-step noise of a full refill.
+EFFECTIVE_BATCH_TOLERANCE = 0.05
+
+
+def effective_batch_gap(baseline: Sequence[float], arm: Sequence[float],
+                        tolerance: float = EFFECTIVE_BATCH_TOLERANCE) -> tuple[float, float] | None:
+    """(baseline's, arm's) mean effective batch, 1 − mean train/refill_shortfall over each side's
+    runs (one mean shortfall per run; NaN = not logged, left out), when they differ by more than
+    ``tolerance``; None when within it or when a side has no value."""
+    means = []
+    for side in (baseline, arm):
+        values = [float(v) for v in side if v == v]
+        if not values:
+            return None
+        means.append(1.0 - sum(values) / len(values))
+    return (means[0], means[1]) if abs(means[1] - means[0]) > tolerance else None
