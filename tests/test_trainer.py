@@ -162,10 +162,10 @@ def test_cache_reuses_reference_samples_until_a_reset(tmp_path):
     hits = [h["anchor/cache_hit"] for h in static.state.log_history if "anchor/cache_hit" in h]
     assert hits == [0.0, 1.0, 1.0]
     ref_samples = [h["anchor/ref_samples"] for h in static.state.log_history if "anchor/ref_samples" in h]
-    # 4 prompts × 1 draw (adaptive rejection: each prompt's first draw is correct), at step 1 only
-    assert ref_samples == [4.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+    # 4 prompts × k = 4 draws (anchor_rounds: one, a single round of k per prompt), at step 1 only
+    assert ref_samples == [16.0, 0.0, 0.0, 0.0, 0.0, 0.0]
     draws = [h["anchor/draws_per_anchor"] for h in static.state.log_history if "anchor/draws_per_anchor" in h]
-    assert draws == [1.0, 1.0]  # logged on both steps of the one generation that sampled
+    assert draws == [4.0, 4.0]  # logged on both steps of the one generation that sampled
     reset, s_reset = _run_with_reference(tmp_path / "b", table.__getitem__, anchor=True, ref_reset_steps=2,
                                          max_steps=6, task={"name": "arithmetic", "train_size": 4})
     assert len(s_reset.asked) == 12                       # resets at 2 and 4 → every generation samples
