@@ -177,34 +177,26 @@ def append_line(path: str | os.PathLike, line: str, *, within: str | os.PathLike
     Never through a link (refuse_symlinks; O_NOFOLLOW against one planted in between), nor into a
     FIFO or device.
     """
-    path = refuse_symlinks(path, within=within)
-    try:
-        fd = open_regular(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, follow_symlinks=False)
-    except NotRegularFile as exc:
-        raise ArmorLabError(f"cannot append to it: {exc}", file=str(path)) from None
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            refuse_symlinks(path, within=within)  # names the link
-        raise
-    with os.fdopen(fd, "a+b") as fh:
+    with open_append(path, within=within, read=True) as fh:
         mend_torn_tail(fh)
         fh.write(line.rstrip("\n").encode("utf-8") + b"\n")
         fh.flush()
 
 
-def open_append(path: str | os.PathLike, *, within: str | os.PathLike | None = None) -> Any:
-    """A log file opened to append bytes (``open(path, "ab")``), never through a link (refuse_symlinks,
-    O_NOFOLLOW) nor into a FIFO or device."""
+def open_append(path: str | os.PathLike, *, within: str | os.PathLike | None = None, read: bool = False) -> Any:
+    """A file opened to append bytes (``open(path, "ab")``; ``"a+b"`` with ``read``), never through a
+    link (refuse_symlinks, O_NOFOLLOW) nor into a FIFO or device."""
     path = refuse_symlinks(path, within=within)
     try:
-        fd = open_regular(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, follow_symlinks=False)
+        fd = open_regular(path, (os.O_RDWR if read else os.O_WRONLY) | os.O_APPEND | os.O_CREAT,
+                          follow_symlinks=False)
     except NotRegularFile as exc:
         raise ArmorLabError(f"cannot append to it: {exc}", file=str(path)) from None
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             refuse_symlinks(path, within=within)  # names the link
         raise
-    return os.fdopen(fd, "ab")
+    return os.fdopen(fd, "a+b" if read else "ab")
 
 
 def mend_torn_tail(fh: Any, chunk: int = 1 << 16) -> None:
