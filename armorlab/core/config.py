@@ -922,7 +922,7 @@ def _normalise_inert(cfg: dict[str, Any]) -> None:
         cfg["anchor_samples"] = None
         cfg["anchor_reward_threshold"] = None
         cfg["anchor_cache"] = None
-        cfg["anchor_rounds"] = None
+        cfg["anchor_rounds"] = "one"  # inert: its default, dropped below (ids of anchor-less runs unchanged)
     elif cfg["anchor_cache"] == default_anchor_cache(cfg["ref_reset_steps"], cfg["ref_reset_schedule"]):
         cfg["anchor_cache"] = None  # what null means here: one run, one id
     if not reads_alpha(cfg["objective"], anchor_on, cfg["anchor_ratio"]):

@@ -14,6 +14,7 @@ from armorlab.core.config import (
     TASK_FIELDS,
     known_keys,
     load_yaml_mapping,
+    resolve,
     unknown_key_hint,
 )
 from armorlab.errors import ArmorLabError, combine
@@ -84,7 +85,15 @@ def parse_base(raw: Any, path: Path | None, file: str, *, where: str = "base") -
             check_key(key, where, file)
         except ArmorLabError as exc:
             problems.append(exc)
-    if problems:
+    if problems:  # with the base's value problems too, as resolving it would say them all at once
+        typos = {str(p.key).split(".", 1)[-1] for p in problems}  # base.learnign_rate → learnign_rate
+        try:
+            resolve({k: v for k, v in raw.items() if isinstance(k, str) and "." not in k}, file=file,
+                    check_paths=False)
+        except ArmorLabError as exc:
+            problems += [p for p in exc.problems if p.key not in typos]
+        except (TypeError, ValueError, OverflowError):
+            pass  # the typos alone; the values are checked again where the runs expand
         raise combine(problems)
     return copy.deepcopy(dict(raw))
 

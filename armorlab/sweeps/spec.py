@@ -41,6 +41,7 @@ import contextvars
 import copy
 import itertools
 import math
+import os
 import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -414,6 +415,15 @@ _PATH_KEYS = re.compile(r"model(\.name)?|task\.path|eval_sets\.[^.]+\.path|ref_f
 _unchecked_paths: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("unchecked_paths", default=None)
 
 
+def _not_on_disk_yet(problem: ArmorLabError) -> bool:
+    """A path key whose file is not there (yet), or a model dir without its weights: a dry run may
+    show it. A path that is there but wrong (a FIFO, a device, unreadable) stays an error."""
+    if not (problem.key and _PATH_KEYS.fullmatch(problem.key)):
+        return False
+    value = problem.value
+    return not isinstance(value, str) or not os.path.lexists(value) or "no weights" in str(problem)
+
+
 @contextlib.contextmanager
 def paths_unchecked() -> Iterator[list[str]]:
     """Within it, a point whose only problems are paths not on disk expands anyway (unfingerprinted,
@@ -431,7 +441,7 @@ def _resolve(raw: dict[str, Any], file: str, point: Mapping[str, Any] | None = N
         return resolve(raw, file=file)
     except ArmorLabError as exc:
         warnings = _unchecked_paths.get()
-        if warnings is not None and all(p.key and _PATH_KEYS.fullmatch(p.key) for p in exc.problems):
+        if warnings is not None and all(_not_on_disk_yet(p) for p in exc.problems):
             for p in exc.problems:
                 if str(p) not in warnings:
                     warnings.append(str(p))
