@@ -120,7 +120,8 @@ def test_preempted_run_resumes_to_the_same_metrics_as_an_uninterrupted_one(tmp_p
     assert second.exit_code == 0 and split.read_status()["attempt"] == 2
     assert _metrics_without_timing(split) == _metrics_without_timing(straight)
     # the resumed run read its evals back and selected what the uninterrupted one did
-    assert split.read_selected() == straight.read_selected() and split.read_selected()["step"] == 3
+    # (a validated step: 3 or 6, whichever the level around it puts first — armorlab.stats.select)
+    assert split.read_selected() == straight.read_selected() and split.read_selected()["step"] in (3, 6)
     assert [p.name for p in split.checkpoints()] == [p.name for p in straight.checkpoints()]
 
 

@@ -109,7 +109,8 @@ def test_two_processes_train_armor_and_resume_after_a_kill(tmp_path):
     got = _last_per_step(killed)
     assert sorted(got) == [0, 1, 2, 3, 4]
     # one selection, by the main process, the same after the kill; its checkpoint kept
-    assert killed.read_selected() == ref.read_selected() and ref.read_selected()["step"] == 2
+    # (an evaluated step, 2 or 4: the one the level around it puts first, armorlab.stats.select)
+    assert killed.read_selected() == ref.read_selected() and ref.read_selected()["step"] in (2, 4)
     assert (killed.path / killed.read_selected()["checkpoint"] / "trainer_state.json").is_file()
     assert [got[s]["rollout"] for s in sorted(got)] == [0, 1, 2, 3, 4]   # one update per rollout
     assert all(0.0 <= got[s]["train/refill_shortfall"] <= 1.0 for s in (1, 2, 3, 4))   # the gate is on

@@ -195,7 +195,8 @@ def test_a_collapsing_sweep_arm_stops_keeps_its_peak_and_is_not_restarted(tmp_pa
     selected = rd.read_selected()
     assert (selected["step"], selected["value"]) == (6, pytest.approx(0.8))
     assert (rd.path / selected["checkpoint"]).is_dir()
-    assert f"{stopped.run_id} stopped: collapse at rollout 5" in out.stdout + out.stderr
+    said = [line for line in (out.stdout + out.stderr).splitlines() if stopped.run_id in line]
+    assert any("stopped: collapse at rollout 5" in line for line in said), said
     # a rerun plans nothing for it, and runs nothing
     plan = plan_sweep(spec, root=root)
     assert plan.actions[stopped.run_id] == DONE

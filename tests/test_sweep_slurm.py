@@ -208,7 +208,9 @@ def test_dry_run_shows_the_script_the_submission_queues(tmp_path, profile, stand
     sweep_dir = tmp_path / "runs" / "d"
     (array,) = {j.split("_")[0] for ids in load_manifest(sweep_dir).jobs.values() for j in ids}
     submitted = (sweep_dir / ".submitit" / f"{array}_submission.sh").read_text()
-    assert shown == submitted + "\n"  # the dry run ends its output with a newline
+    script, _, launch = shown.partition("\neach run is trained by: ")
+    assert script.rstrip("\n") == submitted.rstrip("\n")  # the script as queued, then the launch line
+    assert launch.endswith("--run-dir '<run dir>'\n")
     assert wait_finished(sweep_dir, 120).counts == {"completed": 4}
 
 
