@@ -101,10 +101,10 @@ def test_forward_kl_is_estimated_on_every_unconditioned_reference_draw(tmp_path)
     assert len(trainer.checks) == 2 == len(generations)  # one per generation (4 steps, 2 per generation)
     fwd1, fwd3 = _logged(trainer, "kl/forward_k1"), _logged(trainer, "kl/forward_k3")
     for g, (rows, k1, k3, logged) in enumerate(trainer.checks):
-        # the first draw of every fresh group, whatever its reward (the first round of the adaptive
-        # rejection draws one sample for each of the 4 groups): unconditioned samples of π_ref
+        # the first draw of every fresh group, whatever its reward (the one round draws k = 4 samples
+        # for each of the 4 groups; the first of each): unconditioned samples of π_ref
         first_round = recording.draws[generations[g]]
-        assert [len(group) for _, group in first_round] == [1] * 4
+        assert [len(group) for _, group in first_round] == [4] * 4
         assert rows == [(p, group[0]) for p, group in first_round if group[0]]
         assert len(rows) == 4
         assert logged["kl/forward_k1"] == pytest.approx(k1, rel=1e-4, abs=1e-5)
