@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from armorlab.analysis.importers import flavours, tensorboard_events
-from armorlab.analysis.importers.base import ImportedRun, flatten, rows_to_series
+from armorlab.analysis.importers.base import ImportedRun, flatten, read_source, rows_to_series
 
 STATE = "trainer_state.json"
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
@@ -43,8 +43,8 @@ def _load_states(files: list[Path], warnings: list[str]) -> list[dict[str, Any]]
     states = []
     for f in files:
         try:
-            state = json.loads(f.read_bytes())
-        except (OSError, ValueError) as exc:
+            state = json.loads(read_source(f))
+        except (OSError, ValueError, RecursionError) as exc:
             warnings.append(f"skipped unreadable {f}: {exc}")
             continue
         if not isinstance(state, dict) or not isinstance(state.get("log_history"), list):
