@@ -9,10 +9,10 @@ import os
 import sqlite3
 import subprocess
 import sys
-import zlib
 from pathlib import Path
 
 import pytest
+from importer_writers import pb_field, write_trackio_db, write_wandb_records
 
 from armorlab.analysis import importers
 from armorlab.analysis.importers import tensorboard_events, trackio_db, verl, wandb_local
@@ -114,20 +114,8 @@ def test_verl_log_that_is_a_fifo_is_an_error_naming_it(tmp_path):
 
 
 # --------------------------------------------------------------------------- trackio
-def _trackio(path: Path, rows: list[tuple], configs: list[tuple] = ()) -> Path:
-    con = sqlite3.connect(path)
-    con.execute("CREATE TABLE metrics (id INTEGER PRIMARY KEY, run_name TEXT, step, metrics)")
-    con.execute("CREATE TABLE configs (run_name TEXT, config TEXT)")
-    for name, step, metrics in rows:
-        con.execute(f"INSERT INTO metrics (run_name, step, metrics) VALUES (?, ?, {metrics})", (name, step))
-    con.executemany("INSERT INTO configs VALUES (?, ?)", configs)
-    con.commit()
-    con.close()
-    return path
-
-
 def test_trackio_malformed_rows_are_counted_skips(tmp_path):
-    db = _trackio(tmp_path / "proj.db", [
+    db = write_trackio_db(tmp_path / "proj.db", [
         ("a", 0, "'{\"loss\": 1.0}'"), ("a", 1, "'{\"loss\": 0.5}'"),
         ("a", None, "'{\"loss\": 7.0}'"), ("a", "abc", "'{\"loss\": 7.0}'"), ("a", 1e300, "'{\"loss\": 7.0}'"),
         ("a", 2, "NULL"), ("a", 3, "CAST(x'ff7b7d' AS TEXT)"),    # no metrics; not UTF-8
@@ -146,7 +134,7 @@ def test_trackio_malformed_rows_are_counted_skips(tmp_path):
 def test_trackio_trainer_step_past_int64_is_left_out_not_wrapped(tmp_path):
     rows = [("a", i, "'" + json.dumps({"train/global_step": g, "train/loss": v}) + "'")
             for i, (g, v) in enumerate(((1, 0.5), (1e300, 9.0), (-3, 9.0), (2.5, 9.0), (2, 0.25)))]
-    (run,) = trackio_db.read_project(_trackio(tmp_path / "proj.db", rows))
+    (run,) = trackio_db.read_project(write_trackio_db(tmp_path / "proj.db", rows))
     steps = run.table.column("step").to_pylist()
     assert steps == [1, 2]  # 1e300 once became -2**63 on the curve
     assert any(w.startswith("3 rows without the trainer's step") for w in run.warnings)
@@ -174,28 +162,6 @@ def test_tensorboard_half_overflow_and_deep_text_are_skipped(tmp_path):
 
 
 # --------------------------------------------------------------------------- W&B
-def _wandb_file(path: Path, records: list[bytes]) -> Path:
-    out = bytearray(wandb_local.HEADER.pack(wandb_local.IDENT, wandb_local.MAGIC, wandb_local.VERSION))
-    for rec in records:  # one FULL chunk each (all small: one block)
-        out += wandb_local.CHUNK.pack(zlib.crc32(rec, zlib.crc32(bytes((wandb_local.FULL,)))), len(rec),
-                                      wandb_local.FULL) + rec
-    assert len(out) < wandb_local.BLOCK
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(bytes(out))
-    return path
-
-
-def _field(number: int, payload: bytes) -> bytes:
-    """A length-delimited protobuf field, whatever its bytes are."""
-    tag, n, size = (number << 3) | 2, len(payload), b""
-    while True:
-        size += bytes(((n & 0x7F) | (0x80 if n >> 7 else 0),))
-        n >>= 7
-        if not n:
-            break
-    return bytes((tag,)) + size + payload
-
-
 def test_wandb_records_of_the_wrong_type_and_deep_values_are_skipped(tmp_path):
     if not wandb_local.available():
         pytest.skip("armorlab[wandb] not installed")
@@ -207,11 +173,11 @@ def test_wandb_records_of_the_wrong_type_and_deep_values_are_skipped(tmp_path):
 
     garbage = b"\x0a\xff\xff\xff\xff\x0f"  # a length past the end: no message of any type
     deep = "[" * 5000 + "]" * 5000  # past json's recursion limit, and within one 32 KiB block
-    records = [_field(2, history(1, "0.5")), _field(2, garbage), _field(2, history(2, deep)),
-               _field(2, history(3, "0.25")), _field(4, garbage), _field(5, garbage),
+    records = [pb_field(2, history(1, "0.5")), pb_field(2, garbage), pb_field(2, history(2, deep)),
+               pb_field(2, history(3, "0.25")), pb_field(4, garbage), pb_field(5, garbage),
                pb.Record(config=pb.ConfigRecord(update=[pb.ConfigItem(key="lr", value_json=deep)])).SerializeToString()]
     folder = tmp_path / "wandb" / "offline-run-20260101_000000-abc123"
-    _wandb_file(folder / "run-abc123.wandb", records)
+    write_wandb_records(folder / "run-abc123.wandb", records)
     run = wandb_local.read([folder])
     t = run.table.to_pydict()
     assert [(s, v) for s, v in zip(t["step"], t["src/loss"], strict=True) if v == v] == [(1, 0.5), (3, 0.25)]
