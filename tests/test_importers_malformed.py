@@ -183,3 +183,13 @@ def test_wandb_records_of_the_wrong_type_and_deep_values_are_skipped(tmp_path):
     assert [(s, v) for s, v in zip(t["step"], t["src/loss"], strict=True) if v == v] == [(1, 0.5), (3, 0.25)]
     assert any("skipped 1 history records" in w for w in run.warnings), run.warnings
     assert sum("record skipped" in w for w in run.warnings) == 1, run.warnings  # the config record
+
+
+# --------------------------------------------------------------------------- TRL
+def test_trl_state_with_huge_or_text_steps_is_read(tmp_path):
+    from armorlab.analysis.importers import trl
+
+    (tmp_path / "trainer_state.json").write_text(json.dumps({"global_step": "abc", "log_history": [
+        {"step": 1, "loss": 0.5}, {"step": 2**63, "loss": 9.0}, {"step": 2, "loss": 0.25}]}))
+    run = trl.read(tmp_path)
+    assert run.table.column("step").to_pylist() == [1, 2]
