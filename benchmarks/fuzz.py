@@ -11,6 +11,10 @@ Part 2, named (tests/fuzz_surfaces.py): each case in a child process with a time
 crash (pyarrow's segfault) is measured, not suffered; it also counts inputs accepted although
 invalid, valid ones refused, errors that do not name what they must, and wrong results.
 
+Part 1 also imports generated rows (any step, any value, a raw tail) as a verl log or a trackio project
+in-process: a step on the curve that no row gave as a whole number in [0, 2**63) is a wrong result,
+counted under ``accepted_invalid``.
+
 Part 1 also generates storage URLs with a password in each form one can hold it (userinfo, a user
 holding '@', ``?password=`` in any case, ``?sslpassword=``, libpq ``key=value`` strings) and counts
 those whose password is shown (redacted, scrubbed from an error, or in the URL stored).
@@ -41,7 +45,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 # share of the generated cases per kind (report cases draw figures: ~1 s each, so few of them);
 # storage URLs are checked in-process (microseconds each): as many as there are other cases
-MIX = {"config": 0.36, "spec": 0.36, "status": 0.25, "recipe": 0.015, "report": 0.015}
+MIX = {"config": 0.36, "spec": 0.36, "status": 0.25, "recipe": 0.015, "report": 0.015, "importer": 0.1}
 URL_SHARE = 1.0
 # the issue-41 tally: its name → the named cases' outcomes it counts
 HARM = {"writes_outside": ("writes_outside",), "secrets": ("secrets",), "segfaults": ("segfault",),
@@ -54,10 +58,13 @@ def generated(n_cases: int, seed_value: int) -> tuple[dict[str, int], list[str]]
         STORAGE_FORMS,
         Tally,
         Workspace,
+        case_importer,
         case_recipe,
         case_run_dir,
         case_spec,
         config_dicts,
+        importer_kinds,
+        importer_rows,
         mutations,
         profile_dicts,
         recipe_dicts,
@@ -105,6 +112,11 @@ def generated(n_cases: int, seed_value: int) -> tuple[dict[str, int], list[str]]
     def reports(damage):
         check("report", case_run_dir(ws, damage, "report"))
 
+    @budget("importer")
+    @given(kind=importer_kinds, rows=importer_rows, tail=st.binary(max_size=80))
+    def imports(kind, rows, tail):
+        tally.add("importer", *case_importer(ws, kind, rows, tail))
+
     leaks: list[str] = []
 
     @settings(max_examples=max(1, round(n_cases * URL_SHARE)), deadline=None, database=None,
@@ -119,7 +131,7 @@ def generated(n_cases: int, seed_value: int) -> tuple[dict[str, int], list[str]]
     cwd = os.getcwd()
     os.chdir(ws.root)  # where a `$(touch PWNED)` that ran would leave its file
     try:
-        for fn in (configs, specs, status, recipes, reports, urls):
+        for fn in (configs, specs, status, recipes, reports, imports, urls):
             seed(seed_value)(fn)()  # the same --seed generates the same cases
     finally:
         os.chdir(cwd)
@@ -129,13 +141,15 @@ def generated(n_cases: int, seed_value: int) -> tuple[dict[str, int], list[str]]
         by = {rc: n for (k, rc), n in tally.counts.items() if k == kind}
         lines.append(f"{kind}_cases={sum(by.values())} {kind}_exit0={by.get(0, 0)} {kind}_exit2={by.get(2, 0)} "
                      f"{kind}_tracebacks={by.get('traceback', 0)} {kind}_hangs={by.get('hang', 0)} "
-                     f"{kind}_payloads={by.get('payload', 0)}")
+                     f"{kind}_payloads={by.get('payload', 0)}" + (f" {kind}_wrong={by.get('wrong', 0)}"
+                                                                   if kind == "importer" else ""))
     n_urls = sum(n for (k, _), n in tally.counts.items() if k == "url")
     lines.append(f"url_cases={n_urls} url_secrets={tally.counts[('url', 'secret')]}")
     for tb in [*tally.tracebacks, *leaks]:
         print(tb, file=sys.stderr)
     totals = {"cases": tally.n, "tracebacks": tally.n_tracebacks, "hangs": tally.total("hang"),
-              "payloads": tally.total("payload"), "secrets": tally.counts[("url", "secret")]}
+              "payloads": tally.total("payload"), "secrets": tally.counts[("url", "secret")],
+              "wrong": tally.total("wrong")}
     return totals, lines
 
 
@@ -195,7 +209,7 @@ def main() -> int:
     tree = args.tree or str(Path(armorlab.__file__).resolve().parents[1])
     print(f"armorlab={tree} load={os.getloadavg()[0]:.1f} tmp={tempfile.gettempdir()}")
     t0 = time.perf_counter()
-    gen = {"cases": 0, "tracebacks": 0, "hangs": 0, "payloads": 0, "secrets": 0}
+    gen = {"cases": 0, "tracebacks": 0, "hangs": 0, "payloads": 0, "secrets": 0, "wrong": 0}
     if not args.no_generated:
         gen, lines = generated(args.cases, args.seed)
         print("\n".join(lines))
@@ -212,7 +226,7 @@ def main() -> int:
     hangs = gen["hangs"] + nam["hang"]
     payloads = gen["payloads"] + nam["payload"]
     harm = {"writes_outside": nam["writes_outside"], "secrets": gen["secrets"] + nam["secrets"],
-            "segfaults": nam["segfault"], "accepted_invalid": nam["accepted"]}
+            "segfaults": nam["segfault"], "accepted_invalid": nam["accepted"] + gen["wrong"]}
     print(f"tracebacks={tracebacks}")
     print(f"hangs={hangs}")
     print(f"payloads={payloads}")

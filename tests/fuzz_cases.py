@@ -14,6 +14,7 @@ import contextlib
 import datetime
 import io
 import json
+import math
 import os
 import shutil
 import signal
@@ -103,7 +104,8 @@ class Tally:
 
     def add(self, kind: str, rc: Any, case: str) -> None:
         ok = rc in (OK, USER_ERROR)
-        outcome = "payload" if _payload_ran() else rc if ok else "hang" if rc == "hang" else "traceback"
+        outcome = "payload" if _payload_ran() else rc if ok else "hang" if rc == "hang" else \
+            "wrong" if str(rc).startswith("wrong") else "traceback"
         self.counts[(kind, outcome)] += 1
         if outcome not in (OK, USER_ERROR) and len(self.tracebacks) < 20:
             self.tracebacks.append(f"[{kind}] {outcome}: {str(rc)[:1500]}\ncase: {case[:1500]}")
@@ -397,3 +399,68 @@ def storage_secret_shown(form: str, password: str) -> str | None:
         if any(s in text for s in spellings if len(s) >= 6):
             return f"{where}: {text!r}"
     return None
+
+
+# --------------------------------------------------------------------------- importers (issue 41)
+# rows of another library's log with any step and any value: imported in-process, each case ends as a
+# run (0), an ArmorLabError (2), a traceback, or "wrong": a step on the curve that no row gave as a whole
+# number in [0, 2**63) (1e300 once became -2**63)
+_ANY_NUMBER = st.one_of(st.integers(-2**70, 2**70), st.floats(), st.booleans())
+_STEPS = st.one_of(st.integers(0, 50), _ANY_NUMBER, st.none(), st.text(max_size=3))
+_VALUES = st.one_of(st.floats(allow_nan=False, allow_infinity=False), _ANY_NUMBER, st.none(), st.text(max_size=4),
+                    st.lists(st.integers(), max_size=2), st.recursive(st.none(), lambda c: st.lists(c, max_size=1),
+                                                                       max_leaves=3))
+_NAMES = st.sampled_from(["train/loss", "train/global_step", "actor/kl_loss", "x"])
+importer_rows = st.lists(st.tuples(_STEPS, st.dictionaries(_NAMES, _VALUES, max_size=3)), min_size=1, max_size=10)
+importer_kinds = st.sampled_from(["verl", "trackio"])
+
+
+def _whole_steps(values: list[Any]) -> set[int]:
+    out = set()
+    for v in values:
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v == int(v) and \
+                0 <= int(v) < 2**63:
+            out.add(int(v))
+    return out
+
+
+def case_importer(ws: Workspace, kind: str, rows: list[tuple[Any, dict]], tail: bytes) -> tuple[Any, str]:
+    """``rows`` (step, metrics) as a verl file log (+ ``tail``, raw bytes) or a trackio project, imported."""
+    from importer_writers import write_trackio_db
+
+    from armorlab.analysis.importers import trackio_db, verl
+    from armorlab.errors import ArmorLabError
+
+    d = ws.fresh()
+    case = f"{kind} {rows!r} + {tail!r}"
+    if kind == "verl":
+        path = d / "exp.jsonl"
+        path.write_bytes(b"".join(json.dumps({"step": s, "data": m}).encode() + b"\n" for s, m in rows) + tail)
+        allowed = _whole_steps([s for s, _ in rows if not isinstance(s, float)])
+    else:
+        def sql_step(s: Any) -> Any:  # SQLite stores int64; a larger int as the text a column would keep
+            return str(s) if isinstance(s, int) and not -2**63 <= s < 2**63 else s
+        path = write_trackio_db(d / "proj.db", [("r", sql_step(s), "NULL") for s, _ in rows])
+        import sqlite3
+        con = sqlite3.connect(path)
+        con.executemany("UPDATE metrics SET metrics = ? WHERE id = ?",
+                        [(json.dumps(m).encode() + tail, i + 1) for i, (_, m) in enumerate(rows)])
+        con.commit()
+        con.close()
+        # SQLite stores a bool as the int it is
+        allowed = _whole_steps([int(s) if isinstance(s, bool) else s for s, _ in rows] +
+                               [m.get("train/global_step") for _, m in rows])
+    try:
+        with _alarm(HANG_S):
+            runs = [verl.read(path)] if kind == "verl" else trackio_db.read_project(path)
+    except ArmorLabError:
+        return USER_ERROR, case
+    except _Hang:
+        return "hang", case
+    except BaseException:  # noqa: BLE001 - the point: anything else is a traceback
+        return "traceback: " + traceback.format_exc(limit=-3), case
+    for run in runs:
+        bad = set(run.table.column("step").to_pylist()) - allowed
+        if bad:
+            return f"wrong: steps {sorted(bad)[:3]} on the curve", case
+    return OK, case

@@ -1091,5 +1091,158 @@ ROUND4 = [
                           ("--model", "/no/such/model"))],
 ]
 
-CASES: list[Case] = [*SECURITY, *DATA, *MODEL, *RUN_DIRS, *VLLM, *VALUES, *DISK, *NEW_USER, *ROUND4]
+# --------------------------------------------------------------------------- importers (issue 41)
+# another library's files through `report`: a malformed record is a counted skip (exit 0, a warning)
+# or an error naming the file; pyarrow's crash on deep nesting is a segfault here, not a traceback
+_BRACES = json.dumps({"note": "}" * 10})[1:-1]  # closing braces in a string: a running depth falls by 10
+
+
+def _verl_log(d: Path, lines: list[str]) -> Path:
+    path = d / "exp.jsonl"
+    path.write_text("".join(line + "\n" for line in lines))
+    return path
+
+
+def _verl_lines(extra: list[str], n: int = 3) -> list[str]:
+    return [json.dumps({"step": i + 1, "data": {"actor/loss": 0.5 / (i + 1)}}) for i in range(n)] + extra
+
+
+def _imported(make: Callable[[Path], Path], runs_map: dict | None = None) -> Callable[[Workspace, Path], list[str]]:
+    def build(ws: Workspace, d: Path) -> list[str]:
+        src = make(d)
+        argv = ["report", str(src), "--out", str(d / "rep")]
+        return argv + ["--map", str(_yaml(d / "runs.yaml", {"runs": {str(src): runs_map}}))] if runs_map else argv
+    return build
+
+
+def _deep_among_ordinary(kind: str) -> Callable[[Path], Path]:
+    """One 200,000-deep line after 20,000 ordinary ones whose strings hold closing braces."""
+    deep = "[" * 200_000 + "]" * 200_000
+
+    def make(d: Path) -> Path:
+        if kind == "verl":
+            return _verl_log(d, [json.dumps({"step": i + 1, "data": {"actor/loss": 0.5}})[:-2] + ", " + _BRACES + "}}"
+                                 for i in range(20_000)] + ['{"step": 20001, "data": {"x": ' + deep + "}}"])
+        from importer_writers import write_trackio_db
+
+        rows = [("r", i, "'" + json.dumps({"train/loss": 0.5, "note": "}" * 10}) + "'") for i in range(20_000)]
+        return write_trackio_db(d / "proj.db", [*rows, ("r", 20_000, "'{\"x\": " + deep + "}'")])
+    return make
+
+
+def _dumps(make_dir: Callable[[Path], None]) -> Callable[[Path], Path]:
+    def make(d: Path) -> Path:
+        (d / "dumps").mkdir()
+        (d / "dumps" / "1.jsonl").write_text(json.dumps({"input": "q", "score": 1.0}) + "\n")
+        make_dir(d / "dumps")
+        return _verl_log(d, _verl_lines([]))
+    return make
+
+
+def _trackio_rows(*rows: tuple, configs: tuple = ()) -> Callable[[Path], Path]:
+    def make(d: Path) -> Path:
+        from importer_writers import write_trackio_db
+
+        good = [("a", i, "'" + json.dumps({"train/loss": 1.0 / (i + 1)}) + "'") for i in range(3)]
+        return write_trackio_db(d / "proj.db", [*good, *rows], list(configs))
+    return make
+
+
+def _tensorboard(tag: str, **tensor) -> Callable[[Path], Path]:
+    def make(d: Path) -> Path:
+        from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, tensor_shape_pb2
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+        w = EventFileWriter(str(d / "tb"))
+        for step, value in ((1, summary_pb2.Summary.Value(tag="train/loss", simple_value=0.5)),
+                            (2, summary_pb2.Summary.Value(tag=tag, tensor=tensor_pb2.TensorProto(
+                                tensor_shape=tensor_shape_pb2.TensorShapeProto(), **tensor)))):
+            w.add_event(event_pb2.Event(step=step, summary=summary_pb2.Summary(value=[value])))
+        w.close()
+        return d / "tb"
+    return make
+
+
+def _wandb(*records: Callable[[], bytes], fifo: bool = False) -> Callable[[Path], Path]:
+    def make(d: Path) -> Path:
+        from importer_writers import write_wandb_records
+        from wandb.proto import wandb_internal_pb2 as pb
+
+        folder = d / "wandb" / "offline-run-20260101_000000-abc123"
+        if fifo:
+            folder.mkdir(parents=True)
+            _mkfifo(folder / "run-abc123.wandb")
+            return folder
+        ok = pb.Record(history=pb.HistoryRecord(item=[pb.HistoryItem(key="train/loss", value_json="0.5")],
+                                                step=pb.HistoryStep(num=1))).SerializeToString()
+        write_wandb_records(folder / "run-abc123.wandb", [ok, *(r() for r in records)])
+        return folder
+    return make
+
+
+def _wandb_garbage(field_name: str) -> Callable[[], bytes]:
+    def record() -> bytes:
+        from importer_writers import pb_field
+        from wandb.proto import wandb_internal_pb2 as pb
+
+        return pb_field(pb.Record.DESCRIPTOR.fields_by_name[field_name].number, b"\x0a\xff\xff\xff\xff\x0f")
+    return record
+
+
+def _wandb_deep(where: str) -> Callable[[], bytes]:
+    def record() -> bytes:
+        from wandb.proto import wandb_internal_pb2 as pb
+
+        deep = "[" * 5000 + "]" * 5000
+        if where == "history":
+            return pb.Record(history=pb.HistoryRecord(item=[pb.HistoryItem(key="train/loss", value_json=deep)],
+                                                      step=pb.HistoryStep(num=2))).SerializeToString()
+        return pb.Record(config=pb.ConfigRecord(update=[pb.ConfigItem(key="lr", value_json=deep)])).SerializeToString()
+    return record
+
+
+IMPORTERS = [
+    *[Case("importers", f"{kind}: one deep line among 20,000", _imported(_deep_among_ordinary(kind)), expect="ok",
+           timeout=180) for kind in ("verl", "trackio")],
+    *[Case("importers", f"verl: step {label}", _imported(lambda d, line=line: _verl_log(d, _verl_lines([line]))),
+           expect="ok") for label, line in (("2**63", '{"step": 9223372036854775808, "data": {"actor/loss": 1}}'),
+                                            ("2**64", '{"step": 18446744073709551616, "data": {"actor/loss": 1}}'),
+                                            ("1e300", '{"step": 1e300, "data": {"actor/loss": 1}}'),
+                                            ("-1", '{"step": -1, "data": {"actor/loss": 1}}'))],
+    Case("importers", "verl: val_dumps naming a file", _imported(_dumps(lambda p: None), {"val_dumps": "dumps/1.jsonl"}),
+         names=("val_dumps", "must be a directory")),
+    Case("importers", "verl: a 249-digit dump name", _imported(
+        _dumps(lambda p: (p / f"{'9' * 249}.jsonl").write_text("{}\n")), {"val_dumps": "dumps"}), expect="ok"),
+    Case("importers", "verl: a dump is a FIFO", _imported(_dumps(lambda p: _mkfifo(p / "2.jsonl")), {"val_dumps": "dumps"}),
+         expect="ok", names=("FIFO",), timeout=30),
+    Case("importers", "verl: a dump is a /dev/zero link",
+         _imported(_dumps(lambda p: (p / "2.jsonl").symlink_to("/dev/zero")), {"val_dumps": "dumps"}), expect="ok",
+         names=("character device",), timeout=30),
+    Case("importers", "verl: the log is a FIFO", _imported(lambda d: _mkfifo(d / "exp.jsonl")), names=("exp.jsonl",),
+         timeout=30),
+    *[Case("importers", f"trackio: {label}", _imported(make), expect="ok", names=names) for label, make, names in (
+        ("NULL step", _trackio_rows(("a", None, "'{}'")), ("skipped 1 rows",)),
+        ("'abc' step", _trackio_rows(("a", "abc", "'{}'")), ("skipped 1 rows",)),
+        ("1e300 step", _trackio_rows(("a", 1e300, "'{}'")), ("skipped 1 rows",)),
+        ("NULL metrics", _trackio_rows(("a", 5, "NULL")), ()),  # a row without values: nothing to plot
+        ("non-UTF-8 metrics", _trackio_rows(("a", 5, "CAST(x'ff7b7d' AS TEXT)")), ("not a JSON object",)),
+        ("a list config", _trackio_rows(configs=(("a", "[1, 2]"),)), ("not a JSON object",)),
+        ("NULL run name", _trackio_rows((None, 0, "'{\"train/loss\": 2}'")), ()),
+        ("trainer step 1e300", _trackio_rows(("a", 3, "'{\"train/global_step\": 1e300, \"train/loss\": 9}'")),
+         ("rows without the trainer's step",)))],
+    Case("importers", "tensorboard: DT_HALF past 16 bits", _imported(_tensorboard("train/x", dtype=19, half_val=[70000])),
+         expect="ok"),
+    Case("importers", "tensorboard: deep text_summary", _imported(_tensorboard(
+        "args/text_summary", dtype=7, string_val=[b"[" * 200_000 + b"]" * 200_000])), expect="ok"),
+    *[Case("importers", f"wandb: {label}", _imported(make), expect=expect, names=names, timeout=30)
+      for label, make, expect, names in (
+          ("history record of the wrong type", _wandb(_wandb_garbage("history")), "ok", ("not W&B history rows",)),
+          ("run record of the wrong type", _wandb(_wandb_garbage("run")), "ok", ("record skipped",)),
+          ("config record of the wrong type", _wandb(_wandb_garbage("config")), "ok", ("record skipped",)),
+          ("deep value_json", _wandb(_wandb_deep("history")), "ok", ()),
+          ("deep config value_json", _wandb(_wandb_deep("config")), "ok", ()),
+          ("the .wandb file is a FIFO", _wandb(fifo=True), "ok", ("FIFO",)))],
+]
+
+CASES: list[Case] = [*SECURITY, *DATA, *MODEL, *RUN_DIRS, *VLLM, *VALUES, *DISK, *NEW_USER, *ROUND4, *IMPORTERS]
 SURFACES = tuple(dict.fromkeys(c.surface for c in CASES))

@@ -186,6 +186,50 @@ def write_trainer_state(out_dir: Path, log_history: list[dict[str, Any]], *, max
     return target / "trainer_state.json"
 
 
+# --------------------------------------------------------------------------- damaged files, byte by byte
+def write_trackio_db(path: Path, rows: list[tuple], configs: list[tuple] = ()) -> Path:
+    """A trackio project file as its schema stands (metrics, configs by run_name), ``rows`` (run_name, step,
+    metrics as an SQL expression) of any type: SQLite columns take what they are given."""
+    import sqlite3
+
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE metrics (id INTEGER PRIMARY KEY, run_name TEXT, step, metrics)")
+    con.execute("CREATE TABLE configs (run_name TEXT, config TEXT)")
+    for name, step, metrics in rows:
+        con.execute(f"INSERT INTO metrics (run_name, step, metrics) VALUES (?, ?, {metrics})", (name, step))
+    con.executemany("INSERT INTO configs VALUES (?, ?)", configs)
+    con.commit()
+    con.close()
+    return path
+
+
+def write_wandb_records(path: Path, records: list[bytes]) -> Path:
+    """A .wandb transaction log (LevelDB log format: header, then one FULL chunk per record, CRC32 seeded
+    with the chunk type) of records small enough for one 32 KiB block."""
+    import zlib
+
+    from armorlab.analysis.importers import wandb_local as W
+
+    out = bytearray(W.HEADER.pack(W.IDENT, W.MAGIC, W.VERSION))
+    for rec in records:
+        out += W.CHUNK.pack(zlib.crc32(rec, zlib.crc32(bytes((W.FULL,)))), len(rec), W.FULL) + rec
+    assert len(out) < W.BLOCK
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(bytes(out))
+    return path
+
+
+def pb_field(number: int, payload: bytes) -> bytes:
+    """A length-delimited protobuf field (number < 16), whatever its bytes are."""
+    size, n = b"", len(payload)
+    while True:
+        size += bytes(((n & 0x7F) | (0x80 if n >> 7 else 0),))
+        n >>= 7
+        if not n:
+            break
+    return bytes(((number << 3) | 2,)) + size + payload
+
+
 if __name__ == "__main__":
     kind, out, spec_file = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
     WRITERS[kind](out, json.loads(spec_file.read_text()))

@@ -139,8 +139,8 @@ def test_shallow_accepts_metrics_lines_fast_and_counts_otherwise():
     assert L.shallow(b'{"step": 1, "x": [[1, 2], [3]]}\n')
     assert not L.shallow(b'{"step": 1, "x": ' + b"[" * 65 + b"]" * 65 + b"}\n")
     assert L.shallow(b'{"step": 1, "x": ' + b"[" * 63 + b"]" * 63 + b"}\n")
-    # counted in chunks: a run of brackets across a chunk boundary still counts
-    assert not L.shallow(b"[" * 100, chunk=7)
+    # counted per line: a run of brackets is deep whatever the lines before it held
+    assert not L.shallow(b'{"a": "' + b"}" * 100 + b'"}\n' + b"[" * 100)
 
 
 def test_load_exposes_the_reports_group_labels(sweep, tmp_path):

@@ -108,6 +108,8 @@ SAMPLE = (
     "storage user@server:password@host", "search.storage of the wrong type", "sbatch export-f",
     "sbatch export PYTHONPATH", "plan: config.json -28 layers", "a chat template that raises", "a YAML alias bomb",
     "--max-seeds 1000000000", "vllm-serve --port 70000",
+    "verl: one deep line among 20,000", "trackio: one deep line among 20,000", "trackio: trainer step 1e300",
+    "verl: a dump is a FIFO", "wandb: history record of the wrong type", "tensorboard: DT_HALF past 16 bits",
 )
 
 
@@ -153,3 +155,19 @@ def test_every_surface_of_the_campaign_has_cases_and_the_sample_covers_them():
     assert len(CASES) >= 100 and len({c.name for c in CASES}) == len(CASES)
     sampled = {c.surface for c in CASES if c.name in SAMPLE}
     assert sampled >= set(SURFACES) - {"disk"}  # the full disk: tests/test_full_disk.py
+
+
+def test_generated_importer_rows_never_traceback_or_misplace_a_step(ws):
+    from fuzz_cases import case_importer, importer_kinds, importer_rows
+
+    tally = Tally()
+
+    @settings(FAST, max_examples=80)
+    @given(kind=importer_kinds, rows=importer_rows, tail=st.sampled_from([b"", b"\n", b"{", b"\xff\n", b"[" * 70]))
+    def run(kind, rows, tail):
+        rc, case = case_importer(ws, kind, rows, tail)
+        tally.add(kind, rc, case)
+        assert rc in (0, 2), f"{rc}\n{case}"
+
+    run()
+    assert tally.counts[("verl", 0)] > 0 and tally.counts[("trackio", 0)] > 0  # some imports went through

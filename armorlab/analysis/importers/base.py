@@ -191,20 +191,38 @@ def rows_to_series(rows: Iterable[tuple[int, Mapping[str, Any]]]) -> dict[str, t
 MAX_FAST_DEPTH = 64  # metrics lines are flat objects (depth 1); pyarrow segfaults near 100,000
 
 
-def shallow(data: bytes, limit: int = MAX_FAST_DEPTH, chunk: int = 1 << 24) -> bool:
-    """Whether no bracket nesting goes deeper than ``limit`` (pyarrow's JSON reader recurses without one);
-    metrics lines have no ``[`` and one ``{`` each, which two byte counts establish."""
-    if b"[" not in data and data.count(b"{") <= data.count(b"\n") + 1:
+def shallow(data: bytes, limit: int = MAX_FAST_DEPTH) -> bool:
+    """Whether no line opens more than ``limit`` brackets, a bound on its nesting that holds whatever the
+    line's strings hold (a running depth over the buffer is fooled by a ``}`` in a string or by unbalanced
+    lines before a deep one; pyarrow's JSON reader recurses without a bound)."""
+    arr = np.frombuffer(data, dtype=np.uint8)
+    # b"[" (0x5B) and b"{" (0x7B) are the only bytes that OR 0x20 makes 0x7B: one pass finds both
+    opens = np.flatnonzero((arr | 0x20) == ord("{"))
+    if opens.size <= limit:
         return True
-    depth = 0
-    for start in range(0, len(data), chunk):
-        arr = np.frombuffer(data, dtype=np.uint8, count=min(chunk, len(data) - start), offset=start)
-        delta = (arr == ord("[")).astype(np.int64) + (arr == ord("{")) - (arr == ord("]")) - (arr == ord("}"))
-        running = np.cumsum(delta) + depth
-        if running.size and running.max() > limit:
-            return False
-        depth = int(running[-1]) if running.size else depth
-    return True
+    ends = np.append(np.flatnonzero(arr == ord("\n")), arr.size)
+    return int(np.diff(np.searchsorted(opens, ends), prepend=0).max()) <= limit
+
+
+# what one imported file may hold (far above a real metrics log, event file or dump; far below what a
+# sparse file or a link to a device would fill memory with)
+MAX_SOURCE_BYTES = 4 << 30
+MAX_STEP = 2**63  # steps are int64 on the curve
+
+
+def read_source(path: str | Path) -> bytes:
+    """An imported file's bytes through the regular-file reader: a FIFO, device or directory, or more
+    than MAX_SOURCE_BYTES, raise NotRegularFile (an OSError) instead of blocking or filling memory."""
+    from armorlab.core.fsutil import read_regular
+
+    return read_regular(path, limit=MAX_SOURCE_BYTES)
+
+
+def good_steps(steps: np.ndarray) -> np.ndarray:
+    """Which float steps an int64 curve holds as they are: finite, whole and in [0, 2**63)."""
+    steps = np.asarray(steps, dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        return np.isfinite(steps) & (steps >= 0) & (steps < MAX_STEP) & (np.floor(steps) == steps)
 
 
 def read_json_bytes(data: bytes, block_size: int = 1 << 24):

@@ -121,6 +121,8 @@ def load(path: str | os.PathLike) -> RunsMap:
                 p = Path(base, os.path.expanduser(str(spec[k])))
                 if not p.exists():
                     raise err("path not found", f"{key}.{k}", spec[k])
+                if k == "val_dumps" and not p.is_dir():
+                    raise err("must be a directory (verl's validation_data_dir)", f"{key}.{k}", spec[k])
                 setattr(e, k, p)
         if spec.get("runs") is not None:
             r = spec["runs"]

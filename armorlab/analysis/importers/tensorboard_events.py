@@ -17,6 +17,7 @@ from armorlab.analysis.importers.base import (
     ImportedRun,
     derived_message,
     flatten,
+    read_source,
 )
 from armorlab.errors import ArmorLabError
 
@@ -125,7 +126,7 @@ def _tensor_scalar(t: Any) -> float | None:
         return float(t.int64_val[0])
     if dt == _DT_BOOL and t.bool_val:
         return float(t.bool_val[0])
-    if dt == _DT_HALF and t.half_val:
+    if dt == _DT_HALF and t.half_val and 0 <= t.half_val[0] <= 0xFFFF:  # an int32 field holding 16 bits
         return float(np.array([t.half_val[0]], dtype=np.uint16).view(np.float16)[0])
     return None
 
@@ -205,7 +206,7 @@ def read_dir(logdir: Path) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], di
     parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []   # (tag, step, value) per scalar
     for path in event_files(logdir):
         try:
-            data = path.read_bytes()
+            data = read_source(path)
         except OSError as exc:
             warnings.append(f"cannot read {path}: {exc.strerror or exc}")
             continue
@@ -286,7 +287,7 @@ def json_text(texts: dict[str, str], tags: tuple[str, ...]) -> dict[str, Any]:
     for tag in tags:
         try:
             loaded = json.loads(texts[tag]) if tag in texts else None
-        except ValueError:
+        except (ValueError, RecursionError):
             continue
         if isinstance(loaded, dict):
             return loaded

@@ -6,6 +6,7 @@ reads the log's pages but never checkpoints it.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,15 @@ from urllib.parse import quote
 import numpy as np
 
 from armorlab.analysis.importers import flavours as F
-from armorlab.analysis.importers.base import ImportedRun, flatten, json_lines_columns, rows_to_series
+from armorlab.analysis.importers.base import (
+    MAX_STEP,
+    ImportedRun,
+    flatten,
+    good_steps,
+    json_lines_columns,
+    rows_to_series,
+)
+from armorlab.core.fsutil import open_regular
 from armorlab.errors import ArmorLabError
 
 
@@ -22,14 +31,16 @@ def connect(path: Path) -> sqlite3.Connection:
     path = Path(path).resolve()
     wal = path.with_name(path.name + "-wal")
     mode = "mode=ro" if wal.exists() else "immutable=1"
-    return sqlite3.connect(f"file:{quote(str(path))}?{mode}", uri=True)
+    con = sqlite3.connect(f"file:{quote(str(path))}?{mode}", uri=True)
+    con.text_factory = lambda b: b.decode("utf-8", errors="replace")  # run names are labels; metrics read as BLOB
+    return con
 
 
 def is_project_db(path: Path) -> bool:
     if not path.is_file() or path.suffix not in (".db", ".sqlite", ".sqlite3"):
         return False
     try:
-        with open(path, "rb") as fh:
+        with os.fdopen(open_regular(path), "rb") as fh:
             if fh.read(16) != b"SQLite format 3\0":
                 return False
         con = connect(path)
@@ -58,41 +69,57 @@ def read_project(path: Path, *, flavour: str | None = None, only: set[str] | Non
         try:
             has_id = "run_id" in _table_columns(con, "metrics")
             key = "run_id" if has_id else "run_name"
-            rows = con.execute(f"SELECT {key}, run_name, step, metrics FROM metrics ORDER BY id").fetchall()
+            rows = con.execute(f"SELECT {key}, run_name, step, CAST(metrics AS BLOB) FROM metrics ORDER BY id").fetchall()
             configs: dict[str, Any] = {}
             if "configs" in {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}:
                 ckey = "run_id" if "run_id" in _table_columns(con, "configs") else "run_name"
                 for rid, blob in con.execute(f"SELECT {ckey}, config FROM configs"):
                     try:
                         configs[rid] = json.loads(_text(blob))
-                    except ValueError:
+                    except (ValueError, RecursionError):
                         continue
         finally:
             con.close()
     except sqlite3.Error as exc:
         raise ArmorLabError(f"cannot read trackio database: {exc}", key="path", value=str(path)) from None
     by_run: dict[str, tuple[str, list[int], list[bytes]]] = {}
+    bad_steps = 0
     for rid, run_name, step, blob in rows:
-        entry = by_run.setdefault(rid, (run_name, [], []))
-        entry[1].append(int(step))
-        entry[2].append(blob if isinstance(blob, bytes) else str(blob).encode())
+        if isinstance(step, float) and step.is_integer():
+            step = int(step)
+        if not (isinstance(step, int) and 0 <= step < MAX_STEP):  # NULL, text, 1e300: no step to plot at
+            bad_steps += 1
+            continue
+        name = run_name if isinstance(run_name, str) and run_name else str(rid if rid is not None else path.stem)
+        entry = by_run.setdefault(rid, (name, [], []))
+        entry[1].append(step)
+        entry[2].append(b"null" if blob is None else blob)
     names = [name for name, _, _ in by_run.values()]
     out = []
     for rid, (run_name, steps, blobs) in by_run.items():
         if only and rid not in only and run_name not in only:
             continue
-        out.append(_run(path, rid, run_name, np.asarray(steps, dtype=np.int64), _columns(blobs),
-                        configs.get(rid) or {}, flavour, unique=names.count(run_name) == 1))
+        warnings = [f"skipped {bad_steps} rows of {path} whose step is not a whole number in [0, 2**63)"] \
+            if bad_steps else []
+        config = configs.get(rid)
+        if config is not None and not isinstance(config, dict):
+            warnings.append(f"{path}: the config of run {run_name} is not a JSON object; left out")
+        out.append(_run(path, rid, run_name, np.asarray(steps, dtype=np.int64), _columns(blobs, warnings, path),
+                        config if isinstance(config, dict) else {}, flavour, unique=names.count(run_name) == 1,
+                        warnings=warnings))
     return out
 
 
-def _columns(blobs: list[bytes]) -> dict[str, np.ndarray]:
-    """The rows' metrics as float64 arrays: pyarrow's JSON reader, else one json.loads for all rows."""
+def _columns(blobs: list[bytes], warnings: list[str], path: Path) -> dict[str, np.ndarray]:
+    """The rows' metrics as float64 arrays: pyarrow's JSON reader, else json.loads row by row."""
     cols = json_lines_columns(b"\n".join(b.replace(b"\n", b" ") for b in blobs), len(blobs))
     if cols is not None:
         return cols
-    decoded = json.loads(b"[" + b",".join(blobs) + b"]")
-    series = rows_to_series((i, row) for i, row in enumerate(decoded) if isinstance(row, dict))
+    decoded = [_row(b) for b in blobs]
+    bad = sum(row is None for row in decoded)
+    if bad:
+        warnings.append(f"skipped {bad} rows of {path} whose metrics are not a JSON object")
+    series = rows_to_series((i, row) for i, row in enumerate(decoded) if row is not None)
     out = {}
     for name, (idx, values) in series.items():
         col = np.full(len(blobs), np.nan)
@@ -101,9 +128,16 @@ def _columns(blobs: list[bytes]) -> dict[str, np.ndarray]:
     return out
 
 
+def _row(blob: bytes) -> dict[str, Any] | None:
+    try:
+        row = json.loads(blob)
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        return None
+    return row if isinstance(row, dict) else None
+
+
 def _run(path: Path, rid: str, run_name: str, steps: np.ndarray, cols: dict[str, np.ndarray],
-         raw_config: dict[str, Any], flavour: str | None, unique: bool) -> ImportedRun:
-    warnings: list[str] = []
+         raw_config: dict[str, Any], flavour: str | None, unique: bool, warnings: list[str]) -> ImportedRun:
     flat = flatten({k: v for k, v in raw_config.items() if not k.startswith("_")})
     fl = F.pick(flavour, flat, cols)
     own = [cols[k] for k in fl.step_keys if k in cols]
@@ -112,9 +146,9 @@ def _run(path: Path, rid: str, run_name: str, steps: np.ndarray, cols: dict[str,
         trainer_step = own[0].copy()
         for other in own[1:]:
             trainer_step = np.where(np.isnan(trainer_step), other, trainer_step)
-        keep = ~np.isnan(trainer_step)
+        keep = good_steps(trainer_step)
         if not keep.all():
-            warnings.append(f"{int((~keep).sum())} rows without the trainer's step "
+            warnings.append(f"{int((~keep).sum())} rows without the trainer's step as a whole number in [0, 2**63) "
                             f"({', '.join(k for k in fl.step_keys if k in cols)}) left out (their trackio step "
                             "counts log calls)")
         steps = trainer_step[keep].astype(np.int64)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from armorlab.analysis.importers import flavours, tensorboard_events
-from armorlab.analysis.importers.base import ImportedRun, flatten, rows_to_series
+from armorlab.analysis.importers.base import MAX_STEP, ImportedRun, flatten, read_source, rows_to_series
 
 STATE = "trainer_state.json"
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
@@ -43,14 +43,15 @@ def _load_states(files: list[Path], warnings: list[str]) -> list[dict[str, Any]]
     states = []
     for f in files:
         try:
-            state = json.loads(f.read_bytes())
-        except (OSError, ValueError) as exc:
+            state = json.loads(read_source(f))
+        except (OSError, ValueError, RecursionError) as exc:
             warnings.append(f"skipped unreadable {f}: {exc}")
             continue
         if not isinstance(state, dict) or not isinstance(state.get("log_history"), list):
             warnings.append(f"skipped {f}: no log_history list")
             continue
-        states.append((int(state.get("global_step") or 0), f.stat().st_mtime_ns, state))
+        step = state.get("global_step")
+        states.append((step if isinstance(step, int) else 0, f.stat().st_mtime_ns, state))
     states.sort(key=lambda t: (t[0], t[1]))
     return [s for _, _, s in states]
 
@@ -61,7 +62,7 @@ def _rows(states: list[dict[str, Any]]):
             if not isinstance(row, dict) or flavours.TRL_SUMMARY & row.keys():
                 continue
             step = row.get("step")
-            if isinstance(step, int) and not isinstance(step, bool) and step >= 0:
+            if isinstance(step, int) and not isinstance(step, bool) and 0 <= step < MAX_STEP:
                 yield step, row
 
 

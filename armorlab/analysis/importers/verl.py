@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -15,13 +16,17 @@ import numpy as np
 
 from armorlab.analysis.importers import flavours as F
 from armorlab.analysis.importers.base import (
+    MAX_STEP,
     ImportedRun,
     as_float,
     flatten,
     is_metric_value,
     read_json_bytes,
+    read_source,
     shallow,
 )
+from armorlab.core.fsutil import open_regular
+from armorlab.errors import ArmorLabError
 
 DUMP = re.compile(r"^(\d+)\.jsonl$")
 PASS_THRESHOLD = 1.0  # a completion passes at full score (armorlab's anchor_reward_threshold default)
@@ -38,7 +43,10 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 def read_jsonl(path: Path, warnings: list[str]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """The file logger's lines → per-metric (steps, values)."""
-    data = path.read_bytes()
+    try:
+        data = read_source(path)
+    except OSError as exc:
+        raise ArmorLabError(f"cannot read verl's file log: {exc.strerror or exc}", file=str(path)) from None
     if not data.strip():
         return {}
     if shallow(data):
@@ -87,7 +95,7 @@ def _series_from_lines(data: bytes, source: str, warnings: list[str]) -> dict[st
             warnings.append(f"skipped unreadable line {lineno} of {source}")
             continue
         step = row.get("step") if isinstance(row, dict) else None
-        if not (isinstance(step, int) and not isinstance(step, bool) and step >= 0) or \
+        if not (isinstance(step, int) and not isinstance(step, bool) and 0 <= step < MAX_STEP) or \
                 not isinstance(row.get("data"), dict):
             warnings.append(f"skipped line {lineno} of {source}: not {{\"step\": int, \"data\": {{...}}}}")
             continue
@@ -104,7 +112,7 @@ def is_file_log(path: Path) -> bool:
     if path.suffix != ".jsonl" or not path.is_file():
         return False
     try:
-        with open(path, "rb") as fh:
+        with os.fdopen(open_regular(path), "rb") as fh:
             first = fh.readline(1 << 20)
         row = json.loads(first)
     except (OSError, ValueError, RecursionError):
@@ -118,17 +126,21 @@ def is_dump_dir(path: Path) -> bool:
 
 def _dump_rows(path: Path, warnings: list[str]) -> list[dict[str, Any]]:
     rows = []
-    with open(path, "rb") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except (ValueError, RecursionError):
-                warnings.append(f"skipped unreadable line {lineno} of {path}")
-                continue
-            if isinstance(row, dict):
-                rows.append(row)
+    try:
+        data = read_source(path)
+    except OSError as exc:
+        warnings.append(f"skipped validation dump {path}: {exc.strerror or exc}")
+        return rows
+    for lineno, line in enumerate(data.split(b"\n"), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except (ValueError, RecursionError):
+            warnings.append(f"skipped unreadable line {lineno} of {path}")
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
     return rows
 
 
@@ -160,7 +172,15 @@ def dump_metrics(rows: Sequence[dict[str, Any]], threshold: float = PASS_THRESHO
 def read_dumps(dump_dir: Path, warnings: list[str]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """A validation_data_dir → per-metric (steps, values) of dump_metrics, one point per dump."""
     points: dict[str, tuple[list[int], list[float]]] = {}
-    files = sorted((int(m.group(1)), p) for p in Path(dump_dir).iterdir() if (m := DUMP.match(p.name)))
+    try:
+        named = [(m.group(1), p) for p in Path(dump_dir).iterdir() if (m := DUMP.match(p.name))]
+    except OSError as exc:
+        raise ArmorLabError(f"must be verl's validation_data_dir, a directory: {exc.strerror or exc}",
+                            key="val_dumps", value=str(dump_dir)) from None
+    # a name past int64 is no step verl wrote (a 249-digit name is a valid file name)
+    files = sorted((int(d), p) for d, p in named if len(d) <= 19 and int(d) < MAX_STEP)
+    if len(files) < len(named):
+        warnings.append(f"skipped {len(named) - len(files)} validation dumps in {dump_dir} whose step is past 2**63")
     for step, path in files:
         for name, value in dump_metrics(_dump_rows(path, warnings)).items():
             s, v = points.setdefault(name, ([], []))

@@ -22,6 +22,8 @@ from armorlab.analysis.importers.base import (
     as_float,
     derived_message,
     flatten,
+    good_steps,
+    read_source,
 )
 from armorlab.errors import ArmorLabError
 
@@ -117,6 +119,8 @@ class _History:
 
     def __init__(self) -> None:
         self.raw: list[bytes] = []
+        self.skipped = 0  # records that are no HistoryRecord (another message type's bytes)
+        self.bad_steps = 0  # rows whose trainer step an int64 curve cannot hold (1e300, -1, 0.5)
         self._decoded: tuple[np.ndarray, list[str], np.ndarray, np.ndarray, np.ndarray] | None = None
 
     def _items(self) -> tuple[np.ndarray, list[str], np.ndarray, np.ndarray, np.ndarray]:
@@ -132,7 +136,10 @@ class _History:
         n = len(self.raw)
         item = pb.HistoryItem(nested_key=[MARK], value_json="0").SerializeToString()
         marker = b"\x0a" + _varint(len(item)) + item  # HistoryRecord field 1 (item), length-delimited
-        merged = merged_cls.FromString(marker.join(self.raw) + marker)
+        try:
+            merged = merged_cls.FromString(marker.join(self.raw) + marker)
+        except Exception:  # DecodeError: a record of another type; the record-by-record path skips it
+            return None
         items = merged.item
         if len(merged.step) != n or len(items.key) or len(items.nested_key) != len(items.value_json):
             return None
@@ -156,7 +163,11 @@ class _History:
         pb = _lite_classes()[0]
         names, values, counts, steps = [], [], [], []
         for raw in self.raw:
-            h = pb.HistoryRecord.FromString(raw)
+            try:
+                h = pb.HistoryRecord.FromString(raw)
+            except Exception:  # DecodeError
+                self.skipped += 1
+                continue
             steps.append(h.step.num)
             counts.append(len(h.item))
             for it in h.item:
@@ -183,8 +194,12 @@ class _History:
                 own = np.full(counts.size, np.nan)
                 own[record[at]] = values[at]
                 trainer = np.where(np.isnan(trainer), own, trainer)
-        rec_steps = np.where(np.isfinite(trainer), trainer, rec_steps).astype(np.int64)
+        own = good_steps(trainer)
+        bad = np.isfinite(trainer) & ~own
+        self.bad_steps = int(bad.sum())
+        rec_steps = np.where(own, trainer, rec_steps).astype(np.int64)
         item_steps = rec_steps[record]
+        values = np.where(bad[record], np.nan, values)  # NaN is no value: those rows are left out
         order = np.argsort(codes, kind="stable")
         bounds = np.concatenate([[0], np.cumsum(np.bincount(codes, minlength=len(uniques)))])
         out = {}
@@ -218,7 +233,7 @@ def _floats(raw: Any) -> np.ndarray:
         for i, v in enumerate(texts):
             try:
                 out[i] = as_float(json.loads(v))
-            except ValueError:
+            except (ValueError, RecursionError):
                 out[i] = np.nan
         return out
 
@@ -232,7 +247,7 @@ def _item_value(item: Any) -> Any:
     if item.value_json:
         try:
             return json.loads(item.value_json)
-        except ValueError:
+        except (ValueError, RecursionError):
             return None
     for field in ("number", "integer", "boolean"):
         try:
@@ -247,7 +262,7 @@ def _config_update(config: dict[str, Any], items: Any) -> None:
     for item in items:
         try:
             config[_item_key(item)] = json.loads(item.value_json)
-        except ValueError:
+        except (ValueError, RecursionError):
             config[_item_key(item)] = item.value_json
 
 
@@ -255,7 +270,7 @@ def read_file(path: Path, history: _History, info: dict[str, Any], warnings: lis
     """Add one .wandb file's history rows to ``history`` and its run facts to ``info``."""
     pb, all_cls, _, _ = _lite_classes()
     try:
-        data = path.read_bytes()
+        data = read_source(path)
     except OSError as exc:
         warnings.append(f"cannot read {path}: {exc.strerror or exc}")
         return
@@ -276,17 +291,31 @@ def read_file(path: Path, history: _History, info: dict[str, Any], warnings: lis
     cls = {k: message_factory_class(by_name[k].message_type) for k in ("run", "config", "exit")}
     config = info.setdefault("config", {})
     for raw in merged.run:
-        run = cls["run"].FromString(raw)
+        run = _parse(cls["run"], raw, path, warnings)
+        if run is None:
+            continue
         info.update(run_id=run.run_id or info.get("run_id"), name=run.display_name or info.get("name"),
                     project=run.project or info.get("project"), group=run.run_group or info.get("group"))
         _config_update(config, run.config.update)
     for raw in merged.config:
-        update = cls["config"].FromString(raw)
+        update = _parse(cls["config"], raw, path, warnings)
+        if update is None:
+            continue
         _config_update(config, update.update)
         for item in update.remove:
             config.pop(_item_key(item), None)
     for raw in merged.exit:
-        info["exit_code"] = cls["exit"].FromString(raw).exit_code
+        if (exit_ := _parse(cls["exit"], raw, path, warnings)) is not None:
+            info["exit_code"] = exit_.exit_code
+
+
+def _parse(cls: Any, raw: bytes, path: Path, warnings: list[str]) -> Any:
+    """One record's message, or None and a warning when its bytes are not that message."""
+    try:
+        return cls.FromString(raw)
+    except Exception as exc:  # DecodeError
+        warnings.append(f"{path}: {cls.DESCRIPTOR.name} record skipped ({type(exc).__name__})")
+        return None
 
 
 def message_factory_class(descriptor: Any) -> Any:
@@ -331,6 +360,11 @@ def read(folders: list[Path], *, name: str | None = None, flavour: str | None = 
     flat = flatten(raw_config)
     fl = F.pick(flavour, flat, history.names())
     series = history.series(fl.step_keys, set(fl.drop))
+    if history.skipped:
+        warnings.append(f"skipped {history.skipped} history records that are not W&B history rows")
+    if history.bad_steps:
+        warnings.append(f"skipped {history.bad_steps} history rows whose trainer step is not a whole number "
+                        "in [0, 2**63)")
     code = info.get("exit_code")
     if code is None:
         state, reason = "unknown", "no exit record: the run is still going, or its process was killed"
