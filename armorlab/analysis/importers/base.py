@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from armorlab.core.fsutil import read_regular
+
 SRC = "src/"
 # how a run ended, where the source says (an armorlab run's status.json states, plus "unknown")
 STATES = ("completed", "running", "failed", "unknown")
@@ -213,8 +215,6 @@ MAX_STEP = 2**63  # steps are int64 on the curve
 def read_source(path: str | Path) -> bytes:
     """An imported file's bytes through the regular-file reader: a FIFO, device or directory, or more
     than MAX_SOURCE_BYTES, raise NotRegularFile (an OSError) instead of blocking or filling memory."""
-    from armorlab.core.fsutil import read_regular
-
     return read_regular(path, limit=MAX_SOURCE_BYTES)
 
 
