@@ -131,7 +131,8 @@ def test_cached_prompts_are_not_sent_to_the_engine(trained):
     def score(requests, samples):
         return [[1.0] * len(s) for s in samples]
 
-    rollout = AnchorRollout(sampler, score, k=3, anchor_filter="correct", threshold=1.0, cache=AnchorCache())
+    rollout = AnchorRollout(sampler, score, k=3, anchor_filter="correct", threshold=1.0, cache=AnchorCache(),
+                            adaptive=True)  # anchor_rounds: adaptive, so each call sends what the cache lacks
     calls, sent = sampler.generate_calls, sampler.prompts_sent
     # every sample scores 1: adaptive rejection stops after each prompt's first draw (one generate call)
     outcomes, generated = rollout.run([req("1+1="), req("2+2="), req("1+1=")], seed=0, step=0)

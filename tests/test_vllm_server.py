@@ -177,7 +177,8 @@ def test_cached_prompts_are_not_sent_to_the_server(trained):
         def score(requests, samples):
             return [[1.0] * len(s) for s in samples]
 
-        rollout = AnchorRollout(sampler, score, k=3, anchor_filter="correct", threshold=1.0, cache=AnchorCache())
+        rollout = AnchorRollout(sampler, score, k=3, anchor_filter="correct", threshold=1.0, cache=AnchorCache(),
+                                adaptive=True)  # anchor_rounds: adaptive, so each call sends what the cache lacks
         # every sample scores 1: each prompt's first draw is its anchor (one round, one sample each)
         outcomes, generated = rollout.run([req("1+1="), req("2+2="), req("1+1=")], seed=0, step=0)
         assert posts == [[tok("1+1=")["input_ids"], tok("2+2=")["input_ids"]]] and generated == 2
