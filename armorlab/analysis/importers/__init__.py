@@ -213,7 +213,8 @@ def plan(paths: Iterable[str | os.PathLike], *, format: str | None = None, mappi
 
 
 # --------------------------------------------------------------------------- reading
-def read_source(src: Source) -> list[ImportedRun]:
+def read_source(src: Source, val_n: int | None = None) -> list[ImportedRun]:
+    """A source's runs with its runs.yaml entry's group (as ``run_group``), seed and val_n (else ``val_n``)."""
     e = src.entry
     name = e.name if e else None
     flavour = e.flavour if e else None
@@ -230,21 +231,15 @@ def read_source(src: Source) -> list[ImportedRun]:
         runs = trackio_db.read_project(src.paths[0], flavour=flavour, only=set(e.runs) if e and e.runs else None)
     else:  # pragma: no cover - plan() only makes the formats above
         raise ArmorLabError("unknown format", key="format", value=src.format)
-    for run in runs:
-        apply_entry(run, e)
-    return runs
-
-
-def apply_entry(run: ImportedRun, e: Entry | None, val_n: int | None = None) -> None:
-    """A runs.yaml entry's group (as ``run_group``), seed and val_n (else ``val_n``) onto the run."""
-    if e is not None:
-        if e.group is not None:
-            run.config[GROUP_KEY] = e.group
-        if e.seed is not None:
-            run.config["seed"] = e.seed
     n = (e.val_n if e is not None else None) or val_n
-    if n is not None:
-        set_val_n(run, n)
+    for run in runs:
+        if e is not None and e.group is not None:
+            run.config[GROUP_KEY] = e.group
+        if e is not None and e.seed is not None:
+            run.config["seed"] = e.seed
+        if n is not None:
+            set_val_n(run, n)
+    return runs
 
 
 def set_val_n(run: ImportedRun, n: int) -> None:
@@ -265,11 +260,7 @@ def read(p: Plan, *, val_n: int | None = None,
     """Import every source of the plan (``val_n``: val/n for runs that log val/acc without it)."""
     out: list[ImportedRun] = []
     for i, src in enumerate(p.sources):
-        runs = read_source(src)
-        if val_n is not None:
-            for run in runs:
-                set_val_n(run, val_n)
-        out.extend(runs)
+        out.extend(read_source(src, val_n))
         if progress:
             progress(i + 1, len(p.sources))
     return out

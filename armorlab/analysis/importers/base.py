@@ -9,9 +9,9 @@ import io
 import json
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -31,22 +31,20 @@ class Rule:
     target: str
     note: str = ""
 
-    @property
+    @cached_property
     def regex(self) -> re.Pattern[str]:
-        return _compile(self.pattern)
-
-
-@cache
-def _compile(pattern: str) -> re.Pattern[str]:
-    return re.compile(pattern)
+        return re.compile(self.pattern)
 
 
 class NameMap:
-    """Source name → armorlab name by the first matching rule, else ``src/<name>``; ``None`` drops it."""
+    """Source name → armorlab name by the first rule matching its ``normalise``d spelling, else ``src/<name>``
+    (the logged spelling); ``None`` drops it."""
 
-    def __init__(self, rules: Iterable[Rule], *, drop: Iterable[str] = ()) -> None:
+    def __init__(self, rules: Iterable[Rule], *, drop: Iterable[str] = (),
+                 normalise: Callable[[str], str] = str) -> None:
         self.rules = tuple(rules)
         self.drop = frozenset(drop)
+        self.normalise = normalise
         self._cache: dict[str, str | None] = {}
 
     def __call__(self, name: str) -> str | None:
@@ -55,10 +53,7 @@ class NameMap:
         return self._cache[name]
 
     def _target(self, name: str) -> str | None:
-        return self._match(name, name)
-
-    def _match(self, name: str, key: str) -> str | None:
-        """The target of ``name`` where the drop list and the rules see it spelled ``key``."""
+        key = self.normalise(name)
         if name in self.drop or key in self.drop:
             return None
         for rule in self.rules:
@@ -107,6 +102,21 @@ def as_float(value: Any) -> float:
 def is_metric_value(value: Any) -> bool:
     return isinstance(value, (bool, int, float)) or (
         isinstance(value, str) and value in ("NaN", "Infinity", "-Infinity"))
+
+
+def json_lines(lines: Iterable[str | bytes], source: str, warnings: list[str], bad: str = "unreadable"
+               ) -> Iterator[tuple[int, Any]]:
+    """(line number, value) of each non-blank JSON line; one json cannot parse (torn, or nested past its
+    recursion limit) is skipped with a warning."""
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except (ValueError, RecursionError):
+            warnings.append(f"skipped {bad} line {lineno} of {source}")
+            continue
+        yield lineno, row
 
 
 # --------------------------------------------------------------------------- series → table

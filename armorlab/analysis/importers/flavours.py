@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -156,15 +156,8 @@ GENERIC_RULES = (Rule(r"(?P<name>(?:" + "|".join(n.rstrip("/") for n in NAMESPAC
                       "names already in armorlab's namespaces are kept (a run logged with armorlab's names)"),)
 
 
-def _identity(name: str) -> str:
-    return name
-
-
 def _openrlhf_raw(name: str) -> str:
-    for prefix in ("train/", "eval/"):
-        if name.startswith(prefix):
-            return name[len(prefix):]
-    return name
+    return re.sub(r"^(train|eval)/", "", name)
 
 
 @dataclass(frozen=True)
@@ -173,34 +166,22 @@ class Flavour:
     name: str
     rules: tuple[Rule, ...]
     drop: frozenset[str] = frozenset()
-    normalise: Callable[[str], str] = _identity
+    normalise: Callable[[str], str] = str
     step_keys: tuple[str, ...] = ()
     cannot: tuple[str, ...] = ()
     identity: tuple[str, ...] = ()
     label: str = ""
-    extra_drop: tuple[str, ...] = field(default=())
 
     def names(self, rules: Iterable[Rule] | None = None) -> NameMap:
-        return _Normalised(self.rules if rules is None else rules, self.drop, self.normalise)
-
-
-class _Normalised(NameMap):
-    """A NameMap matching the normalised name; an unmatched name keeps its logged spelling."""
-
-    def __init__(self, rules, drop, normalise) -> None:
-        super().__init__(rules, drop=drop)
-        self.normalise = normalise
-
-    def _target(self, name: str) -> str | None:
-        return self._match(name, self.normalise(name))
+        return NameMap(self.rules if rules is None else rules, drop=self.drop, normalise=self.normalise)
 
 
 TRL = Flavour("trl", TRL_RULES, TRL_DROP, trl_raw, ("train/global_step",), TRL_CANNOT, TRL_IDENTITY,
               "TRL GRPOTrainer")
-VERL = Flavour("verl", VERL_RULES, VERL_DROP, _identity, (), VERL_CANNOT, VERL_IDENTITY, "verl")
+VERL = Flavour("verl", VERL_RULES, VERL_DROP, str, (), VERL_CANNOT, VERL_IDENTITY, "verl")
 OPENRLHF = Flavour("openrlhf", OPENRLHF_RULES, OPENRLHF_DROP, _openrlhf_raw,
                    ("train/global_step", "eval/global_step"), OPENRLHF_CANNOT, OPENRLHF_IDENTITY, "OpenRLHF")
-GENERIC = Flavour("generic", GENERIC_RULES, frozenset(), _identity, (), (), (), "unknown trainer")
+GENERIC = Flavour("generic", GENERIC_RULES, frozenset(), str, (), (), (), "unknown trainer")
 FLAVOURS = {f.name: f for f in (TRL, VERL, OPENRLHF, GENERIC)}
 
 _OPENRLHF_NAMES = re.compile(r"^(train/(ppo_kl|ppo_clip_ratio|policy_loss|actor_lr|response_length)|"

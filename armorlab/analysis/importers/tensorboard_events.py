@@ -44,10 +44,6 @@ def _event_class():
     return Event
 
 
-def event_files(logdir: Path) -> list[Path]:
-    return sorted(p for p in Path(logdir).glob(PATTERN) if p.is_file())
-
-
 def masked(crc):
     """TFRecord's masked CRC-32C: rotated right by 15 bits plus 0xa282ead8 (mod 2³²)."""
     return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
@@ -108,26 +104,21 @@ def records(data: bytes, source: str, warnings: list[str]) -> list[bytes]:
     return payloads
 
 
+_SCALARS = {_DT_FLOAT: ("float_val", "<f4"), _DT_DOUBLE: ("double_val", "<f8"), _DT_INT32: ("int_val", None),
+            _DT_INT64: ("int64_val", None), _DT_BOOL: ("bool_val", None)}  # dtype → (field, packed layout)
+
+
 def _tensor_scalar(t: Any) -> float | None:
     if any(d.size != 1 for d in t.tensor_shape.dim):
         return None
-    dt = t.dtype
-    if dt == _DT_FLOAT:
-        if t.float_val:
-            return float(t.float_val[0])
-        return float(np.frombuffer(t.tensor_content, "<f4")[0]) if len(t.tensor_content) == 4 else None
-    if dt == _DT_DOUBLE:
-        if t.double_val:
-            return float(t.double_val[0])
-        return float(np.frombuffer(t.tensor_content, "<f8")[0]) if len(t.tensor_content) == 8 else None
-    if dt == _DT_INT32 and t.int_val:
-        return float(t.int_val[0])
-    if dt == _DT_INT64 and t.int64_val:
-        return float(t.int64_val[0])
-    if dt == _DT_BOOL and t.bool_val:
-        return float(t.bool_val[0])
-    if dt == _DT_HALF and t.half_val and 0 <= t.half_val[0] <= 0xFFFF:  # an int32 field holding 16 bits
-        return float(np.array([t.half_val[0]], dtype=np.uint16).view(np.float16)[0])
+    if t.dtype == _DT_HALF:  # an int32 field holding 16 bits
+        ok = t.half_val and 0 <= t.half_val[0] <= 0xFFFF
+        return float(np.array([t.half_val[0]], dtype=np.uint16).view(np.float16)[0]) if ok else None
+    field, packed = _SCALARS.get(t.dtype, ("", None))
+    if field and getattr(t, field):
+        return float(getattr(t, field)[0])
+    if packed and len(t.tensor_content) == np.dtype(packed).itemsize:
+        return float(np.frombuffer(t.tensor_content, packed)[0])
     return None
 
 
@@ -204,7 +195,7 @@ def read_dir(logdir: Path) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], di
     texts: dict[str, str] = {}
     warnings: list[str] = []
     parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []   # (tag, step, value) per scalar
-    for path in event_files(logdir):
+    for path in sorted(p for p in Path(logdir).glob(PATTERN) if p.is_file()):
         try:
             data = read_source(path)
         except OSError as exc:
@@ -221,7 +212,7 @@ def read_dir(logdir: Path) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], di
             one_by_one = [payloads[i] for i in slow.tolist()]
         else:
             one_by_one = payloads
-        acc_tags, acc_steps, acc_values = [], [], []
+        scalars = []  # (tag, step, value)
         for raw in one_by_one:
             try:
                 ev = parse(raw)
@@ -230,28 +221,20 @@ def read_dir(logdir: Path) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], di
                 break
             if ev.WhichOneof("what") != "summary":
                 continue
-            step = ev.step
             for v in ev.summary.value:
                 kind = v.WhichOneof("value")
-                if kind == "simple_value":
-                    value = v.simple_value
-                elif kind == "tensor":
-                    t = v.tensor
-                    if t.dtype == _DT_STRING:
-                        if t.string_val:
-                            texts[v.tag] = t.string_val[0].decode("utf-8", errors="replace")
-                        continue
-                    value = _tensor_scalar(t)
-                    if value is None:
-                        continue
-                else:
+                if kind == "tensor" and v.tensor.dtype == _DT_STRING:
+                    if v.tensor.string_val:
+                        texts[v.tag] = v.tensor.string_val[0].decode("utf-8", errors="replace")
                     continue
-                acc_tags.append(v.tag)
-                acc_steps.append(step)
-                acc_values.append(value)
-        if acc_tags:
-            parts.append((np.asarray(acc_tags, dtype=object), np.asarray(acc_steps, dtype=np.int64),
-                          np.asarray(acc_values, dtype=np.float64)))
+                value = v.simple_value if kind == "simple_value" else _tensor_scalar(v.tensor) if kind == "tensor" \
+                    else None
+                if value is not None:
+                    scalars.append((v.tag, ev.step, value))
+        if scalars:
+            tags, steps, values = zip(*scalars, strict=True)
+            parts.append((np.asarray(tags, dtype=object), np.asarray(steps, dtype=np.int64),
+                          np.asarray(values, dtype=np.float64)))
     return _by_tag(parts), texts, warnings
 
 

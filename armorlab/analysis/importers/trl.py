@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from armorlab.analysis.importers import flavours, tensorboard_events
-from armorlab.analysis.importers.base import MAX_STEP, ImportedRun, flatten, read_source, rows_to_series
+from armorlab.analysis.importers.base import ImportedRun, flatten, read_source, rows_to_series
+from armorlab.core.runs import valid_step
 
 STATE = "trainer_state.json"
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
@@ -22,17 +23,11 @@ STATE_SETTINGS = ("max_steps", "num_train_epochs", "train_batch_size", "logging_
 
 def state_files(out_dir: Path) -> list[Path]:
     """trainer_state.json files of an output dir: its checkpoints' and its own."""
-    files = []
     try:
-        entries = list(out_dir.iterdir())
+        files = [p / STATE for p in out_dir.iterdir() if _CHECKPOINT.match(p.name) and (p / STATE).is_file()]
     except OSError:
         return []
-    for p in entries:
-        if _CHECKPOINT.match(p.name) and (p / STATE).is_file():
-            files.append(p / STATE)
-    if (out_dir / STATE).is_file():
-        files.append(out_dir / STATE)
-    return files
+    return files + [out_dir / STATE] if (out_dir / STATE).is_file() else files
 
 
 def is_output_dir(path: Path) -> bool:
@@ -61,9 +56,8 @@ def _rows(states: list[dict[str, Any]]):
         for row in state["log_history"]:
             if not isinstance(row, dict) or flavours.TRL_SUMMARY & row.keys():
                 continue
-            step = row.get("step")
-            if isinstance(step, int) and not isinstance(step, bool) and 0 <= step < MAX_STEP:
-                yield step, row
+            if valid_step(row.get("step")):
+                yield row["step"], row
 
 
 def tensorboard_args(out_dir: Path, warnings: list[str]) -> dict[str, Any]:

@@ -21,11 +21,14 @@ from armorlab.analysis.importers.base import (
     as_float,
     flatten,
     is_metric_value,
+    json_lines,
     read_json_bytes,
     read_source,
+    rows_to_series,
     shallow,
 )
 from armorlab.core.fsutil import open_regular
+from armorlab.core.runs import valid_step
 from armorlab.errors import ArmorLabError
 
 DUMP = re.compile(r"^(\d+)\.jsonl$")
@@ -85,26 +88,13 @@ def _series_from_table(table) -> dict[str, tuple[np.ndarray, np.ndarray]]:
 
 
 def _series_from_lines(data: bytes, source: str, warnings: list[str]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    rows: dict[str, tuple[list[int], list[float]]] = {}
-    for lineno, line in enumerate(data.split(b"\n"), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except (ValueError, RecursionError):
-            warnings.append(f"skipped unreadable line {lineno} of {source}")
-            continue
-        step = row.get("step") if isinstance(row, dict) else None
-        if not (isinstance(step, int) and not isinstance(step, bool) and 0 <= step < MAX_STEP) or \
-                not isinstance(row.get("data"), dict):
+    rows = []
+    for lineno, row in json_lines(data.split(b"\n"), source, warnings):
+        if isinstance(row, dict) and valid_step(row.get("step")) and isinstance(row.get("data"), dict):
+            rows.append((row["step"], {k: v for k, v in row["data"].items() if is_metric_value(v)}))
+        else:
             warnings.append(f"skipped line {lineno} of {source}: not {{\"step\": int, \"data\": {{...}}}}")
-            continue
-        for k, v in row["data"].items():
-            if is_metric_value(v):
-                s, vals = rows.setdefault(k, ([], []))
-                s.append(step)
-                vals.append(as_float(v))
-    return {k: (np.asarray(s, dtype=np.int64), np.asarray(v, dtype=np.float64)) for k, (s, v) in rows.items()}
+    return rows_to_series(rows)
 
 
 def is_file_log(path: Path) -> bool:
@@ -125,23 +115,12 @@ def is_dump_dir(path: Path) -> bool:
 
 
 def _dump_rows(path: Path, warnings: list[str]) -> list[dict[str, Any]]:
-    rows = []
     try:
         data = read_source(path)
     except OSError as exc:
         warnings.append(f"skipped validation dump {path}: {exc.strerror or exc}")
-        return rows
-    for lineno, line in enumerate(data.split(b"\n"), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except (ValueError, RecursionError):
-            warnings.append(f"skipped unreadable line {lineno} of {path}")
-            continue
-        if isinstance(row, dict):
-            rows.append(row)
-    return rows
+        return []
+    return [row for _, row in json_lines(data.split(b"\n"), str(path), warnings) if isinstance(row, dict)]
 
 
 def dump_metrics(rows: Sequence[dict[str, Any]], threshold: float = PASS_THRESHOLD) -> dict[str, float]:
@@ -171,7 +150,6 @@ def dump_metrics(rows: Sequence[dict[str, Any]], threshold: float = PASS_THRESHO
 
 def read_dumps(dump_dir: Path, warnings: list[str]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """A validation_data_dir → per-metric (steps, values) of dump_metrics, one point per dump."""
-    points: dict[str, tuple[list[int], list[float]]] = {}
     try:
         named = [(m.group(1), p) for p in Path(dump_dir).iterdir() if (m := DUMP.match(p.name))]
     except OSError as exc:
@@ -181,12 +159,7 @@ def read_dumps(dump_dir: Path, warnings: list[str]) -> dict[str, tuple[np.ndarra
     files = sorted((int(d), p) for d, p in named if len(d) <= 19 and int(d) < MAX_STEP)
     if len(files) < len(named):
         warnings.append(f"skipped {len(named) - len(files)} validation dumps in {dump_dir} whose step is past 2**63")
-    for step, path in files:
-        for name, value in dump_metrics(_dump_rows(path, warnings)).items():
-            s, v = points.setdefault(name, ([], []))
-            s.append(step)
-            v.append(value)
-    return {k: (np.asarray(s, dtype=np.int64), np.asarray(v, dtype=np.float64)) for k, (s, v) in points.items()}
+    return rows_to_series((step, dump_metrics(_dump_rows(path, warnings))) for step, path in files)
 
 
 def read(path: Path, *, name: str | None = None, val_dumps: Path | None = None,

@@ -287,8 +287,10 @@ def read_file(path: Path, history: _History, info: dict[str, Any], warnings: lis
                 warnings.append(f"{path}: unreadable record skipped ({type(exc).__name__})")
         merged = all_cls.FromString(b"".join(ok))
     history.raw.extend(merged.history)
+    from google.protobuf import message_factory
+
     by_name = pb.Record.DESCRIPTOR.fields_by_name
-    cls = {k: message_factory_class(by_name[k].message_type) for k in ("run", "config", "exit")}
+    cls = {k: message_factory.GetMessageClass(by_name[k].message_type) for k in ("run", "config", "exit")}
     config = info.setdefault("config", {})
     for raw in merged.run:
         run = _parse(cls["run"], raw, path, warnings)
@@ -316,12 +318,6 @@ def _parse(cls: Any, raw: bytes, path: Path, warnings: list[str]) -> Any:
     except Exception as exc:  # DecodeError
         warnings.append(f"{path}: {cls.DESCRIPTOR.name} record skipped ({type(exc).__name__})")
         return None
-
-
-def message_factory_class(descriptor: Any) -> Any:
-    from google.protobuf import message_factory
-
-    return message_factory.GetMessageClass(descriptor)
 
 
 def wandb_file(run_dir: Path) -> Path | None:
@@ -374,12 +370,3 @@ def read(folders: list[Path], *, name: str | None = None, flavour: str | None = 
     return F.imported_run(series, fl, flat, warnings, config={"wandb.group": info["group"]} if info.get("group") else None,
                           name=name or info.get("name") or info.get("run_id") or last.name, path=last,
                           format="wandb", project=info.get("project"), state=state, reason=reason)
-
-
-def runs(root: Path) -> list[list[Path]]:
-    """The runs below ``root``: folders grouped by run id (a resumed run), oldest folder first."""
-    by_id: dict[str, list[Path]] = {}
-    for d in run_dirs(root):
-        m = RUN_DIR.match(d.name)
-        by_id.setdefault(m.group("id") if m else d.name, []).append(d)
-    return [sorted(v, key=lambda p: p.name.removeprefix("offline-")) for v in by_id.values()]
