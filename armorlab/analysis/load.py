@@ -26,7 +26,7 @@ import pandas as pd
 
 from armorlab.analysis import importers
 from armorlab.analysis.importers.base import flatten as flatten_config  # nested config → dotted keys
-from armorlab.analysis.importers.base import read_json_bytes, shallow
+from armorlab.analysis.importers.base import json_lines, read_json_bytes, shallow
 from armorlab.core.config import LOGGING_KEYS
 from armorlab.core.fsutil import atomic_file, atomic_write_text, read_regular, read_regular_text, remove_file
 from armorlab.core.health import GATE_DROP, GATE_SHARE, GATE_WINDOW, WATCHED, series_warnings
@@ -124,14 +124,7 @@ def _parse_lines(data: bytes, source: str) -> tuple[pd.DataFrame, list[str]]:
     """Line by line, exactly like RunDir.iter_metrics (the slow path for damaged files)."""
     warnings: list[str] = []
     rows = []
-    for lineno, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except (ValueError, RecursionError):  # torn, or nested past json's recursion limit
-            warnings.append(f"skipped torn line {lineno} of {source}")
-            continue
+    for lineno, row in json_lines(data.decode("utf-8", errors="replace").splitlines(), source, warnings, "torn"):
         if isinstance(row, dict) and valid_step(row.get("step")):
             rows.append(row)
         elif isinstance(row, dict) and "step" in row:

@@ -64,8 +64,8 @@ def _clean_with_n(steps, values, n) -> tuple[np.ndarray, np.ndarray, np.ndarray 
         return (*clean_curve(steps, values), None)
     s = np.asarray(steps, dtype=np.float64).ravel()
     v = np.asarray(values, dtype=np.float64).ravel()
-    n = np.broadcast_to(np.asarray(n, dtype=np.float64).ravel(), v.shape) if np.ndim(n) == 0 or np.size(n) == 1 \
-        else np.asarray(n, dtype=np.float64).ravel()
+    n = np.asarray(n, dtype=np.float64).ravel()
+    n = np.broadcast_to(n, v.shape) if n.size == 1 else n
     if n.shape != v.shape:
         raise ValueError(f"eval sizes and values differ in length: {n.size} vs {v.size}")
     keep = np.isfinite(s) & np.isfinite(v)
@@ -78,7 +78,8 @@ def _clean_with_n(steps, values, n) -> tuple[np.ndarray, np.ndarray, np.ndarray 
     return s[order], v[order], n[order]
 
 
-def _step(x: float) -> int | float:
+def as_step(x: float) -> int | float:
+    """A step as logged: an int when whole."""
     return int(x) if float(x).is_integer() else float(x)
 
 
@@ -193,7 +194,10 @@ def null_threshold(n_evals: int, patience: int, alpha: float, noise: str = "bino
         raise ValueError(f"alpha must be in (0, 1), got {alpha}")
     if n_evals < 2 * patience:
         return math.inf
-    path = _threshold_file(n_evals, patience, alpha, noise, sequential)
+    key = hashlib.sha256(Path(__file__).read_bytes())
+    key.update(repr((n_evals, patience, float(alpha), noise, bool(sequential), NULL_DRAWS, NULL_BUDGET,
+                     MIN_DRAWS, ONLINE_CURVE_MIN_EVALS, np.__version__)).encode())
+    path = cache_root() / "null_threshold" / f"{key.hexdigest()[:32]}.json"
     try:
         return float(json.loads(read_regular_text(path, limit=SMALL_FILE_BYTES))["z_star"])
     except (OSError, ValueError, KeyError, TypeError):
@@ -208,22 +212,11 @@ def null_threshold(n_evals: int, patience: int, alpha: float, noise: str = "bino
     return z_star
 
 
-def _threshold_file(n_evals: int, patience: int, alpha: float, noise: str, sequential: bool) -> Path:
-    key = hashlib.sha256(Path(__file__).read_bytes())
-    key.update(repr((n_evals, patience, float(alpha), noise, bool(sequential), NULL_DRAWS, NULL_BUDGET,
-                     MIN_DRAWS, ONLINE_CURVE_MIN_EVALS, np.__version__)).encode())
-    return cache_root() / "null_threshold" / f"{key.hexdigest()[:32]}.json"
-
-
 def _simulate_null_threshold(n_evals: int, patience: int, alpha: float, noise: str = "binomial", *,
                              sequential: bool = False) -> float:
     """(C4) seeded Monte Carlo in chunks; ``sequential``: the maximum over every prefix of ≥ max(2m, 10)
     evals, as the pruner re-estimates σ̂ after each eval (an early σ̂ is noisy and needs its own threshold)."""
-    if not 0 < alpha < 1:
-        raise ValueError(f"alpha must be in (0, 1), got {alpha}")
     m, k = patience, n_evals
-    if k < 2 * m:
-        return math.inf
     rng = np.random.default_rng(20_261_130)
     draws = min(NULL_DRAWS, max(MIN_DRAWS, NULL_BUDGET // k))
     if sequential and noise == "curve":
@@ -280,14 +273,9 @@ def _onsets(v: np.ndarray, t: FallTest, delta: float, m: int) -> tuple[np.ndarra
 def collapse_step(steps, values, delta: float = DELTA, patience: int = PATIENCE, *, n=None,
                   alpha: float = ALPHA, horizon: int | None = None) -> int | None:
     """(C5) onset step of the first significant fall below the earlier peak; None if never."""
-    return _collapse(steps, values, delta, patience, n, alpha, horizon)[0]
-
-
-def _collapse(steps, values, delta, patience, n, alpha, horizon):
     _check(delta, patience)
     s, v, n = _clean_with_n(steps, values, n)
-    t = fall_test(v, n, patience=patience, alpha=alpha, horizon=horizon)
-    return (*_first_fall(s, v, t, delta, patience), t)
+    return _first_fall(s, v, fall_test(v, n, patience=patience, alpha=alpha, horizon=horizon), delta, patience)[0]
 
 
 def _first_fall(s: np.ndarray, v: np.ndarray, t: FallTest | None, delta: float, patience: int
@@ -298,7 +286,7 @@ def _first_fall(s: np.ndarray, v: np.ndarray, t: FallTest | None, delta: float, 
     ok, onset = _onsets(v, t, delta, patience)
     if not ok.size:
         return None, math.nan
-    return _step(s[onset[0]]), float(t.z[ok[0]])
+    return as_step(s[onset[0]]), float(t.z[ok[0]])
 
 
 def curve_auc(steps, values) -> float:
@@ -389,7 +377,7 @@ def _divergence(s: np.ndarray, v: np.ndarray, t: FallTest | None, ts: np.ndarray
     maybe = _rises_screen(ts, tv, lo, hi, alpha) if ok.size else np.zeros(0, dtype=bool)
     for k in np.flatnonzero(maybe):
         if _train_rises(ts, tv, lo[k], hi[k], alpha):
-            return _step(s[onset[k]])
+            return as_step(s[onset[k]])
     return None
 
 
@@ -420,7 +408,7 @@ def _peak_and_drop(s: np.ndarray, v: np.ndarray, se: np.ndarray, patience: int) 
         drop_z = math.nan
     else:
         drop_z = drop / math.sqrt(var) if var > 0 else (math.inf if drop > 0 else 0.0)
-    return dict(peak=peak, peak_step=_step(s[i + (m - 1) // 2]), final=final, drop=drop,
+    return dict(peak=peak, peak_step=as_step(s[i + (m - 1) // 2]), final=final, drop=drop,
                 drop_rel=drop / abs(peak) if peak != 0 else math.nan, drop_z=drop_z)
 
 
@@ -432,7 +420,7 @@ def entropy_collapse_step(steps, entropy, threshold: float | None = None,
         return None
     limit = frac * e[0] if threshold is None else threshold
     hits = np.flatnonzero(e < limit)
-    return _step(s[hits[0]]) if hits.size else None
+    return as_step(s[hits[0]]) if hits.size else None
 
 
 def length_blowup(steps, lengths) -> float:

@@ -89,14 +89,15 @@ def _poi_vectorised(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
 
 def probability_of_improvement(x, y) -> float:
     """(S2) P(X > Y) + ½ P(X = Y) over all pairs of runs of X and Y (NaNs dropped)."""
-    x = _finite(x)
-    y = _finite(y)
+    x = finite(x)
+    y = finite(y)
     if x.size == 0 or y.size == 0:
         return math.nan
     return float(_poi_vectorised(x, y))
 
 
-def _finite(x) -> np.ndarray:
+def finite(x) -> np.ndarray:
+    """The finite values of ``x``, flattened, as float64 (NaN, ±inf and None dropped)."""
     x = np.asarray(x, dtype=np.float64).ravel()
     return x[np.isfinite(x)]
 
@@ -129,7 +130,7 @@ CI_METHOD_NAMES = {"t": "Student-t", "bca": "BCa bootstrap", "": "none"}
 
 def t_ci(x, *, confidence: float = CONFIDENCE) -> tuple[float, float]:
     """(S3) Student-t CI of the mean: x̄ ± t_{(1+c)/2, n−1} · s/√n (NaN below 2 values)."""
-    x = _finite(x)
+    x = finite(x)
     if x.size < 2:
         return math.nan, math.nan
     sem = float(x.std(ddof=1)) / math.sqrt(x.size)
@@ -140,7 +141,7 @@ def t_ci(x, *, confidence: float = CONFIDENCE) -> tuple[float, float]:
 def mean_ci(x, *, confidence: float = CONFIDENCE, n_resamples: int = N_RESAMPLES,
             seed: int = SEED) -> tuple[float, float, str]:
     """(S3) CI of the mean by the method that keeps its coverage at this n: (low, high, method)."""
-    x = _finite(x)
+    x = finite(x)
     method = ci_method(int(x.size))
     if method == "t":
         return (*t_ci(x, confidence=confidence), method)
@@ -156,7 +157,7 @@ def summarise(values, *, confidence: float = CONFIDENCE, n_resamples: int = N_RE
 
     The CI (S3) is NaN for fewer than two values: one seed has no spread.
     """
-    x = _finite(values)
+    x = finite(values)
     n = int(x.size)
     if n == 0:
         return Summary(0, math.nan, math.nan, math.nan, math.nan, math.nan)
@@ -173,7 +174,7 @@ def bootstrap_ci(x, *, statistic=np.mean, confidence: float = CONFIDENCE,
     """Bootstrap CI of ``statistic`` (vectorised: takes ``axis``) over the 1-D sample ``x``:
     scipy.stats.bootstrap with ``rng=np.random.default_rng(seed)``, ``method`` "percentile" (S5) or
     "BCa" (falling back to percentile where BCa's acceleration is degenerate)."""
-    x = _finite(x)
+    x = finite(x)
     if x.size < 2:
         return math.nan, math.nan
     if np.all(x == x[0]):
@@ -202,7 +203,7 @@ def mann_whitney_p(x, y) -> float:
     distribution of U over all orderings, S6) up to 10 seeds a side, also with ties, where
     scipy's "auto" would switch to the normal approximation — at 3 seeds that approximation would claim
     p = 0.064 for a separation whose exact p is 0.1. Beyond, scipy.stats.mannwhitneyu's "auto"."""
-    x, y = _finite(x), _finite(y)
+    x, y = finite(x), finite(y)
     if x.size == 0 or y.size == 0:
         return math.nan
     method = "exact" if max(x.size, y.size) <= MW_EXACT_MAX else "auto"
@@ -213,7 +214,7 @@ def poi_with_ci(x, y, *, confidence: float = CONFIDENCE, n_resamples: int = N_RE
                 seed: int = SEED) -> tuple[float, float, float]:
     """(S2) with a percentile-bootstrap CI (S5: scipy.stats.bootstrap's, paired=False), resampling
     the runs of X and Y independently; no CI (NaN) when the seeds cannot resolve it (S4)."""
-    x, y = _finite(x), _finite(y)
+    x, y = finite(x), finite(y)
     p = probability_of_improvement(x, y)
     if x.size < 2 or y.size < 2 or not poi_resolvable(x.size, y.size, confidence=confidence):
         return p, math.nan, math.nan

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from armorlab.core.eval_sets import VAL_METRIC
-from armorlab.stats.collapse import PATIENCE, clean_curve
+from armorlab.stats.collapse import PATIENCE, as_step, clean_curve
 
 
 @dataclass(frozen=True)
@@ -64,12 +64,10 @@ def select_best(steps, values, report_steps=None, report_values=None, *, mode: s
     if v.size == 0:
         return Selection(None, math.nan, math.nan, False)
     i = int(np.argmax(v) if mode == "max" else np.argmin(v))
-    step = s[i]
-    step_out = int(step) if float(step).is_integer() else float(step)
     if report_steps is None or report_values is None:
-        return Selection(step_out, float(v[i]), math.nan, False)
-    at = value_at(report_steps, report_values, step)
-    return Selection(step_out, float(v[i]), at.value, at.exact)
+        return Selection(as_step(s[i]), float(v[i]), math.nan, False)
+    at = value_at(report_steps, report_values, s[i])
+    return Selection(as_step(s[i]), float(v[i]), at.value, at.exact)
 
 
 def default_matched_steps(eval_steps_per_run: list[np.ndarray],
@@ -148,9 +146,9 @@ def _ranked(s: np.ndarray, v: np.ndarray, ok, patience: int, mode: str, top: int
     order = np.argsort(-levels if mode == "max" else levels, kind="stable")
     picks: list[Pick] = []
     for i in order:
-        step = _as_step(s[i])
+        step = as_step(s[i])
         if ok(step) and all(p.step != step for p in picks):
-            picks.append(Pick(step, float(levels[i]), tuple(_as_step(x) for x in s[lo[i]:hi[i]])))
+            picks.append(Pick(step, float(levels[i]), tuple(as_step(x) for x in s[lo[i]:hi[i]])))
             if len(picks) == top:
                 break
     return picks
@@ -162,8 +160,4 @@ def pending_steps(steps, patience: int = PATIENCE) -> list[int | float]:
     the last eval (also while K < m, where m shrinks to K)."""
     s = np.unique(np.asarray(steps, dtype=np.float64))
     first = max(0, s.size - math.ceil((patience - 1) / 2))
-    return [_as_step(x) for x in s[first:]]
-
-
-def _as_step(x: float) -> int | float:
-    return int(x) if float(x).is_integer() else float(x)
+    return [as_step(x) for x in s[first:]]

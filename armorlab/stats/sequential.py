@@ -24,6 +24,7 @@ import numpy as np
 from armorlab.core.lazy import Lazy
 from armorlab.errors import ArmorLabError
 from armorlab.stats import verdicts as V
+from armorlab.stats.seeds import finite
 
 GRID = 201                 # Simpson points per look on (−c, c), odd: boundaries agree to 1e-7 with 1601
 SPENDING = ("obf", "pocock")
@@ -255,7 +256,7 @@ def _history(looks: Sequence[Mapping[str, Any]], arm: str) -> tuple[list[float],
 
 
 def _stats(values: Sequence[float]) -> dict[str, Any]:
-    x = np.asarray(_finite_list(values), dtype=np.float64)
+    x = finite(values)
     return {"n": int(x.size), "mean": float(x.mean()) if x.size else None,
             "sd": float(x.std(ddof=1)) if x.size > 1 else None, "values": [float(v) for v in x]}
 
@@ -268,7 +269,7 @@ def decide_look(design: Design, values: Mapping[str, Sequence[float]],
     if missing:
         raise ArmorLabError("no values for this arm at the look", key="values", value=missing[0])
     m = len(design.arms)
-    base = _finite_list(values[design.baseline])
+    base = finite(values[design.baseline])
     state = {a: _history(looks, a) for a in design.arms}
     rejected_before = sum(1 for _, done in state.values() if done and done["verdict"] in (V.BETTER, V.WORSE))
     comps: dict[str, dict[str, Any]] = {}
@@ -278,7 +279,7 @@ def decide_look(design: Design, values: Mapping[str, Sequence[float]],
         if done is not None:
             comps[a] = {**done, "tested": False, "carried": True}
             continue
-        x = _finite_list(values[a])
+        x = finite(values[a])
         w = V.welch(x, base)
         final = len(x) >= design.max_seeds and len(base) >= design.max_seeds
         t = 1.0 if final else information_fraction(len(x), len(base), design.max_seeds)
@@ -314,11 +315,11 @@ def decide_look(design: Design, values: Mapping[str, Sequence[float]],
             comps[a]["seeds_needed"] = V.seeds_for_power(design.delta, w.pooled_sd, design.alpha / m,
                                                          design.power)
     going = [a for a in design.arms if comps[a]["verdict"] == CONTINUE]
-    nxt = {a: _next_size(len(_finite_list(values[a])), design) for a in going}
+    nxt = {a: _next_size(finite(values[a]).size, design) for a in going}
     if going:
         nxt[design.baseline] = max(_next_size(len(base), design), max(nxt.values()))
     return {"look": len(looks) + 1,
-            "seeds": {a: len(_finite_list(values[a])) for a in (design.baseline, *design.arms)},
+            "seeds": {a: finite(values[a]).size for a in (design.baseline, *design.arms)},
             "stats": {a: _stats(values[a]) for a in (design.baseline, *design.arms)},
             "comparisons": [_jsonable(comps[a]) for a in design.arms],
             "next": nxt, "done": not going}
@@ -333,10 +334,6 @@ def _crosses(w: V.Welch, fractions: list[float], level: float, spending: str) ->
         return w.diff != 0
     c = spending_boundaries(fractions, level, spending)[-1]
     return abs(w.diff) / w.se >= t_boundary(c, w.df)
-
-
-def _finite_list(values: Sequence[float]) -> list[float]:
-    return [float(v) for v in values if v is not None and math.isfinite(float(v))]
 
 
 def _jsonable(d: Mapping[str, Any]) -> dict[str, Any]:

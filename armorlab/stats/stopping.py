@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from armorlab.stats.collapse import ALPHA, DELTA, PATIENCE, clean_curve, fall_test
+from armorlab.stats.collapse import ALPHA, DELTA, PATIENCE, as_step, clean_curve, fall_test
 
 
 @dataclass(frozen=True)
@@ -89,11 +89,7 @@ def last_window_stop(x: np.ndarray, v: np.ndarray, n: np.ndarray | None, *, pati
     if not (z >= t.z_star and peak - level >= delta and below[-patience:].all()):
         return None
     start = v.size - int(np.argmin(below[::-1])) if not below.all() else 0  # the trailing run of lows
-    return Stop(_whole(x[start]), z, _whole(x[-1]))
-
-
-def _whole(x: float) -> int | float:
-    return int(x) if float(x).is_integer() else float(x)
+    return Stop(as_step(x[start]), z, as_step(x[-1]))
 
 
 def carry_forward(steps, values, until: float, patience: int = PATIENCE) -> tuple[np.ndarray, np.ndarray]:

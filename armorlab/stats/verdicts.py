@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, replace
 import numpy as np
 
 from armorlab.stats.margins import NO_MARGIN, NO_PREVENTION
-from armorlab.stats.seeds import sps, t_ppf
+from armorlab.stats.seeds import finite, sps
 
 ALPHA = 0.05
 POWER = 0.8
@@ -41,11 +41,6 @@ MAX_SEEDS_PLANNED = 1000   # (P2) gives up above this many seeds per arm
 LOWER_IS_BETTER = frozenset({"drop", "drop_rel", "drop_z"})
 
 BETTER, WORSE, EQUIVALENT, UNRESOLVED, TOO_FEW = "better", "worse", "equivalent", "not resolved", "too few seeds"
-
-
-def _finite(x) -> np.ndarray:
-    x = np.asarray(x, dtype=np.float64).ravel()
-    return x[np.isfinite(x)]
 
 
 @dataclass(frozen=True)
@@ -70,7 +65,7 @@ class Welch:
 def welch(x, y) -> Welch:
     """(W1)/(W2); NaNs are dropped; se and ν are NaN below two values a side. With no spread at
     all (every seed the same) se = 0 and ν = n_x + n_y − 2."""
-    x, y = _finite(x), _finite(y)
+    x, y = finite(x), finite(y)
     nx, ny = int(x.size), int(y.size)
     mx = float(x.mean()) if nx else math.nan
     my = float(y.mean()) if ny else math.nan
@@ -82,11 +77,6 @@ def welch(x, y) -> Welch:
     den = ax * ax / (nx - 1) + ay * ay / (ny - 1)
     df = se2 * se2 / den if den > 0 else float(nx + ny - 2)
     return Welch(mx - my, math.sqrt(se2), df, nx, ny, mx, my, math.sqrt(vx), math.sqrt(vy))
-
-
-def t_quantile(q: float, df: float) -> float:
-    """Student-t quantile for any df > 0 (stats.t_ppf: exact table for integers, scipy else)."""
-    return t_ppf(q, df)
 
 
 def welch_interval(w: Welch, level: float) -> tuple[float, float]:
