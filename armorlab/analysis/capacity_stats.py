@@ -68,11 +68,11 @@ def token_kernel(logp, old_logp, ref_logp, advantage, *, objective: str, alpha: 
         n_pos += float(np.dot(pos, one))
         n_neg += float(np.dot(neg, one))
         omp = np.subtract(1.0, po, out=buf["omp"][:n])
-        if widened:  # β per token where α is
-            al = alpha_arr[a:b] if alpha_arr is not None else None
-            m = _widened_mass(po, ref[a:b], beta if al is None else (1.0 - al) / al, t1)
-        else:
-            m = po
+        m = po
+        if widened:  # m = π_old + β·π_ref (ARMOR Eq. 6's widening), β = (1−α)/α, per token where α is
+            m = np.exp(ref[a:b], out=t1)
+            m *= beta if alpha_arr is None else (1.0 - alpha_arr[a:b]) / alpha_arr[a:b]
+            m += po
         bound = None
         if general:
             cap = capacity.token_capacity(objective, po, pos - neg, eps_low=eps_low, eps_high=eps_high)
@@ -110,14 +110,6 @@ def _kl_sums(L: np.ndarray, one: np.ndarray, E: np.ndarray) -> np.ndarray:
     E = np.expm1(L, out=E)
     s_l, s_ll, s_el = float(np.dot(L, one)), float(np.dot(L, L)), float(np.dot(E, L))
     return np.array([s_l, s_ll, s_el, float(np.dot(np.subtract(E, L, out=E), one))])
-
-
-def _widened_mass(po: np.ndarray, ref_logp: np.ndarray, beta: Any, out: np.ndarray) -> np.ndarray:
-    """m = π_old + β·π_ref (ARMOR Eq. 6's widening), β = (1−α)/α a scalar or per token, into ``out``."""
-    m = np.exp(ref_logp, out=out)
-    m *= beta
-    m += po
-    return m
 
 
 def anchor_kl(logp, ref_logp) -> dict[str, float]:

@@ -123,9 +123,7 @@ def fresh_summary(recipe: Any, out_dir: str | os.PathLike) -> dict[str, Any] | N
         current = _outputs_state(out_dir, outputs)
         if any(current[f] is None or list(current[f]) != list(v or ()) for f, v in outputs.items()):
             return None
-        if stamp["key"] != input_key(recipe, out_dir):
-            return None
-        return dict(stamp["summary"])
+        return dict(stamp["summary"]) if stamp["key"] == input_key(recipe, out_dir) else None
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 

@@ -13,17 +13,9 @@ def norm_value(v: Any) -> Any:
     """A config value as plain Python: None for null/NaN, numpy scalars as int/float/bool."""
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return None
-    if isinstance(v, (np.integer,)):
-        return int(v)
-    if isinstance(v, (np.floating,)):
-        return float(v)
-    if isinstance(v, (np.bool_,)):
-        return bool(v)
-    return v
+    return v.item() if isinstance(v, (np.integer, np.floating, np.bool_)) else v
 
 
 def fmt_value(v: Any) -> str:
     v = norm_value(v)
-    if isinstance(v, float):
-        return f"{v:g}"
-    return str(v)
+    return f"{v:g}" if isinstance(v, float) else str(v)

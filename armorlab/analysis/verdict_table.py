@@ -70,9 +70,7 @@ def endpoint_label(endpoint: str, val_metric: str, test_metric: str) -> str:
 def higher_is_better(endpoint: str, mode: str) -> bool:
     """drop-like endpoints are better small; the others follow select.mode (max: larger is better).
     The drop is computed on the sign-corrected curve, so it is better small in either mode."""
-    if endpoint in V.LOWER_IS_BETTER:
-        return False
-    return mode == "max"
+    return endpoint not in V.LOWER_IS_BETTER and mode == "max"
 
 
 def run_hours(rs: RunSet) -> dict[str, float]:

@@ -314,9 +314,7 @@ def _train_rises(ts: np.ndarray, tv: np.ndarray, lo: float, hi: float, alpha: fl
         return False
     resid = dy - slope * dx
     stderr = math.sqrt(max(float(resid @ resid), 0.0) / (x.size - 2) / sxx)
-    if stderr == 0:
-        return True
-    return slope / stderr >= t_ppf(1 - alpha, x.size - 2)
+    return stderr == 0 or slope / stderr >= t_ppf(1 - alpha, x.size - 2)
 
 
 def _rises_screen(ts: np.ndarray, tv: np.ndarray, lo: np.ndarray, hi: np.ndarray, alpha: float) -> np.ndarray:

@@ -89,8 +89,7 @@ def _poi_vectorised(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
 
 def probability_of_improvement(x, y) -> float:
     """(S2) P(X > Y) + ½ P(X = Y) over all pairs of runs of X and Y (NaNs dropped)."""
-    x = finite(x)
-    y = finite(y)
+    x, y = finite(x), finite(y)
     if x.size == 0 or y.size == 0:
         return math.nan
     return float(_poi_vectorised(x, y))
@@ -190,9 +189,7 @@ def bootstrap_ci(x, *, statistic=np.mean, confidence: float = CONFIDENCE,
 def poi_resolvable(n_x: int, n_y: int, *, confidence: float = CONFIDENCE) -> bool:
     """(S4) Whether n_x vs n_y seeds can resolve P(X > Y) at all: the smallest two-sided exact
     Mann–Whitney p-value 2 / C(n_x + n_y, n_x) must be ≤ 1 − confidence."""
-    if n_x < 1 or n_y < 1:
-        return False
-    return 2 / math.comb(n_x + n_y, n_x) <= 1 - confidence
+    return n_x >= 1 and n_y >= 1 and 2 / math.comb(n_x + n_y, n_x) <= 1 - confidence
 
 
 MW_EXACT_MAX = 10  # seeds a side up to which mann_whitney_p is exact

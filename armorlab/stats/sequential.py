@@ -341,9 +341,7 @@ def _jsonable(d: Mapping[str, Any]) -> dict[str, Any]:
     def fix(v):
         if isinstance(v, float) and not math.isfinite(v):
             return None
-        if isinstance(v, list):
-            return [fix(x) for x in v]
-        return v
+        return [fix(x) for x in v] if isinstance(v, list) else v
     return {k: fix(v) for k, v in d.items()}
 
 

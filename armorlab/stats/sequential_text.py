@@ -19,9 +19,7 @@ _FIXED = {"final": "final level of {v}", "drop": "drop from the peak level of {v
 
 
 def endpoint_label(endpoint: str, val_metric: str = VAL_METRIC, test_metric: str = TEST_METRIC) -> str:
-    if endpoint in _FIXED:
-        return _FIXED[endpoint].format(v=val_metric, t=test_metric)
-    return endpoint
+    return _FIXED[endpoint].format(v=val_metric, t=test_metric) if endpoint in _FIXED else endpoint
 
 
 def _num(v: Any) -> float:

@@ -57,9 +57,7 @@ def file_format(path: Path) -> str | None:
         return "trl"
     if name.endswith(".jsonl") and verl.is_file_log(path):
         return "verl"
-    if trackio_db.is_project_db(path):
-        return "trackio"
-    return None
+    return "trackio" if trackio_db.is_project_db(path) else None
 
 
 def dir_format(path: Path) -> str | None:

@@ -211,9 +211,7 @@ def detect(config: Mapping[str, Any], names: Iterable[str]) -> Flavour:
         return VERL
     if any(_OPENRLHF_NAMES.match(n) for n in names):
         return OPENRLHF
-    if any(_TRL_NAMES.match(n) for n in names) or "train/global_step" in names:
-        return TRL
-    return GENERIC
+    return TRL if any(_TRL_NAMES.match(n) for n in names) or "train/global_step" in names else GENERIC
 
 
 def verl_rules(config: Mapping[str, Any], names: Iterable[str] = ("actor/kl_loss",)) -> tuple[tuple[Rule, ...], list[str]]:

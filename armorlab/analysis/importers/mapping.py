@@ -63,6 +63,22 @@ def _positive_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v > 0
 
 
+def _label(v: Any, types: tuple[type, ...]) -> bool:
+    return isinstance(v, types) and not isinstance(v, bool)
+
+
+# an entry's key → (its check, what it must be, how it is kept)
+_VALUES = {
+    "group": (lambda v: _label(v, (str, int, float)), "must be a group label", str),
+    "seed": (lambda v: _label(v, (int, str)), "must be an integer or a label", lambda v: v),
+    "val_n": (_positive_int, "must be a positive integer (completions per evaluation)", int),
+    "format": (lambda v: v in FORMATS, f"must be one of {', '.join(FORMATS)}", str),
+    "flavour": (lambda v: v in FLAVOURS, f"must be one of {', '.join(FLAVOURS)}", str),
+    "runs": (lambda r: isinstance(r, list) and bool(r) and all(isinstance(x, (str, int)) for x in r),
+             "must be a list of run names or ids", lambda r: [str(x) for x in r]),
+}
+
+
 def load(path: str | os.PathLike) -> RunsMap:
     path = Path(path)
     raw = load_yaml_mapping(path)
@@ -96,38 +112,19 @@ def load(path: str | os.PathLike) -> RunsMap:
         if not matches:
             raise err("path not found", key, pattern)
         e = Entry(full, [Path(m).resolve() for m in matches])
-        if spec.get("group") is not None:
-            if not isinstance(spec["group"], (str, int, float)) or isinstance(spec["group"], bool):
-                raise err("must be a group label", f"{key}.group", spec["group"])
-            e.group = str(spec["group"])
-        if spec.get("seed") is not None:
-            if not isinstance(spec["seed"], (int, str)) or isinstance(spec["seed"], bool):
-                raise err("must be an integer or a label", f"{key}.seed", spec["seed"])
-            e.seed = spec["seed"]
-        if spec.get("val_n") is not None:
-            if not _positive_int(spec["val_n"]):
-                raise err("must be a positive integer (completions per evaluation)", f"{key}.val_n", spec["val_n"])
-            e.val_n = spec["val_n"]
-        e.val_n = e.val_n or val_n
-        for k, known in (("format", FORMATS), ("flavour", FLAVOURS)):
-            if spec.get(k) is not None:
-                if spec[k] not in known:
-                    raise err(f"must be one of {', '.join(known)}", f"{key}.{k}", spec[k])
-                setattr(e, k, spec[k])
-        if spec.get("name") is not None:
-            e.name = str(spec["name"])
-        for k in ("val_dumps", "config"):
-            if spec.get(k) is not None:
-                p = Path(base, os.path.expanduser(str(spec[k])))
-                if not p.exists():
+        for k, value in spec.items():
+            if value is None:
+                continue
+            ok, want, convert = _VALUES.get(k, (None, "", str))
+            if ok is not None and not ok(value):
+                raise err(want, f"{key}.{k}", value)
+            if k in ("val_dumps", "config"):
+                value = Path(base, os.path.expanduser(str(value)))
+                if not value.exists():
                     raise err("path not found", f"{key}.{k}", spec[k])
-                if k == "val_dumps" and not p.is_dir():
+                if k == "val_dumps" and not value.is_dir():
                     raise err("must be a directory (verl's validation_data_dir)", f"{key}.{k}", spec[k])
-                setattr(e, k, p)
-        if spec.get("runs") is not None:
-            r = spec["runs"]
-            if not isinstance(r, list) or not r or not all(isinstance(x, (str, int)) for x in r):
-                raise err("must be a list of run names or ids", f"{key}.runs", r)
-            e.runs = [str(x) for x in r]
+            setattr(e, k, value if k in ("val_dumps", "config") else convert(value))
+        e.val_n = e.val_n or val_n
         entries.append(e)
     return RunsMap(path, entries, val_n)
