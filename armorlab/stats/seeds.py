@@ -24,10 +24,10 @@ copies of both bought under 20 % of a cold report):
          1 − c (2 vs 2: 0.33; 3 vs 3: 0.10; 4 vs 4: 0.029). Its bootstrap CI would read [1, 1]
          (every resample separates too), so no interval is given. With more seeds the exact
          Mann–Whitney p-value is reported beside the bootstrap CI (``mw_p``).
-    (S5) Percentile bootstrap CI: scipy.stats.bootstrap(method="percentile"), resampling each
-         sample with replacement and taking the α and 1 − α quantiles, α = (1 − c)/2.
-    (S6) Exact Mann–Whitney p: scipy.stats.mannwhitneyu(method="exact"), the distribution of U over
-         all C(n + m, n) orderings; p = 2·P(U' ≥ max(U, nm − U)), capped at 1.
+    (S5) Percentile bootstrap CI: the (1 − c)/2 and (1 + c)/2 quantiles of resampled statistics
+         (scipy.stats.bootstrap(method="percentile")).
+    (S6) Exact Mann–Whitney p = min(1, 2·P(U' ≥ max(U, nm − U))) over all C(n + m, n) orderings
+         (scipy.stats.mannwhitneyu(method="exact")).
 """
 
 from __future__ import annotations
@@ -152,10 +152,7 @@ def mean_ci(x, *, confidence: float = CONFIDENCE, n_resamples: int = N_RESAMPLES
 
 def summarise(values, *, confidence: float = CONFIDENCE, n_resamples: int = N_RESAMPLES,
               seed: int = SEED) -> Summary:
-    """Aggregate one score over seeds (NaNs, i.e. missing runs, are dropped).
-
-    The CI (S3) is NaN for fewer than two values: one seed has no spread.
-    """
+    """Aggregate one score over seeds (NaNs, i.e. missing runs, dropped); one seed has no spread, no CI."""
     x = finite(values)
     n = int(x.size)
     if n == 0:

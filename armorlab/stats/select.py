@@ -107,18 +107,16 @@ def level_rule(patience: int = PATIENCE, metric: str = VAL_METRIC, mode: str = "
 
 def select_checkpoints(steps, values, *, eligible=None, patience: int = PATIENCE, mode: str = "max",
                        top: int = 1, settled: bool = False) -> list[Pick]:
-    """The ``top`` checkpoints by noise-aware level, best first (S1), instead of a raw maximum, which
-    on a noisy eval picks a lucky step.
+    """The ``top`` checkpoints by noise-aware level (S1), best first; a raw maximum of a noisy eval
+    picks a lucky step.
 
-    (S1) Of K logged evals and m = min(patience, K), eval j is scored by the mean of the evals
-    j − h … j − h + m − 1 (h = (m − 1)//2) that exist: inside the curve the report's peak window
-    (C1, centred on j), at its ends fewer evals. The centred window alone (C2's peak_step) could
-    never pick the last checkpoint, so on a still-rising curve it chose one h evals short of the
-    best; a level of fewer evals is noisier, which benchmarks/selection.py measures on flat
-    curves. Only evals in ``eligible`` (steps that have a checkpoint; default: every step > 0,
-    as step 0 is the initial model) compete; ties go to the earlier step. Each step is picked
-    once; fewer than ``top`` picks when fewer steps qualify. ``settled``: only evals whose level
-    no later eval can change (not the last ⌈(m − 1)/2⌉, see :func:`pending_steps`) compete.
+    (S1) Of K evals and m = min(patience, K), eval j scores the mean of the evals j − h … j − h + m − 1
+    (h = (m − 1)//2) that exist: the report's peak window (C1) inside the curve, fewer evals at its
+    ends, since the centred window alone (C2's peak_step) never picks the last checkpoint of a
+    still-rising curve (benchmarks/selection.py measures the extra noise on flat curves). Only
+    ``eligible`` steps compete (those with a checkpoint; default every step > 0, step 0 being the
+    initial model); ties go to the earlier step; each step is picked once. ``settled``: only evals
+    whose level no later eval can change compete (see :func:`pending_steps`).
     """
     if mode not in ("max", "min"):
         raise ValueError(f"mode must be 'max' or 'min', got {mode!r}")

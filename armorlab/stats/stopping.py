@@ -1,24 +1,19 @@
 """Stop on collapse: the online use of the calibrated collapse test (armorlab.stats.collapse, C5)
 by a training run, and how a stopped run's curve enters a report. Pure functions, no I/O.
 
-(S1) stop      after each eval, the level of the last m evals (C1; m evals span ``patience``
-               rollouts) is tested against the highest earlier level with the fall test of the
-               whole run (C3, threshold C4 at ``horizon`` = the evals the run will have if it is
-               not stopped), and the run stops when it passes C5 (z ≥ z*, fall ≥ δ) and each of
-               those m evals lies nearer the low level than the peak, (P + L)/2 or below: the fall
-               has lasted the whole patience, so a one-eval dip never stops a run. A window's z
-               does not depend on the evals after it, so the windows tested online are windows
-               of the whole curve, and a stop is a false alarm of the whole-curve test: the
-               false-stop rate of a flat run is at most α (benchmarks/stop_on_collapse.py
-               measures it). The reason recorded is ``collapse at rollout N, level fell k SE``:
-               N = the first eval of the run of evals at or below (P + L)/2 that ends with the
-               last one (the onset), k = z of the last window.
-(S2) carried   a stopped run did not reach the horizon, and its missing evals are not missing at
-               random: left out, they would drop exactly the collapsed runs from final and
-               matched-step endpoints. Its curve is carried forward at its level at stop L (the
-               mean of its last m evals, C1) at its own eval spacing up to the horizon the
-               report compares at, so ``final``, ``val@S``/``test@S`` and ``auc`` count it as
-               staying collapsed (docs/analysis.md).
+(S1) stop      after each eval, the level of the last m evals (C1) is tested against the highest
+               earlier level by the whole run's fall test (C3; threshold C4 at ``horizon``, the
+               evals of the unstopped run); the run stops when it passes C5 (z ≥ z*, fall ≥ δ) and
+               each of those m evals is at or below (P + L)/2, so a one-eval dip never stops it.
+               A window's z ignores later evals, so a stop is a false alarm of the whole-curve
+               test: at most α on a flat run (benchmarks/stop_on_collapse.py). Reason recorded:
+               ``collapse at rollout N, level fell k SE``, N the first of the trailing evals at or
+               below (P + L)/2 (the onset), k the last window's z.
+(S2) carried   a stopped run's missing evals are not missing at random: left out, they would drop
+               exactly the collapsed runs from final and matched-step endpoints. Its curve is
+               carried forward at its level at stop (mean of its last m evals, C1), at its own eval
+               spacing, up to the report's horizon, so ``final``, ``val@S``/``test@S`` and ``auc``
+               count it as staying collapsed (docs/analysis.md).
 """
 
 from __future__ import annotations

@@ -71,11 +71,9 @@ def dir_format(path: Path) -> str | None:
     if verl.is_dump_dir(path):
         return None  # a validation_data_dir: read with its JSONL (runs.yaml val_dumps)
     try:
-        if any(e.name.startswith("events.out.tfevents.") for e in os.scandir(path)):
-            return "tensorboard"
+        return "tensorboard" if any(e.name.startswith("events.out.tfevents.") for e in os.scandir(path)) else None
     except OSError:
         return None
-    return None
 
 
 def detect(path: str | os.PathLike) -> str | None:
@@ -109,15 +107,10 @@ def find_native(path: Path) -> list[RunDir]:
 
 def _walk(path: Path, depth: int, skip: set[Path], out: list[tuple[str, Path]]) -> None:
     kind = dir_format(path)
-    if kind == "armorlab":
-        if path.resolve() not in skip:
-            out.append((kind, path))
-        return
-    if kind in ("trl", "wandb"):
+    if kind is not None and not (kind == "armorlab" and path.resolve() in skip):
         out.append((kind, path))
+    if kind in ("armorlab", "trl", "wandb"):  # a tensorboard dir's subdirs may hold more runs
         return
-    if kind == "tensorboard":
-        out.append((kind, path))  # event files here; subdirs may hold more runs
     try:
         children = sorted(os.scandir(path), key=lambda e: e.name)
     except OSError:
@@ -137,17 +130,11 @@ def _walk(path: Path, depth: int, skip: set[Path], out: list[tuple[str, Path]]) 
 def _sources(path: Path, fmt: str | None, skip: set[Path]) -> list[tuple[str, Path]]:
     """(format, path) of every source at or below ``path`` (only ``fmt`` when given)."""
     if path.is_file():
-        kind = file_format(path)
-        if fmt is not None:
-            if fmt == "trl" and path.name == trl.STATE:
-                return [("trl", path.parent)]
-            return [(fmt, path)]
-        if kind == "trl":
-            return [("trl", path.parent)]
+        kind = fmt or file_format(path)
         if kind is None:
             raise ArmorLabError("not a file armorlab can import (a .wandb, events.out.tfevents.*, verl .jsonl, "
                                 "trackio .db or trainer_state.json)", key="path", value=str(path))
-        return [(kind, path)]
+        return [(kind, path.parent if kind == "trl" and path.name == trl.STATE else path)]
     found: list[tuple[str, Path]] = []
     if fmt == "tensorboard":
         return [("tensorboard", d) for d in tensorboard_events.run_dirs(path)]
