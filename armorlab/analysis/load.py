@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cached_property
+from itertools import chain, count
 from pathlib import Path
 from typing import Any
 
@@ -423,26 +424,17 @@ def load(paths: Iterable[str | os.PathLike], *, cache: bool = True,
 
 
 def _load_native(run_dirs: list[RunDir], *, cache: bool, progress: Callable[[int, int], None] | None) -> RunSet:
-    by_sweep: dict[Path, list[RunDir]] = {}
-    for rd in run_dirs:
-        by_sweep.setdefault(rd.path.parent, []).append(rd)
-
+    cached_by_sweep = {s: _read_cache(s) if cache else {} for s in dict.fromkeys(rd.path.parent for rd in run_dirs)}
     entries: dict[Path, _Entry] = {}
-    todo: list[tuple[Path, RunDir]] = []
-    cached_by_sweep: dict[Path, dict[str, _Entry]] = {}
-    for sweep_dir, rds in by_sweep.items():
-        cached = _read_cache(sweep_dir) if cache else {}
-        cached_by_sweep[sweep_dir] = cached
-        for rd in rds:
-            e = cached.get(rd.path.name)
-            if (e is not None and e.metrics_key == _file_key(rd.metrics_path)
-                    and e.config_key == _file_key(rd.config_path)):
-                entries[rd.path] = e
-            else:
-                todo.append((sweep_dir, rd))
+    todo: list[RunDir] = []
+    for rd in run_dirs:
+        e = cached_by_sweep[rd.path.parent].get(rd.path.name)
+        if e is not None and e.metrics_key == _file_key(rd.metrics_path) and e.config_key == _file_key(rd.config_path):
+            entries[rd.path] = e
+        else:
+            todo.append(rd)
 
-    def parse(item: tuple[Path, RunDir]) -> tuple[_Entry, _Facts]:
-        _, rd = item
+    def parse(rd: RunDir) -> tuple[_Entry, _Facts]:
         # key first: a file growing while we read it is re-parsed next time
         mkey, ckey = _file_key(rd.metrics_path), _file_key(rd.config_path)
         frame, warns = parse_metrics_file(rd.metrics_path)
@@ -461,15 +453,14 @@ def _load_native(run_dirs: list[RunDir], *, cache: bool, progress: Callable[[int
     if todo:
         # pyarrow releases the GIL while parsing: a few threads overlap parsing with file reads
         with ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1))) as pool:
-            for (sweep_dir, rd), (entry, fact) in zip(todo, pool.map(parse, todo), strict=True):
-                entries[rd.path] = entry
+            for rd, (entry, fact) in zip(todo, pool.map(parse, todo), strict=True):
+                entries[rd.path] = cached_by_sweep[rd.path.parent][rd.path.name] = entry
                 facts[rd.path] = fact
-                cached_by_sweep[sweep_dir][rd.path.name] = entry
                 done += 1
                 if progress:
                     progress(done, len(run_dirs))
             if cache:  # written while the run set is assembled (Arrow writes without the GIL)
-                sweeps = dict.fromkeys(s for s, _ in todo)
+                sweeps = dict.fromkeys(rd.path.parent for rd in todo)
                 writes = {s: pool.submit(_write_cache, s, cached_by_sweep[s]) for s in sweeps}
                 result = _assemble(run_dirs, entries, facts)
                 for s, w in writes.items():
@@ -579,14 +570,9 @@ def _with_imported(rs: RunSet | None, imported: list[importers.ImportedRun]) -> 
     rows, frames, ids, warnings, unknown_n = [], [], [], [], []
     cannot: dict[tuple[str, str | None, tuple[str, ...]], list[str]] = {}
     for run in imported:
-        rid = run.name
-        for candidate in (rid, f"{run.project}/{rid}" if run.project else rid):
-            if candidate not in taken:
-                rid = candidate
-                break
-        i = 2
-        while rid in taken:
-            rid, i = f"{run.name}#{i}", i + 1
+        tried = chain([run.name, f"{run.project}/{run.name}" if run.project else run.name],
+                      (f"{run.name}#{i}" for i in count(2)))
+        rid = next(c for c in tried if c not in taken)
         taken.add(rid)
         rows.append({"run_id": rid, "sweep": run.project, "path": str(run.path), "state": run.state,
                      "reason": run.reason, "world_size": None, "format": run.format,
