@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+from functools import reduce
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -143,9 +144,7 @@ def _run(path: Path, rid: str, run_name: str, steps: np.ndarray, cols: dict[str,
     own = [cols[k] for k in fl.step_keys if k in cols]
     keep = None
     if own:  # the trainer's step where its rows carry it; rows without it are left out
-        trainer_step = own[0].copy()
-        for other in own[1:]:
-            trainer_step = np.where(np.isnan(trainer_step), other, trainer_step)
+        trainer_step = reduce(lambda a, b: np.where(np.isnan(a), b, a), own)  # the first key a row has
         keep = good_steps(trainer_step)
         if not keep.all():
             warnings.append(f"{int((~keep).sum())} rows without the trainer's step as a whole number in [0, 2**63) "

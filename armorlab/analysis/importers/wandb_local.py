@@ -10,7 +10,7 @@ import json
 import re
 import struct
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -292,32 +292,25 @@ def read_file(path: Path, history: _History, info: dict[str, Any], warnings: lis
     by_name = pb.Record.DESCRIPTOR.fields_by_name
     cls = {k: message_factory.GetMessageClass(by_name[k].message_type) for k in ("run", "config", "exit")}
     config = info.setdefault("config", {})
-    for raw in merged.run:
-        run = _parse(cls["run"], raw, path, warnings)
-        if run is None:
-            continue
+    for run in _messages(cls["run"], merged.run, path, warnings):
         info.update(run_id=run.run_id or info.get("run_id"), name=run.display_name or info.get("name"),
                     project=run.project or info.get("project"), group=run.run_group or info.get("group"))
         _config_update(config, run.config.update)
-    for raw in merged.config:
-        update = _parse(cls["config"], raw, path, warnings)
-        if update is None:
-            continue
+    for update in _messages(cls["config"], merged.config, path, warnings):
         _config_update(config, update.update)
         for item in update.remove:
             config.pop(_item_key(item), None)
-    for raw in merged.exit:
-        if (exit_ := _parse(cls["exit"], raw, path, warnings)) is not None:
-            info["exit_code"] = exit_.exit_code
+    for exit_ in _messages(cls["exit"], merged.exit, path, warnings):
+        info["exit_code"] = exit_.exit_code
 
 
-def _parse(cls: Any, raw: bytes, path: Path, warnings: list[str]) -> Any:
-    """One record's message, or None and a warning when its bytes are not that message."""
-    try:
-        return cls.FromString(raw)
-    except Exception as exc:  # DecodeError
-        warnings.append(f"{path}: {cls.DESCRIPTOR.name} record skipped ({type(exc).__name__})")
-        return None
+def _messages(cls: Any, raws: Iterable[bytes], path: Path, warnings: list[str]) -> Iterator[Any]:
+    """Each record's message; a warning for each whose bytes are not that message."""
+    for raw in raws:
+        try:
+            yield cls.FromString(raw)
+        except Exception as exc:  # DecodeError
+            warnings.append(f"{path}: {cls.DESCRIPTOR.name} record skipped ({type(exc).__name__})")
 
 
 def wandb_file(run_dir: Path) -> Path | None:
