@@ -42,12 +42,11 @@ def score_runs(run_dirs: Mapping[str, str | Path], arm_of: Mapping[str, str], en
         raise ArmorLabError("no runs to score", key="runs", value=[])
     rs = load([str(p) for p in run_dirs.values()], cache=cache)
     by_path = {Path(p).resolve(): rid for rid, p in run_dirs.items()}
-    of_run: dict[str, str] = {}
-    for loaded, path in zip(rs.runs["run_id"].tolist(), rs.runs["path"].tolist(), strict=True):
-        ours = by_path.get(Path(path).resolve())
-        if ours is None:  # load found a run dir below one of ours: not a run of this look
-            continue
-        of_run[loaded] = arm_of[ours]
+    # the caller's run ids, whatever load named them; a run dir load found below one of ours is not one
+    loaded_to_ours = {loaded: by_path[Path(path).resolve()]
+                      for loaded, path in zip(rs.runs["run_id"].tolist(), rs.runs["path"].tolist(), strict=True)
+                      if Path(path).resolve() in by_path}
+    of_run = {loaded: arm_of[ours] for loaded, ours in loaded_to_ours.items()}
     labels = list(dict.fromkeys(arm_of[r] for r in run_dirs))
     members = {g: [r for r, a in of_run.items() if a == g] for g in labels}
     groups = Groups([], pd.DataFrame({"group": labels, "n_runs": [len(members[g]) for g in labels]}), of_run,
@@ -59,10 +58,6 @@ def score_runs(run_dirs: Mapping[str, str | Path], arm_of: Mapping[str, str], en
         scores = [c for c in per_run.columns if per_run[c].dtype.kind == "f"]
         raise ArmorLabError(f"not a per-run score (scores: {', '.join(scores)})", key="compare.endpoint",
                             value=endpoint)
-    # the caller's run ids, whatever load named them
-    loaded_to_ours = {loaded: by_path[Path(path).resolve()]
-                      for loaded, path in zip(rs.runs["run_id"].tolist(), rs.runs["path"].tolist(), strict=True)
-                      if Path(path).resolve() in by_path}
     per_run["run_id"] = per_run["run_id"].map(loaded_to_ours)
     column = pd.to_numeric(per_run[endpoint], errors="coerce").to_numpy(dtype=np.float64)
     value = {rid: float(v) for rid, v in zip(per_run["run_id"].tolist(), column.tolist(), strict=True)}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -170,25 +171,16 @@ def open_cost(primary: Sequence[V.Verdict], group_hours: Mapping[str, float]) ->
     to its planned seeds, the shared baseline up to the largest: (more runs, their hours, None
     where a run time is unknown)."""
     open_ = [v for v in primary if v.seeds_needed is not None and V.more_runs(v)]
-    runs, hours, known = 0, 0.0, True
     base_need: dict[str, tuple[int, int]] = {}
     for v in open_:
-        extra = max(0, v.seeds_needed - v.n_arm)
-        runs += extra
-        if v.arm in group_hours:
-            hours += extra * group_hours[v.arm]
-        elif extra:
-            known = False
         need, have = base_need.get(v.baseline, (0, v.n_baseline))
         base_need[v.baseline] = (max(need, v.seeds_needed), have)
-    for b, (need, have) in base_need.items():
-        extra = max(0, need - have)
-        runs += extra
-        if b in group_hours:
-            hours += extra * group_hours[b]
-        elif extra:
-            known = False
-    return runs, hours if known else None
+    extra = ([(v.arm, max(0, v.seeds_needed - v.n_arm)) for v in open_]
+             + [(b, max(0, need - have)) for b, (need, have) in base_need.items()])
+    runs = sum(n for _, n in extra)
+    if any(n and g not in group_hours for g, n in extra):
+        return runs, None
+    return runs, sum((n * group_hours[g] for g, n in extra if g in group_hours), 0.0)
 
 
 def _summary(primary: Sequence[V.Verdict], group_hours: Mapping[str, float], label: str) -> str:
@@ -298,16 +290,14 @@ def answer(table: VerdictTable) -> str:
                 tail += f" ({NO_MARGIN})"
             text += ("; " if said else "") + tail + _open_cost(vs, table)
         return text + "." + _caveats(vs)
-    wins: dict[str, set[str]] = {}
-    losses: dict[str, set[str]] = {}
-    rivals: dict[str, set[str]] = {}
+    wins, losses, rivals = defaultdict(set), defaultdict(set), defaultdict(set)
     for v in vs:
-        rivals.setdefault(v.arm, set()).add(v.baseline)
-        rivals.setdefault(v.baseline, set()).add(v.arm)
+        rivals[v.arm].add(v.baseline)
+        rivals[v.baseline].add(v.arm)
         if v.verdict in (V.BETTER, V.WORSE):
             up, down = (v.arm, v.baseline) if v.verdict == V.BETTER else (v.baseline, v.arm)
-            wins.setdefault(up, set()).add(down)
-            losses.setdefault(down, set()).add(up)
+            wins[up].add(down)
+            losses[down].add(up)
     said = []
     for g, others in rivals.items():
         if len(others) > 1 and wins.get(g) == others:
