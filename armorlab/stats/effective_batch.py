@@ -7,10 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-# Paired arms whose effective batches — the share of a batch's rows that train, 1 − the run's mean
-# train/refill_shortfall — differ by more than this are flagged: their batch sizes and loss
-# normalisers differ, a confound no config key shows (issue 36: ARMOR keeps all-wrong groups that
-# DAPO drops). Our choice: 0.05 of the batch, well above the step-to-step noise of a full refill.
+# paired arms whose effective batches differ by more than this are flagged; our choice: 0.05 of the
+# batch, well above the step-to-step noise of a full refill
 EFFECTIVE_BATCH_TOLERANCE = 0.05
 
 

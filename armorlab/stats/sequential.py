@@ -53,10 +53,9 @@ def spend(t: float, alpha: float, spending: str = "obf") -> float:
     raise ValueError(f"spending must be one of {SPENDING}, got {spending!r}")
 
 
-def _simpson(c: float, n: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    n = GRID if n is None else n
-    z = np.linspace(-c, c, n)
-    w = np.ones(n)
+def _simpson(c: float) -> tuple[np.ndarray, np.ndarray]:
+    z = np.linspace(-c, c, GRID)
+    w = np.ones(GRID)
     w[1:-1:2], w[2:-1:2] = 4.0, 2.0
     return z, w * (z[1] - z[0]) / 3.0
 

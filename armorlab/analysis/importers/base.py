@@ -295,12 +295,6 @@ def seed_and_config(flat: Mapping[str, Any], drop: Iterable[str] = ()) -> dict[s
     return out
 
 
-def unavailable(table_metrics: Iterable[str], cannot: Iterable[str]) -> list[str]:
-    """The metrics a source cannot give (its list), less any this run has after all."""
-    have = set(table_metrics)
-    return [m for m in cannot if m not in have]
-
-
 # --------------------------------------------------------------------------- protobuf
 def derived_message(name: str, source: Any, retype: dict[str, int], repeat: tuple[str, ...] = (),
                     message: dict[str, Any] | None = None) -> Any:

@@ -18,7 +18,6 @@ from armorlab.analysis.importers.base import (
     Rule,
     build_table,
     seed_and_config,
-    unavailable,
 )
 
 # ----------------------------------------------------------------------------- TRL (GRPOTrainer)
@@ -269,4 +268,5 @@ def imported_run(series, fl: Flavour, flat: Mapping[str, Any], warnings: list[st
     table, origin = mapped_table(series, fl, flat, warnings, extra)
     return ImportedRun(table=table, config={**seed_and_config(flat, fl.identity), **(config or {})},
                        flavour=fl.name, warnings=warnings, origin=origin,
-                       unavailable=unavailable(table.column_names, fl.cannot if cannot is None else cannot), **fields)
+                       unavailable=[m for m in (fl.cannot if cannot is None else cannot) if m not in table.column_names],
+                       **fields)
