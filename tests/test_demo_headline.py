@@ -93,7 +93,7 @@ def test_demo_names_and_baseline_match_the_shipped_spec():
     cfgs = [resolve({**spec["base"], **arms["base"], **point}) for point in arms["include"]]
     names = [demo_name(c) for c in cfgs]
     assert names == ["dapo", "armor (π_ref = peak)", "armor (π_ref = warm start)",
-                     "dapo + KL β=0.1 (π_ref = warm start)"]
+                     "dapo + KL β=1 (π_ref = warm start)"]
     assert [all(c[k] == v for k, v in BASELINE.items()) for c in cfgs] == [True, False, False, False]
     assert len(spec["seeds"]) >= 3
     # the over-optimisation setting: few fixed prompts, 2 epochs per rollout, greedy accuracy selects
