@@ -215,6 +215,7 @@ def run_with_live_table(plan, workers: int, root: Path) -> list[str]:
     from armorlab.sweeps.submit import run_local
 
     console = Console(stderr=True)
+    console = Console(stderr=True, width=max(console.width, 130))  # a log file reports 80 columns: ids cut
     failed: list[str] = []
     render = _live_table(plan, root)
     if not plan.to_submit:
