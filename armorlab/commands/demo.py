@@ -62,7 +62,7 @@ def demo_name(cfg: Any) -> str:
     get = cfg.get
     objective, beta = get("objective"), get("beta") or 0.0
     if objective == "dapo" and not get("anchor") and get("anchor_gate"):
-        name = "gate only (dapo)"
+        name = "gate only"
     else:
         name = f"{objective} + KL β={beta:g}" if beta else str(objective)
     ref = get("ref_from")
