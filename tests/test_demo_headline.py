@@ -92,10 +92,13 @@ def test_demo_names_and_baseline_match_the_shipped_spec():
     assert arms["from"]["stage"] == FIRST_STAGE
     cfgs = [resolve({**spec["base"], **arms["base"], **point}) for point in arms["include"]]
     names = [demo_name(c) for c in cfgs]
-    assert names[0] == "dapo" and names[1].startswith("dapo + KL β=") and names[2:] == ["up", "armor",
-                                                                                       "gate only (dapo)"]
-    assert [all(c[k] == v for k, v in BASELINE.items()) for c in cfgs] == [True, False, False, False, False]
+    assert names == ["dapo", "armor (π_ref = peak)", "armor (π_ref = warm start)",
+                     "dapo + KL β=1 (π_ref = warm start)"]
+    assert [all(c[k] == v for k, v in BASELINE.items()) for c in cfgs] == [True, False, False, False]
     assert len(spec["seeds"]) >= 3
+    # the over-optimisation setting: few fixed prompts, 2 epochs per rollout, greedy accuracy selects
+    assert spec["base"]["task"]["train_size"] == 32 and spec["base"]["num_iterations"] == 2
+    assert arms["from"]["select"]["metric"] == spec["base"]["keep_select"]["metric"] == "val/acc_greedy"
 
 
 def _write(root, cfg, val, reward, *, n_steps=80):
@@ -104,7 +107,7 @@ def _write(root, cfg, val, reward, *, n_steps=80):
     for step in range(0, n_steps + 1):
         row = {"train/reward": reward(step)} if step else {}
         if step % 10 == 0:
-            row.update({"val/acc": val(step), "val/n": 400.0, "test/acc": val(step)})
+            row.update({"val/acc_greedy": val(step), "val/n_greedy": 400.0, "test/acc_greedy": val(step)})
         rd.append_metrics(step, row, rollout=step)  # one update per rollout: the demo reads rollouts
     return rd.path
 
@@ -119,7 +122,8 @@ def test_demo_report_leads_with_the_headline(tmp_path):
     for seed in (0, 1):
         dirs.append(_write(tmp_path, {**base, "objective": "dapo", "seed": seed}, lambda s: COLLAPSE[s // 10],
                            lambda s: 0.6 + s / 400))
-        dirs.append(_write(tmp_path, {**base, "objective": "armor", "seed": seed}, lambda s: STEADY[s // 10],
+        dirs.append(_write(tmp_path, {**base, "objective": "armor", "seed": seed, "ref_from": "model"},
+                           lambda s: STEADY[s // 10],
                            lambda s: 0.6))
     from armorlab.analysis.report import build_report
 
@@ -127,11 +131,11 @@ def test_demo_report_leads_with_the_headline(tmp_path):
     result = build_report(demo_recipe(dirs), tmp_path / "report", cache=False, lead=headline_section(state),
                           names=group_names)
     html = result.index.read_text()
-    assert html.index("<h2>Verdict</h2>") < html.index("Headline: does validation collapse") < html.index(
+    assert html.index("<h2>Verdict</h2>") < html.index("Headline: does DAPO over-optimise") < html.index(
         "Results per group")
     # final levels 0.57 (dapo) and 0.783 (armor) in both seeds: no spread, so the difference is exact
-    assert result.verdicts == ["armor vs dapo: +0.213 [+0.213, +0.213] final level of val/acc — better, resolved with "
-                               "2 seeds per arm"]
+    assert result.verdicts == ["armor (π_ref = warm start) vs dapo: +0.213 [+0.213, +0.213] final level of "
+                               "val/acc_greedy — better, resolved with 2 seeds per arm"]
     table = state["table"].set_index("group")
     # dapo's levels (means of 3 evals): peak = (0.80 + 0.82 + 0.80)/3 = 0.8067 around step 20, final =
     # (0.58 + 0.57 + 0.56)/3 = 0.57; the windows share no eval, so with n = 400
@@ -145,8 +149,9 @@ def test_demo_report_leads_with_the_headline(tmp_path):
     dapo = state["runs"][state["runs"]["group"].str.contains("dapo")]
     assert dapo["drop_se"].tolist() == pytest.approx([(0.8066667 - 0.57) / se] * 2, rel=1e-4)
     assert table.loc["dapo", "collapsed (rollout)"].startswith("2/2")
-    assert table.loc["armor", "collapsed (rollout)"].startswith("0/2")
-    assert table.loc["armor", "P(final > dapo)"] == "1.00"
+    armor = "armor (π_ref = warm start)"
+    assert table.loc[armor, "collapsed (rollout)"].startswith("0/2")
+    assert table.loc[armor, "P(final > dapo)"] == "1.00"
     assert state["sentences"][0].startswith("dapo: held-out accuracy rose from 0.750 at rollout 0 to a peak level of "
                                             "0.807 (median rollout 20; best single eval 0.820)")
     assert "ended at a final level of 0.570 (last eval 0.560)" in state["sentences"][0]
@@ -167,7 +172,7 @@ def test_printed_headline_opens_with_the_verdicts(capsys):
 
 @pytest.mark.slow
 def test_demo_runs_both_stages_and_prints_verdicts_headline_and_mechanisms(tmp_path):
-    """`armorlab demo` end to end at one rollout per run: stage 1's single DAPO run, then the 15 arms
+    """`armorlab demo` end to end at one rollout per run: stage 1's single DAPO run, then the 12 arms
     continuing from its selected checkpoint, the report of the arms only, the printed verdicts,
     headline and mechanism table. The model skips its warm start and the held-out splits are tiny:
     this checks the plumbing, not the numbers (docs/results.md has those)."""
@@ -190,7 +195,7 @@ def test_demo_runs_both_stages_and_prints_verdicts_headline_and_mechanisms(tmp_p
     assert "stage 1 (DAPO from the warm start, seed 0)" in out
     sweep = tmp_path / "runs" / "demo"
     stages = json.loads((sweep / "sweep.json").read_text())["stages"]
-    assert sorted(stages.values()).count("dapo") == 1 and sorted(stages.values()).count("continue") == 15
+    assert sorted(stages.values()).count("dapo") == 1 and sorted(stages.values()).count("continue") == 12
     parent = next(r for r, s in stages.items() if s == "dapo")
     for run, stage in stages.items():
         assert json.loads((sweep / run / "status.json").read_text())["state"] == "completed"
@@ -198,5 +203,5 @@ def test_demo_runs_both_stages_and_prints_verdicts_headline_and_mechanisms(tmp_p
             init = json.loads((sweep / run / "init.json").read_text())
             assert init["run"] == f"demo/{parent}"
     runs = (tmp_path / "report" / "tables" / "runs.csv").read_text().splitlines()
-    assert len(runs) == 1 + 15  # the report holds the arms, not stage 1
+    assert len(runs) == 1 + 12  # the report holds the arms, not stage 1
     assert (tmp_path / "report" / "tables" / "mechanisms.csv").is_file()

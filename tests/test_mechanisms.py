@@ -10,6 +10,7 @@ import math
 import pytest
 import torch
 
+from armorlab.algos.capacity import freed_share
 from armorlab.algos.diversity import correct_diversity, distinct, empirical_entropy
 from armorlab.algos.loss import policy_loss
 from armorlab.core.config import resolve
@@ -60,6 +61,18 @@ def test_armor_widened_region_decides_the_known_tokens():
     # "decides": exactly the widened tokens get an update under ARMOR that DAPO's clip stops
     moved = {(i, t) for i in range(3) for t in range(5) if armor_grad[i, t] != 0 and dapo_grad[i, t] == 0}
     assert moved == WIDENED
+
+
+def test_freed_share_is_the_part_of_the_plain_clip_the_objective_lets_through():
+    # DAPO's plain clip stops 6 of the 11 tokens (above); ARMOR frees the 4 in WIDENED: 4/6.
+    armor, _ = hand_batch("armor")
+    assert armor.metrics["plain_clip_frac"] == pytest.approx(6 / N_TOKENS)
+    assert armor.metrics["freed_frac"] == pytest.approx(4 / 6)
+    # UP's unbounded A > 0 branch frees row 0's t1, t2, t3 of the same 6
+    assert hand_batch("up")[0].metrics["freed_frac"] == pytest.approx(3 / 6)
+    dapo, _ = hand_batch("dapo")
+    assert dapo.metrics["plain_clip_frac"] == pytest.approx(6 / N_TOKENS) and dapo.metrics["freed_frac"] == 0.0
+    assert math.isnan(freed_share(0, 0))  # nothing clipped: nothing to free
 
 
 def test_plain_ratio_objectives_decide_like_the_plain_clip():

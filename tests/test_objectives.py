@@ -370,7 +370,7 @@ def test_metrics_are_floats_and_loss_keeps_graph():
         assert out.loss.dim() == 0 and out.per_token.shape == logp.shape
         assert all(type(v) is float for v in out.metrics.values())
         expected = {"clip_frac_low", "clip_frac_high", "clip_frac", "dual_clip_frac", "ratio_mean", "approx_kl",
-                    "widened_frac", "narrowed_frac"}
+                    "widened_frac", "narrowed_frac", "plain_clip_frac", "freed_frac"}
         if objective == "armor":
             expected |= {"mix_ratio_mean"}
         assert set(out.metrics) == expected

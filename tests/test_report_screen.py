@@ -41,7 +41,7 @@ def chromium():
 @pytest.fixture(scope="module")
 def reports(chromium, tmp_path_factory):
     root = tmp_path_factory.mktemp("screen")
-    dirs = screen.write_sweep(root / "runs" / "demo", seeds=3, groups=5)
+    dirs = screen.write_sweep(root / "runs" / "demo", seeds=3, groups=4)
     return {"demo": screen.demo_report(dirs, root / "report-demo"),
             "cli": screen.cli_report([root / "runs" / "demo"], root / "report-cli")}
 
@@ -81,13 +81,13 @@ def test_the_first_screen_is_the_answer_its_verdicts_and_their_figure(reports, k
     assert "Warnings" not in m["headings_above_fold"]
     text = m["answer_text"]
     if kind == "demo":  # one sentence, every arm named by its demo name, against the baseline
-        assert text.startswith("Against dapo on final level of val/acc (3 seeds per arm): ")
+        assert text.startswith("Against dapo on final level of val/acc_greedy (3 seeds per arm): ")
         assert text.endswith(".") and not re.search(r"\.\s", text)      # one sentence
-        for arm in ("armor", "up", "gate only (dapo)", "dapo + KL β=0.1"):
+        for arm in ("armor (π_ref = peak)", "armor (π_ref = warm start)", "dapo + KL β=1 (π_ref = warm start)"):
             assert arm in text
         assert "objective=" not in text
     else:               # every pair compared: how many are resolved
-        assert text.startswith("On final level of val/acc (3 seeds per arm): ") and " of 10 pairs are resolved" in text
+        assert text.startswith("On final level of val/acc (3 seeds per arm): ") and " of 6 pairs are resolved" in text
     # what a reader sees: a 1400×900 screenshot in which the figure is drawn, not a blank box
     png = screen.screenshot(report.index, tmp_path / f"{kind}.png", W, H)
     from PIL import Image

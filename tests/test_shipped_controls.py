@@ -45,3 +45,13 @@ def test_each_control_arm_differs_from_its_baseline_in_its_factor_only(path, tin
         assert all(k in pair.differs for k in pair.factor), pair.describe()
         # nothing besides the named factor, counted or not, except keys the factor made inert
         assert all(k in pair.factor or k in pair.follows for k in pair.differs), pair.describe()
+
+
+def test_a_null_selector_value_selects_the_key_left_at_its_null_default():
+    from armorlab.sweeps.controls import matches
+
+    peak = {"objective": "armor", "ref_reset_steps": 0}  # ref_from: null is dropped from resolved configs
+    warm = {**peak, "ref_from": "model"}
+    assert matches(peak, {"objective": "armor", "ref_from": None})
+    assert not matches(warm, {"objective": "armor", "ref_from": None})
+    assert not matches(peak, {"objective": "armor", "anchor_filter": "correct"})  # a missing key never equals a value

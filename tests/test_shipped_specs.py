@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from armorlab.analysis.recipe import load_recipe, unit_disagreement
 from armorlab.cli import app, main
-from armorlab.core.config import get_dotted, parse_overrides
+from armorlab.core.config import DROPPED_AT_DEFAULT, get_dotted, parse_overrides
 from armorlab.errors import ArmorLabError
 from armorlab.sweeps.spec import load_spec
 from armorlab.sweeps.submit import plan_sweep
@@ -138,7 +138,9 @@ def test_recipe_matches_the_runs_of_its_sweep(path, tmp_path):
         configs = [r.config for r in plan.runs]
         missing = object()
         for key in recipe.group_by or ():
-            assert all(get_dotted(c, key, missing) is not missing for c in configs), f"group_by {key}"
+            # a key at a default dropped from resolved configs (ref_from: null) is a column once one run sets it
+            assert all(get_dotted(c, key, missing) is not missing or key in DROPPED_AT_DEFAULT for c in configs) \
+                and any(get_dotted(c, key, missing) is not missing for c in configs), f"group_by {key}"
         selectors = [recipe.compare.baseline] if recipe.compare.baseline else []
         selectors += [s for pair in recipe.compare.pairs or () for s in pair]
         for sel in selectors:

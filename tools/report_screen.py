@@ -3,9 +3,9 @@
 its report, screenshots at a window size and measurements taken from the page's DOM.
 
     PYTHONPATH=$PWD .venv/bin/python tools/report_screen.py OUT [--width 1400 --height 900]
-        [--seeds 3] [--groups 5]
+        [--seeds 3] [--groups 4]
 
-writes OUT/runs/demo/<run-id>/ (the five demo arms × seeds, written directly as run dirs: no
+writes OUT/runs/demo/<run-id>/ (the four demo arms × seeds, written directly as run dirs: no
 training), OUT/report-demo/ (the report `armorlab demo` writes: its recipe, headline and
 names) and OUT/report-cli/ (what `armorlab report OUT/runs/demo` writes), a screenshot of each
 (``first-screen.png`` at the window size, ``page.png`` of the page's whole height) and prints the
@@ -47,13 +47,14 @@ from armorlab.core.runs import RunDir
 STEPS = 120
 EVAL_EVERY = 5
 VAL_N, TEST_N = 400, 100
-# (name, demo spec point, mean val/acc curve parameters: peak level, step of peak, final level)
+# (name, demo spec point, mean held-out accuracy curve parameters: peak level, step of peak, final level)
 ARMS = [
     ("dapo", {"objective": "dapo"}, (0.81, 30, 0.64)),
-    ("dapo + KL", {"objective": "dapo", "beta": 0.1}, (0.80, 35, 0.70)),
-    ("up", {"objective": "up"}, (0.82, 25, 0.56)),
-    ("armor", {"objective": "armor", "alpha": 0.875, "ref_reset_steps": 40}, (0.82, 45, 0.78)),
-    ("gate only", {"objective": "dapo", "anchor": False, "anchor_gate": True}, (0.80, 30, 0.64)),
+    ("armor (π_ref = peak)", {"objective": "armor", "ref_reset_steps": 0}, (0.82, 45, 0.78)),
+    ("armor (π_ref = warm start)", {"objective": "armor", "ref_reset_steps": 0, "ref_from": "model"},
+     (0.82, 40, 0.74)),
+    ("dapo + KL", {"objective": "dapo", "beta": 1.0, "ref_from": "model"}, (0.80, 35, 0.70)),
+    ("up", {"objective": "up"}, (0.82, 25, 0.56)),   # beyond the demo's four: a 5-group page
 ]
 EXTRA_ALPHAS = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99)   # --groups above 5: ARMOR at other α
 CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
@@ -77,9 +78,9 @@ def _val_curve(t: np.ndarray, peak: float, at: int, final: float, start: float =
     return rise - fall
 
 
-def write_sweep(root: Path, *, seeds: int = 3, groups: int = 5, seed: int = 0) -> list[Path]:
+def write_sweep(root: Path, *, seeds: int = 3, groups: int = 4, seed: int = 0) -> list[Path]:
     """The demo's arms (then ARMOR at other α for ``groups`` > 5) × ``seeds``, as completed run
-    dirs under ``root``: val/test accuracy every EVAL_EVERY steps with binomial noise of
+    dirs under ``root``: val/test accuracy (sampled and greedy) every EVAL_EVERY steps with binomial noise of
     VAL_N/TEST_N completions, train reward and entropy every step, the KL estimators (one
     seed of one arm with a spike of the reverse estimator, which makes its CI wide), the exact
     KL probe, anchor metrics where anchors or the gate are on, and a status with run times."""
@@ -120,6 +121,9 @@ def write_sweep(root: Path, *, seeds: int = 3, groups: int = 5, seed: int = 0) -
                     row.update({"val/acc": rng.binomial(VAL_N, level[i]) / VAL_N, "val/n": float(VAL_N),
                                 "test/acc": rng.binomial(TEST_N, level[i] - 0.02) / TEST_N,
                                 "test/n": float(TEST_N),
+                                "val/acc_greedy": rng.binomial(VAL_N, level[i] + 0.03) / VAL_N,
+                                "val/n_greedy": float(VAL_N),
+                                "test/acc_greedy": rng.binomial(TEST_N, level[i]) / TEST_N,
                                 "kl/exact_reverse": float(0.018 * t[i] * (1 + 0.5 * a)),
                                 "kl/exact_forward": float(0.025 * t[i] * (1 + 0.3 * a))})
                 # one rollout per step: the demo's recipe counts in rollouts
@@ -264,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--width", type=int, default=1400)
     p.add_argument("--height", type=int, default=900)
     p.add_argument("--seeds", type=int, default=3)
-    p.add_argument("--groups", type=int, default=5)
+    p.add_argument("--groups", type=int, default=4)
     args = p.parse_args(argv)
     out = args.out
     sweep = out / "runs" / "demo"

@@ -52,6 +52,15 @@ def armor_trust_region(p_old: Any, p_ref: Any, alpha: Any, *, eps_low: float = 0
     return (1.0 - eps_low) * p_old - widen_low, (1.0 + eps_high) * p_old + widen_high
 
 
+def freed_share(widened: float, plain_clipped: float) -> float:
+    """Share of the tokens DAPO's plain clip on π/π_old stops (``plain_clipped``, a count or a token
+    share) that the objective lets through (``widened``, the same unit): for ARMOR, the part of the
+    plain-clipped tokens its widened region (Eq. 6) frees. r_mix lies between 1 and r, so ARMOR's
+    widened tokens are a subset of the plain-clipped ones and the share lies in [0, 1]; NaN when the
+    plain clip stopped nothing (nothing to free)."""
+    return widened / plain_clipped if plain_clipped > 0 else math.nan
+
+
 def binary_kl_bounds(p_old: Any, *, delta_low: float, delta_high: float, iterations: int = 60) -> tuple[Any, Any]:
     """DPPO binary-KL (arXiv 2602.04879): the π below and above π_old where verl's binary KL
     π_old·log(π_old/π) + (1−π_old)·log((1−π_old+1e-8)/(1−π+1e-8)) reaches δ_low / δ_high.

@@ -262,9 +262,9 @@ def _count(flags: torch.Tensor, rows: torch.Tensor, tokens: torch.Tensor, b: Bat
 
 
 def _decided(b: Batch, s: Surrogate, plain: torch.Tensor, pos: torch.Tensor, neg: torch.Tensor,
-             signed_tok: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+             signed_tok: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Tokens whose update the objective's ratio and clip decide otherwise than the plain clip would:
-    (widened, narrowed) counts. The plain clip is DAPO's: r = π_θ/π_old under (1 − ε_low, 1 + ε_high)
+    (widened, narrowed, plain-stopped) counts. The plain clip is DAPO's: r = π_θ/π_old under (1 − ε_low, 1 + ε_high)
     and the dual clip; a token's update is stopped where the bound of its advantage's side binds
     (A > 0: above the upper; A < 0: below the lower or above c; A = 0 has no update). Widened: the
     plain clip would stop it, the objective lets it through (ARMOR's r_mix inside its bounds, UP's
@@ -273,7 +273,8 @@ def _decided(b: Batch, s: Surrogate, plain: torch.Tensor, pos: torch.Tensor, neg
     plain_stops = ((plain > hi) | (plain < lo)) & signed_tok
     ratio = s.ratio.detach()
     stops = ((ratio > s.hi) | (ratio < s.lo)) & (pos | neg)  # (B, T), or (B, 1) for a sequence ratio
-    return torch.count_nonzero(plain_stops & ~stops), torch.count_nonzero(stops & ~plain_stops & signed_tok)
+    return (torch.count_nonzero(plain_stops & ~stops), torch.count_nonzero(stops & ~plain_stops & signed_tok),
+            torch.count_nonzero(plain_stops))
 
 
 @torch.no_grad()
@@ -305,15 +306,16 @@ def _metrics(objective: str, b: Batch, s: Surrogate) -> dict[str, float]:
         counts.append(torch.dot(ratio.flatten(), flat_mask))
         names.append("mix_ratio_mean")
     if s.ratio is s.plain_ratio:  # the plain ratio under the plain bounds: the same decisions
-        counts += [n.new_zeros(()), n.new_zeros(())]
+        counts += [n.new_zeros(()), n.new_zeros(()), counts[0] + counts[1] + counts[2]]
     else:
         counts += list(_decided(b, s, plain, pos, neg, pos_tok | neg_tok))
-    names += ["widened_frac", "narrowed_frac"]
+    names += ["widened_frac", "narrowed_frac", "plain_clip_frac"]
     values = (torch.stack([x.to(n.dtype) for x in counts]) / n).tolist()
     if not bool(b.n_valid.sum() > 0):  # every token masked: token means are undefined, not 0
         values = [math.nan] * len(values)
     out = dict(zip(names, values, strict=True))
     out["clip_frac"] = out["clip_frac_low"] + out["clip_frac_high"] + out["dual_clip_frac"]
+    out["freed_frac"] = _cap.freed_share(out["widened_frac"], out["plain_clip_frac"])
     return out
 
 

@@ -265,13 +265,15 @@ def resolve_matched_steps(rs: RunSet, recipe: Recipe) -> list[int]:
 
 
 def eval_sizes(rs: RunSet, run_id: str, metric: str, steps: np.ndarray) -> np.ndarray | None:
-    """Completions behind each eval of ``metric`` (``val/n`` for ``val/acc``), aligned with
-    ``steps``; None when the metric is not an ``acc`` (avg@k) or ``n`` is missing at any of its
-    steps (older runs): the collapse test then estimates the noise from the curve."""
+    """Completions behind each eval of ``metric`` (``val/n`` for ``val/acc``, ``val/n_greedy`` for
+    ``val/acc_greedy``), aligned with ``steps``; None when the metric is not one of those (avg@k) or
+    ``n`` is missing at any of its steps (older runs): the collapse test then estimates the noise
+    from the curve."""
     ns, _, name = metric.rpartition("/")
-    if name != "acc" or not ns:
+    counts = {"acc": "n", "acc_greedy": "n_greedy"}
+    if name not in counts or not ns:
         return None
-    n_steps, n_values = rs.curve(run_id, f"{ns}/n")
+    n_steps, n_values = rs.curve(run_id, f"{ns}/{counts[name]}")
     if not n_steps.size:
         return None
     by_step = dict(zip(n_steps.tolist(), n_values.tolist(), strict=True))

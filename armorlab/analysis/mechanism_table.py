@@ -20,6 +20,7 @@ MEAN_OVER_STEPS = {
     "obj/clip_frac": "clipped",
     "obj/widened_frac": "widened",
     "obj/narrowed_frac": "narrowed",
+    "obj/freed_frac": "freed of clipped",
     "anchor/gate_drop": "gate drop",
     "anchor/rate": "anchor rate",
     "obj/anchor_grad_share": "anchor grad share",
@@ -76,7 +77,7 @@ def mechanism_table(rs: RunSet, groups: G.Groups) -> tuple[pd.DataFrame, pd.Data
         row: dict[str, Any] = {"group": g}
         num: dict[str, Any] = {"group": g, "seeds": len(members)}
         for m in present:
-            per_run = [float(np.mean(v)) for r in members for _, v in [rs.curve(r, m)] if v.size]
+            per_run = [float(np.nanmean(v)) for r in members for _, v in [rs.curve(r, m)] if np.isfinite(v).any()]
             row[MEAN_OVER_STEPS[m]], num[m] = _cell(per_run)
         if has_norm:
             per_run = [clipped_share(rs.curve(r, "train/grad_norm")[1], _max_grad_norm(runs[r])) for r in members]
@@ -97,7 +98,9 @@ INTRO = (
     "(<code>obj/clip_frac</code>). <b>widened</b> / <b>narrowed</b>: share of tokens whose update the "
     "objective's ratio let through where DAPO's plain clip on π_θ/π_old would have stopped it, and the "
     "reverse (<code>obj/widened_frac</code>, <code>obj/narrowed_frac</code>: ARMOR's widened region, UP's "
-    "unbounded positive branch; 0 by construction for DAPO). <b>gate drop</b>: share of groups the query "
+    "unbounded positive branch; 0 by construction for DAPO). <b>freed of clipped</b>: of the tokens that "
+    "plain clip stops, the share the objective lets through (<code>obj/freed_frac</code>; r_mix lies between "
+    "1 and r, so ARMOR's widened tokens are some of the plain-clipped ones). <b>gate drop</b>: share of groups the query "
     "gate removed. <b>anchor grad share</b>: ‖g_anchor‖/(‖g_anchor‖+‖g_on-policy‖) of the policy gradient. "
     "<b>KL grad share</b>: ‖g_KL‖/(‖g_KL‖+‖g_policy‖) of the β·KL term, and the cosine between the two "
     "(−1: the penalty pulls straight back). <b>grad clipped</b>: share of optimizer steps whose gradient norm "

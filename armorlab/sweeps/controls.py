@@ -95,9 +95,12 @@ class Pair:
 
 # --------------------------------------------------------------------------- selectors
 def matches(cfg: Mapping[str, Any], selector: Mapping[str, Any]) -> bool:
-    """True when every key of the selector (dotted keys allowed) equals the resolved config's value."""
+    """True when every key of the selector (dotted keys allowed) equals the resolved config's value;
+    ``null`` also selects a key the resolved config leaves out (a null default is dropped from it)."""
     for key, want in selector.items():
         have = get_dotted(cfg, key, _MISSING)
+        if have is _MISSING and want is None:
+            continue
         if key in ("task", "model") and isinstance(want, str) and isinstance(have, Mapping):
             have = have.get("name")  # `task: arithmetic` is the short form of {name: arithmetic}
         if isinstance(want, Mapping) and isinstance(have, Mapping):
