@@ -1,5 +1,5 @@
 """Mechanism telemetry (issue 28): which tokens a remedy's ratio decides otherwise than DAPO's plain
-clip (obj/widened_frac, obj/narrowed_frac), which part of the loss moves the weights
+clip (obj/widened_frac, obj/narrowed_frac), which part of the loss pushes the trained tokens' log-probs
 (obj/anchor_grad_share, obj/kl_grad_share, obj/kl_grad_cos) and the diversity of correct samples.
 Every expected number below is worked out by hand from the probabilities in the comments."""
 
@@ -15,7 +15,7 @@ from armorlab.algos.diversity import correct_diversity, distinct, empirical_entr
 from armorlab.algos.loss import policy_loss
 from armorlab.core.config import resolve
 from armorlab.core.runs import run_id
-from armorlab.train.mechanism_telemetry import gradient_shares, rollout_diversity
+from armorlab.train.mechanism_telemetry import gradient_shares, rollout_diversity, share_sums, token_gradient
 
 # Three rows of 5 tokens, α = 0.5, ε = (0.2, 0.28). At α = 0.5, r_mix = w·r + (1 − w) with
 # w = π_old/(π_old + π_ref). Per token (π_old, π_ref, π) → r, w, r_mix:
@@ -99,27 +99,48 @@ def test_sequence_ratio_narrows_and_widens():
     assert out.metrics["widened_frac"] == 0.0
 
 
+def _shares(policy_loss_fn, kl_loss_fn, logp, is_anchor, *, anchor=True):
+    v = token_gradient(policy_loss_fn(logp), logp)
+    u = None if kl_loss_fn is None else token_gradient(kl_loss_fn(logp), logp)
+    return gradient_shares(share_sums(v, u, is_anchor).tolist(), anchor=anchor, kl=u is not None)
+
+
 def test_gradient_shares_by_hand():
-    # loss parts linear in w: the gradients are the coefficient vectors
-    w = torch.zeros(2, requires_grad=True)
-    a, b, c = torch.tensor([3.0, 4.0]), torch.tensor([0.0, 5.0]), torch.tensor([-3.0, -9.0])
-    anchor_loss = a @ w
-    policy_loss_ = anchor_loss + b @ w                 # g_policy = (3, 9)
-    shares = gradient_shares([w], policy_loss_, anchor_loss, c @ w)
-    assert shares["obj/anchor_grad_share"] == pytest.approx(5 / (5 + 5))         # ‖a‖ = ‖b‖ = 5
-    g = math.sqrt(3**2 + 9**2)
-    assert shares["obj/kl_grad_share"] == pytest.approx(g / (g + g))              # c = −g_policy
+    # loss parts linear in log π_θ: their token gradients are the coefficient tables
+    logp = torch.zeros(2, 2, requires_grad=True)
+    v = torch.tensor([[3.0, 4.0], [0.0, 5.0]])  # row 0 is the anchor: ‖v_anchor‖ = ‖v_on‖ = 5
+    is_anchor = torch.tensor([True, False])
+    shares = _shares(lambda x: (v * x).sum(), lambda x: (-v * x).sum(), logp, is_anchor)
+    assert shares["obj/anchor_grad_share"] == pytest.approx(5 / (5 + 5))
+    assert shares["obj/kl_grad_share"] == pytest.approx(0.5)                   # u = −v: equal norms √50
     assert shares["obj/kl_grad_cos"] == pytest.approx(-1.0)
-    assert w.grad is None  # nothing accumulated: the trainer's own backward pass is untouched
-    policy_loss_.backward()  # the graph was kept for it
-    assert torch.equal(w.grad, torch.tensor([3.0, 9.0]))
+    u = torch.tensor([[1.0, 0.0], [0.0, 0.0]])                                  # ‖u‖ = 1, ⟨u, v⟩ = 3
+    shares = _shares(lambda x: (v * x).sum(), lambda x: (u * x).sum(), logp, is_anchor)
+    assert shares["obj/kl_grad_share"] == pytest.approx(1 / (1 + math.sqrt(50)))
+    assert shares["obj/kl_grad_cos"] == pytest.approx(3 / math.sqrt(50))
+    # a step's sums are the sums of its micro-batches' (here one row each): the same shares
+    halves = [share_sums(v[r:r + 1], u[r:r + 1], is_anchor[r:r + 1]) for r in (0, 1)]
+    assert gradient_shares((halves[0] + halves[1]).tolist(), anchor=True, kl=True) == pytest.approx(shares)
+
+
+def test_token_gradient_keeps_the_graph_and_accumulates_nothing():
+    w = torch.tensor([2.0], requires_grad=True)
+    logp = w * torch.ones(1, 3)
+    loss = (logp * torch.tensor([[1.0, 2.0, 3.0]])).sum()
+    assert torch.equal(token_gradient(loss, logp), torch.tensor([[1.0, 2.0, 3.0]]))
+    assert w.grad is None  # the trainer's own backward pass is untouched
+    loss.backward()  # the graph was kept for it
+    assert torch.equal(w.grad, torch.tensor([6.0]))
 
 
 def test_gradient_shares_without_parts_or_gradient():
-    w = torch.zeros(2, requires_grad=True)
-    assert gradient_shares([w], w.sum(), None, None) == {}
-    # an anchor part without gradient (its tokens all clipped): share 0; no KL term: no KL share
-    assert gradient_shares([w], w.sum(), torch.zeros(()), None) == {"obj/anchor_grad_share": 0.0}
+    logp = torch.zeros(2, 2, requires_grad=True)
+    is_anchor = torch.tensor([True, False])
+    assert _shares(lambda x: x.sum(), None, logp, is_anchor, anchor=False) == {}
+    # the anchor row without gradient (its tokens all clipped): share 0; no KL term: no KL share
+    assert _shares(lambda x: x[1].sum(), None, logp, is_anchor) == {"obj/anchor_grad_share": 0.0}
+    # neither part has a gradient (every token masked): nothing logged
+    assert _shares(lambda x: x.sum() * 0, lambda x: torch.zeros(()), logp, is_anchor) == {}
 
 
 def test_diversity_by_hand():
@@ -180,7 +201,7 @@ def test_probe_logs_its_shares_and_leaves_training_unchanged(tmp_path):
             assert all(-1 <= v <= 1 for v in cos.values())
         else:
             assert not _logged(trainer, "obj/kl_grad_share")
-    # the extra backward passes touch no gradient the optimizer sees: the same weights, bit for bit
+    # the token gradients touch no gradient the optimizer sees: the same weights, bit for bit
     assert all(torch.equal(a, b) for a, b in zip(params[2], params[0], strict=True))
 
 

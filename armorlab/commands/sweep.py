@@ -84,6 +84,8 @@ def register(app: typer.Typer) -> None:
         finally:
             if cluster_max is not None:
                 cluster_max()  # reaps scontrol whatever happened
+        for pair, note in _batch_warnings(plan):
+            typer.echo(f"warning: control arm '{pair.arm}' against {pair.baseline}: {note}", err=True)
         if plan.executor == "slurm":
             _submit_slurm(plan, wait)
         else:
@@ -208,16 +210,34 @@ def _protocol_lines(plan) -> list[str]:
 
 
 def _controls_lines(plan) -> list[str]:
-    """For each compared pair of a sweep declared as controls: the keys in which the arms differ."""
+    """For each compared pair of a sweep declared as controls: the keys in which the arms differ,
+    and a warning under a pair whose effective batches differ (``_batch_warnings``)."""
+    warned: dict[int, list[str]] = {}
+    for pair, note in _batch_warnings(plan):
+        warned.setdefault(id(pair), []).append(note)
     lines = []
     for stage, pairs in plan.controls:
         where = f" of stage {stage}" if stage is not None else ""
         lines.append(f"controls{where}: each arm against its baseline, the keys in which they differ")
         for baseline in dict.fromkeys(p.baseline for p in pairs):
             lines.append(f"  baseline {baseline}")
-            lines += [f"    {p.describe()}" for p in pairs if p.baseline == baseline]
+            for p in (p for p in pairs if p.baseline == baseline):
+                lines.append(f"    {p.describe()}")
+                lines += [f"      warning: {note}" for note in warned.get(id(p), ())]
         lines.append("")
     return lines
+
+
+def _batch_warnings(plan) -> list:
+    """(pair, note) for each compared pair whose effective batches differ: configured, and measured
+    on the runs of both arms that have completed (armorlab.sweeps.controls.batch_notes)."""
+    from armorlab.sweeps.controls import batch_notes, run_shortfalls
+
+    pairs = [p for _, stage_pairs in plan.controls for p in stage_pairs]
+    if not pairs:
+        return []
+    done = [(r.run_id, r.view) for r in plan.runs if plan.actions.get(r.run_id) == "completed"]
+    return batch_notes(pairs, run_shortfalls(plan.sweep_dir, done))
 
 
 def _submit_slurm(plan, wait: bool) -> None:

@@ -294,10 +294,11 @@ FIELDS: dict[str, Field] = {
     "val_greedy": Field(False, boolean, "also score one greedy completion per held-out prompt (val/acc_greedy, "
                         "test/acc_greedy) beside val/acc's val_samples at val_temperature; inert at "
                         "val_temperature 0, where val/acc is greedy", type=bool),
-    "grad_share_every": Field(10, integer(0), "every N optimizer steps, split the first micro-batch's gradient "
-                              "by part with extra backward passes: anchor vs on-policy rows "
+    "grad_share_every": Field(10, integer(0), "every N optimizer steps, split the step's gradient with "
+                              "respect to the trained tokens' log-probs by part: anchor vs on-policy rows "
                               "(obj/anchor_grad_share) and the β·KL term vs the policy loss "
-                              "(obj/kl_grad_share, obj/kl_grad_cos); 0 = off; one process only",
+                              "(obj/kl_grad_share, obj/kl_grad_cos); 0 = off; any number of processes, "
+                              "FSDP and gradient checkpointing included",
                               type=int),
     "kl_probe_prompts": Field(8, integer(0), "prompts in the exact-KL probe; 0 = off", type=int),
     "token_sample_rate": Field(0.0, number(0.0, 1.0), "share of tokens dumped to tokens/ parquet",

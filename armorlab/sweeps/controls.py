@@ -20,6 +20,13 @@ outside ARMOR, the anchor options without anchors, ``kl_estimator`` at β = 0, .
 ``armorlab sweep --dry-run`` prints every pair with the keys in which the two arms differ; a pair
 that differs in a key outside its factor — or not in its factor at all — is an error naming the
 arm, the keys and the file.
+
+Two arms that filter groups differently can train on different effective batches (ARMOR's
+anchors give an all-wrong group reward spread, so it keeps groups DAPO drops), a confound that
+no key names. Each pair is also compared on its effective batch: from the configs
+(``configured_batch``: rows per step, the groups each drops, how far each refills) and, once runs
+of both arms have finished, from their measured ``train/refill_shortfall``
+(``armorlab.stats.effective_batch``, the report's rule and tolerance). A difference is a warning.
 """
 
 from __future__ import annotations
@@ -27,11 +34,13 @@ from __future__ import annotations
 import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from armorlab.core.config import INERT_KEYS, LOGGING_KEYS, default_anchor_cache, get_dotted, known_keys
-from armorlab.core.runs import canonical_json
+from armorlab.core.runs import RunDir, canonical_json
 from armorlab.errors import ArmorLabError
+from armorlab.stats.effective_batch import EFFECTIVE_BATCH_TOLERANCE, effective_batch_gap
 
 CONTROLS_KEYS = ("baseline", "arms")
 ARM_KEYS = ("name", "select", "factor")
@@ -71,6 +80,8 @@ class Pair:
     factor: tuple[str, ...]
     differs: dict[str, tuple[Any, Any]] = field(default_factory=dict)
     follows: list[str] = field(default_factory=list)
+    keys: tuple[str, str] = ("", "")   # (baseline's, arm's) ``arm_key``: which runs belong to each side
+    batch_note: str | None = None       # the configured effective batches differ (``configured_batch_note``)
 
     @property
     def counted(self) -> list[str]:
@@ -250,7 +261,8 @@ def check(groups: Sequence[Controls], configs: Sequence[tuple[str, Mapping[str, 
                 label, cfg = arms[k]
                 differs, follows = diff(base_cfg, cfg)
                 name = label if arm.name is None else arm.name if len(hits) == 1 else f"{arm.name} ({label})"
-                pair = Pair(group.where, base_label, name, arm.factor, differs, follows)
+                pair = Pair(group.where, base_label, name, arm.factor, differs, follows, (base_keys[0], k),
+                            configured_batch_note(base_cfg, cfg))
                 if pair.extra or pair.missing:
                     what = (f"also differs in {', '.join(f'{x} ({_text(differs[x][0])} -> {_text(differs[x][1])})' for x in pair.extra)}"
                             if pair.extra else f"does not differ in {', '.join(pair.missing)}")
@@ -263,6 +275,91 @@ def check(groups: Sequence[Controls], configs: Sequence[tuple[str, Mapping[str, 
         raise ArmorLabError(f"arms that no control group names (a baseline or an arm): {'; '.join(stray)}",
                             key=groups[0].where, value=None, file=file)
     return pairs
+
+
+# --------------------------------------------------------------------------- effective batch
+@dataclass(frozen=True)
+class ConfiguredBatch:
+    """What a config sets about the rows that train per optimizer step on each process: ``rows``
+    when the batch is full, the groups it ``drops`` (empty: none) and ``draws``, how many times the
+    prompts its refill may generate to fill the batch (dynamic_sampling_factor × max_num_gen_batches;
+    1 = what the filters drop stays missing)."""
+    rows: int
+    drops: tuple[str, ...]
+    draws: int
+
+    def describe(self) -> str:
+        if not self.drops:
+            return f"{self.rows} rows/step, every group trains"
+        refill = "no refill" if self.draws == 1 else f"refill up to {self.draws}× the prompts"
+        return f"{self.rows} rows/step, drops {' and '.join(self.drops)}, {refill}"
+
+
+def configured_batch(cfg: Mapping[str, Any]) -> ConfiguredBatch:
+    rows = int(cfg.get("per_device_train_batch_size") or 8) * int(cfg.get("gradient_accumulation_steps") or 1)
+    drops = []
+    if cfg.get("dynamic_sampling"):  # an anchor gives an all-wrong group reward spread: it stays
+        drops.append("equal-reward groups" + (" (an anchor's spread kept)" if cfg.get("anchor") else ""))
+    if cfg.get("anchor_gate"):
+        drops.append("groups the gate fails")
+    draws = int(cfg.get("dynamic_sampling_factor") or 1) * int(cfg.get("max_num_gen_batches") or 1)
+    return ConfiguredBatch(rows, tuple(drops), draws if drops else 1)
+
+
+def configured_batch_note(base: Mapping[str, Any], arm: Mapping[str, Any],
+                          tolerance: float = EFFECTIVE_BATCH_TOLERANCE) -> str | None:
+    """Why two configs' effective batches may differ, or None: rows per step more than
+    ``tolerance`` apart; or filters that differ while an arm that drops groups cannot refill (its
+    batch is 1 − the share it drops, the other's is not); or the same drops refilled to different
+    bounds. Arms whose drops differ but all refill are left to the measured check."""
+    a, b = configured_batch(base), configured_batch(arm)
+    if abs(a.rows - b.rows) > tolerance * max(a.rows, b.rows):
+        reason = "rows per step differ"
+    elif a.drops != b.drops and any(c.drops and c.draws == 1 for c in (a, b)):
+        reason = "they drop different groups and one cannot refill"
+    elif a.drops and a.drops == b.drops and a.draws != b.draws:
+        reason = "the same groups are dropped but refilled to different bounds"
+    else:
+        return None
+    return f"configured effective batch: {reason} (baseline: {a.describe()}; arm: {b.describe()})"
+
+
+def measured_batch_note(base_shortfalls: Sequence[float], arm_shortfalls: Sequence[float]) -> str | None:
+    """The report's check on finished runs (one mean train/refill_shortfall per run of each side)."""
+    gap = effective_batch_gap(base_shortfalls, arm_shortfalls)
+    if gap is None:
+        return None
+    return (f"measured effective batch: {gap[1]:.0%} of the arm's batch trains vs {gap[0]:.0%} of the baseline's "
+            f"(1 − mean train/refill_shortfall; tolerance {EFFECTIVE_BATCH_TOLERANCE:.0%}): raise "
+            "max_num_gen_batches, or read the comparison with that in mind")
+
+
+def run_shortfalls(sweep_dir: Path, runs: Sequence[tuple[str, Mapping[str, Any]]]) -> dict[str, list[float]]:
+    """``arm_key`` → each finished run's mean train/refill_shortfall, for (run id, config) pairs;
+    runs that are not completed or never logged it are left out."""
+    out: dict[str, list[float]] = {}
+    for run_id, cfg in runs:
+        rd = RunDir(sweep_dir / run_id)
+        if not rd.status_path.is_file() or rd.read_status().get("state") != "completed":
+            continue
+        values = [float(v) for row in rd.read_metrics() if isinstance(v := row.get("train/refill_shortfall"),
+                                                                      (int, float)) and v == v]
+        if values:
+            out.setdefault(arm_key(cfg), []).append(sum(values) / len(values))
+    return out
+
+
+def batch_notes(pairs: Sequence[Pair], shortfalls: Mapping[str, Sequence[float]]) -> list[tuple[Pair, str]]:
+    """Each pair's effective-batch warnings: the configured one, and the measured one where runs of
+    both sides have finished."""
+    out = []
+    for pair in pairs:
+        if pair.batch_note is not None:
+            out.append((pair, pair.batch_note))
+        measured = measured_batch_note(shortfalls.get(pair.keys[0], ()), shortfalls.get(pair.keys[1], ()))
+        if measured is not None:
+            out.append((pair, measured))
+    return out
 
 
 def _text(v: Any) -> str:

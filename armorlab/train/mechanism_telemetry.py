@@ -1,7 +1,14 @@
-"""Telemetry that says whether a remedy's mechanism acted: which part of the loss moves the weights
+"""Telemetry that says whether a remedy's mechanism acted: which part of the loss pushes the policy
 (anchor rows against on-policy rows, the β·KL term against the policy loss) and how many different
 correct answers the policy samples per prompt (mode collapse). The trainer calls these; the ratio
 side (``obj/widened_frac``, ``obj/narrowed_frac``) is in ``armorlab.algos.loss``.
+
+The gradient shares are taken on the loss's gradient with respect to the trained tokens' log-probs
+log π_θ(y_t), not the weights': every part of the loss reaches the weights only through those
+log-probs (g_θ = Jᵀ·v with J = ∂log π_θ/∂θ), and differentiating the loss head alone involves no
+parameter, no checkpointed layer and no process group, so it means the same and costs next to
+nothing under DDP, FSDP, DeepSpeed and gradient checkpointing. Token vectors of different rows and
+processes are disjoint, so the step's squared norms are plain sums over micro-batches and processes.
 """
 
 from __future__ import annotations
@@ -14,48 +21,45 @@ import torch
 from armorlab.algos.diversity import correct_diversity
 
 
-def _grads(loss: torch.Tensor, params: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """∂loss/∂params, keeping the graph for the trainer's own backward pass (zeros without a graph)."""
+def token_gradient(loss: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
+    """∂loss/∂log π_θ per token (B, T), keeping the graph for the trainer's own backward (zeros
+    where the loss does not depend on ``logp``)."""
     if not loss.requires_grad:
-        return [torch.zeros_like(p) for p in params]
-    found = torch.autograd.grad(loss, list(params), retain_graph=True, allow_unused=True)
-    return [torch.zeros_like(p) if g is None else g.detach() for g, p in zip(found, params, strict=True)]
+        return torch.zeros_like(logp)
+    (grad,) = torch.autograd.grad(loss, logp, retain_graph=True, allow_unused=True)
+    return torch.zeros_like(logp) if grad is None else grad.detach()
 
 
-def _dot(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> float:
-    return float(sum((x.float() * y.float()).sum() for x, y in zip(a, b, strict=True)))
+def share_sums(policy_grad: torch.Tensor, kl_grad: torch.Tensor | None, is_anchor: torch.Tensor) -> torch.Tensor:
+    """(‖v_anchor‖², ‖v_on‖², ‖u‖², ⟨u, v⟩) of one micro-batch, float64: v = ∂L_policy/∂log π_θ split
+    by row (anchor rows, on-policy rows), u = ∂(β·KL)/∂log π_θ (0 without a KL term). Summed over
+    the step's micro-batches and processes they are the step's (``gradient_shares``)."""
+    v = policy_grad.double()
+    u = torch.zeros_like(v) if kl_grad is None else kl_grad.double()
+    anchor = is_anchor.to(v.dtype).reshape(-1)
+    row_sq = (v * v).flatten(1).sum(1)
+    return torch.stack([row_sq @ anchor, row_sq @ (1 - anchor), (u * u).sum(), (u * v).sum()])
 
 
-def gradient_shares(params: Sequence[torch.Tensor], policy_loss: torch.Tensor, anchor_loss: torch.Tensor | None,
-                    kl_term: torch.Tensor | None) -> dict[str, float]:
-    """The parts of one micro-batch's gradient, by extra backward passes (one for the policy loss, one
-    per part given):
+def gradient_shares(sums: Sequence[float], *, anchor: bool, kl: bool) -> dict[str, float]:
+    """The step's shares from ``share_sums`` summed over its micro-batches and processes:
 
-    - ``obj/anchor_grad_share`` = ‖g_anchor‖ / (‖g_anchor‖ + ‖g_on‖), where ``anchor_loss`` is the
-      anchor rows' part of ``policy_loss`` and g_on = g_policy − g_anchor the on-policy rows' part;
-    - ``obj/kl_grad_share`` = ‖g_KL‖ / (‖g_KL‖ + ‖g_policy‖) for the β·KL term ``kl_term``;
-    - ``obj/kl_grad_cos`` = ⟨g_KL, g_policy⟩ / (‖g_KL‖·‖g_policy‖): −1 when the penalty pulls straight
-      against the policy gradient.
+    - ``obj/anchor_grad_share`` = ‖v_anchor‖ / (‖v_anchor‖ + ‖v_on‖) (with anchors on);
+    - ``obj/kl_grad_share`` = ‖u‖ / (‖u‖ + ‖v‖) (with β ≠ 0), ‖v‖² = ‖v_anchor‖² + ‖v_on‖²;
+    - ``obj/kl_grad_cos`` = ⟨u, v⟩ / (‖u‖·‖v‖): −1 when the penalty pulls straight against the policy.
 
     A share is 0 when its part has no gradient and absent when neither part has one.
     """
-    if anchor_loss is None and kl_term is None:
-        return {}
-    policy = _grads(policy_loss, params)
+    sq_anchor, sq_on, sq_kl, dot = (float(s) for s in sums)
+    norm_a, norm_o, norm_k = math.sqrt(sq_anchor), math.sqrt(sq_on), math.sqrt(sq_kl)
+    norm_p = math.sqrt(sq_anchor + sq_on)
     out: dict[str, float] = {}
-    if anchor_loss is not None:
-        anchor = _grads(anchor_loss, params)
-        on = [p - a for p, a in zip(policy, anchor, strict=True)]
-        norm_a, norm_o = math.sqrt(_dot(anchor, anchor)), math.sqrt(_dot(on, on))
-        if norm_a + norm_o > 0:
-            out["obj/anchor_grad_share"] = norm_a / (norm_a + norm_o)
-    if kl_term is not None:
-        penalty = _grads(kl_term, params)
-        norm_k, norm_p = math.sqrt(_dot(penalty, penalty)), math.sqrt(_dot(policy, policy))
-        if norm_k + norm_p > 0:
-            out["obj/kl_grad_share"] = norm_k / (norm_k + norm_p)
-        if norm_k > 0 and norm_p > 0:
-            out["obj/kl_grad_cos"] = _dot(penalty, policy) / (norm_k * norm_p)
+    if anchor and norm_a + norm_o > 0:
+        out["obj/anchor_grad_share"] = norm_a / (norm_a + norm_o)
+    if kl and norm_k + norm_p > 0:
+        out["obj/kl_grad_share"] = norm_k / (norm_k + norm_p)
+    if kl and norm_k > 0 and norm_p > 0:
+        out["obj/kl_grad_cos"] = dot / (norm_k * norm_p)
     return out
 
 

@@ -54,7 +54,6 @@ from armorlab.algos.entropy import applied_entropy_coef, entropy_bonus, next_ent
 from armorlab.algos.loss import (
     AGGREGATION_UNIT,
     LossOutput,
-    aggregate,
     capacity_summary,
     objective_params,
     policy_loss,
@@ -68,7 +67,7 @@ from armorlab.errors import ArmorLabError
 from armorlab.train import anchors as anc
 from armorlab.train.evaluation import Validator
 from armorlab.train.hooks import ArmorLabCallback, EpochSeededRepeatSampler, policy_server_client
-from armorlab.train.mechanism_telemetry import gradient_shares, rollout_diversity
+from armorlab.train.mechanism_telemetry import gradient_shares, rollout_diversity, share_sums, token_gradient
 from armorlab.train.reference import (
     ReferencePolicy,
     build_reference_model,
@@ -216,6 +215,7 @@ class ArmorLabTrainer(GRPOTrainer):
         self._deferred: list[str] | None = None  # log-probs put off until the filter (_score_kept)
         self._ref_samples_pending = 0.0
         self._last_logged_step = 0
+        self._share_sums: torch.Tensor | None = None  # the gradient shares' sums over a step's micro-batches
         self.add_callback(ArmorLabCallback(self))
 
     # ------------------------------------------------------------------ set-up helpers
@@ -700,7 +700,7 @@ class ArmorLabTrainer(GRPOTrainer):
         # the step's aggregate (TRL averages the micro-steps, StepStats the processes).
         to_sum = float(self.accelerator.num_processes) if training else 1.0
         to_aggregate = to_sum * (self.current_gradient_accumulation_steps if training else 1.0)
-        beta_kl = None
+        beta_kl, policy_part = None, loss
         if self.beta != 0.0:
             per_token_kl = kl.estimator(args.kl_estimator or "k3")(ref - logp)  # samples of π_θ: reverse
             if args.use_bias_correction_kl:  # as TRL: π_old's samples reweighted to π_θ by the plain ratio
@@ -709,8 +709,7 @@ class ArmorLabTrainer(GRPOTrainer):
             loss = loss + self.beta * beta_kl
             stats.mean("obj/beta_kl", beta_kl * to_aggregate)
         if training and self._grad_share_due():
-            self._grad_shares(stats, model, out, mask, is_anchor, aggregation, normalizer,
-                              None if beta_kl is None else self.beta * beta_kl)
+            self._grad_shares(logp, policy_part, is_anchor, None if beta_kl is None else self.beta * beta_kl)
         loss = loss * to_sum
         if self._entropy_bonus_enabled:  # after to_sum: averaged over processes, as in TRL
             loss = loss - self._entropy_term(entropy, mask if entropy_mask is None else mask * entropy_mask, training)
@@ -751,28 +750,25 @@ class ArmorLabTrainer(GRPOTrainer):
         return coef * term
 
     def _grad_share_due(self) -> bool:
-        """The gradient-share probe runs on the first micro-batch of every ``grad_share_every``-th
-        optimizer step, in a single plain process: autograd.grad beside DDP's, FSDP's or DeepSpeed's
-        hooks, or through reentrant checkpointing, is not supported there."""
+        """The gradient shares are taken on every micro-batch of every ``grad_share_every``-th optimizer step."""
         every = self.args.grad_share_every
-        return bool(every) and (self.state.global_step + 1) % every == 0 \
-            and self._step % self.current_gradient_accumulation_steps == 0 \
-            and self.accelerator.num_processes == 1 and not self.is_deepspeed_enabled \
-            and not self.is_fsdp_enabled and not self.args.gradient_checkpointing
+        return bool(every) and (self.state.global_step + 1) % every == 0
 
-    def _grad_shares(self, stats: StepStats, model: nn.Module, out: LossOutput, mask: torch.Tensor,
-                     is_anchor: torch.Tensor, aggregation: str, normalizer: Any, kl_term: torch.Tensor | None) -> None:
-        """``mechanisms.gradient_shares`` of this micro-batch. The aggregate is linear in the per-token
-        loss, so the anchor rows' part of the loss is the aggregate of their tokens under the same
-        denominator (the whole mask's count, or the generation batch's normaliser)."""
-        rows = is_anchor.to(out.per_token.dtype).unsqueeze(1)
-        anchor_loss = None
-        if bool((mask * rows).sum() > 0):
-            anchor_loss = aggregate(out.per_token * rows, (mask != 0).to(out.per_token.dtype), aggregation,
-                                    self.max_completion_length, normalizer)
-        params = [p for p in model.parameters() if p.requires_grad]
-        for name, value in gradient_shares(params, out.loss, anchor_loss, kl_term).items():
-            stats.mean(name, value)
+    def _grad_shares(self, logp: torch.Tensor, policy_loss: torch.Tensor, is_anchor: torch.Tensor,
+                     kl_term: torch.Tensor | None) -> None:
+        """``mechanism_telemetry.share_sums`` of this micro-batch, summed over the optimizer step's
+        micro-batches and then over processes (one collective, at the step's last micro-batch),
+        where ``gradient_shares`` turns them into the step's shares."""
+        sums = share_sums(token_gradient(policy_loss, logp),
+                          None if kl_term is None else token_gradient(kl_term, logp), is_anchor)
+        self._share_sums = sums if self._share_sums is None else self._share_sums + sums
+        if not self.accelerator.sync_gradients:
+            return
+        totals, self._share_sums = self._share_sums, None
+        if self.accelerator.num_processes > 1:
+            totals = self.accelerator.reduce(totals, reduction="sum")
+        for name, value in gradient_shares(totals.tolist(), anchor=self.args.anchor, kl=kl_term is not None).items():
+            self._metrics["train"][name].append(value)
 
     def _loss_normalizers(self, inputs: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """(tokens, non-empty rows) that one optimiser step's loss is divided by: the counts of the
