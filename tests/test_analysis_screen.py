@@ -30,29 +30,26 @@ def _groups(rows, keys):
     return G.make_groups(runs, keys)
 
 
-def test_display_names_drop_what_most_groups_share():
+def test_display_names_show_every_group_key_defaults_included():
     demo = [{"objective": "dapo", "beta": 0.0, "anchor_gate": False},
             {"objective": "dapo", "beta": 0.1, "anchor_gate": False},
-            {"objective": "up", "beta": 0.0, "anchor_gate": False},
-            {"objective": "armor", "beta": 0.0, "anchor_gate": True},
-            {"objective": "dapo", "beta": 0.0, "anchor_gate": True}]
-    names = G.display_names(_groups(demo, ["objective", "beta", "anchor_gate"]))
-    # beta=0 in four groups and anchor_gate=False in three are left out where they hold
-    assert names == {"objective=dapo, beta=0, anchor_gate=False": "dapo",
-                     "objective=dapo, beta=0.1, anchor_gate=False": "dapo (beta=0.1)",
-                     "objective=up, beta=0, anchor_gate=False": "up",
-                     "objective=armor, beta=0, anchor_gate=True": "armor (anchor_gate=True)",
-                     "objective=dapo, beta=0, anchor_gate=True": "dapo (anchor_gate=True)"}
-    # no value shared by most groups: every key stays; no objective: k=v only
+            {"objective": "armor", "beta": 0.0, "anchor_gate": True, "alpha": 0.7, "ref_reset_steps": 0},
+            {"objective": "armor", "beta": 0.0, "anchor_gate": True, "alpha": 0.9, "ref_reset_steps": 2}]
+    keys = ["objective", "beta", "anchor_gate", "alpha", "ref_reset_steps"]
+    names = G.display_names(_groups(demo, keys))
+    # the objective bare, every other key in brackets, a default (beta=0, ref_reset_steps=0) too; a
+    # null (alpha outside ARMOR: inert) is no value of the group and stays out
+    assert sorted(names.values()) == ["armor (beta=0, anchor_gate=True, alpha=0.7, ref_reset_steps=0)",
+                                      "armor (beta=0, anchor_gate=True, alpha=0.9, ref_reset_steps=2)",
+                                      "dapo (beta=0, anchor_gate=False)", "dapo (beta=0.1, anchor_gate=False)"]
+    # no objective: k=v only; an import's run_group (its folder, or a runs.yaml group) stands bare
     sweep = [{"alpha": a, "ref_reset_steps": t} for a in (0.5, 0.9) for t in (0, 50)]
     assert sorted(G.display_names(_groups(sweep, ["alpha", "ref_reset_steps"])).values()) == [
         "alpha=0.5, ref_reset_steps=0", "alpha=0.5, ref_reset_steps=50", "alpha=0.9, ref_reset_steps=0",
         "alpha=0.9, ref_reset_steps=50"]
-    # α = 0.5 and τ = 0 in two of three groups each: the group holding both would have no name
-    # left, so every group keeps its full name
-    tied = [{"alpha": 0.5, "tau": 0}, {"alpha": 0.5, "tau": 10}, {"alpha": 0.9, "tau": 0}]
-    names = G.display_names(_groups(tied, ["alpha", "tau"]))
-    assert names == {g: g for g in ("alpha=0.5, tau=0", "alpha=0.5, tau=10", "alpha=0.9, tau=0")}
+    folders = [{"run_group": "collapse"}, {"run_group": "flat"}]
+    assert G.display_names(_groups(folders, ["run_group"])) == {"run_group=collapse": "collapse",
+                                                                "run_group=flat": "flat"}
 
 
 def test_rename_replaces_the_longest_label_first():
@@ -168,8 +165,9 @@ def _table(page: str, table_id: str) -> pd.DataFrame:
 
 
 def test_every_pair_compared_reads_as_a_table_of_rows_against_columns(three_arms, tmp_path):
+    arm, dapo, up = ({"objective": o} for o in ("armor", "dapo", "up"))
     recipe = Recipe(runs=[str(three_arms)], title="t", select=Select("val/acc", "max", "test/acc"),
-                    compare=Compare(endpoints=["final"]))
+                    compare=Compare(pairs=[(arm, dapo), (up, dapo), (arm, up)], endpoints=["final"]))
     res = R.build_report(recipe, tmp_path / "r", cache=False)
     page = res.index.read_text()
     answer = re.search(r'id="answer"><b>(.*?)</b>', page).group(1)

@@ -177,9 +177,11 @@ def group_runs(recipe: Recipe, loaded: Loaded,
         if mixed:
             notes.add(f"group {row['group']} mixes runs with different {', '.join(mixed)}: "
                       f"add them to group_by to separate them")
-    display, pairs = G.names_of(groups, rs, names), G.comparison_pairs(rs.runs, groups, recipe)
+    display, (pairs, compared) = G.names_of(groups, rs, names), G.comparison_pairs(rs.runs, groups, recipe)
+    if G.FIRST_GROUP in compared and pairs:
+        notes.add(f"baseline: {compared}; name one with --baseline KEY=VALUE or compare: {{baseline: ...}}")
     _effective_batch_notes(rs, groups, pairs, display, notes)
-    return Grouped(groups, list(keys), display, diff, pairs, tuple(notes.items))
+    return Grouped(groups, list(keys), display, diff, pairs, tuple(notes.items), G.rename(compared, display))
 
 
 def _effective_batch_notes(rs: RunSet, groups: G.Groups, pairs: Sequence[tuple[str, str]],
