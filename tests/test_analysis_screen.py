@@ -73,9 +73,12 @@ def test_one_wide_ci_does_not_stretch_the_y_axis():
     low, high = np.full(11, 0.4), np.full(11, 0.6)
     low[5], high[5] = -40.0, 60.0                     # one spike of one seed: a Student-t CI of ±50
     spiky = _band(np.full(11, 0.5), low, high)
-    # the means span [0, 1]; a CI may widen that by half of it on each side, then 5% padding
+    # the means span [0, 1]; the axis holds the bands' edges but for the 5% quantiles at each end: of
+    # the 22 lows (−40, −0.01, 0.09, …) the 5% quantile lies 1.05 places up, −0.01 + 0.05·0.1 = −0.005;
+    # of the 22 highs (…, 0.91, 1.01, 60) the 95% one 19.95 places up, 0.91 + 0.95·0.1 = 1.005; the
+    # spike is cut (never further than one span out), then 5% padding
     assert plots.robust_ylim(ax, [calm, spiky])
-    assert ax.get_ylim() == pytest.approx((-0.5 - 0.1, 1.5 + 0.1))
+    assert ax.get_ylim() == pytest.approx((-0.005 - 0.0505, 1.005 + 0.0505))
     # CIs inside that reach: the axis holds them whole (not cut)
     assert not plots.robust_ylim(ax, [calm, _band(np.full(11, 0.5), np.full(11, -0.2), np.full(11, 1.1))])
     assert ax.get_ylim() == pytest.approx((-0.2 - 0.065, 1.1 + 0.065))
@@ -149,7 +152,7 @@ def test_the_page_opens_with_the_answer_the_verdicts_and_their_figure(three_arms
     # final levels: dapo 0.2, armor and up 0.5 + k/30 → both +0.333 better (Holm over 2 arms)
     answer = re.search(r'id="answer"><b>(.*?)</b>', page).group(1)
     assert answer == "Against dapo on final level of val/acc (3 seeds per arm): armor and up are better."
-    assert 'src="plots/val.png"' in page and (tmp_path / "r" / "plots" / "val.png").is_file()
+    assert 'data-file="plots/val.png"' in page and (tmp_path / "r" / "plots" / "val.png").is_file()
     # the groups' names everywhere on the page, their labels only in the CSV files
     assert "objective=" not in page.split("<h2>Configs that differ")[0]
     assert set(pd.read_csv(tmp_path / "r" / "tables" / "groups.csv")["group"]) == {
@@ -199,7 +202,7 @@ def test_the_kl_figure_shows_forward_kl_the_recipe_does_not_list_as_a_curve(tmp_
     recipe = demo_recipe(dirs)
     assert "kl/forward_k3" not in recipe.curves
     res = R.build_report(recipe, tmp_path / "r", cache=False)
-    caption = re.search(r'<img src="plots/kl.png" alt="([^"]*)"', res.index.read_text()).group(1)
+    caption = re.search(r'data-file="plots/kl.png" alt="([^"]*)"', res.index.read_text()).group(1)
     assert caption.startswith("reverse KL(π_θ‖π_ref) (kl/reverse_k3) and forward KL(π_ref‖π_θ) (kl/forward_k3)")
 
 

@@ -75,7 +75,7 @@ def test_the_first_screen_is_the_answer_its_verdicts_and_their_figure(reports, k
     answer, table, figure = m["answer"], m["verdict_table"], m["first_figure"]
     assert answer and table and figure
     assert answer["bottom"] <= table["top"] < table["bottom"] <= figure["top"] < figure["bottom"] <= H
-    assert m["first_figure_loaded"] and m["first_figure_src"] == "plots/val.png"
+    assert m["first_figure_loaded"] and m["first_figure_src"] == "plots/val.png" and m["first_figure_embedded"]
     assert next(t for t in m["tables"] if t["id"] == "verdict-table")["fits"]
     assert m["headings_above_fold"][1] == "Verdict"
     assert "Warnings" not in m["headings_above_fold"]

@@ -406,8 +406,9 @@ def _val_figure(recipe, loaded, grouped, scored, decided, plot_dir, colors, axis
         path = plots.plot_curves(band, sel.metric, plot_dir / "val.png", legend_title=legend, **common)
         how = "all groups on one axis"
     return ("first", path,
-            f"{sel.metric}, {how}: mean over seeds with its 95% CI (shaded; the y axis follows the "
-            f"means, a wider CI is cut at the frame); thin dashed lines: ±1 SE "
+            f"{sel.metric}, {how}: mean over seeds with its 95% CI (lightly shaded; the y axis holds the "
+            f"means and the bands but for spikes, at most one range of the means beyond them: a wider CI is "
+            f"cut at the frame); thin dashed lines: ±1 SE "
             f"of eval noise (binomial from val/n where logged, else estimated from the curve); ▼ = a "
             f"seed's collapse onset, "
             + ("labelled with how many SEs its level fell below the earlier peak " if labelled else
