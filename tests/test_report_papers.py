@@ -5,18 +5,25 @@ and a capacity axis that shows the data."""
 
 from __future__ import annotations
 
+import base64
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import yaml
 
 from armorlab.analysis import groups as G
 from armorlab.analysis import load as L
+from armorlab.analysis import plots
+from armorlab.analysis import report as R
+from armorlab.analysis import tables as T
 from armorlab.analysis.recipe import Compare, Recipe, parse_selector_flag
 from armorlab.errors import ArmorLabError
+from armorlab.stats.seeds import CurveBand
 from tests import importer_writers as W
 from tests.test_analysis_report import armor_val, dapo_val, write_run
 
@@ -144,3 +151,67 @@ def test_imported_runs_are_grouped_and_named_by_their_folder(tmp_path):
     rs = L.load([tmp_path / "tb" / "flat"], mapping=mapping)
     assert sorted(rs.run_ids) == ["seed0", "seed1"]
     assert dict(zip(rs.runs["run_id"], rs.runs["run_group"], strict=True)) == {"seed0": "first", "seed1": "flat"}
+
+
+def test_the_compact_latex_table_has_one_row_per_arm_and_mean_pm_ci_cells():
+    summary = pd.DataFrame([
+        # Student-t, symmetric: 0.5333 ± 0.0410
+        {"group": "objective=armor, ref_reset_steps=0", "n": 3, "auc_mean": 0.53333, "auc_ci_low": 0.49233,
+         "auc_ci_high": 0.57433, "final_mean": 0.5, "final_ci_low": 0.45, "final_ci_high": 0.6},
+        # one seed: the value alone; no value: --
+        {"group": "objective=dapo, ref_reset_steps=0", "n": 1, "auc_mean": 0.2, "auc_ci_low": np.nan,
+         "auc_ci_high": np.nan, "final_mean": np.nan, "final_ci_low": np.nan, "final_ci_high": np.nan}])
+    names = {"objective=armor, ref_reset_steps=0": "armor (ref_reset_steps=0)",
+             "objective=dapo, ref_reset_steps=0": "dapo_1 & co"}
+    tex = T.compact_latex(summary, names, ["auc", "final"], "val/acc", "test/acc", "caption")
+    body = tex.split("\\midrule\n")[1].split("\n\\bottomrule")[0].splitlines()
+    # a clipped interval [0.45, 0.6] around 0.5 is not symmetric: +0.100 / −0.050
+    assert body == ["armor (ref\\_reset\\_steps=0) & 3 & $0.533 \\pm 0.041$ & $0.500^{+0.100}_{-0.050}$ \\\\",
+                    "dapo\\_1 \\& co & 1 & $0.200$ & -- \\\\"]
+    assert "\\begin{tabular}{lrrr}" in tex and tex.count(" & ") == 3 * 3   # arm, n and two scores: 4 columns
+
+
+def test_a_report_writes_pdf_svg_and_a_page_that_holds_its_figures(three_arms, tmp_path):
+    res = R.build_report(Recipe(runs=[str(three_arms)], title="t", compare=Compare(baseline={"objective": "dapo"})),
+                         tmp_path / "r", cache=False)
+    for png in res.plots:
+        assert png.suffix == ".png"
+        assert png.with_suffix(".pdf").read_bytes().startswith(b"%PDF-")
+        assert b"<svg" in png.with_suffix(".svg").read_bytes()[:1000]
+    page = res.index.read_text()
+    # every figure embedded: the page read from another folder still shows them, byte for byte
+    embedded = dict(re.findall(r'<img (?:id="[^"]*" )?src="data:image/png;base64,([^"]+)" data-file="([^"]+)"',
+                               page))
+    assert sorted(embedded.values()) == sorted(str(p.relative_to(res.out_dir)) for p in res.plots)
+    for data, file in embedded.items():
+        assert base64.b64decode(data) == (res.out_dir / file).read_bytes()
+    assert 'src="plots/' not in page
+    # the compact table names the arms, one column per headline score
+    tex = (res.out_dir / "tables" / "headline.tex").read_text()
+    rows = tex.split("\\midrule\n")[1].split("\n\\bottomrule")[0].splitlines()
+    assert [r.split(" & ")[0] for r in rows] == ["armor", "dapo", "up"]
+    assert all(len(r.split(" & ")) == 2 + 3 for r in rows)     # arm, n, selected_test, test@50, auc
+
+
+def test_light_bands_stay_inside_and_the_capacity_axis_spans_the_data():
+    from matplotlib.figure import Figure
+
+    assert plots.BAND_ALPHA <= 0.15
+    ax = Figure().subplots()
+    steps = np.arange(11.0)
+    mean = np.linspace(0.5, 0.6, 11)
+    # two seeds: Student-t's t(0.975, 1) = 12.7 makes a CI of ±0.5 everywhere; the axis stops one
+    # span of the means (0.1) beyond them: [0.4, 0.7], plus 5% padding
+    wide = CurveBand(steps, mean, mean - 0.5, mean + 0.5, np.full(11, 2))
+    assert plots.robust_ylim(ax, [wide])
+    assert ax.get_ylim() == pytest.approx((0.4 - 0.015, 0.7 + 0.015))
+    axes = [Figure().subplots() for _ in range(2)]
+    # capacities of 1e-4 … 1e-1 (3 decades) beside an unbounded one: a log axis on the finite range
+    lo, hi, scale = plots.capacity_axis(axes, [np.array([1e-4, 1e-3]), np.array([1e-1, np.inf])])
+    assert (lo, hi, scale) == (pytest.approx(1e-4 / 1.25), pytest.approx(1e-1 * 1.25), "log")
+    assert axes[1].get_xscale() == "log" and axes[1].get_xlim() == pytest.approx((8e-5, 0.125))
+    # within two decades: linear on the data's range, 4% of it (0.28 · 0.04 = 0.0112) padded each side
+    assert plots.capacity_axis(axes, [np.array([0.02, 0.3])])[:2] == pytest.approx((0.0088, 0.3112))
+    assert axes[0].get_xscale() == "linear"
+    # a zero (a token the clip stops) beside decades of positive values: symlog from 0
+    assert plots.capacity_axis(axes, [np.array([0.0, 1e-4, 0.5])]) == (0.0, pytest.approx(0.625), "symlog")
