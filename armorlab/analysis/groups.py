@@ -440,8 +440,8 @@ def comparison_pairs(runs: pd.DataFrame, groups: Groups, recipe: Recipe) -> tupl
     the sweep specs behind the runs declare (recipe.spec_controls: every arm against its control
     group's baseline); else every group against the first group in order — never every pair."""
     labels = groups.labels
-    file = str(recipe.path) if recipe.path else None
     cmp_ = recipe.compare
+    file = str(recipe.path) if recipe.path and not cmp_.baseline_from else None  # a flag is in no file
 
     def pick(selector: Mapping[str, Any], key: str, strict: bool = True) -> list[str]:
         for k in selector:
@@ -470,7 +470,7 @@ def comparison_pairs(runs: pd.DataFrame, groups: Groups, recipe: Recipe) -> tupl
                                 key=key, value=cmp_.baseline, file=file)
         return against([cmp_.baseline]), f"every group against {cmp_.baseline} ({key})"
     if cmp_.baseline:
-        base = pick(cmp_.baseline, key, strict=True)
+        base = pick(cmp_.baseline, key)
         return against(base), f"every group against {'; '.join(base)} ({key})"
     sweeps = [str(Path(p).parent) for p in runs["path"] if isinstance(p, str)] if "path" in runs else []
     controls = [(pick(b, "", False), [g for a in arms for g in pick(a, "", False)], where)
