@@ -30,29 +30,26 @@ def _groups(rows, keys):
     return G.make_groups(runs, keys)
 
 
-def test_display_names_drop_what_most_groups_share():
+def test_display_names_show_every_group_key_defaults_included():
     demo = [{"objective": "dapo", "beta": 0.0, "anchor_gate": False},
             {"objective": "dapo", "beta": 0.1, "anchor_gate": False},
-            {"objective": "up", "beta": 0.0, "anchor_gate": False},
-            {"objective": "armor", "beta": 0.0, "anchor_gate": True},
-            {"objective": "dapo", "beta": 0.0, "anchor_gate": True}]
-    names = G.display_names(_groups(demo, ["objective", "beta", "anchor_gate"]))
-    # beta=0 in four groups and anchor_gate=False in three are left out where they hold
-    assert names == {"objective=dapo, beta=0, anchor_gate=False": "dapo",
-                     "objective=dapo, beta=0.1, anchor_gate=False": "dapo (beta=0.1)",
-                     "objective=up, beta=0, anchor_gate=False": "up",
-                     "objective=armor, beta=0, anchor_gate=True": "armor (anchor_gate=True)",
-                     "objective=dapo, beta=0, anchor_gate=True": "dapo (anchor_gate=True)"}
-    # no value shared by most groups: every key stays; no objective: k=v only
+            {"objective": "armor", "beta": 0.0, "anchor_gate": True, "alpha": 0.7, "ref_reset_steps": 0},
+            {"objective": "armor", "beta": 0.0, "anchor_gate": True, "alpha": 0.9, "ref_reset_steps": 2}]
+    keys = ["objective", "beta", "anchor_gate", "alpha", "ref_reset_steps"]
+    names = G.display_names(_groups(demo, keys))
+    # the objective bare, every other key in brackets, a default (beta=0, ref_reset_steps=0) too; a
+    # null (alpha outside ARMOR: inert) is no value of the group and stays out
+    assert sorted(names.values()) == ["armor (beta=0, anchor_gate=True, alpha=0.7, ref_reset_steps=0)",
+                                      "armor (beta=0, anchor_gate=True, alpha=0.9, ref_reset_steps=2)",
+                                      "dapo (beta=0, anchor_gate=False)", "dapo (beta=0.1, anchor_gate=False)"]
+    # no objective: k=v only; an import's run_group (its folder, or a runs.yaml group) stands bare
     sweep = [{"alpha": a, "ref_reset_steps": t} for a in (0.5, 0.9) for t in (0, 50)]
     assert sorted(G.display_names(_groups(sweep, ["alpha", "ref_reset_steps"])).values()) == [
         "alpha=0.5, ref_reset_steps=0", "alpha=0.5, ref_reset_steps=50", "alpha=0.9, ref_reset_steps=0",
         "alpha=0.9, ref_reset_steps=50"]
-    # α = 0.5 and τ = 0 in two of three groups each: the group holding both would have no name
-    # left, so every group keeps its full name
-    tied = [{"alpha": 0.5, "tau": 0}, {"alpha": 0.5, "tau": 10}, {"alpha": 0.9, "tau": 0}]
-    names = G.display_names(_groups(tied, ["alpha", "tau"]))
-    assert names == {g: g for g in ("alpha=0.5, tau=0", "alpha=0.5, tau=10", "alpha=0.9, tau=0")}
+    folders = [{"run_group": "collapse"}, {"run_group": "flat"}]
+    assert G.display_names(_groups(folders, ["run_group"])) == {"run_group=collapse": "collapse",
+                                                                "run_group=flat": "flat"}
 
 
 def test_rename_replaces_the_longest_label_first():
@@ -76,9 +73,12 @@ def test_one_wide_ci_does_not_stretch_the_y_axis():
     low, high = np.full(11, 0.4), np.full(11, 0.6)
     low[5], high[5] = -40.0, 60.0                     # one spike of one seed: a Student-t CI of ±50
     spiky = _band(np.full(11, 0.5), low, high)
-    # the means span [0, 1]; a CI may widen that by half of it on each side, then 5% padding
+    # the means span [0, 1]; the axis holds the bands' edges but for the 5% quantiles at each end: of
+    # the 22 lows (−40, −0.01, 0.09, …) the 5% quantile lies 1.05 places up, −0.01 + 0.05·0.1 = −0.005;
+    # of the 22 highs (…, 0.91, 1.01, 60) the 95% one 19.95 places up, 0.91 + 0.95·0.1 = 1.005; the
+    # spike is cut (never further than one span out), then 5% padding
     assert plots.robust_ylim(ax, [calm, spiky])
-    assert ax.get_ylim() == pytest.approx((-0.5 - 0.1, 1.5 + 0.1))
+    assert ax.get_ylim() == pytest.approx((-0.005 - 0.0505, 1.005 + 0.0505))
     # CIs inside that reach: the axis holds them whole (not cut)
     assert not plots.robust_ylim(ax, [calm, _band(np.full(11, 0.5), np.full(11, -0.2), np.full(11, 1.1))])
     assert ax.get_ylim() == pytest.approx((-0.2 - 0.065, 1.1 + 0.065))
@@ -152,7 +152,7 @@ def test_the_page_opens_with_the_answer_the_verdicts_and_their_figure(three_arms
     # final levels: dapo 0.2, armor and up 0.5 + k/30 → both +0.333 better (Holm over 2 arms)
     answer = re.search(r'id="answer"><b>(.*?)</b>', page).group(1)
     assert answer == "Against dapo on final level of val/acc (3 seeds per arm): armor and up are better."
-    assert 'src="plots/val.png"' in page and (tmp_path / "r" / "plots" / "val.png").is_file()
+    assert 'data-file="plots/val.png"' in page and (tmp_path / "r" / "plots" / "val.png").is_file()
     # the groups' names everywhere on the page, their labels only in the CSV files
     assert "objective=" not in page.split("<h2>Configs that differ")[0]
     assert set(pd.read_csv(tmp_path / "r" / "tables" / "groups.csv")["group"]) == {
@@ -168,8 +168,9 @@ def _table(page: str, table_id: str) -> pd.DataFrame:
 
 
 def test_every_pair_compared_reads_as_a_table_of_rows_against_columns(three_arms, tmp_path):
+    arm, dapo, up = ({"objective": o} for o in ("armor", "dapo", "up"))
     recipe = Recipe(runs=[str(three_arms)], title="t", select=Select("val/acc", "max", "test/acc"),
-                    compare=Compare(endpoints=["final"]))
+                    compare=Compare(pairs=[(arm, dapo), (up, dapo), (arm, up)], endpoints=["final"]))
     res = R.build_report(recipe, tmp_path / "r", cache=False)
     page = res.index.read_text()
     answer = re.search(r'id="answer"><b>(.*?)</b>', page).group(1)
@@ -201,7 +202,7 @@ def test_the_kl_figure_shows_forward_kl_the_recipe_does_not_list_as_a_curve(tmp_
     recipe = demo_recipe(dirs)
     assert "kl/forward_k3" not in recipe.curves
     res = R.build_report(recipe, tmp_path / "r", cache=False)
-    caption = re.search(r'<img src="plots/kl.png" alt="([^"]*)"', res.index.read_text()).group(1)
+    caption = re.search(r'data-file="plots/kl.png" alt="([^"]*)"', res.index.read_text()).group(1)
     assert caption.startswith("reverse KL(π_θ‖π_ref) (kl/reverse_k3) and forward KL(π_ref‖π_θ) (kl/forward_k3)")
 
 

@@ -56,7 +56,7 @@ def test_verdicts_open_the_page_and_the_summary(result):
     md = (result.out_dir / "tables" / "verdicts.md").read_text()
     assert md.startswith(f"- {sentence}.\n")
     # no margin declared: none is made up from the evaluation noise
-    assert "no margin declared: no equivalence verdict (set compare.delta)" in html and "val/n)" not in html
+    assert "no margin declared: no equivalence verdict (set compare.delta or --delta)" in html and "val/n)" not in html
 
 
 def test_every_endpoint_is_judged(result):
@@ -143,7 +143,7 @@ def test_a_declared_margin_makes_equivalence_possible_and_none_rules_it_out(tmp_
     res = R.build_report(_recipe(root, endpoints=["final"]), tmp_path / "none")
     assert "equivalent" not in _said(res)
     assert res.verdicts == ["armor vs dapo: +0.000 [−0.023, +0.023] final level of val/acc — not resolved with 3 seeds per "
-                            "arm: no margin declared (compare.delta) for equivalence or a seed plan"]
+                            "arm: no margin declared (compare.delta or --delta) for equivalence or a seed plan"]
     assert any("no margin declared" in w for w in res.warnings)
 
 

@@ -571,7 +571,7 @@ def test_cli_report_on_imported_runs(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "4 runs, 2 groups" in out.stdout
     html = (tmp_path / "rep" / "index.html").read_text()
-    assert "run_group=A" in html and "run_group=B" in html and "val/n unknown" not in html
+    assert "<td>A</td>" in html and "<td>B</td>" in html and "val/n unknown" not in html  # named bare
     out = cli(str(tmp_path / "runs"), "--out", "rep2", "--format", "nope")
     assert out.returncode == 2 and "Traceback" not in out.stderr and "'nope'" in out.stderr
     out = cli(str(tmp_path / "runs"), "--out", "rep3", "--group-by", "max_steps")

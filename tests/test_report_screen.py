@@ -75,7 +75,7 @@ def test_the_first_screen_is_the_answer_its_verdicts_and_their_figure(reports, k
     answer, table, figure = m["answer"], m["verdict_table"], m["first_figure"]
     assert answer and table and figure
     assert answer["bottom"] <= table["top"] < table["bottom"] <= figure["top"] < figure["bottom"] <= H
-    assert m["first_figure_loaded"] and m["first_figure_src"] == "plots/val.png"
+    assert m["first_figure_loaded"] and m["first_figure_src"] == "plots/val.png" and m["first_figure_embedded"]
     assert next(t for t in m["tables"] if t["id"] == "verdict-table")["fits"]
     assert m["headings_above_fold"][1] == "Verdict"
     assert "Warnings" not in m["headings_above_fold"]
@@ -86,8 +86,9 @@ def test_the_first_screen_is_the_answer_its_verdicts_and_their_figure(reports, k
         for arm in ("armor (π_ref = peak)", "armor (π_ref = warm start)", "dapo + KL β=1 (π_ref = warm start)"):
             assert arm in text
         assert "objective=" not in text
-    else:               # every pair compared: how many are resolved
-        assert text.startswith("On final level of val/acc (3 seeds per arm): ") and " of 6 pairs are resolved" in text
+    else:               # no compare, no controls, no --baseline: every group against the first one, named in full
+        assert text.startswith("Against armor (ref_from=model) on final level of val/acc (3 seeds per arm): ")
+        assert "pairs are resolved" not in text
     # what a reader sees: a 1400×900 screenshot in which the figure is drawn, not a blank box
     png = screen.screenshot(report.index, tmp_path / f"{kind}.png", W, H)
     from PIL import Image

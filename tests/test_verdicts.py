@@ -89,7 +89,7 @@ def test_without_a_margin_nothing_is_equivalent():
     none = V.compare(same, [("a", "b")], "final")[0]
     assert none.verdict == V.UNRESOLVED and not none.within_delta and none.seeds_needed is None
     assert V.sentence(none, "final val/acc").endswith(
-        "— not resolved with 4 seeds per arm: no margin declared (compare.delta) for equivalence or a seed plan")
+        "— not resolved with 4 seeds per arm: no margin declared (compare.delta or --delta) for equivalence or a seed plan")
 
 
 def test_baseline_fell_is_a_binomial_test_over_its_seeds():

@@ -227,7 +227,8 @@ window.addEventListener("load", () => {
     answer: box(document.getElementById("answer")),
     answer_text: (document.getElementById("answer") || {}).textContent || null,
     first_figure: box(img), first_figure_loaded: !!img && img.complete && img.naturalWidth > 0,
-    first_figure_src: img ? img.getAttribute("src") : null,
+    first_figure_src: img ? img.getAttribute("data-file") : null,
+    first_figure_embedded: !!img && img.getAttribute("src").startsWith("data:image/png;base64,"),
     fold: __FOLD__,
     headings_above_fold: [...document.querySelectorAll("h1, h2")].filter((h) => box(h).top < __FOLD__)
       .map((h) => h.textContent),

@@ -19,20 +19,21 @@ its select.report):
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from armorlab.analysis.importers import GROUP_KEY
 from armorlab.analysis.load import META_COLUMNS, RunSet
 from armorlab.analysis.ranges import clip_interval
-from armorlab.analysis.recipe import SEED_KEYS, Recipe
+from armorlab.analysis.recipe import SEED_KEYS, Recipe, spec_controls
 from armorlab.analysis.value_labels import fmt_value, norm_value
 from armorlab.errors import ArmorLabError
 from armorlab.stats import collapse, select
@@ -43,6 +44,7 @@ log = logging.getLogger(__name__)
 
 # Headline scores by default: the honest test number, the matched-step test number, the val AUC.
 HEADLINE_DEFAULT = ("selected_test", "test@last", "auc")
+BARE_KEYS = ("objective", GROUP_KEY)  # the first of these among the group keys names a group bare
 GROUP_SCORES = ("peak", "peak_step", "final", "drop", "collapse_step", "auc", "selected_val",
                 "selected_test")
 
@@ -97,39 +99,24 @@ def group_label(keys: Sequence[str], values: Sequence[Any]) -> str:
 
 
 def display_names(groups: Groups) -> dict[str, str]:
-    """Each group's name on the page, in legends and in sentences: ``armor``, ``dapo (beta=0.1)``.
+    """Each group's name on the page, in legends and in sentences: ``armor (alpha=0.7, ref_reset_steps=0)``.
 
-    The objective's value stands bare, the other keys in brackets after it; a key is named only
-    where its value differs from the one most groups share (``beta=0`` in four of five groups is
-    left out of those four). When
-    that leaves a name empty or two names equal, the name is the label (``objective=`` dropped).
+    The objective's value (else the ``run_group`` an import or a runs.yaml gave) stands bare, every
+    other group key follows in brackets — defaults too: ``armor (alpha=0.7)`` would hide that
+    ``ref_reset_steps=0`` told it apart; a key whose value is null (inert in that group: ``alpha``
+    outside ARMOR) is left out. Where that leaves two names equal, the names are the labels.
     Labels stay the groups' identities in CSV files and in a recipe's ``compare``."""
     keys = groups.keys
-    rows = groups.table.to_dict("records")
-    common: dict[str, str] = {}
-    for k in keys:
-        if k == "objective":
-            continue
-        counts: dict[str, int] = {}
-        for r in rows:
-            v = fmt_value(r[k])
-            counts[v] = counts.get(v, 0) + 1
-        ranked = sorted(counts.values(), reverse=True)
-        if ranked[0] >= 2 and (len(ranked) == 1 or ranked[0] > ranked[1]):
-            common[k] = max(counts, key=counts.get)
+    bare = next((k for k in BARE_KEYS if k in keys), None)
 
-    def name(r, short: bool) -> str:
-        parts = [f"{k}={fmt_value(r[k])}" for k in keys if k != "objective" and norm_value(r[k]) is not None
-                 and not (short and common.get(k) == fmt_value(r[k]))]
-        objective = norm_value(r["objective"]) if "objective" in keys else None
-        if objective is None:
+    def name(r) -> str:
+        parts = [f"{k}={fmt_value(r[k])}" for k in keys if k != bare and norm_value(r[k]) is not None]
+        lead = norm_value(r[bare]) if bare is not None else None
+        if lead is None:
             return ", ".join(parts)
-        return f"{fmt_value(objective)} ({', '.join(parts)})" if parts else fmt_value(objective)
+        return f"{fmt_value(lead)} ({', '.join(parts)})" if parts else fmt_value(lead)
 
-    short = {r["group"]: name(r, True) for r in rows}
-    if all(short.values()) and len(set(short.values())) == len(short):
-        return short
-    full = {r["group"]: name(r, False) or r["group"] for r in rows}
+    full = {r["group"]: name(r) or r["group"] for r in groups.table.to_dict("records")}
     return full if len(set(full.values())) == len(full) else {g: g for g in full}
 
 
@@ -445,39 +432,61 @@ def _matches(runs: pd.DataFrame, rids: list[str], selector: Mapping[str, Any]) -
     return all(fmt_value(v) == fmt_value(want) for k, want in selector.items() for v in sub[k].tolist())
 
 
-def comparison_pairs(runs: pd.DataFrame, groups: Groups, recipe: Recipe) -> list[tuple[str, str]]:
-    """(X, Y) group pairs for P(X > Y): the recipe's baseline/pairs, else all pairs (≤ 6 groups)
-    or every group against the first one."""
-    labels = groups.labels
-    file = str(recipe.path) if recipe.path else None
+FIRST_GROUP = "the first group in order"  # the baseline when nothing names one
 
-    def pick(selector: Mapping[str, Any], key: str) -> list[str]:
+
+def comparison_pairs(runs: pd.DataFrame, groups: Groups, recipe: Recipe) -> tuple[list[tuple[str, str]], str]:
+    """(X, Y) group pairs for P(X > Y) and the verdicts, and how they were chosen (a phrase for the page).
+
+    The recipe's ``compare`` (baseline or pairs; ``--baseline`` sets its baseline); else the controls
+    the sweep specs behind the runs declare (recipe.spec_controls: every arm against its control
+    group's baseline); else every group against the first group in order — never every pair."""
+    labels = groups.labels
+    cmp_ = recipe.compare
+    file = str(recipe.path) if recipe.path and not cmp_.baseline_from else None  # a flag is in no file
+
+    def pick(selector: Mapping[str, Any], key: str, strict: bool = True) -> list[str]:
         for k in selector:
             if k not in runs.columns:
+                if not strict:
+                    return []
                 raise ArmorLabError("not a config key of these runs", key=key, value=k, file=file)
         found = [g for g in labels if _matches(runs, groups.members[g], selector)]
-        if not found:
+        if not found and strict:
             raise ArmorLabError("selects no group", key=key, value=dict(selector), file=file)
         return found
 
-    cmp_ = recipe.compare
+    def against(base: list[str]) -> list[tuple[str, str]]:
+        return [(x, y) for y in base for x in labels if x not in base]
+
     if cmp_.pairs:
         out = []
         for i, (a, b) in enumerate(cmp_.pairs):
             out += [(x, y) for x in pick(a, f"compare.pairs[{i}][0]") for y in pick(b, f"compare.pairs[{i}][1]")
                     if x != y]
-        return list(dict.fromkeys(out))
+        return list(dict.fromkeys(out)), "the pairs of compare.pairs"
+    key = cmp_.baseline_from or "compare.baseline"
     if isinstance(cmp_.baseline, str):
         if cmp_.baseline not in labels:
             raise ArmorLabError(f"not a group of these runs (groups: {'; '.join(labels)})",
-                                key="compare.baseline", value=cmp_.baseline, file=file)
-        return [(x, cmp_.baseline) for x in labels if x != cmp_.baseline]
+                                key=key, value=cmp_.baseline, file=file)
+        return against([cmp_.baseline]), f"every group against {cmp_.baseline} ({key})"
     if cmp_.baseline:
-        base = pick(cmp_.baseline, "compare.baseline")
-        return [(x, y) for y in base for x in labels if x not in base]
-    if len(labels) <= 6:
-        return list(itertools.combinations(labels, 2))
-    return [(x, labels[0]) for x in labels[1:]]
+        base = pick(cmp_.baseline, key)
+        return against(base), f"every group against {'; '.join(base)} ({key})"
+    sweeps = [str(Path(p).parent) for p in runs["path"] if isinstance(p, str)] if "path" in runs else []
+    controls = [(pick(b, "", False), [g for a in arms for g in pick(a, "", False)], where)
+                for b, arms, where in spec_controls([Path(d) for d in sweeps], recipe.stages)]
+    controls = [c for c in controls if c[0]]
+    if len(controls) == 1:
+        base, _, where = controls[0]
+        return against(base), f"every group against {'; '.join(base)} ({where})"
+    if controls:
+        out = [(x, y) for base, arms, _ in controls for y in base for x in arms if x not in base]
+        return list(dict.fromkeys(out)), "each control's arms against its baseline (" + "; ".join(
+            w for _, _, w in controls) + ")"
+    return against(labels[:1]), (f"every group against {labels[0]}, {FIRST_GROUP}: no compare: in "
+                                 "the recipe, no controls: in the runs' sweep spec, no --baseline")
 
 
 def improvement_table(per_run: pd.DataFrame, pairs: Sequence[tuple[str, str]],

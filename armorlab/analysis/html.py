@@ -1,9 +1,10 @@
-"""``index.html``: one self-contained page (inline CSS, no scripts, no network) with the tables,
-the figures (PNG files next to it, referenced by relative path so they can also go in a paper),
-the configs that differ between groups, and every warning."""
+"""``index.html``: one self-contained page (inline CSS, no scripts, no network, every figure embedded
+as a PNG data URI, so the one file can be mailed) with the tables, the figures (also written beside it
+as PNG, PDF and SVG for a paper), the configs that differ between groups, and every warning."""
 
 from __future__ import annotations
 
+import base64
 import html
 import math
 from collections.abc import Sequence
@@ -109,13 +110,15 @@ def table_html(df: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def render(title: str, meta: str, warnings: Sequence[str], sections: Sequence[Section]) -> str:
+def render(title: str, meta: str, warnings: Sequence[str], sections: Sequence[Section],
+           root: Path | None = None) -> str:
+    """The page; a figure whose PNG is found under ``root`` is embedded (a data URI), else linked."""
     parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
              f"<title>{esc(title)}</title><style>{_CSS}</style></head><body>",
              f"<h1>{esc(title)}</h1>", f'<p class="meta">{meta}</p>']
     for s in sections:
         if s.lead:
-            _section(parts, s)
+            _section(parts, s, root)
     parts.append("<h2>Warnings</h2>")
     if warnings:
         parts.append('<div class="warn"><ul>' + "".join(f"<li>{esc(w)}</li>" for w in warnings) + "</ul></div>")
@@ -123,7 +126,7 @@ def render(title: str, meta: str, warnings: Sequence[str], sections: Sequence[Se
         parts.append("<p>None.</p>")
     for s in sections:
         if not s.lead:
-            _section(parts, s)
+            _section(parts, s, root)
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"
 
@@ -136,7 +139,16 @@ def table_block(df: pd.DataFrame, table_id: str | None = None) -> str:
     return f'<div class="tbl">{html_}</div>'
 
 
-def _section(parts: list[str], s: Section) -> None:
+def image_src(src: str, root: Path | None) -> str:
+    """``data:image/png;base64,…`` of the PNG ``root/src``; ``src`` itself when it cannot be read."""
+    try:
+        data = (root / src).read_bytes() if root is not None and src.endswith(".png") else None
+    except OSError:
+        data = None
+    return src if data is None else "data:image/png;base64," + base64.b64encode(data).decode("ascii")
+
+
+def _section(parts: list[str], s: Section, root: Path | None = None) -> None:
     parts.append(f"<h2>{esc(s.title)}</h2>")
     if s.intro:
         parts.append(s.intro)
@@ -148,13 +160,13 @@ def _section(parts: list[str], s: Section) -> None:
     figures = []
     for f in s.figures:
         ident = f' id="{esc(f.id)}"' if f.id else ""
-        figures.append(f'<figure><img{ident} src="{esc(f.src)}" alt="{esc(f.caption)}">'
-                       f"<figcaption>{esc(f.caption)}</figcaption></figure>")
+        figures.append(f'<figure><img{ident} src="{esc(image_src(f.src, root))}" data-file="{esc(f.src)}" '
+                       f'alt="{esc(f.caption)}"><figcaption>{esc(f.caption)}</figcaption></figure>')
     parts.extend([*figures, *tables] if s.figures_first else [*tables, *figures])
 
 
 def write_index(out_dir: Path, title: str, meta: str, warnings: Sequence[str],
                 sections: Sequence[Section]) -> Path:
     path = out_dir / "index.html"
-    atomic_write_text(path, render(title, meta, warnings, sections), durable=False)  # see freshness
+    atomic_write_text(path, render(title, meta, warnings, sections, out_dir), durable=False)  # see freshness
     return path

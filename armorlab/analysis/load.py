@@ -14,11 +14,11 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections import Counter
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cached_property
-from itertools import chain, count
 from pathlib import Path
 from typing import Any
 
@@ -569,10 +569,18 @@ def _with_imported(rs: RunSet | None, imported: list[importers.ImportedRun]) -> 
     taken = set(rs.run_ids) if rs is not None else set()
     rows, frames, ids, warnings, unknown_n = [], [], [], [], []
     cannot: dict[tuple[str, str | None, tuple[str, ...]], list[str]] = {}
+    # a name two runs share is prefixed with the folder (project) in every run that has it: collapse/seed0
+    # beside flat/seed0, not seed0 beside flat/seed0
+    count = Counter(r.name for r in imported)
+    shared = {n for n, c in count.items() if c > 1 or n in taken}
     for run in imported:
-        tried = chain([run.name, f"{run.project}/{run.name}" if run.project else run.name],
-                      (f"{run.name}#{i}" for i in count(2)))
-        rid = next(c for c in tried if c not in taken)
+        rid = f"{run.project}/{run.name}" if run.name in shared and run.project else run.name
+        folder = run.config.get("wandb.group") or run.project
+        if folder and importers.GROUP_KEY not in run.config:  # grouped by its folder unless a runs.yaml says
+            run.config[importers.GROUP_KEY] = str(folder)
+        i = 2
+        while rid in taken:
+            rid, i = f"{run.name}#{i}", i + 1
         taken.add(rid)
         rows.append({"run_id": rid, "sweep": run.project, "path": str(run.path), "state": run.state,
                      "reason": run.reason, "world_size": None, "format": run.format,

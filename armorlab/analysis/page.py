@@ -17,7 +17,7 @@ from armorlab.analysis.html import Figure, Section, esc, write_index
 from armorlab.analysis.load import RunSet
 from armorlab.analysis.recipe import Recipe
 from armorlab.analysis.stages import Decided, Drawn, Grouped, Loaded, Scored
-from armorlab.core.fsutil import atomic_write_yaml
+from armorlab.core.fsutil import atomic_write_text, atomic_write_yaml
 from armorlab.core.runs import now_iso
 from armorlab.stats import seeds as stats
 
@@ -68,8 +68,14 @@ def write_tables(recipe: Recipe, rs: RunSet, grouped: Grouped, scored: Scored, d
                                       caption="token-sample statistics: mean [95% CI] over seeds")
     written += tables.write_table(scored.per_run, tdir / "runs", formats=("csv",))
     headline = tables.display_headline(summary, keys, scored.scores, sel.metric, sel.report)
-    written += tables.write_table(headline, tdir / "headline", formats=("md", "tex"),
+    written += tables.write_table(headline, tdir / "headline", formats=("md",),
                                   caption="headline scores: mean [95% CI], IQM, std, n over seeds")
+    # the paper's table: arm names, mean ± CI per headline score (the long one stays headline.md)
+    atomic_write_text(tdir / "headline.tex", tables.compact_latex(
+        summary, grouped.display, scored.scores, sel.metric, sel.report,
+        f"{recipe.title}: mean ± 95% CI half-width over seeds (asymmetric: +upper/-lower; "
+        f"Student-t below {stats.T_MIN_BOOTSTRAP} seeds, BCa from {stats.T_MIN_BOOTSTRAP})"), durable=False)
+    written.append(tdir / "headline.tex")
     poi_display = tables.display_improvement(decided.poi, sel.metric, sel.report)
     written += tables.write_table(decided.poi, tdir / "improvement", formats=("csv",))
     written += tables.write_table(poi_display, tdir / "improvement", formats=("md", "tex"),
@@ -140,7 +146,8 @@ def write_page(recipe: Recipe, out: Path, key: Any, loaded: Loaded, grouped: Gro
     legend = ", ".join(grouped.keys) if grouped.keys else "group"
     meta = (f"{len(rs.run_ids)} runs in {len(grouped.groups.labels)} groups (group_by: {esc(legend)}) · "
             f"selection on {esc(sel.metric)} ({sel.mode}), reported on {esc(sel.report)} · "
-            f"matched steps {esc(', '.join(map(str, scored.matched)) or 'none')} · generated {esc(now_iso())}")
+            f"matched steps {esc(', '.join(map(str, scored.matched)) or 'none')}"
+            + (f" · compared: {esc(grouped.compared)}" if grouped.pairs else "") + f" · generated {esc(now_iso())}")
     index = write_index(out, recipe.title, meta, warnings, sections)
     result = ReportResult(out, index, [p for _, p, _ in drawn.figures], tabled.written, warnings, len(rs.run_ids),
                           len(grouped.groups.labels), decided.sentences)
@@ -161,7 +168,8 @@ def _write_recipe(recipe: Recipe, out: Path, loaded: Loaded, grouped: Grouped, s
         "matched_steps": list(scored.matched), "scores": scored.scores, "kl": list(recipe.kl),
         "collapse": dict(vars(recipe.collapse)),
         "compare": {"endpoints": list(recipe.compare.endpoints or verdict_table.DEFAULT_ENDPOINTS),
-                    "delta": recipe.compare.delta}})  # the declared margin (None: none), as the recipe gave it
+                    "pairs": [list(p) for p in grouped.pairs], "chosen": grouped.compared,
+                    "delta": recipe.compare.delta}})  # the declared margin (None: none), as the recipe (or --delta) gave it
 
 
 def _sections(recipe: Recipe, out: Path, figs, names: G.PageNames, tabled: Tabled, diff: pd.DataFrame,

@@ -266,9 +266,13 @@ def _fits(fig, axes, hang, pad, renderer) -> bool:
                    for ax in axes for t in (ax.title, ax.xaxis.label))
 
 
+VECTOR_FORMATS = {"pdf": {"CreationDate": None}, "svg": {"Date": None}}  # dates left out: same figure, same bytes
+
+
 def _save(fig, path: Path) -> Path:
     """Write the PNG from one canvas draw (no bbox_inches="tight": its second draw was a fifth of the
-    figure time), encoded by savefig's own writer."""
+    figure time), encoded by savefig's own writer; then the same figure object as PDF and SVG beside
+    it (``path`` with those suffixes), for a paper."""
     if fig.dpi != DPI:
         fig.set_dpi(DPI)
     fig.canvas.draw()
@@ -280,6 +284,11 @@ def _save(fig, path: Path) -> Path:
     # renamed into place: a reader never sees half a PNG
     with atomic_file(path) as tmp:
         tmp.write_bytes(data)
+    for fmt, metadata in VECTOR_FORMATS.items():
+        buf = io.BytesIO()
+        fig.savefig(buf, format=fmt, metadata=metadata)
+        with atomic_file(path.with_suffix(f".{fmt}")) as tmp:
+            tmp.write_bytes(buf.getvalue())
     return path
 
 
@@ -323,16 +332,20 @@ def _band(ax, band: CurveBand, color, label: str | None, *, linestyle="-") -> No
         if path is not None:
             from matplotlib.patches import PathPatch
 
-            ax.add_artist(PathPatch(path, facecolor=color, edgecolor="none", alpha=0.18, linewidth=0))
+            ax.add_artist(PathPatch(path, facecolor=color, edgecolor="none", alpha=BAND_ALPHA, linewidth=0))
     ax.plot(band.steps, band.mean, color=color, linestyle=linestyle, linewidth=1.6, label=label)
 
 
-CI_REACH = 0.5  # a CI may widen the y axis by at most this share of the means' range on each side
+BAND_ALPHA = 0.12  # CI bands: light enough that the means and the other groups read through them
+CI_REACH = 1.0  # a CI may widen the y axis by at most this share of the means' range on each side
+BAND_QUANTILE = 0.05  # the axis holds the bands' edges but for this share at each end (spikes)
 
 
 def robust_ylim(ax, bands: Sequence[CurveBand], points: Sequence[float] = ()) -> bool:
-    """y limits following the means (and ``points``), widened by bands by at most CI_REACH: one seed's
-    spike must not hide where the means go. True when a band is cut at the frame."""
+    """y limits holding the means (and ``points``) and the bands' edges but for their lowest and
+    highest BAND_QUANTILE (one seed's spike), widened by bands by at most CI_REACH of the means'
+    range: the band sits inside the panel instead of shading all of it, and a spike must not hide
+    where the means go. True when a band is cut at the frame."""
     means = [np.asarray(b.mean, dtype=np.float64) for b in bands]
     means = np.concatenate([*means, np.asarray(points, dtype=np.float64)]) if means or len(points) else np.empty(0)
     means = means[np.isfinite(means)]
@@ -345,8 +358,10 @@ def robust_ylim(ax, bands: Sequence[CurveBand], points: Sequence[float] = ()) ->
     lows, highs = lows[np.isfinite(lows)], highs[np.isfinite(highs)]
     band_lo = float(lows.min()) if lows.size else lo
     band_hi = float(highs.max()) if highs.size else hi
-    y0 = max(min(band_lo, lo), lo - CI_REACH * span)
-    y1 = min(max(band_hi, hi), hi + CI_REACH * span)
+    edge_lo = float(np.quantile(lows, BAND_QUANTILE)) if lows.size else lo
+    edge_hi = float(np.quantile(highs, 1 - BAND_QUANTILE)) if highs.size else hi
+    y0 = max(min(edge_lo, lo), lo - CI_REACH * span)
+    y1 = min(max(edge_hi, hi), hi + CI_REACH * span)
     if y1 - y0 < span:  # a flat curve without a band: an axis around it, not a singular one
         y0, y1 = (y0 + y1 - span) / 2, (y0 + y1 + span) / 2
     pad = 0.05 * (y1 - y0)
@@ -466,7 +481,8 @@ def plot_capacity(per_group: Mapping[str, np.ndarray], counterfactual: Mapping[s
     ax.set_xlabel("probability capacity Δπ (UP Eq. 11)")
     ax.set_ylabel("fraction of tokens ≤ x (ECDF)")
     ax.grid(alpha=0.3)
-    ax.legend(title=legend_title, fontsize=7, title_fontsize=7, frameon=False, loc="lower right")
+    # upper left: an ECDF rises to the right, so that corner is empty
+    ax.legend(title=legend_title, fontsize=7, title_fontsize=7, frameon=False, loc="upper left")
     if counterfactual:
         ax2 = axes[0][1]
         for obj, cap in counterfactual.items():
@@ -476,9 +492,37 @@ def plot_capacity(per_group: Mapping[str, np.ndarray], counterfactual: Mapping[s
         ax2.set_xlabel("probability capacity Δπ (UP Eq. 11)")
         ax2.set_ylabel("fraction of tokens ≤ x (ECDF)")
         ax2.grid(alpha=0.3)
-        ax2.legend(title="objective formula", fontsize=7, title_fontsize=7, frameon=False, loc="lower right")
+        ax2.legend(title="objective formula", fontsize=7, title_fontsize=7, frameon=False, loc="upper left")
+    capacity_axis(list(axes[0]), [*per_group.values(), *counterfactual.values()])
     fig.suptitle("Probability capacity distributions")
     return _save(fig, path)
+
+
+DECADES = 2.0  # data spanning more than this many powers of ten gets a log axis
+
+
+def capacity_axis(axes, samples: Sequence[np.ndarray]) -> tuple[float, float, str] | None:
+    """x limits on the data's range (its finite values; an unbounded capacity is off the axis), on a
+    log scale where the positive values span more than DECADES powers of ten: capacities of 1e-4 to
+    1e-2 sat at x≈0 on a 0–1 axis. Returns (low, high, scale); None without finite data."""
+    x = np.concatenate([np.asarray(v, dtype=np.float64).ravel() for v in samples]) if samples else np.empty(0)
+    x = x[np.isfinite(x)]
+    if not x.size:
+        return None
+    lo, hi = float(x.min()), float(x.max())
+    pos = x[x > 0]
+    kw = {}
+    if lo >= 0 and pos.size and np.log10(hi / pos.min()) > DECADES:
+        # zeros (a token the clip stops) keep a linear stretch below the smallest positive value
+        scale, kw = ("log", {}) if lo > 0 else ("symlog", {"linthresh": float(pos.min())})
+        lo, hi = (lo / 1.25 if lo > 0 else 0.0), hi * 1.25
+    else:
+        pad = 0.04 * (hi - lo) if hi > lo else max(abs(hi), 1e-3) * 0.1
+        lo, hi, scale = lo - pad, hi + pad, "linear"
+    for ax in axes:
+        ax.set_xscale(scale, **kw)
+        ax.set_xlim(lo, hi)
+    return lo, hi, scale
 
 
 def plot_ablation(summary_rows: Sequence[Mapping], per_run: Mapping[str, Mapping[str, np.ndarray]],

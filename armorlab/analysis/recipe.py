@@ -82,6 +82,8 @@ class Compare:
     pairs: list[tuple[dict[str, Any], dict[str, Any]]] | None = None
     endpoints: list[str] | None = None
     delta: float | None = None
+    baseline_from: str | None = None  # the flag that set baseline (``--baseline``; None: the recipe)
+    delta_from: str | None = None     # the flag that set delta (``--delta``; None: the recipe)
 
 
 @dataclass
@@ -257,6 +259,53 @@ def _compare(raw: Any, file: str | None) -> Compare:
                           _selector(pair[1], f"compare.pairs[{i}][1]", file)))
     return Compare(baseline, pairs, list(dict.fromkeys(endpoints)) if endpoints else None,
                    float(delta) if delta is not None else None)
+
+
+def parse_selector_flag(text: str, key: str = "--baseline") -> dict[str, Any]:
+    """``objective=dapo,beta=0.1`` → ``{"objective": "dapo", "beta": 0.1}`` (values read as YAML scalars)."""
+    import yaml
+
+    out: dict[str, Any] = {}
+    for part in (p.strip() for p in text.split(",")):
+        name, eq, value = part.partition("=")
+        if not eq or not name.strip() or not value.strip():
+            raise _err("must be KEY=VALUE[,KEY=VALUE], e.g. objective=dapo", key, text, None)
+        try:
+            out[name.strip()] = yaml.safe_load(value.strip())
+        except yaml.YAMLError:
+            out[name.strip()] = value.strip()
+    return out
+
+
+def spec_controls(sweep_dirs: Sequence[Path], stages: Sequence[str] | None = None
+                  ) -> list[tuple[dict[str, Any], list[dict[str, Any]], str]]:
+    """The controls the specs behind the runs declare: (baseline selector, arm selectors, where) per
+    control group, from each sweep dir's spec copy (spec.yaml, checked when the sweep was expanded):
+    ``controls:`` of the spec and of its stages (of ``stages`` only, when given), else its
+    ``compare.baseline`` (a sweep run until resolved)."""
+    out = []
+    for d in dict.fromkeys(sweep_dirs):
+        path = Path(d) / "spec.yaml"
+        try:
+            spec = load_yaml_mapping(path) if path.is_file() else {}
+        except ArmorLabError:
+            continue
+        parts = [("controls", spec.get("controls"))]
+        parts += [(f"stages[{i}].controls", st.get("controls")) for i, st in enumerate(spec.get("stages") or [])
+                  if isinstance(st, Mapping) and (stages is None or st.get("name") in stages)]
+        found = []
+        for where, raw in parts:
+            for j, group in enumerate(raw if isinstance(raw, list) else [raw]):
+                if isinstance(group, Mapping) and isinstance(group.get("baseline"), Mapping):
+                    arms = [a["select"] for a in group.get("arms") or ()
+                            if isinstance(a, Mapping) and isinstance(a.get("select"), Mapping)]
+                    at = f"[{j}]" if isinstance(raw, list) else ""
+                    found.append((dict(group["baseline"]), arms, f"{where}{at}.baseline in {path}"))
+        compare = spec.get("compare")
+        if not found and isinstance(compare, Mapping) and isinstance(compare.get("baseline"), Mapping):
+            found.append((dict(compare["baseline"]), [], f"compare.baseline in {path}"))
+        out += found
+    return out
 
 
 def load_recipe(path: str | Path) -> Recipe:

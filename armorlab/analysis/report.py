@@ -177,9 +177,11 @@ def group_runs(recipe: Recipe, loaded: Loaded,
         if mixed:
             notes.add(f"group {row['group']} mixes runs with different {', '.join(mixed)}: "
                       f"add them to group_by to separate them")
-    display, pairs = G.names_of(groups, rs, names), G.comparison_pairs(rs.runs, groups, recipe)
+    display, (pairs, compared) = G.names_of(groups, rs, names), G.comparison_pairs(rs.runs, groups, recipe)
+    if G.FIRST_GROUP in compared and pairs:
+        notes.add(f"baseline: {compared}; name one with --baseline KEY=VALUE or compare: {{baseline: ...}}")
     _effective_batch_notes(rs, groups, pairs, display, notes)
-    return Grouped(groups, list(keys), display, diff, pairs, tuple(notes.items))
+    return Grouped(groups, list(keys), display, diff, pairs, tuple(notes.items), G.rename(compared, display))
 
 
 def _effective_batch_notes(rs: RunSet, groups: G.Groups, pairs: Sequence[tuple[str, str]],
@@ -404,8 +406,9 @@ def _val_figure(recipe, loaded, grouped, scored, decided, plot_dir, colors, axis
         path = plots.plot_curves(band, sel.metric, plot_dir / "val.png", legend_title=legend, **common)
         how = "all groups on one axis"
     return ("first", path,
-            f"{sel.metric}, {how}: mean over seeds with its 95% CI (shaded; the y axis follows the "
-            f"means, a wider CI is cut at the frame); thin dashed lines: ±1 SE "
+            f"{sel.metric}, {how}: mean over seeds with its 95% CI (lightly shaded; the y axis holds the "
+            f"means and the bands but for spikes, at most one range of the means beyond them: a wider CI is "
+            f"cut at the frame); thin dashed lines: ±1 SE "
             f"of eval noise (binomial from val/n where logged, else estimated from the curve); ▼ = a "
             f"seed's collapse onset, "
             + ("labelled with how many SEs its level fell below the earlier peak " if labelled else

@@ -32,6 +32,7 @@ class Grouped:
     diff: pd.DataFrame             # config keys that differ between groups
     pairs: list[tuple[str, str]]   # the compared (X, Y) labels
     notes: tuple[str, ...]
+    compared: str = ""             # how the pairs were chosen (groups.comparison_pairs), groups by name
 
     def named(self, by_label: Mapping[str, Any]) -> dict[str, Any]:
         return {self.display[g]: v for g, v in by_label.items()}

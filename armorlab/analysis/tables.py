@@ -133,6 +133,29 @@ def to_latex(df: pd.DataFrame, caption: str | None = None) -> str:
     return body
 
 
+def _pm(mean: float, lo: float, hi: float) -> str:
+    """``$0.533 \\pm 0.041$`` (the CI's half-width), ``$0.533^{+0.030}_{-0.041}$`` where a clipped or
+    bootstrap interval is not symmetric at three decimals, the value alone for one seed, ``--`` for none."""
+    if mean is None or not math.isfinite(mean):
+        return "--"
+    if lo is None or hi is None or not (math.isfinite(lo) and math.isfinite(hi)):
+        return f"${mean:.3f}$"
+    up, down = f"{hi - mean:.3f}", f"{mean - lo:.3f}"
+    return f"${mean:.3f} \\pm {up}$" if up == down else f"${mean:.3f}^{{+{up}}}_{{-{down}}}$"
+
+
+def compact_latex(summary: pd.DataFrame, names: dict[str, str], scores: Sequence[str], val_metric: str,
+                  test_metric: str, caption: str) -> str:
+    """The paper's table: one row per arm (its name), n, one ``mean ± 95% CI`` column per score (booktabs)."""
+    head = ["arm", "$n$", *(_escape_latex(score_label(s, val_metric, test_metric)) for s in scores)]
+    rows = [" & ".join([_escape_latex(names.get(r["group"], r["group"])), str(r["n"]),
+                        *(_pm(r[f"{s}_mean"], r[f"{s}_ci_low"], r[f"{s}_ci_high"]) for s in scores)]) + " \\\\"
+            for r in summary.to_dict("records")]
+    return "\n".join([f"% {caption}", "% needs \\usepackage{booktabs}", f"\\begin{{tabular}}{{l{'r' * (len(head) - 1)}}}",
+                      "\\toprule", " & ".join(head) + " \\\\", "\\midrule", *rows, "\\bottomrule",
+                      "\\end{tabular}"]) + "\n"
+
+
 def display_improvement(poi: pd.DataFrame, val_metric: str, test_metric: str) -> pd.DataFrame:
     """P(X > Y) with its bootstrap CI, or where seeds cannot resolve it (stats S4) that statement; plus
     the exact Mann–Whitney p-value."""

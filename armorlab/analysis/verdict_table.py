@@ -128,12 +128,13 @@ def build(per_run: pd.DataFrame, rs: RunSet, recipe: Recipe, pairs: Sequence[tup
     delta = float(cmp_.delta) if cmp_.delta is not None else math.nan
     falls = {b: fall_record(per_run, at.get(b, none), b, recipe.collapse.alpha) for _, b in pairs}
     if not math.isfinite(delta):
-        notes.add("verdicts: no margin declared (compare.delta): no comparison is called equivalent and no "
-                  "seeds are planned")
+        notes.add("verdicts: no margin declared (compare.delta, or armorlab report --delta X): no comparison is "
+                  "called equivalent and no seeds are planned")
     ranges = score_ranges(endpoints, sel.metric, sel.report, per_run)
     for e in endpoints:
         values = {g: numeric[e][at.get(g, none)] for g in compared}
-        deltas[e] = (delta, margin_source(cmp_.delta, file))
+        deltas[e] = (delta, f"declared: {cmp_.delta_from}" if cmp_.delta_from and cmp_.delta is not None
+                     else margin_source(cmp_.delta, file, "--delta"))
         verdicts += [V.with_caveat(within(v, difference_range(ranges.get(e))),
                                    caveat(falls[v.baseline], e, (names or {}).get(v.baseline)))
                      for v in V.compare(values, pairs, e, delta=delta,

@@ -30,6 +30,11 @@ def register(app: typer.Typer) -> None:
                                       "path (its paths are the inputs when no PATH is given)."),
         val_n: int = typer.Option(None, "--val-n", min=1, help="Completions behind each validation of "
                                   "imported runs that do not log val/n (the binomial noise of val/acc)."),
+        baseline: str = typer.Option(None, "--baseline", metavar="KEY=VALUE[,KEY=VALUE]", help="The group every "
+                                     "other is compared with, e.g. --baseline objective=dapo (as compare.baseline; "
+                                     "default: the sweep spec's controls baseline, else the first group)."),
+        delta: float = typer.Option(None, "--delta", help="The equivalence margin declared before the runs "
+                                    "(as compare.delta; default: none, nothing is called equivalent)."),
     ) -> None:
         """Compare runs: seed statistics, collapse metrics, KL, capacity -> PNG, CSV/MD/LaTeX, HTML."""
         from armorlab.analysis.recipe import load_recipe, recipe_for_paths
@@ -59,6 +64,7 @@ def register(app: typer.Typer) -> None:
         else:
             recipe = recipe_for_paths(inputs, group_by=keys, format=format,
                                       runs_map=str(runs_map) if runs_map is not None else None, val_n=val_n)
+        recipe.compare = _compare_flags(recipe.compare, baseline, delta)
         if recipe.group_by is None and recipe.runs_map is not None:
             from armorlab.analysis import importers
 
@@ -67,6 +73,24 @@ def register(app: typer.Typer) -> None:
         if recipe.group_by is None:
             recipe.group_by = _study_keys(recipe.runs)
         write_report(recipe, out, cache=not no_cache)
+
+
+def _compare_flags(compare, baseline: str | None, delta: float | None):
+    """The recipe's ``compare`` with ``--baseline`` and ``--delta`` over it (a flag wins over the file)."""
+    import dataclasses
+    import math
+
+    from armorlab.analysis.recipe import parse_selector_flag
+    from armorlab.errors import ArmorLabError
+
+    if baseline is not None:
+        compare = dataclasses.replace(compare, baseline=parse_selector_flag(baseline), pairs=None,
+                                      baseline_from="--baseline")
+    if delta is not None:
+        if not (math.isfinite(delta) and delta > 0):
+            raise ArmorLabError("must be a number > 0, the equivalence margin", key="--delta", value=delta)
+        compare = dataclasses.replace(compare, delta=float(delta), delta_from="--delta")
+    return compare
 
 
 def _study_keys(runs: list[str]) -> list[str] | None:

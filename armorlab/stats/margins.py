@@ -31,10 +31,11 @@ NO_PREVENTION = "cannot show prevention"
 NO_MARGIN = "no margin declared"
 
 
-def margin_source(delta: float | None, file: str | None) -> str:
-    """Where a comparison's margin comes from, as looks.json and the report record it."""
+def margin_source(delta: float | None, file: str | None, flag: str | None = None) -> str:
+    """Where a comparison's margin comes from, as looks.json and the report record it (``flag``: the
+    command-line option that also sets it, ``--delta`` of `armorlab report`)."""
     if delta is None or not math.isfinite(delta):
-        return f"{NO_MARGIN}: no equivalence verdict (set compare.delta)"
+        return f"{NO_MARGIN}: no equivalence verdict (set compare.delta{f' or {flag}' if flag else ''})"
     return f"declared: compare.delta in {file}" if file else "declared: compare.delta"
 
 

@@ -265,7 +265,7 @@ def sentence(v: Verdict, label: str, *, names: Mapping[str, str] | None = None,
         return f"{head} — within ±{d} with {seeds}, but {v.caveat}"
     what = "too few seeds for an interval" if v.verdict == TOO_FEW else f"not resolved with {seeds}"
     if d is None:
-        return f"{head} — {what}: {NO_MARGIN} (compare.delta) for equivalence or a seed plan{but}"
+        return f"{head} — {what}: {NO_MARGIN} (compare.delta or --delta) for equivalence or a seed plan{but}"
     if v.seeds_needed is None:
         why = ("no seed-to-seed spread measured yet" if not math.isfinite(v.sd)
                else f"more than {MAX_SEEDS_PLANNED} seeds per arm")
