@@ -277,6 +277,13 @@ def test_allowances_and_the_engine_share_that_fits_by_hand():
     never_asleep = mp.MemoryPlan(QWEN7B, Parallelism(), ref_run, G,
                                  [weights, mp.Line("ref_vllm", "e", 20 * GIB)], [train])
     assert never_asleep.engine_shares() == [("ref_vllm_memory", 0.2, 0.5)]  # (100 − 20 − 30) / 100
+    # a sleeping π_ref engine is sized like the policy's: awake (its own phase) beside the 20 GiB
+    # resident, 0.8; asleep, 10 % of its share beside 20 + 30 GiB: ≤ 5
+    ref_sleeps = RunMemory(anchors=True, ref_vllm_mode="colocate", ref_vllm_share=0.4, vllm_sleep=True)
+    anchors = mp.Phase("anchors", "a", (mp.Line("ref_vllm", "e", 36 * GIB),))
+    asleep = mp.MemoryPlan(QWEN7B, Parallelism(), ref_sleeps, G, [weights, mp.Line("ref_sleep", "s", 4 * GIB)],
+                           [train, anchors])
+    assert asleep.engine_shares() == [("ref_vllm_memory", 0.4, 0.8)]
     assert mp.MemoryPlan(QWEN7B, Parallelism(), run, None).engine_shares() == []
 
 

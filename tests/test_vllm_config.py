@@ -30,12 +30,20 @@ def test_colocate_is_kept_with_its_memory_share_and_resolves_idempotently():
     ({"objective": "armor", "ref_vllm_mode": "colocate", "ref_vllm_memory": 0}, "ref_vllm_memory"),
     ({"objective": "armor", "ref_vllm_mode": "colocate", "ref_vllm_memory": 1.5}, "ref_vllm_memory"),
     # without anchors nothing would be sampled from the engine
-    ({"objective": "dapo", "ref_vllm_mode": "colocate"}, "ref_vllm_mode"),
 ])
 def test_bad_engine_settings_name_the_key(raw, key):
     with pytest.raises(ArmorLabError) as err:
         resolve(raw)
     assert err.value.key == key
+
+
+def test_a_reference_engine_is_inert_without_anchors():
+    """A paper base ships ref_vllm_mode: colocate for its ARMOR rows: on a DAPO row it is inert, so
+    that row resolves (and hashes) as if it were absent; on an ARMOR row it stays."""
+    engine = {"ref_vllm_mode": "colocate", "ref_vllm_memory": 0.4}
+    assert resolve({"objective": "dapo", **engine}) == resolve({"objective": "dapo"})
+    armor = resolve({"objective": "armor", "anchor": True, **engine})
+    assert (armor["ref_vllm_mode"], armor["ref_vllm_memory"]) == ("colocate", 0.4)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")

@@ -776,9 +776,6 @@ def _resolve_once(raw: Mapping[str, Any], *, file: str | None = None, check_path
     _check_logging_backends(out.get("report_to"), file)
     fill_objective_defaults(out)
     objective_fields.resolve_params(out, file)
-    if out["ref_vllm_mode"] != "none" and not (out["anchor"] or out["anchor_gate"]):
-        raise ArmorLabError("a reference engine only samples anchors: set anchor or anchor_gate, or "
-                            "ref_vllm_mode: none", key="ref_vllm_mode", value=out["ref_vllm_mode"], file=file)
     check_vllm_servers(out, file)
     check_engine_parallelism(out, file)
     check_full_support_sampling(out, file)
@@ -869,7 +866,8 @@ def _check_logging_backends(report_to: Any, file: str | None) -> None:
 
 INERT_KEYS = frozenset({"alpha", "quantile_k", "kl_estimator", "anchor_filter", "anchor_ratio", "anchor_samples",
                         "anchor_reward_threshold", "dynamic_sampling_factor", "anchor_cache",
-                        "anchor_rounds"})
+                        "anchor_rounds", "ref_vllm_mode", "ref_vllm_memory", "ref_vllm_dtype",
+                        "ref_vllm_tensor_parallel_size"})
 
 
 def default_anchor_ratio(objective: str) -> str:
@@ -941,7 +939,9 @@ def _normalise_inert(cfg: dict[str, Any]) -> None:
     for key, default in DROPPED_AT_DEFAULT.items():
         if key in cfg and cfg[key] == default:
             del cfg[key]
-    mode = cfg.get("ref_vllm_mode", "none")
+    # an anchor-less run never starts the engine: its keys are inert (one run id, as with α on dapo),
+    # so a paper base can ship `ref_vllm_mode: colocate` for the ARMOR rows beside their DAPO rows
+    mode = cfg.get("ref_vllm_mode", "none") if anchor_on or cfg["anchor_gate"] else "none"
     unread = (*REF_VLLM_KEYS, *REF_VLLM_SERVER_KEYS) if mode == "none" else \
         REF_VLLM_SERVER_KEYS if mode == "colocate" else ("ref_vllm_memory", "ref_vllm_dtype",
                                                          "ref_vllm_tensor_parallel_size")

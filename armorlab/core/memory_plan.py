@@ -396,15 +396,15 @@ class MemoryPlan:
         if self.gpu_bytes is None:
             return []
         run, out = self.run, []
-        for key, share, sleeps in (("vllm_gpu_memory_utilization", run.vllm_share, run.vllm_sleep),
-                                   ("ref_vllm_memory", run.ref_vllm_share, False)):
+        for key, share, awake in (("vllm_gpu_memory_utilization", run.vllm_share, "rollout"),
+                                  ("ref_vllm_memory", run.ref_vllm_share, "anchors")):
             line = "vllm" if key.startswith("vllm") else "ref_vllm"
-            if not any(x.key == line for x in self.resident) and not (sleeps and line == "vllm" and any(
-                    p.key == "rollout" and p.lines[0].key == "vllm" for p in self.phases)):
+            sleeps = run.vllm_sleep and any(p.key == awake and p.lines[0].key == line for p in self.phases)
+            if not any(x.key == line for x in self.resident) and not sleeps:
                 continue
             g = self.gpu_bytes
             others = self.resident_bytes - (sleep_leftover_bytes(share, g) if sleeps else vllm_engine_bytes(share, g))
-            busiest = max((p.bytes for p in self.phases if p.key != "rollout"), default=0)
+            busiest = max((p.bytes for p in self.phases if p.key != awake), default=0)
             if sleeps:  # awake: the share beside the rest; asleep: its leftovers beside the busiest phase
                 fits = min((g - others) / g, (g - others - busiest) / (SLEEP_LEFTOVER_SHARE * g))
             else:
@@ -497,8 +497,8 @@ def plan_memory(shape: ModelShape, par: Parallelism, run: RunMemory, gpu_bytes: 
                         vllm_engine_bytes(run.vllm_share, gpu_bytes), "vllm_gpu_memory_utilization",
                         "vllm_enable_sleep_mode: true (the engine frees its share while training), or a smaller "
                         "vllm_gpu_memory_utilization"))
-    if gpu_bytes is not None and run.anchors and run.ref_vllm_mode == "colocate":
-        res.append(Line("ref_vllm", f"π_ref vLLM engine ({run.ref_vllm_share:g} of the GPU)",
+    if gpu_bytes is not None and run.anchors and run.ref_vllm_mode == "colocate" and not run.vllm_sleep:
+        res.append(Line("ref_vllm", f"π_ref vLLM engine ({run.ref_vllm_share:g} of the GPU, never asleep)",
                         vllm_engine_bytes(run.ref_vllm_share, gpu_bytes), "ref_vllm_memory",
                         "a smaller ref_vllm_memory, or ref_vllm_mode: server (its own GPU)"))
     if gpu_bytes is not None:
@@ -508,6 +508,10 @@ def plan_memory(shape: ModelShape, par: Parallelism, run: RunMemory, gpu_bytes: 
         if run.use_vllm and run.vllm_mode == "colocate" and run.vllm_sleep:
             res.append(Line("sleep", "sleeping policy engine's leftovers (allowance)",
                             sleep_leftover_bytes(run.vllm_share, gpu_bytes),
+                            f"{SLEEP_LEFTOVER_SHARE:.0%} of its share (vLLM: sleep frees up to 90 %+)"))
+        if run.anchors and run.ref_vllm_mode == "colocate" and run.vllm_sleep:  # the π_ref engine sleeps alike
+            res.append(Line("ref_sleep", "sleeping π_ref engine's leftovers (allowance)",
+                            sleep_leftover_bytes(run.ref_vllm_share, gpu_bytes),
                             f"{SLEEP_LEFTOVER_SHARE:.0%} of its share (vLLM: sleep frees up to 90 %+)"))
     _phases(plan, w, b, _forward_bytes(par, run))
     _engines(plan)
@@ -591,6 +595,13 @@ def _phases(plan: MemoryPlan, w: int, b: int, fb: int) -> None:
                  generate_bytes(s, run.eval_rows * run.anchor_draws, run.prompt_tokens, run.completion_tokens, fb),
                  "per_device_eval_batch_size prompts × their draws per call",
                  "a smaller per_device_eval_batch_size, or ref_vllm_mode: colocate/server"), *ref_gather)))
+    elif run.anchors and run.ref_vllm_mode == "colocate" and run.vllm_sleep and plan.gpu_bytes is not None:
+        # the policy engine sleeps again before the anchors are drawn (TRL puts it to sleep after its generate)
+        plan.phases.append(Phase("anchors", "anchor sampling (π_ref engine awake)", (
+            Line("ref_vllm", f"π_ref vLLM engine ({run.ref_vllm_share:g} of the GPU, less its resident leftovers)",
+                 vllm_engine_bytes(run.ref_vllm_share, plan.gpu_bytes)
+                 - sleep_leftover_bytes(run.ref_vllm_share, plan.gpu_bytes), "ref_vllm_memory",
+                 "a smaller ref_vllm_memory (fewer sequences in flight)"),)))
     # 5. validation (and the probe's samples): HF generate, or the policy engine with use_vllm
     if run.validation and not run.use_vllm:
         plan.phases.append(Phase("val", "validation (HF generate)", (
@@ -627,9 +638,13 @@ def _phases(plan: MemoryPlan, w: int, b: int, fb: int) -> None:
                                  "vllm_tensor_parallel_size > 1"))
         plan.phases.append(Phase("push", "policy vLLM weight push", tuple(lines)))
     if run.anchors and run.ref_vllm_mode == "colocate" and run.resets and fsdp:
-        plan.phases.append(Phase("ref_push", "π_ref vLLM weight push", (
-            Line("param", "one full π_ref parameter (full_tensor)", s.largest_param * DTYPE_BYTES[run.load_dtype],
-                 "streamed one at a time"),)))
+        lines = [Line("param", "one full π_ref parameter (full_tensor)", s.largest_param * DTYPE_BYTES[run.load_dtype],
+                      "streamed one at a time")]
+        if run.vllm_sleep:
+            lines.insert(0, Line("engine_w", f"π_ref engine weights ({_dt(DTYPE_BYTES[run.ref_vllm_dtype])}, woken)",
+                                 s.params * DTYPE_BYTES[run.ref_vllm_dtype] // run.ref_vllm_tp,
+                                 "the push wakes the engine's weights only", "ref_vllm_tensor_parallel_size > 1"))
+        plan.phases.append(Phase("ref_push", "π_ref vLLM weight push", tuple(lines)))
     if run.optimizer in ("adamw_torch", "adamw_hf"):  # foreach AdamW: sqrt(v) of every parameter at once
         shard = par.processes if par.kind in ("fsdp", "zero1", "zero2", "zero3") else 1
         plan.phases.append(Phase("optim", "optimizer step (foreach AdamW)", (

@@ -29,7 +29,9 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 import time
+import zipfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -48,6 +50,47 @@ PARTS = [  # (name, script, seconds it may take at most on GPU, on CPU)
 
 def missing_modules() -> list[str]:
     return [m for m in NEEDED if importlib.util.find_spec(m) is None]
+
+
+WHEELS_MIB = 64  # what a device call may carry beside the source tree
+NODE_PACKAGES = ("torch", "transformers", "accelerate", "tokenizers", "safetensors", "pyarrow", "numpy", "packaging")
+
+
+def preflight(wheels: Path | None, lines: dict) -> None:
+    """Before anything is imported: the versions this node has (package metadata only), the carried
+    wheels (names, total MiB against the limit) and each wheel's requirements that the node's
+    versions break (e.g. datasets wanting a newer pyarrow), so a failure later reads as its cause."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+
+    have = {}
+    for name in NODE_PACKAGES:
+        try:
+            have[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            have[name] = None
+        lines[f"node_{name}"] = have[name] or "absent"
+    found = sorted(wheels.glob("*.whl")) if wheels is not None else []
+    lines["wheels"] = ",".join(w.name for w in found) or "none"
+    lines["wheels_mib"] = round(sum(w.stat().st_size for w in found) / 2**20, 2)
+    if lines["wheels_mib"] > WHEELS_MIB:
+        lines["wheels_over_limit"] = f"{lines['wheels_mib']} MiB > {WHEELS_MIB} MiB"
+    broken = []
+    for wheel in found:
+        with zipfile.ZipFile(wheel) as z:
+            meta = next((n for n in z.namelist() if n.endswith(".dist-info/METADATA")), None)
+            text = z.read(meta).decode() if meta else ""
+        for line in text.splitlines():
+            if not line.startswith("Requires-Dist:"):
+                continue
+            req = Requirement(line.split(":", 1)[1].strip())
+            if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+                continue
+            version = have.get(req.name.lower())
+            if version is not None and req.specifier and not req.specifier.contains(version, prereleases=True):
+                broken.append(f"{wheel.name.split('-')[0]} wants {req} (node: {version})")
+    lines["wheel_requirements_broken"] = "; ".join(broken) or "none"
 
 
 def install(wheels: Path | None, site: Path, lines: dict) -> None:
@@ -94,7 +137,10 @@ def flatten(part: str, result: dict, lines: dict) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, required=True, help="where summary.txt and the logs go")
+    parser.add_argument("--out", type=Path, required=True, help="where the small result files go (summary.txt, "
+                        "log_tails.txt, one JSON per part)")
+    parser.add_argument("--work", type=Path, help="model, runs, installed wheels, full logs (default: a new "
+                        "folder under the temp dir, never under --out)")
     parser.add_argument("--wheels", type=Path, help="wheel folder for what the machine lacks (pip --no-index)")
     parser.add_argument("--budget", type=float, help="seconds for everything (default 450 on GPU, 1200 with --cpu)")
     parser.add_argument("--cpu", action="store_true", help="tiny shapes on the CPU (CI)")
@@ -104,12 +150,15 @@ def main() -> int:
     budget = opts.budget or (1200.0 if opts.cpu else 450.0)
     out = opts.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    logs = out / "logs"
-    logs.mkdir(exist_ok=True)
-    lines: dict = {"mode": "cpu" if opts.cpu else "gpu", "budget_s": budget}
-    site = out / "site"
+    work = (opts.work or Path(tempfile.mkdtemp(prefix="armorlab-accept-"))).resolve()
+    logs = work / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    lines: dict = {"mode": "cpu" if opts.cpu else "gpu", "budget_s": budget, "work": str(work)}
+    preflight(opts.wheels, lines)
+    site = work / "site"
     install(opts.wheels, site, lines)
-    env = {**os.environ, "ARMORLAB_ACCEPT_OUT": str(out), "ARMORLAB_ACCEPT_CPU": "1" if opts.cpu else "0",
+    env = {**os.environ, "ARMORLAB_ACCEPT_OUT": str(out), "ARMORLAB_ACCEPT_WORK": str(work),
+           "ARMORLAB_ACCEPT_CPU": "1" if opts.cpu else "0",
            "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1",
            "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1", "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
            "PYTHONPATH": os.pathsep.join(p for p in (str(site), str(ROOT), str(HERE), os.environ.get("PYTHONPATH"))

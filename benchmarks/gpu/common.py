@@ -16,8 +16,10 @@ from pathlib import Path
 from typing import Any
 
 CPU = os.environ.get("ARMORLAB_ACCEPT_CPU") == "1"
-OUT = Path(os.environ.get("ARMORLAB_ACCEPT_OUT", "/tmp/armorlab-accept"))
-MODEL_DIR = OUT / "model"
+OUT = Path(os.environ.get("ARMORLAB_ACCEPT_OUT", "/tmp/armorlab-accept"))  # small files only: what comes back
+# the model (≈ 1 GB on GPU), the trainers' output dirs, carried wheels' site and full logs: never under OUT
+WORK = Path(os.environ.get("ARMORLAB_ACCEPT_WORK", "/tmp/armorlab-accept-work"))
+MODEL_DIR = WORK / "model"
 ROOT = Path(__file__).resolve().parents[2]  # the project checkout: armorlab runs from its source tree
 
 # ≈ 0.49 B parameters: embeddings and untied head 2 × 32 000 × 1 536, 16 layers of 24.4 M
@@ -29,7 +31,7 @@ SHAPES = {
 }
 SIZES = {  # per part: rows per step, group size, completion length
     "gpu": {"batch": 32, "generations": 8, "completion": 64, "throughput_completion": 256},
-    "cpu": {"batch": 16, "generations": 4, "completion": 8, "throughput_completion": 8},
+    "cpu": {"batch": 8, "generations": 4, "completion": 8, "throughput_completion": 8},
 }
 EOS = "<|endoftext|>"
 
@@ -104,17 +106,43 @@ def device_kwargs() -> dict[str, Any]:
 
 
 def armorlab_config(name: str, **overrides: Any) -> Any:
-    """An ``ArmorLabConfig`` for a part (output under $OUT/runs/<name>)."""
+    """An ``ArmorLabConfig`` for a part (output under WORK/runs/<name>)."""
     from armorlab.train.trainer import ArmorLabConfig
 
     s = sizes()
-    kwargs = {"output_dir": str(OUT / "runs" / name), "report_to": [], "save_strategy": "no", "logging_steps": 1,
+    kwargs = {"output_dir": str(WORK / "runs" / name), "report_to": [], "save_strategy": "no", "logging_steps": 1,
               "disable_tqdm": True, "seed": 0, "learning_rate": 1e-5, "lr_scheduler_type": "constant",
               "per_device_train_batch_size": s["batch"], "num_generations": s["generations"],
               "steps_per_generation": 2, "max_completion_length": s["completion"], "val_every": 0,
               "kl_probe_prompts": 0, "per_device_eval_batch_size": s["batch"], **device_kwargs()}
     kwargs.update(overrides)
     return ArmorLabConfig(**kwargs)
+
+
+def planned_peak(run: dict[str, Any], prompt_tokens: int) -> dict[str, Any]:
+    """What ``armorlab plan`` says this run's peak is on this GPU (one process), less the plan's
+    allowances that ``torch.cuda.max_memory_allocated`` cannot see (the CUDA context, allocator
+    fragmentation, a sleeping engine's leftovers): the figure the measured peak is compared with."""
+    import torch
+
+    from armorlab.core.config import resolve
+    from armorlab.core.plan_inputs import parallelism_from_env, plan_config
+
+    cfg = resolve({"model": str(MODEL_DIR), "task": {"name": "arithmetic"}, "val_every": 0, "kl_probe_prompts": 0,
+                   **{k: v for k, v in run.items() if k not in ("report_to", "save_strategy", "logging_steps",
+                                                                 "disable_tqdm", "use_cpu", "output_dir")}})
+    gpu = torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() and not CPU else None
+    plan = plan_config(cfg, parallelism_from_env(), gpu, prompt_tokens=prompt_tokens)
+    unseen = sum(line.bytes for line in plan.resident if line.key in ("context", "frag", "sleep", "ref_sleep"))
+    return {"plan_peak_gib": round((plan.peak_bytes - unseen) / 2**30, 3),
+            "plan_peak_phase": plan.peak_phase.label if plan.peak_phase else None}
+
+
+def prompt_tokens(texts: list[str]) -> int:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(MODEL_DIR)
+    return max(len(tok(t).input_ids) for t in texts)
 
 
 def peak_gib() -> float | None:

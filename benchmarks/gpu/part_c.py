@@ -3,16 +3,60 @@
 
 Records whether FSDP is on and π_ref sharded (DTensors), the reset's equality (full state dicts),
 the memory the reset adds over the step's (local shards: ≈ nothing, not a model), and what a push
-would stream (whole plain tensors). accelerate turns FSDP on only on GPU-like devices: with
-``--cpu`` the same script runs unsharded and says so.
+would stream (whole plain tensors), and the all-gathers FSDP runs inside each anchor draw call
+and each π_ref scoring forward (issue 38 §1: sharded per layer, a call gathers each layer once, at
+most layers + 1 with the root, not the whole model per generated token). accelerate turns FSDP on
+only on GPU-like devices: with ``--cpu`` the same script runs unsharded (no gathers) and says so.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 
 import common
+
+
+@contextlib.contextmanager
+def gathers_counted(counts: list[int]):
+    """Append the number of all-gathers run inside the block (FSDP 2's collective is
+    ``all_gather_single`` or, in older torch, ``all_gather_into_tensor``; nested calls count once)."""
+    import torch.distributed as dist
+
+    names = [n for n in ("all_gather_single", "all_gather_into_tensor") if hasattr(dist, n)]
+    originals = {n: getattr(dist, n) for n in names}
+    seen, depth = [0], [0]
+
+    def wrap(fn):
+        def counted(*args, **kwargs):
+            seen[0] += depth[0] == 0
+            depth[0] += 1
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                depth[0] -= 1
+        return counted
+
+    for n in names:
+        setattr(dist, n, wrap(originals[n]))
+    try:
+        yield
+    finally:
+        for n, fn in originals.items():
+            setattr(dist, n, fn)
+        counts.append(seen[0])
+
+
+def counting(obj, method: str, counts: list[int]) -> None:
+    """Count the all-gathers of every call of ``obj.method`` (an instance attribute wrapper)."""
+    original = getattr(obj, method)
+
+    def counted(*args, **kwargs):
+        with gathers_counted(counts):
+            return original(*args, **kwargs)
+
+    setattr(obj, method, counted)
 
 
 def main() -> None:
@@ -22,7 +66,7 @@ def main() -> None:
     from transformers import TrainerCallback
 
     from armorlab.train.hooks import ArmorLabCallback
-    from armorlab.train.reference import full_parameters, full_state_dict
+    from armorlab.train.reference import decoder_layers, full_parameters, full_state_dict
     from armorlab.train.trainer import ArmorLabTrainer
 
     cfg = common.armorlab_config("c", objective="armor", anchor=True, anchor_gate=True, anchor_samples=2,
@@ -30,6 +74,10 @@ def main() -> None:
     trainer = ArmorLabTrainer(str(common.MODEL_DIR), [common.even_first_token], cfg, train_dataset=common.dataset(32))
     checks: list[dict] = []
     cuda = torch.cuda.is_available() and not common.CPU
+    draw_gathers: list[int] = []
+    forward_gathers: list[int] = []
+    counting(trainer.reference_sampler, "sample", draw_gathers)
+    counting(trainer, "_add_reference_logps", forward_gathers)
 
     class BeforeReset(TrainerCallback):
         def on_step_end(self, args, state, control, **kwargs):
@@ -62,12 +110,16 @@ def main() -> None:
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     sharded = all(isinstance(p, DTensor) for p in trainer.ref_model.parameters())
     model_gib = sum(p.numel() * p.element_size() for p in trainer.ref_model.parameters()) / 2**30
+    layers = len(decoder_layers(trainer.accelerator.unwrap_model(trainer.ref_model)))
+    per_call = max(draw_gathers + forward_gathers, default=0)
     ok = (len(losses) == 2 and all(math.isfinite(x) for x in losses) and trainer.reference.resets == 2
           and len(checks) == 2 and all(c["equal"] and c["push_plain_tensors"] for c in checks)
-          and (sharded or not cuda))
+          and (sharded or not cuda) and bool(draw_gathers) and per_call <= layers + 1)
     result = {"status": "PASS" if ok else "FAIL", "fsdp": trainer.is_fsdp_enabled, "ref_sharded": sharded,
               "ref_model_gib": round(model_gib, 3), "seconds": round(time.perf_counter() - started, 1),
-              "peak_gib": common.peak_gib()}
+              "peak_gib": common.peak_gib(), "layers": layers, "draw_calls": len(draw_gathers),
+              "draw_gathers_max": max(draw_gathers, default=0), "forward_calls": len(forward_gathers),
+              "forward_gathers_max": max(forward_gathers, default=0), "gathers_per_call_limit": layers + 1}
     if not cuda:
         result["note"] = "accelerate enables FSDP only on GPUs: ran unsharded"
     for c in checks:
