@@ -191,7 +191,7 @@ def _sections(recipe: Recipe, out: Path, figs, names: G.PageNames, tabled: Table
         f"shows. Peak and final are levels (means of {recipe.collapse.patience} evals), so the peak is not the "
         f"maximum of noise. Collapse step: the onset of the first fall of the level below the earlier peak that "
         f"is larger than the eval noise allows (z above a threshold calibrated to a {recipe.collapse.alpha:.0%} "
-        f"false-alarm rate per flat curve; binomial SE from val/n where logged) and ≥ δ={recipe.collapse.delta}; "
+        f"false-alarm rate per flat curve; binomial SE from the eval count, val/n or val/n_greedy, where logged) and ≥ δ={recipe.collapse.delta}; "
         f"drop (SE) and fall at collapse (SE) say by how many standard errors. AUC: mean level over the run.</p>"),
         tables=[("", names.tables(tabled.groups))], figures=fig_list("results"))
     compare = Section("Headline scores and probability of improvement", intro=(

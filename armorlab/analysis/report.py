@@ -409,7 +409,7 @@ def _val_figure(recipe, loaded, grouped, scored, decided, plot_dir, colors, axis
             f"{sel.metric}, {how}: mean over seeds with its 95% CI (lightly shaded; the y axis holds the "
             f"means and the bands but for spikes, at most one range of the means beyond them: a wider CI is "
             f"cut at the frame); thin dashed lines: ±1 SE "
-            f"of eval noise (binomial from val/n where logged, else estimated from the curve); ▼ = a "
+            f"of eval noise (binomial from the eval count, val/n or val/n_greedy, where logged, else estimated from the curve); ▼ = a "
             f"seed's collapse onset, "
             + ("labelled with how many SEs its level fell below the earlier peak " if labelled else
                f"unlabelled at {n_onsets} onsets (over {MAX_ONSET_LABELS} the labels overlap): how many "
