@@ -22,7 +22,6 @@ from armorlab.core.config import resolve
 from armorlab.core.runs import RunDir
 from armorlab.stats import verdicts as V
 from armorlab.stats.seeds import CurveBand
-from tests.test_analysis_report import armor_val, dapo_val, write_run
 
 
 def _groups(rows, keys):
@@ -128,17 +127,6 @@ def test_a_step_interval_stays_inside_the_steps_that_exist():
     clipped = G.group_summary(per_run, groups, ["peak_step", "peak"], step_range=(0.0, 50.0)).iloc[0]
     assert clipped["peak_step_ci_low"] == 0.0 and clipped["peak_step_ci_high"] == 50.0
     assert clipped["peak_ci_low"] == free["peak_ci_low"]        # not a step: untouched
-
-
-@pytest.fixture(scope="module")
-def three_arms(tmp_path_factory):
-    """dapo collapses to 0.2 in every seed; armor and up end at 0.5 + k/30 (test_analysis_report's curves)."""
-    root = tmp_path_factory.mktemp("screen") / "sw"
-    for k in range(3):
-        write_run(root, "dapo", k, dapo_val(k), 0.05)
-        write_run(root, "armor", k, armor_val(k), 0.1)
-        write_run(root, "up", k, armor_val(k), 0.1)
-    return root
 
 
 def test_the_page_opens_with_the_answer_the_verdicts_and_their_figure(three_arms, tmp_path):

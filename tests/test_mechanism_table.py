@@ -34,3 +34,12 @@ def test_freed_share_is_averaged_over_the_steps_where_something_was_clipped(tmp_
     assert by_group.loc[armor, "obj/widened_frac"] == pytest.approx((0.004 / 3 + 0.002) / 2)  # zeros count
     assert by_group.loc[dapo, "obj/freed_frac"] == 0.0
     assert "freed of clipped" in shown.columns
+
+
+def test_a_group_key_left_at_its_dropped_null_default_groups_every_run_as_null(tmp_path):
+    # no run sets ref_from (resolved configs drop it at null): grouping by it is one null value, not an error
+    _run(tmp_path / "sw", 0, "armor", [0.2], [0.001])
+    _run(tmp_path / "sw", 0, "dapo", [0.0], [0.0])
+    rs = L.load([tmp_path / "sw"], cache=False)
+    groups = make_groups(rs.runs, ["objective", "ref_from"])
+    assert len(groups.labels) == 2 and "ref_from" not in rs.runs.columns

@@ -25,7 +25,6 @@ from armorlab.analysis.recipe import Compare, Recipe, parse_selector_flag
 from armorlab.errors import ArmorLabError
 from armorlab.stats.seeds import CurveBand
 from tests import importer_writers as W
-from tests.test_analysis_report import armor_val, dapo_val, write_run
 
 
 def _runs(sweep: Path, objectives=("armor", "dapo", "up")) -> tuple[pd.DataFrame, G.Groups]:
@@ -100,17 +99,6 @@ def test_a_baseline_flag_reads_yaml_scalars_and_refuses_what_is_not_key_value():
 def _cli(*args, cwd):
     return subprocess.run([sys.executable, "-m", "armorlab.cli", "report", *args], capture_output=True, text=True,
                           cwd=cwd)
-
-
-@pytest.fixture(scope="module")
-def three_arms(tmp_path_factory):
-    """dapo collapses to 0.2 in every seed; armor and up end at 0.5 + k/30 (test_analysis_report's curves)."""
-    root = tmp_path_factory.mktemp("papers") / "sw"
-    for k in range(3):
-        write_run(root, "dapo", k, dapo_val(k), 0.05)
-        write_run(root, "armor", k, armor_val(k), 0.1)
-        write_run(root, "up", k, armor_val(k), 0.1)
-    return root
 
 
 def test_cli_baseline_and_delta(three_arms, tmp_path):

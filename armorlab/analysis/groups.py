@@ -35,6 +35,7 @@ from armorlab.analysis.load import META_COLUMNS, RunSet
 from armorlab.analysis.ranges import clip_interval
 from armorlab.analysis.recipe import SEED_KEYS, Recipe, spec_controls
 from armorlab.analysis.value_labels import fmt_value, norm_value
+from armorlab.core.config import DROPPED_AT_DEFAULT
 from armorlab.errors import ArmorLabError
 from armorlab.stats import collapse, select
 from armorlab.stats import seeds as stats
@@ -192,9 +193,12 @@ def _sort_key(v: Any) -> tuple:
 
 
 def make_groups(runs: pd.DataFrame, keys: Sequence[str], *, file: str | None = None) -> Groups:
-    """Assign each run to the group of its values of ``keys`` (unknown key → ArmorLabError)."""
+    """Assign each run to the group of its values of ``keys`` (unknown key → ArmorLabError; a key
+    resolved configs drop at its default, e.g. ``ref_from: null``, has that value in every run)."""
     for k in keys:
-        if k not in runs.columns:
+        if k not in runs.columns and k in DROPPED_AT_DEFAULT:
+            runs = runs.assign(**{k: DROPPED_AT_DEFAULT[k]})
+        elif k not in runs.columns:
             raise ArmorLabError(f"not a config key of these runs (varying keys: "
                                 f"{', '.join(varying_keys(runs)) or 'none'})", key="group_by", value=k,
                                 file=file)
