@@ -245,7 +245,7 @@ def test_shipped_specs_expand(path):
         assert spec.profile_path().is_file()
     raw = yaml.safe_load(path.read_text())
     assert set(raw) <= {"name", "description", "base", "grid", "seeds", "include", "exclude", "profile", "controls",
-                        "stages"}
+                        "stages", "compare"}
 
 
 @pytest.mark.parametrize("bad", [-0.05, 0, float("nan"), "0.05", True])
