@@ -127,18 +127,24 @@ class CaptureTrainer(ArmorLabTrainer):
         return out
 
 
-def test_the_gate_refills_too_and_logs_what_it_could_not_fill(tmp_path):
-    # the gate alone (no dynamic sampling), factor 2: each generation draws 8 groups for 4 slots;
-    # the reference solves 3 of the 8 training prompts, so a batch is full only when ≥ 4 of the 8
-    # groups drawn are of those prompts
-    cfg = resolved(objective="dapo", dynamic_sampling=False, anchor_gate=True, dynamic_sampling_factor=2,
-                   max_steps=6)
+def _gated_run(tmp_path, **overrides):
+    """DAPO with the gate alone (no dynamic sampling), trained with every generation captured; the
+    reference solves 3 of the 8 training prompts."""
+    cfg = resolved(objective="dapo", dynamic_sampling=False, anchor_gate=True, **overrides)
     table = answer_table(cfg)
     solvable = {r["prompt"] for r in _train_rows(cfg)[:3]}
     sampler = AnswerSampler(tokenizer_for(cfg), lambda p: table[p] if p in solvable else "xx")
     trainer = build(tmp_path, cfg, trainer_cls=CaptureTrainer, sampler=sampler)
     trainer.captured = []
     trainer.train()
+    return cfg, trainer
+
+
+def test_the_gate_refills_too_and_logs_what_it_could_not_fill(tmp_path):
+    # the gate alone (no dynamic sampling), factor 2: each generation draws 8 groups for 4 slots;
+    # the reference solves 3 of the 8 training prompts, so a batch is full only when ≥ 4 of the 8
+    # groups drawn are of those prompts
+    cfg, trainer = _gated_run(tmp_path, dynamic_sampling_factor=2, max_steps=6)
     rows_per_gen = cfg["per_device_train_batch_size"] * cfg["steps_per_generation"]
     shortfalls = []
     for out in trainer.captured:
@@ -192,13 +198,7 @@ def test_refill_generates_until_the_batch_is_full_at_most_max_num_gen_batches(tm
     # that pass the gate fill the 4 slots, at most 3 batches; the reference solves 3 of the 8
     # training prompts, so a round brings 1.5 training groups on average: some steps fill within the
     # bound, others run out of it
-    cfg = resolved(objective="dapo", dynamic_sampling=False, anchor_gate=True, max_num_gen_batches=3, max_steps=8)
-    table = answer_table(cfg)
-    solvable = {r["prompt"] for r in _train_rows(cfg)[:3]}
-    sampler = AnswerSampler(tokenizer_for(cfg), lambda p: table[p] if p in solvable else "xx")
-    trainer = build(tmp_path, cfg, trainer_cls=CaptureTrainer, sampler=sampler)
-    trainer.captured = []
-    trainer.train()
+    cfg, trainer = _gated_run(tmp_path, max_num_gen_batches=3, max_steps=8)
     rows_per_gen = cfg["per_device_train_batch_size"] * cfg["steps_per_generation"]
     slots, rounds_seen = rows_per_gen // cfg["num_generations"], []
     for out in trainer.captured:

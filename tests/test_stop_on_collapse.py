@@ -169,16 +169,21 @@ def test_reports_mark_stopped_runs(tmp_path):
 # --------------------------------------------------------------------------- a sweep arm (local executor)
 # val/acc of every stand-in run: rises to a peak at steps 4-8, collapses at step 10
 VAL_STEPS = [[0, 0.5], [2, 0.6], [4, 0.8], [10, 0.2]]
+# two optimizer steps per rollout, one eval per rollout (every 2 steps), 13 evals planned
+STANDIN_BASE = {"max_steps": 24, "val_every": 2, "save_steps": 2, "steps_per_generation": 2,
+                "gradient_accumulation_steps": 1}
 
 
-def test_a_collapsing_sweep_arm_stops_keeps_its_peak_and_is_not_restarted(tmp_path, monkeypatch):
+def _collapsing_standins(monkeypatch):
+    """Sweeps train with the stand-in trainer, whose val/acc follows VAL_STEPS."""
     monkeypatch.setenv(ENV_COMMAND, standin_command())
     monkeypatch.setenv("ARMORLAB_STANDIN_STEP_S", "0.01")
     monkeypatch.setenv("ARMORLAB_STANDIN_VAL_STEPS", json.dumps(VAL_STEPS))
-    # two optimizer steps per rollout, one eval per rollout (every 2 steps), 13 evals planned
-    base = {"max_steps": 24, "val_every": 2, "save_steps": 2, "steps_per_generation": 2,
-            "gradient_accumulation_steps": 1}
-    spec = write_spec(tmp_path / "s.yaml", {"name": "s", "base": base, "grid": {
+
+
+def test_a_collapsing_sweep_arm_stops_keeps_its_peak_and_is_not_restarted(tmp_path, monkeypatch):
+    _collapsing_standins(monkeypatch)
+    spec = write_spec(tmp_path / "s.yaml", {"name": "s", "base": STANDIN_BASE, "grid": {
         "stop_on_collapse": [None, {"patience": 2}]}})
     root = tmp_path / "runs"
     out = run_cli("sweep", str(spec), "--root", str(root), "--workers", "2")
@@ -255,12 +260,8 @@ def test_the_trainer_stops_on_a_collapsing_eval_stream_and_keeps_its_peak(tmp_pa
 
 
 def test_a_later_stage_starts_from_a_stopped_parent_on_the_local_executor(tmp_path, monkeypatch):
-    monkeypatch.setenv(ENV_COMMAND, standin_command())
-    monkeypatch.setenv("ARMORLAB_STANDIN_STEP_S", "0.01")
-    monkeypatch.setenv("ARMORLAB_STANDIN_VAL_STEPS", json.dumps(VAL_STEPS))
-    base = {"max_steps": 24, "val_every": 2, "save_steps": 2, "steps_per_generation": 2,
-            "gradient_accumulation_steps": 1}
-    spec = write_spec(tmp_path / "st.yaml", {"name": "st", "base": base, "stages": [
+    _collapsing_standins(monkeypatch)
+    spec = write_spec(tmp_path / "st.yaml", {"name": "st", "base": STANDIN_BASE, "stages": [
         {"name": "dapo", "base": {"stop_on_collapse": {"patience": 2}}},
         {"name": "continue", "from": {"stage": "dapo", "select": {"metric": "val/acc", "mode": "max"}}}]})
     root = tmp_path / "runs"
