@@ -209,13 +209,12 @@ def _live_table(plan, root: Path):
 
 def run_with_live_table(plan, workers: int, root: Path) -> list[str]:
     """Train the plan's pending runs with a live per-run table; returns the ids of failed runs."""
-    from rich.console import Console
     from rich.live import Live
 
+    from armorlab.commands import console as cli_console
     from armorlab.sweeps.submit import run_local
 
-    console = Console(stderr=True)
-    console = Console(stderr=True, width=max(console.width, 130))  # a log file reports 80 columns: ids cut
+    console = cli_console(stderr=True)
     failed: list[str] = []
     render = _live_table(plan, root)
     if not plan.to_submit:
@@ -260,11 +259,11 @@ def run_with_live_table(plan, workers: int, root: Path) -> list[str]:
 
 def print_headline(state: dict[str, Any], verdicts: list[str] | tuple[str, ...] = ()) -> None:
     """The verdicts (one sentence per remedy against DAPO), then the headline table and its sentences."""
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
-    console = Console(width=max(console.width, 130))  # a pipe reports 80 columns: too narrow for the table
+    from armorlab.commands import console as cli_console
+
+    console = cli_console()
     if verdicts:
         console.print("verdicts against DAPO (Welch interval, Holm-adjusted over the remedies):",
                       highlight=False)
@@ -297,8 +296,9 @@ def print_mechanisms(out: Path, names: dict[str, str]) -> None:
     each run's mean over steps), one row per arm."""
     import csv
 
-    from rich.console import Console
     from rich.table import Table
+
+    from armorlab.commands import console as cli_console
 
     path = out / "tables" / "mechanisms.csv"
     if not path.is_file():
@@ -323,7 +323,7 @@ def print_mechanisms(out: Path, names: dict[str, str]) -> None:
         diversity = (f"{f(r.get('correct_distinct_start'))} → {f(r.get('correct_distinct_end'))}"
                      if r.get("correct_distinct_start") else "—")
         t.add_row(names.get(r["group"], r["group"]), *(f(r.get(c)) for c in cols), diversity)
-    Console(width=max(Console().width, 130)).print(t)
+    cli_console().print(t)
 
 
 def register(app: typer.Typer) -> None:
