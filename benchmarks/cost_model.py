@@ -10,10 +10,13 @@ its source, and those marked ``assumed`` are the ones to replace with a GPU meas
 (benchmarks/gpu/acceptance.py). Read the result as an order of magnitude: the ratios, not the
 minutes, are what the shipped settings are judged by.
 
-ARMOR adds to DAPO: π_ref's forward on the rows that train (filtered first), the anchors (k
-reference draws per fresh group in one sampler call, or adaptive rounds of 1, 1, 2), the forward-KL
-telemetry (2 forwards of the fresh first draws on 1 generation in 8), and per reset the weight push
-to a π_ref engine. As shipped (``sweeps/paper/base.yaml``) the anchors come from a colocated π_ref
+The peer is stock TRL's GRPOTrainer (loss_type dapo, β = 0), which scores π_old on every drawn row
+for its vLLM importance-sampling correction; armorlab scores π_old and π_ref after the filter, on
+the rows that train (armorlab's own dapo is printed beside it). ARMOR adds π_ref's forward on those
+rows, the anchors (k reference draws per fresh group in one sampler call, or adaptive rounds of 1, 1,
+2; none for a group the policy solved, ``anchor_skip_solved``, ``--solved`` of the groups drawn), the
+forward-KL telemetry (2 forwards of the fresh first draws on 1 generation in 8), and per reset the
+weight push to a π_ref engine. As shipped (``sweeps/paper/base.yaml``) the anchors come from a colocated π_ref
 vLLM engine that sleeps like the policy's (``ref_vllm_mode: colocate``, ``ref_vllm_memory: 0.4``),
 drawn afresh for every group (``anchor_cache: off``, Algorithm 1), one call of k. That engine holds
 other weights than the policy's, so its draws cannot join the policy engine's generate call; and
@@ -67,6 +70,8 @@ def inputs(opts: argparse.Namespace) -> dict[str, Input]:
         "ref_share_awake": Input(0.23, "", "armorlab plan: largest ref_vllm_memory that fits an engine never asleep"),
         "max_response": Input(3072, "tokens", base + ": max_completion_length (a round's longest response)"),
         "p_ref": Input(0.5, "", "assumed: π_ref's per-draw success rate (adaptive rounds only)"),
+        "solved": Input(opts.solved, "", "assumed: groups drawn whose 16 samples are all correct (dynamic_sampling_factor"
+                        " 3 expects ≈ 2/3 uniform groups; DAPO §3.2: the all-correct share grows in training)"),
         "engine_other": Input(2e9, "B", "assumed: an engine's activations and CUDA graphs"),
         "k": Input(4, "draws", "config: anchor_samples"),
         "eval_rows": Input(8, "rows", "TRL default per_device_eval_batch_size: HF generate chunk"),
@@ -119,27 +124,30 @@ def adaptive_rounds(k: int, p_success: float) -> list[float]:
     return out
 
 
-def phases(p: dict[str, Input], *, armor: bool, engine: str = "hf", hit: float = 0.93,
-           rounds: str = "one") -> dict[str, float]:
-    """Seconds per rollout of each phase (the 8 GPUs work in parallel: per-GPU shares)."""
+def phases(p: dict[str, Input], *, armor: bool, engine: str = "hf", hit: float = 0.93, rounds: str = "one",
+           filter_first: bool = True, skip_solved: bool = True, stock: bool = False) -> dict[str, float]:
+    """Seconds per rollout of each phase (the 8 GPUs work in parallel: per-GPU shares). ``stock``:
+    TRL's own GRPOTrainer, which scores π_old on every drawn row (its vLLM importance-sampling
+    correction) and pays no armorlab bookkeeping; armorlab scores after the filter (``filter_first``)."""
     v = {k: x.value for k, x in p.items()}
     kept = v["prompts"] * v["group"]
     drawn = kept * v["over"]
     seq = v["prompt_tokens"] + v["response_tokens"]
     fleet = v["gpus"] * v["peak"]
     score = forward_flops(p, seq) / (fleet * v["mfu_score"])  # seconds per scored row
+    old = "π_old forward (kept rows)" if filter_first and not stock else "π_old forward (all drawn rows)"
     out = {
         "policy generation (vLLM)": drawn * v["response_tokens"] / v["gpus"] / vllm_tokens_per_s(p, v["vllm_share"]),
-        # TRL scores π_old itself on every drawn row (vLLM importance-sampling correction)
-        "π_old forward (all drawn rows)": drawn * score,
+        old: (kept if filter_first and not stock else drawn) * score,
         "training (fwd + bwd + recompute)": kept * 4 * forward_flops(p, seq) / (fleet * v["mfu_train"]),
     }
-    out["armorlab bookkeeping"] = v["bookkeeping_armor" if armor else "bookkeeping_dapo"] * (
-        out["π_old forward (all drawn rows)"] + out["training (fwd + bwd + recompute)"])
+    if not stock:
+        out["armorlab bookkeeping"] = v["bookkeeping_armor" if armor else "bookkeeping_dapo"] * (
+            out[old] + out["training (fwd + bwd + recompute)"])
     if not armor:
         return out
     out["π_ref forward (kept rows)"] = kept * score
-    groups = drawn / v["group"]
+    groups = drawn / v["group"] * (1 - v["solved"] if skip_solved else 1)  # groups that ask for an anchor
     fresh_rows = groups * (1 - hit) * v["k"]  # one call of k draws per fresh group
     if engine == "hf":  # each process its share, in chunks of eval_rows, every token latency-bound
         calls = math.ceil(fresh_rows / v["gpus"] / v["eval_rows"])
@@ -159,6 +167,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--armorlab-dapo", type=float, default=1.01,
                         help="armorlab dapo / stock TRL cycle on CPU (benchmarks/step_overhead.py)")
+    parser.add_argument("--solved", type=float, default=0.4,
+                        help="share of drawn groups whose samples are all correct (no anchor with anchor_skip_solved)")
     parser.add_argument("--beyond-reference", type=float, default=1.05,
                         help="armor's cycle less its π_ref work / stock TRL's on CPU (step_overhead.py)")
     opts = parser.parse_args()
@@ -166,23 +176,29 @@ def main() -> None:
     print("# inputs")
     for name, x in p.items():
         print(f"#   {name} = {x.value:g} {x.unit}  ({x.source})")
-    dapo = phases(p, armor=False)
+    dapo = phases(p, armor=False, stock=True)
     shared = p["hit_shared"].value
-    shipped_case = "ARMOR as shipped (colocated π_ref engine asleep between uses, anchor_cache: off)"
+    shipped_case = ("ARMOR as shipped (colocated π_ref engine asleep between uses, anchor_cache: off, "
+                    "anchor_skip_solved, π_old and π_ref scored after the filter)")
+    colocate = {"armor": True, "engine": "colocate", "hit": 0.0}
     cases = {
-        shipped_case: phases(p, armor=True, engine="colocate", hit=0.0),
-        "the same, anchor_rounds: adaptive": phases(p, armor=True, engine="colocate", hit=0.0, rounds="adaptive"),
-        "the same, anchor_cache: window (armor_controls' arm; shared cache)": phases(
+        "armorlab dapo (π_old scored after the filter)": phases(p, armor=False),
+        shipped_case: phases(p, **colocate),
+        "the same, anchor_skip_solved: false (an anchor for every group drawn)": phases(
+            p, **colocate, skip_solved=False),
+        "the same, π_old scored on every drawn row (TRL's order)": phases(p, **colocate, filter_first=False),
+        "neither (shipped before issue 38's last round)": phases(p, **colocate, filter_first=False,
+                                                                 skip_solved=False),
+        "the same as shipped, anchor_rounds: adaptive": phases(p, **colocate, rounds="adaptive"),
+        "the same as shipped, anchor_cache: window (armor_controls' arm; shared cache)": phases(
             p, armor=True, engine="colocate", hit=shared),
         "π_ref engine never asleep (share 0.23), anchor_cache: off": phases(p, armor=True, engine="awake", hit=0.0),
         "HF generate on the FSDP π_ref (ref_vllm_mode: none), anchor_cache: window, shared": phases(
             p, armor=True, hit=shared),
-        "HF generate, anchor_cache: window, one cache per process": phases(p, armor=True,
-                                                                         hit=p["hit_per_rank"].value),
         "HF generate, anchor_cache: off": phases(p, armor=True, hit=0.0),
     }
     total = sum(dapo.values())
-    print(f"# DAPO per rollout: {total / 60:.1f} min")
+    print(f"# DAPO per rollout (stock TRL GRPOTrainer, loss_type dapo, β = 0, vLLM colocate): {total / 60:.1f} min")
     for name, s in dapo.items():
         print(f"#   {name}: {s / 60:.2f} min")
     ratios = {}
@@ -193,6 +209,11 @@ def main() -> None:
         for name, s in parts.items():
             if name not in dapo or s != dapo[name]:
                 print(f"#   {name}: {s / 60:.2f} min")
+    own = ratios[shipped_case] / ratios["armorlab dapo (π_old scored after the filter)"]
+    print(f"# ARMOR as shipped over armorlab dapo (both score after the filter): {own:.2f}×")
+    for solved in (0.0, 0.2, 0.6):
+        q = {**p, "solved": Input(solved, "", "")}
+        print(f"# ARMOR as shipped at solved = {solved}: {sum(phases(q, **colocate).values()) / total:.2f}× DAPO")
     print(f"armor_over_dapo_shipped={ratios[shipped_case]:.3f}  # target ≤ 1.15")
 
 

@@ -165,3 +165,11 @@ def test_truncated_sampling_stays_allowed_where_nothing_assumes_full_support():
     assert resolve({"objective": "armor", "anchor": False, "anchor_gate": False, "top_k": 20})["top_k"] == 20
     # the full-support values themselves are fine with anchors
     assert resolve({"objective": "armor", "top_p": 1.0, "top_k": 0, "min_p": 0.0})["objective"] == "armor"
+
+
+def test_anchor_skip_solved_is_inert_without_draws_or_the_filter():
+    armor = {"objective": "armor", "anchor": True, "dynamic_sampling": True}
+    assert "anchor_skip_solved" not in resolve(armor)  # at its default: run ids as before the key
+    assert resolve({**armor, "anchor_skip_solved": True})["anchor_skip_solved"] is True
+    for inert in ({"objective": "dapo"}, {**armor, "dynamic_sampling": False}):
+        assert resolve({**inert, "anchor_skip_solved": True}) == resolve(inert)

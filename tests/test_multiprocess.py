@@ -1,7 +1,8 @@
 """Two real training processes on CPU (torchrun, gloo) through the `armorlab train` command.
 
 One ARMOR config exercises everything a cluster run relies on at once: anchors with a local batch
-(12 rows) that G = 8 does not divide, so a group straddles the processes; the gate; reference
+(12 rows) that G = 8 does not divide, so a group straddles the processes; the gate and the
+solved-group check (``anchor_skip_solved``); reference
 resets; validation and the exact-KL probe; the token dump; checkpoints. One run goes through
 uninterrupted; a second one is killed (SIGKILL, no checkpoint on the way out) after its step-2
 checkpoint and started again: it must end with the uninterrupted run's metrics.
@@ -26,6 +27,8 @@ from tests.trainer_support import model_cache
 
 CONFIG = {
     "objective": "armor", "anchor_gate": True, "ref_reset_steps": 2, "max_steps": 4, "seed": 0,
+    # the solved-group check gathers every process's rewards: a straddling group needs both
+    "dynamic_sampling": True, "anchor_skip_solved": True,
     "per_device_train_batch_size": 12, "num_generations": 8, "steps_per_generation": 1,
     "val_every": 2, "val_samples": 2, "kl_probe_prompts": 2, "token_sample_rate": 0.5, "save_steps": 2,
     "task": {"name": "arithmetic", "train_size": 8, "val_size": 8, "test_size": 8},

@@ -172,6 +172,50 @@ def test_cache_reuses_reference_samples_until_a_reset(tmp_path):
     assert sorted(set(s_reset.asked)) == sorted(set(s_static.asked))
 
 
+def _skip_solved_run(tmp_path, skip: bool):
+    """armor with anchors and dynamic sampling; the policy "solves" every prompt whose answer is even
+    (its reward function calls any completion of those prompts correct), π_ref answers every prompt."""
+    cfg = resolved(objective="armor", anchor=True, dynamic_sampling=True, max_steps=4, anchor_skip_solved=skip)
+    table = answer_table(cfg)
+    solved = {p for p, a in table.items() if int(a) % 2 == 0}
+    sampler = AnswerSampler(tokenizer_for(cfg), table.__getitem__)
+    trainer = build(tmp_path, cfg, trainer_cls=CaptureTrainer, sampler=sampler)
+    exact = trainer.reward_funcs[0]
+
+    def lenient(prompts, completions, **kwargs):
+        rewards = exact(prompts=prompts, completions=completions, **kwargs)
+        return [1.0 if p in solved else r for p, r in zip(prompts, rewards, strict=True)]
+
+    lenient.__name__ = exact.__name__
+    trainer.reward_funcs = [lenient]
+    trainer.captured = []
+    trainer.train()
+    return trainer, sampler, solved
+
+
+def test_skip_solved_draws_no_anchor_for_solved_groups_and_trains_the_same_rows(tmp_path):
+    skip, s_skip, solved = _skip_solved_run(tmp_path / "skip", True)
+    full, s_full, _ = _skip_solved_run(tmp_path / "full", False)
+    assert solved & set(s_full.asked) and set(s_full.asked) - solved  # both kinds in the batches
+    assert set(s_skip.asked) == set(s_full.asked) - solved            # π_ref asked for the unsolved only
+    shares = []
+    for a, b in zip(skip.captured, full.captured, strict=True):
+        groups = _groups(a).values()
+        solved_groups = [rows for rows in groups if all(r == 1.0 for _, r, _ in rows)]
+        assert all(not any(x for x, _, _ in rows) for rows in solved_groups)  # no anchor drawn or injected
+        shares.append(len(solved_groups) / len(groups))
+        assert torch.equal(a["armorlab_keep"], b["armorlab_keep"])      # the filter drops them either way
+        kept = a["armorlab_keep"].bool()
+        assert kept.any()
+        for key in ("completion_ids", "advantages", "armorlab_is_anchor"):
+            assert torch.equal(a[key][kept], b[key][kept]), key
+        assert int(b["armorlab_is_anchor"].sum()) - int(a["armorlab_is_anchor"].sum()) == round(
+            shares[-1] * len(groups))                                    # full ARMOR anchored them too
+    assert min(shares) > 0 and max(shares) < 1
+    logged = [h["anchor/skipped_solved"] for h in skip.state.log_history if "anchor/skipped_solved" in h]
+    assert logged == pytest.approx([s for s in shares for _ in range(2)])  # 2 steps per generation
+
+
 class _WeightsProbe(TrainerCallback):
     def __init__(self, trainer):
         self.trainer, self.equal = trainer, {}

@@ -65,6 +65,60 @@ def test_vllm_corrected_loss_multiplies_each_tokens_loss_and_keeps_the_normalise
     assert float(vllm_corrected_loss(per_token, ratio, mask, "token-mean", 3, 10.0)) == pytest.approx(7.5 / 10)
 
 
+def test_vllm_is_ratio_follows_trls_modes_by_hand():
+    """TRL's ratio for rows π_old scores after the filter: exp(old − vLLM) per token or per masked
+    sequence sum; NaN (a token vLLM did not score) and masked tokens add 0."""
+    from armorlab.algos.loss import vllm_is_ratio
+
+    old = torch.tensor([[0.0, -1.0, 0.5], [-2.0, 0.0, 0.0]])
+    sampled = torch.tensor([[-0.5, -1.0, math.nan], [-1.0, 0.0, 7.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+    e = math.exp
+    assert torch.allclose(vllm_is_ratio(old, sampled, mask, "token_truncate", 0.5, 1.5),
+                          torch.tensor([[1.5, 1.0, 1.0], [0.5, 1.0, 1.0]]))         # e^0.5, e^-1 clamped
+    assert torch.equal(vllm_is_ratio(old, sampled, mask, "token_mask", 0.5, 1.5),
+                       torch.tensor([[0.0, 1.0, 1.0], [0.0, 1.0, 1.0]]))
+    assert torch.allclose(vllm_is_ratio(old, sampled, mask, "sequence_truncate", 0.5, 1.5),
+                          torch.tensor([[1.5], [0.5]]))
+    assert torch.allclose(vllm_is_ratio(old, sampled, mask, "sequence_mask", None, 2.0),
+                          torch.tensor([[e(0.5)], [e(-1.0)]]))
+
+
+@pytest.mark.vllm
+def test_filter_first_scores_pi_old_on_the_kept_rows_and_corrects_them_as_trl(tmp_path):
+    """Issue 38 §3 with vLLM's importance-sampling correction: over-generated rows are scored by
+    π_old after the filter, and the kept rows carry TRL's ratio of those log-probs."""
+    from armorlab.algos.loss import vllm_is_ratio
+
+    Capture = capturing("old_per_token_logps", "sampling_per_token_logps", "importance_sampling_ratio",
+                        "completion_mask", "armorlab_keep")
+
+    class Counting(Capture):
+        def _get_per_token_logps_and_entropies(self, model, input_ids, *args, **kwargs):
+            out = super()._get_per_token_logps_and_entropies(model, input_ids, *args, **kwargs)
+            if not torch.is_grad_enabled() and model is not self.ref_model and not bool(out[0].isnan().all()):
+                self.scored.append(input_ids.size(0))
+            return out
+
+    cfg = resolved(objective="dapo", max_steps=2, use_vllm=True, vllm_mode="colocate", dynamic_sampling=True,
+                   dynamic_sampling_factor=2, vllm_importance_sampling_mode="token_truncate")
+    trainer = build(tmp_path, cfg, trainer_cls=Counting)
+    trainer.captured, trainer.scored = [], []
+    trainer.train()
+    rows = cfg["per_device_train_batch_size"] * cfg["steps_per_generation"]
+    assert trainer.captured and trainer.scored == [rows] * len(trainer.captured)  # not 2 × rows drawn
+    for out in trainer.captured:
+        m = out["completion_mask"]
+        assert not bool(out["old_per_token_logps"][m.bool()].isnan().any())
+        clip = (trainer.vllm_importance_sampling_clip_min, trainer.vllm_importance_sampling_clip_max)
+        want = vllm_is_ratio(out["old_per_token_logps"], out["sampling_per_token_logps"], m, "token_truncate", *clip)
+        assert torch.equal(out["importance_sampling_ratio"], want)
+        assert bool((out["importance_sampling_ratio"][m.bool()] != 1).any()), "an all-ones ratio is TRL's stand-in"
+    means = [h["sampling/importance_sampling_ratio/mean"] for h in trainer.state.log_history
+             if "sampling/importance_sampling_ratio/mean" in h]
+    assert means and all(math.isfinite(v) and v != 1.0 for v in means)
+
+
 @pytest.mark.vllm
 def test_policy_engine_and_reference_engine_together(tmp_path):
     """use_vllm and ref_vllm_mode: colocate at once: two engines in one process, anchors from the second."""

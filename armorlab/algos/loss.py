@@ -393,3 +393,18 @@ def vllm_corrected_loss(per_token: torch.Tensor, is_ratio: torch.Tensor, mask: t
     so their ratio is exactly 1."""
     mask_f = (mask != 0).to(per_token.dtype)
     return aggregate(per_token * is_ratio.to(per_token.dtype), mask_f, aggregation, max_len, normalizer)
+
+
+def vllm_is_ratio(old_logp: torch.Tensor, sampling_logp: torch.Tensor, mask: torch.Tensor, mode: str,
+                  clip_min: float | None, clip_max: float | None) -> torch.Tensor:
+    """TRL's vLLM importance-sampling ratio (``vllm_importance_sampling_mode``), for rows scored after
+    the filter: w = exp(log π_old − log π_vLLM) per token, (B, T), or per sequence, (B, 1), from the
+    masked sum; a token vLLM did not score (NaN: anchors) adds 0. ``*_truncate`` clamps w to
+    [clip_min, clip_max]; ``*_mask`` sets w outside it to 0."""
+    diff = torch.nan_to_num((old_logp - sampling_logp) * mask, nan=0.0)
+    ratio = torch.exp(diff.sum(-1, keepdim=True) if mode.startswith("sequence") else diff)
+    if mode.endswith("truncate"):
+        return torch.clamp(ratio, min=clip_min, max=clip_max)
+    lo = -math.inf if clip_min is None else clip_min
+    hi = math.inf if clip_max is None else clip_max
+    return ratio.masked_fill((ratio < lo) | (ratio > hi), 0.0)

@@ -275,6 +275,9 @@ FIELDS: dict[str, Field] = {
     "anchor_rounds": Field("one", choice("one", "adaptive"), "reference draws per prompt: one sampler call of "
                            "k draws (one), or rounds of 1, 1, 2, 4, ... draws for the prompts still without an "
                            "anchor (adaptive: fewer draws, more calls)", type=str | None),
+    "anchor_skip_solved": Field(False, boolean, "with dynamic sampling, draw from π_ref for no group whose "
+                                "on-policy samples are all correct: DAPO's filter drops it whatever its anchor "
+                                "(docs/schedules.md)", type=bool),
     "anchor_cache": Field(None, optional(choice("window", "off")), "reuse a prompt's reference draws until π_ref "
                           "resets (window) or draw afresh every rollout (off); null = window when π_ref resets, "
                           "off when it is static", type=str | None),
@@ -364,7 +367,7 @@ REF_VLLM_KEYS = ("ref_vllm_mode", "ref_vllm_memory", "ref_vllm_dtype", "ref_vllm
 # nothing), so configs written before they existed keep their run ids (the resolved config of
 # `step_unit: optimizer` is the one without the key).
 DROPPED_AT_DEFAULT: dict[str, Any] = {"step_unit": "optimizer", "max_rollouts": None, "anchor_cache": None,
-                                      "anchor_rounds": "one",
+                                      "anchor_rounds": "one", "anchor_skip_solved": False,
                                       "keep_checkpoints": 1, "init_from": None, "ref_from": None,
                                       "val_greedy": False, "val_top_p": None, "overlong_buffer_len": 0,
                                       "overlong_penalty_factor": 1.0, "max_num_gen_batches": 1,
@@ -866,7 +869,7 @@ def _check_logging_backends(report_to: Any, file: str | None) -> None:
 
 INERT_KEYS = frozenset({"alpha", "quantile_k", "kl_estimator", "anchor_filter", "anchor_ratio", "anchor_samples",
                         "anchor_reward_threshold", "dynamic_sampling_factor", "anchor_cache",
-                        "anchor_rounds", "ref_vllm_mode", "ref_vllm_memory", "ref_vllm_dtype",
+                        "anchor_rounds", "anchor_skip_solved", "ref_vllm_mode", "ref_vllm_memory", "ref_vllm_dtype",
                         "ref_vllm_tensor_parallel_size"})
 
 
@@ -924,6 +927,8 @@ def _normalise_inert(cfg: dict[str, Any]) -> None:
         cfg["anchor_rounds"] = "one"  # inert: its default, dropped below (ids of anchor-less runs unchanged)
     elif cfg["anchor_cache"] == default_anchor_cache(cfg["ref_reset_steps"], cfg["ref_reset_schedule"]):
         cfg["anchor_cache"] = None  # what null means here: one run, one id
+    if not ((anchor_on or cfg["anchor_gate"]) and cfg["dynamic_sampling"]):
+        cfg["anchor_skip_solved"] = False  # no draws, or no filter dropping solved groups: nothing to skip
     if not reads_alpha(cfg["objective"], anchor_on, cfg["anchor_ratio"]):
         cfg["alpha"] = None  # a user's α the run never reads (a grid crossing dapo with α): one run
     # the refill serves both filters; gate-only configs from before it did keep a null factor

@@ -45,7 +45,7 @@ from transformers import GenerationConfig
 from trl import GRPOTrainer
 from trl.data_utils import is_conversational
 from trl.models.utils import disable_gradient_checkpointing, unwrap_model_for_generation
-from trl.trainer.utils import add_fused_lm_head, is_async_callable
+from trl.trainer.utils import add_fused_lm_head, is_async_callable, nanmax, nanmin
 
 from armorlab.algos import dynamic_sampling as dyn
 from armorlab.algos import kl
@@ -59,6 +59,7 @@ from armorlab.algos.loss import (
     policy_loss,
     probability_capacity,
     vllm_corrected_loss,
+    vllm_is_ratio,
 )
 from armorlab.algos.objectives import objective_spec
 from armorlab.core.config import default_anchor_cache
@@ -85,6 +86,10 @@ STATE_FILE = "armorlab_state.json"
 # Per-generation metrics ride in the batch as 0-d tensors "<prefix><name>:total" / ":count", which
 # TRL's shuffle/split hands unchanged to every step of the generation.
 GENERATION_STAT = "armorlab_gen:"
+# TRL's statistics of its vLLM importance-sampling correction, recomputed on the rows that train
+VLLM_IS_METRICS = ("sampling/sampling_logp_difference/mean", "sampling/sampling_logp_difference/max",
+                   "sampling/importance_sampling_ratio/min", "sampling/importance_sampling_ratio/mean",
+                   "sampling/importance_sampling_ratio/max")
 
 
 @dataclass(frozen=True)
@@ -368,15 +373,20 @@ class ArmorLabTrainer(GRPOTrainer):
         n = len(prompts)
         is_anchor = torch.zeros(n, dtype=torch.bool)
         solvable = torch.full((n,), math.nan)
-        marks = {"groups": 0, "cached": 0, "generated": 0, "injected": 0, "sampled": 0}
+        marks = {"groups": 0, "cached": 0, "generated": 0, "injected": 0, "sampled": 0, "skipped": 0}
         if self.anchor_rollout is not None:
             if beside is not None:
                 reqs, future = beside
                 outcomes, generated = future.result()
             else:
+                solved = self._solved_groups(idx, prompts, completions, completion_ids)
+                for i in solved:  # the policy solved it: solvable, whatever π_ref would draw
+                    solvable[i] = 1.0
+                idx = [i for i in idx if i not in solved]
                 reqs = [anc.GroupRequest(prompts[i], prompt_ids[i], self._reward_row(self._rollout_inputs[i]))
                         for i in idx]
                 outcomes, generated = self.anchor_rollout.run(reqs, seed=self.args.seed, step=self.state.global_step)
+                marks["skipped"] = len(solved)
             marks.update(groups=len(idx), cached=sum(o.cached for o in outcomes), generated=generated,
                          sampled=sum(not o.cached for o in outcomes))
             if self._telemetry_generation(self.forward_kl_share) and self.args.kl_telemetry:
@@ -399,6 +409,21 @@ class ArmorLabTrainer(GRPOTrainer):
         )
         self._rollout_marks = marks
         return prompt_ids, completion_ids, tool_mask, completions, logprobs, extra, images, tool_images
+
+    def _solved_groups(self, idx: list[int], prompts: list, completions: list, completion_ids: list) -> set[int]:
+        """The anchor rows (``idx``) whose group's on-policy samples all reach the reward threshold,
+        with ``anchor_skip_solved`` (else none): dynamic sampling drops such a group, anchor or not.
+        A collective (a group may straddle processes): every anchoring process calls it. A sampler
+        drawing beside the policy's generation (``concurrent``) has drawn before the rewards exist."""
+        if not self.args.anchor_skip_solved or getattr(self.reference_sampler, "concurrent", False):
+            return set()
+        texts = [c if isinstance(c, str) else c[-1]["content"] for c in completions]
+        rewards = torch.tensor(self._reward_values(prompts, texts, completion_ids,
+                                                   [self._reward_row(r) for r in self._rollout_inputs]))
+        correct = torch.nan_to_num(rewards, nan=-math.inf) >= self.args.anchor_reward_threshold
+        solved = self.accelerator.gather(correct.float().to(self.accelerator.device)).view(-1, self.num_generations)
+        start = self.accelerator.process_index * len(prompts)
+        return {i for i in idx if bool(solved[(start + i) // self.num_generations].all())}
 
     def _start_anchors_beside(self, prompts: list, idx: list[int]):
         """Start the anchor rollout in a worker thread, beside the policy's generation: (requests, future).
@@ -439,6 +464,7 @@ class ArmorLabTrainer(GRPOTrainer):
             target // self.num_generations
         rounds: list[dict] = []
         deferred: set[str] = set()
+        logged = {name: len(self._metrics["train"][name]) for name in VLLM_IS_METRICS}
         while True:
             seed = (self.args.seed * 1_000_003 + self.state.global_step) * 1009 + self.accelerator.process_index
             seed = seed * 131 + len(rounds) if rounds else seed  # round 0 draws what the single refill drew
@@ -458,6 +484,9 @@ class ArmorLabTrainer(GRPOTrainer):
             if float(fewest) >= groups:
                 break
         output = dyn.merge_rounds(rounds, self._tokenizer.pad_token_id) if len(rounds) > 1 else rounds[0]
+        if "old_per_token_logps" in deferred and "sampling_per_token_logps" in output:
+            for name, count in logged.items():  # TRL's, from the NaN stand-ins: _correct_kept logs the real ones
+                del self._metrics["train"][name][count:]
         device, n = self.accelerator.device, output["completion_ids"].size(0)
         output[f"{GENERATION_STAT}train/gen_batches:total"] = torch.tensor(float(len(rounds)), device=device)
         output[f"{GENERATION_STAT}train/gen_batches:count"] = torch.tensor(1.0, device=device)
@@ -512,10 +541,10 @@ class ArmorLabTrainer(GRPOTrainer):
         keep = torch.ones(n, device=device)
         if self.anchor_rollout is not None:
             counts = torch.tensor([marks["groups"], marks["injected"], marks["cached"], marks["generated"],
-                                   marks["sampled"]], dtype=torch.float32, device=device)
+                                   marks["sampled"], marks["skipped"]], dtype=torch.float32, device=device)
             if self.accelerator.num_processes > 1:
                 counts = self.accelerator.reduce(counts, reduction="sum")
-            groups, injected, cached, generated, sampled = counts.tolist()
+            groups, injected, cached, generated, sampled, skipped = counts.tolist()
             dropped = 0.0
             solvable = self.accelerator.gather(marks["solvable"].to(device))
             if self.args.anchor_gate:
@@ -529,6 +558,8 @@ class ArmorLabTrainer(GRPOTrainer):
                 per_generation.update(self._forward_kl(marks["forward_rows"]))
             # reference draws per prompt sampled now (each asks for one anchor): adaptive rejection's cost
             per_generation["anchor/draws_per_anchor"] = (generated, sampled)
+            if self.args.anchor_skip_solved:  # groups the policy solved: no draws (anchor_skip_solved)
+                per_generation["anchor/skipped_solved"] = (skipped, skipped + groups)
             for name, (total, count) in per_generation.items():
                 output[f"{GENERATION_STAT}{name}:total"] = torch.as_tensor(total, dtype=torch.float32, device=device)
                 output[f"{GENERATION_STAT}{name}:count"] = torch.as_tensor(count, dtype=torch.float32, device=device)
@@ -565,11 +596,11 @@ class ArmorLabTrainer(GRPOTrainer):
                                            batch_size=None, compute_entropy=False, **kwargs):
         """TRL's, except inside an over-generated rollout (``_deferred`` a list): its no-grad π_old
         and π_ref scoring of every drawn row is put off — NaN stands in, the model is noted — and
-        :meth:`_score_kept` runs it on the rows the filter keeps. Not where TRL reads π_old itself
-        (vLLM's importance-sampling correction) or the forward takes more than token ids."""
+        :meth:`_score_kept` runs it on the rows the filter keeps. Not where the forward takes more
+        than token ids. With vLLM's importance-sampling correction TRL's
+        ratio is then 1 (NaN differences count 0) until :meth:`_correct_kept` computes it."""
         later = self._deferred is not None and not compute_entropy and not torch.is_grad_enabled() \
-            and not any(v is not None for v in kwargs.values()) \
-            and (model is self.ref_model or not (self.use_vllm and self.vllm_importance_sampling_correction))
+            and not any(v is not None for v in kwargs.values())
         if not later:
             return super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep,
                                                               batch_size=batch_size, compute_entropy=compute_entropy,
@@ -588,11 +619,33 @@ class ArmorLabTrainer(GRPOTrainer):
             with disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
                 output["old_per_token_logps"], _, _ = self._get_per_token_logps_and_entropies(
                     self.model, ids, att, width, batch_size=batch)
+            if "sampling_per_token_logps" in output:
+                self._correct_kept(output)
         if "ref_per_token_logps" in deferred:
             output["ref_per_token_logps"], _, _ = self._get_per_token_logps_and_entropies(
                 self.ref_model, ids, att, width, batch_size=batch)
         elif "ref_per_token_logps" not in output:  # TRL computes them only when beta != 0
             self._add_reference_logps(output)
+
+    def _correct_kept(self, output: dict) -> None:
+        """TRL's vLLM importance-sampling ratio and its ``sampling/*`` metrics (TRL's statistics) on
+        the rows that train, π_old scored after the filter."""
+        mask = output["completion_mask"] * output.get("tool_mask", 1)
+        old, sampled = output["old_per_token_logps"], output["sampling_per_token_logps"]
+        ratio = vllm_is_ratio(old, sampled, mask, self.vllm_importance_sampling_mode,
+                              self.vllm_importance_sampling_clip_min, self.vllm_importance_sampling_clip_max)
+        output["importance_sampling_ratio"] = ratio
+        delta = (old - sampled).abs()[mask.bool()]
+        delta = delta[~delta.isnan()]
+        flat = ratio.flatten() if ratio.size(1) == 1 else ratio[mask.bool()]
+
+        def gathered(values: torch.Tensor, stat: Any) -> torch.Tensor:
+            return self.accelerator.gather(stat(values) if values.numel() else torch.zeros((), device=values.device))
+
+        stats = (gathered(delta, torch.mean).mean(), gathered(delta, torch.max).max(), nanmin(gathered(flat, torch.min)),
+                 gathered(flat, torch.mean).nanmean(), nanmax(gathered(flat, torch.max)))
+        for name, value in zip(VLLM_IS_METRICS, stats, strict=True):
+            self._metrics["train"][name].append(value.item())
 
     def _diversity(self, output: dict, start: int, n: int) -> None:
         """``train/correct_distinct`` and ``train/correct_entropy`` of this process's whole groups
