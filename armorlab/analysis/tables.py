@@ -24,15 +24,10 @@ def score_label(score: str, val_metric: str, test_metric: str) -> str:
              "divergence_step": "divergence step", "entropy_collapse_step": "entropy-collapse step",
              "drop_z": "drop (SE)", "collapse_z": "fall at collapse (SE)",
              "length_blowup": "length blow-up (max/first)"}
-    if score in fixed:
-        return fixed[score]
-    if score.startswith("val@"):
-        return f"{val_metric} @ {score[4:]}"
-    if score.startswith("test@"):
-        return f"{test_metric} @ {score[5:]}"
-    if score.startswith("tok_"):
-        return f"tokens: {score[4:]}"
-    return score
+    for prefix, head in (("val@", f"{val_metric} @ "), ("test@", f"{test_metric} @ "), ("tok_", "tokens: ")):
+        if score.startswith(prefix):
+            return head + score[len(prefix):]
+    return fixed.get(score, score)
 
 
 def fmt_ci(mean: float, lo: float, hi: float, *, step: bool = False) -> str:
@@ -47,11 +42,8 @@ def fmt_ci(mean: float, lo: float, hi: float, *, step: bool = False) -> str:
 
 def ci_note(n: int) -> str:
     """Which interval a group's cells carry (stats S3), flagged low-powered at n ≤ LOW_POWER_N."""
-    n = int(n)
-    name = CI_METHOD_NAMES[ci_method(n)]
-    if n <= LOW_POWER_N:
-        return f"{name} · low-powered (n={n})"
-    return name
+    name = CI_METHOD_NAMES[ci_method(int(n))]
+    return f"{name} · low-powered (n={int(n)})" if int(n) <= LOW_POWER_N else name
 
 
 def display_group_table(summary: pd.DataFrame, keys: Sequence[str], scores: Sequence[str],
@@ -125,12 +117,8 @@ def _text_tabular(df: pd.DataFrame) -> str | None:
 
 def to_latex(df: pd.DataFrame, caption: str | None = None) -> str:
     """booktabs tabular, LaTeX special characters escaped, as pandas' to_latex."""
-    body = _text_tabular(df)
-    if body is None:
-        body = df.to_latex(index=False, escape=True)
-    if caption:
-        return f"% {caption}\n% needs \\usepackage{{booktabs}}\n{body}"
-    return body
+    body = _text_tabular(df) or df.to_latex(index=False, escape=True)
+    return f"% {caption}\n% needs \\usepackage{{booktabs}}\n{body}" if caption else body
 
 
 def _pm(mean: float, lo: float, hi: float) -> str:
@@ -182,3 +170,12 @@ def write_table(df: pd.DataFrame, stem: Path, *, formats=("csv", "md", "tex"), c
         atomic_write_text(path, text, durable=False)  # a report is rebuilt, never the only copy (freshness)
         out.append(path)
     return out
+
+
+def write_verdicts(numbers: pd.DataFrame, shown: pd.DataFrame, text: str, tdir: Path, caption: str) -> list[Path]:
+    """verdicts.csv (the numbers), verdicts.tex (the table shown) and verdicts.md (``text``, then the table)."""
+    written = write_table(numbers, tdir / "verdicts", formats=("csv",))
+    written += write_table(shown, tdir / "verdicts", formats=("tex",), caption=caption)
+    md = tdir / "verdicts.md"
+    atomic_write_text(md, text + "\n" + to_markdown(shown), durable=False)
+    return [*written, md]
