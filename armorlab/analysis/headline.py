@@ -1,13 +1,9 @@
-"""The demo's headline: did validation rise then collapse, by how many standard errors, and how
-did each remedy fare against the baseline? Pure pandas/numpy over the report's per-run scores
-(armorlab.stats.collapse: peak and final are levels, means of m evals; drop_z is the drop in
-standard errors of the binomial eval noise; collapse_step the onset of a fall the noise cannot
-explain). Beside them: ``start`` (the first eval: the warm-started model, or the checkpoint a
-continued arm starts from), the raw ``best`` and ``last`` evals (a level is not an eval),
-``drop_start`` (start − final level: a continued arm that only fell has no drop from its own peak)
-and the mean train reward over the first and last ``TRAIN_WINDOW`` logged steps. Per group: means
-over seeds, collapsed seeds k/n with their median step, and (H1) P(final of X > final of the
-baseline) over all seed pairs (ties ½), Agarwal et al.'s (2021) probability of improvement.
+"""The demo's headline: did validation rise then collapse, by how many standard errors, and how did
+each remedy fare against the baseline? Per run: the report's scores (armorlab.stats.collapse: peak and
+final are levels, not evals), beside them the first (``start``: the warm-started model or a continued
+arm's checkpoint), best and last evals, ``drop_start`` (a continued arm that only fell has no drop from
+its own peak) and the train reward at both ends. Per group: means over seeds, collapsed seeds k/n, and
+(H1) P(final of X > final of the baseline) over seed pairs, ties ½ (Agarwal et al., 2021).
 """
 
 from __future__ import annotations

@@ -26,18 +26,9 @@ MEAN_OVER_STEPS = {
     "obj/kl_grad_share": "KL grad share",
     "obj/kl_grad_cos": "cos(KL, policy grad)",
 }
-GRAD_CLIPPED = "grad clipped"
 DIVERSITY = "train/correct_distinct"
-DIVERSITY_LABEL = "distinct correct (start → end)"
 EDGE = 0.2  # the first and last fifth of a run's logged steps are its start and end
 TRL_MAX_GRAD_NORM = 1.0  # transformers' default, used where a run's config does not state it
-
-
-def clipped_share(grad_norms: np.ndarray, max_grad_norm: float | None) -> float:
-    """Share of steps whose pre-clip gradient norm exceeds ``max_grad_norm`` (NaN without steps)."""
-    if grad_norms.size == 0:
-        return math.nan
-    return float(np.mean(grad_norms > max_grad_norm)) if max_grad_norm and max_grad_norm > 0 else 0.0
 
 
 def edges(values: np.ndarray) -> tuple[float, float]:
@@ -60,7 +51,6 @@ def mechanism_table(rs: RunSet, groups: G.Groups) -> tuple[pd.DataFrame, pd.Data
     if not (present or has_norm or has_div):
         return None
     limit = rs.runs.set_index("run_id").get("max_grad_norm", pd.Series(dtype=float)).fillna(TRL_MAX_GRAD_NORM)
-    limit = {r: float(limit.get(r, TRL_MAX_GRAD_NORM)) for g in groups.labels for r in groups.members[g]}
     shown, numbers = [], []
     for g in groups.labels:
         members = groups.members[g]
@@ -68,13 +58,14 @@ def mechanism_table(rs: RunSet, groups: G.Groups) -> tuple[pd.DataFrame, pd.Data
         for m in present:
             per_run = [float(np.nanmean(v)) for r in members for _, v in [rs.curve(r, m)] if np.isfinite(v).any()]
             row[MEAN_OVER_STEPS[m]], num[m] = _cell(per_run)
-        if has_norm:
-            per_run = [clipped_share(rs.curve(r, "train/grad_norm")[1], limit[r]) for r in members]
-            row[GRAD_CLIPPED], num["grad_clipped"] = _cell([v for v in per_run if math.isfinite(v)])
+        if has_norm:  # the share of a run's steps whose pre-clip gradient norm exceeds its max_grad_norm
+            norms = [(rs.curve(r, "train/grad_norm")[1], float(limit.get(r, TRL_MAX_GRAD_NORM))) for r in members]
+            row["grad clipped"], num["grad_clipped"] = _cell([float(np.mean(v > cap)) if cap > 0 else 0.0
+                                                             for v, cap in norms if v.size])
         if has_div:
             pairs = [edges(rs.curve(r, DIVERSITY)[1]) for r in members]
             start, end = _cell([a for a, _ in pairs])[1], _cell([b for _, b in pairs])[1]
-            row[DIVERSITY_LABEL] = "—" if not math.isfinite(start) else f"{start:.2f} → {end:.2f}"
+            row["distinct correct (start → end)"] = "—" if not math.isfinite(start) else f"{start:.2f} → {end:.2f}"
             num["correct_distinct_start"], num["correct_distinct_end"] = start, end
         shown.append(row)
         numbers.append(num)

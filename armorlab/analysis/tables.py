@@ -109,10 +109,14 @@ def _text_tabular(df: pd.DataFrame) -> str | None:
     rows = df.astype(object).to_numpy().tolist()
     if not all(isinstance(v, str) for v in header) or not all(isinstance(v, str) for r in rows for v in r):
         return None
-    lines = [f"\\begin{{tabular}}{{{'l' * len(header)}}}", "\\toprule",
-             " & ".join(map(_escape_latex, header)) + " \\\\", "\\midrule",
-             *(" & ".join(map(_escape_latex, r)) + " \\\\" for r in rows), "\\bottomrule", "\\end{tabular}"]
-    return "\n".join(lines) + "\n"
+    return _booktabs("l" * len(header), [list(map(_escape_latex, r)) for r in [header, *rows]])
+
+
+def _booktabs(spec: str, cells: list[list[str]]) -> str:
+    """A booktabs tabular of column ``spec`` whose first row is the header."""
+    head, *rows = (" & ".join(r) + " \\\\" for r in cells)
+    return "\n".join([f"\\begin{{tabular}}{{{spec}}}", "\\toprule", head, "\\midrule", *rows, "\\bottomrule",
+                      "\\end{tabular}"]) + "\n"
 
 
 def to_latex(df: pd.DataFrame, caption: str | None = None) -> str:
@@ -136,12 +140,10 @@ def compact_latex(summary: pd.DataFrame, names: dict[str, str], scores: Sequence
                   test_metric: str, caption: str) -> str:
     """The paper's table: one row per arm (its name), n, one ``mean ± 95% CI`` column per score (booktabs)."""
     head = ["arm", "$n$", *(_escape_latex(score_label(s, val_metric, test_metric)) for s in scores)]
-    rows = [" & ".join([_escape_latex(names.get(r["group"], r["group"])), str(r["n"]),
-                        *(_pm(r[f"{s}_mean"], r[f"{s}_ci_low"], r[f"{s}_ci_high"]) for s in scores)]) + " \\\\"
+    rows = [[_escape_latex(names.get(r["group"], r["group"])), str(r["n"]),
+             *(_pm(r[f"{s}_mean"], r[f"{s}_ci_low"], r[f"{s}_ci_high"]) for s in scores)]
             for r in summary.to_dict("records")]
-    return "\n".join([f"% {caption}", "% needs \\usepackage{booktabs}", f"\\begin{{tabular}}{{l{'r' * (len(head) - 1)}}}",
-                      "\\toprule", " & ".join(head) + " \\\\", "\\midrule", *rows, "\\bottomrule",
-                      "\\end{tabular}"]) + "\n"
+    return f"% {caption}\n% needs \\usepackage{{booktabs}}\n" + _booktabs("l" + "r" * (len(head) - 1), [head, *rows])
 
 
 def display_improvement(poi: pd.DataFrame, val_metric: str, test_metric: str) -> pd.DataFrame:

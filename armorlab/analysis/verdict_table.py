@@ -5,11 +5,10 @@ endpoint. The statistics are armorlab.stats.verdicts'; this module gathers their
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 
@@ -56,7 +55,7 @@ def within(v: V.Verdict, bounds: tuple[float, float] | None) -> V.Verdict:
     """The verdict with its interval inside the difference's range (analysis.ranges R1); the
     verdict itself was decided on the whole interval."""
     low, high = clip_interval(v.low, v.high, bounds)
-    return dataclasses.replace(v, low=low, high=high)
+    return replace(v, low=low, high=high)
 
 
 def run_hours(rs: RunSet) -> dict[str, float]:
@@ -137,13 +136,14 @@ def fall_record(per_run: pd.DataFrame, rows: np.ndarray, baseline: str, curve_al
 
 
 def _hours(v: V.Verdict, group_hours: Mapping[str, float]) -> float | None:
-    return None if v.seeds_needed is None else open_cost([v], group_hours)[1]
+    if v.seeds_needed is None or v.arm not in group_hours or v.baseline not in group_hours:
+        return None
+    return sum(max(0, v.seeds_needed - n) * group_hours[g] for g, n in ((v.arm, v.n_arm), (v.baseline, v.n_baseline)))
 
 
 def open_cost(primary: Sequence[V.Verdict], group_hours: Mapping[str, float]) -> tuple[int, float | None]:
-    """The cost of resolving every open comparison on the primary endpoint at once: each arm up
-    to its planned seeds, the shared baseline up to the largest: (more runs, their hours, None
-    where a run time is unknown)."""
+    """(more runs, their hours or None where a run time is unknown) that resolve every open comparison
+    at once: each arm up to its planned seeds, the shared baseline up to the largest."""
     open_ = [v for v in primary if v.seeds_needed is not None and V.more_runs(v)]
     base_need = {v.baseline: (0, v.n_baseline) for v in open_}     # baseline → (seeds it needs, seeds it has)
     for v in open_:
@@ -195,10 +195,8 @@ def _display(verdicts, labels, names, at, numeric, group_hours) -> pd.DataFrame:
 
 
 def _seeds(vs: Sequence[V.Verdict]) -> str:
-    counts = sorted({v.n_arm for v in vs} | {v.n_baseline for v in vs})
-    if len(counts) == 1:
-        return f"{counts[0]} seed{'s' if counts[0] != 1 else ''} per arm"
-    return f"{counts[0]}–{counts[-1]} seeds per arm"
+    low, high = min(min(v.n_arm, v.n_baseline) for v in vs), max(max(v.n_arm, v.n_baseline) for v in vs)
+    return f"{low} seed{'s' if low != 1 else ''} per arm" if low == high else f"{low}–{high} seeds per arm"
 
 
 def _open_cost(vs: Sequence[V.Verdict], table: VerdictTable) -> str:
@@ -281,10 +279,8 @@ def _cell(v: V.Verdict, mirrored: bool) -> str:
 
 
 def first_screen_table(table: VerdictTable) -> pd.DataFrame:
-    """The verdicts on the primary endpoint in the columns that answer the question (the full
-    table, every endpoint, follows under the figure): with one baseline, one row per arm; with
-    several (every pair compared), one row and one column per group, a cell reading row vs
-    column."""
+    """The verdicts on the primary endpoint (every endpoint follows under the figure): with one baseline,
+    one row per arm; with several (every pair compared), a row and a column per group, row vs column."""
     label, vs = table.labels[table.primary], table.primary_verdicts()
     if table.baseline() is None:
         order = list(dict.fromkeys(g for v in vs for g in (v.arm, v.baseline)))
