@@ -71,8 +71,7 @@ def group_rows(runs: pd.DataFrame, order: Sequence[str], baseline: str | None) -
 
 
 def display(table: pd.DataFrame, baseline: str | None, unit: str = "step") -> pd.DataFrame:
-    """The headline table as strings, for the terminal, Markdown and the HTML report; ``unit`` names
-    what the steps count (step or rollout)."""
+    """The headline table as strings; ``unit`` names what the steps count (step or rollout)."""
     def f(v, fmt="{:.3f}"):
         return "—" if v is None or (isinstance(v, float) and math.isnan(v)) else fmt.format(v)
 

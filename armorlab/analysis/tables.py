@@ -147,8 +147,7 @@ def compact_latex(summary: pd.DataFrame, names: dict[str, str], scores: Sequence
 
 
 def display_improvement(poi: pd.DataFrame, val_metric: str, test_metric: str) -> pd.DataFrame:
-    """P(X > Y) with its bootstrap CI, or where seeds cannot resolve it (stats S4) that statement; plus
-    the exact Mann–Whitney p-value."""
+    """P(X > Y) with its bootstrap CI, or that seeds cannot resolve it (stats S4); the exact Mann–Whitney p."""
     rows = []
     for r in poi.to_dict("records"):
         cell = fmt_ci(r["p_improvement"], r["ci_low"], r["ci_high"])
@@ -164,14 +163,10 @@ def display_improvement(poi: pd.DataFrame, val_metric: str, test_metric: str) ->
 def write_table(df: pd.DataFrame, stem: Path, *, formats=("csv", "md", "tex"), caption: str | None = None
                 ) -> list[Path]:
     """Write ``stem.csv``/``.md``/``.tex``; returns the paths."""
-    out = []
-    for fmt in formats:
-        path = stem.with_suffix(f".{fmt}")
-        text = {"csv": lambda: df.to_csv(index=False), "md": lambda: to_markdown(df),
-                "tex": lambda: to_latex(df, caption)}[fmt]()
-        atomic_write_text(path, text, durable=False)  # a report is rebuilt, never the only copy (freshness)
-        out.append(path)
-    return out
+    text = {"csv": lambda: df.to_csv(index=False), "md": lambda: to_markdown(df), "tex": lambda: to_latex(df, caption)}
+    for fmt in formats:  # durable=False: a report is rebuilt, never the only copy (freshness)
+        atomic_write_text(stem.with_suffix(f".{fmt}"), text[fmt](), durable=False)
+    return [stem.with_suffix(f".{fmt}") for fmt in formats]
 
 
 def write_verdicts(numbers: pd.DataFrame, shown: pd.DataFrame, text: str, tdir: Path, caption: str) -> list[Path]:

@@ -35,10 +35,6 @@ class SequentialVerdicts:
     label: str = ""
     sentences: list[str] = field(default_factory=list)
 
-    @property
-    def finished(self) -> bool:
-        return bool(self.looks) and bool(self.looks[-1].get("done"))
-
 
 def find(paths: Iterable[str]) -> list[SequentialVerdicts]:
     """The sweep dirs among a recipe's inputs that hold a looks.json with at least one look."""
@@ -53,7 +49,7 @@ def find(paths: Iterable[str]) -> list[SequentialVerdicts]:
             raise ArmorLabError(f"unreadable looks.json: {exc}", file=str(path)) from None
         design, looks = read_looks_record(data, file=str(path))
         if looks:
-            chain = data.get("chain") if isinstance(data.get("chain"), dict) else {}
+            chain = data["chain"] if isinstance(data.get("chain"), dict) else {}
             out.append(SequentialVerdicts(Path(p), design, looks, chain))
     return out
 
@@ -114,15 +110,14 @@ def frames(seqs: Sequence[SequentialVerdicts]) -> tuple[pd.DataFrame, pd.DataFra
                             "looks": len(s.looks), "n_arm": n[0], "n_baseline": n[1], "diff": c.get("diff"),
                             "low": ci[0], "high": ci[1],
                             **{k: c.get(k) for k in ("level", "t", "t_bound", "z_bound", "fraction")},
-                            "delta": s.design.delta, "seeds_needed": c.get("seeds_needed"),
-                            "method": s.design.method})
+                            "delta": s.design.delta, "seeds_needed": c.get("seeds_needed"), "method": s.design.method})
     return pd.DataFrame(shown), pd.DataFrame(numbers)
 
 
 def section(seqs: Sequence[SequentialVerdicts]) -> Section:
     parts = []
     for s in seqs:
-        state = (f"finished after {len(s.looks)} look(s)" if s.finished else
+        state = (f"finished after {len(s.looks)} look(s)" if s.looks[-1].get("done") else
                  f"{len(s.looks)} look(s) so far, not finished: the open arms' verdicts may still change")
         delta = (s.chain.get("margin") or {}).get("source") or s.chain.get("delta")  # older looks.json: "delta"
         parts.append(f"<p><b>{esc(s.sweep_dir.name)}</b> ({esc(state)}; {esc(s.design.method)}, α = "

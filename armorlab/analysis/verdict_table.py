@@ -162,13 +162,10 @@ def _summary(primary: Sequence[V.Verdict], group_hours: Mapping[str, float], lab
             f"{cost} (each arm up to its planned seeds, the shared baseline up to the largest).") if runs else ""
 
 
-def _pair(v: V.Verdict, names: Mapping[str, str]) -> str:
-    return f"{names.get(v.arm, v.arm)} vs {names.get(v.baseline, v.baseline)}"
-
-
-def _cells(v: V.Verdict) -> dict[str, str]:
-    """The columns both verdict tables show: its verdict, difference and seeds."""
-    return {"verdict": verdict_cell(v.verdict, v.within_delta, bool(v.caveat)),
+def _cells(v: V.Verdict, names: Mapping[str, str]) -> dict[str, str]:
+    """The columns both verdict tables show."""
+    return {"arm vs baseline": f"{names.get(v.arm, v.arm)} vs {names.get(v.baseline, v.baseline)}",
+            "verdict": verdict_cell(v.verdict, v.within_delta, bool(v.caveat)),
             "difference [CI]": interval({"diff": v.diff, "ci": [v.low, v.high]}),
             "seeds": V.seeds_phrase(v.n_arm, v.n_baseline).replace(" seeds per arm", " per arm")}
 
@@ -179,9 +176,9 @@ def _display(verdicts, labels, names, at, numeric, group_hours) -> pd.DataFrame:
         sign = 1.0 if v.higher_is_better else -1.0
         poi = stats.probability_of_improvement(sign * numeric[v.endpoint][at[v.arm]],
                                                sign * numeric[v.endpoint][at[v.baseline]])
-        hours, cells, planned = _hours(v, group_hours), _cells(v), v.seeds_needed is not None
+        hours, cells, planned = _hours(v, group_hours), _cells(v, names), v.seeds_needed is not None
         rows.append({
-            "arm vs baseline": _pair(v, names), "endpoint": labels[v.endpoint],
+            "arm vs baseline": cells["arm vs baseline"], "endpoint": labels[v.endpoint],
             "difference [CI]": cells["difference [CI]"],
             "CI level": "—" if not math.isfinite(v.low) else f"{100 * (1 - v.level):.4g}%",
             "verdict": cells["verdict"], "seeds": cells["seeds"],
@@ -200,8 +197,7 @@ def _seeds(vs: Sequence[V.Verdict]) -> str:
 
 
 def _open_cost(vs: Sequence[V.Verdict], table: VerdictTable) -> str:
-    """': 24 more runs (≈ 3.1 h) would resolve them at 80% power' for the open comparisons
-    (nothing where a comparison has no plan: no δ or no spread yet)."""
+    """': 24 more runs (≈ 3.1 h) would resolve them at 80% power'; nothing where one has no plan (no δ or spread)."""
     open_ = [v for v in vs if v.verdict in (V.UNRESOLVED, V.TOO_FEW)]
     if not open_ or any(v.seeds_needed is None for v in open_):
         return ""
@@ -226,24 +222,20 @@ def answer(table: VerdictTable) -> str:
     vs = table.primary_verdicts()
     if not vs:
         return ""
-    base, label = table.baseline(), table.labels[table.primary]
-
-    def name(g: str) -> str:
-        return table.names.get(g, g)
-
-    sep = "; " if any("," in name(g) for v in vs for g in (v.arm, v.baseline)) else ", "
+    base, label, name = table.baseline(), table.labels[table.primary], table.names.get
+    sep = "; " if any("," in name(g, g) for v in vs for g in (v.arm, v.baseline)) else ", "
     open_ = [v for v in vs if v.verdict in (V.UNRESOLVED, V.TOO_FEW)]
 
     def arms(of: list[V.Verdict]) -> str:  # named up to MAX_NAMED, counted beyond (the table names them)
         if len(of) > MAX_NAMED:
             return f"{'the other ' if of is open_ else ''}{len(of)} arms are"
-        shown = [name(v.arm) for v in of]
+        shown = [name(v.arm, v.arm) for v in of]
         return (sep.join(shown[:-1]) + " and " if len(shown) > 1 else "") + shown[-1] + \
             (" is" if len(shown) == 1 else " are")
 
     if base is not None:
         said = [f"{arms(these)} {shown}" for word, shown in _WORDS if (these := [v for v in vs if v.verdict == word])]
-        text = f"Against {name(base)} on {label} ({_seeds(vs)}): " + "; ".join(said)
+        text = f"Against {name(base, base)} on {label} ({_seeds(vs)}): " + "; ".join(said)
         if open_:
             tail = (f"none of the {len(vs)} arms is resolved" if len(open_) == len(vs) > MAX_NAMED
                     else f"{arms(open_)} not resolved")
@@ -256,7 +248,7 @@ def answer(table: VerdictTable) -> str:
         for g, other, word in ((v.arm, v.baseline, v.verdict), (v.baseline, v.arm, _MIRROR.get(v.verdict))):
             rivals[g].add(other)
             beat[g, word].add(other)
-    said = [f"{name(g)} is {word} than each of the {len(others)} others" for g, others in rivals.items()
+    said = [f"{name(g, g)} is {word} than each of the {len(others)} others" for g, others in rivals.items()
             for word in (V.BETTER, V.WORSE) if len(others) > 1 and beat.get((g, word)) == others]
     count = f"{len(vs) - len(open_)} of {len(vs)} pairs are resolved"
     if open_:
@@ -293,9 +285,9 @@ def first_screen_table(table: VerdictTable) -> pd.DataFrame:
                              for g in order])
     rows = []
     for v in vs:
-        hours, extra, cells = _hours(v, table.hours), V.more_runs(v), _cells(v)
+        hours, extra, cells = _hours(v, table.hours), V.more_runs(v), _cells(v, table.names)
         rows.append({
-            "arm vs baseline": _pair(v, table.names), "verdict": cells["verdict"],
+            "arm vs baseline": cells["arm vs baseline"], "verdict": cells["verdict"],
             f"{label}: arm − baseline [CI]": cells["difference [CI]"],
             "arm / baseline": f"{v.mean_arm:.3f} / {v.mean_baseline:.3f}", "seeds": cells["seeds"],
             "to resolve (80% power at δ)": "—" if v.seeds_needed is None else (

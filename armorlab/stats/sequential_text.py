@@ -26,15 +26,14 @@ def endpoint_label(endpoint: str, val_metric: str = VAL_METRIC, test_metric: str
 
 
 def verdict_cell(verdict: str, within_delta: bool, no_prevention: bool) -> str:
-    """The verdict as a table cell: (< δ) for a difference smaller than the margin, and the
-    prevention caveat where the baseline did not fall."""
+    """The verdict as a table cell: (< δ) when smaller than the margin, the caveat of a baseline that did not fall."""
     word = verdict + (" (< δ)" if verdict in (V.BETTER, V.WORSE) and within_delta else "")
     return word + (f"; {NO_PREVENTION}" if no_prevention and verdict != NO_PREVENTION else "")
 
 
 def look_verdict(c: Mapping[str, Any], no_prevention: bool) -> str:
-    """A look's verdict on one arm: ``continues`` while it goes on, no prevention for an equivalence
-    with a baseline that did not fall."""
+    """A look's verdict on one arm: ``continues`` while it goes on; equivalent to a baseline that did not fall
+    shows no prevention."""
     verdict = "continues" if c.get("verdict") == CONTINUE else c.get("verdict")
     return NO_PREVENTION if no_prevention and verdict == V.EQUIVALENT else verdict
 
@@ -69,11 +68,9 @@ def resolved_at(looks: Sequence[Mapping[str, Any]], arm: str) -> int | None:
 def sentence(c: Mapping[str, Any], design: Design, looks: Sequence[Mapping[str, Any]], label: str) -> str:
     """``armor vs dapo: −0.031 [−0.052, −0.010] final level of val/acc — worse at look 2, resolved with 5
     seeds per arm``: one arm's latest comparison (armorlab.stats.sequential.latest_comparisons)."""
-    n_arm, n_base = (list(c.get("n") or [0, 0]) + [0, 0])[:2]
     head = f"{c['arm']} vs {c.get('baseline', design.baseline)}: {interval(c)} {label}"
-    seeds = V.seeds_phrase(int(n_arm), int(n_base))
-    at = resolved_at(looks, c["arm"])
-    where = f" at look {at}" if at is not None else ""
+    seeds = V.seeds_phrase(*(int(n) for n in (list(c.get("n") or []) + [0, 0])[:2]))
+    where = f" at look {at}" if (at := resolved_at(looks, c["arm"])) is not None else ""
     d = f"{design.delta:.3f}" if math.isfinite(design.delta) else None
     verdict, why = c.get("verdict"), look_caveat(looks, design)
     but = f"; {why}" if why else ""
@@ -96,8 +93,7 @@ def sentence(c: Mapping[str, Any], design: Design, looks: Sequence[Mapping[str, 
 
 
 def look_caveat(looks: Sequence[Mapping[str, Any]], design: Design) -> str:
-    """The latest look's prevention caveat (armorlab.stats.margins F1): empty where the baseline fell
-    or the endpoint is not about a fall."""
+    """The latest look's prevention caveat (stats.margins F1): empty where the baseline fell or for another endpoint."""
     record = next((look["prevention"] for look in reversed(looks) if look.get("prevention")), None)
     return caveat(record, design.endpoint)
 
@@ -105,8 +101,7 @@ def look_caveat(looks: Sequence[Mapping[str, Any]], design: Design) -> str:
 def look_line(look: Mapping[str, Any], design: Design) -> str:
     """``look 2 (objective=dapo 5, objective=up 5 seeds): objective=up better: +0.08 ... |t| 9.1 ≥ 4.2``."""
     seeds = look.get("seeds") or {}
-    sizes = set(seeds.values())
-    per = (f"{next(iter(sizes))} seeds per arm" if len(sizes) == 1 else
+    per = (f"{next(iter(seeds.values()))} seeds per arm" if len(set(seeds.values())) == 1 else
            ", ".join(f"{a} {n}" for a, n in seeds.items()) + " seeds")
     no_prevention = bool(caveat(look.get("prevention"), design.endpoint))
     parts = [f"{c['arm']} {look_verdict(c, no_prevention)}: {interval(c)} ({level_text(c)} repeated interval; "
