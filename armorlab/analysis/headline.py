@@ -89,10 +89,9 @@ def display(table: pd.DataFrame, baseline: str | None, unit: str = "step") -> pd
 
 def verdict(table: pd.DataFrame, baseline: str | None, names: dict[str, str] | None = None,
             unit: str = "step", curve_alpha: float = COLLAPSE_ALPHA) -> list[str]:
-    """Plain sentences: the baseline's rise and fall, then each other group against it; ``unit``
-    names what the steps count (step or rollout). Where the baseline did not fall (margins F1,
-    ``curve_alpha`` the collapse test's false-alarm rate) every comparison says it cannot show
-    prevention."""
+    """Plain sentences: the baseline's rise and fall, then each other group against it (``unit``: step or
+    rollout). Where the baseline did not fall (margins F1, ``curve_alpha`` the collapse test's false-alarm
+    rate) every comparison says it cannot show prevention."""
     names = names or {}
     lines, but = [], ""
     rows = {r["group"]: r for r in table.to_dict("records")}

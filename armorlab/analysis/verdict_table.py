@@ -298,9 +298,8 @@ def first_screen_table(table: VerdictTable) -> pd.DataFrame:
 
 
 def section(table: VerdictTable, n_pairs: int, figure: Figure | None = None) -> list[Section]:
-    """The page's first screen (the answer in one sentence, the verdicts on the primary endpoint
-    and ``figure``, the one that shows them), then the verdicts on every endpoint with their
-    sentences and how they are made; both open the page."""
+    """The page's first screen (the answer in one sentence, the primary endpoint's verdicts and ``figure``),
+    then the verdicts on every endpoint with their sentences and how they are made; both open the page."""
     deltas = "; ".join(dict.fromkeys(f"δ = {d:.3g} ({how})" if math.isfinite(d) else how
                                      for d, how in table.deltas.values()))
     first = Section("Verdict", intro=f'<p class="answer" id="answer"><b>{esc(answer(table))}</b></p>',

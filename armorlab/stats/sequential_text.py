@@ -1,8 +1,6 @@
-"""Verdicts in words: the one name of each endpoint and the one verdict cell that the report's
-tables and sentences use, and the looks of a sequential comparison (looks.json,
-armorlab.stats.sequential): one sentence per arm, one line per look. Used by
-`armorlab sweep --until-resolved` and by the report; no pandas.
-"""
+"""Verdicts in words, for `armorlab sweep --until-resolved` and the report (no pandas): the one name of
+each endpoint and the one verdict cell of both verdict tables; a sequential comparison's looks
+(looks.json, armorlab.stats.sequential) as one sentence per arm and one line per look."""
 
 from __future__ import annotations
 
