@@ -5,7 +5,6 @@ telemetry (docs/metrics.md), the share of clipped gradient steps and early/late 
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -27,20 +26,9 @@ MEAN_OVER_STEPS = {
     "obj/kl_grad_share": "KL grad share",
     "obj/kl_grad_cos": "cos(KL, policy grad)",
 }
-GRAD_CLIPPED = "grad clipped"
 DIVERSITY = "train/correct_distinct"
-DIVERSITY_LABEL = "distinct correct (start → end)"
 EDGE = 0.2  # the first and last fifth of a run's logged steps are its start and end
 TRL_MAX_GRAD_NORM = 1.0  # transformers' default, used where a run's config does not state it
-
-
-def clipped_share(grad_norms: np.ndarray, max_grad_norm: float | None) -> float:
-    """Share of steps whose pre-clip gradient norm exceeds ``max_grad_norm`` (NaN without steps)."""
-    if grad_norms.size == 0:
-        return math.nan
-    if max_grad_norm is None or not max_grad_norm > 0:
-        return 0.0
-    return float(np.mean(grad_norms > max_grad_norm))
 
 
 def edges(values: np.ndarray) -> tuple[float, float]:
@@ -51,13 +39,6 @@ def edges(values: np.ndarray) -> tuple[float, float]:
     return float(np.mean(values[:k])), float(np.mean(values[-k:]))
 
 
-def _max_grad_norm(run: dict[str, Any]) -> float:
-    value = run.get("max_grad_norm")
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return TRL_MAX_GRAD_NORM
-    return float(value)
-
-
 def _cell(values: list[float]) -> tuple[str, float]:
     s = stats.summarise(values)
     return tables.fmt_ci(s.mean, s.ci_low, s.ci_high), s.mean
@@ -66,26 +47,25 @@ def _cell(values: list[float]) -> tuple[str, float]:
 def mechanism_table(rs: RunSet, groups: G.Groups) -> tuple[pd.DataFrame, pd.DataFrame] | None:
     """(display table of mean [95% CI], numbers table) per group; None when no mechanism metric was logged."""
     present = [m for m in MEAN_OVER_STEPS if m in rs.metrics]
-    has_norm = "train/grad_norm" in rs.metrics
-    has_div = DIVERSITY in rs.metrics
-    if not present and not has_norm and not has_div:
+    has_norm, has_div = "train/grad_norm" in rs.metrics, DIVERSITY in rs.metrics
+    if not (present or has_norm or has_div):
         return None
-    runs = {r["run_id"]: r for r in rs.runs.to_dict("records")}
+    limit = rs.runs.set_index("run_id").get("max_grad_norm", pd.Series(dtype=float)).fillna(TRL_MAX_GRAD_NORM)
     shown, numbers = [], []
     for g in groups.labels:
         members = groups.members[g]
-        row: dict[str, Any] = {"group": g}
-        num: dict[str, Any] = {"group": g, "seeds": len(members)}
+        row, num = {"group": g}, {"group": g, "seeds": len(members)}
         for m in present:
             per_run = [float(np.nanmean(v)) for r in members for _, v in [rs.curve(r, m)] if np.isfinite(v).any()]
             row[MEAN_OVER_STEPS[m]], num[m] = _cell(per_run)
-        if has_norm:
-            per_run = [clipped_share(rs.curve(r, "train/grad_norm")[1], _max_grad_norm(runs[r])) for r in members]
-            row[GRAD_CLIPPED], num["grad_clipped"] = _cell([v for v in per_run if math.isfinite(v)])
+        if has_norm:  # the share of a run's steps whose pre-clip gradient norm exceeds its max_grad_norm
+            norms = [(rs.curve(r, "train/grad_norm")[1], float(limit.get(r, TRL_MAX_GRAD_NORM))) for r in members]
+            row["grad clipped"], num["grad_clipped"] = _cell([float(np.mean(v > cap)) if cap > 0 else 0.0
+                                                             for v, cap in norms if v.size])
         if has_div:
             pairs = [edges(rs.curve(r, DIVERSITY)[1]) for r in members]
             start, end = _cell([a for a, _ in pairs])[1], _cell([b for _, b in pairs])[1]
-            row[DIVERSITY_LABEL] = "—" if not math.isfinite(start) else f"{start:.2f} → {end:.2f}"
+            row["distinct correct (start → end)"] = "—" if not math.isfinite(start) else f"{start:.2f} → {end:.2f}"
             num["correct_distinct_start"], num["correct_distinct_end"] = start, end
         shown.append(row)
         numbers.append(num)

@@ -24,15 +24,10 @@ def score_label(score: str, val_metric: str, test_metric: str) -> str:
              "divergence_step": "divergence step", "entropy_collapse_step": "entropy-collapse step",
              "drop_z": "drop (SE)", "collapse_z": "fall at collapse (SE)",
              "length_blowup": "length blow-up (max/first)"}
-    if score in fixed:
-        return fixed[score]
-    if score.startswith("val@"):
-        return f"{val_metric} @ {score[4:]}"
-    if score.startswith("test@"):
-        return f"{test_metric} @ {score[5:]}"
-    if score.startswith("tok_"):
-        return f"tokens: {score[4:]}"
-    return score
+    for prefix, head in (("val@", f"{val_metric} @ "), ("test@", f"{test_metric} @ "), ("tok_", "tokens: ")):
+        if score.startswith(prefix):
+            return head + score[len(prefix):]
+    return fixed.get(score, score)
 
 
 def fmt_ci(mean: float, lo: float, hi: float, *, step: bool = False) -> str:
@@ -47,11 +42,8 @@ def fmt_ci(mean: float, lo: float, hi: float, *, step: bool = False) -> str:
 
 def ci_note(n: int) -> str:
     """Which interval a group's cells carry (stats S3), flagged low-powered at n ≤ LOW_POWER_N."""
-    n = int(n)
-    name = CI_METHOD_NAMES[ci_method(n)]
-    if n <= LOW_POWER_N:
-        return f"{name} · low-powered (n={n})"
-    return name
+    name = CI_METHOD_NAMES[ci_method(int(n))]
+    return f"{name} · low-powered (n={int(n)})" if int(n) <= LOW_POWER_N else name
 
 
 def display_group_table(summary: pd.DataFrame, keys: Sequence[str], scores: Sequence[str],
@@ -117,20 +109,20 @@ def _text_tabular(df: pd.DataFrame) -> str | None:
     rows = df.astype(object).to_numpy().tolist()
     if not all(isinstance(v, str) for v in header) or not all(isinstance(v, str) for r in rows for v in r):
         return None
-    lines = [f"\\begin{{tabular}}{{{'l' * len(header)}}}", "\\toprule",
-             " & ".join(map(_escape_latex, header)) + " \\\\", "\\midrule",
-             *(" & ".join(map(_escape_latex, r)) + " \\\\" for r in rows), "\\bottomrule", "\\end{tabular}"]
-    return "\n".join(lines) + "\n"
+    return _booktabs("l" * len(header), [list(map(_escape_latex, r)) for r in [header, *rows]])
+
+
+def _booktabs(spec: str, cells: list[list[str]]) -> str:
+    """A booktabs tabular of column ``spec`` whose first row is the header."""
+    head, *rows = (" & ".join(r) + " \\\\" for r in cells)
+    return "\n".join([f"\\begin{{tabular}}{{{spec}}}", "\\toprule", head, "\\midrule", *rows, "\\bottomrule",
+                      "\\end{tabular}"]) + "\n"
 
 
 def to_latex(df: pd.DataFrame, caption: str | None = None) -> str:
     """booktabs tabular, LaTeX special characters escaped, as pandas' to_latex."""
-    body = _text_tabular(df)
-    if body is None:
-        body = df.to_latex(index=False, escape=True)
-    if caption:
-        return f"% {caption}\n% needs \\usepackage{{booktabs}}\n{body}"
-    return body
+    body = _text_tabular(df) or df.to_latex(index=False, escape=True)
+    return f"% {caption}\n% needs \\usepackage{{booktabs}}\n{body}" if caption else body
 
 
 def _pm(mean: float, lo: float, hi: float) -> str:
@@ -148,17 +140,14 @@ def compact_latex(summary: pd.DataFrame, names: dict[str, str], scores: Sequence
                   test_metric: str, caption: str) -> str:
     """The paper's table: one row per arm (its name), n, one ``mean ± 95% CI`` column per score (booktabs)."""
     head = ["arm", "$n$", *(_escape_latex(score_label(s, val_metric, test_metric)) for s in scores)]
-    rows = [" & ".join([_escape_latex(names.get(r["group"], r["group"])), str(r["n"]),
-                        *(_pm(r[f"{s}_mean"], r[f"{s}_ci_low"], r[f"{s}_ci_high"]) for s in scores)]) + " \\\\"
+    rows = [[_escape_latex(names.get(r["group"], r["group"])), str(r["n"]),
+             *(_pm(r[f"{s}_mean"], r[f"{s}_ci_low"], r[f"{s}_ci_high"]) for s in scores)]
             for r in summary.to_dict("records")]
-    return "\n".join([f"% {caption}", "% needs \\usepackage{booktabs}", f"\\begin{{tabular}}{{l{'r' * (len(head) - 1)}}}",
-                      "\\toprule", " & ".join(head) + " \\\\", "\\midrule", *rows, "\\bottomrule",
-                      "\\end{tabular}"]) + "\n"
+    return f"% {caption}\n% needs \\usepackage{{booktabs}}\n" + _booktabs("l" + "r" * (len(head) - 1), [head, *rows])
 
 
 def display_improvement(poi: pd.DataFrame, val_metric: str, test_metric: str) -> pd.DataFrame:
-    """P(X > Y) with its bootstrap CI, or where seeds cannot resolve it (stats S4) that statement; plus
-    the exact Mann–Whitney p-value."""
+    """P(X > Y) with its bootstrap CI, or that seeds cannot resolve it (stats S4); the exact Mann–Whitney p."""
     rows = []
     for r in poi.to_dict("records"):
         cell = fmt_ci(r["p_improvement"], r["ci_low"], r["ci_high"])
@@ -174,11 +163,16 @@ def display_improvement(poi: pd.DataFrame, val_metric: str, test_metric: str) ->
 def write_table(df: pd.DataFrame, stem: Path, *, formats=("csv", "md", "tex"), caption: str | None = None
                 ) -> list[Path]:
     """Write ``stem.csv``/``.md``/``.tex``; returns the paths."""
-    out = []
-    for fmt in formats:
-        path = stem.with_suffix(f".{fmt}")
-        text = {"csv": lambda: df.to_csv(index=False), "md": lambda: to_markdown(df),
-                "tex": lambda: to_latex(df, caption)}[fmt]()
-        atomic_write_text(path, text, durable=False)  # a report is rebuilt, never the only copy (freshness)
-        out.append(path)
-    return out
+    text = {"csv": lambda: df.to_csv(index=False), "md": lambda: to_markdown(df), "tex": lambda: to_latex(df, caption)}
+    for fmt in formats:  # durable=False: a report is rebuilt, never the only copy (freshness)
+        atomic_write_text(stem.with_suffix(f".{fmt}"), text[fmt](), durable=False)
+    return [stem.with_suffix(f".{fmt}") for fmt in formats]
+
+
+def write_verdicts(numbers: pd.DataFrame, shown: pd.DataFrame, text: str, tdir: Path, caption: str) -> list[Path]:
+    """verdicts.csv (the numbers), verdicts.tex (the table shown) and verdicts.md (``text``, then the table)."""
+    written = write_table(numbers, tdir / "verdicts", formats=("csv",))
+    written += write_table(shown, tdir / "verdicts", formats=("tex",), caption=caption)
+    md = tdir / "verdicts.md"
+    atomic_write_text(md, text + "\n" + to_markdown(shown), durable=False)
+    return [*written, md]

@@ -59,8 +59,6 @@ def score_runs(run_dirs: Mapping[str, str | Path], arm_of: Mapping[str, str], en
         raise ArmorLabError(f"not a per-run score (scores: {', '.join(scores)})", key="compare.endpoint",
                             value=endpoint)
     per_run["run_id"] = per_run["run_id"].map(loaded_to_ours)
-    column = pd.to_numeric(per_run[endpoint], errors="coerce").to_numpy(dtype=np.float64)
-    value = {rid: float(v) for rid, v in zip(per_run["run_id"].tolist(), column.tolist(), strict=True)}
-    for rid in run_dirs:
-        value.setdefault(rid, math.nan)
+    column = pd.to_numeric(per_run[endpoint], errors="coerce").astype(float)
+    value = dict.fromkeys(run_dirs, math.nan) | dict(zip(per_run["run_id"].tolist(), column.tolist(), strict=True))
     return LookScores(per_run, value, recipe.collapse.alpha)
