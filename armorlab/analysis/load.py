@@ -1,11 +1,8 @@
 """Read many run directories into pandas: a long table (run_id, config columns, step, metric,
 value), a wide per-run table (run_id, step, one column per metric) and a per-run table
-(run_id, sweep, path, state, reason, flattened config).
-
-metrics.jsonl follows armorlab.core.runs' rules (torn lines skipped with a warning, non-integer
-steps ignored, the later line winning per metric after a resume, non-numbers ignored), parsed by
-pyarrow in one call per file; a file it rejects is re-read line by line. The cache
-(``<sweep>/.armorlab-cache/metrics.arrow``) and how it stays true: docs/reports.md and
+(run_id, sweep, path, state, reason, flattened config). metrics.jsonl follows armorlab.core.runs'
+rules, parsed by pyarrow in one call per file (a file it rejects is re-read line by line); the
+parse and the cache (``<sweep>/.armorlab-cache/metrics.arrow``): docs/reports.md#loading and
 docs/safety-and-errors.md.
 """
 
@@ -358,58 +355,43 @@ _Run = tuple[dict[str, Any], Any, list[str]]  # a run's row of the runs table, i
 def _load_native(run_dirs: list[RunDir], imported: list[importers.ImportedRun], *, cache: bool,
                  progress: Callable[[int, int], None] | None) -> RunSet:
     by_sweep = {s: _read_cache(s) if cache else {} for s in dict.fromkeys(rd.path.parent for rd in run_dirs)}
-    ids = _unique_ids(run_dirs)
-    entries = [by_sweep[rd.path.parent].get(rd.path.name) for rd in run_dirs]
-    todo = [i for i, (rd, e) in enumerate(zip(run_dirs, entries, strict=True)) if e is None
-            or [e.metrics_key, e.config_key] != [_file_key(rd.metrics_path), _file_key(rd.config_path)]]
-    described: dict[int, _Run] = {}
+    cached = [by_sweep[rd.path.parent].get(rd.path.name) for rd in run_dirs]
+    count = Counter(rd.id for rd in run_dirs)
+    # the same config in two sweeps has the same id: tell them apart by sweep name
+    ids = [f"{rd.path.parent.name}/{rd.id}" if count[rd.id] > 1 else rd.id for rd in run_dirs]
 
-    def parse(i: int) -> tuple[_Entry, _Run]:
-        rd = run_dirs[i]
+    def read(i: int) -> tuple[_Entry | None, _Run]:
+        """The run's entry if parsed now (None: the cached one holds), and the run described."""
+        rd, e = run_dirs[i], cached[i]
         # key first: a file growing while we read it is re-parsed next time
         mkey, ckey = _file_key(rd.metrics_path), _file_key(rd.config_path)
+        if e is not None and [e.metrics_key, e.config_key] == [mkey, ckey]:
+            return None, _native_run(ids[i], rd, e)
         frame, warns = parse_metrics_file(rd.metrics_path)
         try:
             config = rd.read_config()
         except ArmorLabError as exc:
             config, warns = None, [*warns, f"unreadable config: {exc}"]
-        entry = _Entry(frame, mkey, ckey, config, warns)
-        # described here, not when assembling: on another thread it overlaps the parsing of the next file
-        return entry, _native_run(ids[i], rd, entry)
+        e = _Entry(frame, mkey, ckey, config, warns)
+        return e, _native_run(ids[i], rd, e)
 
-    def assemble() -> RunSet:
-        runs = zip(ids, run_dirs, entries, strict=True)
-        return _run_set([described.get(i) or _native_run(*run) for i, run in enumerate(runs)], imported)
-
-    done = len(run_dirs) - len(todo)
-    if progress:
-        progress(done, len(run_dirs))
-    if not todo:
-        return assemble()
-    # pyarrow releases the GIL while parsing: a few threads overlap parsing with file reads
+    runs, changed = [], {}  # changed: the sweeps whose cache is rewritten
+    # pyarrow releases the GIL while parsing: a few threads overlap parsing with file and status reads
     with ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1))) as pool:
-        for i, (entry, run) in zip(todo, pool.map(parse, todo), strict=True):
-            entries[i] = by_sweep[run_dirs[i].path.parent][run_dirs[i].path.name] = entry
-            described[i] = run
-            done += 1
+        for rd, (entry, run) in zip(run_dirs, pool.map(read, range(len(run_dirs))), strict=True):
+            if entry is not None:
+                by_sweep[rd.path.parent][rd.path.name] = entry
+                changed[rd.path.parent] = None
+            runs.append(run)
             if progress:
-                progress(done, len(run_dirs))
-        if not cache:
-            return assemble()
+                progress(len(runs), len(run_dirs))
         # written while the run set is assembled (Arrow writes without the GIL)
-        writes = {s: pool.submit(_write_cache, s, by_sweep[s]) for s in dict.fromkeys(run_dirs[i].path.parent
-                                                                                      for i in todo)}
-        result = assemble()
+        writes = {s: pool.submit(_write_cache, s, by_sweep[s]) for s in changed} if cache else {}
+        result = _run_set(runs, imported)
         for s, w in writes.items():
             if w.exception() is not None:  # read-only sweep dir, full disk: analysis still works
                 log.warning("could not write analysis cache in %s: %s", s, w.exception())
-        return result
-
-
-def _unique_ids(run_dirs: list[RunDir]) -> list[str]:
-    count = Counter(rd.id for rd in run_dirs)
-    # the same config in two sweeps has the same id: tell them apart by sweep name
-    return [f"{rd.path.parent.name}/{rd.id}" if count[rd.id] > 1 else rd.id for rd in run_dirs]
+    return result
 
 
 def _health(table, state: str | None) -> list[str]:
@@ -484,18 +466,15 @@ def _imported_runs(imported: list[importers.ImportedRun], taken: set[str]) -> tu
 def _run_set(native: list[_Run], imported: list[importers.ImportedRun]) -> RunSet:
     """One RunSet of the native runs and then the imported ones; ``wide`` from one Arrow concatenation
     and one conversion (not a frame per run)."""
+    import pyarrow as pa
+
     others, warnings = _imported_runs(imported, {row["run_id"] for row, _, _ in native})
     runs = native + others
     logged = [(row["run_id"], table) for row, table, _ in runs if len(table)]
     lengths = np.array([len(t) for _, t in logged], dtype=np.int64)
     slices = dict(zip([rid for rid, _ in logged], _ranges(lengths.tolist()), strict=True))
-    if logged:
-        import pyarrow as pa
-
-        table = pa.concat_tables([t for _, t in logged], promote_options="default")
-        wide = table.select(["step", *sorted(c for c in table.column_names if c != "step")]).to_pandas()
-    else:
-        wide = pd.DataFrame({"step": pd.Series([], dtype=np.int64)})
+    table = pa.concat_tables([t for _, t in logged] or [_empty_table()], promote_options="default")
+    wide = table.select(["step", *sorted(c for c in table.column_names if c != "step")]).to_pandas()
     codes = np.repeat(np.arange(len(logged)), lengths)
     wide.insert(0, "run_id", pd.Categorical.from_codes(codes, categories=list(slices)))
     return RunSet(runs=pd.DataFrame([row for row, _, _ in runs]), wide=wide, slices=slices,
