@@ -43,11 +43,14 @@ def varying_keys(runs: pd.DataFrame) -> list[str]:
         return len({(type(v), repr(v)) for v in values}) > 1 and len(
             {json.dumps(norm_value(v), sort_keys=True, default=str) for v in values}) > 1
 
-    return [c for c in runs.columns if c not in META_COLUMNS and c not in SEED_KEYS and varies(runs[c].tolist())]
+    return [c for c in runs.columns
+            if c not in META_COLUMNS and c not in SEED_KEYS and varies(runs[c].tolist())]
 
 
 def _partition(runs: pd.DataFrame, keys: Sequence[str]) -> int:
-    return len({tuple(fmt_value(v) for v in row) for row in runs[list(keys)].itertuples(index=False)}) if keys else 1
+    if not keys:
+        return 1
+    return len({tuple(fmt_value(v) for v in row) for row in runs[list(keys)].itertuples(index=False)})
 
 
 def auto_group_by(runs: pd.DataFrame) -> list[str]:
@@ -63,7 +66,8 @@ def auto_group_by(runs: pd.DataFrame) -> list[str]:
     chosen = ["objective"] if "objective" in keys else []
     while _partition(runs, chosen) < target:
         rest = [k for k in keys if k not in chosen]
-        chosen.append(max(rest, key=lambda k: (_partition(runs, [*chosen, k]), -runs[k].isna().sum(), -len(k))))
+        best = max(rest, key=lambda k: (_partition(runs, [*chosen, k]), -runs[k].isna().sum(), -len(k)))
+        chosen.append(best)
     return chosen
 
 
@@ -144,9 +148,7 @@ class PageNames:
     def column(self, df: pd.DataFrame | None, column: str = "group") -> pd.DataFrame | None:
         if df is None or column not in df:
             return df
-        out = df.copy()
-        out[column] = out[column].map(lambda g: self.display.get(g, g))
-        return out
+        return df.assign(**{column: df[column].map(lambda g: self.display.get(g, g))})
 
     def pairs(self, df: pd.DataFrame) -> pd.DataFrame:
         return self.column(self.column(df, "X"), "Y")
@@ -258,7 +260,8 @@ def run_scores(rs: RunSet, groups: Groups, recipe: Recipe, matched: Sequence[int
             entropy_frac=col.entropy_frac)
         row.update(m, **{k: sign * m[k] for k in ("peak", "final", "auc")})
         chosen = select.select_best(vs, vv, ts, tv, mode=sel.mode)
-        if run.state == "stopped" and horizon is not None:  # (S2) final is its level at stop already; auc and matched steps carry it on
+        # (S2) final is its level at stop already; auc and matched steps carry it on
+        if run.state == "stopped" and horizon is not None:
             (vs, vv), (ts, tv) = (carry_forward(xs, xv, horizon, col.patience) for xs, xv in ((vs, vv), (ts, tv)))
             row["auc"] = collapse.curve_auc(vs, vv)
         row.update(selected_step=chosen.step, selected_val=chosen.selected_value,
@@ -334,7 +337,8 @@ def group_summary(per_run: pd.DataFrame, groups: Groups, cols: Sequence[str],
         for c in cols:
             row.update(stats.summarise(numeric[c][idx]).as_dict(f"{c}_"))
             limits = step_range if c in STEP_SCORES else (bounds or {}).get(c)
-            row[f"{c}_ci_low"], row[f"{c}_ci_high"] = clip_interval(row[f"{c}_ci_low"], row[f"{c}_ci_high"], limits)
+            low, high = f"{c}_ci_low", f"{c}_ci_high"
+            row[low], row[high] = clip_interval(row[low], row[high], limits)
         rows.append(row)
     return pd.DataFrame(rows)
 

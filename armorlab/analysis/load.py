@@ -220,9 +220,10 @@ def _write_cache(sweep_dir: Path, entries: dict[str, _Entry]) -> None:
     bounds = _ranges([len(e.frame) for e in live.values()])
     frames = [e.frame for e in live.values() if len(e.frame)]
     table = pa.concat_tables(frames, promote_options="default") if frames else _empty_table()
+    digests = _digests(table, bounds)
     meta_runs = {name: {"metrics_key": e.metrics_key, "config_key": e.config_key, "config": e.config,
                         "warnings": e.warnings, "rows": list(rows), "digest": digest}
-                 for (name, e), rows, digest in zip(live.items(), bounds, _digests(table, bounds), strict=True)}
+                 for (name, e), rows, digest in zip(live.items(), bounds, digests, strict=True)}
     meta = json.dumps({"version": CACHE_VERSION, "runs": meta_runs}).encode()
     table = table.replace_schema_metadata({**(table.schema.metadata or {}), _META_KEY: meta})
     path = sweep_dir / CACHE_DIR / CACHE_FILE
