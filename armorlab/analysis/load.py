@@ -315,17 +315,6 @@ class RunSet:
         return out
 
 
-def in_stages(run_dirs: Iterable[RunDir], stages: Iterable[str]) -> list[RunDir]:
-    """The runs their sweep's ``sweep.json`` ``stages`` map puts in one of ``stages``."""
-    run_dirs, wanted, maps = list(run_dirs), set(stages), {}
-    for sweep in dict.fromkeys(rd.path.parent for rd in run_dirs):
-        try:
-            maps[sweep] = dict(json.loads(read_regular_text(sweep / MANIFEST)).get("stages") or {})
-        except (OSError, ValueError, AttributeError):
-            maps[sweep] = {}
-    return [rd for rd in run_dirs if maps[rd.path.parent].get(rd.id) in wanted]
-
-
 def load(paths: Iterable[str | os.PathLike], *, cache: bool = True,
          progress: Callable[[int, int], None] | None = None, format: str | None = None,
          mapping: str | os.PathLike | importers.RunsMap | None = None, val_n: int | None = None,
@@ -336,8 +325,13 @@ def load(paths: Iterable[str | os.PathLike], *, cache: bool = True,
     runs_map = importers.load_mapping(mapping) if isinstance(mapping, (str, os.PathLike)) else mapping
     plan = importers.plan(paths, format=format, mapping=runs_map)
     if stages is not None:
-        stages = list(stages)
-        plan.native = in_stages(plan.native, stages)
+        stages, maps = list(stages), {}
+        for sweep in dict.fromkeys(rd.path.parent for rd in plan.native):
+            try:  # the sweep's manifest maps its run ids to their stages
+                maps[sweep] = dict(json.loads(read_regular_text(sweep / MANIFEST)).get("stages") or {})
+            except (OSError, ValueError, AttributeError):
+                maps[sweep] = {}
+        plan.native = [rd for rd in plan.native if maps[rd.path.parent].get(rd.id) in stages]
         if not plan.native and not plan.sources:
             raise ArmorLabError(f"no run of stage(s) {', '.join(stages)} found (a sweep's sweep.json lists its "
                                 f"runs' stages)", key="stages", value=stages)
