@@ -173,8 +173,7 @@ def test_arrow_parse_keeps_numbers_and_booleans_and_merges_resumed_steps():
     assert table.column("step").to_pylist() == [0, 1, 2]
     assert table.column("a").to_pylist() == [1.0, 2.5, 4.0]      # the later null does not erase 2.5
     assert table.column("flag").to_pylist() == [1.0, 1.0, 0.0]   # the later line wins at step 1
-    frame, _ = L.parse_metrics_bytes(data)
-    assert frame["a"].dtype == np.float64 and frame["step"].dtype == np.int64
+    assert table.schema.field("a").type == "double" and table.schema.field("step").type == "int64"
 
 
 def test_gate_screen_drops_only_series_the_exact_check_would_pass():
@@ -203,3 +202,16 @@ def test_greedy_accuracy_takes_its_own_count_for_the_binomial_noise(tmp_path):
     assert eval_sizes(rs, rid, "val/acc_greedy", np.array([0, 10])).tolist() == [400.0, 400.0]
     assert eval_sizes(rs, rid, "val/acc", np.array([0, 10])).tolist() == [800.0, 800.0]
     assert eval_sizes(rs, rid, "val/pass@8", np.array([0, 10])) is None
+
+
+def test_stages_keep_the_runs_their_sweep_json_puts_in_them(tmp_path):
+    sweep = tmp_path / "sw"
+    runs = [make_run(sweep, seed=s) for s in range(3)]
+    (sweep / "sweep.json").write_text(json.dumps({"stages": {runs[0].id: "a", runs[1].id: "b", runs[2].id: "a"}}))
+    assert sorted(L.load([sweep], stages=["a"], cache=False).run_ids) == sorted([runs[0].id, runs[2].id])
+    assert L.load([sweep], stages=("b",), cache=False).run_ids == [runs[1].id]
+    with pytest.raises(ArmorLabError, match="no run of stage"):
+        L.load([sweep], stages=["c"], cache=False)
+    (sweep / "sweep.json").write_text("[1, 2]")                 # a damaged manifest maps no run to a stage
+    with pytest.raises(ArmorLabError, match="no run of stage"):
+        L.load([sweep], stages=["a"], cache=False)

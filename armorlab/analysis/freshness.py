@@ -34,28 +34,21 @@ def _stat(path: str | os.PathLike) -> tuple[int, int] | None:
 
 def _plain_files(directory: str | os.PathLike) -> list[tuple[str, int, int]]:
     """(name, size, mtime_ns) of the regular, non-hidden files directly in ``directory``."""
-    out = []
     try:
         with os.scandir(directory) as it:
-            for e in it:
-                if e.name.startswith(".") or not e.is_file(follow_symlinks=False):
-                    continue
-                st = e.stat(follow_symlinks=False)
-                out.append((e.name, st.st_size, st.st_mtime_ns))
+            stats = [(e.name, e.stat(follow_symlinks=False)) for e in it
+                     if not e.name.startswith(".") and e.is_file(follow_symlinks=False)]
     except OSError:
         return []
-    return sorted(out)
+    return sorted((name, st.st_size, st.st_mtime_ns) for name, st in stats)
 
 
 def _tree_files(directory: Path) -> list[tuple[str, int, int]]:
     out = []
-    for base, dirs, files in os.walk(directory):
+    for base, dirs, files in os.walk(directory):  # a missing dir (no tokens/) walks nothing
         dirs.sort()
-        for name in sorted(files):
-            p = os.path.join(base, name)
-            st = _stat(p)
-            if st is not None:
-                out.append((os.path.relpath(p, directory), *st))
+        paths = [os.path.join(base, name) for name in sorted(files)]
+        out += [(os.path.relpath(p, directory), *st) for p in paths if (st := _stat(p)) is not None]
     return out
 
 
@@ -72,22 +65,17 @@ def input_key(recipe: Any, out_dir: str | os.PathLike) -> str | None:
         return None  # imported runs (armorlab.analysis.importers): their files are not tracked here
     try:
         inputs = expand_globs(recipe.runs)
-        run_dirs, seen = [], set()
+        run_dirs: dict[Path, Path] = {}  # resolved → as found
         for p in inputs:
             found = [] if p.is_file() else find_run_dirs([p])
             if not found:  # another library's logs (or nothing): always rebuilt
                 return None
             for rd in found:
-                if rd.path.resolve() not in seen:
-                    seen.add(rd.path.resolve())
-                    run_dirs.append(rd)
+                run_dirs.setdefault(rd.path.resolve(), rd.path)
     except ArmorLabError:
         return None
-    runs = []
-    for rd in run_dirs:
-        files = [(name, _stat(rd.path / name)) for name in _RUN_FILES]
-        tokens = rd.path / "tokens"
-        runs.append([str(rd.path.resolve()), files, _tree_files(tokens) if tokens.is_dir() else []])
+    runs = [[str(resolved), [(name, _stat(path / name)) for name in _RUN_FILES], _tree_files(path / "tokens")]
+            for resolved, path in run_dirs.items()]
     dirs = [[str(p), _plain_files(p)] for p in inputs if p.is_dir()]
     state = [STAMP_VERSION, recipe_state, str(Path(out_dir).resolve()), _code_state(), dirs, runs]
     return hashlib.sha256(json.dumps(state, default=str, sort_keys=True).encode()).hexdigest()
@@ -101,15 +89,14 @@ def write_stamp(out_dir: str | os.PathLike, key: str | None, summary: dict[str, 
                 outputs: Iterable[str | os.PathLike]) -> None:
     """Record that ``out_dir`` holds the report of the inputs with ``key`` (no key: no stamp)."""
     out_dir = Path(out_dir)
-    path = out_dir / STAMP
     if key is None:
-        remove_file(path)
+        forget(out_dir)
         return
     rel = sorted({str(Path(p).resolve().relative_to(out_dir.resolve())) for p in outputs})
     # no fsync here or for the outputs: after a machine crash a file may be empty, and the sizes
     # recorded here then differ from it, so the next report rebuilds instead of trusting it
-    atomic_write_json(path, {"version": STAMP_VERSION, "key": key, "summary": summary,
-                             "outputs": _outputs_state(out_dir, rel)}, durable=False)
+    atomic_write_json(out_dir / STAMP, {"version": STAMP_VERSION, "key": key, "summary": summary,
+                                        "outputs": _outputs_state(out_dir, rel)}, durable=False)
 
 
 def fresh_summary(recipe: Any, out_dir: str | os.PathLike) -> dict[str, Any] | None:

@@ -1,26 +1,13 @@
 """From loaded runs to the numbers a report shows: groups, per-run scores, seed aggregates,
 probability of improvement between groups, and the config keys that differ between groups.
-
-Per-run scores (columns of the per-run table; ``val`` = the recipe's select.metric, ``test`` =
-its select.report):
-
-    peak, peak_step, final, drop, drop_rel, drop_z, collapse_step, collapse_z, noise, noise_se,
-    auc, divergence_step, entropy_collapse_step, length_blowup
-                                                collapse metrics of the val curve (collapse.py);
-                                                binomial noise from ``<split>/n`` when the
-                                                selection metric is ``<split>/acc`` (eval_sizes)
-    selected_step, selected_val, selected_test  (R1) best on val, reported on test (select.py)
-    val@S, test@S                               (R2) at each matched step S
-    A run that stopped itself (state ``stopped``, stop_on_collapse) has its val and test curves
-    carried forward at its level at stop to the longest curve's end (stopping.carry_forward, S2)
-    for final, auc and val@S/test@S: a collapsed run counts as collapsed, not as missing.
-    tok_*                                       token-sample statistics (capacity_stats.py)
+The per-run scores (``val`` = the recipe's select.metric, ``test`` = its select.report) are
+listed in docs/reports.md (Recipes; Collapse metrics; Stopped runs).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
-import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -41,8 +28,6 @@ from armorlab.stats import collapse, select
 from armorlab.stats import seeds as stats
 from armorlab.stats.stopping import carry_forward
 
-log = logging.getLogger(__name__)
-
 # Headline scores by default: the honest test number, the matched-step test number, the val AUC.
 HEADLINE_DEFAULT = ("selected_test", "test@last", "auc")
 BARE_KEYS = ("objective", GROUP_KEY)  # the first of these among the group keys names a group bare
@@ -53,18 +38,13 @@ GROUP_SCORES = ("peak", "peak_step", "final", "drop", "collapse_step", "auc", "s
 # --------------------------------------------------------------------------- grouping
 def varying_keys(runs: pd.DataFrame) -> list[str]:
     """Config keys whose value differs between runs (seeds excluded)."""
-    out = []
-    for col in runs.columns:
-        if col in META_COLUMNS or col in SEED_KEYS:
-            continue
-        values = runs[col].tolist()
+    def varies(values: list[Any]) -> bool:
         # the same type and repr in every run is the same JSON below, without encoding 200 values
-        if len({(type(v), repr(v)) for v in values}) == 1:
-            continue
-        vals = {json.dumps(norm_value(v), sort_keys=True, default=str) for v in values}
-        if len(vals) > 1:
-            out.append(col)
-    return out
+        return len({(type(v), repr(v)) for v in values}) > 1 and len(
+            {json.dumps(norm_value(v), sort_keys=True, default=str) for v in values}) > 1
+
+    return [c for c in runs.columns
+            if c not in META_COLUMNS and c not in SEED_KEYS and varies(runs[c].tolist())]
 
 
 def _partition(runs: pd.DataFrame, keys: Sequence[str]) -> int:
@@ -83,9 +63,7 @@ def auto_group_by(runs: pd.DataFrame) -> list[str]:
     """
     keys = varying_keys(runs)
     target = _partition(runs, keys)
-    chosen: list[str] = []
-    if "objective" in keys:
-        chosen.append("objective")
+    chosen = ["objective"] if "objective" in keys else []
     while _partition(runs, chosen) < target:
         rest = [k for k in keys if k not in chosen]
         best = max(rest, key=lambda k: (_partition(runs, [*chosen, k]), -runs[k].isna().sum(), -len(k)))
@@ -100,22 +78,17 @@ def group_label(keys: Sequence[str], values: Sequence[Any]) -> str:
 
 
 def display_names(groups: Groups) -> dict[str, str]:
-    """Each group's name on the page, in legends and in sentences: ``armor (alpha=0.7, ref_reset_steps=0)``.
-
-    The objective's value (else the ``run_group`` an import or a runs.yaml gave) stands bare, every
-    other group key follows in brackets — defaults too: ``armor (alpha=0.7)`` would hide that
-    ``ref_reset_steps=0`` told it apart; a key whose value is null (inert in that group: ``alpha``
-    outside ARMOR) is left out. Where that leaves two names equal, the names are the labels.
-    Labels stay the groups' identities in CSV files and in a recipe's ``compare``."""
+    """Each group's name on the page, in legends and in sentences: ``armor (alpha=0.7, ref_reset_steps=0)``:
+    the objective (else ``run_group``) bare, every other non-null key in brackets, defaults too (they may
+    be what tells groups apart); the labels where two names would be equal. Labels stay the groups'
+    identities in CSV files and in a recipe's ``compare``."""
     keys = groups.keys
     bare = next((k for k in BARE_KEYS if k in keys), None)
 
     def name(r) -> str:
         parts = [f"{k}={fmt_value(r[k])}" for k in keys if k != bare and norm_value(r[k]) is not None]
-        lead = norm_value(r[bare]) if bare is not None else None
-        if lead is None:
-            return ", ".join(parts)
-        return f"{fmt_value(lead)} ({', '.join(parts)})" if parts else fmt_value(lead)
+        lead, inner = norm_value(r[bare]) if bare is not None else None, ", ".join(parts)
+        return inner if lead is None else fmt_value(lead) + (f" ({inner})" if inner else "")
 
     full = {r["group"]: name(r) or r["group"] for r in groups.table.to_dict("records")}
     return full if len(set(full.values())) == len(full) else {g: g for g in full}
@@ -125,8 +98,7 @@ def rename(text: str, names: Mapping[str, str]) -> str:
     """``text`` with every group label in it replaced by the group's name (longest label first, so
     that a label inside another one is not replaced in it)."""
     for label in sorted(names, key=len, reverse=True):
-        if label != names[label] and label in text:
-            text = text.replace(label, names[label])
+        text = text.replace(label, names[label])
     return text
 
 
@@ -156,12 +128,13 @@ def names_of(groups: Groups, rs: RunSet,
     return {g: n if shown.count(n) == 1 else g for g, n in zip(groups.labels, shown, strict=True)}
 
 
+@dataclass
 class PageNames:
     """The report's tables as the page shows them: each group named (display names) in the first
     column, which stays in place while a wide table scrolls, instead of its key columns."""
-
-    def __init__(self, display: Mapping[str, str], order: Sequence[str], keys: Sequence[str]) -> None:
-        self.display, self.order, self.keys = display, list(order), list(keys)
+    display: Mapping[str, str]
+    order: Sequence[str]
+    keys: Sequence[str]
 
     def tables(self, df: pd.DataFrame | None) -> pd.DataFrame | None:
         """A per-group display table (one row per group in summary order): its key columns (or its
@@ -175,9 +148,7 @@ class PageNames:
     def column(self, df: pd.DataFrame | None, column: str = "group") -> pd.DataFrame | None:
         if df is None or column not in df:
             return df
-        out = df.copy()
-        out[column] = out[column].map(lambda g: self.display.get(g, g))
-        return out
+        return df.assign(**{column: df[column].map(lambda g: self.display.get(g, g))})
 
     def pairs(self, df: pd.DataFrame) -> pd.DataFrame:
         return self.column(self.column(df, "X"), "Y")
@@ -187,9 +158,7 @@ def _sort_key(v: Any) -> tuple:
     v = norm_value(v)
     if v is None:
         return (2, "")
-    if isinstance(v, (int, float)) and not isinstance(v, bool):
-        return (0, float(v))
-    return (1, str(v))
+    return (0, float(v)) if isinstance(v, (int, float)) and not isinstance(v, bool) else (1, str(v))
 
 
 def make_groups(runs: pd.DataFrame, keys: Sequence[str], *, file: str | None = None) -> Groups:
@@ -205,14 +174,12 @@ def make_groups(runs: pd.DataFrame, keys: Sequence[str], *, file: str | None = N
     combos: dict[tuple, list[str]] = {}
     for rid, row in zip(runs["run_id"], runs[list(keys)].itertuples(index=False), strict=True):
         combos.setdefault(tuple(norm_value(v) for v in row), []).append(rid)
-    ordered = sorted(combos, key=lambda c: tuple(_sort_key(v) for v in c))
     rows, of_run, members = [], {}, {}
-    for combo in ordered:
+    for combo in sorted(combos, key=lambda c: tuple(_sort_key(v) for v in c)):
         label = group_label(keys, combo)
         rows.append({"group": label, **dict(zip(keys, combo, strict=True)), "n_runs": len(combos[combo])})
         members[label] = combos[combo]
-        for rid in combos[combo]:
-            of_run[rid] = label
+        of_run.update(dict.fromkeys(combos[combo], label))
     return Groups(list(keys), pd.DataFrame(rows), of_run, members)
 
 
@@ -222,8 +189,8 @@ def run_groups(rs: RunSet, group_by: Sequence[str] | None = None) -> pd.Series:
     keys the report picks itself (auto_group_by); seeds are never a group key. For a plot per group:
     ``rs.long.assign(group=rs.long["run_id"].map(run_groups(rs)))``."""
     keys = list(group_by) if group_by is not None else auto_group_by(rs.runs)
-    of_run = make_groups(rs.runs, keys).of_run
-    return pd.Series([of_run[r] for r in rs.run_ids], index=pd.Index(rs.run_ids, name="run_id"), name="group")
+    ids = pd.Index(rs.run_ids, name="run_id")
+    return pd.Series(ids, index=ids, name="group").map(make_groups(rs.runs, keys).of_run)
 
 
 # --------------------------------------------------------------------------- per-run scores
@@ -248,8 +215,7 @@ def resolve_matched_steps(rs: RunSet, recipe: Recipe) -> list[int]:
     # runs still going or failed early would drag the default steps down: use completed ones
     done = rs.runs.loc[rs.runs["state"] == "completed", "run_id"].tolist()
     for ids in (done, rs.run_ids):
-        per_run = [rs.curve(r, recipe.select.metric)[0] for r in ids]
-        per_run = [s for s in per_run if s.size]
+        per_run = [s for s in (rs.curve(r, recipe.select.metric)[0] for r in ids) if s.size]
         if per_run:
             return select.default_matched_steps(per_run)
     return []
@@ -267,42 +233,35 @@ def eval_sizes(rs: RunSet, run_id: str, metric: str, steps: np.ndarray) -> np.nd
     n_steps, n_values = rs.curve(run_id, f"{ns}/{counts[name]}")
     if not n_steps.size:
         return None
-    by_step = dict(zip(n_steps.tolist(), n_values.tolist(), strict=True))
-    out = np.array([by_step.get(s, math.nan) for s in np.asarray(steps).tolist()], dtype=np.float64)
+    out = pd.Series(n_values, index=n_steps).reindex(np.asarray(steps)).to_numpy(dtype=np.float64)
     return out if out.size and np.all(np.isfinite(out) & (out > 0)) else None
 
 
 def run_scores(rs: RunSet, groups: Groups, recipe: Recipe, matched: Sequence[int],
                notes: Notes, token_stats: Mapping[str, Mapping[str, float]] | None = None) -> pd.DataFrame:
-    """One row per run: identity, state, and every score (see the module docstring)."""
+    """One row per run: identity, state, and every score (docs/reports.md)."""
     sel, col = recipe.select, recipe.collapse
-    rows = []
-    interp_sel, interp_matched, short = [], {}, {}
+    rows, interp_sel, interp_matched, short = [], [], {}, {}
     horizon = _longest(rs, sel.metric) if (rs.runs["state"] == "stopped").any() else None
+    # a minimised selection metric collapses upwards: negate so "drop" keeps its meaning
+    sign = 1.0 if sel.mode == "max" else -1.0
     for run in rs.runs.itertuples(index=False):
         rid = run.run_id
-        vs, vv = rs.curve(rid, sel.metric)
-        ts, tv = rs.curve(rid, sel.report)
-        stopped = run.state == "stopped" and horizon is not None
+        (vs, vv), (ts, tv) = rs.curve(rid, sel.metric), rs.curve(rid, sel.report)
         row: dict[str, Any] = {"run_id": rid, "group": groups.of_run[rid], "seed": getattr(run, "seed", None),
                                "state": run.state, "reason": run.reason,
-                               "world_size": getattr(run, "world_size", None),
-                               "last_step": rs.last_step(rid)}
-        # a minimised selection metric collapses upwards: negate so "drop" keeps its meaning
-        sign = 1.0 if sel.mode == "max" else -1.0
+                               "world_size": getattr(run, "world_size", None), "last_step": rs.last_step(rid)}
         (trs, trv), (ens, env), (les, lev) = (rs.curve(rid, m) for m in (col.train, col.entropy, col.length))
-        n = eval_sizes(rs, rid, sel.metric, vs) if sign > 0 else None
-        if n is not None and np.any((vv < 0) | (vv > 1)):
-            n = None  # rewards outside [0, 1]: the binomial bound does not hold
+        # rewards outside [0, 1]: the binomial bound does not hold
+        n = eval_sizes(rs, rid, sel.metric, vs) if sign > 0 and not np.any((vv < 0) | (vv > 1)) else None
         m = collapse.collapse_metrics(
             vs, sign * vv, n=n, train_steps=trs, train_values=trv, entropy_steps=ens, entropy_values=env,
             length_steps=les, length_values=lev, delta=col.delta, patience=col.patience, alpha=col.alpha,
             entropy_frac=col.entropy_frac)
-        for k in ("peak", "final", "auc"):
-            m[k] = sign * m[k]
-        row.update(m)
+        row.update(m, **{k: sign * m[k] for k in ("peak", "final", "auc")})
         chosen = select.select_best(vs, vv, ts, tv, mode=sel.mode)
-        if stopped:  # (S2) final is its level at stop already; auc and matched steps carry it on
+        # (S2) final is its level at stop already; auc and matched steps carry it on
+        if run.state == "stopped" and horizon is not None:
             (vs, vv), (ts, tv) = (carry_forward(xs, xv, horizon, col.patience) for xs, xv in ((vs, vv), (ts, tv)))
             row["auc"] = collapse.curve_auc(vs, vv)
         row.update(selected_step=chosen.step, selected_val=chosen.selected_value,
@@ -314,8 +273,10 @@ def run_scores(rs: RunSet, groups: Groups, recipe: Recipe, matched: Sequence[int
             for prefix, (xs, xv) in (("val", (vs, vv)), ("test", (ts, tv))):
                 at = select.value_at(xs, xv, s)
                 row[f"{prefix}@{s}"] = at.value
-                if xs.size and not at.exact:
-                    (interp_matched if math.isfinite(at.value) else short).setdefault(s, set()).add(rid)
+                if xs.size and not at.exact and math.isfinite(at.value):
+                    interp_matched.setdefault(s, set()).add(rid)
+                elif xs.size and not at.exact:
+                    short.setdefault(rid, set()).add(s)
         if token_stats and rid in token_stats:
             row.update({f"tok_{k}": v for k, v in token_stats[rid].items()})
         rows.append(row)
@@ -324,12 +285,8 @@ def run_scores(rs: RunSet, groups: Groups, recipe: Recipe, matched: Sequence[int
                   f"interpolated between neighbouring evals ({', '.join(sorted(interp_sel)[:5])})")
     for s, rids in sorted(interp_matched.items()):
         notes.add(f"matched step {s} was not an eval step for {len(rids)} run(s): values interpolated")
-    missed: dict[str, list[int]] = {}
-    for s, rids in sorted(short.items()):
-        for rid in rids:
-            missed.setdefault(rid, []).append(s)
-    for rid, steps in sorted(missed.items()):
-        notes.add(f"run {rid} did not reach matched step(s) {', '.join(map(str, steps))}: "
+    for rid, steps in sorted(short.items()):
+        notes.add(f"run {rid} did not reach matched step(s) {', '.join(map(str, sorted(steps)))}: "
                   f"left out of those columns")
     return pd.DataFrame(rows)
 
@@ -342,10 +299,8 @@ def _longest(rs: RunSet, metric: str) -> float:
 
 def score_columns(per_run: pd.DataFrame, matched: Sequence[int]) -> list[str]:
     """The numeric score columns of the group table, in display order."""
-    cols = [c for c in GROUP_SCORES if c in per_run.columns]
-    for s in matched:
-        cols += [c for c in (f"val@{s}", f"test@{s}") if c in per_run.columns]
-    return cols
+    at_steps = [f"{split}@{s}" for s in matched for split in ("val", "test")]
+    return [c for c in (*GROUP_SCORES, *at_steps) if c in per_run.columns]
 
 
 def extra_columns(per_run: pd.DataFrame) -> list[str]:
@@ -376,21 +331,14 @@ def group_summary(per_run: pd.DataFrame, groups: Groups, cols: Sequence[str],
     numeric = numeric_columns(per_run, cols)
     collapsed = per_run["collapse_step"].notna().to_numpy() if "collapse_step" in per_run else None
     for g in groups.table.to_dict("records"):
-        label = g["group"]
-        idx = at.get(label, np.empty(0, dtype=np.int64))
-        row: dict[str, Any] = {"group": label, **{k: g[k] for k in groups.keys}}
-        row["n"] = len(idx)
-        row["collapsed"] = int(collapsed[idx].sum()) if collapsed is not None else 0
+        idx = at.get(g["group"], np.empty(0, dtype=np.int64))
+        row: dict[str, Any] = {"group": g["group"], **{k: g[k] for k in groups.keys}, "n": len(idx),
+                               "collapsed": int(collapsed[idx].sum()) if collapsed is not None else 0}
         for c in cols:
             row.update(stats.summarise(numeric[c][idx]).as_dict(f"{c}_"))
-            if c in STEP_SCORES and step_range is not None:
-                for end in ("ci_low", "ci_high"):
-                    v = row[f"{c}_{end}"]
-                    if v is not None and math.isfinite(v):
-                        row[f"{c}_{end}"] = min(max(v, step_range[0]), step_range[1])
-            if bounds and c in bounds:
-                row[f"{c}_ci_low"], row[f"{c}_ci_high"] = clip_interval(row[f"{c}_ci_low"], row[f"{c}_ci_high"],
-                                                                        bounds[c])
+            limits = step_range if c in STEP_SCORES else (bounds or {}).get(c)
+            low, high = f"{c}_ci_low", f"{c}_ci_high"
+            row[low], row[high] = clip_interval(row[low], row[high], limits)
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -398,11 +346,7 @@ def group_summary(per_run: pd.DataFrame, groups: Groups, cols: Sequence[str],
 def group_rows(per_run: pd.DataFrame) -> dict[str, np.ndarray]:
     """Group label → positions of its runs in ``per_run``, in table order (one pass instead of
     a boolean filter per group)."""
-    labels = per_run["group"].to_numpy()
-    out: dict[str, list[int]] = {}
-    for i, g in enumerate(labels.tolist()):
-        out.setdefault(g, []).append(i)
-    return {g: np.asarray(v, dtype=np.int64) for g, v in out.items()}
+    return per_run.groupby("group", sort=False).indices
 
 
 def numeric_columns(per_run: pd.DataFrame, cols: Sequence[str]) -> dict[str, np.ndarray]:
@@ -413,19 +357,13 @@ def numeric_columns(per_run: pd.DataFrame, cols: Sequence[str]) -> dict[str, np.
 def resolve_scores(recipe: Recipe, per_run: pd.DataFrame, matched: Sequence[int]) -> list[str]:
     """The headline scores: the recipe's, or selected_test, test@<last matched step>, auc."""
     last = f"test@{matched[-1]}" if matched else None
-    wanted = recipe.scores or [last if s == "test@last" else s for s in HEADLINE_DEFAULT]
     out = []
-    for s in wanted:
-        if s is None:
-            continue
-        if s == "test@last":
-            s = last
-        if s not in per_run.columns:
-            if recipe.scores:
-                raise ArmorLabError(f"unknown score (known: {', '.join(score_columns(per_run, matched))})",
-                                    key="scores", value=s, file=str(recipe.path) if recipe.path else None)
-            continue
-        if per_run[s].notna().any():
+    for s in recipe.scores or HEADLINE_DEFAULT:
+        s = last if s == "test@last" else s
+        if s is not None and s not in per_run.columns and recipe.scores:
+            raise ArmorLabError(f"unknown score (known: {', '.join(score_columns(per_run, matched))})",
+                                key="scores", value=s, file=str(recipe.path) if recipe.path else None)
+        if s in per_run.columns and per_run[s].notna().any():
             out.append(s)
     return out
 
@@ -450,12 +388,10 @@ def comparison_pairs(runs: pd.DataFrame, groups: Groups, recipe: Recipe) -> tupl
     file = str(recipe.path) if recipe.path and not cmp_.baseline_from else None  # a flag is in no file
 
     def pick(selector: Mapping[str, Any], key: str, strict: bool = True) -> list[str]:
-        for k in selector:
-            if k not in runs.columns:
-                if not strict:
-                    return []
-                raise ArmorLabError("not a config key of these runs", key=key, value=k, file=file)
-        found = [g for g in labels if _matches(runs, groups.members[g], selector)]
+        unknown = [k for k in selector if k not in runs.columns]
+        if unknown and strict:
+            raise ArmorLabError("not a config key of these runs", key=key, value=unknown[0], file=file)
+        found = [] if unknown else [g for g in labels if _matches(runs, groups.members[g], selector)]
         if not found and strict:
             raise ArmorLabError("selects no group", key=key, value=dict(selector), file=file)
         return found
@@ -499,17 +435,12 @@ def improvement_table(per_run: pd.DataFrame, pairs: Sequence[tuple[str, str]],
     (NaN where the seeds cannot resolve it: ``resolvable`` false, stats S4) and the exact
     two-sided Mann–Whitney p-value ``mw_p``."""
     rows = []
-    at = group_rows(per_run)
-    numeric = numeric_columns(per_run, scores)
-    none = np.empty(0, dtype=np.int64)
-    for x, y in pairs:
-        for s in scores:
-            a, b = numeric[s][at.get(x, none)], numeric[s][at.get(y, none)]
-            p, lo, hi = stats.poi_with_ci(a, b)
-            n_x, n_y = int(np.isfinite(a).sum()), int(np.isfinite(b).sum())
-            rows.append({"x": x, "y": y, "score": s, "p_improvement": p, "ci_low": lo, "ci_high": hi,
-                         "n_x": n_x, "n_y": n_y, "resolvable": stats.poi_resolvable(n_x, n_y),
-                         "mw_p": stats.mann_whitney_p(a, b)})
+    at, numeric, none = group_rows(per_run), numeric_columns(per_run, scores), np.empty(0, dtype=np.int64)
+    for (x, y), s in itertools.product(pairs, scores):
+        a, b = numeric[s][at.get(x, none)], numeric[s][at.get(y, none)]
+        n_x, n_y = int(np.isfinite(a).sum()), int(np.isfinite(b).sum())
+        rows.append((x, y, s, *stats.poi_with_ci(a, b), n_x, n_y, stats.poi_resolvable(n_x, n_y),
+                     stats.mann_whitney_p(a, b)))
     return pd.DataFrame(rows, columns=["x", "y", "score", "p_improvement", "ci_low", "ci_high", "n_x", "n_y",
                                        "resolvable", "mw_p"])
 
@@ -518,12 +449,13 @@ def config_diff(runs: pd.DataFrame, groups: Groups) -> pd.DataFrame:
     """Rows = groups, columns = config keys that differ between runs (seed excluded); a cell
     holds the group's value, or ``mixed: a | b`` when the group's own runs disagree."""
     keys = varying_keys(runs)
+
+    def cell(values: list[Any]) -> str:
+        shown = list(dict.fromkeys(fmt_value(v) for v in values))
+        return shown[0] if len(shown) == 1 else "mixed: " + " | ".join(shown)
+
     rows = []
     for label in groups.labels:
         sub = runs[runs["run_id"].isin(groups.members[label])]
-        row = {"group": label}
-        for k in keys:
-            vals = list(dict.fromkeys(fmt_value(v) for v in sub[k].tolist()))
-            row[k] = vals[0] if len(vals) == 1 else "mixed: " + " | ".join(vals)
-        rows.append(row)
+        rows.append({"group": label, **{k: cell(sub[k].tolist()) for k in keys}})
     return pd.DataFrame(rows, columns=["group", *keys])
