@@ -1,11 +1,7 @@
 """``armorlab report`` as stages, each a function returning a frozen result with its own notes:
-load → group → score → decide → draw → tables → page (the last two: armorlab.analysis.page). The
-output directory and each stage's part in it are described in docs/reports.md.
-
-Extra sections: the caller may add its own (``extra_sections``); the report command adds the
-Optuna section of study dirs that way (armorlab.tune.study.report_sections), so analysis never
-imports tune.
-"""
+load → group → score → decide → draw → tables → page (the last two: armorlab.analysis.page); the
+output is described in docs/reports.md. Callers add sections of their own (``extra_sections``: the
+report command's Optuna section), so analysis never imports tune."""
 
 from __future__ import annotations
 
@@ -45,14 +41,10 @@ def build_report(recipe: Recipe, out_dir: str | Path | None = None, *, cache: bo
                  extra_sections: Callable[[Path, Callable[[str], None]], list[Section]] | None = None,
                  lead: Callable[[pd.DataFrame, RunSet, Path], Section | None] | None = None,
                  names: Callable[[pd.DataFrame, RunSet], Mapping[str, str]] | None = None) -> ReportResult:
-    """Write the whole report for ``recipe`` and return what was written.
-
-    ``extra_sections(out_dir, warn)`` returns sections appended after the run report's; ``warn``
-    adds a note to the report's warnings. ``lead(per_run, runs, out_dir)`` may return a section
-    shown first (the demo's headline); ``names(runs_groups, runs)`` the groups' names in figures,
-    tables, warnings and verdict sentences, from a frame of the runs' ``run_id`` and ``group``
-    (default: groups.display_names). With ``cache``, the runs' parsed metrics come from the
-    metrics cache (armorlab.analysis.load)."""
+    """Write the whole report for ``recipe`` and return what was written. ``extra_sections(out_dir,
+    warn)``: sections after the run report's (``warn`` adds a warning); ``lead(per_run, runs, out_dir)``:
+    a section shown first (the demo's headline); ``names(runs_groups, runs)``: the groups' names on the
+    page from a frame of ``run_id`` and ``group`` (default: groups.display_names)."""
     out = Path(out_dir) if out_dir is not None else default_out_dir(recipe)
     key = freshness.input_key(recipe, out)  # before reading: a run growing meanwhile makes it stale
     refuse_symlinks(out / "plots", within=out.parent)  # every file below is written by path
@@ -75,9 +67,10 @@ def load_runs(recipe: Recipe, *, cache: bool = True, progress: Callable[[int, in
     rs.counter = recipe.x  # steps in optimizer steps or rollouts, everywhere below
     notes = G.Notes(list(rs.warnings))
     _state_notes(rs, notes)
-    if rs.counter != "step":  # runs written before the rollout counter existed
-        _some(notes, [r for r in rs.run_ids if rs.last_step(r) is None],
-              f" run(s) log no `{rs.counter}` counter and are left out of the curves: ")
+    uncounted = [r for r in rs.run_ids if rs.last_step(r) is None]  # runs older than the rollout counter
+    if rs.counter != "step" and uncounted:
+        notes.add(f"{len(uncounted)} run(s) log no `{rs.counter}` counter and are left out of the curves: "
+                  f"{_first_six(uncounted)}")
     _unit_notes(recipe, rs, notes)
     curves = _curves(recipe, rs)
     sel = recipe.select
@@ -86,19 +79,14 @@ def load_runs(recipe: Recipe, *, cache: bool = True, progress: Callable[[int, in
     return Loaded(rs, curves, tuple(notes.items))
 
 
-def _some(notes: G.Notes, items: Sequence[str], text: str, first: str = "") -> None:
-    """A note naming the first six of ``items`` (none: no note)."""
-    if items:
-        notes.add(f"{first}{len(items)}{text}{', '.join(items[:6])}" + (" …" if len(items) > 6 else ""))
+def _first_six(items: Sequence[str], sep: str = ", ") -> str:
+    return sep.join(items[:6]) + (" …" if len(items) > 6 else "")
 
 
 def _curves(recipe: Recipe, rs: RunSet) -> list[str]:
     present = set(rs.metrics)
-    if recipe.curves is not None:
-        wanted = list(recipe.curves)
-    else:
-        wanted = [m for m in DEFAULT_CURVES if m in present]
-        wanted += [m for m in recipe.kl if m in present]
+    wanted = (list(recipe.curves) if recipe.curves is not None
+              else [m for m in (*DEFAULT_CURVES, *recipe.kl) if m in present])
     for m in (recipe.select.metric, recipe.collapse.train):
         if m in present and m not in wanted:
             wanted.insert(0, m)
@@ -118,13 +106,11 @@ def logged_under(metric: str, config: Mapping[str, Any]) -> bool:
 
     if metric.startswith(("anchor/", "kl/forward_")):
         return on("anchor") or on("anchor_gate")
-    if metric == "obj/beta_kl":
-        return on("beta")
-    if metric in ("obj/kl_grad_share", "obj/kl_grad_cos"):
-        return on("beta") and on("grad_share_every")
-    if metric == "obj/anchor_grad_share":
-        return on("anchor") and on("grad_share_every")
-    return True
+    return all(on(key) for key in _LOGGED_WHEN.get(metric, ()))
+
+
+_LOGGED_WHEN = {"obj/beta_kl": ("beta",), "obj/kl_grad_share": ("beta", "grad_share_every"),
+                "obj/kl_grad_cos": ("beta", "grad_share_every"), "obj/anchor_grad_share": ("anchor", "grad_share_every")}
 
 
 def _missing_metric_notes(rs: RunSet, metrics: Sequence[str], notes: G.Notes, explicit: set[str]) -> None:
@@ -134,23 +120,20 @@ def _missing_metric_notes(rs: RunSet, metrics: Sequence[str], notes: G.Notes, ex
         missing = [r for r in expected if not rs.has_metric(r, m)]
         if len(missing) == len(expected) and missing and m in explicit:
             notes.add(f"metric {m} missing in all {len(expected)} runs (not logged by this trainer version?)")
-        elif len(missing) < len(expected):
-            _some(notes, missing, f"/{len(expected)} runs: ", f"metric {m} missing in ")
+        elif 0 < len(missing) < len(expected):
+            notes.add(f"metric {m} missing in {len(missing)}/{len(expected)} runs: {_first_six(missing)}")
 
 
 def _state_notes(rs: RunSet, notes: G.Notes) -> None:
     for run in rs.runs.itertuples(index=False):
-        if run.state == "unknown":  # an imported run whose source does not record how it ended
-            continue
+        reason = run.reason if isinstance(run.reason, str) else ""
         if run.state == "stopped":
-            why = f" ({run.reason})" if isinstance(run.reason, str) and run.reason else ""
-            notes.add(f"run {run.run_id} stopped itself{why}: its level at stop is carried forward "
-                      "to the horizon in final, auc and matched-step scores")
-        elif run.state != "completed":
-            reason = f": {run.reason}" if isinstance(run.reason, str) and run.reason else ""
-            notes.add(f"run {run.run_id} is {run.state}{reason} (its curves end early)")
-        elif isinstance(run.reason, str) and run.reason.startswith("stopped"):
-            notes.add(f"run {run.run_id} {run.reason}")
+            notes.add(f"run {run.run_id} stopped itself{f' ({reason})' if reason else ''}: its level at stop is "
+                      "carried forward to the horizon in final, auc and matched-step scores")
+        elif run.state not in ("completed", "unknown"):  # unknown: an import whose source says not how it ended
+            notes.add(f"run {run.run_id} is {run.state}{f': {reason}' if reason else ''} (its curves end early)")
+        elif run.state == "completed" and reason.startswith("stopped"):
+            notes.add(f"run {run.run_id} {reason}")
 
 
 # --------------------------------------------------------------------------- group
@@ -165,16 +148,15 @@ def group_runs(recipe: Recipe, loaded: Loaded,
         notes.add(f"group {single[0]} has a single seed: no confidence interval, read its numbers as anecdotes")
     elif single:
         notes.add(f"{len(single)} of {len(groups.labels)} groups have a single seed (no confidence interval, "
-                  f"read their numbers as anecdotes): {'; '.join(single[:6])}" + (" …" if len(single) > 6 else ""))
+                  f"read their numbers as anecdotes): {_first_six(single, '; ')}")
     weak = [g for g in groups.labels if 1 < len(groups.members[g]) <= stats.LOW_POWER_N]
     if weak:
-        notes.add(f"low-powered: {len(weak)} group(s) with 2–{stats.LOW_POWER_N} seeds ({'; '.join(weak[:6])}"
-                  + (" …" if len(weak) > 6 else "") + "); their Student-t intervals are wide and a "
-                  "probability of improvement between so few seeds cannot be resolved")
+        notes.add(f"low-powered: {len(weak)} group(s) with 2–{stats.LOW_POWER_N} seeds ({_first_six(weak, '; ')}); "
+                  "their Student-t intervals are wide and a probability of improvement between so few seeds "
+                  "cannot be resolved")
     diff = G.config_diff(rs.runs, groups)
     for row in diff.to_dict("records"):
-        mixed = [k for k, v in row.items() if isinstance(v, str) and v.startswith("mixed: ")]
-        if mixed:
+        if mixed := [k for k, v in row.items() if isinstance(v, str) and v.startswith("mixed: ")]:
             notes.add(f"group {row['group']} mixes runs with different {', '.join(mixed)}: "
                       f"add them to group_by to separate them")
     display, (pairs, compared) = G.names_of(groups, rs, names), G.comparison_pairs(rs.runs, groups, recipe)
@@ -209,8 +191,7 @@ def score(recipe: Recipe, loaded: Loaded, grouped: Grouped) -> Scored:
     # the KL figure's metrics whether or not they are curves; their notes first, as ever
     wanted = [m for m in dict.fromkeys([*recipe.kl, sel.metric, recipe.collapse.train, *loaded.curves])
               if m in loaded.curves or m in recipe.kl]
-    bands = {m: grouped.named(_bands(rs, groups, m, curve_notes)) for m in wanted}
-    bands = {m: b for m, b in bands.items() if b}
+    bands = {m: b for m in wanted if (b := grouped.named(_bands(rs, groups, m, curve_notes)))}
     noise = grouped.named(_noise_bands(rs, groups, sel.metric)) if sel.metric in bands else {}
     tok_stats, capacity, counterfactual = _token_samples(rs, groups, notes)
     matched = G.resolve_matched_steps(rs, recipe)
@@ -227,13 +208,10 @@ def _unit_notes(recipe: Recipe, rs: RunSet, notes: G.Notes) -> None:
     """Warn (in the report and the log) when the recipe's ``x`` is not the unit its sweeps count in."""
     if "path" not in rs.runs or not len(rs.runs):
         return
-    units: dict[str, str] = {}
-    units_col = rs.runs["step_unit"] if "step_unit" in rs.runs else pd.Series(None, index=rs.runs.index)
-    for path, unit in zip(rs.runs["path"], units_col, strict=True):
-        if isinstance(path, str):
-            units[_sweep_file(Path(path).parent)] = unit if isinstance(unit, str) else "optimizer"
-    text = unit_disagreement(recipe.x, str(recipe.path) if recipe.path else None, units)
-    if text:
+    units = {_sweep_file(Path(path).parent): unit if isinstance(unit, str) else "optimizer"
+             for path, unit in zip(rs.runs["path"], rs.runs.get("step_unit", [None] * len(rs.runs)), strict=True)
+             if isinstance(path, str)}
+    if text := unit_disagreement(recipe.x, str(recipe.path) if recipe.path else None, units):
         log.warning("%s", text)
         notes.add(text)
 
@@ -271,8 +249,8 @@ def _noise_bands(rs: RunSet, groups: G.Groups, metric: str) -> dict[str, tuple[n
             s, v = rs.curve(r, metric)
             if s.size:
                 curves.append((s, collapse.eval_se(v, G.eval_sizes(rs, r, metric, s)) ** 2))
-        aligned = stats.align_curves(curves) if curves else None
-        if aligned is None or not aligned.grid.size:
+        aligned = stats.align_curves(curves)
+        if not aligned.grid.size:
             continue
         count = np.isfinite(aligned.values).sum(axis=0)
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -337,34 +315,29 @@ def draw(recipe: Recipe, loaded: Loaded, grouped: Grouped, scored: Scored, decid
          plot_dir: Path) -> Drawn:
     """Every figure, in the page's order: the selection metric, over-optimisation, KL, capacity,
     ablation, the other curves."""
-    axis = {} if recipe.x == "step" else {"x_label": plots.AXIS_LABELS[recipe.x]}
     colors = plots.group_colors([grouped.display[g] for g in grouped.groups.labels])
     legend = ", ".join(grouped.keys) if grouped.keys else "group"
+    style = {"legend_title": legend, "colors": colors}
+    axis = {} if recipe.x == "step" else {"x_label": plots.AXIS_LABELS[recipe.x]}
     sel, col, bands = recipe.select, recipe.collapse, scored.bands
     kl_panels = {m: bands[m] for m in recipe.kl if m in bands}
-    figures = [_val_figure(recipe, loaded, grouped, scored, decided, plot_dir, colors, axis, legend)]
-    if sel.metric in bands and col.train in bands:
-        figures.append(("results", panels.plot_overoptimisation(
-            bands[col.train], bands[sel.metric], col.train, sel.metric, plot_dir / "overoptimisation.png",
-            legend_title=legend, colors=colors, **axis),
-            f"{col.train} (dashed) against {sel.metric} (solid): the over-optimisation picture"))
-    if kl_panels:
-        figures.append(("kl", plots.plot_kl(kl_panels, plot_dir / "kl.png", legend_title=legend, colors=colors,
-                                            **axis), _kl_caption(kl_panels, recipe.kl)))
-    if scored.capacity:
-        figures.append(("capacity", plots.plot_capacity(scored.capacity, scored.counterfactual,
-                                                        plot_dir / "capacity.png", legend_title=legend,
-                                                        colors=colors),
-                        "ECDF of probability capacity of A>0 tokens from tokens/ samples"))
-    figures.append(_ablation_figure(recipe, grouped, scored, plot_dir, colors))
     # the small multiples show only what no figure above shows: each extra figure costs a second
     shown = {sel.metric, col.train, *kl_panels} if sel.metric in bands else set(kl_panels)
     others = {m: bands[m] for m in loaded.curves if m in bands and m not in shown}
-    if others:
-        figures.append(("curves", plots.plot_curve_grid(others, plot_dir / "curves.png", legend_title=legend,
-                                                        colors=colors, **axis),
-                        f"the recipe's other curves: mean over seeds with 95% CI (Student-t below "
-                        f"{stats.T_MIN_BOOTSTRAP} seeds, BCa bootstrap from {stats.T_MIN_BOOTSTRAP})"))
+    figures = [
+        _val_figure(recipe, loaded, grouped, scored, decided, plot_dir, colors, axis, legend),
+        ("results", panels.plot_overoptimisation(bands[col.train], bands[sel.metric], col.train, sel.metric,
+                                                 plot_dir / "overoptimisation.png", **style, **axis),
+         f"{col.train} (dashed) against {sel.metric} (solid): the over-optimisation picture")
+        if sel.metric in bands and col.train in bands else None,
+        ("kl", plots.plot_kl(kl_panels, plot_dir / "kl.png", **style, **axis), _kl_caption(kl_panels, recipe.kl))
+        if kl_panels else None,
+        ("capacity", plots.plot_capacity(scored.capacity, scored.counterfactual, plot_dir / "capacity.png", **style),
+         "ECDF of probability capacity of A>0 tokens from tokens/ samples") if scored.capacity else None,
+        _ablation_figure(recipe, grouped, scored, plot_dir, colors),
+        ("curves", plots.plot_curve_grid(others, plot_dir / "curves.png", **style, **axis),
+         f"the recipe's other curves: mean over seeds with 95% CI (Student-t below "
+         f"{stats.T_MIN_BOOTSTRAP} seeds, BCa bootstrap from {stats.T_MIN_BOOTSTRAP})") if others else None]
     return Drawn(tuple(f for f in figures if f is not None))
 
 
