@@ -6,13 +6,9 @@ from __future__ import annotations
 
 import base64
 import html
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import numpy as np
-import pandas as pd
 
 from armorlab.core.fsutil import atomic_write_text
 
@@ -58,50 +54,6 @@ def esc(text: object) -> str:
     return html.escape(str(text), quote=True)
 
 
-NA_REP = "—"
-_ESCAPE = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;"})  # pandas' to_html escapes these
-_CONTROL = str.maketrans({"\t": "\\t", "\n": "\\n", "\r": "\\r"})  # its value formatter, these
-
-
-def _cell(text: str) -> str:
-    """pandas' ``_write_cell``: escaped, stripped, double spaces as non-breaking ones."""
-    return text.translate(_ESCAPE).strip().replace("  ", "&nbsp;&nbsp;")
-
-
-def _text_cell(v: object) -> str | None:
-    """A cell of a text column as pandas' ``to_html`` writes it; None where pandas formats it otherwise."""
-    if isinstance(v, str):
-        return _cell(v.translate(_CONTROL))
-    if isinstance(v, float) and math.isnan(v):
-        return NA_REP
-    return "None" if v is None else None  # pandas writes None of an object column as it is, not as na_rep
-
-
-def _cells(col: pd.Series) -> list[str] | None:
-    """A column's cells as pandas' ``to_html`` writes text, integers and booleans; None for anything else."""
-    dtype, values = col.dtype, col.tolist()
-    if isinstance(dtype, np.dtype) and dtype.kind in "iub":
-        return [str(v) for v in values]
-    if not ((isinstance(dtype, np.dtype) and dtype.kind == "O") or isinstance(dtype, pd.StringDtype)):
-        return None
-    cells = [_text_cell(v) for v in values]
-    return None if None in cells else cells
-
-
-def table_html(df: pd.DataFrame) -> str:
-    """``df.to_html(index=False, escape=True, na_rep="—", border=0)``, written directly where it can
-    (pandas' formatter was half of writing index.html)."""
-    named = df.columns.size and df.columns.is_unique and all(isinstance(c, str) for c in df.columns)
-    columns = [_cells(df[c]) for c in df.columns] if named else [None]
-    if any(c is None for c in columns):
-        return df.to_html(index=False, escape=True, na_rep=NA_REP, border=0)
-    rows = [line for row in zip(*columns, strict=True)
-            for line in ("    <tr>", *(f"      <td>{cell}</td>" for cell in row), "    </tr>")]
-    head = [f"      <th>{_cell(c)}</th>" for c in df.columns]
-    return "\n".join(['<table class="dataframe">', "  <thead>", '    <tr style="text-align: right;">', *head,
-                      "    </tr>", "  </thead>", "  <tbody>", *rows, "  </tbody>", "</table>"])
-
-
 def _image_src(src: str, root: Path) -> str:
     """``data:image/png;base64,…`` of the PNG ``root/src``; ``src`` itself when it cannot be read."""
     try:
@@ -114,7 +66,8 @@ def _image_src(src: str, root: Path) -> str:
 def _section(s: Section, root: Path) -> list[str]:
     parts = [f"<h2>{esc(s.title)}</h2>", *([s.intro] if s.intro else [])]
     for cap, df, *table_id in s.tables:  # each table in its own scrolling box (CSS .tbl)
-        block = table_html(df)
+        # pandas writes it (a hand-written copy saved 0.6 % of a cold 200-run report: not worth its lines)
+        block = df.to_html(index=False, escape=True, na_rep="—", border=0)
         if table_id and table_id[0]:
             block = block.replace("<table ", f'<table id="{esc(table_id[0])}" ', 1)
         if cap:

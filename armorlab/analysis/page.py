@@ -125,7 +125,14 @@ def write_page(recipe: Recipe, out: Path, key: Any, loaded: Loaded, grouped: Gro
     sel, rs, verdicts = recipe.select, loaded.runs, decided.verdicts
     notes = G.Notes(list(dict.fromkeys(chain(loaded.notes, grouped.notes, scored.curve_notes, decided.notes,
                                              scored.notes))))
-    _write_recipe(recipe, out, loaded, grouped, scored, decided)
+    atomic_write_yaml(out / "recipe.yaml", durable=False, obj={  # the recipe as resolved
+        "title": recipe.title, "runs": list(recipe.runs), "group_by": list(grouped.keys), "curves": loaded.curves,
+        "select": {"metric": sel.metric, "mode": sel.mode, "report": sel.report},
+        "matched_steps": list(scored.matched), "scores": scored.scores, "kl": list(recipe.kl),
+        "collapse": dict(vars(recipe.collapse)),
+        "compare": {"endpoints": list(recipe.compare.endpoints or verdict_table.DEFAULT_ENDPOINTS),
+                    "pairs": [list(p) for p in grouped.pairs], "chosen": grouped.compared,
+                    "delta": recipe.compare.delta}})  # the declared margin (None: none), as the recipe (or --delta) gave it
     figs: dict[str, list[Figure]] = {}
     for kind, path, caption in drawn.figures:
         figs.setdefault(kind, []).append(Figure(str(path.relative_to(out)), caption,
@@ -156,20 +163,6 @@ def write_page(recipe: Recipe, out: Path, key: Any, loaded: Loaded, grouped: Gro
     freshness.write_stamp(out, key, result_summary(result),
                           [index, out / "recipe.yaml", *result.plots, *tabled.written, *figures])
     return result
-
-
-def _write_recipe(recipe: Recipe, out: Path, loaded: Loaded, grouped: Grouped, scored: Scored,
-                  decided: Decided) -> None:
-    """The recipe as resolved: group keys, curves, matched steps, scores, margins."""
-    sel = recipe.select
-    atomic_write_yaml(out / "recipe.yaml", durable=False, obj={
-        "title": recipe.title, "runs": list(recipe.runs), "group_by": list(grouped.keys), "curves": loaded.curves,
-        "select": {"metric": sel.metric, "mode": sel.mode, "report": sel.report},
-        "matched_steps": list(scored.matched), "scores": scored.scores, "kl": list(recipe.kl),
-        "collapse": dict(vars(recipe.collapse)),
-        "compare": {"endpoints": list(recipe.compare.endpoints or verdict_table.DEFAULT_ENDPOINTS),
-                    "pairs": [list(p) for p in grouped.pairs], "chosen": grouped.compared,
-                    "delta": recipe.compare.delta}})  # the declared margin (None: none), as the recipe (or --delta) gave it
 
 
 def _sections(recipe: Recipe, figs: dict[str, list[Figure]], names: G.PageNames, tabled: Tabled,

@@ -66,31 +66,47 @@ def load_runs(recipe: Recipe, *, cache: bool = True, progress: Callable[[int, in
               val_n=recipe.val_n, stages=recipe.stages)
     rs.counter = recipe.x  # steps in optimizer steps or rollouts, everywhere below
     notes = G.Notes(list(rs.warnings))
-    _state_notes(rs, notes)
-    uncounted = [r for r in rs.run_ids if rs.last_step(r) is None]  # runs older than the rollout counter
-    if rs.counter != "step" and uncounted:
+    for run in rs.runs.itertuples(index=False):
+        reason = run.reason if isinstance(run.reason, str) else ""
+        if run.state == "stopped":
+            notes.add(f"run {run.run_id} stopped itself{f' ({reason})' if reason else ''}: its level at stop is "
+                      "carried forward to the horizon in final, auc and matched-step scores")
+        elif run.state not in ("completed", "unknown"):  # unknown: an import whose source says not how it ended
+            notes.add(f"run {run.run_id} is {run.state}{f': {reason}' if reason else ''} (its curves end early)")
+        elif run.state == "completed" and reason.startswith("stopped"):
+            notes.add(f"run {run.run_id} {reason}")
+    uncounted = [r for r in rs.run_ids if rs.last_step(r) is None] if rs.counter != "step" else []
+    if uncounted:  # runs older than the rollout counter
         notes.add(f"{len(uncounted)} run(s) log no `{rs.counter}` counter and are left out of the curves: "
                   f"{_first_six(uncounted)}")
-    _unit_notes(recipe, rs, notes)
-    curves = _curves(recipe, rs)
-    sel = recipe.select
+    no_value = [None] * len(rs.runs)  # the recipe's x against the unit each sweep counts in
+    units = {_sweep_file(Path(path).parent): unit if isinstance(unit, str) else "optimizer"
+             for path, unit in zip(rs.runs.get("path", no_value), rs.runs.get("step_unit", no_value), strict=True)
+             if isinstance(path, str)}
+    if text := unit_disagreement(recipe.x, str(recipe.path) if recipe.path else None, units):
+        log.warning("%s", text)
+        notes.add(text)
+    sel, present = recipe.select, set(rs.metrics)
+    curves = (list(recipe.curves) if recipe.curves is not None
+              else [m for m in (*DEFAULT_CURVES, *recipe.kl) if m in present])
+    for m in (sel.metric, recipe.collapse.train):
+        if m in present and m not in curves:
+            curves.insert(0, m)
+    curves = list(dict.fromkeys(curves))
     explicit = set(recipe.curves or ()) | {sel.metric, sel.report}
-    _missing_metric_notes(rs, list(dict.fromkeys([sel.metric, sel.report, *curves])), notes, explicit)
+    configs = {r["run_id"]: r for r in rs.runs.to_dict("records")}
+    for m in dict.fromkeys([sel.metric, sel.report, *curves]):
+        expected = [r for r in rs.run_ids if logged_under(m, configs[r])]
+        missing = [r for r in expected if not rs.has_metric(r, m)]
+        if len(missing) == len(expected) and missing and m in explicit:
+            notes.add(f"metric {m} missing in all {len(expected)} runs (not logged by this trainer version?)")
+        elif 0 < len(missing) < len(expected):
+            notes.add(f"metric {m} missing in {len(missing)}/{len(expected)} runs: {_first_six(missing)}")
     return Loaded(rs, curves, tuple(notes.items))
 
 
 def _first_six(items: Sequence[str], sep: str = ", ") -> str:
     return sep.join(items[:6]) + (" …" if len(items) > 6 else "")
-
-
-def _curves(recipe: Recipe, rs: RunSet) -> list[str]:
-    present = set(rs.metrics)
-    wanted = (list(recipe.curves) if recipe.curves is not None
-              else [m for m in (*DEFAULT_CURVES, *recipe.kl) if m in present])
-    for m in (recipe.select.metric, recipe.collapse.train):
-        if m in present and m not in wanted:
-            wanted.insert(0, m)
-    return list(dict.fromkeys(wanted))
 
 
 def logged_under(metric: str, config: Mapping[str, Any]) -> bool:
@@ -111,29 +127,6 @@ def logged_under(metric: str, config: Mapping[str, Any]) -> bool:
 
 _LOGGED_WHEN = {"obj/beta_kl": ("beta",), "obj/kl_grad_share": ("beta", "grad_share_every"),
                 "obj/kl_grad_cos": ("beta", "grad_share_every"), "obj/anchor_grad_share": ("anchor", "grad_share_every")}
-
-
-def _missing_metric_notes(rs: RunSet, metrics: Sequence[str], notes: G.Notes, explicit: set[str]) -> None:
-    configs = {r["run_id"]: r for r in rs.runs.to_dict("records")}
-    for m in metrics:
-        expected = [r for r in rs.run_ids if logged_under(m, configs[r])]
-        missing = [r for r in expected if not rs.has_metric(r, m)]
-        if len(missing) == len(expected) and missing and m in explicit:
-            notes.add(f"metric {m} missing in all {len(expected)} runs (not logged by this trainer version?)")
-        elif 0 < len(missing) < len(expected):
-            notes.add(f"metric {m} missing in {len(missing)}/{len(expected)} runs: {_first_six(missing)}")
-
-
-def _state_notes(rs: RunSet, notes: G.Notes) -> None:
-    for run in rs.runs.itertuples(index=False):
-        reason = run.reason if isinstance(run.reason, str) else ""
-        if run.state == "stopped":
-            notes.add(f"run {run.run_id} stopped itself{f' ({reason})' if reason else ''}: its level at stop is "
-                      "carried forward to the horizon in final, auc and matched-step scores")
-        elif run.state not in ("completed", "unknown"):  # unknown: an import whose source says not how it ended
-            notes.add(f"run {run.run_id} is {run.state}{f': {reason}' if reason else ''} (its curves end early)")
-        elif run.state == "completed" and reason.startswith("stopped"):
-            notes.add(f"run {run.run_id} {reason}")
 
 
 # --------------------------------------------------------------------------- group
@@ -162,25 +155,15 @@ def group_runs(recipe: Recipe, loaded: Loaded,
     display, (pairs, compared) = G.names_of(groups, rs, names), G.comparison_pairs(rs.runs, groups, recipe)
     if G.FIRST_GROUP in compared and pairs:
         notes.add(f"baseline: {compared}; name one with --baseline KEY=VALUE or compare: {{baseline: ...}}")
-    _effective_batch_notes(rs, groups, pairs, display, notes)
-    return Grouped(groups, list(keys), display, diff, pairs, tuple(notes.items), G.rename(compared, display))
-
-
-def _effective_batch_notes(rs: RunSet, groups: G.Groups, pairs: Sequence[tuple[str, str]],
-                           display: Mapping[str, str], notes: G.Notes) -> None:
-    """A note for each compared pair whose effective batches differ beyond the tolerance
-    (armorlab.stats.effective_batch, from train/refill_shortfall)."""
-    def shortfalls(label: str) -> list[float]:
-        means = [rs.curve(r, "train/refill_shortfall")[1] for r in groups.members.get(label, ())]
-        return [float(m.mean()) for m in means if m.size]
-
-    for a, b in pairs:
-        gap = effective_batch_gap(shortfalls(b), shortfalls(a))
-        if gap is not None:
+    for a, b in pairs:  # effective batches (armorlab.stats.effective_batch) beyond the tolerance
+        shortfalls = [[float(m.mean()) for r in groups.members.get(label, ())
+                       if (m := rs.curve(r, "train/refill_shortfall")[1]).size] for label in (b, a)]
+        if (gap := effective_batch_gap(*shortfalls)) is not None:
             notes.add(f"effective batch differs between {display.get(a, a)} and {display.get(b, b)}: "
                       f"{gap[1]:.0%} vs {gap[0]:.0%} of the batch trains (1 − mean train/refill_shortfall; "
                       f"tolerance {EFFECTIVE_BATCH_TOLERANCE:.0%}): their batch sizes and loss normalisers "
                       f"differ — raise max_num_gen_batches, or read the comparison with that in mind")
+    return Grouped(groups, list(keys), display, diff, pairs, tuple(notes.items), G.rename(compared, display))
 
 
 # --------------------------------------------------------------------------- score
@@ -197,23 +180,14 @@ def score(recipe: Recipe, loaded: Loaded, grouped: Grouped) -> Scored:
     matched = G.resolve_matched_steps(rs, recipe)
     per_run = G.run_scores(rs, groups, recipe, matched, notes, tok_stats)
     cols, tok_cols = G.score_columns(per_run, matched), G.token_columns(per_run)
+    # a step score's interval lies inside the logged steps (a Student-t interval can reach before the first)
+    logged = [s for r in rs.run_ids if (s := rs.curve(r, sel.metric)[0]).size]
     summary = G.group_summary(per_run, groups, cols + G.extra_columns(per_run) + tok_cols,
-                              step_range=_step_range(rs, sel.metric),
+                              step_range=(float(min(s[0] for s in logged)), float(max(s[-1] for s in logged)))
+                              if logged else None,
                               bounds=score_ranges(cols, sel.metric, sel.report, per_run))
     return Scored(bands, noise, matched, per_run, cols, tok_cols, summary, G.resolve_scores(recipe, per_run, matched),
                   grouped.named(capacity), counterfactual, tuple(curve_notes.items), tuple(notes.items))
-
-
-def _unit_notes(recipe: Recipe, rs: RunSet, notes: G.Notes) -> None:
-    """Warn (in the report and the log) when the recipe's ``x`` is not the unit its sweeps count in."""
-    if "path" not in rs.runs or not len(rs.runs):
-        return
-    units = {_sweep_file(Path(path).parent): unit if isinstance(unit, str) else "optimizer"
-             for path, unit in zip(rs.runs["path"], rs.runs.get("step_unit", [None] * len(rs.runs)), strict=True)
-             if isinstance(path, str)}
-    if text := unit_disagreement(recipe.x, str(recipe.path) if recipe.path else None, units):
-        log.warning("%s", text)
-        notes.add(text)
 
 
 def _sweep_file(sweep_dir: Path) -> str:
@@ -285,13 +259,6 @@ def _token_samples(rs: RunSet, groups: G.Groups, notes: G.Notes):
             cf_parts.setdefault(obj, []).append(arr[:CAP_SAMPLE])
     return (per_run, {g: np.concatenate(v) for g, v in per_group.items()},
             {o: np.concatenate(v) for o, v in cf_parts.items()})
-
-
-def _step_range(rs: RunSet, metric: str) -> tuple[float, float] | None:
-    """The first and last step at which any run logged ``metric``: a step score's interval lies
-    inside it (a mean step's Student-t interval can reach before the first step)."""
-    ends = [(float(s[0]), float(s[-1])) for r in rs.run_ids for s, _ in [rs.curve(r, metric)] if s.size]
-    return (min(e[0] for e in ends), max(e[1] for e in ends)) if ends else None
 
 
 # --------------------------------------------------------------------------- decide
