@@ -53,7 +53,6 @@ class Tabled:
     mechanisms: pd.DataFrame | None
 
 
-# --------------------------------------------------------------------------- tables
 def write_tables(recipe: Recipe, rs: RunSet, grouped: Grouped, scored: Scored, decided: Decided,
                  tdir: Path) -> Tabled:
     sel, keys, summary = recipe.select, grouped.keys, scored.summary
@@ -118,7 +117,6 @@ def _anchor_table(rs: RunSet, groups: G.Groups) -> pd.DataFrame | None:
     return pd.DataFrame(rows)
 
 
-# --------------------------------------------------------------------------- page
 def write_page(recipe: Recipe, out: Path, key: Any, loaded: Loaded, grouped: Grouped, scored: Scored,
                decided: Decided, drawn: Drawn, tabled: Tabled, first: Section | None,
                extra_sections: Callable[[Path, Callable[[str], None]], list[Section]] | None) -> ReportResult:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -267,9 +267,7 @@ def spec_controls(sweep_dirs: Sequence[Path], stages: Sequence[str] | None = Non
 def load_recipe(path: str | Path) -> Recipe:
     """Read and validate ``analysis/<name>.yaml``."""
     path = Path(path)
-    recipe = parse_recipe(load_yaml_mapping(path), file=str(path), name=path.stem)
-    recipe.path = path
-    return recipe
+    return replace(parse_recipe(load_yaml_mapping(path), file=str(path), name=path.stem), path=path)
 
 
 def recipe_for_paths(paths: list[str], *, group_by: list[str] | None = None, format: str | None = None,

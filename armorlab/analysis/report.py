@@ -60,7 +60,6 @@ def build_report(recipe: Recipe, out_dir: str | Path | None = None, *, cache: bo
                            extra_sections)
 
 
-# --------------------------------------------------------------------------- load
 def load_runs(recipe: Recipe, *, cache: bool = True, progress: Callable[[int, int], None] | None = None) -> Loaded:
     rs = load(recipe.runs, cache=cache, progress=progress, format=recipe.format, mapping=recipe.runs_map,
               val_n=recipe.val_n, stages=recipe.stages)
@@ -114,11 +113,8 @@ def logged_under(metric: str, config: Mapping[str, Any]) -> bool:
     a metric that cannot exist in a run is not reported as missing from it."""
     def on(key: str) -> bool:  # a config without the key (older run dirs): assume it is logged
         value = config.get(key)
-        if isinstance(value, (bool, np.bool_)):
-            return bool(value)
-        if isinstance(value, (int, float, np.integer, np.floating)) and math.isfinite(value):
-            return value != 0
-        return True
+        number = isinstance(value, (int, float, np.number, np.bool_)) and math.isfinite(value)
+        return bool(value != 0) if number else True
 
     if metric.startswith(("anchor/", "kl/forward_")):
         return on("anchor") or on("anchor_gate")
@@ -129,7 +125,6 @@ _LOGGED_WHEN = {"obj/beta_kl": ("beta",), "obj/kl_grad_share": ("beta", "grad_sh
                 "obj/kl_grad_cos": ("beta", "grad_share_every"), "obj/anchor_grad_share": ("anchor", "grad_share_every")}
 
 
-# --------------------------------------------------------------------------- group
 def group_runs(recipe: Recipe, loaded: Loaded,
                names: Callable[[pd.DataFrame, RunSet], Mapping[str, str]] | None = None) -> Grouped:
     rs = loaded.runs
@@ -166,7 +161,6 @@ def group_runs(recipe: Recipe, loaded: Loaded,
     return Grouped(groups, list(keys), display, diff, pairs, tuple(notes.items), G.rename(compared, display))
 
 
-# --------------------------------------------------------------------------- score
 def score(recipe: Recipe, loaded: Loaded, grouped: Grouped) -> Scored:
     """Each group's mean curves, each run's scores, each group's summary of them."""
     rs, groups, sel = loaded.runs, grouped.groups, recipe.select
@@ -202,14 +196,12 @@ def _sweep_file(sweep_dir: Path) -> str:
 def _bands(rs: RunSet, groups: G.Groups, metric: str, notes: G.Notes) -> dict[str, stats.CurveBand]:
     out = {}
     for g in groups.labels:
-        curves = [c for c in (rs.curve(r, metric) for r in groups.members[g]) if c[0].size]
-        if not curves:
-            continue
-        aligned = stats.align_curves(curves)
-        if aligned.interpolated:
-            notes.add(f"group {g}: {metric} was logged at different steps across seeds; curves were "
-                      f"linearly interpolated onto the union of steps")
-        out[g] = stats.curve_band(aligned)
+        if curves := [c for c in (rs.curve(r, metric) for r in groups.members[g]) if c[0].size]:
+            aligned = stats.align_curves(curves)
+            if aligned.interpolated:
+                notes.add(f"group {g}: {metric} was logged at different steps across seeds; curves were "
+                          f"linearly interpolated onto the union of steps")
+            out[g] = stats.curve_band(aligned)
     return out
 
 
@@ -218,18 +210,11 @@ def _noise_bands(rs: RunSet, groups: G.Groups, metric: str) -> dict[str, tuple[n
     logged that step, SE_r from collapse.eval_se (binomial from ``<split>/n``, else from the curve)."""
     out = {}
     for g in groups.labels:
-        curves = []
-        for r in groups.members[g]:
-            s, v = rs.curve(r, metric)
-            if s.size:
-                curves.append((s, collapse.eval_se(v, G.eval_sizes(rs, r, metric, s)) ** 2))
-        aligned = stats.align_curves(curves)
-        if not aligned.grid.size:
-            continue
+        aligned = stats.align_curves([(s, collapse.eval_se(v, G.eval_sizes(rs, r, metric, s)) ** 2)
+                                      for r in groups.members[g] for s, v in [rs.curve(r, metric)] if s.size])
         count = np.isfinite(aligned.values).sum(axis=0)
         with np.errstate(invalid="ignore", divide="ignore"):
-            se = np.sqrt(np.nansum(aligned.values, axis=0)) / count
-        se[count == 0] = np.nan
+            se = np.where(count > 0, np.sqrt(np.nansum(aligned.values, axis=0)) / count, np.nan)
         if np.isfinite(se).any():
             out[g] = (aligned.grid, se)
     return out
@@ -242,9 +227,8 @@ def _token_samples(rs: RunSet, groups: G.Groups, notes: G.Notes):
         tokens = cs.read_tokens(run["path"])
         if tokens is None:
             continue
-        need = {"logp", "old_logp", "advantage"}
-        if not need <= set(tokens.columns):
-            notes.add(f"run {run['run_id']}: tokens/ lacks {', '.join(sorted(need - set(tokens.columns)))}")
+        if lacks := sorted({"logp", "old_logp", "advantage"} - set(tokens.columns)):
+            notes.add(f"run {run['run_id']}: tokens/ lacks {', '.join(lacks)}")
             continue
         cfg = RunDir(run["path"]).read_config()
         try:
@@ -261,23 +245,19 @@ def _token_samples(rs: RunSet, groups: G.Groups, notes: G.Notes):
             {o: np.concatenate(v) for o, v in cf_parts.items()})
 
 
-# --------------------------------------------------------------------------- decide
 def decide(recipe: Recipe, loaded: Loaded, grouped: Grouped, scored: Scored) -> Decided:
     """Verdicts per arm (a sweep run until resolved: its looks.json's, since fixed-sample verdicts
     would ignore the looks) and the probability of improvement per compared pair."""
     notes, sel = G.Notes(), recipe.select
-    sequential = until_resolved_report.find(recipe.runs)
-    verdicts = None
-    if sequential:
+    if sequential := until_resolved_report.find(recipe.runs):
         until_resolved_report.prepare(sequential, sel.metric, sel.report)
         until_resolved_report.check(sequential, scored.per_run, loaded.runs, notes)
-    else:
-        verdicts = verdict_table.build(scored.per_run, loaded.runs, recipe, grouped.pairs, notes, grouped.display)
+    verdicts = None if sequential else verdict_table.build(scored.per_run, loaded.runs, recipe, grouped.pairs,
+                                                           notes, grouped.display)
     poi = G.improvement_table(scored.per_run, grouped.pairs, scored.scores)
     return Decided(verdicts, sequential, poi, tuple(notes.items))
 
 
-# --------------------------------------------------------------------------- draw
 def draw(recipe: Recipe, loaded: Loaded, grouped: Grouped, scored: Scored, decided: Decided,
          plot_dir: Path) -> Drawn:
     """Every figure, in the page's order: the selection metric, over-optimisation, KL, capacity,
@@ -308,31 +288,23 @@ def draw(recipe: Recipe, loaded: Loaded, grouped: Grouped, scored: Scored, decid
     return Drawn(tuple(f for f in figures if f is not None))
 
 
-def _onsets(recipe: Recipe, loaded: Loaded, grouped: Grouped, per_run: pd.DataFrame):
-    """Each group's collapse onsets (step, level, label of the fall in SE)."""
-    markers, records, at = {}, per_run.to_dict("records"), G.group_rows(per_run)
-    for g in grouped.groups.labels:
-        pts = []
-        for r in (records[i] for i in at.get(g, ())):
-            step = r.get("collapse_step")
-            if step is not None and not (isinstance(step, float) and math.isnan(step)):
-                v = select.value_at(*loaded.runs.curve(r["run_id"], recipe.select.metric), step).value
-                z = r.get("collapse_z", math.nan)
-                pts.append((step, v, f"−{z:.1f} SE" if math.isfinite(z) else "−∞ SE" if z == math.inf else ""))
-        markers[grouped.display[g]] = pts
-    return markers
-
-
 def _val_figure(recipe, loaded, grouped, scored, decided, plot_dir, colors, axis, legend):
     sel, col, verdicts, display = recipe.select, recipe.collapse, decided.verdicts, grouped.display
     band = scored.bands.get(sel.metric)
     if not band:
         return None
-    markers = _onsets(recipe, loaded, grouped, scored.per_run)
-    n_onsets = sum(len(p) for p in markers.values())
-    labelled = n_onsets <= MAX_ONSET_LABELS
-    if not labelled:  # past this they overlap into a smear (and cost a fifth of all figure time)
-        markers = {g: [(x, y, "") for x, y, _ in pts] for g, pts in markers.items()}
+    records, at = scored.per_run.to_dict("records"), G.group_rows(scored.per_run)
+    onsets = {display[g]: [r for r in (records[i] for i in at.get(g, ())) if pd.notna(r.get("collapse_step"))]
+              for g in grouped.groups.labels}
+    n_onsets = sum(map(len, onsets.values()))
+    labelled = n_onsets <= MAX_ONSET_LABELS  # past this they overlap into a smear (and cost a fifth of figure time)
+
+    def label(z: float) -> str:  # the fall in SE
+        return "" if not labelled else f"−{z:.1f} SE" if math.isfinite(z) else "−∞ SE" if z == math.inf else ""
+
+    markers = {g: [(r["collapse_step"], select.value_at(*loaded.runs.curve(r["run_id"], sel.metric),
+                                                        r["collapse_step"]).value, label(r.get("collapse_z", math.nan)))
+                   for r in runs] for g, runs in onsets.items()}
     common = {"colors": colors, "markers": markers, "matched_steps": scored.matched, "noise": scored.noise, **axis}
     if 2 <= len(grouped.groups.labels) <= panels.MAX_PANELS:  # one panel per arm, its baseline in each
         base = verdicts.baseline() if verdicts is not None else None
@@ -345,17 +317,14 @@ def _val_figure(recipe, loaded, grouped, scored, decided, plot_dir, colors, axis
     else:
         path = plots.plot_curves(band, sel.metric, plot_dir / "val.png", legend_title=legend, **common)
         how = "all groups on one axis"
-    return ("first", path,
-            f"{sel.metric}, {how}: mean over seeds with its 95% CI (lightly shaded; the y axis holds the "
-            f"means and the bands but for spikes, at most one range of the means beyond them: a wider CI is "
-            f"cut at the frame); thin dashed lines: ±1 SE "
-            f"of eval noise (binomial from the eval count, val/n or val/n_greedy, where logged, else estimated from the curve); ▼ = a "
-            f"seed's collapse onset, "
-            + ("labelled with how many SEs its level fell below the earlier peak " if labelled else
-               f"unlabelled at {n_onsets} onsets (over {MAX_ONSET_LABELS} the labels overlap): how many "
-               f"SEs each level fell below the earlier peak is collapse_z in the Runs table ")
-            + f"(m={col.patience} evals per level, α={col.alpha}, δ={col.delta}); vertical dotted = "
-            f"matched steps")
+    onsets = ("labelled with how many SEs its level fell below the earlier peak " if labelled else
+              f"unlabelled at {n_onsets} onsets (over {MAX_ONSET_LABELS} the labels overlap): how many SEs each "
+              "level fell below the earlier peak is collapse_z in the Runs table ")
+    return ("first", path, f"{sel.metric}, {how}: mean over seeds with its 95% CI (lightly shaded; the y axis "
+            "holds the means and the bands but for spikes, at most one range of the means beyond them: a wider CI "
+            "is cut at the frame); thin dashed lines: ±1 SE of eval noise (binomial from the eval count, val/n or "
+            "val/n_greedy, where logged, else estimated from the curve); ▼ = a seed's collapse onset, " + onsets
+            + f"(m={col.patience} evals per level, α={col.alpha}, δ={col.delta}); vertical dotted = matched steps")
 
 
 def _ablation_figure(recipe, grouped, scored, plot_dir, colors):
@@ -363,11 +332,9 @@ def _ablation_figure(recipe, grouped, scored, plot_dir, colors):
     varying = [k for k in keys if groups.table[k].map(G.fmt_value).nunique() > 1]
     if not (scores and len(groups.labels) > 1 and varying):
         return None
-    x_key = varying[-1]
-    hue = [k for k in keys if k != x_key and k in varying]
-    at, numeric = G.group_rows(per_run), G.numeric_columns(per_run, scores)
+    *hue, x_key = varying
+    at, numeric, sel = G.group_rows(per_run), G.numeric_columns(per_run, scores), recipe.select
     seeds = {g: {s: numeric[s][at.get(g, np.empty(0, dtype=np.int64))] for s in scores} for g in groups.labels}
-    sel = recipe.select
     label = {s: tables.score_label(s, sel.metric, sel.report) for s in scored.cols + scored.tok_cols}
     path = plots.plot_ablation(scored.summary.to_dict("records"), seeds, scores, label, x_key, hue,
                                plot_dir / "ablation.png", colors={g: colors[grouped.display[g]] for g in groups.labels})
@@ -381,8 +348,7 @@ def _kl_caption(kl_panels: Mapping[str, Any], wanted: Sequence[str]) -> str:
     by_direction: dict[str, list[str]] = {}
     for m in kl_panels:
         by_direction.setdefault(plots.kl_direction(m)[0] or "other", []).append(m)
-    parts = [f"{d} ({', '.join(ms)})" for d, ms in by_direction.items()]
-    text = (" and ".join(parts) + " over steps, mean over seeds with its 95% CI; reverse KL is estimated on "
+    text = (" and ".join(f"{d} ({', '.join(ms)})" for d, ms in by_direction.items()) + " over steps, mean over seeds with its 95% CI; reverse KL is estimated on "
             "samples of π_θ, forward KL on unconditioned samples of π_ref (panel titles say which)")
     if plots.KL_FORWARD not in by_direction and any(plots.kl_direction(m)[0] == plots.KL_FORWARD for m in wanted):
         text += ("; no forward KL: these runs log none (kl/forward_k* needs anchors or the gate, kl/exact_forward "
