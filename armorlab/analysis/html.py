@@ -54,15 +54,6 @@ def esc(text: object) -> str:
     return html.escape(str(text), quote=True)
 
 
-def _image_src(src: str, root: Path) -> str:
-    """``data:image/png;base64,…`` of the PNG ``root/src``; ``src`` itself when it cannot be read."""
-    try:
-        data = (root / src).read_bytes() if src.endswith(".png") else None
-    except OSError:
-        data = None
-    return src if data is None else "data:image/png;base64," + base64.b64encode(data).decode("ascii")
-
-
 def _section(s: Section, root: Path) -> list[str]:
     parts = [f"<h2>{esc(s.title)}</h2>", *([s.intro] if s.intro else [])]
     for cap, df, *table_id in s.tables:  # each table in its own scrolling box (CSS .tbl)
@@ -73,9 +64,14 @@ def _section(s: Section, root: Path) -> list[str]:
         if cap:
             parts.append(f"<p><b>{esc(cap)}</b></p>")
         parts.append(f'<div class="tbl">{block}</div>')
-    for f in s.figures:
+    for f in s.figures:  # a PNG is embedded as a data URI where it can be read, else linked
+        try:
+            src = ("data:image/png;base64," + base64.b64encode((root / f.src).read_bytes()).decode("ascii")
+                   if f.src.endswith(".png") else f.src)
+        except OSError:
+            src = f.src
         ident = f' id="{esc(f.id)}"' if f.id else ""
-        parts.append(f'<figure><img{ident} src="{esc(_image_src(f.src, root))}" data-file="{esc(f.src)}" '
+        parts.append(f'<figure><img{ident} src="{esc(src)}" data-file="{esc(f.src)}" '
                      f'alt="{esc(f.caption)}"><figcaption>{esc(f.caption)}</figcaption></figure>')
     return parts
 

@@ -104,6 +104,15 @@ def load_runs(recipe: Recipe, *, cache: bool = True, progress: Callable[[int, in
     return Loaded(rs, curves, tuple(notes.items))
 
 
+def _sweep_file(sweep_dir: Path) -> str:
+    """The spec a sweep dir was submitted from (its sweep.json's ``source``), else the dir."""
+    try:
+        source = json.loads((sweep_dir / "sweep.json").read_text(encoding="utf-8")).get("source")
+    except (OSError, ValueError, AttributeError):
+        source = None
+    return source if isinstance(source, str) and source else str(sweep_dir)
+
+
 def _first_six(items: Sequence[str], sep: str = ", ") -> str:
     return sep.join(items[:6]) + (" …" if len(items) > 6 else "")
 
@@ -182,15 +191,6 @@ def score(recipe: Recipe, loaded: Loaded, grouped: Grouped) -> Scored:
                               bounds=score_ranges(cols, sel.metric, sel.report, per_run))
     return Scored(bands, noise, matched, per_run, cols, tok_cols, summary, G.resolve_scores(recipe, per_run, matched),
                   grouped.named(capacity), counterfactual, tuple(curve_notes.items), tuple(notes.items))
-
-
-def _sweep_file(sweep_dir: Path) -> str:
-    """The spec a sweep dir was submitted from (its sweep.json's ``source``), else the dir."""
-    try:
-        source = json.loads((sweep_dir / "sweep.json").read_text(encoding="utf-8")).get("source")
-    except (OSError, ValueError, AttributeError):
-        source = None
-    return source if isinstance(source, str) and source else str(sweep_dir)
 
 
 def _bands(rs: RunSet, groups: G.Groups, metric: str, notes: G.Notes) -> dict[str, stats.CurveBand]:
