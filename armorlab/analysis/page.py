@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -52,49 +53,45 @@ class Tabled:
     mechanisms: pd.DataFrame | None
 
 
-# --------------------------------------------------------------------------- tables
 def write_tables(recipe: Recipe, rs: RunSet, grouped: Grouped, scored: Scored, decided: Decided,
                  tdir: Path) -> Tabled:
     sel, keys, summary = recipe.select, grouped.keys, scored.summary
     group_display = tables.display_group_table(summary, keys, scored.cols, sel.metric, sel.report)
-    written = tables.write_table(summary, tdir / "groups", formats=("csv",))
-    written += tables.write_table(group_display, tdir / "groups", formats=("md", "tex"),
-                                  caption=f"{recipe.title}: mean [95% CI] over seeds (method per row)")
-    token_display = None
-    if scored.tok_cols:
-        token_display = tables.display_group_table(summary, keys, scored.tok_cols, sel.metric, sel.report,
-                                                   n_of=scored.tok_cols[0])
-        written += tables.write_table(token_display, tdir / "tokens", formats=("md", "tex"),
-                                      caption="token-sample statistics: mean [95% CI] over seeds")
-    written += tables.write_table(scored.per_run, tdir / "runs", formats=("csv",))
+    token_display = (tables.display_group_table(summary, keys, scored.tok_cols, sel.metric, sel.report,
+                                                n_of=scored.tok_cols[0]) if scored.tok_cols else None)
     headline = tables.display_headline(summary, keys, scored.scores, sel.metric, sel.report)
-    written += tables.write_table(headline, tdir / "headline", formats=("md",),
-                                  caption="headline scores: mean [95% CI], IQM, std, n over seeds")
+    poi_display = tables.display_improvement(decided.poi, sel.metric, sel.report)
+    anchors = _anchor_table(rs, grouped.groups)
+    mechanisms, mechanism_numbers = mechanism_table.mechanism_table(rs, grouped.groups) or (None, None)
+    written = _write(tdir, (summary, "groups", ("csv",), None),
+                     (group_display, "groups", ("md", "tex"),
+                      f"{recipe.title}: mean [95% CI] over seeds (method per row)"),
+                     (token_display, "tokens", ("md", "tex"), "token-sample statistics: mean [95% CI] over seeds"),
+                     (scored.per_run, "runs", ("csv",), None),
+                     (headline, "headline", ("md",), "headline scores: mean [95% CI], IQM, std, n over seeds"))
     # the paper's table: arm names, mean ± CI per headline score (the long one stays headline.md)
     atomic_write_text(tdir / "headline.tex", tables.compact_latex(
         summary, grouped.display, scored.scores, sel.metric, sel.report,
         f"{recipe.title}: mean ± 95% CI half-width over seeds (asymmetric: +upper/-lower; "
         f"Student-t below {stats.T_MIN_BOOTSTRAP} seeds, BCa from {stats.T_MIN_BOOTSTRAP})"), durable=False)
-    written.append(tdir / "headline.tex")
-    poi_display = tables.display_improvement(decided.poi, sel.metric, sel.report)
-    written += tables.write_table(decided.poi, tdir / "improvement", formats=("csv",))
-    written += tables.write_table(poi_display, tdir / "improvement", formats=("md", "tex"),
-                                  caption="probability of improvement P(X > Y) over seeds")
-    written += tables.write_table(grouped.diff, tdir / "configs", formats=("csv",))
+    written += [tdir / "headline.tex", *_write(
+        tdir, (decided.poi, "improvement", ("csv",), None),
+        (poi_display, "improvement", ("md", "tex"), "probability of improvement P(X > Y) over seeds"),
+        (grouped.diff, "configs", ("csv",), None))]
     if decided.verdicts is not None:
         written += verdict_table.write(decided.verdicts, tdir)
     if decided.sequential:
         written += until_resolved_report.write(decided.sequential, tdir)
-    anchors = _anchor_table(rs, grouped.groups)
-    if anchors is not None:
-        written += tables.write_table(anchors, tdir / "anchors", formats=("csv", "md"))
-    acted = mechanism_table.mechanism_table(rs, grouped.groups)
-    if acted is not None:
-        written += tables.write_table(acted[0], tdir / "mechanisms", formats=("md",),
-                                      caption="did each mechanism act? mean [95% CI] over seeds")
-        written += tables.write_table(acted[1], tdir / "mechanisms", formats=("csv",))
-    return Tabled(written, group_display, headline, poi_display, token_display, anchors,
-                  acted[0] if acted is not None else None)
+    written += _write(tdir, (anchors, "anchors", ("csv", "md"), None),
+                      (mechanisms, "mechanisms", ("md",), "did each mechanism act? mean [95% CI] over seeds"),
+                      (mechanism_numbers, "mechanisms", ("csv",), None))
+    return Tabled(written, group_display, headline, poi_display, token_display, anchors, mechanisms)
+
+
+def _write(tdir: Path, *plan: tuple[pd.DataFrame | None, str, tuple[str, ...], str | None]) -> list[Path]:
+    """Each (frame, name, formats, caption) of ``plan`` whose frame exists, as tables/<name>.<format>."""
+    return [path for frame, name, formats, caption in plan if frame is not None
+            for path in tables.write_table(frame, tdir / name, formats=formats, caption=caption)]
 
 
 def _anchor_table(rs: RunSet, groups: G.Groups) -> pd.DataFrame | None:
@@ -120,18 +117,25 @@ def _anchor_table(rs: RunSet, groups: G.Groups) -> pd.DataFrame | None:
     return pd.DataFrame(rows)
 
 
-# --------------------------------------------------------------------------- page
 def write_page(recipe: Recipe, out: Path, key: Any, loaded: Loaded, grouped: Grouped, scored: Scored,
                decided: Decided, drawn: Drawn, tabled: Tabled, first: Section | None,
                extra_sections: Callable[[Path, Callable[[str], None]], list[Section]] | None) -> ReportResult:
     sel, rs, verdicts = recipe.select, loaded.runs, decided.verdicts
-    notes = G.Notes()
-    for stage_notes in (loaded.notes, grouped.notes, scored.curve_notes, decided.notes, scored.notes):
-        notes.extend(G.Notes(list(stage_notes)))
-    _write_recipe(recipe, out, loaded, grouped, scored, decided)
-    names = G.PageNames(grouped.display, scored.summary["group"].tolist(), grouped.keys)
-    sections = _sections(recipe, out, drawn.figures, names, tabled, grouped.diff, scored)
-    top = [Figure(str(p.relative_to(out)), cap, "first-figure") for k, p, cap in drawn.figures if k == "first"]
+    notes = G.Notes(list(dict.fromkeys(chain(loaded.notes, grouped.notes, scored.curve_notes, decided.notes,
+                                             scored.notes))))
+    atomic_write_yaml(out / "recipe.yaml", durable=False, obj={  # the recipe as resolved
+        "title": recipe.title, "runs": list(recipe.runs), "group_by": list(grouped.keys), "curves": loaded.curves,
+        "select": {"metric": sel.metric, "mode": sel.mode, "report": sel.report},
+        "matched_steps": list(scored.matched), "scores": scored.scores, "kl": list(recipe.kl),
+        "collapse": dict(vars(recipe.collapse)),
+        "compare": {"endpoints": list(recipe.compare.endpoints or verdict_table.DEFAULT_ENDPOINTS),
+                    "pairs": [list(p) for p in grouped.pairs], "chosen": grouped.compared,
+                    "delta": recipe.compare.delta}})  # the declared margin (None: none), as the recipe (or --delta) gave it
+    figs: dict[str, list[Figure]] = {}
+    for kind, path, caption in drawn.figures:
+        figs.setdefault(kind, []).append(Figure(str(path.relative_to(out)), caption,
+                                                "first-figure" if kind == "first" else None))
+    top = figs.get("first", [])
     lead = [first] if first is not None else []
     if verdicts is not None:
         lead = verdict_table.section(verdicts, len(grouped.pairs), top[0] if top else None) + lead
@@ -139,7 +143,8 @@ def write_page(recipe: Recipe, out: Path, key: Any, loaded: Loaded, grouped: Gro
         lead = [Section(f"{sel.metric} per group", figures=top, lead=True), *lead]
     if decided.sequential:
         lead.insert(0, until_resolved_report.section(decided.sequential))
-    sections = lead + sections
+    names = G.PageNames(grouped.display, scored.summary["group"].tolist(), grouped.keys)
+    sections = lead + _sections(recipe, figs, names, tabled, grouped.diff, scored)
     if extra_sections is not None:
         sections += extra_sections(out, notes.add)
     warnings = [G.rename(n, grouped.display) for n in notes.items]
@@ -158,28 +163,10 @@ def write_page(recipe: Recipe, out: Path, key: Any, loaded: Loaded, grouped: Gro
     return result
 
 
-def _write_recipe(recipe: Recipe, out: Path, loaded: Loaded, grouped: Grouped, scored: Scored,
-                  decided: Decided) -> None:
-    """The recipe as resolved: group keys, curves, matched steps, scores, margins."""
-    sel = recipe.select
-    atomic_write_yaml(out / "recipe.yaml", durable=False, obj={
-        "title": recipe.title, "runs": list(recipe.runs), "group_by": list(grouped.keys), "curves": loaded.curves,
-        "select": {"metric": sel.metric, "mode": sel.mode, "report": sel.report},
-        "matched_steps": list(scored.matched), "scores": scored.scores, "kl": list(recipe.kl),
-        "collapse": dict(vars(recipe.collapse)),
-        "compare": {"endpoints": list(recipe.compare.endpoints or verdict_table.DEFAULT_ENDPOINTS),
-                    "pairs": [list(p) for p in grouped.pairs], "chosen": grouped.compared,
-                    "delta": recipe.compare.delta}})  # the declared margin (None: none), as the recipe (or --delta) gave it
-
-
-def _sections(recipe: Recipe, out: Path, figs, names: G.PageNames, tabled: Tabled, diff: pd.DataFrame,
-              scored: Scored) -> list[Section]:
+def _sections(recipe: Recipe, figs: dict[str, list[Figure]], names: G.PageNames, tabled: Tabled,
+              diff: pd.DataFrame, scored: Scored) -> list[Section]:
     """The page's sections after its lead ones (verdicts, the first figure, the caller's lead)."""
     sel, matched, token_display = recipe.select, scored.matched, names.tables(tabled.tokens)
-
-    def fig_list(kind):
-        return [Figure(str(p.relative_to(out)), cap) for k, p, cap in figs if k == kind]
-
     results = Section("Results per group", intro=(
         f"<p>Each cell is the mean over seeds with its 95% CI; n = seeds. The CI is Student-t below "
         f"{stats.T_MIN_BOOTSTRAP} seeds (the percentile bootstrap covers the mean only ~74% of the time at 3 "
@@ -193,7 +180,7 @@ def _sections(recipe: Recipe, out: Path, figs, names: G.PageNames, tabled: Table
         f"is larger than the eval noise allows (z above a threshold calibrated to a {recipe.collapse.alpha:.0%} "
         f"false-alarm rate per flat curve; binomial SE from the eval count, val/n or val/n_greedy, where logged) and ≥ δ={recipe.collapse.delta}; "
         f"drop (SE) and fall at collapse (SE) say by how many standard errors. AUC: mean level over the run.</p>"),
-        tables=[("", names.tables(tabled.groups))], figures=fig_list("results"))
+        tables=[("", names.tables(tabled.groups))], figures=figs.get("results", []))
     compare = Section("Headline scores and probability of improvement", intro=(
         "<p>IQM: scipy's trim_mean(x, 0.25), which drops ⌊n/4⌋ seeds at each end (none at n ≤ 3, where it "
         f"is the mean; one per end at 4–7 seeds) and averages the rest. Mean CIs: Student-t below "
@@ -208,9 +195,9 @@ def _sections(recipe: Recipe, out: Path, figs, names: G.PageNames, tabled: Table
     if tabled.mechanisms is not None:  # right after the results: whether a remedy acted, beside whether it held
         out_sections.insert(1, Section("Mechanisms: did each remedy act?", intro=mechanism_table.INTRO,
                                        tables=[("", names.column(tabled.mechanisms))]))
-    if fig_list("kl"):
-        out_sections.append(Section("KL to the reference", figures=fig_list("kl")))
-    if fig_list("capacity") or token_display is not None:
+    if figs.get("kl"):
+        out_sections.append(Section("KL to the reference", figures=figs.get("kl")))
+    if figs.get("capacity") or token_display is not None:
         out_sections.append(Section("Probability capacity and token-level KL", intro=(
             "<p>Capacity: how far a token's probability can move before the clip stops its gradient "
             "(UP Eq. 11; ARMOR's region Eq. 6). pos_bound_frac: share of A&gt;0 tokens whose capacity the "
@@ -221,7 +208,7 @@ def _sections(recipe: Recipe, out: Path, figs, names: G.PageNames, tabled: Table
             "anchor_kl_k1/k3 on anchor tokens: samples of π_ref conditioned on a correct reward, so neither KL "
             "direction (as the trainer's anchor/kl_k*). Right panel: the same A&gt;0 tokens under "
             "each formula.</p>"),
-            tables=[("", token_display)] if token_display is not None else [], figures=fig_list("capacity")))
+            tables=[("", token_display)] if token_display is not None else [], figures=figs.get("capacity", [])))
     if tabled.anchors is not None:
         out_sections.append(Section("Anchor diagnostics", intro=(
             "<p>ARMOR review points 1 and 4. The gate drops queries the reference could not solve: the "
@@ -230,14 +217,13 @@ def _sections(recipe: Recipe, out: Path, figs, names: G.PageNames, tabled: Table
             "then over seeds). The anchors' share of the loss tokens and their mean advantage. "
             "<code>ref/val_acc</code>: π_ref's validation accuracy at step 0 and at each reset — whether "
             "anchors came from a healthy or a collapsed checkpoint.</p>"), tables=[("", names.column(tabled.anchors))]))
-    if fig_list("curves"):
-        out_sections.append(Section("Other curves", figures=fig_list("curves")))
+    if figs.get("curves"):
+        out_sections.append(Section("Other curves", figures=figs.get("curves")))
     out_sections.append(Section("Configs that differ between groups", intro=(
         "<p>Config keys whose value is not the same in every run (seed excluded). A <code>mixed</code> cell "
         "means a group holds runs with different values.</p>"), tables=[("", names.column(diff))]))
     shown = ["run_id", "group", "seed", "state", "world_size", "last_step", "peak", "peak_step", "final",
-             "collapse_step",
-             "collapse_z", "noise", "auc", "selected_step", "selected_val", "selected_test",
+             "collapse_step", "collapse_z", "noise", "auc", "selected_step", "selected_val", "selected_test",
              *[c for s in matched for c in (f"val@{s}", f"test@{s}")], "reason"]
     per_run = names.column(scored.per_run)
     runs_tbl = per_run[[c for c in shown if c in per_run.columns]].copy()

@@ -1,39 +1,16 @@
 """Report recipes (``analysis/*.yaml``): which runs to compare, how to group them, what to show.
 
-```yaml
-title: ARMOR vs DAPO                    # optional; default: the file name
-runs: [runs/armor_alpha, runs/dapo_*]   # run dirs, sweep dirs or globs (relative to the cwd)
-stages: [continue]                      # only the runs of these stages (sweep.json); default: all
-group_by: [objective, alpha]            # config keys (dotted ok); default: the keys that tell runs apart
-curves: [val/acc, train/reward, kl/forward_k3, kl/reverse_k3, cap/pos_mean, train/entropy]
-select: {metric: val/acc, mode: max, report: test/acc}   # (R1) best on val, reported on test
-matched_steps: [100, 200, 400]          # (R2); default: ¼, ½, 1 of the shortest run
-x: step                                 # the x axis of curves and steps: step (optimizer) or rollout
-scores: [selected_test, test@400, auc]  # headline scores: probability of improvement + bar charts
-compare: {baseline: {objective: dapo},  # a selector or a group label; or pairs: [[{objective: armor}, {objective: dapo}]]
-          endpoints: [final, drop, selected_test],   # verdicts (verdicts.py): the first is primary
-          delta: 0.05}                  # equivalence margin, fixed before the runs; none: nothing is equivalent
-collapse: {delta: 0.03, patience: 3, alpha: 0.04, entropy_frac: 0.1,   # collapse.py (C1)–(C7)
-           train: train/reward, entropy: train/entropy, length: train/length}
-kl: [kl/reverse_k3, kl/forward_k3]      # the KL figure (default: these and kl/exact_*, if logged)
-out: reports/armor_vs_dapo              # default: reports/<recipe name>
-format: tensorboard                     # read every path as this format (default: detected per path)
-runs_map: runs.yaml                     # imported runs' group, seed, val_n (armorlab.analysis.importers.mapping)
-val_n: 500                              # val/n of imported runs that log val/acc without it
-```
-Every key but ``runs`` is optional; unknown keys and bad values are errors naming the key, the
-value and the file. Seeds are never a group key: they are what the statistics aggregate.
-With ``x: rollout`` every step of the report (curves, matched_steps, peak, collapse and selected
-steps) counts rollouts, the metrics lines' ``rollout`` counter; lines of one rollout are averaged.
-A recipe reads in the unit its sweep counts in (the runs' ``step_unit``): ``x: rollout`` for a sweep
-with ``step_unit: rollout``; a report whose ``x`` disagrees warns, naming the recipe and the sweep.
-"""
+Every key but ``runs`` is optional; unknown keys and bad values are errors naming the key, the value
+and the file. The keys: docs/reports.md#recipes (``compare:`` docs/verdicts.md, ``x:`` docs/schedules.md,
+``format:``, ``runs_map:``, ``val_n:`` docs/importers.md). Seeds are never a group key: they are what
+the statistics aggregate. A recipe reads in the unit its sweep counts in (the runs' ``step_unit``);
+a report whose ``x`` disagrees warns, naming the recipe and the sweep."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -111,8 +88,8 @@ def _err(msg: str, key: str, value: Any, file: str | None) -> ArmorLabError:
     return ArmorLabError(msg, key=key, value=value, file=file)
 
 
-def _str_list(raw: Any, key: str, file: str | None, *, allow_str: bool = True) -> list[str]:
-    if allow_str and isinstance(raw, str):
+def _str_list(raw: Any, key: str, file: str | None) -> list[str]:
+    if isinstance(raw, str):
         raw = [raw]
     if not isinstance(raw, list) or not raw or not all(isinstance(x, str) and x for x in raw):
         raise _err("must be a non-empty list of strings", key, raw, file)
@@ -134,16 +111,39 @@ def _selector(raw: Any, key: str, file: str | None) -> dict[str, Any]:
     return dict(raw)
 
 
-def _one_of(raw: Mapping[str, Any], key: str, options: Sequence[str], file: str | None) -> str:
-    if raw[key] not in options:
-        raise _err(f"must be one of {', '.join(options)}", key, raw[key], file)
-    return raw[key]
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _path(raw: Mapping[str, Any], key: str, problem: str, file: str | None) -> str:
-    if not isinstance(raw[key], str) or not raw[key]:
-        raise _err(problem, key, raw[key], file)
-    return raw[key]
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+# key → (whether a value is right, what it must be otherwise)
+_SCALARS = {
+    "matched_steps": (lambda v: isinstance(v, list) and v and all(_is_int(s) and s >= 0 for s in v),
+                      "must be a non-empty list of step numbers ≥ 0"),
+    "x": (lambda v: v in X_AXES, f"must be one of {', '.join(X_AXES)}"),
+    "out": (lambda v: isinstance(v, str) and v, "must be a directory path"),
+    "format": (lambda v: v in importers.FORMATS, f"must be one of {', '.join(importers.FORMATS)}"),
+    "runs_map": (lambda v: isinstance(v, str) and v, "must be the path of a runs.yaml"),
+    "val_n": (lambda v: _is_int(v) and v > 0, "must be a positive integer (completions per evaluation)"),
+}
+_SELECT = {"mode": (lambda v: v in ("max", "min"), "must be max or min")}
+_COLLAPSE = {"delta": (lambda v: _is_number(v) and v > 0 and math.isfinite(v), "must be a number > 0"),
+             "patience": (lambda v: _is_int(v) and v >= 1, "must be an integer ≥ 1"),
+             "alpha": (lambda v: _is_number(v) and 0 < v < 1, "must be a number in (0, 1)"),
+             "entropy_frac": (lambda v: _is_number(v) and 0 < v < 1, "must be a number in (0, 1)")}
+
+
+def _fields(raw: Any, key: str, file: str | None, cls: type, checks: Mapping[str, tuple], metric: str) -> Any:
+    """``cls`` from the mapping ``raw`` at ``key``: each field by its check, the others metric names."""
+    given = _mapping(raw, key, file, tuple(cls.__dataclass_fields__))
+    for k, v in given.items():
+        ok, problem = checks.get(k, (lambda name: isinstance(name, str) and "/" in name, metric))
+        if not ok(v):
+            raise _err(problem, f"{key}.{k}", v, file)
+    return cls(**given)
 
 
 def parse_recipe(raw: Mapping[str, Any], *, file: str | None = None, name: str | None = None) -> Recipe:
@@ -159,45 +159,23 @@ def parse_recipe(raw: Mapping[str, Any], *, file: str | None = None, name: str |
     r.title = raw.get("title") or name or r.title
     if not isinstance(r.title, str):
         raise _err("must be a string", "title", r.title, file)
-    if raw.get("group_by") is not None:
-        r.group_by = _str_list(raw["group_by"], "group_by", file)
-        for k in r.group_by:
-            if k in SEED_KEYS:
-                raise _err("seeds are aggregated, not grouped on", "group_by", k, file)
-    for k in ("curves", "kl", "scores", "stages"):
-        if raw.get(k) is not None:
-            setattr(r, k, _str_list(raw[k], k, file))
-    if raw.get("select") is not None:
-        sel = _mapping(raw["select"], "select", file, ("metric", "mode", "report"))
-        for k in ("metric", "report"):
-            if k in sel and (not isinstance(sel[k], str) or "/" not in sel[k]):
-                raise _err("must be a metric name such as val/acc", f"select.{k}", sel[k], file)
-        if sel.get("mode", "max") not in ("max", "min"):
-            raise _err("must be max or min", "select.mode", sel["mode"], file)
-        r.select = Select(**sel)
-    if raw.get("matched_steps") is not None:
-        steps = raw["matched_steps"]
-        if (not isinstance(steps, list) or not steps
-                or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in steps)):
-            raise _err("must be a non-empty list of step numbers ≥ 0", "matched_steps", steps, file)
-        r.matched_steps = sorted(set(steps))
-    if raw.get("collapse") is not None:
-        r.collapse = _collapse(raw["collapse"], file)
-    if raw.get("compare") is not None:
-        r.compare = _compare(raw["compare"], file)
-    if raw.get("x") is not None:
-        r.x = _one_of(raw, "x", X_AXES, file)
-    if raw.get("out") is not None:
-        r.out = _path(raw, "out", "must be a directory path", file)
-    if raw.get("format") is not None:
-        r.format = _one_of(raw, "format", importers.FORMATS, file)
-    if raw.get("runs_map") is not None:
-        r.runs_map = _path(raw, "runs_map", "must be the path of a runs.yaml", file)
-    if raw.get("val_n") is not None:
-        v = raw["val_n"]
-        if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-            raise _err("must be a positive integer (completions per evaluation)", "val_n", v, file)
-        r.val_n = v
+    given = {k: v for k, v in raw.items() if v is not None}
+    for k in ("group_by", "curves", "kl", "scores", "stages"):
+        if k in given:
+            setattr(r, k, _str_list(given[k], k, file))
+    if seed := next((k for k in r.group_by or () if k in SEED_KEYS), None):
+        raise _err("seeds are aggregated, not grouped on", "group_by", seed, file)
+    if "select" in given:
+        r.select = _fields(given["select"], "select", file, Select, _SELECT, "must be a metric name such as val/acc")
+    if "collapse" in given:
+        r.collapse = _fields(given["collapse"], "collapse", file, CollapseParams, _COLLAPSE, "must be a metric name")
+    if "compare" in given:
+        r.compare = _compare(given["compare"], file)
+    for k, (ok, problem) in _SCALARS.items():
+        if k in given:
+            if not ok(given[k]):
+                raise _err(problem, k, given[k], file)
+            setattr(r, k, sorted(set(given[k])) if k == "matched_steps" else given[k])
     return r
 
 
@@ -213,38 +191,17 @@ def unit_disagreement(x: str, recipe_file: str | None, units: Mapping[str, str])
             f"selected steps and curves count another unit than the sweep; set x: {' or '.join(want)}")
 
 
-def _collapse(raw: Any, file: str | None) -> CollapseParams:
-    known = tuple(CollapseParams.__dataclass_fields__)
-    col = _mapping(raw, "collapse", file, known)
-    def num(v):
-        return isinstance(v, (int, float)) and not isinstance(v, bool)
-    checks = {"delta": lambda v: num(v) and v > 0 and math.isfinite(v),
-              "patience": lambda v: num(v) and isinstance(v, int) and v >= 1,
-              "alpha": lambda v: num(v) and 0 < v < 1, "entropy_frac": lambda v: num(v) and 0 < v < 1}
-    hints = {"delta": "a number > 0", "patience": "an integer ≥ 1", "alpha": "a number in (0, 1)",
-             "entropy_frac": "a number in (0, 1)"}
-    for k, v in col.items():
-        if k in checks and not checks[k](v):
-            raise _err(f"must be {hints[k]}", f"collapse.{k}", v, file)
-        if k not in checks and (not isinstance(v, str) or "/" not in v):
-            raise _err("must be a metric name", f"collapse.{k}", v, file)
-    return CollapseParams(**col)
-
-
 def _compare(raw: Any, file: str | None) -> Compare:
     cmp_ = _mapping(raw, "compare", file, ("baseline", "pairs", "endpoints", "delta"))
     if "baseline" in cmp_ and "pairs" in cmp_:
         raise _err("give either baseline or pairs", "compare", cmp_, file)
-    baseline = None
-    if isinstance(cmp_.get("baseline"), str) and cmp_["baseline"]:
-        baseline = cmp_["baseline"]  # a group label, as the report names groups
-    elif "baseline" in cmp_:
-        baseline = _selector(cmp_["baseline"], "compare.baseline", file)
+    baseline = cmp_.get("baseline")
+    if "baseline" in cmp_ and not (isinstance(baseline, str) and baseline):  # a text: a group label, as on the page
+        baseline = _selector(baseline, "compare.baseline", file)
     endpoints = (_str_list(cmp_["endpoints"], "compare.endpoints", file)
                  if cmp_.get("endpoints") is not None else None)
     delta = cmp_.get("delta")
-    if delta is not None and (isinstance(delta, bool) or not isinstance(delta, (int, float))
-                              or not math.isfinite(delta) or delta <= 0):
+    if delta is not None and not (_is_number(delta) and math.isfinite(delta) and delta > 0):
         raise _err("must be a number > 0, the equivalence margin (or null: no margin, nothing equivalent)",
                    "compare.delta", delta, file)
     pairs = None
@@ -255,8 +212,7 @@ def _compare(raw: Any, file: str | None) -> Compare:
         for i, pair in enumerate(cmp_["pairs"]):
             if not isinstance(pair, list) or len(pair) != 2:
                 raise _err("each pair is [selector, selector]", f"compare.pairs[{i}]", pair, file)
-            pairs.append((_selector(pair[0], f"compare.pairs[{i}][0]", file),
-                          _selector(pair[1], f"compare.pairs[{i}][1]", file)))
+            pairs.append(tuple(_selector(side, f"compare.pairs[{i}][{j}]", file) for j, side in enumerate(pair)))
     return Compare(baseline, pairs, list(dict.fromkeys(endpoints)) if endpoints else None,
                    float(delta) if delta is not None else None)
 
@@ -266,14 +222,14 @@ def parse_selector_flag(text: str, key: str = "--baseline") -> dict[str, Any]:
     import yaml
 
     out: dict[str, Any] = {}
-    for part in (p.strip() for p in text.split(",")):
-        name, eq, value = part.partition("=")
-        if not eq or not name.strip() or not value.strip():
+    for part in text.split(","):
+        name, eq, value = (word.strip() for word in part.partition("="))
+        if not eq or not name or not value:
             raise _err("must be KEY=VALUE[,KEY=VALUE], e.g. objective=dapo", key, text, None)
         try:
-            out[name.strip()] = yaml.safe_load(value.strip())
+            out[name] = yaml.safe_load(value)
         except yaml.YAMLError:
-            out[name.strip()] = value.strip()
+            out[name] = value
     return out
 
 
@@ -311,9 +267,7 @@ def spec_controls(sweep_dirs: Sequence[Path], stages: Sequence[str] | None = Non
 def load_recipe(path: str | Path) -> Recipe:
     """Read and validate ``analysis/<name>.yaml``."""
     path = Path(path)
-    recipe = parse_recipe(load_yaml_mapping(path), file=str(path), name=path.stem)
-    recipe.path = path
-    return recipe
+    return replace(parse_recipe(load_yaml_mapping(path), file=str(path), name=path.stem), path=path)
 
 
 def recipe_for_paths(paths: list[str], *, group_by: list[str] | None = None, format: str | None = None,
@@ -329,11 +283,6 @@ def default_out_dir(recipe: Recipe) -> Path:
     ``reports/<recipe name>`` (always so for another library's runs: importing never writes there)."""
     if recipe.out:
         return Path(recipe.out)
-    if recipe.path is None and len(recipe.runs) == 1:
-        p = Path(recipe.runs[0])
-        if (p / "config.yaml").is_file() or p.is_dir():
-            if not importers.holds_imports(p):
-                return p / "report"
-            return Path("reports") / (p.resolve().name or "compare")
-    name = recipe.path.stem if recipe.path else "compare"
-    return Path("reports") / name
+    if recipe.path is None and len(recipe.runs) == 1 and (run := Path(recipe.runs[0])).is_dir():
+        return Path("reports") / (run.resolve().name or "compare") if importers.holds_imports(run) else run / "report"
+    return Path("reports") / (recipe.path.stem if recipe.path else "compare")
