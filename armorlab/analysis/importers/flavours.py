@@ -7,22 +7,90 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import Any
 
 import numpy as np
 
-from armorlab.analysis.importers.base import (
-    ImportedRun,
-    NameMap,
-    Rule,
-    build_table,
-    seed_and_config,
-)
+from armorlab.analysis.importers.base import ImportedRun, build_table, seed_and_config
+
+SRC = "src/"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """``pattern`` (a regex matched against the whole source name) → ``target`` (``{group}`` fills a named group)."""
+    pattern: str
+    target: str
+    note: str = ""
+
+    @cached_property
+    def regex(self) -> re.Pattern[str]:
+        return re.compile(self.pattern)
+
+
+@dataclass(frozen=True)
+class Flavour:
+    """A trainer's naming: ``step_keys`` carry its step in W&B/trackio rows; ``cannot``: metrics it never logs."""
+    name: str
+    rules: tuple[Rule, ...]
+    drop: frozenset[str] = frozenset()
+    normalise: Callable[[str], str] = str
+    step_keys: tuple[str, ...] = ()
+    cannot: tuple[str, ...] = ()
+    identity: tuple[str, ...] = ()
+
+    def names(self) -> Callable[[str], str | None]:
+        """Source name → armorlab name by the first rule matching its ``normalise``d spelling, else
+        ``src/<name>`` (the logged spelling); ``None`` drops it."""
+        def target(name: str) -> str | None:
+            key = self.normalise(name)
+            if name in self.drop or key in self.drop:
+                return None
+            for rule in self.rules:
+                if m := rule.regex.fullmatch(key):
+                    return rule.target.format(**m.groupdict())
+            return SRC + name
+        return target
+
+
+# the metrics no other trainer logs: armorlab's sequence-level KL, capacity and anchors
+ARMORLAB_ONLY = ("kl/reverse_k3", "kl/forward_k3", "cap/pos_mean", "anchor/rate")
+
+
+def readable(pattern: str) -> str:
+    """A rule's pattern as the docs show it: ``rewards/(?P<f>.+)/mean`` → ``rewards/<f>/mean``."""
+    return re.sub(r"\(\?P<(\w+)>(?:[^()]|\([^()]*\))*\)", r"<\1>", pattern)
+
+
+def readable_target(target: str) -> str:
+    """A rule's target as the docs show it: ``val/{ds}/acc`` → ``val/<ds>/acc``."""
+    return re.sub(r"\{(\w+)\}", r"<\1>", target)
+
+
+def trl_raw(name: str) -> str:
+    """Undo transformers' rewrite_logs (the W&B/TensorBoard/trackio callbacks' renaming)."""
+    for prefix, raw in (("train/", ""), ("eval/", "eval_"), ("test/", "test_")):
+        if name.startswith(prefix):
+            return raw + name.removeprefix(prefix)
+    return name
+
+
+def _openrlhf_raw(name: str) -> str:
+    return re.sub(r"^(train|eval)/", "", name)
+
 
 # ----------------------------------------------------------------------------- TRL (GRPOTrainer)
+# the closing summary row's keys (a row carrying any of these is dropped)
+TRL_SUMMARY = frozenset({"train_runtime", "train_samples_per_second", "train_steps_per_second",
+                         "total_flos", "train_loss"})
 # Names as in trainer_state.json's log_history (transformers' Trainer.log + TRL's GRPOTrainer.log).
-TRL_RULES = (
+TRL = Flavour("trl", normalise=trl_raw, step_keys=("train/global_step",),
+              cannot=("val/n", "val/pass@k", *ARMORLAB_ONLY), drop=frozenset({"step", "global_step", *TRL_SUMMARY}),
+              identity=("output_dir", "logging_dir", "run_name", "hub_model_id", "hub_token", "push_to_hub_token",
+                        "_name_or_path", "project", "trackio_space_id", "resume_from_checkpoint", "_Created",
+                        "_Username", "_Group"), rules=(
     Rule(r"reward", "train/reward", "mean of the weighted sum of the reward functions, on the generation batch"),
     Rule(r"reward_std", "train/reward_std"),
     Rule(r"frac_reward_zero_std", "train/frac_reward_zero_std"),
@@ -53,42 +121,17 @@ TRL_RULES = (
     Rule(r"eval_completion_length", "val/length", "older TRL's name"),
     Rule(r"test_reward", "test/acc", "as eval_reward, on trainer.predict's test split"),
     Rule(r"test_completions/mean_length", "test/length"),
-)
-# the step counter itself, and the closing summary row's keys (a row carrying any of these is dropped)
-TRL_SUMMARY = frozenset({"train_runtime", "train_samples_per_second", "train_steps_per_second",
-                         "total_flos", "train_loss"})
-TRL_DROP = frozenset({"step", "global_step", *TRL_SUMMARY})
-TRL_CANNOT = ("val/n", "val/pass@k", "kl/reverse_k3", "kl/forward_k3", "cap/pos_mean", "anchor/rate")
-TRL_IDENTITY = ("output_dir", "logging_dir", "run_name", "hub_model_id", "hub_token", "push_to_hub_token",
-                "_name_or_path", "project", "trackio_space_id", "resume_from_checkpoint", "_Created",
-                "_Username", "_Group")
-
-
-def readable(pattern: str) -> str:
-    """A rule's pattern as the docs show it: ``rewards/(?P<f>.+)/mean`` → ``rewards/<f>/mean``."""
-    return re.sub(r"\(\?P<(\w+)>(?:[^()]|\([^()]*\))*\)", r"<\1>", pattern)
-
-
-def readable_target(target: str) -> str:
-    """A rule's target as the docs show it: ``val/{ds}/acc`` → ``val/<ds>/acc``."""
-    return re.sub(r"\{(\w+)\}", r"<\1>", target)
-
-
-def trl_raw(name: str) -> str:
-    """Undo transformers' rewrite_logs (the W&B/TensorBoard/trackio callbacks' renaming)."""
-    if name.startswith("train/"):
-        return name[6:]
-    if name.startswith("eval/"):
-        return "eval_" + name[5:]
-    if name.startswith("test/"):
-        return "test_" + name[5:]
-    return name
+))
 
 
 # ----------------------------------------------------------------------------- verl
 # Names as verl's Tracking logs them (trainer/ppo/ray_trainer.py, metric_utils.py, core_algos.py).
 _VAL = r"val-core/(?P<ds>.+)/(?P<var>[^/]+)"
-VERL_RULES = (
+VERL = Flavour("verl", cannot=("val/n", "val/pass@k", *ARMORLAB_ONLY),
+               drop=frozenset({"training/global_step", "step"}),
+               identity=("trainer.experiment_name", "trainer.project_name", "trainer.default_local_dir",
+                         "trainer.validation_data_dir", "trainer.rollout_data_dir", "trainer.default_hdfs_dir",
+                         "trainer.logger"), rules=(
     Rule(r"critic/score/mean", "train/reward", "sequence score (the reward function's output) before any KL penalty"),
     Rule(r"actor/entropy", "train/entropy"),
     Rule(r"response_length/mean", "train/length"),
@@ -111,19 +154,20 @@ VERL_RULES = (
     Rule(_VAL + r"/best@(?P<k>\d+)/mean", "val/{ds}/best@{k}_biased",
          "bootstrap mean of the best of k resampled answers: a biased estimate of pass@k (marked _biased); "
          "the unbiased val/pass@k comes from the validation dumps"),
-)
-VERL_DROP = frozenset({"training/global_step", "step"})
-VERL_CANNOT = ("val/n", "val/pass@k", "kl/reverse_k3", "kl/forward_k3", "cap/pos_mean", "anchor/rate")
-VERL_IDENTITY = ("trainer.experiment_name", "trainer.project_name", "trainer.default_local_dir",
-                 "trainer.validation_data_dir", "trainer.rollout_data_dir", "trainer.default_hdfs_dir",
-                 "trainer.logger")
+))
 # verl's actor kl_loss_type (core_algos.kl_penalty): the ones armorlab's obj/beta_kl means
 KL_LOSS_TYPES = {"low_var_kl": "k3", "k3": "k3", "mse": "k2", "k2": "k2"}
 
 # ----------------------------------------------------------------------------- OpenRLHF
 # Names as OpenRLHF logs them (openrlhf/trainer/ppo_trainer.py compute_eval_metrics; ray/ppo_actor.py),
 # with the "train/" / "eval/" prefix its W&B and TensorBoard loggers add removed.
-OPENRLHF_RULES = (
+OPENRLHF = Flavour(
+    "openrlhf", normalise=_openrlhf_raw, step_keys=("train/global_step", "eval/global_step"),
+    cannot=ARMORLAB_ONLY, drop=frozenset({"global_step", "train/global_step", "eval/global_step", "eval/epoch"}),
+    identity=("save_path", "ckpt_path", "wandb_run_name", "use_tensorboard", "logger.wandb.run_name",
+              "logger.tensorboard_dir", "ckpt.output_dir", "ckpt.path", "use_wandb", "logger.wandb.key", "wandb_org",
+              "wandb_project", "wandb_group", "logger.wandb.org", "logger.wandb.project", "logger.wandb.group"),
+    rules=(
     Rule(r"reward", "train/reward"),
     Rule(r"response_length", "train/length"),
     Rule(r"kl", "obj/beta_kl", "mean over each sample's tokens, then over samples, of the estimator algo.kl.estimator "
@@ -141,46 +185,13 @@ OPENRLHF_RULES = (
                                                               "(pass@k for 0/1 rewards); with one data source also "
                                                               "val/pass@k"),
     Rule(r"eval_(?P<ds>.+)_response_length_mean", "val/{ds}/length"),
-)
-OPENRLHF_DROP = frozenset({"global_step", "train/global_step", "eval/global_step", "eval/epoch"})
-OPENRLHF_CANNOT = ("kl/reverse_k3", "kl/forward_k3", "cap/pos_mean", "anchor/rate")
-OPENRLHF_IDENTITY = ("save_path", "ckpt_path", "wandb_run_name", "use_tensorboard", "logger.wandb.run_name",
-                     "logger.tensorboard_dir", "ckpt.output_dir", "ckpt.path", "use_wandb", "logger.wandb.key",
-                     "wandb_org", "wandb_project", "wandb_group", "logger.wandb.org", "logger.wandb.project",
-                     "logger.wandb.group")
+))
 
 # ----------------------------------------------------------------------------- no known trainer
 NAMESPACES = ("train/", "val/", "test/", "obj/", "kl/", "cap/", "anchor/", "ref/")
-GENERIC_RULES = (Rule(r"(?P<name>(?:" + "|".join(n.rstrip("/") for n in NAMESPACES) + r")/.+)", "{name}",
-                      "names already in armorlab's namespaces are kept (a run logged with armorlab's names)"),)
-
-
-def _openrlhf_raw(name: str) -> str:
-    return re.sub(r"^(train|eval)/", "", name)
-
-
-@dataclass(frozen=True)
-class Flavour:
-    """A trainer's naming: ``step_keys`` carry its step in W&B/trackio rows; ``cannot``: metrics it never logs."""
-    name: str
-    rules: tuple[Rule, ...]
-    drop: frozenset[str] = frozenset()
-    normalise: Callable[[str], str] = str
-    step_keys: tuple[str, ...] = ()
-    cannot: tuple[str, ...] = ()
-    identity: tuple[str, ...] = ()
-    label: str = ""
-
-    def names(self, rules: Iterable[Rule] | None = None) -> NameMap:
-        return NameMap(self.rules if rules is None else rules, drop=self.drop, normalise=self.normalise)
-
-
-TRL = Flavour("trl", TRL_RULES, TRL_DROP, trl_raw, ("train/global_step",), TRL_CANNOT, TRL_IDENTITY,
-              "TRL GRPOTrainer")
-VERL = Flavour("verl", VERL_RULES, VERL_DROP, str, (), VERL_CANNOT, VERL_IDENTITY, "verl")
-OPENRLHF = Flavour("openrlhf", OPENRLHF_RULES, OPENRLHF_DROP, _openrlhf_raw,
-                   ("train/global_step", "eval/global_step"), OPENRLHF_CANNOT, OPENRLHF_IDENTITY, "OpenRLHF")
-GENERIC = Flavour("generic", GENERIC_RULES, frozenset(), str, (), (), (), "unknown trainer")
+GENERIC = Flavour("generic", rules=(
+    Rule(r"(?P<name>(?:" + "|".join(n.rstrip("/") for n in NAMESPACES) + r")/.+)", "{name}",
+         "names already in armorlab's namespaces are kept (a run logged with armorlab's names)"),))
 FLAVOURS = {f.name: f for f in (TRL, VERL, OPENRLHF, GENERIC)}
 
 _OPENRLHF_NAMES = re.compile(r"^(train/(ppo_kl|ppo_clip_ratio|policy_loss|actor_lr|response_length)|"
@@ -213,20 +224,6 @@ def detect(config: Mapping[str, Any], names: Iterable[str]) -> Flavour:
     return TRL if any(_TRL_NAMES.match(n) for n in names) or "train/global_step" in names else GENERIC
 
 
-def verl_rules(config: Mapping[str, Any], names: Iterable[str] = ("actor/kl_loss",)) -> tuple[tuple[Rule, ...], list[str]]:
-    """verl's rules: actor/kl_loss is obj/beta_kl only for a k3 or k2 estimator (default low_var_kl)."""
-    kind = config.get("actor_rollout_ref.actor.kl_loss_type")
-    notes = []
-    if kind is None:
-        kind = "low_var_kl"
-        if config and "actor/kl_loss" in names:
-            notes.append("actor_rollout_ref.actor.kl_loss_type not in the config: actor/kl_loss read as verl's "
-                         "default low_var_kl (k3)")
-    if kind in KL_LOSS_TYPES:
-        return VERL_RULES, notes
-    return tuple(r for r in VERL_RULES if r.pattern != "actor/kl_loss"), notes
-
-
 def single_source_aliases(metrics: Iterable[str]) -> dict[str, str]:
     """``val/<ds>/<x>`` → ``val/<x>`` when exactly one data source logged it (then it is the whole set)."""
     by_name: dict[str, list[str]] = {}
@@ -241,24 +238,21 @@ def single_source_aliases(metrics: Iterable[str]) -> dict[str, str]:
 
 def mapped_table(series, fl: Flavour, config: Mapping[str, Any], warnings: list[str],
                  extra: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None):
-    """Source series → (armorlab-named table, origin) under flavour ``fl``'s rules and aliases."""
-    rules = None
+    """Source series → (armorlab-named table, origin) under flavour ``fl``'s rules and aliases; verl's
+    actor/kl_loss is obj/beta_kl only for a k3 or k2 estimator (default low_var_kl)."""
     if fl is VERL:
-        rules, notes = verl_rules(config, series)
-        warnings.extend(notes)
-    table, origin = build_table(series, fl.names(rules), extra)
-    aliases = {src: dst for src, dst in single_source_aliases(table.column_names).items()
-               if dst not in table.column_names}
-    if aliases:
-        import pyarrow as pa
-
-        cols = dict(zip(table.column_names, table.columns, strict=True))
-        for src, dst in aliases.items():
-            cols[dst] = cols[src]
+        kind = config.get("actor_rollout_ref.actor.kl_loss_type")
+        if kind is None and config and "actor/kl_loss" in series:
+            warnings.append("actor_rollout_ref.actor.kl_loss_type not in the config: actor/kl_loss read as verl's "
+                            "default low_var_kl (k3)")
+        if kind is not None and kind not in KL_LOSS_TYPES:
+            fl = replace(fl, rules=tuple(r for r in fl.rules if r.pattern != "actor/kl_loss"))
+    table, origin = build_table(series, fl.names(), extra)
+    for src, dst in single_source_aliases(table.column_names).items():
+        if dst not in table.column_names:
+            table = table.append_column(dst, table.column(src))
             origin[dst] = origin[src]
-        names = ["step", *sorted(c for c in cols if c != "step")]
-        table = pa.table({n: cols[n] for n in names})
-    return table, origin
+    return table.select(["step", *sorted(table.column_names[1:])]), origin
 
 
 def imported_run(series, fl: Flavour, flat: Mapping[str, Any], warnings: list[str], *, extra=None,
