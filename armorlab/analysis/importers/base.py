@@ -123,6 +123,15 @@ def build_table(series: Mapping[str, tuple[np.ndarray, np.ndarray]], names: Call
     return pa.Table.from_arrays([pa.array(all_steps, pa.int64()), *arrays], names=["step", *cols]), origin
 
 
+def group_series(codes: np.ndarray, names: Any, steps: np.ndarray, values: np.ndarray
+                 ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Per name (steps, values) in the order logged, from each point's code into ``names``."""
+    order = np.argsort(codes, kind="stable")
+    cuts = np.cumsum(np.bincount(codes, minlength=len(names)))[:-1]
+    split = zip(np.split(steps[order], cuts), np.split(values[order], cuts), strict=True)
+    return dict(zip(map(str, names), split, strict=True))
+
+
 def rows_to_series(rows: Iterable[tuple[int, Mapping[str, Any]]]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """(step, {name: value}) rows → per-name (steps, values), non-numbers left out (pandas builds columns)."""
     import pandas as pd
