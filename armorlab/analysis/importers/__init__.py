@@ -9,8 +9,6 @@ from collections.abc import Callable, Container, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from armorlab.analysis.importers import tensorboard_events, trackio_db, trl, verl, wandb_local
 from armorlab.analysis.importers.base import ImportedRun
 from armorlab.analysis.importers.mapping import FORMATS, Entry, RunsMap
@@ -47,33 +45,31 @@ def is_native_run(path: Path) -> bool:
     return (path / STATUS).exists() or (path / METRICS).exists() or (path.parent / "sweep.json").exists()
 
 
+def _holds_events(path: Path) -> bool:
+    try:
+        return any(e.name.startswith("events.out.tfevents.") for e in os.scandir(path))
+    except OSError:
+        return False
+
+
+# (format, test) in the order tried: the first test that holds names the format of a file or a directory
+_FILE_TESTS = (("wandb", lambda p: p.name.endswith(".wandb")),
+               ("tensorboard", lambda p: p.name.startswith("events.out.tfevents.")),
+               ("trl", lambda p: p.name == trl.STATE),
+               ("verl", lambda p: p.name.endswith(".jsonl") and verl.is_file_log(p)),
+               ("trackio", trackio_db.is_project_db))
+_DIR_TESTS = (("armorlab", is_native_run), ("trl", trl.is_output_dir), ("wandb", wandb_local.is_run_dir),
+              (None, verl.is_dump_dir),  # a validation_data_dir: read with its JSONL (runs.yaml val_dumps)
+              ("tensorboard", _holds_events))
+
+
 def file_format(path: Path) -> str | None:
-    name = path.name
-    if name.endswith(".wandb"):
-        return "wandb"
-    if name.startswith("events.out.tfevents."):
-        return "tensorboard"
-    if name == trl.STATE:
-        return "trl"
-    if name.endswith(".jsonl") and verl.is_file_log(path):
-        return "verl"
-    return "trackio" if trackio_db.is_project_db(path) else None
+    return next((fmt for fmt, test in _FILE_TESTS if test(path)), None)
 
 
 def dir_format(path: Path) -> str | None:
     """The format a directory *is* (not what it holds further down)."""
-    if is_native_run(path):
-        return "armorlab"
-    if trl.is_output_dir(path):
-        return "trl"
-    if wandb_local.is_run_dir(path):
-        return "wandb"
-    if verl.is_dump_dir(path):
-        return None  # a validation_data_dir: read with its JSONL (runs.yaml val_dumps)
-    try:
-        return "tensorboard" if any(e.name.startswith("events.out.tfevents.") for e in os.scandir(path)) else None
-    except OSError:
-        return None
+    return next((fmt for fmt, test in _DIR_TESTS if test(path)), None)
 
 
 def detect(path: str | os.PathLike) -> str | None:
@@ -202,24 +198,22 @@ def read_source(src: Source, val_n: int | None = None) -> list[ImportedRun]:
 
 
 def set_val_n(run: ImportedRun, n: int) -> None:
+    """val/n = ``n`` wherever val/acc has a value, for a run that logs no val/n."""
     import pyarrow as pa
+    import pyarrow.compute as pc
 
-    names = run.table.column_names
-    if "val/acc" not in names or "val/n" in names:
-        return
-    acc = run.table.column("val/acc").to_numpy(zero_copy_only=False)
-    col = np.where(np.isnan(acc), np.nan, float(n))
-    run.table = run.table.append_column("val/n", pa.array(col, pa.float64(), from_pandas=True))
-    run.origin["val/n"] = ["(given: val_n)"]
-    run.unavailable = [m for m in run.unavailable if m != "val/n"]
+    if "val/acc" in run.metrics and "val/n" not in run.metrics:
+        given = pc.if_else(pc.is_valid(run.table.column("val/acc")), float(n), pa.scalar(None, pa.float64()))
+        run.table = run.table.append_column("val/n", given)
+        run.unavailable = [m for m in run.unavailable if m != "val/n"]
 
 
 def read(p: Plan, *, val_n: int | None = None,
          progress: Callable[[int, int], None] | None = None) -> list[ImportedRun]:
     """Import every source of the plan (``val_n``: val/n for runs that log val/acc without it)."""
     out: list[ImportedRun] = []
-    for i, src in enumerate(p.sources):
-        out.extend(read_source(src, val_n))
+    for i, src in enumerate(p.sources, 1):
+        out += read_source(src, val_n)
         if progress:
-            progress(i + 1, len(p.sources))
+            progress(i, len(p.sources))
     return out

@@ -11,6 +11,7 @@ import math
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,6 @@ class ImportedRun:
     reason: str | None = None
     warnings: list[str] = field(default_factory=list)
     unavailable: list[str] = field(default_factory=list)
-    origin: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def metrics(self) -> list[str]:
@@ -90,37 +90,34 @@ def dedupe(steps: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarra
 
 def build_table(series: Mapping[str, tuple[np.ndarray, np.ndarray]], names: Callable[[str], str | None],
                 extra: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None):
-    """Per-metric source series (+ ``extra`` already named) → (Table on the union of steps, origin); two
-    source names of one target coalesce, ``extra`` first, then the first read, winning per step."""
+    """Per-metric source series (+ ``extra`` already named) → Table on the union of steps; two source
+    names of one target coalesce, ``extra`` first, then the first read, winning per step."""
     import pyarrow as pa
 
-    named = [(t, "(computed)", sv) for t, sv in (extra or {}).items()]
-    named += [(names(src), src, sv) for src, sv in series.items()]
-    grouped: dict[str, list[tuple[str, np.ndarray, np.ndarray]]] = {}
-    for target, src, (steps, values) in named:
+    grouped: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
+    for target, (steps, values) in [*(extra or {}).items(), *((names(src), sv) for src, sv in series.items())]:
         if target is not None:
             s, v = dedupe(np.asarray(steps, dtype=np.int64), np.asarray(values, dtype=np.float64))
             if s.size:
-                grouped.setdefault(target, []).append((src, s, v))
-    all_steps = [s for parts in grouped.values() for _, s, _ in parts]
+                grouped.setdefault(target, []).append((s, v))
+    all_steps = [s for parts in grouped.values() for s, _ in parts]
     if not all_steps:
-        return pa.table({"step": pa.array([], pa.int64())}), {}
+        return pa.table({"step": pa.array([], pa.int64())})
     if all(np.array_equal(s, all_steps[0]) for s in all_steps):  # the common case: no union to sort
         all_steps = all_steps[0]
     else:
         all_steps = np.unique(np.concatenate(all_steps))
-    cols, origin = {}, {}
+    cols = {}
     for target in sorted(grouped):
         parts = grouped[target]
-        origin[target] = [src for src, _, _ in parts]
-        if len(parts) == 1 and parts[0][1].size == all_steps.size:
-            cols[target] = parts[0][2]
+        if len(parts) == 1 and parts[0][0].size == all_steps.size:
+            cols[target] = parts[0][1]
             continue
         cols[target] = np.full(all_steps.size, np.nan)
-        for _, s, v in reversed(parts):  # the first part written last wins
+        for s, v in reversed(parts):  # the first part written last wins
             cols[target][np.searchsorted(all_steps, s)] = v
     arrays = [pa.array(c, pa.float64(), from_pandas=True) for c in cols.values()]
-    return pa.Table.from_arrays([pa.array(all_steps, pa.int64()), *arrays], names=["step", *cols]), origin
+    return pa.Table.from_arrays([pa.array(all_steps, pa.int64()), *arrays], names=["step", *cols])
 
 
 def group_series(codes: np.ndarray, names: Any, steps: np.ndarray, values: np.ndarray
@@ -166,10 +163,9 @@ def shallow(data: bytes, limit: int = MAX_FAST_DEPTH) -> bool:
     return int(np.diff(np.searchsorted(opens, ends), prepend=0).max()) <= limit
 
 
-def read_source(path: str | Path) -> bytes:
-    """An imported file's bytes through the regular-file reader: a FIFO, device or directory, or more
-    than MAX_SOURCE_BYTES, raise NotRegularFile (an OSError) instead of blocking or filling memory."""
-    return read_regular(path, limit=MAX_SOURCE_BYTES)
+# An imported file's bytes through the regular-file reader: a FIFO, device or directory, or more than
+# MAX_SOURCE_BYTES, raise NotRegularFile (an OSError) instead of blocking or filling memory.
+read_source = partial(read_regular, limit=MAX_SOURCE_BYTES)
 
 
 def good_steps(steps: np.ndarray) -> np.ndarray:
@@ -188,18 +184,21 @@ def read_json_bytes(data: bytes, block_size: int = 1 << 24):
 
 def json_lines_columns(data: bytes, n_rows: int) -> dict[str, np.ndarray] | None:
     """JSON lines of flat objects → float64 arrays per numeric key, by pyarrow; None when it cannot."""
-    import pyarrow as pa
-
     if not data.strip() or not shallow(data):
         return None
     try:
         table = read_json_bytes(data, max(1 << 20, len(data) + 1))
     except Exception:  # ArrowInvalid
         return None
-    if table.num_rows != n_rows:
-        return None
+    return float_columns(table.column_names, table.columns) if table.num_rows == n_rows else None
+
+
+def float_columns(names: Iterable[str], columns: Iterable[Any]) -> dict[str, np.ndarray]:
+    """The Arrow columns of numbers or booleans that hold a value, as float64 (null → NaN)."""
+    import pyarrow as pa
+
     return {name: col.cast(pa.float64(), safe=False).to_numpy(zero_copy_only=False)
-            for name, col in zip(table.column_names, table.columns, strict=True)
+            for name, col in zip(names, columns, strict=True)
             if (pa.types.is_integer(col.type) or pa.types.is_floating(col.type) or pa.types.is_boolean(col.type))
             and col.null_count < len(col)}
 
@@ -234,11 +233,12 @@ def seed_and_config(flat: Mapping[str, Any], drop: Iterable[str] = ()) -> dict[s
 
 
 # --------------------------------------------------------------------------- protobuf
-def derived_message(name: str, source: Any, retype: dict[str, int], repeat: tuple[str, ...] = (),
-                    message: dict[str, Any] | None = None) -> Any:
-    """A class with ``source``'s protobuf layout but some fields as raw bytes (``retype``), repeated
-    (``repeat``: concatenated messages then collect every occurrence) or another class (``message``);
-    built once per process in protobuf's default pool."""
+def derived_message(name: str, source: Any, message: dict[str, Any] | None = None, keep: tuple[str, ...] = ()
+                    ) -> Any:
+    """A class with ``source``'s protobuf layout but every field repeated (concatenated messages then collect
+    every occurrence) and messages as raw bytes, except: a field in ``message`` becomes one field of that
+    class (its occurrences merge), one in ``keep`` keeps its message type; built once per process in
+    protobuf's default pool."""
     from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
     FDP = descriptor_pb2.FieldDescriptorProto
@@ -250,20 +250,18 @@ def derived_message(name: str, source: Any, retype: dict[str, int], repeat: tupl
     msg = descriptor_pb2.DescriptorProto()
     source.DESCRIPTOR.CopyToProto(msg)
     msg.name = name
-    del msg.nested_type[:]  # the fields keep wandb's fully qualified type names
+    del msg.nested_type[:], msg.oneof_decl[:]  # the fields keep their fully qualified type names
     for f in msg.field:
-        if f.name in retype:
-            f.type = retype[f.name]
-            f.ClearField("type_name")
-        if f.name in repeat:
-            f.label = FDP.LABEL_REPEATED
-            f.ClearField("oneof_index")
-            f.ClearField("proto3_optional")
+        f.ClearField("oneof_index")
+        f.ClearField("proto3_optional")
         if f.name in message:
             f.type, f.label = FDP.TYPE_MESSAGE, FDP.LABEL_OPTIONAL
             f.type_name = "." + message[f.name].DESCRIPTOR.full_name
-    if not any(f.HasField("oneof_index") for f in msg.field):
-        del msg.oneof_decl[:]
+            continue
+        f.label = FDP.LABEL_REPEATED
+        if f.type == FDP.TYPE_MESSAGE and f.name not in keep:
+            f.type = FDP.TYPE_BYTES
+            f.ClearField("type_name")
     home = source.DESCRIPTOR.file
     file = descriptor_pb2.FileDescriptorProto(
         name=f"armorlab_lite_{name}.proto", package="armorlab_lite", syntax="proto3",

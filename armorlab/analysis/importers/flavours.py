@@ -217,28 +217,25 @@ def detect(config: Mapping[str, Any], names: Iterable[str]) -> Flavour:
     if {"num_generations", "output_dir"} <= keys or {"beta", "num_generations"} <= keys:
         return TRL
     names = list(names)
-    if any(_VERL_NAMES.match(n) for n in names):
-        return VERL
-    if any(_OPENRLHF_NAMES.match(n) for n in names):
-        return OPENRLHF
-    return TRL if any(_TRL_NAMES.match(n) for n in names) or "train/global_step" in names else GENERIC
+    for fl, pattern in ((VERL, _VERL_NAMES), (OPENRLHF, _OPENRLHF_NAMES), (TRL, _TRL_NAMES)):
+        if any(pattern.match(n) for n in names):
+            return fl
+    return TRL if "train/global_step" in names else GENERIC
 
 
 def single_source_aliases(metrics: Iterable[str]) -> dict[str, str]:
     """``val/<ds>/<x>`` → ``val/<x>`` when exactly one data source logged it (then it is the whole set)."""
     by_name: dict[str, list[str]] = {}
     for m in metrics:
-        if not m.startswith("val/"):
-            continue
-        ds, _, name = m[4:].rpartition("/")
-        if ds and (name in ("acc", "pass@k", "length", "n") or name.endswith("_biased")):
+        ds, _, name = m.removeprefix("val/").rpartition("/")
+        if m.startswith("val/") and ds and (name in ("acc", "pass@k", "length", "n") or name.endswith("_biased")):
             by_name.setdefault(name, []).append(m)
     return {found[0]: f"val/{name}" for name, found in by_name.items() if len(found) == 1}
 
 
 def mapped_table(series, fl: Flavour, config: Mapping[str, Any], warnings: list[str],
                  extra: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None):
-    """Source series → (armorlab-named table, origin) under flavour ``fl``'s rules and aliases; verl's
+    """Source series → armorlab-named table under flavour ``fl``'s rules and aliases; verl's
     actor/kl_loss is obj/beta_kl only for a k3 or k2 estimator (default low_var_kl)."""
     if fl is VERL:
         kind = config.get("actor_rollout_ref.actor.kl_loss_type")
@@ -247,20 +244,19 @@ def mapped_table(series, fl: Flavour, config: Mapping[str, Any], warnings: list[
                             "default low_var_kl (k3)")
         if kind is not None and kind not in KL_LOSS_TYPES:
             fl = replace(fl, rules=tuple(r for r in fl.rules if r.pattern != "actor/kl_loss"))
-    table, origin = build_table(series, fl.names(), extra)
+    table = build_table(series, fl.names(), extra)
     for src, dst in single_source_aliases(table.column_names).items():
         if dst not in table.column_names:
             table = table.append_column(dst, table.column(src))
-            origin[dst] = origin[src]
-    return table.select(["step", *sorted(table.column_names[1:])]), origin
+    return table.select(["step", *sorted(table.column_names[1:])])
 
 
 def imported_run(series, fl: Flavour, flat: Mapping[str, Any], warnings: list[str], *, extra=None,
                  cannot: Iterable[str] | None = None, config: Mapping[str, Any] | None = None,
                  **fields: Any) -> ImportedRun:
     """What every importer ends with: the mapped table and its run (``fields``: name, path, state, ...)."""
-    table, origin = mapped_table(series, fl, flat, warnings, extra)
+    table = mapped_table(series, fl, flat, warnings, extra)
     return ImportedRun(table=table, config={**seed_and_config(flat, fl.identity), **(config or {})},
-                       flavour=fl.name, warnings=warnings, origin=origin,
+                       flavour=fl.name, warnings=warnings,
                        unavailable=[m for m in (fl.cannot if cannot is None else cannot) if m not in table.column_names],
                        **fields)

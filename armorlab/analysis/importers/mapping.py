@@ -10,13 +10,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from armorlab.analysis.importers.flavours import FLAVOURS
 from armorlab.core.config import load_yaml_mapping
 from armorlab.errors import ArmorLabError
 
 ENTRY_KEYS = ("group", "seed", "val_n", "format", "flavour", "name", "val_dumps", "config", "runs")
 TOP_KEYS = ("runs", "val_n")
 FORMATS = ("armorlab", "trl", "wandb", "tensorboard", "verl", "trackio")
-FLAVOURS = ("trl", "verl", "openrlhf", "generic")
 
 
 @dataclass

@@ -101,21 +101,13 @@ def _protos():
     """(event_pb2, summary_pb2, Event parsed as one merged message over concatenated events: steps and
     summary values repeated)."""
     try:
-        from google.protobuf.descriptor_pb2 import FieldDescriptorProto as FDP
         from tensorboard.compat.proto import event_pb2, summary_pb2
     except ImportError as exc:
         raise ArmorLabError("reading TensorBoard event files needs the tensorboard package: pip install "
                             "'armorlab[tensorboard]'", key="format", value="tensorboard") from exc
-    value_fields = summary_pb2.Summary.Value.DESCRIPTOR.fields
-    value = derived_message("TbValueAll", summary_pb2.Summary.Value,
-                            {f.name: FDP.TYPE_BYTES for f in value_fields if f.message_type is not None},
-                            repeat=tuple(f.name for f in value_fields))
-    summary = derived_message("TbSummaryAll", summary_pb2.Summary, {}, message={"value": value})
-    fields = [f for f in event_pb2.Event.DESCRIPTOR.fields if f.name != "summary"]
-    event = derived_message("TbEventAll", event_pb2.Event,
-                            {f.name: FDP.TYPE_BYTES for f in fields if f.message_type is not None},
-                            repeat=tuple(f.name for f in fields), message={"summary": summary})
-    return event_pb2, summary_pb2, event
+    summary = derived_message("TbSummaryAll", summary_pb2.Summary,
+                              {"value": derived_message("TbValueAll", summary_pb2.Summary.Value)})
+    return event_pb2, summary_pb2, derived_message("TbEventAll", event_pb2.Event, {"summary": summary})
 
 
 def _fast(payloads: list[bytes]):

@@ -107,12 +107,10 @@ def _columns(blobs: list[bytes], warnings: list[str], path: Path) -> dict[str, n
     bad = sum(row is None for row in decoded)
     if bad:
         warnings.append(f"skipped {bad} rows of {path} whose metrics are not a JSON object")
-    series = rows_to_series((i, row) for i, row in enumerate(decoded) if row is not None)
     out = {}
-    for name, (idx, values) in series.items():
-        col = np.full(len(blobs), np.nan)
-        col[idx] = values
-        out[name] = col
+    for name, (idx, values) in rows_to_series((i, row) for i, row in enumerate(decoded) if row is not None).items():
+        out[name] = np.full(len(blobs), np.nan)
+        out[name][idx] = values
     return out
 
 

@@ -21,6 +21,7 @@ from armorlab.analysis.importers.base import (
     ImportedRun,
     as_float,
     flatten,
+    float_columns,
     is_metric_value,
     json_lines,
     read_json_bytes,
@@ -49,12 +50,17 @@ def read_jsonl(path: Path, warnings: list[str]) -> dict[str, tuple[np.ndarray, n
             return _series_from_table(read_json_bytes(data))
         except Exception:  # ArrowInvalid: a torn line, mixed types: the line-by-line rules below
             pass
-    return _series_from_lines(data, str(path), warnings)
+    rows = []
+    for lineno, row in json_lines(data.split(b"\n"), str(path), warnings):
+        if isinstance(row, dict) and valid_step(row.get("step")) and isinstance(row.get("data"), dict):
+            rows.append((row["step"], {k: v for k, v in row["data"].items() if is_metric_value(v)}))
+        else:
+            warnings.append(f"skipped line {lineno} of {path}: not {{\"step\": int, \"data\": {{...}}}}")
+    return rows_to_series(rows)
 
 
 def _series_from_table(table) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     import pyarrow as pa
-    import pyarrow.compute as pc
 
     if "step" not in table.column_names or "data" not in table.column_names:
         raise ValueError("not verl's file-logger lines")
@@ -66,22 +72,10 @@ def _series_from_table(table) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     if steps.size and int(steps.min()) < 0:
         raise ValueError("negative step")
     out = {}
-    for f, col in zip(data.type, data.flatten(), strict=True):
-        if (pa.types.is_integer(f.type) or pa.types.is_floating(f.type) or pa.types.is_boolean(f.type)) and \
-                col.null_count < len(col):
-            valid = pc.is_valid(col).to_numpy(zero_copy_only=False)
-            out[f.name] = (steps[valid], col.cast(pa.float64()).to_numpy(zero_copy_only=False)[valid])
+    for name, values in float_columns([f.name for f in data.type], data.flatten()).items():
+        ok = ~np.isnan(values)  # null: no value on that line
+        out[name] = (steps[ok], values[ok])
     return out
-
-
-def _series_from_lines(data: bytes, source: str, warnings: list[str]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    rows = []
-    for lineno, row in json_lines(data.split(b"\n"), source, warnings):
-        if isinstance(row, dict) and valid_step(row.get("step")) and isinstance(row.get("data"), dict):
-            rows.append((row["step"], {k: v for k, v in row["data"].items() if is_metric_value(v)}))
-        else:
-            warnings.append(f"skipped line {lineno} of {source}: not {{\"step\": int, \"data\": {{...}}}}")
-    return rows_to_series(rows)
 
 
 def is_file_log(path: Path) -> bool:

@@ -89,17 +89,13 @@ def _lite_classes():
     """(wandb's protobufs, Record with every field repeated and messages as raw bytes, HistoryRecord whose
     items merge into one HistoryItem with repeated key, nested_key, value_json): a whole log parses at once."""
     try:
-        from google.protobuf.descriptor_pb2 import FieldDescriptorProto as FDP
         from wandb.proto import wandb_internal_pb2 as pb
     except ImportError as exc:
         raise ArmorLabError("reading W&B run folders needs the wandb package: pip install 'armorlab[wandb]'",
                             key="format", value="wandb") from exc
-    fields = pb.Record.DESCRIPTOR.fields
-    record = derived_message("RecordAll", pb.Record, {f.name: FDP.TYPE_BYTES for f in fields if f.message_type},
-                             repeat=tuple(f.name for f in fields))
-    items = derived_message("ItemsFlat", pb.HistoryItem, {}, repeat=("key", "value_json"))
-    history = derived_message("HistoryMerged", pb.HistoryRecord, {}, repeat=("step",), message={"item": items})
-    return pb, record, history
+    items = derived_message("ItemsFlat", pb.HistoryItem)
+    history = derived_message("HistoryMerged", pb.HistoryRecord, {"item": items}, keep=("step",))
+    return pb, derived_message("RecordAll", pb.Record), history
 
 
 MARK = "\x00armorlab-row\x01"  # a name no wandb metric has (numpy would strip a trailing NUL)
@@ -285,11 +281,8 @@ def run_dirs(root: Path) -> list[Path]:
     root = Path(root)
     if is_run_dir(root):
         return [root]
-    out = []
-    for base in (root, root / "wandb"):
-        if base.is_dir():
-            out += [p for p in sorted(base.iterdir()) if RUN_DIR.match(p.name) and is_run_dir(p)]
-    return sorted(set(out))
+    return sorted({p for base in (root, root / "wandb") if base.is_dir() for p in base.iterdir()
+                   if RUN_DIR.match(p.name) and is_run_dir(p)})
 
 
 def read(folders: list[Path], *, name: str | None = None, flavour: str | None = None) -> ImportedRun:
@@ -303,8 +296,7 @@ def read(folders: list[Path], *, name: str | None = None, flavour: str | None = 
             warnings.append(f"{folder}: no .wandb file")
             continue
         read_file(f, history, info, warnings)
-    raw_config = {k: v for k, v in info.get("config", {}).items() if not k.startswith("_wandb")}
-    flat = flatten(raw_config)
+    flat = flatten({k: v for k, v in info.get("config", {}).items() if not k.startswith("_wandb")})
     fl = F.pick(flavour, flat, history.names())
     series = history.series(fl.step_keys, set(fl.drop))
     if history.skipped:
@@ -313,10 +305,8 @@ def read(folders: list[Path], *, name: str | None = None, flavour: str | None = 
         warnings.append(f"skipped {history.bad_steps} history rows whose trainer step is not a whole number "
                         "in [0, 2**63)")
     code = info.get("exit_code")
-    if code is None:
-        state, reason = "unknown", "no exit record: the run is still going, or its process was killed"
-    else:
-        state, reason = ("completed", None) if code == 0 else ("failed", f"exit code {code}")
+    state, reason = {None: ("unknown", "no exit record: the run is still going, or its process was killed"),
+                     0: ("completed", None)}.get(code, ("failed", f"exit code {code}"))
     last = folders[-1]
     return F.imported_run(series, fl, flat, warnings, config={"wandb.group": info["group"]} if info.get("group") else None,
                           name=name or info.get("name") or info.get("run_id") or last.name, path=last,
