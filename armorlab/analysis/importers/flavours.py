@@ -20,10 +20,10 @@ SRC = "src/"
 
 @dataclass(frozen=True)
 class Rule:
-    """``pattern`` (a regex matched against the whole source name) → ``target`` (``{group}`` fills a named group)."""
+    """``pattern`` (a regex matched against the whole source name) → ``target`` (``{group}`` fills a named group);
+    what each rule's armorlab metric means for that trainer: the tables of docs/importers.md."""
     pattern: str
     target: str
-    note: str = ""
 
     @cached_property
     def regex(self) -> re.Pattern[str]:
@@ -91,35 +91,32 @@ TRL = Flavour("trl", normalise=trl_raw, step_keys=("train/global_step",),
               identity=("output_dir", "logging_dir", "run_name", "hub_model_id", "hub_token", "push_to_hub_token",
                         "_name_or_path", "project", "trackio_space_id", "resume_from_checkpoint", "_Created",
                         "_Username", "_Group"), rules=(
-    Rule(r"reward", "train/reward", "mean of the weighted sum of the reward functions, on the generation batch"),
+    Rule(r"reward", "train/reward"),
     Rule(r"reward_std", "train/reward_std"),
     Rule(r"frac_reward_zero_std", "train/frac_reward_zero_std"),
-    Rule(r"rewards/(?P<f>.+)/mean", "train/rewards/{f}", "one reward function's mean (TRL ≥ 0.15)"),
-    Rule(r"rewards/(?P<f>[^/]+)", "train/rewards/{f}", "the same, as older TRL named it"),
+    Rule(r"rewards/(?P<f>.+)/mean", "train/rewards/{f}"),
+    Rule(r"rewards/(?P<f>[^/]+)", "train/rewards/{f}"),
     Rule(r"completions/mean_length", "train/length"),
-    Rule(r"completion_length", "train/length", "older TRL's name"),
-    Rule(r"completions/clipped_ratio", "train/truncated", "share of completions cut at max_completion_length"),
+    Rule(r"completion_length", "train/length"),
+    Rule(r"completions/clipped_ratio", "train/truncated"),
     Rule(r"entropy", "train/entropy"),
-    Rule(r"kl", "obj/beta_kl", "k3 of log(π_ref/π_θ), mean over the batch's tokens, sampled from π_old (the "
-                              "generation's policy): a reverse-KL estimate per token, not armorlab's "
-                              "sequence-summed kl/reverse_k3"),
+    Rule(r"kl", "obj/beta_kl"),
     Rule(r"clip_ratio/low_mean", "obj/clip_frac_low"),
     Rule(r"clip_ratio/high_mean", "obj/clip_frac_high"),
-    Rule(r"clip_ratio/region_mean", "obj/clip_frac", "low + high (TRL has no dual clip)"),
-    Rule(r"clip_ratio", "obj/clip_frac", "older TRL's name"),
+    Rule(r"clip_ratio/region_mean", "obj/clip_frac"),
+    Rule(r"clip_ratio", "obj/clip_frac"),
     Rule(r"loss", "train/loss"),
     Rule(r"grad_norm", "train/grad_norm"),
     Rule(r"learning_rate", "train/learning_rate"),
     Rule(r"epoch", "train/epoch"),
     Rule(r"num_tokens", "train/num_tokens"),
     Rule(r"step_time", "train/step_time"),
-    Rule(r"eval_reward", "val/acc", "avg@k: mean reward of the eval completions (num_generations per prompt); "
-                                    "the accuracy for 0/1 rewards, as armorlab's val/acc"),
+    Rule(r"eval_reward", "val/acc"),
     Rule(r"eval_rewards/(?P<f>.+)/mean", "val/rewards/{f}"),
-    Rule(r"eval_rewards/(?P<f>[^/]+)", "val/rewards/{f}", "older TRL's name"),
+    Rule(r"eval_rewards/(?P<f>[^/]+)", "val/rewards/{f}"),
     Rule(r"eval_completions/mean_length", "val/length"),
-    Rule(r"eval_completion_length", "val/length", "older TRL's name"),
-    Rule(r"test_reward", "test/acc", "as eval_reward, on trainer.predict's test split"),
+    Rule(r"eval_completion_length", "val/length"),
+    Rule(r"test_reward", "test/acc"),
     Rule(r"test_completions/mean_length", "test/length"),
 ))
 
@@ -132,28 +129,20 @@ VERL = Flavour("verl", cannot=("val/n", "val/pass@k", *ARMORLAB_ONLY),
                identity=("trainer.experiment_name", "trainer.project_name", "trainer.default_local_dir",
                          "trainer.validation_data_dir", "trainer.rollout_data_dir", "trainer.default_hdfs_dir",
                          "trainer.logger"), rules=(
-    Rule(r"critic/score/mean", "train/reward", "sequence score (the reward function's output) before any KL penalty"),
+    Rule(r"critic/score/mean", "train/reward"),
     Rule(r"actor/entropy", "train/entropy"),
     Rule(r"response_length/mean", "train/length"),
     Rule(r"response_length/clip_ratio", "train/truncated"),
-    Rule(r"actor/pg_clipfrac", "obj/clip_frac", "tokens where the clipped surrogate binds (either side); "
-                                                "dual-clip tokens are actor/pg_clipfrac_lower"),
+    Rule(r"actor/pg_clipfrac", "obj/clip_frac"),
     Rule(r"actor/pg_clipfrac_lower", "obj/dual_clip_frac"),
-    Rule(r"actor/ppo_kl", "obj/approx_kl", "mean of log π_old − log π_θ over the batch's tokens, as armorlab's"),
-    Rule(r"actor/kl_loss", "obj/beta_kl", "the KL loss term, mean over tokens; its estimator is "
-                                          "actor_rollout_ref.actor.kl_loss_type (low_var_kl = k3, mse = k2); "
-                                          "with kl/k1/abs/full it stays src/actor/kl_loss"),
+    Rule(r"actor/ppo_kl", "obj/approx_kl"),
+    Rule(r"actor/kl_loss", "obj/beta_kl"),
     Rule(r"actor/pg_loss", "obj/policy_loss"),
     Rule(r"actor/grad_norm", "train/grad_norm"),
     Rule(r"actor/lr", "train/learning_rate"),
     Rule(r"training/epoch", "train/epoch"),
-    Rule(_VAL + r"/mean@(?P<n>\d+)", "val/{ds}/acc", "avg@N of verl's core variable (acc where the reward "
-                                                    "function returns one, else the reward: armorlab's val/acc is "
-                                                    "the mean reward) for one data source; with one data source "
-                                                    "also val/acc"),
-    Rule(_VAL + r"/best@(?P<k>\d+)/mean", "val/{ds}/best@{k}_biased",
-         "bootstrap mean of the best of k resampled answers: a biased estimate of pass@k (marked _biased); "
-         "the unbiased val/pass@k comes from the validation dumps"),
+    Rule(_VAL + r"/mean@(?P<n>\d+)", "val/{ds}/acc"),
+    Rule(_VAL + r"/best@(?P<k>\d+)/mean", "val/{ds}/best@{k}_biased"),
 ))
 # verl's actor kl_loss_type (core_algos.kl_penalty): the ones armorlab's obj/beta_kl means
 KL_LOSS_TYPES = {"low_var_kl": "k3", "k3": "k3", "mse": "k2", "k2": "k2"}
@@ -170,28 +159,23 @@ OPENRLHF = Flavour(
     rules=(
     Rule(r"reward", "train/reward"),
     Rule(r"response_length", "train/length"),
-    Rule(r"kl", "obj/beta_kl", "mean over each sample's tokens, then over samples, of the estimator algo.kl.estimator "
-                               "(k1 default) of log(π_θ/π_ref) on rollout samples"),
+    Rule(r"kl", "obj/beta_kl"),
     Rule(r"ppo_kl", "obj/approx_kl"),
     Rule(r"ppo_clip_ratio", "obj/clip_frac"),
     Rule(r"policy_loss", "obj/policy_loss"),
     Rule(r"actor_lr", "train/learning_rate"),
     Rule(r"actor_grad_norm", "train/grad_norm"),
-    Rule(r"eval_num_samples", "val/n", "completions scored (prompts × n_samples_per_prompt, all data sources)"),
+    Rule(r"eval_num_samples", "val/n"),
     Rule(r"eval_response_length_mean", "val/length"),
-    Rule(r"eval_(?P<ds>.+)_pass1", "val/{ds}/acc", "mean over prompts of the mean reward of their samples: avg@k; "
-                                                  "with one data source also val/acc"),
-    Rule(r"eval_(?P<ds>.+)_pass(?P<k>\d+)", "val/{ds}/pass@k", "mean over prompts of the best sample's reward "
-                                                              "(pass@k for 0/1 rewards); with one data source also "
-                                                              "val/pass@k"),
+    Rule(r"eval_(?P<ds>.+)_pass1", "val/{ds}/acc"),
+    Rule(r"eval_(?P<ds>.+)_pass(?P<k>\d+)", "val/{ds}/pass@k"),
     Rule(r"eval_(?P<ds>.+)_response_length_mean", "val/{ds}/length"),
 ))
 
 # ----------------------------------------------------------------------------- no known trainer
 NAMESPACES = ("train/", "val/", "test/", "obj/", "kl/", "cap/", "anchor/", "ref/")
-GENERIC = Flavour("generic", rules=(
-    Rule(r"(?P<name>(?:" + "|".join(n.rstrip("/") for n in NAMESPACES) + r")/.+)", "{name}",
-         "names already in armorlab's namespaces are kept (a run logged with armorlab's names)"),))
+GENERIC = Flavour("generic", rules=(  # names already in armorlab's namespaces are kept (logged by armorlab)
+    Rule(r"(?P<name>(?:" + "|".join(n.rstrip("/") for n in NAMESPACES) + r")/.+)", "{name}"),))
 FLAVOURS = {f.name: f for f in (TRL, VERL, OPENRLHF, GENERIC)}
 
 _OPENRLHF_NAMES = re.compile(r"^(train/(ppo_kl|ppo_clip_ratio|policy_loss|actor_lr|response_length)|"
