@@ -53,20 +53,22 @@ def records(data: bytes, source: str, warnings: list[str]) -> list[bytes]:
     except ImportError as exc:
         raise ArmorLabError("checking TensorBoard records needs the google-crc32c package: pip install "
                             "'armorlab[tensorboard]'", key="format", value="tensorboard") from exc
-    pos, end, payloads, frames, torn = 0, len(data), [], [], ""
+    pos, end, payloads, torn, tail = 0, len(data), [], "", []
     while pos < end:
         if pos + 12 > end:
             torn = f"header of {end - pos} bytes"
             break
         (size,) = _LEN.unpack_from(data, pos)
-        frames.append((pos, size))
         if pos + 16 + size > end:  # torn, its header whole: its length's CRC still says if it is one
-            torn = f"{end - pos - 12} of {size + 4} bytes"
+            torn, tail = f"{end - pos - 12} of {size + 4} bytes", [pos, size]
             break
         payloads.append(data[pos + 12:pos + 12 + size])
         pos += 16 + size
     raw = np.frombuffer(data, np.uint8)
-    at, n = np.asarray(frames, np.uint64).reshape(-1, 2).T  # uint64: a damaged length is any
+    n = np.fromiter(map(len, payloads), np.uint64, count=len(payloads))   # uint64: a damaged length is any
+    at = np.cumsum(n + 16) - (n + 16)
+    if tail:
+        at, n = np.append(at, np.uint64(tail[0])), np.append(n, np.uint64(tail[1]))
     distinct, which = np.unique(n, return_inverse=True)
     want = np.asarray([masked(crc32c(_LEN.pack(int(u)))) for u in distinct], np.uint64)[which.ravel()]
     bad_length = np.flatnonzero(_u32(raw, at + 8) != want)
