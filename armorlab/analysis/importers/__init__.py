@@ -5,11 +5,9 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Container, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-
-import numpy as np
 
 from armorlab.analysis.importers import tensorboard_events, trackio_db, trl, verl, wandb_local
 from armorlab.analysis.importers.base import ImportedRun
@@ -35,8 +33,8 @@ class Source:
 
 @dataclass
 class Plan:
-    native: list[RunDir] = field(default_factory=list)
-    sources: list[Source] = field(default_factory=list)
+    native: list[RunDir]
+    sources: list[Source]
 
 
 # --------------------------------------------------------------------------- detection
@@ -47,33 +45,31 @@ def is_native_run(path: Path) -> bool:
     return (path / STATUS).exists() or (path / METRICS).exists() or (path.parent / "sweep.json").exists()
 
 
+def _holds_events(path: Path) -> bool:
+    try:
+        return any(e.name.startswith("events.out.tfevents.") for e in os.scandir(path))
+    except OSError:
+        return False
+
+
+# (format, test) in the order tried: the first test that holds names the format of a file or a directory
+_FILE_TESTS = (("wandb", lambda p: p.name.endswith(".wandb")),
+               ("tensorboard", lambda p: p.name.startswith("events.out.tfevents.")),
+               ("trl", lambda p: p.name == trl.STATE),
+               ("verl", lambda p: p.name.endswith(".jsonl") and verl.is_file_log(p)),
+               ("trackio", trackio_db.is_project_db))
+_DIR_TESTS = (("armorlab", is_native_run), ("trl", trl.is_output_dir), ("wandb", wandb_local.is_run_dir),
+              (None, verl.is_dump_dir),  # a validation_data_dir: read with its JSONL (runs.yaml val_dumps)
+              ("tensorboard", _holds_events))
+
+
 def file_format(path: Path) -> str | None:
-    name = path.name
-    if name.endswith(".wandb"):
-        return "wandb"
-    if name.startswith("events.out.tfevents."):
-        return "tensorboard"
-    if name == trl.STATE:
-        return "trl"
-    if name.endswith(".jsonl") and verl.is_file_log(path):
-        return "verl"
-    return "trackio" if trackio_db.is_project_db(path) else None
+    return next((fmt for fmt, test in _FILE_TESTS if test(path)), None)
 
 
 def dir_format(path: Path) -> str | None:
     """The format a directory *is* (not what it holds further down)."""
-    if is_native_run(path):
-        return "armorlab"
-    if trl.is_output_dir(path):
-        return "trl"
-    if wandb_local.is_run_dir(path):
-        return "wandb"
-    if verl.is_dump_dir(path):
-        return None  # a validation_data_dir: read with its JSONL (runs.yaml val_dumps)
-    try:
-        return "tensorboard" if any(e.name.startswith("events.out.tfevents.") for e in os.scandir(path)) else None
-    except OSError:
-        return None
+    return next((fmt for fmt, test in _DIR_TESTS if test(path)), None)
 
 
 def detect(path: str | os.PathLike) -> str | None:
@@ -91,11 +87,7 @@ def holds_imports(path: str | os.PathLike) -> bool:
     path = Path(path)
     if detect(path) not in (None, "armorlab"):
         return True
-    if not path.is_dir():
-        return False
-    found: list[tuple[str, Path]] = []
-    _walk(path, 0, set(), found)
-    return any(kind != "armorlab" for kind, _ in found)
+    return path.is_dir() and any(kind != "armorlab" for kind, _ in _walk(path, 0, set()))
 
 
 def find_native(path: Path) -> list[RunDir]:
@@ -105,10 +97,11 @@ def find_native(path: Path) -> list[RunDir]:
         return []
 
 
-def _walk(path: Path, depth: int, skip: set[Path], out: list[tuple[str, Path]]) -> None:
+def _walk(path: Path, depth: int, skip: Container[Path]) -> Iterator[tuple[str, Path]]:
+    """(format, path) of every source at or below the dir ``path`` (armorlab runs in ``skip`` left out)."""
     kind = dir_format(path)
     if kind is not None and not (kind == "armorlab" and path.resolve() in skip):
-        out.append((kind, path))
+        yield kind, path
     if kind in ("armorlab", "trl", "wandb"):  # a tensorboard dir's subdirs may hold more runs
         return
     try:
@@ -118,16 +111,15 @@ def _walk(path: Path, depth: int, skip: set[Path], out: list[tuple[str, Path]]) 
     for e in children:
         if e.name.startswith(".") or e.is_symlink():
             continue
-        child = Path(e.path)
         if e.is_file():
-            f = None if e.name.startswith("events.out.tfevents.") else file_format(child)
+            f = None if e.name.startswith("events.out.tfevents.") else file_format(Path(e.path))
             if f in ("verl", "trackio", "wandb"):
-                out.append((f, child))
+                yield f, Path(e.path)
         elif e.is_dir() and depth < MAX_DEPTH and e.name not in _SKIP_DIRS:
-            _walk(child, depth + 1, skip, out)
+            yield from _walk(Path(e.path), depth + 1, skip)
 
 
-def _sources(path: Path, fmt: str | None, skip: set[Path]) -> list[tuple[str, Path]]:
+def _sources(path: Path, fmt: str | None, skip: Container[Path]) -> list[tuple[str, Path]]:
     """(format, path) of every source at or below ``path`` (only ``fmt`` when given)."""
     if path.is_file():
         kind = fmt or file_format(path)
@@ -135,32 +127,24 @@ def _sources(path: Path, fmt: str | None, skip: set[Path]) -> list[tuple[str, Pa
             raise ArmorLabError("not a file armorlab can import (a .wandb, events.out.tfevents.*, verl .jsonl, "
                                 "trackio .db or trainer_state.json)", key="path", value=str(path))
         return [(kind, path.parent if kind == "trl" and path.name == trl.STATE else path)]
-    found: list[tuple[str, Path]] = []
     if fmt == "tensorboard":
         return [("tensorboard", d) for d in tensorboard_events.run_dirs(path)]
     if fmt == "wandb":
         return [("wandb", d) for d in wandb_local.run_dirs(path)]
-    _walk(path, 0, skip, found)
-    return [(k, p) for k, p in found if fmt is None or k == fmt]
+    return [(k, p) for k, p in _walk(path, 0, skip) if fmt is None or k == fmt]
 
 
 # --------------------------------------------------------------------------- the plan
 def plan(paths: Iterable[str | os.PathLike], *, format: str | None = None, mapping: RunsMap | None = None) -> Plan:
-    """What to load from ``paths`` (run/sweep dirs, sources, globs; a runs.yaml's paths too)."""
+    """What to load from ``paths`` (run/sweep dirs, sources, globs; a runs.yaml's paths too); the folders of
+    one W&B run (resumed: one per attempt) are one source."""
     if format is not None and format not in FORMATS:
         raise ArmorLabError(f"unknown format (known: {', '.join(FORMATS)})", key="format", value=format)
     given = list(paths)
     if mapping is not None and not given:
         given = [e.pattern for e in mapping.entries]
-    out = Plan()
-    seen_native: set[Path] = set()
-    wandb_runs: dict[str, Source] = {}
-    seen_sources: set[tuple[str, Path]] = set()
-
-    def add_native(rd: RunDir) -> None:
-        if rd.path.resolve() not in seen_native:
-            seen_native.add(rd.path.resolve())
-            out.native.append(rd)
+    native: dict[Path, RunDir] = {}
+    sources: dict[tuple[str, str | Path], Source] = {}
     for p in expand_globs(given):
         if not p.exists():
             raise ArmorLabError("path not found", key="path", value=str(p))
@@ -168,84 +152,68 @@ def plan(paths: Iterable[str | os.PathLike], *, format: str | None = None, mappi
         fmt = (entry.format if entry and entry.format else None) or format
         if fmt in (None, "armorlab") and p.is_dir():
             for rd in find_native(p):
-                add_native(rd)
+                native.setdefault(rd.path.resolve(), rd)
         if fmt == "armorlab":
             continue
-        for kind, src in _sources(p, fmt, seen_native):
+        for kind, src in _sources(p, fmt, native):
             if kind == "armorlab":
-                add_native(RunDir(src))
+                native.setdefault(src.resolve(), RunDir(src))
                 continue
-            key = (kind, src.resolve())
-            if key in seen_sources:  # named twice (a glob and its match, a dir and a run in it)
-                continue
-            seen_sources.add(key)
             e = (mapping.entry_for(src) if mapping else None) or entry
+            key: tuple[str, str | Path] = (kind, src.resolve())  # named twice: a glob and its match, ...
             if kind == "wandb":
-                folder = src.parent if src.is_file() else src
-                m = wandb_local.RUN_DIR.match(folder.name)
-                rid = m.group("id") if m else str(folder.resolve())
-                if rid in wandb_runs:
-                    if folder not in wandb_runs[rid].paths:
-                        wandb_runs[rid].paths.append(folder)
-                    continue
-                wandb_runs[rid] = Source("wandb", [folder], e)
-                out.sources.append(wandb_runs[rid])
-            else:
-                out.sources.append(Source(kind, [src], e))
-    for s in wandb_runs.values():
+                src = src.parent if src.is_file() else src
+                m = wandb_local.RUN_DIR.match(src.name)
+                key = (kind, m.group("id") if m else str(src.resolve()))
+            if key not in sources:
+                sources[key] = Source(kind, [src], e)
+            elif kind == "wandb" and src.resolve() not in {q.resolve() for q in sources[key].paths}:
+                sources[key].paths.append(src)
+    for s in sources.values():
         s.paths.sort(key=lambda q: q.name.removeprefix("offline-"))
-    return out
+    return Plan(list(native.values()), list(sources.values()))
 
 
 # --------------------------------------------------------------------------- reading
 def read_source(src: Source, val_n: int | None = None) -> list[ImportedRun]:
     """A source's runs with its runs.yaml entry's group (as ``run_group``), seed and val_n (else ``val_n``)."""
-    e = src.entry
-    name = e.name if e else None
-    flavour = e.flavour if e else None
-    if src.format == "trl":
-        runs = [trl.read(src.paths[0], name=name)]
-    elif src.format == "wandb":
-        runs = [wandb_local.read(src.paths, name=name, flavour=flavour)]
-    elif src.format == "tensorboard":
-        runs = [tensorboard_events.read(src.paths[0], name=name, flavour=flavour)]
+    e, path = src.entry or Entry(""), src.paths[0]
+    if src.format == "trackio":
+        runs = trackio_db.read_project(path, flavour=e.flavour, only=set(e.runs) if e.runs else None)
     elif src.format == "verl":
-        config = load_yaml_mapping(e.config) if e and e.config else None
-        runs = [verl.read(src.paths[0], name=name, val_dumps=e.val_dumps if e else None, config=config)]
-    elif src.format == "trackio":
-        runs = trackio_db.read_project(src.paths[0], flavour=flavour, only=set(e.runs) if e and e.runs else None)
-    else:  # pragma: no cover - plan() only makes the formats above
-        raise ArmorLabError("unknown format", key="format", value=src.format)
-    n = (e.val_n if e is not None else None) or val_n
+        config = load_yaml_mapping(e.config) if e.config else None
+        runs = [verl.read(path, name=e.name, val_dumps=e.val_dumps, config=config)]
+    elif src.format == "trl":
+        runs = [trl.read(path, name=e.name)]
+    elif src.format == "wandb":
+        runs = [wandb_local.read(src.paths, name=e.name, flavour=e.flavour)]
+    else:
+        runs = [tensorboard_events.read(path, name=e.name, flavour=e.flavour)]
+    n = e.val_n or val_n
     for run in runs:
-        if e is not None and e.group is not None:
-            run.config[GROUP_KEY] = e.group
-        if e is not None and e.seed is not None:
-            run.config["seed"] = e.seed
+        run.config.update({k: v for k, v in ((GROUP_KEY, e.group), ("seed", e.seed)) if v is not None})
         if n is not None:
             set_val_n(run, n)
     return runs
 
 
 def set_val_n(run: ImportedRun, n: int) -> None:
+    """val/n = ``n`` wherever val/acc has a value, for a run that logs no val/n."""
     import pyarrow as pa
+    import pyarrow.compute as pc
 
-    names = run.table.column_names
-    if "val/acc" not in names or "val/n" in names:
-        return
-    acc = run.table.column("val/acc").to_numpy(zero_copy_only=False)
-    col = np.where(np.isnan(acc), np.nan, float(n))
-    run.table = run.table.append_column("val/n", pa.array(col, pa.float64(), from_pandas=True))
-    run.origin["val/n"] = ["(given: val_n)"]
-    run.unavailable = [m for m in run.unavailable if m != "val/n"]
+    if "val/acc" in run.metrics and "val/n" not in run.metrics:
+        given = pc.if_else(pc.is_valid(run.table.column("val/acc")), float(n), pa.scalar(None, pa.float64()))
+        run.table = run.table.append_column("val/n", given)
+        run.unavailable = [m for m in run.unavailable if m != "val/n"]
 
 
 def read(p: Plan, *, val_n: int | None = None,
          progress: Callable[[int, int], None] | None = None) -> list[ImportedRun]:
     """Import every source of the plan (``val_n``: val/n for runs that log val/acc without it)."""
     out: list[ImportedRun] = []
-    for i, src in enumerate(p.sources):
-        out.extend(read_source(src, val_n))
+    for i, src in enumerate(p.sources, 1):
+        out += read_source(src, val_n)
         if progress:
-            progress(i + 1, len(p.sources))
+            progress(i, len(p.sources))
     return out

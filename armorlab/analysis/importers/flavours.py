@@ -7,61 +7,56 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import Any
 
 import numpy as np
 
-from armorlab.analysis.importers.base import (
-    ImportedRun,
-    NameMap,
-    Rule,
-    build_table,
-    seed_and_config,
-)
+from armorlab.analysis.importers.base import ImportedRun, build_table, seed_and_config
 
-# ----------------------------------------------------------------------------- TRL (GRPOTrainer)
-# Names as in trainer_state.json's log_history (transformers' Trainer.log + TRL's GRPOTrainer.log).
-TRL_RULES = (
-    Rule(r"reward", "train/reward", "mean of the weighted sum of the reward functions, on the generation batch"),
-    Rule(r"reward_std", "train/reward_std"),
-    Rule(r"frac_reward_zero_std", "train/frac_reward_zero_std"),
-    Rule(r"rewards/(?P<f>.+)/mean", "train/rewards/{f}", "one reward function's mean (TRL ≥ 0.15)"),
-    Rule(r"rewards/(?P<f>[^/]+)", "train/rewards/{f}", "the same, as older TRL named it"),
-    Rule(r"completions/mean_length", "train/length"),
-    Rule(r"completion_length", "train/length", "older TRL's name"),
-    Rule(r"completions/clipped_ratio", "train/truncated", "share of completions cut at max_completion_length"),
-    Rule(r"entropy", "train/entropy"),
-    Rule(r"kl", "obj/beta_kl", "k3 of log(π_ref/π_θ), mean over the batch's tokens, sampled from π_old (the "
-                              "generation's policy): a reverse-KL estimate per token, not armorlab's "
-                              "sequence-summed kl/reverse_k3"),
-    Rule(r"clip_ratio/low_mean", "obj/clip_frac_low"),
-    Rule(r"clip_ratio/high_mean", "obj/clip_frac_high"),
-    Rule(r"clip_ratio/region_mean", "obj/clip_frac", "low + high (TRL has no dual clip)"),
-    Rule(r"clip_ratio", "obj/clip_frac", "older TRL's name"),
-    Rule(r"loss", "train/loss"),
-    Rule(r"grad_norm", "train/grad_norm"),
-    Rule(r"learning_rate", "train/learning_rate"),
-    Rule(r"epoch", "train/epoch"),
-    Rule(r"num_tokens", "train/num_tokens"),
-    Rule(r"step_time", "train/step_time"),
-    Rule(r"eval_reward", "val/acc", "avg@k: mean reward of the eval completions (num_generations per prompt); "
-                                    "the accuracy for 0/1 rewards, as armorlab's val/acc"),
-    Rule(r"eval_rewards/(?P<f>.+)/mean", "val/rewards/{f}"),
-    Rule(r"eval_rewards/(?P<f>[^/]+)", "val/rewards/{f}", "older TRL's name"),
-    Rule(r"eval_completions/mean_length", "val/length"),
-    Rule(r"eval_completion_length", "val/length", "older TRL's name"),
-    Rule(r"test_reward", "test/acc", "as eval_reward, on trainer.predict's test split"),
-    Rule(r"test_completions/mean_length", "test/length"),
-)
-# the step counter itself, and the closing summary row's keys (a row carrying any of these is dropped)
-TRL_SUMMARY = frozenset({"train_runtime", "train_samples_per_second", "train_steps_per_second",
-                         "total_flos", "train_loss"})
-TRL_DROP = frozenset({"step", "global_step", *TRL_SUMMARY})
-TRL_CANNOT = ("val/n", "val/pass@k", "kl/reverse_k3", "kl/forward_k3", "cap/pos_mean", "anchor/rate")
-TRL_IDENTITY = ("output_dir", "logging_dir", "run_name", "hub_model_id", "hub_token", "push_to_hub_token",
-                "_name_or_path", "project", "trackio_space_id", "resume_from_checkpoint", "_Created",
-                "_Username", "_Group")
+SRC = "src/"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """``pattern`` (a regex matched against the whole source name) → ``target`` (``{group}`` fills a named group);
+    what each rule's armorlab metric means for that trainer: the tables of docs/importers.md."""
+    pattern: str
+    target: str
+
+    @cached_property
+    def regex(self) -> re.Pattern[str]:
+        return re.compile(self.pattern)
+
+
+@dataclass(frozen=True)
+class Flavour:
+    """A trainer's naming: ``step_keys`` carry its step in W&B/trackio rows; ``cannot``: metrics it never logs."""
+    name: str
+    rules: tuple[Rule, ...]
+    drop: frozenset[str] = frozenset()
+    normalise: Callable[[str], str] = str
+    step_keys: tuple[str, ...] = ()
+    cannot: tuple[str, ...] = ()
+    identity: tuple[str, ...] = ()
+
+    def names(self) -> Callable[[str], str | None]:
+        """Source name → armorlab name by the first rule matching its ``normalise``d spelling, else
+        ``src/<name>`` (the logged spelling); ``None`` drops it."""
+        def target(name: str) -> str | None:
+            key = self.normalise(name)
+            if name in self.drop or key in self.drop:
+                return None
+            for rule in self.rules:
+                if m := rule.regex.fullmatch(key):
+                    return rule.target.format(**m.groupdict())
+            return SRC + name
+        return target
+
+
+# the metrics no other trainer logs: armorlab's sequence-level KL, capacity and anchors
+ARMORLAB_ONLY = ("kl/reverse_k3", "kl/forward_k3", "cap/pos_mean", "anchor/rate")
 
 
 def readable(pattern: str) -> str:
@@ -76,111 +71,111 @@ def readable_target(target: str) -> str:
 
 def trl_raw(name: str) -> str:
     """Undo transformers' rewrite_logs (the W&B/TensorBoard/trackio callbacks' renaming)."""
-    if name.startswith("train/"):
-        return name[6:]
-    if name.startswith("eval/"):
-        return "eval_" + name[5:]
-    if name.startswith("test/"):
-        return "test_" + name[5:]
+    for prefix, raw in (("train/", ""), ("eval/", "eval_"), ("test/", "test_")):
+        if name.startswith(prefix):
+            return raw + name.removeprefix(prefix)
     return name
-
-
-# ----------------------------------------------------------------------------- verl
-# Names as verl's Tracking logs them (trainer/ppo/ray_trainer.py, metric_utils.py, core_algos.py).
-_VAL = r"val-core/(?P<ds>.+)/(?P<var>[^/]+)"
-VERL_RULES = (
-    Rule(r"critic/score/mean", "train/reward", "sequence score (the reward function's output) before any KL penalty"),
-    Rule(r"actor/entropy", "train/entropy"),
-    Rule(r"response_length/mean", "train/length"),
-    Rule(r"response_length/clip_ratio", "train/truncated"),
-    Rule(r"actor/pg_clipfrac", "obj/clip_frac", "tokens where the clipped surrogate binds (either side); "
-                                                "dual-clip tokens are actor/pg_clipfrac_lower"),
-    Rule(r"actor/pg_clipfrac_lower", "obj/dual_clip_frac"),
-    Rule(r"actor/ppo_kl", "obj/approx_kl", "mean of log π_old − log π_θ over the batch's tokens, as armorlab's"),
-    Rule(r"actor/kl_loss", "obj/beta_kl", "the KL loss term, mean over tokens; its estimator is "
-                                          "actor_rollout_ref.actor.kl_loss_type (low_var_kl = k3, mse = k2); "
-                                          "with kl/k1/abs/full it stays src/actor/kl_loss"),
-    Rule(r"actor/pg_loss", "obj/policy_loss"),
-    Rule(r"actor/grad_norm", "train/grad_norm"),
-    Rule(r"actor/lr", "train/learning_rate"),
-    Rule(r"training/epoch", "train/epoch"),
-    Rule(_VAL + r"/mean@(?P<n>\d+)", "val/{ds}/acc", "avg@N of verl's core variable (acc where the reward "
-                                                    "function returns one, else the reward: armorlab's val/acc is "
-                                                    "the mean reward) for one data source; with one data source "
-                                                    "also val/acc"),
-    Rule(_VAL + r"/best@(?P<k>\d+)/mean", "val/{ds}/best@{k}_biased",
-         "bootstrap mean of the best of k resampled answers: a biased estimate of pass@k (marked _biased); "
-         "the unbiased val/pass@k comes from the validation dumps"),
-)
-VERL_DROP = frozenset({"training/global_step", "step"})
-VERL_CANNOT = ("val/n", "val/pass@k", "kl/reverse_k3", "kl/forward_k3", "cap/pos_mean", "anchor/rate")
-VERL_IDENTITY = ("trainer.experiment_name", "trainer.project_name", "trainer.default_local_dir",
-                 "trainer.validation_data_dir", "trainer.rollout_data_dir", "trainer.default_hdfs_dir",
-                 "trainer.logger")
-# verl's actor kl_loss_type (core_algos.kl_penalty): the ones armorlab's obj/beta_kl means
-KL_LOSS_TYPES = {"low_var_kl": "k3", "k3": "k3", "mse": "k2", "k2": "k2"}
-
-# ----------------------------------------------------------------------------- OpenRLHF
-# Names as OpenRLHF logs them (openrlhf/trainer/ppo_trainer.py compute_eval_metrics; ray/ppo_actor.py),
-# with the "train/" / "eval/" prefix its W&B and TensorBoard loggers add removed.
-OPENRLHF_RULES = (
-    Rule(r"reward", "train/reward"),
-    Rule(r"response_length", "train/length"),
-    Rule(r"kl", "obj/beta_kl", "mean over each sample's tokens, then over samples, of the estimator algo.kl.estimator "
-                               "(k1 default) of log(π_θ/π_ref) on rollout samples"),
-    Rule(r"ppo_kl", "obj/approx_kl"),
-    Rule(r"ppo_clip_ratio", "obj/clip_frac"),
-    Rule(r"policy_loss", "obj/policy_loss"),
-    Rule(r"actor_lr", "train/learning_rate"),
-    Rule(r"actor_grad_norm", "train/grad_norm"),
-    Rule(r"eval_num_samples", "val/n", "completions scored (prompts × n_samples_per_prompt, all data sources)"),
-    Rule(r"eval_response_length_mean", "val/length"),
-    Rule(r"eval_(?P<ds>.+)_pass1", "val/{ds}/acc", "mean over prompts of the mean reward of their samples: avg@k; "
-                                                  "with one data source also val/acc"),
-    Rule(r"eval_(?P<ds>.+)_pass(?P<k>\d+)", "val/{ds}/pass@k", "mean over prompts of the best sample's reward "
-                                                              "(pass@k for 0/1 rewards); with one data source also "
-                                                              "val/pass@k"),
-    Rule(r"eval_(?P<ds>.+)_response_length_mean", "val/{ds}/length"),
-)
-OPENRLHF_DROP = frozenset({"global_step", "train/global_step", "eval/global_step", "eval/epoch"})
-OPENRLHF_CANNOT = ("kl/reverse_k3", "kl/forward_k3", "cap/pos_mean", "anchor/rate")
-OPENRLHF_IDENTITY = ("save_path", "ckpt_path", "wandb_run_name", "use_tensorboard", "logger.wandb.run_name",
-                     "logger.tensorboard_dir", "ckpt.output_dir", "ckpt.path", "use_wandb", "logger.wandb.key",
-                     "wandb_org", "wandb_project", "wandb_group", "logger.wandb.org", "logger.wandb.project",
-                     "logger.wandb.group")
-
-# ----------------------------------------------------------------------------- no known trainer
-NAMESPACES = ("train/", "val/", "test/", "obj/", "kl/", "cap/", "anchor/", "ref/")
-GENERIC_RULES = (Rule(r"(?P<name>(?:" + "|".join(n.rstrip("/") for n in NAMESPACES) + r")/.+)", "{name}",
-                      "names already in armorlab's namespaces are kept (a run logged with armorlab's names)"),)
 
 
 def _openrlhf_raw(name: str) -> str:
     return re.sub(r"^(train|eval)/", "", name)
 
 
-@dataclass(frozen=True)
-class Flavour:
-    """A trainer's naming: ``step_keys`` carry its step in W&B/trackio rows; ``cannot``: metrics it never logs."""
-    name: str
-    rules: tuple[Rule, ...]
-    drop: frozenset[str] = frozenset()
-    normalise: Callable[[str], str] = str
-    step_keys: tuple[str, ...] = ()
-    cannot: tuple[str, ...] = ()
-    identity: tuple[str, ...] = ()
-    label: str = ""
+# ----------------------------------------------------------------------------- TRL (GRPOTrainer)
+# the closing summary row's keys (a row carrying any of these is dropped)
+TRL_SUMMARY = frozenset({"train_runtime", "train_samples_per_second", "train_steps_per_second",
+                         "total_flos", "train_loss"})
+# Names as in trainer_state.json's log_history (transformers' Trainer.log + TRL's GRPOTrainer.log).
+TRL = Flavour("trl", normalise=trl_raw, step_keys=("train/global_step",),
+              cannot=("val/n", "val/pass@k", *ARMORLAB_ONLY), drop=frozenset({"step", "global_step", *TRL_SUMMARY}),
+              identity=("output_dir", "logging_dir", "run_name", "hub_model_id", "hub_token", "push_to_hub_token",
+                        "_name_or_path", "project", "trackio_space_id", "resume_from_checkpoint", "_Created",
+                        "_Username", "_Group"), rules=(
+    Rule(r"reward", "train/reward"),
+    Rule(r"reward_std", "train/reward_std"),
+    Rule(r"frac_reward_zero_std", "train/frac_reward_zero_std"),
+    Rule(r"rewards/(?P<f>.+)/mean", "train/rewards/{f}"),
+    Rule(r"rewards/(?P<f>[^/]+)", "train/rewards/{f}"),
+    Rule(r"completions/mean_length", "train/length"),
+    Rule(r"completion_length", "train/length"),
+    Rule(r"completions/clipped_ratio", "train/truncated"),
+    Rule(r"entropy", "train/entropy"),
+    Rule(r"kl", "obj/beta_kl"),
+    Rule(r"clip_ratio/low_mean", "obj/clip_frac_low"),
+    Rule(r"clip_ratio/high_mean", "obj/clip_frac_high"),
+    Rule(r"clip_ratio/region_mean", "obj/clip_frac"),
+    Rule(r"clip_ratio", "obj/clip_frac"),
+    Rule(r"loss", "train/loss"),
+    Rule(r"grad_norm", "train/grad_norm"),
+    Rule(r"learning_rate", "train/learning_rate"),
+    Rule(r"epoch", "train/epoch"),
+    Rule(r"num_tokens", "train/num_tokens"),
+    Rule(r"step_time", "train/step_time"),
+    Rule(r"eval_reward", "val/acc"),
+    Rule(r"eval_rewards/(?P<f>.+)/mean", "val/rewards/{f}"),
+    Rule(r"eval_rewards/(?P<f>[^/]+)", "val/rewards/{f}"),
+    Rule(r"eval_completions/mean_length", "val/length"),
+    Rule(r"eval_completion_length", "val/length"),
+    Rule(r"test_reward", "test/acc"),
+    Rule(r"test_completions/mean_length", "test/length"),
+))
 
-    def names(self, rules: Iterable[Rule] | None = None) -> NameMap:
-        return NameMap(self.rules if rules is None else rules, drop=self.drop, normalise=self.normalise)
 
+# ----------------------------------------------------------------------------- verl
+# Names as verl's Tracking logs them (trainer/ppo/ray_trainer.py, metric_utils.py, core_algos.py).
+_VAL = r"val-core/(?P<ds>.+)/(?P<var>[^/]+)"
+VERL = Flavour("verl", cannot=("val/n", "val/pass@k", *ARMORLAB_ONLY),
+               drop=frozenset({"training/global_step", "step"}),
+               identity=("trainer.experiment_name", "trainer.project_name", "trainer.default_local_dir",
+                         "trainer.validation_data_dir", "trainer.rollout_data_dir", "trainer.default_hdfs_dir",
+                         "trainer.logger"), rules=(
+    Rule(r"critic/score/mean", "train/reward"),
+    Rule(r"actor/entropy", "train/entropy"),
+    Rule(r"response_length/mean", "train/length"),
+    Rule(r"response_length/clip_ratio", "train/truncated"),
+    Rule(r"actor/pg_clipfrac", "obj/clip_frac"),
+    Rule(r"actor/pg_clipfrac_lower", "obj/dual_clip_frac"),
+    Rule(r"actor/ppo_kl", "obj/approx_kl"),
+    Rule(r"actor/kl_loss", "obj/beta_kl"),
+    Rule(r"actor/pg_loss", "obj/policy_loss"),
+    Rule(r"actor/grad_norm", "train/grad_norm"),
+    Rule(r"actor/lr", "train/learning_rate"),
+    Rule(r"training/epoch", "train/epoch"),
+    Rule(_VAL + r"/mean@(?P<n>\d+)", "val/{ds}/acc"),
+    Rule(_VAL + r"/best@(?P<k>\d+)/mean", "val/{ds}/best@{k}_biased"),
+))
+# verl's actor kl_loss_type (core_algos.kl_penalty): the ones armorlab's obj/beta_kl means
+KL_LOSS_TYPES = {"low_var_kl": "k3", "k3": "k3", "mse": "k2", "k2": "k2"}
 
-TRL = Flavour("trl", TRL_RULES, TRL_DROP, trl_raw, ("train/global_step",), TRL_CANNOT, TRL_IDENTITY,
-              "TRL GRPOTrainer")
-VERL = Flavour("verl", VERL_RULES, VERL_DROP, str, (), VERL_CANNOT, VERL_IDENTITY, "verl")
-OPENRLHF = Flavour("openrlhf", OPENRLHF_RULES, OPENRLHF_DROP, _openrlhf_raw,
-                   ("train/global_step", "eval/global_step"), OPENRLHF_CANNOT, OPENRLHF_IDENTITY, "OpenRLHF")
-GENERIC = Flavour("generic", GENERIC_RULES, frozenset(), str, (), (), (), "unknown trainer")
+# ----------------------------------------------------------------------------- OpenRLHF
+# Names as OpenRLHF logs them (openrlhf/trainer/ppo_trainer.py compute_eval_metrics; ray/ppo_actor.py),
+# with the "train/" / "eval/" prefix its W&B and TensorBoard loggers add removed.
+OPENRLHF = Flavour(
+    "openrlhf", normalise=_openrlhf_raw, step_keys=("train/global_step", "eval/global_step"),
+    cannot=ARMORLAB_ONLY, drop=frozenset({"global_step", "train/global_step", "eval/global_step", "eval/epoch"}),
+    identity=("save_path", "ckpt_path", "wandb_run_name", "use_tensorboard", "logger.wandb.run_name",
+              "logger.tensorboard_dir", "ckpt.output_dir", "ckpt.path", "use_wandb", "logger.wandb.key", "wandb_org",
+              "wandb_project", "wandb_group", "logger.wandb.org", "logger.wandb.project", "logger.wandb.group"),
+    rules=(
+    Rule(r"reward", "train/reward"),
+    Rule(r"response_length", "train/length"),
+    Rule(r"kl", "obj/beta_kl"),
+    Rule(r"ppo_kl", "obj/approx_kl"),
+    Rule(r"ppo_clip_ratio", "obj/clip_frac"),
+    Rule(r"policy_loss", "obj/policy_loss"),
+    Rule(r"actor_lr", "train/learning_rate"),
+    Rule(r"actor_grad_norm", "train/grad_norm"),
+    Rule(r"eval_num_samples", "val/n"),
+    Rule(r"eval_response_length_mean", "val/length"),
+    Rule(r"eval_(?P<ds>.+)_pass1", "val/{ds}/acc"),
+    Rule(r"eval_(?P<ds>.+)_pass(?P<k>\d+)", "val/{ds}/pass@k"),
+    Rule(r"eval_(?P<ds>.+)_response_length_mean", "val/{ds}/length"),
+))
+
+# ----------------------------------------------------------------------------- no known trainer
+NAMESPACES = ("train/", "val/", "test/", "obj/", "kl/", "cap/", "anchor/", "ref/")
+GENERIC = Flavour("generic", rules=(  # names already in armorlab's namespaces are kept (logged by armorlab)
+    Rule(r"(?P<name>(?:" + "|".join(n.rstrip("/") for n in NAMESPACES) + r")/.+)", "{name}"),))
 FLAVOURS = {f.name: f for f in (TRL, VERL, OPENRLHF, GENERIC)}
 
 _OPENRLHF_NAMES = re.compile(r"^(train/(ppo_kl|ppo_clip_ratio|policy_loss|actor_lr|response_length)|"
@@ -206,67 +201,46 @@ def detect(config: Mapping[str, Any], names: Iterable[str]) -> Flavour:
     if {"num_generations", "output_dir"} <= keys or {"beta", "num_generations"} <= keys:
         return TRL
     names = list(names)
-    if any(_VERL_NAMES.match(n) for n in names):
-        return VERL
-    if any(_OPENRLHF_NAMES.match(n) for n in names):
-        return OPENRLHF
-    return TRL if any(_TRL_NAMES.match(n) for n in names) or "train/global_step" in names else GENERIC
-
-
-def verl_rules(config: Mapping[str, Any], names: Iterable[str] = ("actor/kl_loss",)) -> tuple[tuple[Rule, ...], list[str]]:
-    """verl's rules: actor/kl_loss is obj/beta_kl only for a k3 or k2 estimator (default low_var_kl)."""
-    kind = config.get("actor_rollout_ref.actor.kl_loss_type")
-    notes = []
-    if kind is None:
-        kind = "low_var_kl"
-        if config and "actor/kl_loss" in names:
-            notes.append("actor_rollout_ref.actor.kl_loss_type not in the config: actor/kl_loss read as verl's "
-                         "default low_var_kl (k3)")
-    if kind in KL_LOSS_TYPES:
-        return VERL_RULES, notes
-    return tuple(r for r in VERL_RULES if r.pattern != "actor/kl_loss"), notes
+    for fl, pattern in ((VERL, _VERL_NAMES), (OPENRLHF, _OPENRLHF_NAMES), (TRL, _TRL_NAMES)):
+        if any(pattern.match(n) for n in names):
+            return fl
+    return TRL if "train/global_step" in names else GENERIC
 
 
 def single_source_aliases(metrics: Iterable[str]) -> dict[str, str]:
     """``val/<ds>/<x>`` → ``val/<x>`` when exactly one data source logged it (then it is the whole set)."""
     by_name: dict[str, list[str]] = {}
     for m in metrics:
-        if not m.startswith("val/"):
-            continue
-        ds, _, name = m[4:].rpartition("/")
-        if ds and (name in ("acc", "pass@k", "length", "n") or name.endswith("_biased")):
+        ds, _, name = m.removeprefix("val/").rpartition("/")
+        if m.startswith("val/") and ds and (name in ("acc", "pass@k", "length", "n") or name.endswith("_biased")):
             by_name.setdefault(name, []).append(m)
     return {found[0]: f"val/{name}" for name, found in by_name.items() if len(found) == 1}
 
 
 def mapped_table(series, fl: Flavour, config: Mapping[str, Any], warnings: list[str],
                  extra: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None):
-    """Source series → (armorlab-named table, origin) under flavour ``fl``'s rules and aliases."""
-    rules = None
+    """Source series → armorlab-named table under flavour ``fl``'s rules and aliases; verl's
+    actor/kl_loss is obj/beta_kl only for a k3 or k2 estimator (default low_var_kl)."""
     if fl is VERL:
-        rules, notes = verl_rules(config, series)
-        warnings.extend(notes)
-    table, origin = build_table(series, fl.names(rules), extra)
-    aliases = {src: dst for src, dst in single_source_aliases(table.column_names).items()
-               if dst not in table.column_names}
-    if aliases:
-        import pyarrow as pa
-
-        cols = dict(zip(table.column_names, table.columns, strict=True))
-        for src, dst in aliases.items():
-            cols[dst] = cols[src]
-            origin[dst] = origin[src]
-        names = ["step", *sorted(c for c in cols if c != "step")]
-        table = pa.table({n: cols[n] for n in names})
-    return table, origin
+        kind = config.get("actor_rollout_ref.actor.kl_loss_type")
+        if kind is None and config and "actor/kl_loss" in series:
+            warnings.append("actor_rollout_ref.actor.kl_loss_type not in the config: actor/kl_loss read as verl's "
+                            "default low_var_kl (k3)")
+        if kind is not None and kind not in KL_LOSS_TYPES:
+            fl = replace(fl, rules=tuple(r for r in fl.rules if r.pattern != "actor/kl_loss"))
+    table = build_table(series, fl.names(), extra)
+    for src, dst in single_source_aliases(table.column_names).items():
+        if dst not in table.column_names:
+            table = table.append_column(dst, table.column(src))
+    return table.select(["step", *sorted(table.column_names[1:])])
 
 
 def imported_run(series, fl: Flavour, flat: Mapping[str, Any], warnings: list[str], *, extra=None,
                  cannot: Iterable[str] | None = None, config: Mapping[str, Any] | None = None,
                  **fields: Any) -> ImportedRun:
     """What every importer ends with: the mapped table and its run (``fields``: name, path, state, ...)."""
-    table, origin = mapped_table(series, fl, flat, warnings, extra)
+    table = mapped_table(series, fl, flat, warnings, extra)
     return ImportedRun(table=table, config={**seed_and_config(flat, fl.identity), **(config or {})},
-                       flavour=fl.name, warnings=warnings, origin=origin,
+                       flavour=fl.name, warnings=warnings,
                        unavailable=[m for m in (fl.cannot if cannot is None else cannot) if m not in table.column_names],
                        **fields)

@@ -10,13 +10,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from armorlab.analysis.importers.flavours import FLAVOURS
 from armorlab.core.config import load_yaml_mapping
 from armorlab.errors import ArmorLabError
 
 ENTRY_KEYS = ("group", "seed", "val_n", "format", "flavour", "name", "val_dumps", "config", "runs")
 TOP_KEYS = ("runs", "val_n")
 FORMATS = ("armorlab", "trl", "wandb", "tensorboard", "verl", "trackio")
-FLAVOURS = ("trl", "verl", "openrlhf", "generic")
 
 
 @dataclass
@@ -43,20 +43,13 @@ class RunsMap:
     def entry_for(self, path: str | os.PathLike) -> Entry | None:
         """Every entry at ``path`` or an ancestor, the more specific overriding."""
         p = Path(path).resolve()
-        hits = []
-        for e in self.entries:
-            depth = max((len(q.parts) for q in e.paths if p == q or q in p.parents), default=-1)
-            if depth >= 0:
-                hits.append((depth, e))
+        hits = sorted(((d, e) for e in self.entries
+                       if (d := max((len(q.parts) for q in e.paths if p == q or q in p.parents), default=-1)) >= 0),
+                      key=lambda t: t[0])
         if not hits:
             return None
-        hits.sort(key=lambda t: t[0])
-        merged = Entry(hits[-1][1].pattern, list(hits[-1][1].paths))
-        for _, e in hits:
-            for k in ENTRY_KEYS:
-                if getattr(e, k) is not None:
-                    setattr(merged, k, getattr(e, k))
-        return merged
+        merged = {k: getattr(e, k) for _, e in hits for k in ENTRY_KEYS if getattr(e, k) is not None}
+        return Entry(hits[-1][1].pattern, list(hits[-1][1].paths), **merged)
 
 
 def _positive_int(v: Any) -> bool:
@@ -99,9 +92,7 @@ def load(path: str | os.PathLike) -> RunsMap:
     base = path.resolve().parent
     entries = []
     for pattern, spec in runs.items():
-        key = f"runs.{pattern}"
-        if spec is None:
-            spec = {}
+        key, spec = f"runs.{pattern}", {} if spec is None else spec
         if not isinstance(pattern, str) or not isinstance(spec, dict):
             raise err("each entry is path: {group: ..., seed: ..., val_n: ...}", key, spec)
         for k in spec:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+from contextlib import closing
 from functools import reduce
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,15 @@ def connect(path: Path) -> sqlite3.Connection:
     return con
 
 
+def _tables(con: sqlite3.Connection) -> set[str]:
+    return {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+
+
+def _id_column(con: sqlite3.Connection, table: str) -> str:
+    """How ``table`` names a run: ``run_id``, or ``run_name`` in older trackio."""
+    return "run_id" if "run_id" in {r[1] for r in con.execute(f"PRAGMA table_info({table})")} else "run_name"
+
+
 def is_project_db(path: Path) -> bool:
     if not path.is_file() or path.suffix not in (".db", ".sqlite", ".sqlite3"):
         return False
@@ -44,57 +54,34 @@ def is_project_db(path: Path) -> bool:
         with os.fdopen(open_regular(path), "rb") as fh:
             if fh.read(16) != b"SQLite format 3\0":
                 return False
-        con = connect(path)
-        try:
-            tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-        finally:
-            con.close()
+        with closing(connect(path)) as con:
+            return "metrics" in _tables(con)
     except (OSError, sqlite3.Error):
         return False
-    return "metrics" in tables
-
-
-def _table_columns(con: sqlite3.Connection, table: str) -> set[str]:
-    return {r[1] for r in con.execute(f"PRAGMA table_info({table})")}
-
-
-def _text(blob: Any) -> str:  # configs: TEXT in older trackio, orjson bytes now
-    return blob.decode("utf-8", errors="replace") if isinstance(blob, (bytes, bytearray)) else str(blob)
 
 
 def read_project(path: Path, *, flavour: str | None = None, only: set[str] | None = None) -> list[ImportedRun]:
     """Every run of a trackio project file (or those whose run id or name is in ``only``)."""
     path = Path(path)
     try:
-        con = connect(path)
-        try:
-            has_id = "run_id" in _table_columns(con, "metrics")
-            key = "run_id" if has_id else "run_name"
-            rows = con.execute(f"SELECT {key}, run_name, step, CAST(metrics AS BLOB) FROM metrics ORDER BY id").fetchall()
-            configs: dict[str, Any] = {}
-            if "configs" in {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}:
-                ckey = "run_id" if "run_id" in _table_columns(con, "configs") else "run_name"
-                for rid, blob in con.execute(f"SELECT {ckey}, config FROM configs"):
-                    try:
-                        configs[rid] = json.loads(_text(blob))
-                    except (ValueError, RecursionError):
-                        continue
-        finally:
-            con.close()
+        with closing(connect(path)) as con:
+            rows = con.execute(f"SELECT {_id_column(con, 'metrics')}, run_name, step, CAST(metrics AS BLOB) "
+                               "FROM metrics ORDER BY id").fetchall()
+            configs = {} if "configs" not in _tables(con) else {  # configs: TEXT in older trackio, orjson bytes now
+                rid: _parsed(blob.decode("utf-8", errors="replace") if isinstance(blob, bytes) else str(blob))
+                for rid, blob in con.execute(f"SELECT {_id_column(con, 'configs')}, config FROM configs")}
     except sqlite3.Error as exc:
         raise ArmorLabError(f"cannot read trackio database: {exc}", key="path", value=str(path)) from None
     by_run: dict[str, tuple[str, list[int], list[bytes]]] = {}
-    bad_steps = 0
     for rid, run_name, step, blob in rows:
         if isinstance(step, float) and step.is_integer():
             step = int(step)
-        if not (isinstance(step, int) and 0 <= step < MAX_STEP):  # NULL, text, 1e300: no step to plot at
-            bad_steps += 1
-            continue
-        name = run_name if isinstance(run_name, str) and run_name else str(rid if rid is not None else path.stem)
-        entry = by_run.setdefault(rid, (name, [], []))
-        entry[1].append(step)
-        entry[2].append(b"null" if blob is None else blob)
+        if isinstance(step, int) and 0 <= step < MAX_STEP:  # NULL, text, 1e300: no step to plot at
+            name = run_name if isinstance(run_name, str) and run_name else str(rid if rid is not None else path.stem)
+            entry = by_run.setdefault(rid, (name, [], []))
+            entry[1].append(step)
+            entry[2].append(b"null" if blob is None else blob)
+    bad_steps = len(rows) - sum(len(steps) for _, steps, _ in by_run.values())
     names = [name for name, _, _ in by_run.values()]
     out = []
     for rid, (run_name, steps, blobs) in by_run.items():
@@ -116,25 +103,22 @@ def _columns(blobs: list[bytes], warnings: list[str], path: Path) -> dict[str, n
     cols = json_lines_columns(b"\n".join(b.replace(b"\n", b" ") for b in blobs), len(blobs))
     if cols is not None:
         return cols
-    decoded = [_row(b) for b in blobs]
+    decoded = [row if isinstance(row := _parsed(b), dict) else None for b in blobs]
     bad = sum(row is None for row in decoded)
     if bad:
         warnings.append(f"skipped {bad} rows of {path} whose metrics are not a JSON object")
-    series = rows_to_series((i, row) for i, row in enumerate(decoded) if row is not None)
     out = {}
-    for name, (idx, values) in series.items():
-        col = np.full(len(blobs), np.nan)
-        col[idx] = values
-        out[name] = col
+    for name, (idx, values) in rows_to_series((i, row) for i, row in enumerate(decoded) if row is not None).items():
+        out[name] = np.full(len(blobs), np.nan)
+        out[name][idx] = values
     return out
 
 
-def _row(blob: bytes) -> dict[str, Any] | None:
+def _parsed(text: str | bytes) -> Any:
     try:
-        row = json.loads(blob)
+        return json.loads(text)
     except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
         return None
-    return row if isinstance(row, dict) else None
 
 
 def _run(path: Path, rid: str, run_name: str, steps: np.ndarray, cols: dict[str, np.ndarray],
@@ -151,11 +135,7 @@ def _run(path: Path, rid: str, run_name: str, steps: np.ndarray, cols: dict[str,
                             f"({', '.join(k for k in fl.step_keys if k in cols)}) left out (their trackio step "
                             "counts log calls)")
         steps = trainer_step[keep].astype(np.int64)
-    series = {}
-    for name, col in cols.items():
-        values = col if keep is None else col[keep]
-        ok = ~np.isnan(values)
-        series[name] = (steps, values) if ok.all() else (steps[ok], values[ok])
+    series = {name: (steps, col if keep is None else col[keep]) for name, col in cols.items()}  # NaN: no value
     return F.imported_run(series, fl, flat, warnings, name=run_name if unique else f"{run_name}-{str(rid)[:8]}",
                           path=path, format="trackio", project=path.stem, state="unknown",
                           reason="trackio does not record whether a run finished")

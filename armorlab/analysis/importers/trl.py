@@ -47,30 +47,17 @@ def _load_states(files: list[Path], warnings: list[str]) -> list[dict[str, Any]]
             continue
         step = state.get("global_step")
         states.append((step if isinstance(step, int) else 0, f.stat().st_mtime_ns, state))
-    states.sort(key=lambda t: (t[0], t[1]))
-    return [s for _, _, s in states]
-
-
-def _rows(states: list[dict[str, Any]]):
-    for state in states:
-        for row in state["log_history"]:
-            if not isinstance(row, dict) or flavours.TRL_SUMMARY & row.keys():
-                continue
-            if valid_step(row.get("step")):
-                yield row["step"], row
+    return [state for *_, state in sorted(states, key=lambda t: t[:2])]
 
 
 def tensorboard_args(out_dir: Path, warnings: list[str]) -> dict[str, Any]:
     """TrainingArguments as transformers' TensorBoard callback logged them (``args/text_summary``)."""
-    logdirs = sorted({p.parent for p in out_dir.glob("runs/*/events.out.tfevents.*")})
-    if not logdirs:
-        return {}
-    if not tensorboard_events.available():
+    logdirs = sorted({p.parent for p in out_dir.glob("runs/*/events.out.tfevents.*")}, reverse=True)
+    if logdirs and not tensorboard_events.available():
         warnings.append("the run's config is in its TensorBoard log: install armorlab[tensorboard] to read it")
         return {}
-    for logdir in reversed(logdirs):  # the newest attempt's
-        args = tensorboard_events.json_text(tensorboard_events.read_texts(logdir), ("args/text_summary", "args"))
-        if args:
+    for logdir in logdirs:  # the newest attempt's first
+        if args := tensorboard_events.json_text(tensorboard_events.read_texts(logdir), ("args/text_summary", "args")):
             return args
     return {}
 
@@ -79,7 +66,9 @@ def read(out_dir: Path, *, name: str | None = None) -> ImportedRun:
     out_dir = Path(out_dir)
     warnings: list[str] = []
     states = _load_states(state_files(out_dir), warnings)
-    series = rows_to_series(_rows(states))
+    series = rows_to_series((row["step"], row) for state in states for row in state["log_history"]
+                            if isinstance(row, dict) and not flavours.TRL_SUMMARY & row.keys()
+                            and valid_step(row.get("step")))
     args = tensorboard_args(out_dir, warnings)
     last = states[-1] if states else {}
     settings = {k: last[k] for k in STATE_SETTINGS if last.get(k) is not None}

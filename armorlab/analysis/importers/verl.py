@@ -14,12 +14,14 @@ from typing import Any
 
 import numpy as np
 
+from armorlab.algos.pass_at_k import pass_at_k
 from armorlab.analysis.importers import flavours as F
 from armorlab.analysis.importers.base import (
     MAX_STEP,
     ImportedRun,
     as_float,
     flatten,
+    float_columns,
     is_metric_value,
     json_lines,
     read_json_bytes,
@@ -35,15 +37,6 @@ DUMP = re.compile(r"^(\d+)\.jsonl$")
 PASS_THRESHOLD = 1.0  # a completion passes at full score (armorlab's anchor_reward_threshold default)
 
 
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k = 1 − C(n−c, k)/C(n, k) (Chen et al. 2021, §2.1), as 1 − Π_{i=n−c+1}^{n} (1 − k/i)."""
-    if k > n:
-        raise ValueError(f"k={k} > n={n}")
-    if n - c < k:
-        return 1.0
-    return 1.0 - float(np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
-
-
 def read_jsonl(path: Path, warnings: list[str]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """The file logger's lines → per-metric (steps, values)."""
     try:
@@ -57,12 +50,17 @@ def read_jsonl(path: Path, warnings: list[str]) -> dict[str, tuple[np.ndarray, n
             return _series_from_table(read_json_bytes(data))
         except Exception:  # ArrowInvalid: a torn line, mixed types: the line-by-line rules below
             pass
-    return _series_from_lines(data, str(path), warnings)
+    rows = []
+    for lineno, row in json_lines(data.split(b"\n"), str(path), warnings):
+        if isinstance(row, dict) and valid_step(row.get("step")) and isinstance(row.get("data"), dict):
+            rows.append((row["step"], {k: v for k, v in row["data"].items() if is_metric_value(v)}))
+        else:
+            warnings.append(f"skipped line {lineno} of {path}: not {{\"step\": int, \"data\": {{...}}}}")
+    return rows_to_series(rows)
 
 
 def _series_from_table(table) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     import pyarrow as pa
-    import pyarrow.compute as pc
 
     if "step" not in table.column_names or "data" not in table.column_names:
         raise ValueError("not verl's file-logger lines")
@@ -74,27 +72,10 @@ def _series_from_table(table) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     if steps.size and int(steps.min()) < 0:
         raise ValueError("negative step")
     out = {}
-    for i, f in enumerate(data.type):
-        t = f.type
-        if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)):
-            continue
-        col = data.field(i)
-        if col.null_count == len(col):
-            continue
-        valid = pc.is_valid(col).to_numpy(zero_copy_only=False)
-        values = col.cast(pa.float64()).to_numpy(zero_copy_only=False)
-        out[f.name] = (steps[valid], values[valid])
+    for name, values in float_columns([f.name for f in data.type], data.flatten()).items():
+        ok = ~np.isnan(values)  # null: no value on that line
+        out[name] = (steps[ok], values[ok])
     return out
-
-
-def _series_from_lines(data: bytes, source: str, warnings: list[str]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    rows = []
-    for lineno, row in json_lines(data.split(b"\n"), source, warnings):
-        if isinstance(row, dict) and valid_step(row.get("step")) and isinstance(row.get("data"), dict):
-            rows.append((row["step"], {k: v for k, v in row["data"].items() if is_metric_value(v)}))
-        else:
-            warnings.append(f"skipped line {lineno} of {source}: not {{\"step\": int, \"data\": {{...}}}}")
-    return rows_to_series(rows)
 
 
 def is_file_log(path: Path) -> bool:
@@ -112,15 +93,6 @@ def is_file_log(path: Path) -> bool:
 
 def is_dump_dir(path: Path) -> bool:
     return path.is_dir() and any(DUMP.match(p.name) for p in path.iterdir())
-
-
-def _dump_rows(path: Path, warnings: list[str]) -> list[dict[str, Any]]:
-    try:
-        data = read_source(path)
-    except OSError as exc:
-        warnings.append(f"skipped validation dump {path}: {exc.strerror or exc}")
-        return []
-    return [row for _, row in json_lines(data.split(b"\n"), str(path), warnings) if isinstance(row, dict)]
 
 
 def dump_metrics(rows: Sequence[dict[str, Any]], threshold: float = PASS_THRESHOLD) -> dict[str, float]:
@@ -159,7 +131,15 @@ def read_dumps(dump_dir: Path, warnings: list[str]) -> dict[str, tuple[np.ndarra
     files = sorted((int(d), p) for d, p in named if len(d) <= 19 and int(d) < MAX_STEP)
     if len(files) < len(named):
         warnings.append(f"skipped {len(named) - len(files)} validation dumps in {dump_dir} whose step is past 2**63")
-    return rows_to_series((step, dump_metrics(_dump_rows(path, warnings))) for step, path in files)
+    points = []
+    for step, path in files:
+        try:
+            rows = json_lines(read_source(path).split(b"\n"), str(path), warnings)
+        except OSError as exc:
+            warnings.append(f"skipped validation dump {path}: {exc.strerror or exc}")
+            continue
+        points.append((step, dump_metrics([row for _, row in rows if isinstance(row, dict)])))
+    return rows_to_series(points)
 
 
 def read(path: Path, *, name: str | None = None, val_dumps: Path | None = None,
@@ -176,7 +156,7 @@ def read(path: Path, *, name: str | None = None, val_dumps: Path | None = None,
         if steps[0] > 1:
             warnings.append(f"{path.name} starts at step {steps[0]}: verl's file logger rewrites its file when a "
                             "run resumes, so the steps before the resume are not in it")
-    cannot = [m for m in F.VERL_CANNOT if not (val_dumps is not None and m in ("val/n", "val/pass@k"))]
+    cannot = [m for m in F.VERL.cannot if not (val_dumps is not None and m in ("val/n", "val/pass@k"))]
     if not config:
         warnings.append("verl's file logger records no config: give the seed (and a config file) in a runs.yaml "
                         "mapping")
