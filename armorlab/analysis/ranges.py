@@ -13,6 +13,8 @@ import math
 import re
 from collections.abc import Iterable, Mapping
 
+import numpy as np
+
 Bounds = tuple[float, float]
 
 # the last part of a metric name that is a share of scored completions: acc, acc_greedy, pass@8, avg@4
@@ -50,7 +52,7 @@ def score_ranges(scores: Iterable[str], val_metric: str, test_metric: str,
     bounds = {s: score_range(s, val_metric, test_metric) for s in scores}
     # a value outside (e.g. rewards outside [0, 1] logged as acc): the name promised too much
     return {s: b for s, b in bounds.items()
-            if b is not None and not any(v < b[0] or v > b[1] for v in values.get(s, ()))}
+            if b is not None and not any(v < b[0] or v > b[1] for v in np.asarray(list(values.get(s, ())), float))}
 
 
 def clip_interval(low: float, high: float, bounds: Bounds | None) -> tuple[float, float]:
