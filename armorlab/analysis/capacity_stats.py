@@ -111,16 +111,6 @@ def _kl_sums(L: np.ndarray, one: np.ndarray, E: np.ndarray) -> np.ndarray:
     return np.array([s_l, s_ll, s_el, float(np.dot(np.subtract(E, L, out=E), one))])
 
 
-def anchor_kl(logp, ref_logp) -> dict[str, float]:
-    """k1, k3 means (kl.K1, K3) on anchor tokens, as the trainer's ``anchor/kl_k*``: anchors are π_ref samples
-    conditioned on a correct reward, so neither KL direction (the forward one is ``kl/forward_k*``)."""
-    logp, ref_logp = np.asarray(logp), np.asarray(ref_logp)
-    if logp.size == 0:
-        return {"anchor_kl_k1": math.nan, "anchor_kl_k3": math.nan}
-    return {"anchor_kl_k1": kl.forward_kl(logp, ref_logp, estimator_name="k1"),
-            "anchor_kl_k3": kl.forward_kl(logp, ref_logp, estimator_name="k3")}
-
-
 # --------------------------------------------------------------------------- tokens/ parquet
 def read_tokens(run_path: str | Path, columns=None):
     """A run's tokens/ parquet samples as one DataFrame, or None when it has none."""
@@ -152,7 +142,9 @@ def objective_params(config: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def token_stats(tokens, config: Mapping[str, Any], *, p_low: float = P_LOW) -> dict[str, float]:
-    """token_kernel over a run's token sample with its own objective, plus anchor_kl on ``is_anchor`` rows."""
+    """token_kernel over a run's token sample with its own objective, plus k1, k3 means (kl.K1, K3) on its
+    ``is_anchor`` rows as the trainer's ``anchor/kl_k*``: anchors are π_ref samples conditioned on a correct
+    reward, so neither KL direction (the forward one is ``kl/forward_k*``)."""
     params, has_ref, is_anchor = objective_params(config), _has_ref(tokens), _is_anchor(tokens)
     policy = tokens[~is_anchor]
     if capacity.capacity_family(params["objective"]) == "mixed" and not has_ref:
@@ -162,7 +154,8 @@ def token_stats(tokens, config: Mapping[str, Any], *, p_low: float = P_LOW) -> d
                        policy["ref_logp"].to_numpy() if has_ref else None,
                        policy["advantage"].to_numpy(), p_low=p_low, **params)
     anchors = tokens[is_anchor] if has_ref else tokens[:0]
-    return out | anchor_kl(anchors["logp"].to_numpy(), anchors["ref_logp"].to_numpy() if has_ref else [])
+    return out | {f"anchor_kl_{k}": kl.forward_kl(anchors["logp"].to_numpy(), anchors["ref_logp"].to_numpy(),
+                                                  estimator_name=k) if len(anchors) else math.nan for k in ("k1", "k3")}
 
 
 def _has_ref(tokens) -> bool:

@@ -121,21 +121,15 @@ def _decorations(ax, renderer) -> tuple[float, float, float, float] | None:
     if (ax.xaxis.get_major_formatter().get_offset() or ax.yaxis.get_major_formatter().get_offset()
             or ax.xaxis.get_label_position() != "bottom" or ax.yaxis.get_label_position() != "left"):
         return None
-    box = ax.bbox
-    px = ax.get_figure(root=True).dpi / 72
+    box, px = ax.bbox, ax.get_figure(root=True).dpi / 72
     xt, yt = _tick_label_boxes(ax.xaxis, renderer), _tick_label_boxes(ax.yaxis, renderer)
-    ticks = [*xt, *yt]
-    # the axis labels sit beyond the tick labels by labelpad (Axis._update_label_position)
-    left = box.x0 - min([b.x0 for b in yt] + [box.x0])
-    if ax.yaxis.label.get_text():
-        left += ax.yaxis.labelpad * px + ax.yaxis.label.get_window_extent(renderer).width
-    bottom = box.y0 - min([b.y0 for b in xt] + [box.y0])
-    if ax.xaxis.label.get_text():
-        bottom += ax.xaxis.labelpad * px + ax.xaxis.label.get_window_extent(renderer).height
-    left = max(left, box.x0 - min([b.x0 for b in ticks] + [box.x0]))
-    bottom = max(bottom, box.y0 - min([b.y0 for b in ticks] + [box.y0]))
-    right = max([b.x1 for b in ticks] + [box.x1]) - box.x1
-    top = max([b.y1 for b in ticks] + [box.y1]) - box.y1
+    ticks = [*xt, *yt, box]
+    # the axis labels sit beyond their tick labels by labelpad (Axis._update_label_position)
+    y_label = ax.yaxis.labelpad * px + ax.yaxis.label.get_window_extent(renderer).width if ax.yaxis.label.get_text() else 0
+    x_label = ax.xaxis.labelpad * px + ax.xaxis.label.get_window_extent(renderer).height if ax.xaxis.label.get_text() else 0
+    left = max(box.x0 - min(b.x0 for b in ticks), box.x0 - min(b.x0 for b in [*yt, box]) + y_label)
+    bottom = max(box.y0 - min(b.y0 for b in ticks), box.y0 - min(b.y0 for b in [*xt, box]) + x_label)
+    right, top = max(b.x1 for b in ticks) - box.x1, max(b.y1 for b in ticks) - box.y1
     if ax.get_title():
         top = max(top, plt.rcParams["axes.titlepad"] * px + ax.title.get_window_extent(renderer).height)
     return left, bottom, right, top
