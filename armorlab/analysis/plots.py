@@ -323,10 +323,9 @@ def plot_curves(bands: Mapping[str, CurveBand], metric: str, path: Path, *, lege
                 noise: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None,
                 x_label: str = STEP_LABEL) -> Path:
     """One metric per group: mean with its 95 % CI band, ▼ at seeds' collapse steps, ``noise`` ±1 SE lines."""
-    fig, ax = plt.subplots(figsize=(8, 4.6))
+    fig, (ax,) = _metric_panels({metric: bands}, 1, (8, 4.6), colors, x_label)
     markers, noise = markers or {}, noise or {}
     for g, band in bands.items():
-        _band(ax, band, colors[g], g)
         _noise(ax, band, noise.get(g), colors[g])
     for g, pts in markers.items():
         _onsets(ax, pts, colors[g], size=46)
@@ -334,9 +333,6 @@ def plot_curves(bands: Mapping[str, CurveBand], metric: str, path: Path, *, lege
         ax.axvline(s, color="gray", linestyle=":", linewidth=0.9)
     robust_ylim(ax, list(bands.values()), [p[1] for pts in markers.values() for p in pts])
     ax.set_title(title or f"{metric} per group (mean over seeds, 95% CI)")
-    _step_axis(ax, label=x_label)
-    ax.set_ylabel(metric_label(metric))
-    ax.grid(alpha=0.3)
     return _finish(fig, ax, path, legend_title, extra_handles=_legend_keys(noise, markers, matched_steps))
 
 
