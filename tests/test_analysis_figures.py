@@ -1,6 +1,6 @@
 """Report figures: the layout that replaced bbox_inches="tight" keeps every legend on the canvas,
-onset labels give way when they would overlap, bands are drawn as polygons, and the hard-coded
-group palette is matplotlib's."""
+onset labels give way when they would overlap, band gaps stay empty, and the group palette is
+matplotlib's."""
 
 
 import numpy as np
@@ -159,24 +159,6 @@ def test_onset_labels_give_way_to_the_runs_table_when_they_would_overlap(tmp_pat
     page = (tmp_path / "many" / "index.html").read_text()
     assert "unlabelled at 2 onsets" in page and "collapse_z in the Runs table" in page
     assert "labelled with how many SEs" not in page
-
-
-def test_a_band_is_one_polygon_per_run_of_finite_bounds():
-    # steps 0..7: the low bound is missing at steps 2 and 5, the high one at step 3, so step 4 is
-    # a lone finite step (no area: not drawn, as fill_between) and two polygons remain (steps
-    # 0–1 and 6–7), each along the low bound and back along the high one
-    from matplotlib.path import Path as MplPath
-
-    x = np.arange(8.0)
-    low = np.array([0.0, 1, np.nan, 3, 4, np.nan, 6, 7])
-    high = low + 10
-    high[3] = np.nan
-    path = plots._band_path(x, low, high, np.isfinite(low) & np.isfinite(high))
-    M, L, C = MplPath.MOVETO, MplPath.LINETO, MplPath.CLOSEPOLY
-    np.testing.assert_array_equal(path.vertices, [[0, 0], [1, 1], [1, 11], [0, 10], [0, 0],
-                                                  [6, 6], [7, 7], [7, 17], [6, 16], [6, 6]])
-    np.testing.assert_array_equal(path.codes, [M, L, L, L, C, M, L, L, L, C])
-    assert plots._band_path(x, low, high, np.zeros(8, bool)) is None
 
 
 def test_band_gaps_stay_empty_and_bands_are_inside_the_axis_limits():

@@ -1,9 +1,7 @@
 """Probability capacity and KL statistics of a run's ``tokens/`` sample, with armorlab.algos.capacity's
 formulas (UP Eq. 11, ARMOR Eq. 6) and armorlab.algos.kl's estimators on numpy (docs/reports.md#kl-and-capacity).
-    (CL) capacity-limited share: of tokens with A > 0 and π_old < p_low, the share whose capacity < 1 − π_old
 ``token_kernel`` streams cache-sized chunks with sums instead of masks (near memory bandwidth); tests check it
-against kl.* and capacity.capacity_stats.
-"""
+against kl.* and capacity.capacity_stats."""
 
 from __future__ import annotations
 
@@ -25,7 +23,8 @@ CHUNK = 32768  # float32: 128 KiB per array, the kernel's eight chunk arrays (1 
 
 
 def capacity_limited_share(cap, p_old, sign, weight, *, p_low: float = P_LOW) -> float:
-    """(CL) Weighted share of A > 0 tokens with π_old < ``p_low`` whose capacity is clip-bound."""
+    """(CL) capacity-limited share: of A > 0 tokens with π_old < ``p_low``, the weighted share whose capacity
+    is < 1 − π_old (clip-bound)."""
     low = np.asarray(p_old) < p_low
     return capacity.capacity_stats(cap[low], p_old[low], sign[low], weight[low])["pos_bound_frac"]
 
@@ -112,21 +111,10 @@ def _kl_sums(L: np.ndarray, one: np.ndarray, E: np.ndarray) -> np.ndarray:
     return np.array([s_l, s_ll, s_el, float(np.dot(np.subtract(E, L, out=E), one))])
 
 
-def anchor_kl(logp, ref_logp) -> dict[str, float]:
-    """k1, k3 means (kl.K1, K3) on anchor tokens, as the trainer's ``anchor/kl_k*``: anchors are π_ref samples
-    conditioned on a correct reward, so neither KL direction (the forward one is ``kl/forward_k*``)."""
-    logp, ref_logp = np.asarray(logp), np.asarray(ref_logp)
-    if logp.size == 0:
-        return {"anchor_kl_k1": math.nan, "anchor_kl_k3": math.nan}
-    return {"anchor_kl_k1": kl.forward_kl(logp, ref_logp, estimator_name="k1"),
-            "anchor_kl_k3": kl.forward_kl(logp, ref_logp, estimator_name="k3")}
-
-
 # --------------------------------------------------------------------------- tokens/ parquet
 def read_tokens(run_path: str | Path, columns=None):
     """A run's tokens/ parquet samples as one DataFrame, or None when it has none."""
-    tokens_dir = Path(run_path) / "tokens"
-    files = sorted(tokens_dir.glob("*.parquet")) if tokens_dir.is_dir() else []
+    files = sorted((Path(run_path) / "tokens").glob("*.parquet"))
     if not files:
         return None
     import pandas as pd
@@ -154,11 +142,10 @@ def objective_params(config: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def token_stats(tokens, config: Mapping[str, Any], *, p_low: float = P_LOW) -> dict[str, float]:
-    """token_kernel over a run's token sample with its own objective, plus anchor_kl on ``is_anchor`` rows."""
-    params = objective_params(config)
-    has_ref = "ref_logp" in tokens.columns and tokens["ref_logp"].notna().all()
-    is_anchor = (tokens["is_anchor"].to_numpy(dtype=bool) if "is_anchor" in tokens.columns
-                 else np.zeros(len(tokens), dtype=bool))
+    """token_kernel over a run's token sample with its own objective, plus k1, k3 means (kl.K1, K3) on its
+    ``is_anchor`` rows as the trainer's ``anchor/kl_k*``: anchors are π_ref samples conditioned on a correct
+    reward, so neither KL direction (the forward one is ``kl/forward_k*``)."""
+    params, has_ref, is_anchor = objective_params(config), _has_ref(tokens), _is_anchor(tokens)
     policy = tokens[~is_anchor]
     if capacity.capacity_family(params["objective"]) == "mixed" and not has_ref:
         log.info("no ref_logp in token sample: %s capacity uses the plain trust region (α = 1)", params["objective"])
@@ -166,12 +153,17 @@ def token_stats(tokens, config: Mapping[str, Any], *, p_low: float = P_LOW) -> d
     out = token_kernel(policy["logp"].to_numpy(), policy["old_logp"].to_numpy(),
                        policy["ref_logp"].to_numpy() if has_ref else None,
                        policy["advantage"].to_numpy(), p_low=p_low, **params)
-    if has_ref and is_anchor.any():
-        anchors = tokens[is_anchor]
-        out.update(anchor_kl(anchors["logp"].to_numpy(), anchors["ref_logp"].to_numpy()))
-    else:
-        out.update(anchor_kl_k1=math.nan, anchor_kl_k3=math.nan)
-    return out
+    anchors = tokens[is_anchor] if has_ref else tokens[:0]
+    return out | {f"anchor_kl_{k}": kl.forward_kl(anchors["logp"].to_numpy(), anchors["ref_logp"].to_numpy(),
+                                                  estimator_name=k) if len(anchors) else math.nan for k in ("k1", "k3")}
+
+
+def _has_ref(tokens) -> bool:
+    return "ref_logp" in tokens.columns and bool(tokens["ref_logp"].notna().all())
+
+
+def _is_anchor(tokens) -> np.ndarray:
+    return tokens["is_anchor"].to_numpy(dtype=bool) if "is_anchor" in tokens.columns else np.zeros(len(tokens), bool)
 
 
 def counterfactual_capacity(tokens, config: Mapping[str, Any],
@@ -181,17 +173,9 @@ def counterfactual_capacity(tokens, config: Mapping[str, Any],
     params = objective_params(config)
     mixes = capacity.capacity_family(params["objective"]) == "mixed" or config.get("alpha") is not None
     alpha = params["alpha"] if mixes else default_alpha(int(config["num_generations"]))
-    keep = tokens["advantage"].to_numpy() > 0
-    if "is_anchor" in tokens.columns:
-        keep &= ~tokens["is_anchor"].to_numpy(dtype=bool)
+    keep = (tokens["advantage"].to_numpy() > 0) & ~_is_anchor(tokens)
     p_old = np.exp(tokens["old_logp"].to_numpy(dtype=np.float64)[keep])
-    sign = np.ones_like(p_old)
-    p_ref = (np.exp(tokens["ref_logp"].to_numpy(dtype=np.float64)[keep])
-             if "ref_logp" in tokens.columns and tokens["ref_logp"].notna().all() else None)
-    out = {}
-    for obj in objectives:
-        if capacity.capacity_family(obj) == "mixed" and p_ref is None:
-            continue
-        out[obj] = capacity.token_capacity(obj, p_old, sign, p_ref=p_ref, alpha=alpha,
-                                           eps_low=params["eps_low"], eps_high=params["eps_high"])
-    return out
+    p_ref = np.exp(tokens["ref_logp"].to_numpy(dtype=np.float64)[keep]) if _has_ref(tokens) else None
+    return {obj: capacity.token_capacity(obj, p_old, np.ones_like(p_old), p_ref=p_ref, alpha=alpha,
+                                         eps_low=params["eps_low"], eps_high=params["eps_high"])
+            for obj in objectives if p_ref is not None or capacity.capacity_family(obj) != "mixed"}

@@ -16,6 +16,10 @@ from armorlab.analysis.plots import (
     _band,
     _finish,
     _lay_out,
+    _legend_keys,
+    _noise,
+    _onsets,
+    _panel_grid,
     _save,
     _step_axis,
     metric_label,
@@ -40,25 +44,15 @@ def grid_shape(n: int, max_cols: int = MAX_COLS) -> tuple[int, int]:
     return rows, max(1, math.ceil(n / rows))
 
 
-def _panels(n: int, width: float, panel_height: float, extra_height: float):
-    rows, cols = grid_shape(n)
-    fig, axes = plt.subplots(rows, cols, figsize=(width, panel_height * rows + extra_height), squeeze=False)
-    flat = axes.ravel()
-    for ax in flat[n:]:
-        ax.axis("off")
-    return fig, flat[:n], rows, cols
-
-
-def _share_axes(axes, rows: int, cols: int, x_label: str, y_label: str, bands: Sequence[CurveBand],
+def _share_axes(axes, cols: int, x_label: str, y_label: str, bands: Sequence[CurveBand],
                 points: Sequence[float] = ()) -> None:
     """Same limits in every panel, tick labels on the outer ones only; four ticks an axis (each tick is a
     fifth of a small multiple's drawing time)."""
     from matplotlib.ticker import MaxNLocator
 
     robust_ylim(axes[0], bands, points)
-    steps = [np.asarray(b.steps, dtype=np.float64) for b in bands if len(b.steps)]
-    x0 = min(float(s.min()) for s in steps) if steps else 0.0
-    x1 = max(float(s.max()) for s in steps) if steps else 1.0
+    steps = [float(f(b.steps)) for b in bands if len(b.steps) for f in (np.min, np.max)] or [0.0, 1.0]
+    x0, x1 = min(steps), max(steps)
     for i, ax in enumerate(axes):
         ax.set_ylim(axes[0].get_ylim())
         ax.set_xlim(x0, x1 if x1 > x0 else x0 + 1)
@@ -72,33 +66,21 @@ def _share_axes(axes, rows: int, cols: int, x_label: str, y_label: str, bands: S
         ax.grid(alpha=0.3)
 
 
-def _onsets(ax, pts: Sequence[tuple], color, *, labels: bool = True) -> None:
-    if not pts:
-        return
-    ax.scatter([p[0] for p in pts], [p[1] for p in pts], marker="v", s=40, color=color, edgecolor="black",
-               linewidth=0.6, zorder=5)
-    if labels:
-        for p in pts:
-            if len(p) > 2 and p[2]:
-                ax.annotate(p[2], (p[0], p[1]), textcoords="offset points", xytext=(4, -11), fontsize=7,
-                            color=color)
-
-
 def _text_inches(text: str, size: float) -> float:
     """About how wide ``text`` is at ``size`` points (DejaVu Sans averages ~0.55 em a character)."""
     return 0.55 * len(text) * size / 72
 
 
-def _legend_below(fig, handles: list, labels: list[str]):
+def _legend_below(fig, keys: Sequence[tuple]):
     """A figure legend under the panels, in as many columns as fit the figure's width."""
-    width = fig.get_size_inches()[0] - 0.3
-    ncols = 1
-    for n in range(len(labels), 0, -1):
-        rows = math.ceil(len(labels) / n)
-        columns = [labels[i:i + rows] for i in range(0, len(labels), rows)]
-        if sum(0.7 + max(_text_inches(t, 8) for t in col) for col in columns) <= width:
-            ncols = n
-            break
+    handles, labels = [h for h, _ in keys], [t for _, t in keys]
+
+    def fits(ncols: int) -> bool:
+        rows = math.ceil(len(labels) / ncols)
+        return sum(0.7 + max(_text_inches(t, 8) for t in labels[i:i + rows])
+                   for i in range(0, len(labels), rows)) <= fig.get_size_inches()[0] - 0.3
+
+    ncols = next((n for n in range(len(labels), 0, -1) if fits(n)), 1)
     return fig.legend(handles, labels, fontsize=8, frameon=False, loc="outside lower center", ncols=ncols)
 
 
@@ -114,59 +96,41 @@ def plot_arms(bands: Mapping[str, CurveBand], metric: str, path: Path, *, colors
               verdict_of: str = "", width: float = 11.0) -> Path:
     """``metric`` per arm, one panel each (mean, CI band, ±1 SE noise, ▼ collapse onsets), the ``baseline`` in
     grey in every panel, each titled with its verdict (``verdicts``: better green, worse red, equivalent blue)."""
+    if baseline not in bands or len(bands) == 1:  # the baseline alone: its own panel
+        baseline = None
     arms = [g for g in bands if g != baseline]
-    if not arms:  # the baseline alone: its own panel
-        arms, baseline = list(bands), None
-    n = len(arms)
-    rows, cols = grid_shape(n)
+    rows, cols = grid_shape(len(arms))
     # at most ~5 inches tall up to two rows: the figure shares the first screen with the verdicts
-    fig, axes, rows, cols = _panels(n, min(width, 3.0 * cols + 2.0), 3.0 if rows == 1 else 1.85, 0.8)
+    width = min(width, 3.0 * cols + 2.0)
+    fig, axes = _panel_grid(len(arms), rows, cols, (width, (3.0 if rows == 1 else 1.85) * rows + 0.8))
     markers, verdicts, noise = markers or {}, verdicts or {}, noise or {}
-    base = bands.get(baseline) if baseline is not None else None
-    points = [p[1] for pts in markers.values() for p in pts]
     for ax, g in zip(axes, arms, strict=True):
-        if base is not None and g != baseline:
-            _band(ax, base, BASELINE_COLOR, None)
+        if baseline is not None:
+            _band(ax, bands[baseline], BASELINE_COLOR, None)
             _onsets(ax, markers.get(baseline, ()), BASELINE_COLOR, labels=False)
-        else:
-            for other, band in bands.items():
-                if other != g:
-                    ax.plot(band.steps, band.mean, color=CONTEXT_COLOR, linewidth=1.0)
-        band = bands[g]
-        _band(ax, band, colors[g], None)
-        if g in noise and noise[g][0].size:
-            se = np.interp(band.steps, *noise[g], left=np.nan, right=np.nan)
-            for sign in (-1, 1):
-                ax.plot(band.steps, band.mean + sign * se, color=colors[g], linestyle="--", linewidth=0.7)
+        for other, band in bands.items() if baseline is None else ():
+            if other != g:
+                ax.plot(band.steps, band.mean, color=CONTEXT_COLOR, linewidth=1.0)
+        _band(ax, bands[g], colors[g], None)
+        _noise(ax, bands[g], noise.get(g), colors[g])
         _onsets(ax, markers.get(g, ()), colors[g])
         for s in matched_steps:
             ax.axvline(s, color="gray", linestyle=":", linewidth=0.9)
         word = verdicts.get(g)
-        ax.set_title(_wrapped(f"{g}: {word}" if word else g, fig.get_size_inches()[0] / cols - 0.4, 10),
+        ax.set_title(_wrapped(f"{g}: {word}" if word else g, width / cols - 0.4, 10),
                      fontsize=10, color=VERDICT_COLORS.get(word, "black"))
-    _share_axes(axes, rows, cols, x_label, metric_label(metric), list(bands.values()), points)
-    handles = [plt.Line2D([], [], color="black", linewidth=1.6), ]
-    labels = ["arm: mean over seeds, 95% CI shaded"]
-    if base is not None:
-        handles.append(plt.Line2D([], [], color=BASELINE_COLOR, linewidth=1.6))
-        labels.append(f"baseline {baseline}")
-    elif n > 1:
-        handles.append(plt.Line2D([], [], color=CONTEXT_COLOR))
-        labels.append("the other groups' means")
-    if any(s.size for s, _ in noise.values()):
-        handles.append(plt.Line2D([], [], color="gray", linestyle="--", linewidth=0.7))
-        labels.append("±1 SE eval noise")
-    if any(markers.values()):
-        handles.append(plt.Line2D([], [], marker="v", linestyle="", color="gray", markeredgecolor="black"))
-        labels.append("collapse onset (one per seed; fall in SE)")
-    if matched_steps:
-        handles.append(plt.Line2D([], [], color="gray", linestyle=":"))
-        labels.append("matched steps")
-    below = _legend_below(fig, handles, labels)
-    against = f" against {baseline}" if base is not None else ""
+    _share_axes(axes, cols, x_label, metric_label(metric), list(bands.values()),
+                [p[1] for pts in markers.values() for p in pts])
+    keys = [(plt.Line2D([], [], color="black", linewidth=1.6), "arm: mean over seeds, 95% CI shaded")]
+    if baseline is not None:
+        keys.append((plt.Line2D([], [], color=BASELINE_COLOR, linewidth=1.6), f"baseline {baseline}"))
+    elif len(arms) > 1:
+        keys.append((plt.Line2D([], [], color=CONTEXT_COLOR), "the other groups' means"))
+    below = _legend_below(fig, keys + _legend_keys(noise, markers, matched_steps))
+    against = f" against {baseline}" if baseline is not None else ""
     titled = f"; titles: verdict on {verdict_of}" if verdicts and verdict_of else ""
-    sup = fig.suptitle(_wrapped(f"{metric} per arm{against} (mean over seeds, 95% CI){titled}",
-                                fig.get_size_inches()[0] - 0.3, 11), fontsize=11)
+    sup = fig.suptitle(_wrapped(f"{metric} per arm{against} (mean over seeds, 95% CI){titled}", width - 0.3, 11),
+                       fontsize=11)
     _lay_out(fig, None, sup, below)
     return _save(fig, path)
 
@@ -181,29 +145,29 @@ def plot_overoptimisation(train: Mapping[str, CurveBand], val: Mapping[str, Curv
     drawn = [*val.values(), *train.values()]
     style = [(plt.Line2D([], [], color="gray"), val_metric),
              (plt.Line2D([], [], color="gray", linestyle="--"), train_metric)]
-    if len(groups) <= SINGLE_AXIS_GROUPS or len(groups) > MAX_PANELS:
+    one_axis = len(groups) <= SINGLE_AXIS_GROUPS or len(groups) > MAX_PANELS
+    if one_axis:
         fig, ax = plt.subplots(figsize=(8, 4.6))
-        for g in groups:
-            if g in val:
-                _band(ax, val[g], colors[g], g)
-            if g in train:
-                _band(ax, train[g], colors[g], None if g in val else g, linestyle="--")
+        axes = [ax] * len(groups)
+    else:
+        rows, cols = grid_shape(len(groups))
+        fig, axes = _panel_grid(len(groups), rows, cols, (width, 2.6 * rows + 0.8))
+    for ax, g in zip(axes, groups, strict=True):
+        if g in val:
+            _band(ax, val[g], colors[g], g if one_axis else None)
+        if g in train:
+            _band(ax, train[g], colors[g], g if one_axis and g not in val else None, linestyle="--")
+        if not one_axis:
+            ax.set_title(_wrapped(g, width / cols - 0.4, 10), fontsize=10)
+    if one_axis:
         robust_ylim(ax, drawn)
         ax.set_title(title)
         _step_axis(ax, label=x_label)
         ax.set_ylabel("reward / accuracy (fraction)")
         ax.grid(alpha=0.3)
         return _finish(fig, ax, path, legend_title, extra_handles=style)
-    rows, _ = grid_shape(len(groups))
-    fig, axes, rows, cols = _panels(len(groups), width, 2.6, 0.8)
-    for ax, g in zip(axes, groups, strict=True):
-        if g in val:
-            _band(ax, val[g], colors[g], None)
-        if g in train:
-            _band(ax, train[g], colors[g], None, linestyle="--")
-        ax.set_title(_wrapped(g, width / cols - 0.4, 10), fontsize=10)
-    _share_axes(axes, rows, cols, x_label, "reward / accuracy (fraction)", drawn)
-    below = _legend_below(fig, [h for h, _ in style], [n for _, n in style])
+    _share_axes(axes, cols, x_label, "reward / accuracy (fraction)", drawn)
+    below = _legend_below(fig, style)
     sup = fig.suptitle(_wrapped(f"{title}, one panel per group ({legend_title})", width - 0.3, 11), fontsize=11)
     _lay_out(fig, None, sup, below)
     return _save(fig, path)

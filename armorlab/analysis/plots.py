@@ -5,7 +5,6 @@ the group-by keys, and a group keeps its colour across figures."""
 from __future__ import annotations
 
 import functools
-import io
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -30,29 +29,16 @@ def _matplotlib():
     from matplotlib.lines import Line2D
     from matplotlib.patches import Rectangle
 
-    def subplots(nrows=1, ncols=1, *, figsize, squeeze=True, layout=None, dpi=None):
-        fig = Figure(figsize=figsize, layout=layout, dpi=dpi)
+    def subplots(nrows=1, ncols=1, *, figsize, squeeze=True, layout=None):
+        fig = Figure(figsize=figsize, layout=layout, dpi=DPI)  # text measured at the resolution drawn
         FigureCanvasAgg(fig)  # headless (clusters, CI), whatever backend pyplot would pick
         return fig, fig.subplots(nrows, ncols, squeeze=squeeze)
 
     return types.SimpleNamespace(subplots=subplots, Line2D=Line2D, Rectangle=Rectangle,
-                                 get_cmap=matplotlib.colormaps.__getitem__, rc_context=matplotlib.rc_context,
-                                 rcParams=matplotlib.rcParams)
+                                 get_cmap=matplotlib.colormaps.__getitem__, rcParams=matplotlib.rcParams)
 
 
 plt = Lazy(_matplotlib)
-
-# matplotlib's tab10 and tab20 (Vega's category palettes), written out so that choosing the group
-# colours needs no matplotlib import
-TAB10 = ["1f77b4", "ff7f0e", "2ca02c", "d62728", "9467bd", "8c564b", "e377c2", "7f7f7f", "bcbd22", "17becf"]
-TAB20 = ["1f77b4", "aec7e8", "ff7f0e", "ffbb78", "2ca02c", "98df8a", "d62728", "ff9896", "9467bd", "c5b0d5",
-         "8c564b", "c49c94", "e377c2", "f7b6d2", "7f7f7f", "c7c7c7", "bcbd22", "dbdb8d", "17becf", "9edae5"]
-
-
-def _palette(n: int) -> list[tuple[float, float, float, float]]:
-    """RGBA of tab10 (n ≤ 10) or tab20, as matplotlib's colormap gives them."""
-    table = TAB10 if n <= 10 else TAB20
-    return [(int(h[0:2], 16) / 255, int(h[2:4], 16) / 255, int(h[4:6], 16) / 255, 1.0) for h in table]
 
 DPI = 110
 # each capacity family (armorlab.algos.objectives.CAPACITY_FAMILIES) in the counterfactual panel
@@ -68,12 +54,7 @@ _UNITS = {"acc": "accuracy, avg@k", "reward": "mean reward", "entropy": "nats/to
 def metric_label(metric: str) -> str:
     """Axis label with units; KL is in nats per sequence (docs/training.md, "What a run logs")."""
     ns, _, name = metric.partition("/")
-    if ns == "kl":
-        unit = "nats/sequence"
-    elif name.startswith("pass@"):
-        unit = "fraction solved"
-    else:
-        unit = _UNITS.get(name)
+    unit = "nats/sequence" if ns == "kl" else "fraction solved" if name.startswith("pass@") else _UNITS.get(name)
     return f"{metric} ({unit})" if unit else metric
 
 
@@ -86,18 +67,13 @@ def _step_axis(ax, fontsize=None, label: str = STEP_LABEL) -> None:
 
 
 def group_colors(labels: Sequence[str]) -> dict[str, tuple]:
-    palette = _palette(len(labels))
-    return {g: palette[i % len(palette)] for i, g in enumerate(labels)}
-
-
-def _legend_size(labels: Sequence[str], title: str, fontsize: float) -> tuple[float, float]:
-    """Inches (width, height) of a one-column legend: ~0.5 em per character, ~1.55 em per row."""
-    em = fontsize / 72
-    chars = max([len(t) for t in labels] + [len(title)])
-    return 0.9 + 0.5 * chars * em, (len(labels) + 1) * 1.55 * em + 0.5
+    """matplotlib's tab10 up to ten groups, else tab20."""
+    cmap = plt.get_cmap("tab10" if len(labels) <= 10 else "tab20")
+    return {g: cmap(i % cmap.N) for i, g in enumerate(labels)}
 
 
 def _finish(fig, ax_legend, path: Path, legend_title: str, *, extra_handles=(), suptitle=None) -> Path:
+    """The groups' legend in ``ax_legend``, hung outside it past six entries; then laid out and saved."""
     handles, labels = ax_legend.get_legend_handles_labels()
     handles, labels = [*handles, *[h for h, _ in extra_handles]], [*labels, *[n for _, n in extra_handles]]
     hung = None  # the legend hung outside the panel, which _place makes room for
@@ -107,20 +83,20 @@ def _finish(fig, ax_legend, path: Path, legend_title: str, *, extra_handles=(), 
                                   loc="upper left" if outside else "best",
                                   bbox_to_anchor=(1.01, 1.0) if outside else None, frameon=False)
         if outside:
-            hung = legend
-            # make room as bbox_inches="tight" did (without its second full draw): wider by the
-            # legend, taller when the legend (hung from the axes' top) would run off the bottom
+            hung, em = legend, 8 / 72
+            # make room as bbox_inches="tight" did (without its second full draw): wider by the legend
+            # (~0.5 em a character), taller when the legend (~1.55 em a row, hung from the axes' top)
+            # would run off the bottom
             w, h = fig.get_size_inches()
-            lw, lh = _legend_size(labels, legend_title, 8)
+            width = 0.9 + 0.5 * em * max(len(t) for t in [*labels, legend_title])
             top = h * (1 - ax_legend.get_position().y1)
-            fig.set_size_inches(w + max(0.0, lw - 1.0), max(h, top + lh))
+            fig.set_size_inches(w + max(0.0, width - 1.0), max(h, top + (len(labels) + 1) * 1.55 * em + 0.5))
     _lay_out(fig, hung, suptitle)
     return _save(fig, path)
 
 
 def _lay_out(fig, legend=None, suptitle=None, below=None) -> None:
     """_place the panels, or leave the figure to constrained layout where _place does not know its shape."""
-    fig.set_dpi(DPI)  # text measured at the resolution it is drawn at
     if not _place(fig, legend, suptitle, below):
         fig.set_layout_engine("constrained")
 
@@ -145,21 +121,15 @@ def _decorations(ax, renderer) -> tuple[float, float, float, float] | None:
     if (ax.xaxis.get_major_formatter().get_offset() or ax.yaxis.get_major_formatter().get_offset()
             or ax.xaxis.get_label_position() != "bottom" or ax.yaxis.get_label_position() != "left"):
         return None
-    box = ax.bbox
-    px = ax.get_figure(root=True).dpi / 72
+    box, px = ax.bbox, ax.get_figure(root=True).dpi / 72
     xt, yt = _tick_label_boxes(ax.xaxis, renderer), _tick_label_boxes(ax.yaxis, renderer)
-    ticks = [*xt, *yt]
-    # the axis labels sit beyond the tick labels by labelpad (Axis._update_label_position)
-    left = box.x0 - min([b.x0 for b in yt] + [box.x0])
-    if ax.yaxis.label.get_text():
-        left += ax.yaxis.labelpad * px + ax.yaxis.label.get_window_extent(renderer).width
-    bottom = box.y0 - min([b.y0 for b in xt] + [box.y0])
-    if ax.xaxis.label.get_text():
-        bottom += ax.xaxis.labelpad * px + ax.xaxis.label.get_window_extent(renderer).height
-    left = max(left, box.x0 - min([b.x0 for b in ticks] + [box.x0]))
-    bottom = max(bottom, box.y0 - min([b.y0 for b in ticks] + [box.y0]))
-    right = max([b.x1 for b in ticks] + [box.x1]) - box.x1
-    top = max([b.y1 for b in ticks] + [box.y1]) - box.y1
+    ticks = [*xt, *yt, box]
+    # the axis labels sit beyond their tick labels by labelpad (Axis._update_label_position)
+    y_label = ax.yaxis.labelpad * px + ax.yaxis.label.get_window_extent(renderer).width if ax.yaxis.label.get_text() else 0
+    x_label = ax.xaxis.labelpad * px + ax.xaxis.label.get_window_extent(renderer).height if ax.xaxis.label.get_text() else 0
+    left = max(box.x0 - min(b.x0 for b in ticks), box.x0 - min(b.x0 for b in [*yt, box]) + y_label)
+    bottom = max(box.y0 - min(b.y0 for b in ticks), box.y0 - min(b.y0 for b in [*xt, box]) + x_label)
+    right, top = max(b.x1 for b in ticks) - box.x1, max(b.y1 for b in ticks) - box.y1
     if ax.get_title():
         top = max(top, plt.rcParams["axes.titlepad"] * px + ax.title.get_window_extent(renderer).height)
     return left, bottom, right, top
@@ -266,74 +236,53 @@ def _fits(fig, axes, hang, pad, renderer) -> bool:
                    for ax in axes for t in (ax.title, ax.xaxis.label))
 
 
-VECTOR_FORMATS = {"pdf": {"CreationDate": None}, "svg": {"Date": None}}  # dates left out: same figure, same bytes
-
-
 def _save(fig, path: Path) -> Path:
-    """Write the PNG from one canvas draw (no bbox_inches="tight": its second draw was a fifth of the
-    figure time), encoded by savefig's own writer; then the same figure object as PDF and SVG beside
-    it (``path`` with those suffixes), for a paper."""
-    if fig.dpi != DPI:
-        fig.set_dpi(DPI)
-    fig.canvas.draw()
-    from matplotlib.image import imsave
-
-    buf = io.BytesIO()
-    imsave(buf, np.asarray(fig.canvas.buffer_rgba()), format="png", dpi=DPI, metadata={"Software": _software()})
-    data = buf.getvalue()
-    # renamed into place: a reader never sees half a PNG
-    with atomic_file(path) as tmp:
-        tmp.write_bytes(data)
-    for fmt, metadata in VECTOR_FORMATS.items():
-        buf = io.BytesIO()
-        fig.savefig(buf, format=fmt, metadata=metadata)
+    """The PNG at ``path`` and the same figure as PDF and SVG beside it (for a paper), each from one draw
+    (no bbox_inches="tight": its second draw was a fifth of the figure time) and renamed into place (a
+    reader never sees half a file); no creation dates: the same figure gives the same bytes."""
+    for fmt, metadata in (("png", None), ("pdf", {"CreationDate": None}), ("svg", {"Date": None})):
         with atomic_file(path.with_suffix(f".{fmt}")) as tmp:
-            tmp.write_bytes(buf.getvalue())
+            fig.savefig(tmp, format=fmt, dpi=DPI, metadata=metadata)
     return path
 
 
-def _software() -> str:
-    """The tEXt entry savefig writes into every PNG."""
-    import matplotlib
-
-    return f"Matplotlib version{matplotlib.__version__}, https://matplotlib.org/"
-
-
-def _band_path(x: np.ndarray, low: np.ndarray, high: np.ndarray, ok: np.ndarray):
-    """One closed polygon per stretch where both bounds are finite: a gap stays a gap, as in fill_between."""
-    from matplotlib.path import Path as MplPath
-
-    edges = np.flatnonzero(np.diff(np.concatenate([[0], ok.view(np.int8), [0]])))
-    verts, codes = [], []
-    for i0, i1 in zip(edges[::2], edges[1::2], strict=True):
-        if i1 - i0 < 2:  # a lone finite step has no area (fill_between draws nothing there either)
-            continue
-        n = i1 - i0
-        v = np.empty((2 * n + 1, 2))
-        v[:n, 0], v[:n, 1] = x[i0:i1], low[i0:i1]
-        v[n:2 * n, 0], v[n:2 * n, 1] = x[i0:i1][::-1], high[i0:i1][::-1]
-        v[-1] = v[0]
-        c = np.full(2 * n + 1, MplPath.LINETO, dtype=MplPath.code_type)
-        c[0], c[-1] = MplPath.MOVETO, MplPath.CLOSEPOLY
-        verts.append(v)
-        codes.append(c)
-    return MplPath(np.concatenate(verts), np.concatenate(codes)) if verts else None
-
-
 def _band(ax, band: CurveBand, color, label: str | None, *, linestyle="-") -> None:
-    """The mean over its 95 % CI band as one PathPatch (fill_between cost ~3 ms a band)."""
-    ok = np.isfinite(band.low) & np.isfinite(band.high)
-    if ok.any():
-        x = np.asarray(band.steps, dtype=np.float64)
-        # before the line: its autoscale request then covers the band (as fill_between's did)
-        ax.update_datalim(np.column_stack([np.concatenate([x[ok], x[ok]]),
-                                           np.concatenate([band.low[ok], band.high[ok]])]))
-        path = _band_path(x, band.low, band.high, ok)
-        if path is not None:
-            from matplotlib.patches import PathPatch
-
-            ax.add_artist(PathPatch(path, facecolor=color, edgecolor="none", alpha=BAND_ALPHA, linewidth=0))
+    """The mean over its 95 % CI band; a step without both bounds is a gap in the band."""
+    ax.fill_between(band.steps, band.low, band.high, facecolor=color, edgecolor="none", alpha=BAND_ALPHA,
+                    linewidth=0)
     ax.plot(band.steps, band.mean, color=color, linestyle=linestyle, linewidth=1.6, label=label)
+
+
+def _noise(ax, band: CurveBand, noise: tuple[np.ndarray, np.ndarray] | None, color) -> None:
+    """±1 SE of eval noise (``noise``: its steps and SE) around the mean, thin and dashed."""
+    if noise is not None and noise[0].size:
+        se = np.interp(band.steps, *noise, left=np.nan, right=np.nan)
+        for sign in (-1, 1):
+            ax.plot(band.steps, band.mean + sign * se, color=color, linestyle="--", linewidth=0.7)
+
+
+def _onsets(ax, pts: Sequence[tuple], color, *, labels: bool = True, size: float = 40) -> None:
+    """▼ at each seed's collapse onset (step, level[, its fall in SE as a label])."""
+    if pts:
+        ax.scatter([p[0] for p in pts], [p[1] for p in pts], marker="v", s=size, color=color, edgecolor="black",
+                   linewidth=0.6, zorder=5)
+    for p in pts if labels else ():
+        if len(p) > 2 and p[2]:
+            ax.annotate(p[2], (p[0], p[1]), textcoords="offset points", xytext=(4, -11), fontsize=7, color=color)
+
+
+def _legend_keys(noise, markers, matched_steps) -> list[tuple]:
+    """Legend entries for the ±1 SE lines, ▼ onsets and matched steps a figure draws."""
+    keys = []
+    if noise and any(s.size for s, _ in noise.values()):
+        keys.append((plt.Line2D([], [], color="gray", linestyle="--", linewidth=0.7), "±1 SE eval noise"))
+    if markers and any(markers.values()):
+        labelled = any(len(p) > 2 and p[2] for pts in markers.values() for p in pts)
+        keys.append((plt.Line2D([], [], marker="v", linestyle="", color="gray", markeredgecolor="black"),
+                     "collapse onset (one per seed; fall in SE)" if labelled else "collapse onset (one per seed)"))
+    if matched_steps:
+        keys.append((plt.Line2D([], [], color="gray", linestyle=":"), "matched steps"))
+    return keys
 
 
 BAND_ALPHA = 0.12  # CI bands: light enough that the means and the other groups read through them
@@ -341,32 +290,31 @@ CI_REACH = 1.0  # a CI may widen the y axis by at most this share of the means' 
 BAND_QUANTILE = 0.05  # the axis holds the bands' edges but for this share at each end (spikes)
 
 
+def _finite(arrays) -> np.ndarray:
+    x = np.concatenate([np.asarray(a, dtype=np.float64).ravel() for a in arrays] or [np.empty(0)])
+    return x[np.isfinite(x)]
+
+
 def robust_ylim(ax, bands: Sequence[CurveBand], points: Sequence[float] = ()) -> bool:
     """y limits holding the means (and ``points``) and the bands' edges but for their lowest and
     highest BAND_QUANTILE (one seed's spike), widened by bands by at most CI_REACH of the means'
     range: the band sits inside the panel instead of shading all of it, and a spike must not hide
     where the means go. True when a band is cut at the frame."""
-    means = [np.asarray(b.mean, dtype=np.float64) for b in bands]
-    means = np.concatenate([*means, np.asarray(points, dtype=np.float64)]) if means or len(points) else np.empty(0)
-    means = means[np.isfinite(means)]
+    means = _finite([*(b.mean for b in bands), points])
     if not means.size:
         return False
     lo, hi = float(means.min()), float(means.max())
     span = hi - lo if hi > lo else max(abs(hi), 1.0) * 0.1
-    lows = np.concatenate([np.asarray(b.low, dtype=np.float64) for b in bands]) if bands else np.empty(0)
-    highs = np.concatenate([np.asarray(b.high, dtype=np.float64) for b in bands]) if bands else np.empty(0)
-    lows, highs = lows[np.isfinite(lows)], highs[np.isfinite(highs)]
-    band_lo = float(lows.min()) if lows.size else lo
-    band_hi = float(highs.max()) if highs.size else hi
-    edge_lo = float(np.quantile(lows, BAND_QUANTILE)) if lows.size else lo
-    edge_hi = float(np.quantile(highs, 1 - BAND_QUANTILE)) if highs.size else hi
+    lows, highs = _finite(b.low for b in bands), _finite(b.high for b in bands)
+    band_lo, edge_lo = (lows.min(), np.quantile(lows, BAND_QUANTILE)) if lows.size else (lo, lo)
+    band_hi, edge_hi = (highs.max(), np.quantile(highs, 1 - BAND_QUANTILE)) if highs.size else (hi, hi)
     y0 = max(min(edge_lo, lo), lo - CI_REACH * span)
     y1 = min(max(edge_hi, hi), hi + CI_REACH * span)
     if y1 - y0 < span:  # a flat curve without a band: an axis around it, not a singular one
         y0, y1 = (y0 + y1 - span) / 2, (y0 + y1 + span) / 2
     pad = 0.05 * (y1 - y0)
-    ax.set_ylim(y0 - pad, y1 + pad)
-    return band_lo < y0 or band_hi > y1
+    ax.set_ylim(float(y0 - pad), float(y1 + pad))
+    return bool(band_lo < y0 or band_hi > y1)
 
 
 def plot_curves(bands: Mapping[str, CurveBand], metric: str, path: Path, *, legend_title: str,
@@ -375,54 +323,45 @@ def plot_curves(bands: Mapping[str, CurveBand], metric: str, path: Path, *, lege
                 noise: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None,
                 x_label: str = STEP_LABEL) -> Path:
     """One metric per group: mean with its 95 % CI band, ▼ at seeds' collapse steps, ``noise`` ±1 SE lines."""
-    fig, ax = plt.subplots(figsize=(8, 4.6))
+    fig, (ax,) = _metric_panels({metric: bands}, 1, (8, 4.6), colors, x_label)
+    markers, noise = markers or {}, noise or {}
     for g, band in bands.items():
-        _band(ax, band, colors[g], g)
-        if noise and g in noise and noise[g][0].size:
-            se = np.interp(band.steps, *noise[g], left=np.nan, right=np.nan)
-            for sign in (-1, 1):
-                ax.plot(band.steps, band.mean + sign * se, color=colors[g], linestyle="--", linewidth=0.7)
-    extra = []
-    if noise and any(s.size for s, _ in noise.values()):
-        extra.append((plt.Line2D([], [], color="gray", linestyle="--", linewidth=0.7), "±1 SE eval noise"))
-    if markers:
-        for g, pts in markers.items():
-            if pts:
-                xs, ys = [p[0] for p in pts], [p[1] for p in pts]
-                ax.scatter(xs, ys, marker="v", s=46, color=colors[g], edgecolor="black", linewidth=0.6,
-                           zorder=5)
-                for p in pts:
-                    if len(p) > 2 and p[2]:
-                        ax.annotate(p[2], (p[0], p[1]), textcoords="offset points", xytext=(4, -11),
-                                    fontsize=7, color=colors[g])
-        if any(markers.values()):
-            texts = any(len(p) > 2 and p[2] for pts in markers.values() for p in pts)
-            extra.append((plt.Line2D([], [], marker="v", linestyle="", color="gray", markeredgecolor="black"),
-                          "collapse onset (one per seed; fall in SE)" if texts else "collapse onset (one per seed)"))
+        _noise(ax, band, noise.get(g), colors[g])
+    for g, pts in markers.items():
+        _onsets(ax, pts, colors[g], size=46)
     for s in matched_steps:
         ax.axvline(s, color="gray", linestyle=":", linewidth=0.9)
-    if matched_steps:
-        extra.append((plt.Line2D([], [], color="gray", linestyle=":"), "matched steps"))
-    robust_ylim(ax, list(bands.values()), [p[1] for pts in (markers or {}).values() for p in pts])
+    robust_ylim(ax, list(bands.values()), [p[1] for pts in markers.values() for p in pts])
     ax.set_title(title or f"{metric} per group (mean over seeds, 95% CI)")
-    _step_axis(ax, label=x_label)
-    ax.set_ylabel(metric_label(metric))
-    ax.grid(alpha=0.3)
-    return _finish(fig, ax, path, legend_title, extra_handles=extra)
+    return _finish(fig, ax, path, legend_title, extra_handles=_legend_keys(noise, markers, matched_steps))
 
 
-def _panel_grid(n: int, *, max_cols: int, panel_size: tuple[float, float]):
-    """Small multiples for ``n`` panels: the figure and its axes in reading order, spare ones hidden."""
-    cols = min(max_cols, n)
-    rows = (n + cols - 1) // cols
-    fig, axes = plt.subplots(rows, cols, figsize=(panel_size[0] * cols, panel_size[1] * rows), squeeze=False)
-    flat = axes.ravel()
-    for ax in flat[n:]:
+def _panel_grid(n: int, rows: int, cols: int, figsize: tuple[float, float]):
+    """Small multiples for ``n`` panels: the figure and its ``n`` axes in reading order, spare ones hidden."""
+    fig, axes = plt.subplots(rows, cols, figsize=figsize, squeeze=False)
+    for ax in axes.ravel()[n:]:
         ax.axis("off")
-    return fig, flat
+    return fig, axes.ravel()[:n]
+
+
+def _metric_panels(panels: Mapping[str, Mapping[str, CurveBand]], max_cols: int, size: tuple[float, float],
+                   colors: Mapping[str, tuple], x_label: str, fontsize: float | None = None):
+    """One panel per metric, each group's band in it, in rows of ``max_cols`` panels of ``size`` inches."""
+    cols = min(max_cols, len(panels))
+    rows = -(-len(panels) // cols)
+    fig, axes = _panel_grid(len(panels), rows, cols, (size[0] * cols, size[1] * rows))
+    for ax, (metric, bands) in zip(axes, panels.items(), strict=True):
+        for g, band in bands.items():
+            _band(ax, band, colors[g], g)
+        robust_ylim(ax, list(bands.values()))
+        _step_axis(ax, fontsize=fontsize, label=x_label)
+        ax.set_ylabel(metric_label(metric), fontsize=fontsize)
+        ax.grid(alpha=0.3)
+    return fig, axes
 
 
 KL_REVERSE, KL_FORWARD = "reverse KL(π_θ‖π_ref)", "forward KL(π_ref‖π_θ)"
+_KL_SOURCES = {"reverse": (KL_REVERSE, "samples of π_θ"), "forward": (KL_FORWARD, "unconditioned samples of π_ref")}
 
 
 def kl_direction(metric: str) -> tuple[str, str]:
@@ -430,69 +369,49 @@ def kl_direction(metric: str) -> tuple[str, str]:
     ns, _, name = metric.partition("/")
     if ns == "anchor" and name.startswith("kl_"):
         return "anchor KL (neither direction)", f"{name[3:]} estimate on reward-filtered samples of π_ref"
-    if ns != "kl":
-        return "", ""
-    for prefix, direction, source in (("reverse_", KL_REVERSE, "samples of π_θ"),
-                                      ("forward_", KL_FORWARD, "unconditioned samples of π_ref")):
-        if name.startswith(prefix):
-            return direction, f"{name[len(prefix):]} estimate on {source}"
-    if name == "exact_reverse":
-        return KL_REVERSE, "exact, on samples of π_θ"
-    if name == "exact_forward":
-        return KL_FORWARD, "exact, on unconditioned samples of π_ref"
+    head, _, tail = name.partition("_")
+    if ns == "kl" and head == "exact" and tail in _KL_SOURCES:
+        direction, source = _KL_SOURCES[tail]
+        return direction, f"exact, on {source}"
+    if ns == "kl" and head in _KL_SOURCES and tail:
+        direction, source = _KL_SOURCES[head]
+        return direction, f"{tail} estimate on {source}"
     return "", ""
 
 
 def plot_kl(panels: Mapping[str, Mapping[str, CurveBand]], path: Path, *, legend_title: str,
             colors: Mapping[str, tuple], x_label: str = STEP_LABEL) -> Path:
     """KL over steps, one panel per KL metric (ARMOR Fig. 2b style), titled by kl_direction."""
-    n = len(panels)
-    fig, flat = _panel_grid(n, max_cols=2, panel_size=(5.2, 4.0))
-    for ax, (metric, bands) in zip(flat, panels.items(), strict=False):
-        for g, band in bands.items():
-            _band(ax, band, colors[g], g)
-        robust_ylim(ax, list(bands.values()))
+    fig, axes = _metric_panels(panels, 2, (5.2, 4.0), colors, x_label)
+    for ax, metric in zip(axes, panels, strict=True):
         direction, source = kl_direction(metric)
-        ax.set_title(f"{direction or metric}\n{metric}: {source}" if direction else metric, fontsize=9)
-        _step_axis(ax, label=x_label)
-        ax.set_ylabel(metric_label(metric))
-        ax.grid(alpha=0.3)
+        ax.set_title(f"{direction}\n{metric}: {source}" if direction else metric, fontsize=9)
     sup = fig.suptitle("KL to the reference policy (mean over seeds, 95% CI)")
-    return _finish(fig, flat[n - 1], path, legend_title, suptitle=sup)
-
-
-def _ecdf(ax, x: np.ndarray, color, label: str, linestyle="-") -> None:
-    x = np.sort(np.asarray(x, dtype=np.float64))
-    if x.size == 0:
-        return
-    y = np.arange(1, x.size + 1) / x.size
-    ax.step(x, y, where="post", color=color, label=f"{label} (n={x.size:,})", linestyle=linestyle)
+    return _finish(fig, axes[-1], path, legend_title, suptitle=sup)
 
 
 def plot_capacity(per_group: Mapping[str, np.ndarray], counterfactual: Mapping[str, np.ndarray], path: Path,
                   *, legend_title: str, colors: Mapping[str, tuple]) -> Path:
     """ECDF of capacity of A > 0 tokens: each group under its objective; the same tokens under UP, DAPO, ARMOR."""
-    n = 1 + bool(counterfactual)
-    fig, axes = plt.subplots(1, n, figsize=(5.6 * n, 4.4), squeeze=False, layout="constrained")
-    ax = axes[0][0]
-    for g, cap in per_group.items():
-        _ecdf(ax, cap, colors[g], g)
-    ax.set_title("Capacity of A>0 tokens, own objective")
-    ax.set_xlabel("probability capacity Δπ (UP Eq. 11)")
-    ax.set_ylabel("fraction of tokens ≤ x (ECDF)")
-    ax.grid(alpha=0.3)
-    # upper left: an ECDF rises to the right, so that corner is empty
-    ax.legend(title=legend_title, fontsize=7, title_fontsize=7, frameon=False, loc="upper left")
+    sides = [("Capacity of A>0 tokens, own objective", legend_title,
+              [(cap, colors[g], g, "-") for g, cap in per_group.items()])]
     if counterfactual:
-        ax2 = axes[0][1]
-        for obj, cap in counterfactual.items():
-            words, color, ls = CAPACITY_STYLE[capacity_family(obj)]
-            _ecdf(ax2, cap, color, f"{obj} ({words})", linestyle=ls)
-        ax2.set_title("Same tokens under each objective")
-        ax2.set_xlabel("probability capacity Δπ (UP Eq. 11)")
-        ax2.set_ylabel("fraction of tokens ≤ x (ECDF)")
-        ax2.grid(alpha=0.3)
-        ax2.legend(title="objective formula", fontsize=7, title_fontsize=7, frameon=False, loc="upper left")
+        sides.append(("Same tokens under each objective", "objective formula",
+                      [(cap, color, f"{obj} ({words})", ls) for obj, cap in counterfactual.items()
+                       for words, color, ls in [CAPACITY_STYLE[capacity_family(obj)]]]))
+    fig, axes = plt.subplots(1, len(sides), figsize=(5.6 * len(sides), 4.4), squeeze=False, layout="constrained")
+    for ax, (title, legend, ecdfs) in zip(axes[0], sides, strict=True):
+        for cap, color, label, ls in ecdfs:
+            x = np.sort(np.asarray(cap, dtype=np.float64))
+            if x.size:
+                ax.step(x, np.arange(1, x.size + 1) / x.size, where="post", color=color,
+                        label=f"{label} (n={x.size:,})", linestyle=ls)
+        ax.set_title(title)
+        ax.set_xlabel("probability capacity Δπ (UP Eq. 11)")
+        ax.set_ylabel("fraction of tokens ≤ x (ECDF)")
+        ax.grid(alpha=0.3)
+        # upper left: an ECDF rises to the right, so that corner is empty
+        ax.legend(title=legend, fontsize=7, title_fontsize=7, frameon=False, loc="upper left")
     capacity_axis(list(axes[0]), [*per_group.values(), *counterfactual.values()])
     fig.suptitle("Probability capacity distributions")
     return _save(fig, path)
@@ -505,8 +424,7 @@ def capacity_axis(axes, samples: Sequence[np.ndarray]) -> tuple[float, float, st
     """x limits on the data's range (its finite values; an unbounded capacity is off the axis), on a
     log scale where the positive values span more than DECADES powers of ten: capacities of 1e-4 to
     1e-2 sat at x≈0 on a 0–1 axis. Returns (low, high, scale); None without finite data."""
-    x = np.concatenate([np.asarray(v, dtype=np.float64).ravel() for v in samples]) if samples else np.empty(0)
-    x = x[np.isfinite(x)]
+    x = _finite(samples)
     if not x.size:
         return None
     lo, hi = float(x.min()), float(x.max())
@@ -529,54 +447,39 @@ def plot_ablation(summary_rows: Sequence[Mapping], per_run: Mapping[str, Mapping
                   scores: Sequence[str], score_labels: Mapping[str, str], x_key: str, hue_keys: Sequence[str],
                   path: Path, *, colors: Mapping[str, tuple]) -> Path:
     """Bars over ``x_key`` per combination of the other keys: mean, 95 % CI and every seed as a dot."""
-    def tick(v) -> str:
-        return "none" if fmt_value(v) == "None" else fmt_value(v)
-
-    def hue_of(r) -> str:
-        return ", ".join(f"{k}={fmt_value(r[k])}" for k in hue_keys) or "all"
-
-    xs = list(dict.fromkeys(tick(r[x_key]) for r in summary_rows))
-    hues = list(dict.fromkeys(hue_of(r) for r in summary_rows))
-    cmap = plt.get_cmap("tab10" if len(hues) <= 10 else "tab20")
-    hue_color = {h: cmap(i % cmap.N) for i, h in enumerate(hues)}
+    ticks = ["none" if fmt_value(r[x_key]) == "None" else fmt_value(r[x_key]) for r in summary_rows]
+    hue = [", ".join(f"{k}={fmt_value(r[k])}" for k in hue_keys) or "all" for r in summary_rows]
+    xs, hues = list(dict.fromkeys(ticks)), list(dict.fromkeys(hue))
+    hue_color = group_colors(hues)
     # at each x only the hues that exist there, centred: no gaps for combinations never run
-    at_x = {x: [h for h in hues if any(tick(r[x_key]) == x and hue_of(r) == h for r in summary_rows)]
-            for x in xs}
+    ran = set(zip(ticks, hue, strict=True))
+    at_x = {x: [h for h in hues if (x, h) in ran] for x in xs}
     width = 0.8 / max(len(v) for v in at_x.values())
-    bars = sum(len(v) for v in at_x.values())
+    pos = [xs.index(x) + (at_x[x].index(h) - (len(at_x[x]) - 1) / 2) * width for x, h in zip(ticks, hue, strict=True)]
+    bars = len(ran)
     # side by side while bars are few; stacked (one full-width row per score) when they are many
     shape = (1, len(scores)) if bars <= 8 else (len(scores), 1)
     panel_w = min(12.0, max(6.0 if shape[0] > 1 else 4.6, 1.2 + 0.45 * bars))
     fig, axes = plt.subplots(*shape, figsize=(panel_w * shape[1], 3.8 * shape[0]), squeeze=False)
     for ax, score in zip(axes.ravel(), scores, strict=True):
-        # one bar call and one scatter per panel (one per group cost a second at 20 groups); a
-        # missing CI is a NaN error, which draws nothing
-        bar_x, bar_y, bar_c, err_lo, err_hi, dot_x, dot_y = [], [], [], [], [], [], []
-        for r in summary_rows:
-            hue = hue_of(r)
-            here = at_x[tick(r[x_key])]
-            xi = xs.index(tick(r[x_key])) + (here.index(hue) - (len(here) - 1) / 2) * width
+        # one bar call and one scatter per panel (one per group cost a second at 20 groups)
+        drawn, dots = [], []
+        for r, h, xi in zip(summary_rows, hue, pos, strict=True):
             mean, lo, hi = r[f"{score}_mean"], r[f"{score}_ci_low"], r[f"{score}_ci_high"]
             if np.isfinite(mean):
-                bar_x.append(xi)
-                bar_y.append(mean)
-                bar_c.append(hue_color[hue] if hue_keys else colors[r["group"]])
-                ci = np.isfinite(lo) and np.isfinite(hi)
+                ci = np.isfinite(lo) and np.isfinite(hi)  # a missing CI is a NaN error, which draws nothing
                 # max(0, ·): a bootstrap mean can round an ulp past the sample mean (near-tied seeds)
-                err_lo.append(max(0.0, mean - lo) if ci else np.nan)
-                err_hi.append(max(0.0, hi - mean) if ci else np.nan)
-            seeds = per_run.get(r["group"], {}).get(score, np.empty(0))
-            seeds = seeds[np.isfinite(seeds)]
-            if seeds.size:
-                jitter = np.linspace(-0.25, 0.25, seeds.size) * width if seeds.size > 1 else np.zeros(1)
-                dot_x.extend(xi + jitter)
-                dot_y.extend(seeds)
-        if bar_x:
-            has_err = np.isfinite(err_lo).any()
-            ax.bar(bar_x, bar_y, width=width * 0.9, color=bar_c, alpha=0.8,
-                   yerr=[err_lo, err_hi] if has_err else None, capsize=3, ecolor="black")
-        if dot_x:
-            ax.scatter(dot_x, dot_y, s=12, color="black", zorder=5)
+                drawn.append((xi, mean, hue_color[h] if hue_keys else colors[r["group"]],
+                              max(0.0, mean - lo) if ci else np.nan, max(0.0, hi - mean) if ci else np.nan))
+            seeds = _finite([per_run.get(r["group"], {}).get(score, ())])
+            jitter = np.linspace(-0.25, 0.25, seeds.size) * width if seeds.size > 1 else np.zeros(seeds.size)
+            dots += zip(xi + jitter, seeds, strict=True)
+        if drawn:
+            bx, by, bc, err_lo, err_hi = zip(*drawn, strict=True)
+            ax.bar(bx, by, width=width * 0.9, color=list(bc), alpha=0.8, capsize=3, ecolor="black",
+                   yerr=[err_lo, err_hi] if np.isfinite(err_lo).any() else None)
+        if dots:
+            ax.scatter(*zip(*dots, strict=True), s=12, color="black", zorder=5)
         ax.set_xticks(range(len(xs)), xs)
         ax.set_xlabel(x_key)
         ax.set_ylabel(score_labels.get(score, score))
@@ -586,25 +489,17 @@ def plot_ablation(summary_rows: Sequence[Mapping], per_run: Mapping[str, Mapping
     if hue_keys:
         handles = [plt.Rectangle((0, 0), 1, 1, color=hue_color[h], alpha=0.8) for h in hues]
         below = fig.legend(handles, hues, title=", ".join(hue_keys), fontsize=8, title_fontsize=8, frameon=False,
-                   loc="outside lower center", ncols=min(3, len(hues)))
-    sup = fig.suptitle(f"Ablation over {x_key}: mean over seeds with 95% CI (dots = seeds)")
-    _lay_out(fig, None, sup, below)
+                           loc="outside lower center", ncols=min(3, len(hues)))
+    _lay_out(fig, None, fig.suptitle(f"Ablation over {x_key}: mean over seeds with 95% CI (dots = seeds)"), below)
     return _save(fig, path)
 
 
 def plot_curve_grid(panels: Mapping[str, Mapping[str, CurveBand]], path: Path, *, legend_title: str,
                     colors: Mapping[str, tuple], x_label: str = STEP_LABEL) -> Path:
     """Small multiples: every recipe curve, one panel per metric."""
-    n = len(panels)
-    fig, flat = _panel_grid(n, max_cols=3, panel_size=(4.6, 3.5))
-    for ax, (metric, bands) in zip(flat, panels.items(), strict=False):
-        for g, band in bands.items():
-            _band(ax, band, colors[g], g)
-        robust_ylim(ax, list(bands.values()))
+    fig, axes = _metric_panels(panels, 3, (4.6, 3.5), colors, x_label, fontsize=8)
+    for ax, metric in zip(axes, panels, strict=True):
         ax.set_title(metric, fontsize=10)
-        _step_axis(ax, fontsize=8, label=x_label)
-        ax.set_ylabel(metric_label(metric), fontsize=8)
         ax.tick_params(labelsize=7)
-        ax.grid(alpha=0.3)
     sup = fig.suptitle("Other curves (mean over seeds, 95% CI)")
-    return _finish(fig, flat[min(n, len(flat)) - 1], path, legend_title, suptitle=sup)
+    return _finish(fig, axes[-1], path, legend_title, suptitle=sup)

@@ -48,17 +48,11 @@ def score_range(score: str, val_metric: str, test_metric: str) -> Bounds | None:
 def score_ranges(scores: Iterable[str], val_metric: str, test_metric: str,
                  values: Mapping[str, Iterable[float]] | None = None) -> dict[str, Bounds]:
     """Each score's range, for the scores that have one and whose ``values`` all lie inside it."""
-    out = {}
-    for s in scores:
-        bounds = score_range(s, val_metric, test_metric)
-        if bounds is None:
-            continue
-        seen = np.asarray(list(values[s]) if values is not None and s in values else [], dtype=np.float64)
-        seen = seen[np.isfinite(seen)]
-        if seen.size and (seen.min() < bounds[0] or seen.max() > bounds[1]):
-            continue  # e.g. rewards outside [0, 1] logged as acc: the name promised too much
-        out[s] = bounds
-    return out
+    values = {} if values is None else values
+    bounds = {s: score_range(s, val_metric, test_metric) for s in scores}
+    # a value outside (e.g. rewards outside [0, 1] logged as acc): the name promised too much
+    return {s: b for s, b in bounds.items()
+            if b is not None and not any(v < b[0] or v > b[1] for v in np.asarray(list(values.get(s, ())), float))}
 
 
 def clip_interval(low: float, high: float, bounds: Bounds | None) -> tuple[float, float]:

@@ -1,5 +1,4 @@
-"""Config values as the report shows them (floats in ``%g``), without pandas, for the figures.
-"""
+"""Config values as the report shows them (floats in ``%g``), without pandas, for the figures."""
 
 from __future__ import annotations
 
