@@ -53,21 +53,13 @@ def spend(t: float, alpha: float, spending: str = "obf") -> float:
     raise ValueError(f"spending must be one of {SPENDING}, got {spending!r}")
 
 
-def _simpson(c: float) -> tuple[np.ndarray, np.ndarray]:
-    z = np.linspace(-c, c, GRID)
-    w = np.ones(GRID)
-    w[1:-1:2], w[2:-1:2] = 4.0, 2.0
-    return z, w * (z[1] - z[0]) / 3.0
-
-
+@dataclass
 class _Walk:
     """The sub-density of Z_k on the continuation region, carried look by look (G4)."""
-
-    def __init__(self, drift: float = 0.0):
-        self.drift = drift
-        self.t = 0.0
-        self.z: np.ndarray | None = None      # grid of the last look's continuation region
-        self.mass: np.ndarray | None = None   # density × Simpson weight on that grid
+    drift: float = 0.0
+    t: float = 0.0
+    z: np.ndarray | None = None      # grid of the last look's continuation region
+    mass: np.ndarray | None = None   # density × Simpson weight on that grid
 
     def _moments(self, t: float) -> tuple[np.ndarray, np.ndarray, float]:
         """Mass, mean of S(t) and the increment's sd of each grid point of the last look."""
@@ -79,17 +71,19 @@ class _Walk:
     def crossing(self, c: float, t: float) -> tuple[float, float]:
         """P(reach look k, Z_k ≥ c) and P(reach look k, Z_k ≤ −c)."""
         mass, mu, s = self._moments(t)
-        upper = float(mass @ sp.ndtr((mu - c * math.sqrt(t)) / s))
-        lower = float(mass @ sp.ndtr((-c * math.sqrt(t) - mu) / s))
-        return upper, lower
+        edge = c * math.sqrt(t)
+        return float(mass @ sp.ndtr((mu - edge) / s)), float(mass @ sp.ndtr((-edge - mu) / s))
 
     def advance(self, c: float, t: float) -> None:
         """Carry the sub-density past look k with boundary c (an infinite c: nothing stops)."""
         mass, mu, s = self._moments(t)
-        z, w = _simpson(c if math.isfinite(c) else 12.0)
+        c = c if math.isfinite(c) else 12.0  # nothing stops: the grid still covers the density
+        z = np.linspace(-c, c, GRID)
+        w = np.ones(GRID)
+        w[1:-1:2], w[2:-1:2] = 4.0, 2.0   # Simpson's rule
         x = (z[:, None] * math.sqrt(t) - mu[None, :]) / s
         density = (np.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)) @ mass * (math.sqrt(t) / s)
-        self.z, self.mass, self.t = z, density * w, t
+        self.z, self.mass, self.t = z, density * (w * (z[1] - z[0]) / 3.0), t
 
 
 def _check_fractions(fractions: Sequence[float]) -> tuple[float, ...]:
@@ -242,16 +236,9 @@ METHOD = {s: (f"group-sequential Welch t-test, Lan–DeMets {name}-type alpha sp
 
 def _history(looks: Sequence[Mapping[str, Any]], arm: str) -> tuple[list[float], dict | None]:
     """The information fractions at which ``arm`` was tested, and its resolving comparison."""
-    fractions, done = [], None
-    for look in looks:
-        for c in look.get("comparisons", ()):
-            if c.get("arm") != arm:
-                continue
-            if c.get("tested"):
-                fractions.append(float(c["fraction"]))
-            if c.get("verdict") != CONTINUE:
-                done = dict(c)
-    return fractions, done
+    mine = [c for look in looks for c in look.get("comparisons", ()) if c.get("arm") == arm]
+    done = next((dict(c) for c in reversed(mine) if c.get("verdict") != CONTINUE), None)
+    return [float(c["fraction"]) for c in mine if c.get("tested")], done
 
 
 def _stats(values: Sequence[float]) -> dict[str, Any]:
@@ -288,23 +275,19 @@ def decide_look(design: Design, values: Mapping[str, Sequence[float]],
                     "tested": bool(grew and math.isfinite(w.se)), "verdict": CONTINUE}
         if comps[a]["tested"]:
             pending[a] = (w, [*fractions, t])
-    # (G7) Holm's step-down over repeated p-values: boundaries at α/(m − r)
-    r = rejected_before
     rejected: dict[str, float] = {}
-    while True:
-        level = design.alpha / (m - r) if r < m else design.alpha
-        new = [a for a, (w, f) in pending.items() if a not in rejected and _crosses(w, f, level, design.spending)]
+    while True:  # (G7) Holm's step-down over repeated p-values: boundaries at α/(m − r)
+        rest = design.alpha / max(m - rejected_before - len(rejected), 1)
+        new = {a: rest for a, (w, f) in pending.items()
+               if a not in rejected and _crosses(w, f, rest, design.spending)}
         if not new:
             break
-        for a in new:
-            rejected[a] = level
-        r += len(new)
-    rest = design.alpha / (m - r) if r < m else design.alpha
+        rejected |= new
     for a, (w, f) in pending.items():
         level = rejected.get(a, rest)
         c = spending_boundaries(f, level, design.spending)[-1]
         tb = t_boundary(c, w.df) if w.se > 0 else 0.0
-        lo, hi = (w.diff - tb * w.se, w.diff + tb * w.se) if w.se > 0 else (w.diff, w.diff)
+        lo, hi = w.diff - tb * w.se, w.diff + tb * w.se
         verdict, inside = V.classify(w.diff, lo, hi, a in rejected, design.delta, design.higher_is_better)
         if verdict == V.UNRESOLVED and not comps[a]["final"]:
             verdict = CONTINUE
