@@ -308,7 +308,8 @@ def _rises_screen(ts: np.ndarray, tv: np.ndarray, lo: np.ndarray, hi: np.ndarray
     a, b = np.searchsorted(ts, lo, "left"), np.searchsorted(ts, hi, "right")
     n = (b - a).astype(np.float64)
     x, y = ts - ts.mean(), tv - tv.mean()
-    cx, cy, cxx, cxy, cyy = np.concatenate([np.zeros((5, 1)), np.cumsum([x, y, x * x, x * y, y * y], axis=1)], axis=1)
+    sums = np.cumsum([x, y, x * x, x * y, y * y], axis=1)
+    cx, cy, cxx, cxy, cyy = np.concatenate([np.zeros((5, 1)), sums], axis=1)
     usable = (n >= 3) & (ts[np.maximum(b - 1, 0)] > ts[np.minimum(a, ts.size - 1)])
     e = 4 * (ts.size + 2) * np.finfo(np.float64).eps
     x1, y1 = float(np.abs(x).sum()), float(np.abs(y).sum())

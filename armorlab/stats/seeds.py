@@ -4,7 +4,8 @@ pandas 3: the resampling is scipy.stats.bootstrap's (seeded: reports are reprodu
 Mann–Whitney p-value scipy.stats.mannwhitneyu's (benchmarks/README.md, "Library replacements").
     (S1) IQM(x) = scipy.stats.trim_mean(x, 0.25): ⌊n/4⌋ seeds dropped at each end (none at n ≤ 3),
          robust to one lucky or crashed seed.
-    (S2) P(X > Y) = (1/(n·m)) Σ_i Σ_j [x_i > y_j] + ½ [x_i = y_j] (Mann–Whitney U over n·m); 0.5 = no difference.
+    (S2) P(X > Y) = (1/(n·m)) Σ_i Σ_j [x_i > y_j] + ½ [x_i = y_j] (Mann–Whitney U over n·m);
+         0.5 = no difference.
     (S3) CI of the mean: below T_MIN_BOOTSTRAP (30) seeds Student-t, x̄ ± t_{(1+c)/2, n−1} · s/√n, else BCa
          bootstrap. The percentile bootstrap covers the mean only 72–74 % of the time at 3 seeds (it never
          reaches past [min, max] and ignores that s is noisy); t covers ≥ 90 % at 3 and 5 seeds and at
