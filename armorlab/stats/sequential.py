@@ -8,7 +8,7 @@ measured by benchmarks/sequential_seeds.py. ``decide_look`` is called after each
     (G5) reject when |d/se| ≥ t_ν⁻¹(1 − a_k/2), a_k = 2(1 − Φ(c_k)), ν Welch's
     (G6) repeated CI d ± t_ν⁻¹(1 − a_k/2)·se; equivalent when inside (−δ, δ)
     (G7) Holm: with r arms rejected, an arm is rejected at level α/(m − r)
-    (G8) Pocock c_k = C_P(K, α); O'Brien–Fleming c_k = C_B(K, α)·√(K/k)
+    (G8) Pocock c_k = C_P(K, α); O'Brien–Fleming c_k = C_B(K, α)·√(K/k) (by G4 in tests/test_sequential.py)
 """
 
 from __future__ import annotations
@@ -135,19 +135,6 @@ def crossing_probabilities(bounds: Sequence[float], fractions: Sequence[float], 
     return out
 
 
-def classical_boundaries(looks: int, alpha: float = V.ALPHA, shape: str = "pocock") -> tuple[float, ...]:
-    """(G8) Pocock's or O'Brien & Fleming's boundaries on equally spaced looks, by (G4)'s integration."""
-    f = tuple((k + 1) / looks for k in range(looks))
-    scale = [1.0 if shape == "pocock" else math.sqrt(looks / (k + 1)) for k in range(looks)]
-    if shape not in ("pocock", "obf"):
-        raise ValueError(f"shape must be pocock or obf, got {shape!r}")
-
-    def size(c):
-        return sum(u + lo for u, lo in crossing_probabilities([c * s for s in scale], f)) - alpha
-    c = float(sp.brentq(size, 0.5, 10.0, xtol=1e-10))
-    return tuple(c * s for s in scale)
-
-
 def nominal_level(c: float) -> float:
     """(G5) the two-sided nominal level of a z boundary: 2(1 − Φ(c))."""
     return 0.0 if math.isinf(c) else float(2 * sp.ndtr(-c))
@@ -156,9 +143,7 @@ def nominal_level(c: float) -> float:
 def t_boundary(c: float, df: float) -> float:
     """(G5) the |t| a statistic with ``df`` degrees of freedom must reach at nominal level of c."""
     a = nominal_level(c)
-    if a <= 0:
-        return math.inf
-    return float(sp.stdtrit(df, 1 - a / 2))
+    return float(sp.stdtrit(df, 1 - a / 2)) if a > 0 else math.inf
 
 
 # --------------------------------------------------------------------------- the design and a look
