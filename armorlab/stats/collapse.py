@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 from scipy.special import ndtri, stdtrit
 
-from armorlab.core.fsutil import SMALL_FILE_BYTES, atomic_file, cache_root, read_regular_text
+from armorlab.core.fsutil import SMALL_FILE_BYTES, atomic_write_json, cache_root, read_regular_text
 from armorlab.stats.seeds import t_ppf  # cached there
 
 DELTA = 0.03
@@ -130,9 +130,8 @@ def _levels(v: np.ndarray, m: int) -> np.ndarray:
 def _running_peak(levels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Running maximum of the levels and the first index where each running maximum was set."""
     peak = np.maximum.accumulate(levels)
-    idx = np.arange(levels.size)
     new = np.concatenate([[True], levels[1:] > peak[:-1]])
-    return peak, np.maximum.accumulate(np.where(new, idx, 0))
+    return peak, np.maximum.accumulate(np.where(new, np.arange(levels.size), 0))
 
 
 @dataclass(frozen=True)
@@ -192,9 +191,8 @@ def null_threshold(n_evals: int, patience: int, alpha: float, noise: str = "bino
         pass
     z_star = _simulate_null_threshold(n_evals, patience, alpha, noise, sequential=sequential)
     try:
-        with atomic_file(path) as tmp:
-            tmp.write_text(json.dumps({"z_star": z_star, "n_evals": n_evals, "patience": patience,
-                                       "alpha": alpha, "noise": noise, "sequential": sequential}))
+        atomic_write_json(path, {"z_star": z_star, "n_evals": n_evals, "patience": patience, "alpha": alpha,
+                                 "noise": noise, "sequential": sequential}, durable=False)
     except OSError as exc:
         log.debug("could not keep the null threshold in %s: %s", path, exc)
     return z_star
@@ -267,12 +265,8 @@ def collapse_step(steps, values, delta: float = DELTA, patience: int = PATIENCE,
 def _first_fall(s: np.ndarray, v: np.ndarray, t: FallTest | None, delta: float, patience: int
                 ) -> tuple[int | float | None, float]:
     """(C5) onset step and z of the first window that passes, from a clean curve's fall test."""
-    if t is None:
-        return None, math.nan
-    ok, onset = _onsets(v, t, delta, patience)
-    if not ok.size:
-        return None, math.nan
-    return as_step(s[onset[0]]), float(t.z[ok[0]])
+    ok, onset = _onsets(v, t, delta, patience) if t is not None else ((), ())
+    return (as_step(s[onset[0]]), float(t.z[ok[0]])) if len(ok) else (None, math.nan)
 
 
 def curve_auc(steps, values) -> float:
