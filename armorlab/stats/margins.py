@@ -1,15 +1,11 @@
-"""Equivalence margins and whether a comparison can show prevention.
+"""Equivalence margins and whether a comparison can show prevention (docs/verdicts.md).
 
-An equivalence margin δ (``compare.delta`` of a sweep spec or a report recipe) is an effect of interest
-fixed before the first look, never a noise unit: one eval's SE shrinks as evals grow, so with a large val
-set two arms that differ by an effect anyone cares about would pass as "equivalent". Without a declared
-margin nothing is called equivalent. A comparison on a final or drop endpoint (PREVENTION_ENDPOINTS)
-asks whether an arm prevented its baseline's fall; when the baseline did not fall, every such verdict
-says it cannot show prevention:
-    (F1) The baseline fell when k of its n seeds collapse (stats.collapse C5), each a false alarm on a
-         flat curve with probability ≤ α_c (the detector's calibrated rate), and P(Bin(n, α_c) ≥ k) ≤ a,
-         a = 0.05 (scipy.stats.binom). With α_c = 0.04: k ≥ 1 for n = 1, k ≥ 2 for 2 ≤ n ≤ 9.
-         benchmarks/sequential_seeds.py measures how often a baseline that truly collapses is missed.
+A margin δ (``compare.delta`` of a sweep spec or a report recipe) is an effect of interest fixed before
+the first look, never a noise unit: one eval's SE shrinks as evals grow, so with a large val set arms
+that differ by an effect anyone cares about would pass as "equivalent". A comparison on a final or drop
+endpoint asks whether an arm prevented its baseline's fall; when the baseline did not, it cannot show it.
+    (F1) the baseline fell when k of its n seeds collapse (C5, false-alarm rate α_c a flat curve) and
+         P(Bin(n, α_c) ≥ k) ≤ 0.05: with α_c = 0.04, k ≥ 1 for n = 1, k ≥ 2 for 2 ≤ n ≤ 9.
 """
 
 from __future__ import annotations

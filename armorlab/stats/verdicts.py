@@ -1,17 +1,11 @@
 """The verdict of a comparison: an arm better than, worse than or equivalent to its baseline on an
 endpoint, or not resolved yet and how many seeds would resolve it (per report: analysis.verdict_table;
-look by look: stats.sequential).
-    (W1) Welch's difference of means: d = x̄ − ȳ, se² = s_x²/n_x + s_y²/n_y (s² with ddof 1)
-    (W2) Welch–Satterthwaite: ν = se⁴ / (s_x⁴/(n_x²(n_x − 1)) + s_y⁴/(n_y²(n_y − 1)))
-    (W3) Welch interval at level a: d ± t_{1−a/2, ν} · se; two-sided p = 2·(1 − F_ν(|d|/se))
-    (H1) Holm (1979) over m arms: with p₍₁₎ ≤ … ≤ p₍ₘ₎, reject the first r for which p₍ⱼ₎ ≤ α/(m − j + 1)
-         at every j ≤ r; the j-th rejected arm's interval is at α/(m − j + 1), the others' at α/(m − r)
-         (an interval excludes 0 exactly when Holm rejects).
-    (E1) Equivalence within ±δ (two one-sided tests, Schuirmann 1987): the (H1) interval lies inside
-         (−δ, δ); each one-sided test runs at a/2, conservative next to the usual 1 − 2a interval.
-    (P1) Power of the two-sided two-sample t-test, n seeds per arm, true difference δ, spread σ, level a:
-         ν = 2n − 2, λ = δ / (σ·√(2/n)), c = t_{1−a/2, ν}, power = 1 − F_{ν,λ}(c) + F_{ν,λ}(−c).
-    (P2) Seeds per arm for power 1 − β: the smallest n ≥ 2 with (P1) ≥ 1 − β at the first Holm level α/m.
+look by look: stats.sequential). The equations in full: docs/verdicts.md.
+    (W1) d = x̄ − ȳ, se² = s_x²/n_x + s_y²/n_y    (W2) Welch–Satterthwaite ν    (W3) d ± t_{1−a/2, ν}·se
+    (H1) Holm (1979) over the m arms, each interval at the level its arm was tested at, so it excludes 0
+         exactly when Holm rejects
+    (E1) equivalent when that interval lies inside (−δ, δ) (two one-sided tests, Schuirmann 1987)
+    (P1) power of the two-sided two-sample t-test (noncentral t)    (P2) seeds per arm for (P1) ≥ 1 − β
 δ is a margin declared before the first look (stats.margins), never a noise unit: without one nothing
 is called equivalent and no seeds are planned.
 """
