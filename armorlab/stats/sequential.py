@@ -86,13 +86,6 @@ class _Walk:
         self.z, self.mass, self.t = z, density * (w * (z[1] - z[0]) / 3.0), t
 
 
-def _check_fractions(fractions: Sequence[float]) -> tuple[float, ...]:
-    f = tuple(float(x) for x in fractions)
-    if not f or any(not (0 < x <= 1) for x in f) or any(b <= a for a, b in zip(f, f[1:], strict=False)):
-        raise ValueError(f"information fractions must increase within (0, 1], got {f}")
-    return f
-
-
 @functools.lru_cache(maxsize=8192)
 def _boundaries(fractions: tuple[float, ...], alpha: float, spending: str) -> tuple[float, ...]:
     walk = _Walk()
@@ -100,13 +93,8 @@ def _boundaries(fractions: tuple[float, ...], alpha: float, spending: str) -> tu
     for k, t in enumerate(fractions):
         target = (alpha if k == len(fractions) - 1 and t >= 1 else spend(t, alpha, spending)) - spent
         spent += max(target, 0.0)
-        if target <= 1e-15:
-            c = math.inf
-        else:
-            def excess(c, t=t, target=target):
-                up, lo = walk.crossing(c, t)
-                return up + lo - target
-            c = float(sp.brentq(excess, 0.0, 40.0, xtol=1e-10))
+        c = math.inf if target <= 1e-15 else float(sp.brentq(  # the c whose crossings spend the target
+            lambda c, t=t, target=target: sum(walk.crossing(c, t)) - target, 0.0, 40.0, xtol=1e-10))
         out.append(c)
         walk.advance(c, t)
     return tuple(out)
@@ -119,20 +107,10 @@ def spending_boundaries(fractions: Sequence[float], alpha: float = V.ALPHA, spen
         raise ValueError(f"spending must be one of {SPENDING}, got {spending!r}")
     if not 0 < alpha < 1:
         raise ValueError(f"alpha must be in (0, 1), got {alpha}")
-    return _boundaries(_check_fractions(fractions), float(alpha), spending)
-
-
-def crossing_probabilities(bounds: Sequence[float], fractions: Sequence[float], drift: float = 0.0
-                           ) -> list[tuple[float, float]]:
-    """(G4) per look, P(stop above c_k) and P(stop below −c_k) for a drift η (E[Z_k] = η√t_k)."""
-    f = _check_fractions(fractions)
-    if len(bounds) != len(f):
-        raise ValueError("one boundary per look")
-    walk, out = _Walk(drift), []
-    for c, t in zip(bounds, f, strict=True):
-        out.append(walk.crossing(c, t))
-        walk.advance(c, t)
-    return out
+    f = tuple(float(x) for x in fractions)
+    if not f or any(not (0 < x <= 1) for x in f) or any(b <= a for a, b in zip(f, f[1:], strict=False)):
+        raise ValueError(f"information fractions must increase within (0, 1], got {f}")
+    return _boundaries(f, float(alpha), spending)
 
 
 def nominal_level(c: float) -> float:
