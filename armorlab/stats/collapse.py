@@ -403,24 +403,22 @@ def collapse_metrics(steps, values, *, n=None, train_steps=None, train_values=No
                      patience: int = PATIENCE, alpha: float = ALPHA,
                      entropy_threshold: float | None = None,
                      entropy_frac: float = ENTROPY_FRAC) -> dict[str, Any]:
-    """All collapse metrics of a val curve (and train reward / entropy / length curves; missing → None/NaN)."""
+    """All collapse metrics of a val curve (and train reward / entropy / length curves; missing → None/NaN),
+    from one cleaning, noise estimate and fall test of the curve."""
     _check(delta, patience)
     s, v, n = _clean_with_n(steps, values, n)
-    out: dict[str, Any] = {"n_evals": int(v.size)}
-    # the curve is cleaned, its noise estimated and its fall test run once for every metric below
     se = eval_se(v, n)
-    out.update(_peak_and_drop(s, v, se, patience))
     t = fall_test(v, n, patience=patience, alpha=alpha, sigma=float(se[0]) if n is None and se.size else None)
     step, z = _first_fall(s, v, t, delta, patience)
-    out.update(collapse_step=step, collapse_z=z, noise="binomial" if n is not None else "curve")
-    out["noise_se"] = float(np.median(se)) if se.size and np.isfinite(se).any() else math.nan
-    out["auc"] = curve_auc(s, v)
-    out["divergence_step"] = (
-        _divergence(s, v, t, *clean_curve(train_steps, train_values), delta, patience, alpha)
-        if train_steps is not None and train_values is not None else None)
-    out["entropy_collapse_step"] = (
-        entropy_collapse_step(entropy_steps, entropy_values, entropy_threshold, entropy_frac)
-        if entropy_steps is not None and entropy_values is not None else None)
-    out["length_blowup"] = (length_blowup(length_steps, length_values)
-                            if length_steps is not None and length_values is not None else math.nan)
-    return out
+    train = train_steps is not None and train_values is not None
+    entropy = entropy_steps is not None and entropy_values is not None
+    length = length_steps is not None and length_values is not None
+    return {"n_evals": int(v.size), **_peak_and_drop(s, v, se, patience), "collapse_step": step,
+            "collapse_z": z, "noise": "binomial" if n is not None else "curve",
+            "noise_se": float(np.median(se)) if se.size and np.isfinite(se).any() else math.nan,
+            "auc": curve_auc(s, v),
+            "divergence_step": _divergence(s, v, t, *clean_curve(train_steps, train_values), delta, patience,
+                                           alpha) if train else None,
+            "entropy_collapse_step": entropy_collapse_step(entropy_steps, entropy_values, entropy_threshold,
+                                                           entropy_frac) if entropy else None,
+            "length_blowup": length_blowup(length_steps, length_values) if length else math.nan}
