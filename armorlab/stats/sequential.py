@@ -169,26 +169,22 @@ class Design:
         return out
 
     def as_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["arms"] = list(self.arms)
-        d["delta"] = None if math.isnan(self.delta) else self.delta
-        return d
+        delta = None if math.isnan(self.delta) else self.delta
+        return {**asdict(self), "arms": list(self.arms), "delta": delta}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Design:
-        known = set(cls.__dataclass_fields__)
-        unknown = [k for k in d if k not in known]
+        unknown = [k for k in d if k not in cls.__dataclass_fields__]
         if unknown:
-            raise ArmorLabError(f"unknown design key (known: {', '.join(sorted(known))})", key=unknown[0],
-                                value=d[unknown[0]])
-        d = dict(d)
-        d["arms"] = tuple(d.get("arms") or ())
+            raise ArmorLabError(f"unknown design key (known: {', '.join(sorted(cls.__dataclass_fields__))})",
+                                key=unknown[0], value=d[unknown[0]])
+        d = {**d, "arms": tuple(d.get("arms") or ())}
         try:
             d["delta"] = math.nan if d.get("delta") is None else float(d["delta"])
             return cls(**d)
+        except ArmorLabError:
+            raise
         except (TypeError, ValueError) as exc:
-            if isinstance(exc, ArmorLabError):
-                raise
             raise ArmorLabError(f"malformed design ({exc})", key="design", value=dict(d)) from None
 
 
