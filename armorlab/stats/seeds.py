@@ -1,19 +1,13 @@
 """Seed statistics the RL field trusts (Agarwal et al. 2021, "Deep RL at the Edge of the Statistical
-Precipice") and the alignment of learning curves whose eval steps differ. rliable does not run with
-pandas 3: the resampling is scipy.stats.bootstrap's (seeded: reports are reproducible), the exact
-Mann–Whitney p-value scipy.stats.mannwhitneyu's (benchmarks/README.md, "Library replacements").
-    (S1) IQM(x) = scipy.stats.trim_mean(x, 0.25): ⌊n/4⌋ seeds dropped at each end (none at n ≤ 3),
-         robust to one lucky or crashed seed.
-    (S2) P(X > Y) = (1/(n·m)) Σ_i Σ_j [x_i > y_j] + ½ [x_i = y_j] (Mann–Whitney U over n·m);
-         0.5 = no difference.
-    (S3) CI of the mean: below T_MIN_BOOTSTRAP (30) seeds Student-t, x̄ ± t_{(1+c)/2, n−1} · s/√n, else BCa
-         bootstrap. The percentile bootstrap covers the mean only 72–74 % of the time at 3 seeds (it never
-         reaches past [min, max] and ignores that s is noisy); t covers ≥ 90 % at 3 and 5 seeds and at
-         least as well up to 30, also on skewed scores (benchmarks/ci_coverage.py: gamma(2), n = 10: t
-         0.926, percentile 0.878).
-    (S4) n vs m seeds cannot resolve P(X > Y) when the smallest two-sided exact Mann–Whitney p-value,
-         2 / C(n + m, n), exceeds 1 − c (2 vs 2: 0.33; 3 vs 3: 0.10; 4 vs 4: 0.029): every resample
-         would separate too, so no interval is given; beyond, ``mw_p`` stands beside the bootstrap CI.
+Precipice") and the alignment of learning curves whose eval steps differ; why each, with coverage
+measured: docs/reports.md. rliable does not run with pandas 3: resampling is scipy.stats.bootstrap's
+(seeded: reports are reproducible), the exact Mann–Whitney p-value scipy.stats.mannwhitneyu's.
+    (S1) IQM(x) = scipy.stats.trim_mean(x, 0.25): ⌊n/4⌋ seeds dropped at each end (none at n ≤ 3).
+    (S2) P(X > Y) = (1/(n·m)) Σ_i Σ_j [x_i > y_j] + ½ [x_i = y_j] (Mann–Whitney U over n·m).
+    (S3) CI of the mean: Student-t x̄ ± t_{(1+c)/2, n−1} · s/√n below T_MIN_BOOTSTRAP seeds (the percentile
+         bootstrap covers the mean 72–74 % of the time at 3 seeds, t ≥ 90 %), BCa bootstrap from there.
+    (S4) n vs m seeds cannot resolve P(X > Y) when the smallest exact two-sided Mann–Whitney p-value,
+         2 / C(n + m, n), exceeds 1 − c (3 vs 3: 0.10; 4 vs 4: 0.029): every resample would separate too.
     (S5) Percentile bootstrap CI: the (1 − c)/2 and (1 + c)/2 quantiles of resampled statistics.
     (S6) Exact Mann–Whitney p = min(1, 2·P(U' ≥ max(U, nm − U))) over all C(n + m, n) orderings.
 """
@@ -28,8 +22,7 @@ import numpy as np
 
 from armorlab.core.lazy import Lazy
 
-# scipy.stats takes half a second to import: most reports and the commands that only read run dirs
-# never need it
+# scipy.stats takes half a second to import: most reports and the commands reading run dirs never need it
 sps = Lazy("scipy.stats")
 
 CONFIDENCE = 0.95
@@ -117,12 +110,10 @@ def mean_ci(x, *, confidence: float = CONFIDENCE, n_resamples: int = N_RESAMPLES
     """(S3) CI of the mean by the method that keeps its coverage at this n: (low, high, method)."""
     x = finite(x)
     method = ci_method(int(x.size))
-    if method == "t":
-        return (*t_ci(x, confidence=confidence), method)
     if method == "bca":
         return (*bootstrap_ci(x, confidence=confidence, n_resamples=n_resamples, seed=seed,
                               method="BCa"), method)
-    return math.nan, math.nan, method
+    return (*t_ci(x, confidence=confidence), method)  # NaN below 2 values
 
 
 def summarise(values, *, confidence: float = CONFIDENCE, n_resamples: int = N_RESAMPLES,
