@@ -329,9 +329,8 @@ def divergence_step(steps, values, train_steps, train_values, delta: float = DEL
     """(C7) onset of the first significant val fall while the train reward rose; None if never."""
     _check(delta, patience)
     s, v, n = _clean_with_n(steps, values, n)
-    ts, tv = clean_curve(train_steps, train_values)
-    t = fall_test(v, n, patience=patience, alpha=alpha, horizon=horizon)
-    return _divergence(s, v, t, ts, tv, delta, patience, alpha)
+    return _divergence(s, v, fall_test(v, n, patience=patience, alpha=alpha, horizon=horizon),
+                       *clean_curve(train_steps, train_values), delta, patience, alpha)
 
 
 def _divergence(s: np.ndarray, v: np.ndarray, t: FallTest | None, ts: np.ndarray, tv: np.ndarray,

@@ -21,8 +21,7 @@ NO_MARGIN = "no margin declared"
 
 
 def margin_source(delta: float | None, file: str | None, flag: str | None = None) -> str:
-    """Where a comparison's margin comes from, as looks.json and the report say (``flag``: the option
-    that also sets it)."""
+    """Where a comparison's margin comes from, as looks.json and the report say it."""
     if delta is None or not math.isfinite(delta):
         return f"{NO_MARGIN}: no equivalence verdict (set compare.delta{f' or {flag}' if flag else ''})"
     return f"declared: compare.delta in {file}" if file else "declared: compare.delta"

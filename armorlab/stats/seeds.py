@@ -163,8 +163,7 @@ def mann_whitney_p(x, y) -> float:
 
 def poi_with_ci(x, y, *, confidence: float = CONFIDENCE, n_resamples: int = N_RESAMPLES,
                 seed: int = SEED) -> tuple[float, float, float]:
-    """(S2) with a percentile-bootstrap CI (S5) resampling the runs of X and Y independently; no CI (NaN)
-    when the seeds cannot resolve it (S4)."""
+    """(S2) with a percentile-bootstrap CI (S5), X and Y resampled apart; no CI (NaN) where (S4) says so."""
     x, y = finite(x), finite(y)
     p = probability_of_improvement(x, y)
     if x.size < 2 or y.size < 2 or not poi_resolvable(x.size, y.size, confidence=confidence):
@@ -185,8 +184,7 @@ class AlignedCurves:
 
 
 def align_curves(curves: list[tuple[np.ndarray, np.ndarray]]) -> AlignedCurves:
-    """Curves (steps, values) on the union of their steps: linear interpolation inside each run's range,
-    NaN outside it (a shorter, still running seed just stops contributing)."""
+    """Curves on the union of their steps, interpolated inside each run's range, NaN outside it."""
     cleaned = []
     for steps, values in curves:
         steps, values = np.asarray(steps, dtype=np.float64), np.asarray(values, dtype=np.float64)

@@ -31,9 +31,8 @@ def value_at(steps, values, step: float) -> ValueAt:
     if v.size == 0 or step < s[0] or step > s[-1]:
         return ValueAt(math.nan, False)
     i = int(np.searchsorted(s, step))
-    if i < s.size and s[i] == step:
-        return ValueAt(float(v[i]), True)
-    return ValueAt(float(np.interp(step, s, v)), False)
+    exact = bool(s[i] == step)
+    return ValueAt(float(v[i]) if exact else float(np.interp(step, s, v)), exact)
 
 
 @dataclass(frozen=True)
@@ -46,8 +45,7 @@ class Selection:
 
 
 def select_best(steps, values, report_steps=None, report_values=None, *, mode: str = "max") -> Selection:
-    """(R1) The first step with the best (``mode`` max or min) ``values``, and ``report_values`` there
-    (NaN without a report curve)."""
+    """(R1) The first step with the best ``values`` (``mode`` max or min) and ``report_values`` there."""
     if mode not in ("max", "min"):
         raise ValueError(f"mode must be 'max' or 'min', got {mode!r}")
     s, v = clean_curve(steps, values)

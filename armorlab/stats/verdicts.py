@@ -53,8 +53,7 @@ def welch(x, y) -> Welch:
     """(W1)/(W2), NaNs dropped; se and ν NaN below two values a side; no spread: se = 0, ν = n_x + n_y − 2."""
     x, y = finite(x), finite(y)
     nx, ny = int(x.size), int(y.size)
-    mx = float(x.mean()) if nx else math.nan
-    my = float(y.mean()) if ny else math.nan
+    mx, my = (float(a.mean()) if a.size else math.nan for a in (x, y))
     if nx < 2 or ny < 2:
         return Welch(mx - my, math.nan, math.nan, nx, ny, mx, my, math.nan, math.nan)
     vx, vy = float(x.var(ddof=1)), float(y.var(ddof=1))
@@ -95,10 +94,8 @@ def holm(p: Sequence[float], alpha: float = ALPHA) -> tuple[list[bool], list[flo
         return [], []
     rejected = [bool(r) for r in multipletests(np.nan_to_num(np.asarray(p, dtype=np.float64), nan=1.0),
                                                alpha=alpha, method="holm")[0]]
-    r = sum(rejected)
-    order = sorted((i for i in range(m) if rejected[i]), key=lambda i: p[i])
-    levels = [alpha / max(m - r, 1)] * m
-    for j, i in enumerate(order):
+    levels = [alpha / max(m - sum(rejected), 1)] * m
+    for j, i in enumerate(sorted((i for i in range(m) if rejected[i]), key=lambda i: p[i])):
         levels[i] = alpha / (m - j)
     return rejected, levels
 
@@ -165,8 +162,7 @@ class Verdict:
 
 def classify(diff: float, low: float, high: float, rejected: bool, delta: float,
              higher_is_better: bool) -> tuple[str, bool]:
-    """Better/worse when Holm rejects, equivalent when the interval lies inside ±δ (E1), else not
-    resolved; and whether it lies inside ±δ."""
+    """Better/worse when Holm rejects, equivalent inside ±δ (E1), else not resolved; and whether inside."""
     if not (math.isfinite(low) and math.isfinite(high)):
         return TOO_FEW, False
     inside = bool(math.isfinite(delta) and -delta < low and high < delta)
@@ -178,8 +174,7 @@ def classify(diff: float, low: float, high: float, rejected: bool, delta: float,
 def compare(values: Mapping[str, Sequence[float]], pairs: Sequence[tuple[str, str]], endpoint: str, *,
             delta: float = math.nan, alpha: float = ALPHA, power: float = POWER,
             higher_is_better: bool | None = None) -> list[Verdict]:
-    """Verdicts of every (arm, baseline) pair on one endpoint: W1–W3, H1 over the pairs, E1, and P2 for
-    what stays unresolved."""
+    """Verdicts of every (arm, baseline) pair on one endpoint: W1–W3, H1 over the pairs, E1, P2."""
     if higher_is_better is None:
         higher_is_better = endpoint not in LOWER_IS_BETTER
     tests = [welch(values.get(a, ()), values.get(b, ())) for a, b in pairs]
