@@ -382,19 +382,14 @@ def entropy_collapse_step(steps, entropy, threshold: float | None = None,
                           frac: float = ENTROPY_FRAC) -> int | None:
     """First step whose entropy is below ``threshold`` (default ``frac`` × the first entropy)."""
     s, e = clean_curve(steps, entropy)
-    if e.size == 0:
-        return None
-    limit = frac * e[0] if threshold is None else threshold
-    hits = np.flatnonzero(e < limit)
-    return as_step(s[hits[0]]) if hits.size else None
+    hits = np.flatnonzero(e < (frac * e[0] if threshold is None else threshold)) if e.size else []
+    return as_step(s[hits[0]]) if len(hits) else None
 
 
 def length_blowup(steps, lengths) -> float:
     """Max length over the first length (NaN when empty or the first length is ≤ 0)."""
     _, n = clean_curve(steps, lengths)
-    if n.size == 0 or n[0] <= 0:
-        return float("nan")
-    return float(n.max() / n[0])
+    return float(n.max() / n[0]) if n.size and n[0] > 0 else float("nan")
 
 
 def collapse_metrics(steps, values, *, n=None, train_steps=None, train_values=None, entropy_steps=None,

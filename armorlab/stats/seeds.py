@@ -151,9 +151,8 @@ def poi_resolvable(n_x: int, n_y: int, *, confidence: float = CONFIDENCE) -> boo
 
 
 def mann_whitney_p(x, y) -> float:
-    """Two-sided Mann–Whitney U p-value (NaN when a side is empty): exact (S6) up to MW_EXACT_MAX seeds a
-    side, also with ties, where scipy's "auto" would already approximate (at 3 seeds p = 0.064 for a
-    separation whose exact p is 0.1); beyond, scipy.stats.mannwhitneyu's "auto"."""
+    """Two-sided Mann–Whitney U p-value: exact (S6) up to MW_EXACT_MAX seeds a side, where scipy's "auto"
+    would approximate (at 3 seeds p = 0.064 for an exact 0.1); beyond, scipy's "auto"."""
     x, y = finite(x), finite(y)
     if x.size == 0 or y.size == 0:
         return math.nan
@@ -176,8 +175,7 @@ def poi_with_ci(x, y, *, confidence: float = CONFIDENCE, n_resamples: int = N_RE
 # --------------------------------------------------------------------------- curves
 @dataclass(frozen=True)
 class AlignedCurves:
-    """Runs' curves on one step grid: ``values[r, j]`` is run r at ``grid[j]`` (NaN outside the run's
-    step range); ``interpolated``: some run was interpolated onto steps it did not log."""
+    """``values[r, j]``: run r at ``grid[j]``; ``interpolated``: some run was, onto steps it did not log."""
     grid: np.ndarray
     values: np.ndarray
     interpolated: bool
@@ -220,10 +218,9 @@ class CurveBand:
 
 
 def minmax_indices(y: np.ndarray, max_points: int) -> np.ndarray:
-    """Indices that keep a curve's shape at ``max_points`` points (sorted, unique): max_points // 2
-    buckets of consecutive steps each keep the step of their first lowest and first highest value (a
-    NaN-only bucket its first step, so gaps stay gaps), plus the first and last step. Unlike every k-th
-    step, a one-step spike or collapse survives."""
+    """Indices that keep a curve's shape at ``max_points`` points: max_points // 2 buckets of consecutive
+    steps each keep their first lowest and first highest value (a NaN-only bucket its first step), plus
+    the first and last step; unlike every k-th step, a one-step spike or collapse survives."""
     size = y.size
     if size <= max_points:
         return np.arange(size)
