@@ -234,9 +234,8 @@ def minmax_indices(y: np.ndarray, max_points: int) -> np.ndarray:
 
 def curve_band(aligned: AlignedCurves, *, max_points: int = 200, confidence: float = CONFIDENCE,
                n_resamples: int = 500, seed: int = SEED) -> CurveBand:
-    """Mean and CI band (S3) per grid step, NaN where fewer than two seeds are present; 500 resamples put
-    the band's edges within a line width of their limit. A long curve is cut to about ``max_points``
-    steps by minmax_indices of the mean (a plot cannot show more, and each step costs a bootstrap)."""
+    """Mean and CI band (S3) per grid step (NaN under two seeds; 500 resamples: edges within a line width of
+    their limit), at about ``max_points`` steps of the mean's minmax_indices (each costs a bootstrap)."""
     grid, values = aligned.grid, aligned.values
     n = np.isfinite(values).sum(axis=0)
     with np.errstate(invalid="ignore", divide="ignore"):

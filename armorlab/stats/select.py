@@ -62,12 +62,11 @@ def default_matched_steps(eval_steps_per_run: list[np.ndarray],
                           fractions: tuple[float, ...] = (0.25, 0.5, 1.0)) -> list[int]:
     """Matched steps when a recipe names none: ¼, ½ and all of the last step every run reached,
     each snapped to the nearest logged eval step (the earlier one on a tie)."""
-    finals = [np.max(s) for s in eval_steps_per_run if len(s)]
-    if not finals:
+    runs = [np.asarray(s, dtype=np.float64) for s in eval_steps_per_run if len(s)]
+    if not runs:
         return []
-    last_common = min(finals)
-    logged = np.unique(np.concatenate([np.asarray(s, dtype=np.float64) for s in eval_steps_per_run
-                                       if len(s)]))
+    last_common = min(r.max() for r in runs)
+    logged = np.unique(np.concatenate(runs))
     logged = logged[(logged > 0) & (logged <= last_common)]
     if logged.size == 0:
         return [int(last_common)]

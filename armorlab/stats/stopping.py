@@ -35,9 +35,8 @@ class Stop:
 
 
 class CollapseWatch:
-    """(S1) fed one eval at a time; answers the Stop once the curve has collapsed. ``horizon``: evals of
-    the whole run; ``mode`` min: a rise is a collapse. Binomial noise (N1) when every eval says how many
-    completions it scored and the values are accuracies in [0, 1]; else (N2)."""
+    """(S1) fed one eval at a time; ``horizon``: evals of the whole run; ``mode`` min: a rise collapses.
+    Binomial noise (N1) when every eval says how many completions it scored and lies in [0, 1]; else (N2)."""
 
     def __init__(self, *, patience: int = PATIENCE, delta: float = DELTA, alpha: float = ALPHA,
                  horizon: int | None = None, mode: str = "max") -> None:

@@ -132,10 +132,9 @@ def seeds_for_power(delta: float, sd: float, level: float = ALPHA, power: float 
 
 @dataclass(frozen=True)
 class Verdict:
-    """One arm against its baseline on one endpoint: ``diff`` = arm − baseline, ``low``/``high`` its
-    interval at ``level`` (H1); ``within_delta``: inside ±δ (E1), also for a better/worse verdict, which
-    is then smaller than δ; ``seeds_needed``: (P2), while unresolved; ``caveat``: why it cannot show
-    prevention (stats.margins), said in its sentence."""
+    """One arm against its baseline on one endpoint: ``diff`` = arm − baseline, ``low``/``high`` its (H1)
+    interval at ``level``; ``within_delta``: inside ±δ (E1), also when better/worse (then by less than δ);
+    ``seeds_needed``: (P2) while unresolved; ``caveat``: why it cannot show prevention (stats.margins)."""
     arm: str
     baseline: str
     endpoint: str
