@@ -59,24 +59,17 @@ class CollapseWatch:
         sizes, values = np.asarray(self.n), np.asarray(self.values)
         binomial = self.sign > 0 and bool(np.all(np.isfinite(sizes) & (sizes > 0)
                                                  & (values >= 0) & (values <= 1)))
-        self.stop = last_window_stop(np.asarray(self.x), values, sizes if binomial else None,
-                                     patience=self.patience, delta=self.delta, alpha=self.alpha,
-                                     horizon=max(self.horizon or 0, len(self.x)))
+        t = fall_test(values, sizes if binomial else None, patience=self.patience, alpha=self.alpha,
+                      horizon=max(self.horizon or 0, len(self.x)))
+        if t is None:
+            return None
+        z, peak, level = float(t.z[-1]), float(t.peak[-1]), float(t.level[-1])
+        below = values <= (peak + level) / 2
+        if not (z >= t.z_star and peak - level >= self.delta and below[-self.patience:].all()):
+            return None
+        start = values.size - int(np.argmin(below[::-1])) if not below.all() else 0  # the trailing lows
+        self.stop = Stop(as_step(self.x[start]), z, as_step(self.x[-1]))
         return self.stop
-
-
-def last_window_stop(x: np.ndarray, v: np.ndarray, n: np.ndarray | None, *, patience: int, delta: float,
-                     alpha: float, horizon: int) -> Stop | None:
-    """(S1) on a clean curve (sorted, finite): the Stop when its last window collapsed, else None."""
-    t = fall_test(v, n, patience=patience, alpha=alpha, horizon=horizon)
-    if t is None:
-        return None
-    z, peak, level = float(t.z[-1]), float(t.peak[-1]), float(t.level[-1])
-    below = v <= (peak + level) / 2
-    if not (z >= t.z_star and peak - level >= delta and below[-patience:].all()):
-        return None
-    start = v.size - int(np.argmin(below[::-1])) if not below.all() else 0  # the trailing run of lows
-    return Stop(as_step(x[start]), z, as_step(x[-1]))
 
 
 def carry_forward(steps, values, until: float, patience: int = PATIENCE) -> tuple[np.ndarray, np.ndarray]:
