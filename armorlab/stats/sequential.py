@@ -200,12 +200,6 @@ def _history(looks: Sequence[Mapping[str, Any]], arm: str) -> tuple[list[float],
     return [float(c["fraction"]) for c in mine if c.get("tested")], done
 
 
-def _stats(values: Sequence[float]) -> dict[str, Any]:
-    x = finite(values)
-    return {"n": int(x.size), "mean": float(x.mean()) if x.size else None,
-            "sd": float(x.std(ddof=1)) if x.size > 1 else None, "values": [float(v) for v in x]}
-
-
 def decide_look(design: Design, values: Mapping[str, Sequence[float]],
                 looks: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
     """(G1–G7) the decision after one look, the JSON record appended to looks.json; an arm resolved
@@ -214,7 +208,8 @@ def decide_look(design: Design, values: Mapping[str, Sequence[float]],
     if missing:
         raise ArmorLabError("no values for this arm at the look", key="values", value=missing[0])
     m = len(design.arms)
-    base = finite(values[design.baseline])
+    xs = {a: finite(values[a]) for a in (design.baseline, *design.arms)}
+    base = xs[design.baseline]
     state = {a: _history(looks, a) for a in design.arms}
     rejected_before = sum(1 for _, done in state.values() if done and done["verdict"] in (V.BETTER, V.WORSE))
     comps: dict[str, dict[str, Any]] = {}
@@ -224,7 +219,7 @@ def decide_look(design: Design, values: Mapping[str, Sequence[float]],
         if done is not None:
             comps[a] = {**done, "tested": False, "carried": True}
             continue
-        x = finite(values[a])
+        x = xs[a]
         w = V.welch(x, base)
         final = len(x) >= design.max_seeds and len(base) >= design.max_seeds
         t = 1.0 if final else information_fraction(len(x), len(base), design.max_seeds)
@@ -256,12 +251,14 @@ def decide_look(design: Design, values: Mapping[str, Sequence[float]],
             comps[a]["seeds_needed"] = V.seeds_for_power(design.delta, w.pooled_sd, design.alpha / m,
                                                          design.power)
     going = [a for a in design.arms if comps[a]["verdict"] == CONTINUE]
-    nxt = {a: _next_size(finite(values[a]).size, design) for a in going}
+    nxt = {a: _next_size(xs[a].size, design) for a in going}
     if going:
         nxt[design.baseline] = max(_next_size(len(base), design), max(nxt.values()))
     return {"look": len(looks) + 1,
-            "seeds": {a: finite(values[a]).size for a in (design.baseline, *design.arms)},
-            "stats": {a: _stats(values[a]) for a in (design.baseline, *design.arms)},
+            "seeds": {a: x.size for a, x in xs.items()},
+            "stats": {a: {"n": int(x.size), "mean": float(x.mean()) if x.size else None,
+                          "sd": float(x.std(ddof=1)) if x.size > 1 else None, "values": [float(v) for v in x]}
+                      for a, x in xs.items()},
             "comparisons": [_jsonable(comps[a]) for a in design.arms],
             "next": nxt, "done": not going}
 
