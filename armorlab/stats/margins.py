@@ -31,9 +31,7 @@ def fell_p(collapsed: int, n: int, curve_alpha: float) -> float:
     """(F1) P(Bin(n, α_c) ≥ k): how often ``collapsed`` of ``n`` flat curves would show a collapse."""
     from scipy.stats import binom  # lazy: spec parsing reads PREVENTION_ENDPOINTS without scipy
 
-    if n <= 0:
-        return math.nan
-    return float(binom.sf(collapsed - 1, n, curve_alpha))
+    return float(binom.sf(collapsed - 1, n, curve_alpha)) if n > 0 else math.nan
 
 
 def baseline_fell(collapsed: int, n: int, curve_alpha: float, level: float = ALPHA) -> bool | None:

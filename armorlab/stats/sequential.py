@@ -270,8 +270,7 @@ def _next_size(n: int, design: Design) -> int:
 def _crosses(w: V.Welch, fractions: list[float], level: float, spending: str) -> bool:
     if w.se == 0:
         return w.diff != 0
-    c = spending_boundaries(fractions, level, spending)[-1]
-    return abs(w.diff) / w.se >= t_boundary(c, w.df)
+    return abs(w.diff) / w.se >= t_boundary(spending_boundaries(fractions, level, spending)[-1], w.df)
 
 
 def _jsonable(d: Mapping[str, Any]) -> dict[str, Any]:

@@ -225,8 +225,8 @@ def sentence(v: Verdict, label: str, *, names: Mapping[str, str] | None = None,
     resolved with 7 seeds per arm``; ``hours``: what the extra runs of an unresolved
     comparison cost (None: run times unknown)."""
     names = names or {}
-    arm, base = names.get(v.arm, v.arm), names.get(v.baseline, v.baseline)
-    head = f"{arm} vs {base}: {signed(v.diff)} [{signed(v.low)}, {signed(v.high)}] {label}"
+    head = (f"{names.get(v.arm, v.arm)} vs {names.get(v.baseline, v.baseline)}: {signed(v.diff)} "
+            f"[{signed(v.low)}, {signed(v.high)}] {label}")
     seeds = seeds_phrase(v.n_arm, v.n_baseline)
     d = f"{v.delta:.3f}" if math.isfinite(v.delta) else None
     but = f"; {v.caveat}" if v.caveat else ""
