@@ -9,7 +9,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from armorlab.stats import collapse, select
-from armorlab.stats import seeds as stats
 
 
 def test_auc_is_trapezoid_over_step_span():
@@ -242,11 +241,6 @@ def test_divergence_step_takes_the_first_window_whose_train_rises():
     train = np.where(ts < 70, 1 - ts / 70, (ts - 70) / 80)
     assert collapse.collapse_step(steps, val, n=1000) == 40
     assert collapse.divergence_step(steps, val, ts, train, n=1000) == 100
-
-
-def test_t_quantiles_for_many_dfs_are_t_ppf_per_value():
-    df = np.array([5, 1, 300, 5, 29, 1000])
-    np.testing.assert_array_equal(collapse._t_quantiles(0.96, df), [stats.t_ppf(0.96, int(d)) for d in df])
 
 
 @settings(max_examples=60, deadline=None)

@@ -1,3 +1,2 @@
-"""Decisions on curves and seeds (numpy/scipy, no I/O but collapse's cached null thresholds), used by
-train, sweeps, tune and the report alike: collapse, select, seeds, verdicts, margins, sequential (seeds
-until resolved: the loop is armorlab.sweeps.until_resolved, its report analysis.until_resolved_report)."""
+"""Decisions on curves and seeds (no I/O but collapse's cached null thresholds) for train, sweeps, tune
+and the report; seeds until resolved: sequential (loop: sweeps.until_resolved, report: its analysis)."""

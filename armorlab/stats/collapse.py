@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 from scipy.special import ndtri, stdtrit
 
-from armorlab.core.fsutil import SMALL_FILE_BYTES, atomic_file, cache_root, read_regular_text
+from armorlab.core.fsutil import SMALL_FILE_BYTES, atomic_write_json, cache_root, read_regular_text
 from armorlab.stats.seeds import t_ppf  # cached there
 
 DELTA = 0.03
@@ -62,20 +62,17 @@ def _clean_with_n(steps, values, n) -> tuple[np.ndarray, np.ndarray, np.ndarray 
     """clean_curve that keeps an eval-size array (or scalar) aligned with the points."""
     if n is None:
         return (*clean_curve(steps, values), None)
-    s = np.asarray(steps, dtype=np.float64).ravel()
     v = np.asarray(values, dtype=np.float64).ravel()
     n = np.asarray(n, dtype=np.float64).ravel()
-    n = np.broadcast_to(n, v.shape) if n.size == 1 else n
-    if n.shape != v.shape:
+    if n.size not in (1, v.size):
         raise ValueError(f"eval sizes and values differ in length: {n.size} vs {v.size}")
-    keep = np.isfinite(s) & np.isfinite(v)
-    if np.any(~np.isfinite(n[keep]) | (n[keep] <= 0)):
+    s, at = clean_curve(steps, np.where(np.isfinite(v), np.arange(v.size), np.nan))  # kept points, in order
+    v, n = v[at.astype(np.int64)], np.broadcast_to(n, v.shape)[at.astype(np.int64)]
+    if np.any(~np.isfinite(n) | (n <= 0)):
         raise ValueError("eval sizes n must be finite and > 0")
-    s, v, n = s[keep], v[keep], n[keep]
     if np.any((v < 0) | (v > 1)):
         raise ValueError("binomial noise (eval sizes given) needs values in [0, 1]")
-    order = np.argsort(s, kind="stable")
-    return s[order], v[order], n[order]
+    return s, v, n
 
 
 def as_step(x: float) -> int | float:
@@ -86,9 +83,8 @@ def as_step(x: float) -> int | float:
 # --------------------------------------------------------------------------- noise
 def binomial_se(values, n) -> np.ndarray:
     """(N1) SE of each eval, with v clipped to [½/n, 1 − ½/n] so an eval at 0 or 1 keeps its noise."""
-    v = np.asarray(values, dtype=np.float64)
     n = np.asarray(n, dtype=np.float64)
-    p = np.clip(v, 0.5 / n, 1 - 0.5 / n)
+    p = np.clip(np.asarray(values, dtype=np.float64), 0.5 / n, 1 - 0.5 / n)
     return np.sqrt(p * (1 - p) / n)
 
 
@@ -113,8 +109,7 @@ def _curve_noise_rows(x: np.ndarray) -> np.ndarray:
     total = d2.shape[-1]
     kept = max(1, math.ceil(NOISE_KEEP * total))
     small = np.sort(d2, axis=-1)[..., :kept] if kept < total else d2
-    msq = np.mean(small * small, axis=-1)
-    return np.sqrt(msq / (6.0 * _trim_consistency(kept, total)))
+    return np.sqrt(np.mean(small * small, axis=-1) / (6.0 * _trim_consistency(kept, total)))
 
 
 def eval_se(values, n=None) -> np.ndarray:
@@ -135,9 +130,8 @@ def _levels(v: np.ndarray, m: int) -> np.ndarray:
 def _running_peak(levels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Running maximum of the levels and the first index where each running maximum was set."""
     peak = np.maximum.accumulate(levels)
-    idx = np.arange(levels.size)
     new = np.concatenate([[True], levels[1:] > peak[:-1]])
-    return peak, np.maximum.accumulate(np.where(new, idx, 0))
+    return peak, np.maximum.accumulate(np.where(new, np.arange(levels.size), 0))
 
 
 @dataclass(frozen=True)
@@ -152,14 +146,6 @@ class FallTest:
     noise: str
 
 
-def _diff_se(L: np.ndarray, N: np.ndarray | None, sigma: float, m: int, a, b) -> np.ndarray:
-    """SE of L_a − L_b: (N1) pooled two-proportion, or (N2) σ̂·sqrt(2/m)."""
-    if N is None:
-        return np.full(np.shape(a), sigma * math.sqrt(2.0 / m))
-    pbar = (N[a] * L[a] + N[b] * L[b]) / (N[a] + N[b])
-    return np.sqrt(pbar * (1 - pbar) * (1 / N[a] + 1 / N[b]))
-
-
 def fall_test(values, n=None, *, patience: int = PATIENCE, alpha: float = ALPHA,
               horizon: int | None = None, sigma: float | None = None) -> FallTest | None:
     """(C3)/(C4) on a clean curve; None without a window pair (K < 2m) or, for (N2), under 5 evals
@@ -172,12 +158,13 @@ def fall_test(values, n=None, *, patience: int = PATIENCE, alpha: float = ALPHA,
     peak, at = _running_peak(L)
     j = np.arange(m, L.size)
     a = at[j - m]
-    if n is None:
-        N, sigma, noise = None, curve_noise(v) if sigma is None else sigma, "curve"
+    if n is None:  # SE of L_a − L_j: (N2) σ̂·sqrt(2/m), or (N1) pooled two-proportion
+        sigma = curve_noise(v) if sigma is None else sigma
+        se, noise = np.full(j.shape, sigma * math.sqrt(2.0 / m)), "curve"
     else:
-        n = np.broadcast_to(np.asarray(n, dtype=np.float64), v.shape)
-        N, sigma, noise = _levels(n, m) * m, math.nan, "binomial"
-    se = _diff_se(L, N, sigma, m, a, j)
+        N = _levels(np.broadcast_to(np.asarray(n, dtype=np.float64), v.shape), m) * m
+        pbar = (N[a] * L[a] + N[j] * L[j]) / (N[a] + N[j])
+        se, noise = np.sqrt(pbar * (1 - pbar) * (1 / N[a] + 1 / N[j])), "binomial"
     gap = peak[j - m] - L[j]
     with np.errstate(divide="ignore", invalid="ignore"):
         z = np.where(se > 0, gap / se, np.where(gap > 0, np.inf, 0.0))
@@ -204,9 +191,8 @@ def null_threshold(n_evals: int, patience: int, alpha: float, noise: str = "bino
         pass
     z_star = _simulate_null_threshold(n_evals, patience, alpha, noise, sequential=sequential)
     try:
-        with atomic_file(path) as tmp:
-            tmp.write_text(json.dumps({"z_star": z_star, "n_evals": n_evals, "patience": patience,
-                                       "alpha": alpha, "noise": noise, "sequential": sequential}))
+        atomic_write_json(path, {"z_star": z_star, "n_evals": n_evals, "patience": patience, "alpha": alpha,
+                                 "noise": noise, "sequential": sequential}, durable=False)
     except OSError as exc:
         log.debug("could not keep the null threshold in %s: %s", path, exc)
     return z_star
@@ -249,9 +235,7 @@ def _prefix_ends(first: int, last: int) -> list[int]:
     while end < last:
         ends.append(end)
         end += max(1, end // 20)
-    if last > 40:
-        ends.append(last)
-    return ends
+    return [*ends, last] if last > 40 else ends
 
 
 def _check(delta: float, patience: int) -> None:
@@ -281,12 +265,8 @@ def collapse_step(steps, values, delta: float = DELTA, patience: int = PATIENCE,
 def _first_fall(s: np.ndarray, v: np.ndarray, t: FallTest | None, delta: float, patience: int
                 ) -> tuple[int | float | None, float]:
     """(C5) onset step and z of the first window that passes, from a clean curve's fall test."""
-    if t is None:
-        return None, math.nan
-    ok, onset = _onsets(v, t, delta, patience)
-    if not ok.size:
-        return None, math.nan
-    return as_step(s[onset[0]]), float(t.z[ok[0]])
+    ok, onset = _onsets(v, t, delta, patience) if t is not None else ((), ())
+    return (as_step(s[onset[0]]), float(t.z[ok[0]])) if len(ok) else (None, math.nan)
 
 
 def curve_auc(steps, values) -> float:
@@ -306,8 +286,7 @@ def _train_rises(ts: np.ndarray, tv: np.ndarray, lo: float, hi: float, alpha: fl
     x, y = ts[a:b], tv[a:b]
     if x.size < 3 or x[-1] == x[0]:
         return False
-    dx = x - x.mean()
-    dy = y - y.mean()
+    dx, dy = x - x.mean(), y - y.mean()
     sxx = float(dx @ dx)
     slope = float(dx @ dy) / sxx
     if not slope > 0:
@@ -320,16 +299,11 @@ def _train_rises(ts: np.ndarray, tv: np.ndarray, lo: float, hi: float, alpha: fl
 def _rises_screen(ts: np.ndarray, tv: np.ndarray, lo: np.ndarray, hi: np.ndarray, alpha: float) -> np.ndarray:
     """Spans that may pass _train_rises, all at once from prefix sums; each sum is widened by its
     worst-case rounding error so a span is dropped only when it surely fails."""
-    a = np.searchsorted(ts, lo, "left")
-    b = np.searchsorted(ts, hi, "right")
+    a, b = np.searchsorted(ts, lo, "left"), np.searchsorted(ts, hi, "right")
     n = (b - a).astype(np.float64)
-    x = ts - ts.mean()
-    y = tv - tv.mean()
-
-    def csum(z: np.ndarray) -> np.ndarray:
-        return np.concatenate([[0.0], np.cumsum(z)])
-
-    cx, cy, cxx, cxy, cyy = csum(x), csum(y), csum(x * x), csum(x * y), csum(y * y)
+    x, y = ts - ts.mean(), tv - tv.mean()
+    sums = np.cumsum([x, y, x * x, x * y, y * y], axis=1)
+    cx, cy, cxx, cxy, cyy = np.concatenate([np.zeros((5, 1)), sums], axis=1)
     usable = (n >= 3) & (ts[np.maximum(b - 1, 0)] > ts[np.minimum(a, ts.size - 1)])
     e = 4 * (ts.size + 2) * np.finfo(np.float64).eps
     x1, y1 = float(np.abs(x).sum()), float(np.abs(y).sum())
@@ -343,15 +317,10 @@ def _rises_screen(ts: np.ndarray, tv: np.ndarray, lo: np.ndarray, hi: np.ndarray
         sxy_hi = sxy + e * (float(np.abs(x * y).sum()) + 3 * x1 * y1 / n)
         den = sxx_lo * syy_lo - sxy_hi * sxy_hi
         t_hi = np.sqrt(n - 2) * sxy_hi / np.sqrt(den)
-        t_crit = _t_quantiles(1 - alpha, np.maximum(n - 2, 1))
+        t_crit = stdtrit(np.maximum(n - 2, 1), 1 - alpha)
         bounded = (sxx_lo > 0) & (syy_lo > 0)
         fails = bounded & ((sxy_hi <= 0) | ((den > 0) & (t_hi < t_crit * (1 - 1e-9))))
     return usable & ~fails
-
-
-def _t_quantiles(q: float, df: np.ndarray) -> np.ndarray:
-    """Student-t quantiles for many degrees of freedom (scipy.special.stdtrit, as stats.t_ppf)."""
-    return stdtrit(np.asarray(df, dtype=np.float64), q)
 
 
 def divergence_step(steps, values, train_steps, train_values, delta: float = DELTA,
@@ -360,9 +329,8 @@ def divergence_step(steps, values, train_steps, train_values, delta: float = DEL
     """(C7) onset of the first significant val fall while the train reward rose; None if never."""
     _check(delta, patience)
     s, v, n = _clean_with_n(steps, values, n)
-    ts, tv = clean_curve(train_steps, train_values)
-    t = fall_test(v, n, patience=patience, alpha=alpha, horizon=horizon)
-    return _divergence(s, v, t, ts, tv, delta, patience, alpha)
+    return _divergence(s, v, fall_test(v, n, patience=patience, alpha=alpha, horizon=horizon),
+                       *clean_curve(train_steps, train_values), delta, patience, alpha)
 
 
 def _divergence(s: np.ndarray, v: np.ndarray, t: FallTest | None, ts: np.ndarray, tv: np.ndarray,
@@ -414,19 +382,14 @@ def entropy_collapse_step(steps, entropy, threshold: float | None = None,
                           frac: float = ENTROPY_FRAC) -> int | None:
     """First step whose entropy is below ``threshold`` (default ``frac`` × the first entropy)."""
     s, e = clean_curve(steps, entropy)
-    if e.size == 0:
-        return None
-    limit = frac * e[0] if threshold is None else threshold
-    hits = np.flatnonzero(e < limit)
-    return as_step(s[hits[0]]) if hits.size else None
+    hits = np.flatnonzero(e < (frac * e[0] if threshold is None else threshold)) if e.size else []
+    return as_step(s[hits[0]]) if len(hits) else None
 
 
 def length_blowup(steps, lengths) -> float:
     """Max length over the first length (NaN when empty or the first length is ≤ 0)."""
     _, n = clean_curve(steps, lengths)
-    if n.size == 0 or n[0] <= 0:
-        return float("nan")
-    return float(n.max() / n[0])
+    return float(n.max() / n[0]) if n.size and n[0] > 0 else float("nan")
 
 
 def collapse_metrics(steps, values, *, n=None, train_steps=None, train_values=None, entropy_steps=None,
@@ -434,24 +397,22 @@ def collapse_metrics(steps, values, *, n=None, train_steps=None, train_values=No
                      patience: int = PATIENCE, alpha: float = ALPHA,
                      entropy_threshold: float | None = None,
                      entropy_frac: float = ENTROPY_FRAC) -> dict[str, Any]:
-    """All collapse metrics of a val curve (and train reward / entropy / length curves; missing → None/NaN)."""
+    """All collapse metrics of a val curve (and train reward / entropy / length curves; missing → None/NaN),
+    from one cleaning, noise estimate and fall test of the curve."""
     _check(delta, patience)
     s, v, n = _clean_with_n(steps, values, n)
-    out: dict[str, Any] = {"n_evals": int(v.size)}
-    # the curve is cleaned, its noise estimated and its fall test run once for every metric below
     se = eval_se(v, n)
-    out.update(_peak_and_drop(s, v, se, patience))
     t = fall_test(v, n, patience=patience, alpha=alpha, sigma=float(se[0]) if n is None and se.size else None)
     step, z = _first_fall(s, v, t, delta, patience)
-    out.update(collapse_step=step, collapse_z=z, noise="binomial" if n is not None else "curve")
-    out["noise_se"] = float(np.median(se)) if se.size and np.isfinite(se).any() else math.nan
-    out["auc"] = curve_auc(s, v)
-    out["divergence_step"] = (
-        _divergence(s, v, t, *clean_curve(train_steps, train_values), delta, patience, alpha)
-        if train_steps is not None and train_values is not None else None)
-    out["entropy_collapse_step"] = (
-        entropy_collapse_step(entropy_steps, entropy_values, entropy_threshold, entropy_frac)
-        if entropy_steps is not None and entropy_values is not None else None)
-    out["length_blowup"] = (length_blowup(length_steps, length_values)
-                            if length_steps is not None and length_values is not None else math.nan)
-    return out
+    train = train_steps is not None and train_values is not None
+    entropy = entropy_steps is not None and entropy_values is not None
+    length = length_steps is not None and length_values is not None
+    return {"n_evals": int(v.size), **_peak_and_drop(s, v, se, patience), "collapse_step": step,
+            "collapse_z": z, "noise": "binomial" if n is not None else "curve",
+            "noise_se": float(np.median(se)) if se.size and np.isfinite(se).any() else math.nan,
+            "auc": curve_auc(s, v),
+            "divergence_step": _divergence(s, v, t, *clean_curve(train_steps, train_values), delta, patience,
+                                           alpha) if train else None,
+            "entropy_collapse_step": entropy_collapse_step(entropy_steps, entropy_values, entropy_threshold,
+                                                           entropy_frac) if entropy else None,
+            "length_blowup": length_blowup(length_steps, length_values) if length else math.nan}

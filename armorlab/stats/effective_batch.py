@@ -14,13 +14,10 @@ EFFECTIVE_BATCH_TOLERANCE = 0.05
 
 def effective_batch_gap(baseline: Sequence[float], arm: Sequence[float],
                         tolerance: float = EFFECTIVE_BATCH_TOLERANCE) -> tuple[float, float] | None:
-    """(baseline's, arm's) mean effective batch, 1 − mean train/refill_shortfall over each side's
-    runs (one mean shortfall per run; NaN = not logged, left out), when they differ by more than
-    ``tolerance``; None when within it or when a side has no value."""
-    means = []
-    for side in (baseline, arm):
-        values = [float(v) for v in side if v == v]
-        if not values:
-            return None
-        means.append(1.0 - sum(values) / len(values))
-    return (means[0], means[1]) if abs(means[1] - means[0]) > tolerance else None
+    """(baseline's, arm's) mean effective batch, 1 − mean train/refill_shortfall over its runs (NaN: not
+    logged, left out), when they differ by more than ``tolerance``; else, or with a side empty, None."""
+    sides = [[float(v) for v in side if v == v] for side in (baseline, arm)]
+    if not all(sides):
+        return None
+    base, mine = (1.0 - sum(values) / len(values) for values in sides)
+    return (base, mine) if abs(mine - base) > tolerance else None

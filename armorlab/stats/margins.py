@@ -1,22 +1,11 @@
-"""Equivalence margins and whether a comparison can show prevention. Pure functions, no I/O.
+"""Equivalence margins and whether a comparison can show prevention (docs/verdicts.md).
 
-An equivalence margin δ is an effect of interest fixed before the first look: ``compare.delta``
-of a sweep spec (seeds until resolved) or of a report recipe. It is never a noise unit: twice one
-evaluation's standard error shrinks as evaluations grow, so with a large val set two arms that
-differ by an effect anyone cares about would still pass as "equivalent". Without a declared
-margin no comparison is called equivalent; it stays "not resolved — no margin declared".
-
-A comparison on a final or collapse endpoint (``PREVENTION_ENDPOINTS``) asks whether an arm
-prevented the fall its baseline shows. When the baseline did not fall, an arm that ends level
-with it (or above it) shows nothing about prevention, so every such verdict says so:
-
-    (F1) The baseline fell when more of its n seeds show a collapse than flat curves would give:
-         k seeds collapse (armorlab.stats.collapse C5: significantly below their own earlier
-         peak, and by at least collapse.delta), each of which happens on a flat curve with
-         probability ≤ α_c (the detector's calibrated false-alarm rate); the baseline fell when
-         P(Bin(n, α_c) ≥ k) ≤ a, a = 0.05 (scipy.stats.binom). With α_c = 0.04 that is k ≥ 1
-         for n = 1 and k ≥ 2 for 2 ≤ n ≤ 9. benchmarks/sequential_seeds.py measures how often a
-         baseline that truly collapses is missed.
+A margin δ (``compare.delta`` of a sweep spec or a report recipe) is an effect of interest fixed before
+the first look, never a noise unit: one eval's SE shrinks as evals grow, so with a large val set arms
+that differ by an effect anyone cares about would pass as "equivalent". A comparison on a final or drop
+endpoint asks whether an arm prevented its baseline's fall; when the baseline did not, it cannot show it.
+    (F1) the baseline fell when k of its n seeds collapse (C5, false-alarm rate α_c a flat curve) and
+         P(Bin(n, α_c) ≥ k) ≤ 0.05: with α_c = 0.04, k ≥ 1 for n = 1, k ≥ 2 for 2 ≤ n ≤ 9.
 """
 
 from __future__ import annotations
@@ -32,8 +21,7 @@ NO_MARGIN = "no margin declared"
 
 
 def margin_source(delta: float | None, file: str | None, flag: str | None = None) -> str:
-    """Where a comparison's margin comes from, as looks.json and the report record it (``flag``: the
-    command-line option that also sets it, ``--delta`` of `armorlab report`)."""
+    """Where a comparison's margin comes from, as looks.json and the report say it."""
     if delta is None or not math.isfinite(delta):
         return f"{NO_MARGIN}: no equivalence verdict (set compare.delta{f' or {flag}' if flag else ''})"
     return f"declared: compare.delta in {file}" if file else "declared: compare.delta"
@@ -43,9 +31,7 @@ def fell_p(collapsed: int, n: int, curve_alpha: float) -> float:
     """(F1) P(Bin(n, α_c) ≥ k): how often ``collapsed`` of ``n`` flat curves would show a collapse."""
     from scipy.stats import binom  # lazy: spec parsing reads PREVENTION_ENDPOINTS without scipy
 
-    if n <= 0:
-        return math.nan
-    return float(binom.sf(collapsed - 1, n, curve_alpha))
+    return float(binom.sf(collapsed - 1, n, curve_alpha)) if n > 0 else math.nan
 
 
 def baseline_fell(collapsed: int, n: int, curve_alpha: float, level: float = ALPHA) -> bool | None:
@@ -55,14 +41,14 @@ def baseline_fell(collapsed: int, n: int, curve_alpha: float, level: float = ALP
 
 
 def prevention(baseline: str, collapsed: int, n: int, curve_alpha: float) -> dict[str, Any]:
-    """The record of (F1) for one baseline: looks.json and the report keep it as is."""
+    """The record of (F1) for one baseline, as looks.json and the report keep it."""
     return {"baseline": baseline, "collapsed": int(collapsed), "n": int(n), "curve_alpha": curve_alpha,
             "p": fell_p(collapsed, n, curve_alpha), "fell": baseline_fell(collapsed, n, curve_alpha)}
 
 
 def caveat(record: dict[str, Any] | None, endpoint: str, name: str | None = None) -> str:
-    """``dapo did not fall here (0 of 3 seeds collapsed): this cannot show prevention`` where
-    (F1) finds no fall and ``endpoint`` is about one; empty otherwise."""
+    """``dapo did not fall here (0 of 3 seeds collapsed): this cannot show prevention`` where (F1) finds
+    no fall and ``endpoint`` is about one; empty otherwise."""
     if not record or endpoint not in PREVENTION_ENDPOINTS or record.get("fell") is not False:
         return ""
     return (f"{name or record['baseline']} did not fall here ({record['collapsed']} of {record['n']} seeds "

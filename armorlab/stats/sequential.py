@@ -8,7 +8,7 @@ measured by benchmarks/sequential_seeds.py. ``decide_look`` is called after each
     (G5) reject when |d/se| ≥ t_ν⁻¹(1 − a_k/2), a_k = 2(1 − Φ(c_k)), ν Welch's
     (G6) repeated CI d ± t_ν⁻¹(1 − a_k/2)·se; equivalent when inside (−δ, δ)
     (G7) Holm: with r arms rejected, an arm is rejected at level α/(m − r)
-    (G8) Pocock c_k = C_P(K, α); O'Brien–Fleming c_k = C_B(K, α)·√(K/k)
+    (G8) Pocock c_k = C_P(K, α); O'Brien–Fleming c_k = C_B(K, α)·√(K/k) (by G4 in tests/test_sequential.py)
 """
 
 from __future__ import annotations
@@ -53,21 +53,13 @@ def spend(t: float, alpha: float, spending: str = "obf") -> float:
     raise ValueError(f"spending must be one of {SPENDING}, got {spending!r}")
 
 
-def _simpson(c: float) -> tuple[np.ndarray, np.ndarray]:
-    z = np.linspace(-c, c, GRID)
-    w = np.ones(GRID)
-    w[1:-1:2], w[2:-1:2] = 4.0, 2.0
-    return z, w * (z[1] - z[0]) / 3.0
-
-
+@dataclass
 class _Walk:
     """The sub-density of Z_k on the continuation region, carried look by look (G4)."""
-
-    def __init__(self, drift: float = 0.0):
-        self.drift = drift
-        self.t = 0.0
-        self.z: np.ndarray | None = None      # grid of the last look's continuation region
-        self.mass: np.ndarray | None = None   # density × Simpson weight on that grid
+    drift: float = 0.0
+    t: float = 0.0
+    z: np.ndarray | None = None      # grid of the last look's continuation region
+    mass: np.ndarray | None = None   # density × Simpson weight on that grid
 
     def _moments(self, t: float) -> tuple[np.ndarray, np.ndarray, float]:
         """Mass, mean of S(t) and the increment's sd of each grid point of the last look."""
@@ -79,24 +71,19 @@ class _Walk:
     def crossing(self, c: float, t: float) -> tuple[float, float]:
         """P(reach look k, Z_k ≥ c) and P(reach look k, Z_k ≤ −c)."""
         mass, mu, s = self._moments(t)
-        upper = float(mass @ sp.ndtr((mu - c * math.sqrt(t)) / s))
-        lower = float(mass @ sp.ndtr((-c * math.sqrt(t) - mu) / s))
-        return upper, lower
+        edge = c * math.sqrt(t)
+        return float(mass @ sp.ndtr((mu - edge) / s)), float(mass @ sp.ndtr((-edge - mu) / s))
 
     def advance(self, c: float, t: float) -> None:
         """Carry the sub-density past look k with boundary c (an infinite c: nothing stops)."""
         mass, mu, s = self._moments(t)
-        z, w = _simpson(c if math.isfinite(c) else 12.0)
+        c = c if math.isfinite(c) else 12.0  # nothing stops: the grid still covers the density
+        z = np.linspace(-c, c, GRID)
+        w = np.ones(GRID)
+        w[1:-1:2], w[2:-1:2] = 4.0, 2.0   # Simpson's rule
         x = (z[:, None] * math.sqrt(t) - mu[None, :]) / s
         density = (np.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)) @ mass * (math.sqrt(t) / s)
-        self.z, self.mass, self.t = z, density * w, t
-
-
-def _check_fractions(fractions: Sequence[float]) -> tuple[float, ...]:
-    f = tuple(float(x) for x in fractions)
-    if not f or any(not (0 < x <= 1) for x in f) or any(b <= a for a, b in zip(f, f[1:], strict=False)):
-        raise ValueError(f"information fractions must increase within (0, 1], got {f}")
-    return f
+        self.z, self.mass, self.t = z, density * (w * (z[1] - z[0]) / 3.0), t
 
 
 @functools.lru_cache(maxsize=8192)
@@ -106,13 +93,8 @@ def _boundaries(fractions: tuple[float, ...], alpha: float, spending: str) -> tu
     for k, t in enumerate(fractions):
         target = (alpha if k == len(fractions) - 1 and t >= 1 else spend(t, alpha, spending)) - spent
         spent += max(target, 0.0)
-        if target <= 1e-15:
-            c = math.inf
-        else:
-            def excess(c, t=t, target=target):
-                up, lo = walk.crossing(c, t)
-                return up + lo - target
-            c = float(sp.brentq(excess, 0.0, 40.0, xtol=1e-10))
+        c = math.inf if target <= 1e-15 else float(sp.brentq(  # the c whose crossings spend the target
+            lambda c, t=t, target=target: sum(walk.crossing(c, t)) - target, 0.0, 40.0, xtol=1e-10))
         out.append(c)
         walk.advance(c, t)
     return tuple(out)
@@ -125,33 +107,10 @@ def spending_boundaries(fractions: Sequence[float], alpha: float = V.ALPHA, spen
         raise ValueError(f"spending must be one of {SPENDING}, got {spending!r}")
     if not 0 < alpha < 1:
         raise ValueError(f"alpha must be in (0, 1), got {alpha}")
-    return _boundaries(_check_fractions(fractions), float(alpha), spending)
-
-
-def crossing_probabilities(bounds: Sequence[float], fractions: Sequence[float], drift: float = 0.0
-                           ) -> list[tuple[float, float]]:
-    """(G4) per look, P(stop above c_k) and P(stop below −c_k) for a drift η (E[Z_k] = η√t_k)."""
-    f = _check_fractions(fractions)
-    if len(bounds) != len(f):
-        raise ValueError("one boundary per look")
-    walk, out = _Walk(drift), []
-    for c, t in zip(bounds, f, strict=True):
-        out.append(walk.crossing(c, t))
-        walk.advance(c, t)
-    return out
-
-
-def classical_boundaries(looks: int, alpha: float = V.ALPHA, shape: str = "pocock") -> tuple[float, ...]:
-    """(G8) Pocock's or O'Brien & Fleming's boundaries on equally spaced looks, by (G4)'s integration."""
-    f = tuple((k + 1) / looks for k in range(looks))
-    scale = [1.0 if shape == "pocock" else math.sqrt(looks / (k + 1)) for k in range(looks)]
-    if shape not in ("pocock", "obf"):
-        raise ValueError(f"shape must be pocock or obf, got {shape!r}")
-
-    def size(c):
-        return sum(u + lo for u, lo in crossing_probabilities([c * s for s in scale], f)) - alpha
-    c = float(sp.brentq(size, 0.5, 10.0, xtol=1e-10))
-    return tuple(c * s for s in scale)
+    f = tuple(float(x) for x in fractions)
+    if not f or any(not (0 < x <= 1) for x in f) or any(b <= a for a, b in zip(f, f[1:], strict=False)):
+        raise ValueError(f"information fractions must increase within (0, 1], got {f}")
+    return _boundaries(f, float(alpha), spending)
 
 
 def nominal_level(c: float) -> float:
@@ -162,9 +121,7 @@ def nominal_level(c: float) -> float:
 def t_boundary(c: float, df: float) -> float:
     """(G5) the |t| a statistic with ``df`` degrees of freedom must reach at nominal level of c."""
     a = nominal_level(c)
-    if a <= 0:
-        return math.inf
-    return float(sp.stdtrit(df, 1 - a / 2))
+    return float(sp.stdtrit(df, 1 - a / 2)) if a > 0 else math.inf
 
 
 # --------------------------------------------------------------------------- the design and a look
@@ -212,26 +169,22 @@ class Design:
         return out
 
     def as_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["arms"] = list(self.arms)
-        d["delta"] = None if math.isnan(self.delta) else self.delta
-        return d
+        delta = None if math.isnan(self.delta) else self.delta
+        return {**asdict(self), "arms": list(self.arms), "delta": delta}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Design:
-        known = set(cls.__dataclass_fields__)
-        unknown = [k for k in d if k not in known]
+        unknown = [k for k in d if k not in cls.__dataclass_fields__]
         if unknown:
-            raise ArmorLabError(f"unknown design key (known: {', '.join(sorted(known))})", key=unknown[0],
-                                value=d[unknown[0]])
-        d = dict(d)
-        d["arms"] = tuple(d.get("arms") or ())
+            raise ArmorLabError(f"unknown design key (known: {', '.join(sorted(cls.__dataclass_fields__))})",
+                                key=unknown[0], value=d[unknown[0]])
+        d = {**d, "arms": tuple(d.get("arms") or ())}
         try:
             d["delta"] = math.nan if d.get("delta") is None else float(d["delta"])
             return cls(**d)
+        except ArmorLabError:
+            raise
         except (TypeError, ValueError) as exc:
-            if isinstance(exc, ArmorLabError):
-                raise
             raise ArmorLabError(f"malformed design ({exc})", key="design", value=dict(d)) from None
 
 
@@ -242,22 +195,9 @@ METHOD = {s: (f"group-sequential Welch t-test, Lan–DeMets {name}-type alpha sp
 
 def _history(looks: Sequence[Mapping[str, Any]], arm: str) -> tuple[list[float], dict | None]:
     """The information fractions at which ``arm`` was tested, and its resolving comparison."""
-    fractions, done = [], None
-    for look in looks:
-        for c in look.get("comparisons", ()):
-            if c.get("arm") != arm:
-                continue
-            if c.get("tested"):
-                fractions.append(float(c["fraction"]))
-            if c.get("verdict") != CONTINUE:
-                done = dict(c)
-    return fractions, done
-
-
-def _stats(values: Sequence[float]) -> dict[str, Any]:
-    x = finite(values)
-    return {"n": int(x.size), "mean": float(x.mean()) if x.size else None,
-            "sd": float(x.std(ddof=1)) if x.size > 1 else None, "values": [float(v) for v in x]}
+    mine = [c for look in looks for c in look.get("comparisons", ()) if c.get("arm") == arm]
+    done = next((dict(c) for c in reversed(mine) if c.get("verdict") != CONTINUE), None)
+    return [float(c["fraction"]) for c in mine if c.get("tested")], done
 
 
 def decide_look(design: Design, values: Mapping[str, Sequence[float]],
@@ -268,7 +208,8 @@ def decide_look(design: Design, values: Mapping[str, Sequence[float]],
     if missing:
         raise ArmorLabError("no values for this arm at the look", key="values", value=missing[0])
     m = len(design.arms)
-    base = finite(values[design.baseline])
+    xs = {a: finite(values[a]) for a in (design.baseline, *design.arms)}
+    base = xs[design.baseline]
     state = {a: _history(looks, a) for a in design.arms}
     rejected_before = sum(1 for _, done in state.values() if done and done["verdict"] in (V.BETTER, V.WORSE))
     comps: dict[str, dict[str, Any]] = {}
@@ -278,7 +219,7 @@ def decide_look(design: Design, values: Mapping[str, Sequence[float]],
         if done is not None:
             comps[a] = {**done, "tested": False, "carried": True}
             continue
-        x = finite(values[a])
+        x = xs[a]
         w = V.welch(x, base)
         final = len(x) >= design.max_seeds and len(base) >= design.max_seeds
         t = 1.0 if final else information_fraction(len(x), len(base), design.max_seeds)
@@ -288,23 +229,19 @@ def decide_look(design: Design, values: Mapping[str, Sequence[float]],
                     "tested": bool(grew and math.isfinite(w.se)), "verdict": CONTINUE}
         if comps[a]["tested"]:
             pending[a] = (w, [*fractions, t])
-    # (G7) Holm's step-down over repeated p-values: boundaries at α/(m − r)
-    r = rejected_before
     rejected: dict[str, float] = {}
-    while True:
-        level = design.alpha / (m - r) if r < m else design.alpha
-        new = [a for a, (w, f) in pending.items() if a not in rejected and _crosses(w, f, level, design.spending)]
+    while True:  # (G7) Holm's step-down over repeated p-values: boundaries at α/(m − r)
+        rest = design.alpha / max(m - rejected_before - len(rejected), 1)
+        new = {a: rest for a, (w, f) in pending.items()
+               if a not in rejected and _crosses(w, f, rest, design.spending)}
         if not new:
             break
-        for a in new:
-            rejected[a] = level
-        r += len(new)
-    rest = design.alpha / (m - r) if r < m else design.alpha
+        rejected |= new
     for a, (w, f) in pending.items():
         level = rejected.get(a, rest)
         c = spending_boundaries(f, level, design.spending)[-1]
         tb = t_boundary(c, w.df) if w.se > 0 else 0.0
-        lo, hi = (w.diff - tb * w.se, w.diff + tb * w.se) if w.se > 0 else (w.diff, w.diff)
+        lo, hi = w.diff - tb * w.se, w.diff + tb * w.se
         verdict, inside = V.classify(w.diff, lo, hi, a in rejected, design.delta, design.higher_is_better)
         if verdict == V.UNRESOLVED and not comps[a]["final"]:
             verdict = CONTINUE
@@ -314,12 +251,14 @@ def decide_look(design: Design, values: Mapping[str, Sequence[float]],
             comps[a]["seeds_needed"] = V.seeds_for_power(design.delta, w.pooled_sd, design.alpha / m,
                                                          design.power)
     going = [a for a in design.arms if comps[a]["verdict"] == CONTINUE]
-    nxt = {a: _next_size(finite(values[a]).size, design) for a in going}
+    nxt = {a: _next_size(xs[a].size, design) for a in going}
     if going:
         nxt[design.baseline] = max(_next_size(len(base), design), max(nxt.values()))
     return {"look": len(looks) + 1,
-            "seeds": {a: finite(values[a]).size for a in (design.baseline, *design.arms)},
-            "stats": {a: _stats(values[a]) for a in (design.baseline, *design.arms)},
+            "seeds": {a: x.size for a, x in xs.items()},
+            "stats": {a: {"n": int(x.size), "mean": float(x.mean()) if x.size else None,
+                          "sd": float(x.std(ddof=1)) if x.size > 1 else None, "values": [float(v) for v in x]}
+                      for a, x in xs.items()},
             "comparisons": [_jsonable(comps[a]) for a in design.arms],
             "next": nxt, "done": not going}
 
@@ -331,8 +270,7 @@ def _next_size(n: int, design: Design) -> int:
 def _crosses(w: V.Welch, fractions: list[float], level: float, spending: str) -> bool:
     if w.se == 0:
         return w.diff != 0
-    c = spending_boundaries(fractions, level, spending)[-1]
-    return abs(w.diff) / w.se >= t_boundary(c, w.df)
+    return abs(w.diff) / w.se >= t_boundary(spending_boundaries(fractions, level, spending)[-1], w.df)
 
 
 def _jsonable(d: Mapping[str, Any]) -> dict[str, Any]:

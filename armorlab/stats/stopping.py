@@ -1,19 +1,15 @@
-"""Stop on collapse: the online use of the calibrated collapse test (armorlab.stats.collapse, C5)
-by a training run, and how a stopped run's curve enters a report. Pure functions, no I/O.
-
-(S1) stop      after each eval, the level of the last m evals (C1) is tested against the highest
-               earlier level by the whole run's fall test (C3; threshold C4 at ``horizon``, the
-               evals of the unstopped run); the run stops when it passes C5 (z ≥ z*, fall ≥ δ) and
-               each of those m evals is at or below (P + L)/2, so a one-eval dip never stops it.
-               A window's z ignores later evals, so a stop is a false alarm of the whole-curve
-               test: at most α on a flat run (benchmarks/stop_on_collapse.py). Reason recorded:
-               ``collapse at rollout N, level fell k SE``, N the first of the trailing evals at or
-               below (P + L)/2 (the onset), k the last window's z.
-(S2) carried   a stopped run's missing evals are not missing at random: left out, they would drop
-               exactly the collapsed runs from final and matched-step endpoints. Its curve is
-               carried forward at its level at stop (mean of its last m evals, C1), at its own eval
-               spacing, up to the report's horizon, so ``final``, ``val@S``/``test@S`` and ``auc``
-               count it as staying collapsed (docs/analysis.md).
+"""Stop on collapse: the online use of the calibrated collapse test (stats.collapse, C5) by a training
+run, and how a stopped run's curve enters a report.
+(S1) stop     after each eval, the level of the last m evals (C1) is tested against the highest earlier
+              level by the whole run's fall test (C3; threshold C4 at ``horizon``, the unstopped run's
+              evals); the run stops when it passes C5 and each of those m evals is at or below (P + L)/2,
+              so a one-eval dip never stops it: at most α false alarms on a flat run
+              (benchmarks/stop_on_collapse.py). Reason: ``collapse at rollout N, level fell k SE``, N the
+              first of the trailing evals at or below (P + L)/2 (the onset), k the last window's z.
+(S2) carried  a stopped run's missing evals are not missing at random: left out, they would drop exactly
+              the collapsed runs from final and matched-step endpoints. Its curve is carried forward at
+              its level at stop (mean of its last m evals, C1), at its own eval spacing, up to the
+              report's horizon, so ``final``, ``val@S``/``test@S`` and ``auc`` count it as collapsed.
 """
 
 from __future__ import annotations
@@ -39,11 +35,8 @@ class Stop:
 
 
 class CollapseWatch:
-    """(S1) fed one eval at a time (``observe``); answers the Stop once the curve has collapsed.
-
-    ``patience``: evals per level (m); ``horizon``: evals of the whole run; ``mode``: max (a fall
-    is a collapse) or min (a rise is: the values are negated). Binomial noise (N1) when every eval
-    says how many completions it scored and the values are accuracies in [0, 1]; else (N2)."""
+    """(S1) fed one eval at a time; ``horizon``: evals of the whole run; ``mode`` min: a rise collapses.
+    Binomial noise (N1) when every eval says how many completions it scored and lies in [0, 1]; else (N2)."""
 
     def __init__(self, *, patience: int = PATIENCE, delta: float = DELTA, alpha: float = ALPHA,
                  horizon: int | None = None, mode: str = "max") -> None:
@@ -63,40 +56,29 @@ class CollapseWatch:
         self.x.append(float(x))
         self.values.append(self.sign * float(value))
         self.n.append(math.nan if n is None else float(n))
-        n_arr = np.asarray(self.n)
-        values = np.asarray(self.values)
-        binomial = self.sign > 0 and bool(np.all(np.isfinite(n_arr) & (n_arr > 0))) \
-            and bool(np.all((values >= 0) & (values <= 1)))
-        self.stop = last_window_stop(np.asarray(self.x), values, n_arr if binomial else None,
-                                     patience=self.patience, delta=self.delta, alpha=self.alpha,
-                                     horizon=max(self.horizon or 0, len(self.x)))
+        sizes, values = np.asarray(self.n), np.asarray(self.values)
+        binomial = self.sign > 0 and bool(np.all(np.isfinite(sizes) & (sizes > 0)
+                                                 & (values >= 0) & (values <= 1)))
+        t = fall_test(values, sizes if binomial else None, patience=self.patience, alpha=self.alpha,
+                      horizon=max(self.horizon or 0, len(self.x)))
+        if t is None:
+            return None
+        z, peak, level = float(t.z[-1]), float(t.peak[-1]), float(t.level[-1])
+        below = values <= (peak + level) / 2
+        if not (z >= t.z_star and peak - level >= self.delta and below[-self.patience:].all()):
+            return None
+        start = values.size - int(np.argmin(below[::-1])) if not below.all() else 0  # the trailing lows
+        self.stop = Stop(as_step(self.x[start]), z, as_step(self.x[-1]))
         return self.stop
 
 
-def last_window_stop(x: np.ndarray, v: np.ndarray, n: np.ndarray | None, *, patience: int, delta: float,
-                     alpha: float, horizon: int) -> Stop | None:
-    """(S1) on a clean curve (sorted, finite): the Stop when its last window collapsed, else None."""
-    t = fall_test(v, n, patience=patience, alpha=alpha, horizon=horizon)
-    if t is None:
-        return None
-    z, peak, level = float(t.z[-1]), float(t.peak[-1]), float(t.level[-1])
-    below = v <= (peak + level) / 2
-    if not (z >= t.z_star and peak - level >= delta and below[-patience:].all()):
-        return None
-    start = v.size - int(np.argmin(below[::-1])) if not below.all() else 0  # the trailing run of lows
-    return Stop(as_step(x[start]), z, as_step(x[-1]))
-
-
 def carry_forward(steps, values, until: float, patience: int = PATIENCE) -> tuple[np.ndarray, np.ndarray]:
-    """(S2) the curve, then its level at stop (mean of its last ``patience`` evals) at every step of
-    its median eval spacing after its last eval, up to and including ``until``."""
+    """(S2) the curve, then its level at stop at every step of its median eval spacing after its last
+    eval, up to and including ``until``."""
     s, v = clean_curve(steps, values)
-    if v.size < 2 or not until > s[-1]:
-        return s, v
-    level = float(v[-patience:].mean())
-    every = float(np.median(np.diff(s)))
-    if not every > 0:
+    every = float(np.median(np.diff(s))) if v.size >= 2 else math.nan
+    if not (every > 0 and until > s[-1]):
         return s, v
     extra = np.arange(s[-1] + every, until, every)
     extra = np.append(extra, until) if not extra.size or extra[-1] < until else extra
-    return np.concatenate([s, extra]), np.concatenate([v, np.full(extra.size, level)])
+    return np.concatenate([s, extra]), np.concatenate([v, np.full(extra.size, float(v[-patience:].mean()))])

@@ -1,26 +1,13 @@
-"""The verdict of a comparison: is an arm better than, worse than or equivalent to its baseline
-on an endpoint, or not resolved yet — and then how many seeds would resolve it. Pure functions
-over per-seed values (no I/O); armorlab.analysis.verdict_table turns a report's per-run scores
-into them, armorlab.stats.sequential reuses them look by look.
-
-    (W1) Welch's difference of means: d = x̄ − ȳ, se² = s_x²/n_x + s_y²/n_y (s² with ddof 1)
-    (W2) Welch–Satterthwaite degrees of freedom:
-         ν = se⁴ / (s_x⁴/(n_x²(n_x − 1)) + s_y⁴/(n_y²(n_y − 1)))
-    (W3) Welch interval at level a: d ± t_{1−a/2, ν} · se; two-sided p = 2·(1 − F_ν(|d|/se))
-    (H1) Holm (1979) over the m arms compared: sort the p-values, p₍₁₎ ≤ … ≤ p₍ₘ₎; reject the
-         first r for which p₍ⱼ₎ ≤ α/(m − j + 1) holds at every j ≤ r. Each arm's interval is
-         given at the level it was tested at: α/(m − j + 1) for the j-th rejection, α/(m − r)
-         for the arms left (so an interval excludes 0 exactly when Holm rejects).
-    (E1) Equivalence within ±δ (two one-sided tests, Schuirmann 1987): the interval of (H1)
-         lies inside (−δ, δ). With a two-sided 1 − a interval each one-sided test runs at a/2,
-         which is conservative next to the usual 1 − 2a interval: one interval decides both.
-    (P1) Power of the two-sided two-sample t-test with n seeds per arm at a true difference δ
-         and spread σ, level a: ν = 2n − 2, λ = δ / (σ·√(2/n)), c = t_{1−a/2, ν},
-         power = 1 − F_{ν,λ}(c) + F_{ν,λ}(−c), F_{ν,λ} the noncentral-t CDF (exact, scipy).
-    (P2) Seeds per arm for power 1 − β: the smallest n ≥ 2 with (P1) ≥ 1 − β, at the first Holm
-         level a = α/m (the level every arm must pass when nothing else is rejected).
-δ is a margin declared before the first look (armorlab.stats.margins), never a noise unit:
-without one nothing is called equivalent and no seeds are planned.
+"""The verdict of a comparison: an arm better than, worse than or equivalent to its baseline on an
+endpoint, or not resolved yet and how many seeds would resolve it (per report: analysis.verdict_table;
+look by look: stats.sequential). The equations in full: docs/verdicts.md.
+    (W1) d = x̄ − ȳ, se² = s_x²/n_x + s_y²/n_y    (W2) Welch–Satterthwaite ν    (W3) d ± t_{1−a/2, ν}·se
+    (H1) Holm (1979) over the m arms, each interval at the level its arm was tested at, so it excludes 0
+         exactly when Holm rejects
+    (E1) equivalent when that interval lies inside (−δ, δ) (two one-sided tests, Schuirmann 1987)
+    (P1) power of the two-sided two-sample t-test (noncentral t)    (P2) seeds per arm for (P1) ≥ 1 − β
+δ is a margin declared before the first look (stats.margins), never a noise unit: without one nothing
+is called equivalent and no seeds are planned.
 """
 
 from __future__ import annotations
@@ -63,12 +50,10 @@ class Welch:
 
 
 def welch(x, y) -> Welch:
-    """(W1)/(W2); NaNs are dropped; se and ν are NaN below two values a side. With no spread at
-    all (every seed the same) se = 0 and ν = n_x + n_y − 2."""
+    """(W1)/(W2), NaNs dropped; se and ν NaN below two values a side; no spread: se = 0, ν = n_x + n_y − 2."""
     x, y = finite(x), finite(y)
     nx, ny = int(x.size), int(y.size)
-    mx = float(x.mean()) if nx else math.nan
-    my = float(y.mean()) if ny else math.nan
+    mx, my = (float(a.mean()) if a.size else math.nan for a in (x, y))
     if nx < 2 or ny < 2:
         return Welch(mx - my, math.nan, math.nan, nx, ny, mx, my, math.nan, math.nan)
     vx, vy = float(x.var(ddof=1)), float(y.var(ddof=1))
@@ -80,7 +65,7 @@ def welch(x, y) -> Welch:
 
 
 def welch_interval(w: Welch, level: float) -> tuple[float, float]:
-    """(W3) d ± t_{1−level/2, ν}·se (NaN without a spread estimate): scipy.stats.t.interval."""
+    """(W3) by scipy.stats.t.interval (NaN without a spread estimate)."""
     if not math.isfinite(w.se):
         return math.nan, math.nan
     if w.se == 0:
@@ -90,7 +75,7 @@ def welch_interval(w: Welch, level: float) -> tuple[float, float]:
 
 
 def welch_p(w: Welch) -> float:
-    """(W3) two-sided p-value of d = 0: scipy.stats.ttest_ind_from_stats(equal_var=False)."""
+    """(W3) by scipy.stats.ttest_ind_from_stats(equal_var=False)."""
     if not math.isfinite(w.se):
         return math.nan
     if w.se == 0:
@@ -100,27 +85,23 @@ def welch_p(w: Welch) -> float:
 
 
 def holm(p: Sequence[float], alpha: float = ALPHA) -> tuple[list[bool], list[float]]:
-    """(H1) Which hypotheses Holm's step-down rejects (statsmodels' multipletests), and the level
-    each arm is tested at. NaN p-values (too few seeds) are never rejected and count in m."""
+    """(H1) by statsmodels' multipletests: rejected, and each arm's level. A NaN p-value (too few seeds)
+    is one of the m hypotheses, never rejected."""
     from statsmodels.stats.multitest import multipletests
 
     m = len(p)
     if m == 0:
         return [], []
-    # a NaN enters as p = 1: never rejected (α < 1), still one of the m hypotheses
     rejected = [bool(r) for r in multipletests(np.nan_to_num(np.asarray(p, dtype=np.float64), nan=1.0),
                                                alpha=alpha, method="holm")[0]]
-    r = sum(rejected)
-    order = sorted((i for i in range(m) if rejected[i]), key=lambda i: p[i])
-    levels = [alpha / (m - r) if r < m else alpha] * m
-    for j, i in enumerate(order):
+    levels = [alpha / max(m - sum(rejected), 1)] * m
+    for j, i in enumerate(sorted((i for i in range(m) if rejected[i]), key=lambda i: p[i])):
         levels[i] = alpha / (m - j)
     return rejected, levels
 
 
 def t_test_power(n: int, delta: float, sd: float, level: float = ALPHA) -> float:
-    """(P1) power of the two-sided two-sample t-test with n seeds per arm (noncentral t):
-    statsmodels' TTestIndPower."""
+    """(P1) by statsmodels' TTestIndPower."""
     from statsmodels.stats.power import TTestIndPower
 
     if n < 2 or not (sd > 0) or not math.isfinite(sd):
@@ -130,9 +111,8 @@ def t_test_power(n: int, delta: float, sd: float, level: float = ALPHA) -> float
 
 def seeds_for_power(delta: float, sd: float, level: float = ALPHA, power: float = POWER,
                     n_max: int = MAX_SEEDS_PLANNED) -> int | None:
-    """(P2) the fewest seeds per arm whose (P1) reaches ``power`` (statsmodels' tt_ind_solve_power,
-    rounded up); None above ``n_max`` or without a spread (sd NaN). With no spread at all, 2 seeds
-    already resolve any δ > 0."""
+    """(P2) by statsmodels' tt_ind_solve_power, rounded up; None above ``n_max`` or without a spread (sd
+    NaN); with no spread at all, 2 seeds already resolve any δ > 0."""
     from statsmodels.stats.power import tt_ind_solve_power
 
     if not (delta > 0) or not math.isfinite(sd):
@@ -152,12 +132,9 @@ def seeds_for_power(delta: float, sd: float, level: float = ALPHA, power: float 
 
 @dataclass(frozen=True)
 class Verdict:
-    """One arm against its baseline on one endpoint. ``diff`` is arm − baseline; ``low``/``high``
-    its interval at ``level`` (Holm, H1); ``verdict`` one of better, worse, equivalent, not
-    resolved, too few seeds; ``within_delta``: the interval lies inside ±δ (E1) — also for a
-    better/worse verdict, which is then smaller than δ; ``seeds_needed``: (P2) per arm, for an
-    unresolved comparison; ``caveat``: why it cannot show prevention (armorlab.stats.margins),
-    said in its sentence — an equivalent verdict with one is ``cannot show prevention``."""
+    """One arm against its baseline on one endpoint: ``diff`` = arm − baseline, ``low``/``high`` its (H1)
+    interval at ``level``; ``within_delta``: inside ±δ (E1), also when better/worse (then by less than δ);
+    ``seeds_needed``: (P2) while unresolved; ``caveat``: why it cannot show prevention (stats.margins)."""
     arm: str
     baseline: str
     endpoint: str
@@ -184,8 +161,7 @@ class Verdict:
 
 def classify(diff: float, low: float, high: float, rejected: bool, delta: float,
              higher_is_better: bool) -> tuple[str, bool]:
-    """The verdict of one interval: better/worse when Holm rejects (the interval excludes 0),
-    equivalent when it lies inside ±δ (E1), else not resolved; and whether it lies inside ±δ."""
+    """Better/worse when Holm rejects, equivalent inside ±δ (E1), else not resolved; and whether inside."""
     if not (math.isfinite(low) and math.isfinite(high)):
         return TOO_FEW, False
     inside = bool(math.isfinite(delta) and -delta < low and high < delta)
@@ -197,8 +173,7 @@ def classify(diff: float, low: float, high: float, rejected: bool, delta: float,
 def compare(values: Mapping[str, Sequence[float]], pairs: Sequence[tuple[str, str]], endpoint: str, *,
             delta: float = math.nan, alpha: float = ALPHA, power: float = POWER,
             higher_is_better: bool | None = None) -> list[Verdict]:
-    """Verdicts of every (arm, baseline) pair on one endpoint: Welch (W1–W3), Holm over the
-    pairs (H1), equivalence (E1), and for what stays unresolved the seeds per arm (P2)."""
+    """Verdicts of every (arm, baseline) pair on one endpoint: W1–W3, H1 over the pairs, E1, P2."""
     if higher_is_better is None:
         higher_is_better = endpoint not in LOWER_IS_BETTER
     tests = [welch(values.get(a, ()), values.get(b, ())) for a, b in pairs]
@@ -209,17 +184,16 @@ def compare(values: Mapping[str, Sequence[float]], pairs: Sequence[tuple[str, st
     for (a, b), w, pv, rej, level in zip(pairs, tests, p, rejected, levels, strict=True):
         lo, hi = welch_interval(w, level)
         verdict, inside = classify(w.diff, lo, hi, rej, delta, higher_is_better)
-        sd = w.pooled_sd
-        needed = (seeds_for_power(delta, sd, first_level, power)
+        needed = (seeds_for_power(delta, w.pooled_sd, first_level, power)
                   if verdict in (UNRESOLVED, TOO_FEW) and math.isfinite(delta) else None)
         out.append(Verdict(a, b, endpoint, w.n_x, w.n_y, w.mean_x, w.mean_y, w.diff, lo, hi, level, pv,
-                           verdict, inside, delta, sd, needed, higher_is_better))
+                           verdict, inside, delta, w.pooled_sd, needed, higher_is_better))
     return out
 
 
 def with_caveat(v: Verdict, caveat: str) -> Verdict:
-    """``v`` carrying ``caveat`` (armorlab.stats.margins.caveat); equivalent becomes cannot show
-    prevention: level with a baseline that did not fall is no evidence of preventing a fall."""
+    """``v`` carrying ``caveat``; equivalent becomes cannot show prevention: level with a baseline that
+    did not fall is no evidence of preventing a fall."""
     if not caveat:
         return v
     return replace(v, caveat=caveat, verdict=NO_PREVENTION if v.verdict == EQUIVALENT else v.verdict)
@@ -251,8 +225,8 @@ def sentence(v: Verdict, label: str, *, names: Mapping[str, str] | None = None,
     resolved with 7 seeds per arm``; ``hours``: what the extra runs of an unresolved
     comparison cost (None: run times unknown)."""
     names = names or {}
-    arm, base = names.get(v.arm, v.arm), names.get(v.baseline, v.baseline)
-    head = f"{arm} vs {base}: {signed(v.diff)} [{signed(v.low)}, {signed(v.high)}] {label}"
+    head = (f"{names.get(v.arm, v.arm)} vs {names.get(v.baseline, v.baseline)}: {signed(v.diff)} "
+            f"[{signed(v.low)}, {signed(v.high)}] {label}")
     seeds = seeds_phrase(v.n_arm, v.n_baseline)
     d = f"{v.delta:.3f}" if math.isfinite(v.delta) else None
     but = f"; {v.caveat}" if v.caveat else ""
