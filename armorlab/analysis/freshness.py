@@ -84,8 +84,7 @@ def write_stamp(out_dir: str | os.PathLike, key: str | None, summary: dict[str, 
     """Record that ``out_dir`` holds the report of the inputs with ``key`` (no key: no stamp)."""
     out_dir = Path(out_dir)
     if key is None:
-        forget(out_dir)
-        return
+        return forget(out_dir)
     rel = sorted({str(Path(p).resolve().relative_to(out_dir.resolve())) for p in outputs})
     # no fsync here or for the outputs: after a machine crash a file may be empty, and the sizes
     # recorded here then differ from it, so the next report rebuilds instead of trusting it
@@ -99,11 +98,9 @@ def fresh_summary(recipe: Any, out_dir: str | os.PathLike) -> dict[str, Any] | N
     try:
         stamp = json.loads(read_regular_text(out_dir / STAMP, limit=SMALL_FILE_BYTES))
         outputs = stamp["outputs"]
-        if stamp.get("version") != STAMP_VERSION or not outputs:
-            return None
-        if any(list(file_stat(out_dir / f) or [None]) != list(v or ()) for f, v in outputs.items()):
-            return None
-        return dict(stamp["summary"]) if stamp["key"] == input_key(recipe, out_dir) else None
+        unchanged = stamp.get("version") == STAMP_VERSION and outputs and all(
+            list(file_stat(out_dir / f) or [None]) == list(v or ()) for f, v in outputs.items())
+        return dict(stamp["summary"]) if unchanged and stamp["key"] == input_key(recipe, out_dir) else None
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 

@@ -40,8 +40,7 @@ def run_rows(per_run: pd.DataFrame, curve: Curve, *, val_metric: str = VAL_METRI
             "best": float(np.max(vv)) if vv.size else math.nan, "last": float(vv[-1]) if vv.size else math.nan,
             "drop_start": start - final,
             "train_start": float(tv[:TRAIN_WINDOW].mean()) if tv.size else math.nan,
-            "train_end": float(tv[-TRAIN_WINDOW:].mean()) if tv.size else math.nan,
-        })
+            "train_end": float(tv[-TRAIN_WINDOW:].mean()) if tv.size else math.nan})
     return pd.DataFrame(rows)
 
 
@@ -65,8 +64,7 @@ def group_rows(runs: pd.DataFrame, order: Sequence[str], baseline: str | None) -
             **sub[["train_start", "train_end"]].mean(),
             "poi_final": probability_of_improvement(finals, base_final) if compared else math.nan,
             "mw_p": mann_whitney_p(finals, base_final) if compared else math.nan,
-            "resolvable": compared and poi_resolvable(len(finals), len(base_final)),
-        })
+            "resolvable": compared and poi_resolvable(len(finals), len(base_final))})
     return pd.DataFrame(out)
 
 

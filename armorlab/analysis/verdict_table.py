@@ -288,8 +288,7 @@ def first_screen_table(table: VerdictTable) -> pd.DataFrame:
             "arm / baseline": f"{v.mean_arm:.3f} / {v.mean_baseline:.3f}", "seeds": cells["seeds"],
             "to resolve (80% power at δ)": "—" if v.seeds_needed is None else (
                 f"{v.seeds_needed} seeds per arm ({extra} more runs"
-                + (f", ≈ {hours:.1f} h" if hours is not None and extra else "") + ")"),
-        })
+                + (f", ≈ {hours:.1f} h" if hours is not None and extra else "") + ")")})
     return pd.DataFrame(rows)
 
 
