@@ -356,11 +356,6 @@ def resolve_scores(recipe: Recipe, per_run: pd.DataFrame, matched: Sequence[int]
 
 
 # --------------------------------------------------------------------------- comparisons
-def _matches(runs: pd.DataFrame, rids: list[str], selector: Mapping[str, Any]) -> bool:
-    sub = runs[runs["run_id"].isin(rids)]
-    return all(fmt_value(v) == fmt_value(want) for k, want in selector.items() for v in sub[k].tolist())
-
-
 FIRST_GROUP = "the first group in order"  # the baseline when nothing names one
 
 
@@ -377,7 +372,9 @@ def comparison_pairs(runs: pd.DataFrame, groups: Groups, recipe: Recipe) -> tupl
         unknown = [k for k in selector if k not in runs.columns]
         if unknown and strict:
             raise ArmorLabError("not a config key of these runs", key=key, value=unknown[0], file=file)
-        found = [] if unknown else [g for g in labels if _matches(runs, groups.members[g], selector)]
+        found = [] if unknown else [g for g in labels if all(
+            fmt_value(v) == fmt_value(want) for k, want in selector.items()
+            for v in runs.loc[runs["run_id"].isin(groups.members[g]), k].tolist())]
         if not found and strict:
             raise ArmorLabError("selects no group", key=key, value=dict(selector), file=file)
         return found
