@@ -195,10 +195,8 @@ def _seeds(vs: Sequence[V.Verdict]) -> str:
 def _open_cost(vs: Sequence[V.Verdict], table: VerdictTable) -> str:
     """': 24 more runs (≈ 3.1 h) would resolve them at 80% power'; nothing where one has no plan (no δ or spread)."""
     open_ = [v for v in vs if v.verdict in (V.UNRESOLVED, V.TOO_FEW)]
-    if not open_ or any(v.seeds_needed is None for v in open_):
-        return ""
     runs, hours = open_cost(vs, table.hours)
-    if not runs:
+    if not open_ or not runs or any(v.seeds_needed is None for v in open_):
         return ""
     return (f": {runs} more runs" + (f" (≈ {hours:.1f} h)" if hours is not None else "")
             + f" would resolve {'it' if len(open_) == 1 else 'them'} at 80% power")
