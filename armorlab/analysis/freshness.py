@@ -22,9 +22,12 @@ STAMP = ".armorlab-report.json"
 STAMP_VERSION = 1
 _RUN_FILES = ("config.yaml", "status.json", "metrics.jsonl")
 _CODE_DIR = Path(__file__).resolve().parent
+_CODE_FILES = sorted(_CODE_DIR.glob("*.py")) + [_CODE_DIR.parent / "core" / "runs.py",
+                                              _CODE_DIR.parent / "algos" / "kl.py"]
 
 
-def _stat(path: str | os.PathLike) -> tuple[int, int] | None:
+def file_stat(path: str | os.PathLike) -> tuple[int, int] | None:
+    """(size, mtime_ns), None where it cannot be read."""
     try:
         st = os.stat(path)
     except OSError:
@@ -48,14 +51,8 @@ def _tree_files(directory: Path) -> list[tuple[str, int, int]]:
     for base, dirs, files in os.walk(directory):  # a missing dir (no tokens/) walks nothing
         dirs.sort()
         paths = [os.path.join(base, name) for name in sorted(files)]
-        out += [(os.path.relpath(p, directory), *st) for p in paths if (st := _stat(p)) is not None]
+        out += [(os.path.relpath(p, directory), *st) for p in paths if (st := file_stat(p)) is not None]
     return out
-
-
-def _code_state() -> list[Any]:
-    files = sorted(_CODE_DIR.glob("*.py")) + [_CODE_DIR.parent / "core" / "runs.py",
-                                              _CODE_DIR.parent / "algos" / "kl.py"]
-    return [__version__, [(f.name, _stat(f)) for f in files]]
 
 
 def input_key(recipe: Any, out_dir: str | os.PathLike) -> str | None:
@@ -74,15 +71,12 @@ def input_key(recipe: Any, out_dir: str | os.PathLike) -> str | None:
                 run_dirs.setdefault(rd.path.resolve(), rd.path)
     except ArmorLabError:
         return None
-    runs = [[str(resolved), [(name, _stat(path / name)) for name in _RUN_FILES], _tree_files(path / "tokens")]
+    runs = [[str(resolved), [(n, file_stat(path / n)) for n in _RUN_FILES], _tree_files(path / "tokens")]
             for resolved, path in run_dirs.items()]
     dirs = [[str(p), _plain_files(p)] for p in inputs if p.is_dir()]
-    state = [STAMP_VERSION, recipe_state, str(Path(out_dir).resolve()), _code_state(), dirs, runs]
+    code = [__version__, [(f.name, file_stat(f)) for f in _CODE_FILES]]
+    state = [STAMP_VERSION, recipe_state, str(Path(out_dir).resolve()), code, dirs, runs]
     return hashlib.sha256(json.dumps(state, default=str, sort_keys=True).encode()).hexdigest()
-
-
-def _outputs_state(out_dir: Path, files: Iterable[str]) -> dict[str, Any]:
-    return {f: _stat(out_dir / f) for f in files}
 
 
 def write_stamp(out_dir: str | os.PathLike, key: str | None, summary: dict[str, Any],
@@ -90,13 +84,12 @@ def write_stamp(out_dir: str | os.PathLike, key: str | None, summary: dict[str, 
     """Record that ``out_dir`` holds the report of the inputs with ``key`` (no key: no stamp)."""
     out_dir = Path(out_dir)
     if key is None:
-        forget(out_dir)
-        return
+        return forget(out_dir)
     rel = sorted({str(Path(p).resolve().relative_to(out_dir.resolve())) for p in outputs})
     # no fsync here or for the outputs: after a machine crash a file may be empty, and the sizes
     # recorded here then differ from it, so the next report rebuilds instead of trusting it
     atomic_write_json(out_dir / STAMP, {"version": STAMP_VERSION, "key": key, "summary": summary,
-                                        "outputs": _outputs_state(out_dir, rel)}, durable=False)
+                                        "outputs": {f: file_stat(out_dir / f) for f in rel}}, durable=False)
 
 
 def fresh_summary(recipe: Any, out_dir: str | os.PathLike) -> dict[str, Any] | None:
@@ -105,12 +98,9 @@ def fresh_summary(recipe: Any, out_dir: str | os.PathLike) -> dict[str, Any] | N
     try:
         stamp = json.loads(read_regular_text(out_dir / STAMP, limit=SMALL_FILE_BYTES))
         outputs = stamp["outputs"]
-        if stamp.get("version") != STAMP_VERSION or not outputs:
-            return None
-        current = _outputs_state(out_dir, outputs)
-        if any(current[f] is None or list(current[f]) != list(v or ()) for f, v in outputs.items()):
-            return None
-        return dict(stamp["summary"]) if stamp["key"] == input_key(recipe, out_dir) else None
+        unchanged = stamp.get("version") == STAMP_VERSION and outputs and all(
+            list(file_stat(out_dir / f) or [None]) == list(v or ()) for f, v in outputs.items())
+        return dict(stamp["summary"]) if unchanged and stamp["key"] == input_key(recipe, out_dir) else None
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 

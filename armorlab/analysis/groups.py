@@ -48,26 +48,19 @@ def varying_keys(runs: pd.DataFrame) -> list[str]:
 
 
 def _partition(runs: pd.DataFrame, keys: Sequence[str]) -> int:
-    if not keys:
-        return 1
-    return len({tuple(fmt_value(v) for v in row) for row in runs[list(keys)].itertuples(index=False)})
+    return len({tuple(map(fmt_value, r)) for r in runs[list(keys)].itertuples(index=False)}) if keys else 1
 
 
 def auto_group_by(runs: pd.DataFrame) -> list[str]:
-    """The fewest varying config keys that still tell all non-seed configs apart.
-
-    A sweep over ``objective`` changes many keys through presets (anchor, ref_reset_steps, ...);
-    grouping on all of them would be unreadable, so keys are added greedily — ``objective``
-    first, then whichever splits the runs most — until the groups are as fine as all varying
-    keys together make them.
-    """
+    """The fewest varying config keys that still tell all non-seed configs apart: an ``objective`` sweep
+    changes many keys through presets, so keys are added greedily (``objective`` first, then whichever
+    splits the runs most) until the groups are as fine as all varying keys make them."""
     keys = varying_keys(runs)
     target = _partition(runs, keys)
     chosen = ["objective"] if "objective" in keys else []
     while _partition(runs, chosen) < target:
-        rest = [k for k in keys if k not in chosen]
-        best = max(rest, key=lambda k: (_partition(runs, [*chosen, k]), -runs[k].isna().sum(), -len(k)))
-        chosen.append(best)
+        chosen.append(max((k for k in keys if k not in chosen),
+                          key=lambda k: (_partition(runs, [*chosen, k]), -runs[k].isna().sum(), -len(k))))
     return chosen
 
 
@@ -196,7 +189,7 @@ def run_groups(rs: RunSet, group_by: Sequence[str] | None = None) -> pd.Series:
 # --------------------------------------------------------------------------- per-run scores
 @dataclass
 class Notes:
-    """Warnings collected while scoring (shown in the report)."""
+    """Warnings collected while scoring (shown in the report), each once."""
     items: list[str] = field(default_factory=list)
 
     def add(self, msg: str) -> None:
@@ -204,7 +197,6 @@ class Notes:
             self.items.append(msg)
 
     def extend(self, other: Notes) -> None:
-        """``other``'s notes after these, in their order (collected apart to keep the page's order)."""
         for msg in other.items:
             self.add(msg)
 
@@ -231,8 +223,6 @@ def eval_sizes(rs: RunSet, run_id: str, metric: str, steps: np.ndarray) -> np.nd
     if name not in counts or not ns:
         return None
     n_steps, n_values = rs.curve(run_id, f"{ns}/{counts[name]}")
-    if not n_steps.size:
-        return None
     out = pd.Series(n_values, index=n_steps).reindex(np.asarray(steps)).to_numpy(dtype=np.float64)
     return out if out.size and np.all(np.isfinite(out) & (out > 0)) else None
 
@@ -326,9 +316,7 @@ def group_summary(per_run: pd.DataFrame, groups: Groups, cols: Sequence[str],
     a step score (STEP_SCORES) is clipped to ``step_range``, the steps that exist: a Student-t
     interval of the mean peak step 25 over three seeds can read [−3, 53]; a score with ``bounds``
     (analysis.ranges: a proportion's [0, 1]) to those."""
-    rows = []
-    at = group_rows(per_run)
-    numeric = numeric_columns(per_run, cols)
+    rows, at, numeric = [], group_rows(per_run), numeric_columns(per_run, cols)
     collapsed = per_run["collapse_step"].notna().to_numpy() if "collapse_step" in per_run else None
     for g in groups.table.to_dict("records"):
         idx = at.get(g["group"], np.empty(0, dtype=np.int64))
@@ -344,8 +332,7 @@ def group_summary(per_run: pd.DataFrame, groups: Groups, cols: Sequence[str],
 
 
 def group_rows(per_run: pd.DataFrame) -> dict[str, np.ndarray]:
-    """Group label → positions of its runs in ``per_run``, in table order (one pass instead of
-    a boolean filter per group)."""
+    """Group label → positions of its runs in ``per_run``, in table order."""
     return per_run.groupby("group", sort=False).indices
 
 
@@ -369,11 +356,6 @@ def resolve_scores(recipe: Recipe, per_run: pd.DataFrame, matched: Sequence[int]
 
 
 # --------------------------------------------------------------------------- comparisons
-def _matches(runs: pd.DataFrame, rids: list[str], selector: Mapping[str, Any]) -> bool:
-    sub = runs[runs["run_id"].isin(rids)]
-    return all(fmt_value(v) == fmt_value(want) for k, want in selector.items() for v in sub[k].tolist())
-
-
 FIRST_GROUP = "the first group in order"  # the baseline when nothing names one
 
 
@@ -383,15 +365,16 @@ def comparison_pairs(runs: pd.DataFrame, groups: Groups, recipe: Recipe) -> tupl
     The recipe's ``compare`` (baseline or pairs; ``--baseline`` sets its baseline); else the controls
     the sweep specs behind the runs declare (recipe.spec_controls: every arm against its control
     group's baseline); else every group against the first group in order — never every pair."""
-    labels = groups.labels
-    cmp_ = recipe.compare
+    labels, cmp_ = groups.labels, recipe.compare
     file = str(recipe.path) if recipe.path and not cmp_.baseline_from else None  # a flag is in no file
 
     def pick(selector: Mapping[str, Any], key: str, strict: bool = True) -> list[str]:
         unknown = [k for k in selector if k not in runs.columns]
         if unknown and strict:
             raise ArmorLabError("not a config key of these runs", key=key, value=unknown[0], file=file)
-        found = [] if unknown else [g for g in labels if _matches(runs, groups.members[g], selector)]
+        found = [] if unknown else [g for g in labels if all(
+            fmt_value(v) == fmt_value(want) for k, want in selector.items()
+            for v in runs.loc[runs["run_id"].isin(groups.members[g]), k].tolist())]
         if not found and strict:
             raise ArmorLabError("selects no group", key=key, value=dict(selector), file=file)
         return found
@@ -454,8 +437,6 @@ def config_diff(runs: pd.DataFrame, groups: Groups) -> pd.DataFrame:
         shown = list(dict.fromkeys(fmt_value(v) for v in values))
         return shown[0] if len(shown) == 1 else "mixed: " + " | ".join(shown)
 
-    rows = []
-    for label in groups.labels:
-        sub = runs[runs["run_id"].isin(groups.members[label])]
-        rows.append({"group": label, **{k: cell(sub[k].tolist()) for k in keys}})
-    return pd.DataFrame(rows, columns=["group", *keys])
+    by_run = runs.set_index("run_id")
+    return pd.DataFrame([{"group": g, **{k: cell(by_run.loc[groups.members[g], k].tolist()) for k in keys}}
+                         for g in groups.labels], columns=["group", *keys])

@@ -28,20 +28,19 @@ def run_rows(per_run: pd.DataFrame, curve: Curve, *, val_metric: str = VAL_METRI
     """One row per run with the headline quantities (see the module docstring)."""
     rows = []
     for r in per_run.to_dict("records"):
-        vs, vv = curve(r["run_id"], val_metric)
-        tv = curve(r["run_id"], train_metric)[1]
-        start, final = (float(vv[0]) if vv.size else math.nan), float(r.get("final", math.nan))
+        (vs, vv), tv = curve(r["run_id"], val_metric), curve(r["run_id"], train_metric)[1]
+        peak, final = (float(r.get(k, math.nan)) for k in ("peak", "final"))
+        start = float(vv[0]) if vv.size else math.nan
         rows.append({
             "run_id": r["run_id"], "group": r["group"], "seed": r.get("seed"), "state": r.get("state"),
-            "start": start, "peak": float(r.get("peak", math.nan)), "peak_step": r.get("peak_step"),
+            "start": start, "peak": peak, "peak_step": r.get("peak_step"),
             "final": final, "final_step": int(vs[-1]) if vs.size else None,
-            "drop": float(r.get("peak", math.nan)) - final, "drop_se": float(r.get("drop_z", math.nan)),
+            "drop": peak - final, "drop_se": float(r.get("drop_z", math.nan)),
             "collapse_step": r.get("collapse_step"),
             "best": float(np.max(vv)) if vv.size else math.nan, "last": float(vv[-1]) if vv.size else math.nan,
             "drop_start": start - final,
             "train_start": float(tv[:TRAIN_WINDOW].mean()) if tv.size else math.nan,
-            "train_end": float(tv[-TRAIN_WINDOW:].mean()) if tv.size else math.nan,
-        })
+            "train_end": float(tv[-TRAIN_WINDOW:].mean()) if tv.size else math.nan})
     return pd.DataFrame(rows)
 
 
@@ -65,8 +64,7 @@ def group_rows(runs: pd.DataFrame, order: Sequence[str], baseline: str | None) -
             **sub[["train_start", "train_end"]].mean(),
             "poi_final": probability_of_improvement(finals, base_final) if compared else math.nan,
             "mw_p": mann_whitney_p(finals, base_final) if compared else math.nan,
-            "resolvable": compared and poi_resolvable(len(finals), len(base_final)),
-        })
+            "resolvable": compared and poi_resolvable(len(finals), len(base_final))})
     return pd.DataFrame(out)
 
 
@@ -92,12 +90,10 @@ def verdict(table: pd.DataFrame, baseline: str | None, names: dict[str, str] | N
     """Plain sentences: the baseline's rise and fall, then each other group against it (``unit``: step or
     rollout). Where the baseline did not fall (margins F1, ``curve_alpha`` the collapse test's false-alarm
     rate) every comparison says it cannot show prevention."""
-    names = names or {}
-    lines, but = [], ""
+    names, lines, but = names or {}, [], ""
     rows = {r["group"]: r for r in table.to_dict("records")}
+    b, base = rows.get(baseline), names.get(baseline, baseline)
     seeds = int(table["seeds"].min()) if len(table) else 0
-    b = rows.get(baseline)
-    base = names.get(baseline, baseline)
     if b is not None:
         rose = b["peak"] - b["start"]
         best = f"; best single eval {b['best']:.3f}" if math.isfinite(b.get("best", math.nan)) else ""

@@ -1,10 +1,7 @@
-"""Read many run directories into pandas: a long table (run_id, config columns, step, metric,
-value), a wide per-run table (run_id, step, one column per metric) and a per-run table
-(run_id, sweep, path, state, reason, flattened config). metrics.jsonl follows armorlab.core.runs'
-rules, parsed by pyarrow in one call per file (a file it rejects is re-read line by line); the
-parse and the cache (``<sweep>/.armorlab-cache/metrics.arrow``): docs/reports.md#loading and
-docs/safety-and-errors.md.
-"""
+"""Run directories (and other libraries' logs) → a RunSet: one row per run, one wide table of metrics.
+metrics.jsonl is parsed by pyarrow in one call per file (a file it rejects is re-read line by line, as
+armorlab.core.runs reads it) and cached in ``<sweep>/.armorlab-cache/metrics.arrow``
+(docs/reports.md#loading)."""
 
 from __future__ import annotations
 
@@ -23,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from armorlab.analysis import importers
+from armorlab.analysis.freshness import file_stat
 from armorlab.analysis.importers.base import as_float, json_lines, read_json_bytes, shallow
 from armorlab.analysis.importers.base import flatten as flatten_config  # nested config → dotted keys
 from armorlab.core.config import LOGGING_KEYS
@@ -121,14 +119,6 @@ def parse_metrics_file(path: str | os.PathLike):
 
 
 # --------------------------------------------------------------------------- the cache
-def _file_key(path: Path) -> list[int]:
-    try:
-        st = path.stat()
-        return [st.st_size, st.st_mtime_ns]
-    except OSError:
-        return [-1, -1]
-
-
 @dataclass
 class _Entry:
     """One run's parsed metrics Table and what they were parsed from."""
@@ -176,12 +166,9 @@ def _read_cache(sweep_dir: Path) -> dict[str, _Entry]:
 
 def _contiguous(bounds: list[tuple[Any, ...]], n_rows: int) -> bool:
     """The entries' [a, b) row ranges follow one another from 0 to the table's end."""
-    at = 0
-    for bound in bounds:
-        if len(bound) != 2 or not all(type(x) is int for x in bound) or bound[0] != at or bound[1] < at:
-            return False
-        at = bound[1]
-    return at == n_rows
+    if not all(len(b) == 2 and all(type(x) is int for x in b) and b[1] >= b[0] for b in bounds):
+        return False
+    return bounds == _ranges([b - a for a, b in bounds]) and sum(b - a for a, b in bounds) == n_rows
 
 
 def _ranges(lengths: list[int]) -> list[tuple[int, int]]:
@@ -309,10 +296,8 @@ class RunSet:
                                 or not pd.api.types.is_numeric_dtype(config[k])})
         out = config.iloc[run_codes.codes].reset_index(drop=True)
         out.insert(0, "run_id", run_codes)
-        out["step"] = self.wide["step"].to_numpy()[rows]
-        out["metric"] = pd.Categorical.from_codes(cols, categories=metric_cols)
-        out["value"] = values[rows, cols]
-        return out
+        metric = pd.Categorical.from_codes(cols, categories=metric_cols)
+        return out.assign(step=self.wide["step"].to_numpy()[rows], metric=metric, value=values[rows, cols])
 
 
 def load(paths: Iterable[str | os.PathLike], *, cache: bool = True,
@@ -359,7 +344,7 @@ def _load_native(run_dirs: list[RunDir], imported: list[importers.ImportedRun], 
         """The run's entry if parsed now (None: the cached one holds), and the run described."""
         rd, e = run_dirs[i], cached[i]
         # key first: a file growing while we read it is re-parsed next time
-        mkey, ckey = _file_key(rd.metrics_path), _file_key(rd.config_path)
+        mkey, ckey = (list(file_stat(p) or (-1, -1)) for p in (rd.metrics_path, rd.config_path))
         if e is not None and [e.metrics_key, e.config_key] == [mkey, ckey]:
             return None, _native_run(ids[i], rd, e)
         frame, warns = parse_metrics_file(rd.metrics_path)

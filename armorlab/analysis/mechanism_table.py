@@ -16,16 +16,10 @@ from armorlab.stats import seeds as stats
 
 # metric → column label; every one a per-step share or cosine (docs/metrics.md)
 MEAN_OVER_STEPS = {
-    "obj/clip_frac": "clipped",
-    "obj/widened_frac": "widened",
-    "obj/narrowed_frac": "narrowed",
-    "obj/freed_frac": "freed of clipped",
-    "anchor/gate_drop": "gate drop",
-    "anchor/rate": "anchor rate",
-    "obj/anchor_grad_share": "anchor grad share",
-    "obj/kl_grad_share": "KL grad share",
-    "obj/kl_grad_cos": "cos(KL, policy grad)",
-}
+    "obj/clip_frac": "clipped", "obj/widened_frac": "widened", "obj/narrowed_frac": "narrowed",
+    "obj/freed_frac": "freed of clipped", "anchor/gate_drop": "gate drop", "anchor/rate": "anchor rate",
+    "obj/anchor_grad_share": "anchor grad share", "obj/kl_grad_share": "KL grad share",
+    "obj/kl_grad_cos": "cos(KL, policy grad)"}
 DIVERSITY = "train/correct_distinct"
 EDGE = 0.2  # the first and last fifth of a run's logged steps are its start and end
 TRL_MAX_GRAD_NORM = 1.0  # transformers' default, used where a run's config does not state it

@@ -5,6 +5,7 @@ per-run CSV, P(X > Y), config diff; written atomically.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -91,15 +92,14 @@ def to_markdown(df: pd.DataFrame) -> str:
     return "\n".join([head, rule, *body]) + "\n"
 
 
+_LATEX_WORDS = {"\\": "\\textbackslash ", "~": "\\textasciitilde ", "^": "\\textasciicircum "}
+
+
 def _escape_latex(text: str) -> str:
-    """pandas' LaTeX escaping (Styler's ``escape="latex"``), replacement for replacement."""
-    mark = "ab2§=§8yz"  # pandas' own placeholder, so that the backslashes added below stay
-    return (text.replace("\\", mark).replace(f"{mark} ", f"{mark}\\space ")
-            .replace("&", "\\&").replace("%", "\\%").replace("$", "\\$").replace("#", "\\#")
-            .replace("_", "\\_").replace("{", "\\{").replace("}", "\\}")
-            .replace("~ ", "~\\space ").replace("~", "\\textasciitilde ")
-            .replace("^ ", "^\\space ").replace("^", "\\textasciicircum ")
-            .replace(mark, "\\textbackslash "))
+    """pandas' LaTeX escaping (Styler's ``escape="latex"``) in one pass: & % $ # _ { } get a backslash;
+    \\ ~ ^ become words, and a space after one of them ``\\space``."""
+    return re.sub(r"[&%$#_{}]|([\\~^])( ?)",
+                  lambda m: _LATEX_WORDS[m[1]] + "\\space " * bool(m[2]) if m[1] else "\\" + m[0], text)
 
 
 def _text_tabular(df: pd.DataFrame) -> str | None:

@@ -95,16 +95,13 @@ def frames(seqs: Sequence[SequentialVerdicts]) -> tuple[pd.DataFrame, pd.DataFra
             shown.append({
                 "arm vs baseline": f"{c['arm']} vs {c.get('baseline', s.design.baseline)}",
                 "endpoint": s.label,
-                "difference [repeated CI]": words.interval(c),
-                "CI level": words.level_text(c),
+                "difference [repeated CI]": words.interval(c), "CI level": words.level_text(c),
                 "verdict": words.verdict_cell(words.look_verdict(c, no_prevention), c.get("within_delta"),
                                               no_prevention),
-                "at look": "—" if at is None else str(at),
-                "seeds": f"{n[0]} vs {n[1]}",
+                "at look": "—" if at is None else str(at), "seeds": f"{n[0]} vs {n[1]}",
                 "|t| vs boundary": words.boundary_text(c) or "—",
                 "δ": f"{s.design.delta:.3f}" if math.isfinite(s.design.delta) else "—",
-                "80% power needs": "—" if c.get("seeds_needed") is None else f"{c['seeds_needed']} per arm",
-            })
+                "80% power needs": "—" if c.get("seeds_needed") is None else f"{c['seeds_needed']} per arm"})
             numbers.append({"sweep": s.sweep_dir.name, "arm": c["arm"], "baseline": c.get("baseline"),
                             "endpoint": s.design.endpoint, "verdict": c.get("verdict"), "resolved_at_look": at,
                             "looks": len(s.looks), "n_arm": n[0], "n_baseline": n[1], "diff": c.get("diff"),

@@ -47,12 +47,9 @@ def score_runs(run_dirs: Mapping[str, str | Path], arm_of: Mapping[str, str], en
                       for loaded, path in zip(rs.runs["run_id"].tolist(), rs.runs["path"].tolist(), strict=True)
                       if Path(path).resolve() in by_path}
     of_run = {loaded: arm_of[ours] for loaded, ours in loaded_to_ours.items()}
-    labels = list(dict.fromkeys(arm_of[r] for r in run_dirs))
-    members = {g: [r for r, a in of_run.items() if a == g] for g in labels}
-    groups = Groups([], pd.DataFrame({"group": labels, "n_runs": [len(members[g]) for g in labels]}), of_run,
-                    members)
     recipe = Recipe(runs=[str(p) for p in run_dirs.values()], select=select)
-    per_run = run_scores(rs, groups, recipe, list(matched_steps), Notes())
+    # run_scores reads only each run's group
+    per_run = run_scores(rs, Groups([], pd.DataFrame(), of_run), recipe, list(matched_steps), Notes())
     per_run = per_run[per_run["run_id"].isin(list(of_run))].reset_index(drop=True)
     if endpoint not in per_run.columns:
         scores = [c for c in per_run.columns if per_run[c].dtype.kind == "f"]

@@ -63,14 +63,12 @@ def run_hours(rs: RunSet) -> dict[str, float]:
     its last attempt only; a stopped run's hours are its whole cost)."""
     out = {}
     for run in rs.runs.itertuples(index=False):
-        if run.state not in ("completed", "stopped"):
-            continue
         try:  # a damaged or hand-edited status.json costs only its run's time
-            status = RunDir(run.path).read_status()
+            status = RunDir(run.path).read_status() if run.state in ("completed", "stopped") else {}
             start, end = (datetime.fromisoformat(status[k]) for k in ("started", "ended"))
             out[run.run_id] = (end - start).total_seconds() / 3600
         except (OSError, ValueError, TypeError, KeyError, OverflowError):
-            continue
+            pass
     return {r: h for r, h in out.items() if h > 0}
 
 
@@ -145,14 +143,13 @@ def open_cost(primary: Sequence[V.Verdict], group_hours: Mapping[str, float]) ->
     """(more runs, their hours or None where a run time is unknown) that resolve every open comparison
     at once: each arm up to its planned seeds, the shared baseline up to the largest."""
     open_ = [v for v in primary if v.seeds_needed is not None and V.more_runs(v)]
-    base_need = {v.baseline: (0, v.n_baseline) for v in open_}     # baseline → (seeds it needs, seeds it has)
+    base_need: dict[str, tuple[int, int]] = {}     # baseline → (seeds it needs, seeds it has)
     for v in open_:
-        base_need[v.baseline] = (max(base_need[v.baseline][0], v.seeds_needed), v.n_baseline)
-    extra = ([(v.arm, max(0, v.seeds_needed - v.n_arm)) for v in open_]
-             + [(b, max(0, need - have)) for b, (need, have) in base_need.items()])
-    if any(n and g not in group_hours for g, n in extra):
-        return sum(n for _, n in extra), None
-    return sum(n for _, n in extra), sum((n * group_hours[g] for g, n in extra if n), 0.0)
+        base_need[v.baseline] = (max(base_need.get(v.baseline, (0,))[0], v.seeds_needed), v.n_baseline)
+    extra = [(g, n) for g, n in [(v.arm, v.seeds_needed - v.n_arm) for v in open_]
+             + [(b, need - have) for b, (need, have) in base_need.items()] if n > 0]
+    known = all(g in group_hours for g, _ in extra)
+    return sum(n for _, n in extra), sum((n * group_hours[g] for g, n in extra), 0.0) if known else None
 
 
 def _summary(primary: Sequence[V.Verdict], group_hours: Mapping[str, float], label: str) -> str:
@@ -186,8 +183,7 @@ def _display(verdicts, labels, names, at, numeric, group_hours) -> pd.DataFrame:
             "P(arm better)": "—" if not math.isfinite(poi) else f"{poi:.2f}",
             "80% power needs": f"{v.seeds_needed} per arm" if planned else "—",
             "more runs": str(V.more_runs(v)) if planned else "—",
-            "≈ hours": "—" if hours is None else f"{hours:.1f}",
-        })
+            "≈ hours": "—" if hours is None else f"{hours:.1f}"})
     return pd.DataFrame(rows)
 
 
@@ -199,10 +195,8 @@ def _seeds(vs: Sequence[V.Verdict]) -> str:
 def _open_cost(vs: Sequence[V.Verdict], table: VerdictTable) -> str:
     """': 24 more runs (≈ 3.1 h) would resolve them at 80% power'; nothing where one has no plan (no δ or spread)."""
     open_ = [v for v in vs if v.verdict in (V.UNRESOLVED, V.TOO_FEW)]
-    if not open_ or any(v.seeds_needed is None for v in open_):
-        return ""
     runs, hours = open_cost(vs, table.hours)
-    if not runs:
+    if not open_ or not runs or any(v.seeds_needed is None for v in open_):
         return ""
     return (f": {runs} more runs" + (f" (≈ {hours:.1f} h)" if hours is not None else "")
             + f" would resolve {'it' if len(open_) == 1 else 'them'} at 80% power")
@@ -292,8 +286,7 @@ def first_screen_table(table: VerdictTable) -> pd.DataFrame:
             "arm / baseline": f"{v.mean_arm:.3f} / {v.mean_baseline:.3f}", "seeds": cells["seeds"],
             "to resolve (80% power at δ)": "—" if v.seeds_needed is None else (
                 f"{v.seeds_needed} seeds per arm ({extra} more runs"
-                + (f", ≈ {hours:.1f} h" if hours is not None and extra else "") + ")"),
-        })
+                + (f", ≈ {hours:.1f} h" if hours is not None and extra else "") + ")")})
     return pd.DataFrame(rows)
 
 

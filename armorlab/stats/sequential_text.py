@@ -76,17 +76,15 @@ def sentence(c: Mapping[str, Any], design: Design, looks: Sequence[Mapping[str, 
         small = f" (by less than δ = {d})" if c.get("within_delta") and d else ""
         return f"{head} — {verdict}{small}{where}, resolved with {seeds}{but}"
     if verdict == V.EQUIVALENT:
-        if why:
-            return f"{head} — within ±{d}{where} with {seeds}, but {why}"
-        return f"{head} — equivalent within ±{d}{where}, resolved with {seeds}"
+        return (f"{head} — within ±{d}{where} with {seeds}, but {why}" if why
+                else f"{head} — equivalent within ±{d}{where}, resolved with {seeds}")
     if verdict == CONTINUE:
         return f"{head} — not resolved yet with {seeds}; the next look adds seeds{but}"
     what = f"{head} — not resolved with {seeds} (--max-seeds {design.max_seeds})"
     if d is None:
         return f"{what}: {NO_MARGIN} (compare.delta) for equivalence or a seed plan{but}"
-    need = c.get("seeds_needed")
-    plan = (f"more than {V.MAX_SEEDS_PLANNED} seeds per arm or a measured spread" if need is None
-            else f"{need} seeds per arm (a fixed design)")
+    plan = (f"{c['seeds_needed']} seeds per arm (a fixed design)" if c.get("seeds_needed") is not None
+            else f"more than {V.MAX_SEEDS_PLANNED} seeds per arm or a measured spread")
     return f"{what}; 80% power at δ = {d} needs {plan}{but}"
 
 
