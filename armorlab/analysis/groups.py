@@ -196,10 +196,6 @@ class Notes:
         if msg not in self.items:
             self.items.append(msg)
 
-    def extend(self, other: Notes) -> None:
-        for msg in other.items:
-            self.add(msg)
-
 
 def resolve_matched_steps(rs: RunSet, recipe: Recipe) -> list[int]:
     if recipe.matched_steps is not None:
