@@ -22,18 +22,12 @@ P_LOW = 0.2
 CHUNK = 32768  # float32: 128 KiB per array, the kernel's eight chunk arrays (1 MiB) stay in L2 cache
 
 
-def capacity_limited_share(cap, p_old, sign, weight, *, p_low: float = P_LOW) -> float:
-    """(CL) capacity-limited share: of A > 0 tokens with π_old < ``p_low``, the weighted share whose capacity
-    is < 1 − π_old (clip-bound)."""
-    low = np.asarray(p_old) < p_low
-    return capacity.capacity_stats(cap[low], p_old[low], sign[low], weight[low])["pos_bound_frac"]
-
-
 def token_kernel(logp, old_logp, ref_logp, advantage, *, objective: str, alpha: Any = 1.0,
                  eps_low: float = 0.2, eps_high: float = 0.28, p_low: float = P_LOW,
                  chunk: int = CHUNK) -> dict[str, float]:
     """KL estimates and capacity statistics (UP Eq. 11, ARMOR Eq. 6; kl.K1–K4; CL) of π_θ's tokens in one
-    chunked pass; ``ref_logp`` may be None (no KL, no ARMOR capacity); NaN where undefined."""
+    chunked pass; ``ref_logp`` may be None (no KL, no ARMOR capacity); NaN where undefined.
+    (CL) ``low_prob_limited``: of A > 0 tokens with π_old < ``p_low``, the share whose capacity is < 1 − π_old."""
     family = capacity.capacity_family(objective)  # ValueError naming an unknown objective
     logp, old_logp, advantage = np.asarray(logp), np.asarray(old_logp), np.asarray(advantage)
     ref = None if ref_logp is None else np.asarray(ref_logp)

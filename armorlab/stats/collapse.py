@@ -127,13 +127,6 @@ def _levels(v: np.ndarray, m: int) -> np.ndarray:
     return (c[..., m:] - c[..., :-m]) / m
 
 
-def _running_peak(levels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Running maximum of the levels and the first index where each running maximum was set."""
-    peak = np.maximum.accumulate(levels)
-    new = np.concatenate([[True], levels[1:] > peak[:-1]])
-    return peak, np.maximum.accumulate(np.where(new, np.arange(levels.size), 0))
-
-
 @dataclass(frozen=True)
 class FallTest:
     """(C3) per window j = m … K−m: peak P_j, its window a, level L_j, z_j; z_star (C4); noise kind."""
@@ -155,9 +148,10 @@ def fall_test(values, n=None, *, patience: int = PATIENCE, alpha: float = ALPHA,
     if k < 2 * m or (n is None and k < (ONLINE_CURVE_MIN_EVALS if horizon else 5)):
         return None
     L = _levels(v, m)
-    peak, at = _running_peak(L)
+    peak = np.maximum.accumulate(L)  # and a: the first window where each running maximum was set
+    new = np.concatenate([[True], L[1:] > peak[:-1]])
     j = np.arange(m, L.size)
-    a = at[j - m]
+    a = np.maximum.accumulate(np.where(new, np.arange(L.size), 0))[j - m]
     if n is None:  # SE of L_a − L_j: (N2) σ̂·sqrt(2/m), or (N1) pooled two-proportion
         sigma = curve_noise(v) if sigma is None else sigma
         se, noise = np.full(j.shape, sigma * math.sqrt(2.0 / m)), "curve"
