@@ -167,8 +167,7 @@ class Design:
         return out
 
     def as_dict(self) -> dict[str, Any]:
-        delta = None if math.isnan(self.delta) else self.delta
-        return {**asdict(self), "arms": list(self.arms), "delta": delta}
+        return {**asdict(self), "arms": list(self.arms), "delta": None if math.isnan(self.delta) else self.delta}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Design:
