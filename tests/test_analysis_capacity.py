@@ -13,6 +13,12 @@ from armorlab.core.config import resolve
 from armorlab.core.runs import RunDir
 
 
+def capacity_limited_share(cap, p_old, sign, weight, *, p_low=cs.P_LOW):
+    """(CL) by capacity.capacity_stats on the tokens with π_old < p_low: the reference for token_kernel's."""
+    low = np.asarray(p_old) < p_low
+    return capacity.capacity_stats(cap[low], p_old[low], sign[low], weight[low])["pos_bound_frac"]
+
+
 def test_capacity_by_hand_and_bound_share():
     p_old = np.array([0.5, 0.9, 0.5])
     sign = np.array([1.0, 1.0, -1.0])
@@ -31,7 +37,7 @@ def test_capacity_by_hand_and_bound_share():
                             alpha=0.5)
     assert armor["pos_mean"] == pytest.approx(0.196)
     assert capacity.token_capacity("dapo", p_old, sign)[0] == pytest.approx(0.14)
-    assert cs.capacity_limited_share(capacity.token_capacity("dapo", p_old, sign), p_old, sign, ones,
+    assert capacity_limited_share(capacity.token_capacity("dapo", p_old, sign), p_old, sign, ones,
                                      p_low=0.6) == 1.0
 
 
@@ -66,7 +72,7 @@ def test_kernel_matches_reference_functions(dtype, objective):
         assert got[key] == pytest.approx(want[key], rel=tol)
     # bound share counts a strict inequality that float32 rounding can flip for a token or two
     assert got["pos_bound_frac"] == pytest.approx(want["pos_bound_frac"], abs=2 / n if dtype == np.float32 else 0)
-    assert got["low_prob_limited"] == pytest.approx(cs.capacity_limited_share(cap, p_old, sign, w),
+    assert got["low_prob_limited"] == pytest.approx(capacity_limited_share(cap, p_old, sign, w),
                                                     abs=2 / n if dtype == np.float32 else 1e-12)
     for est in ("k1", "k2", "k3"):
         assert got[f"reverse_{est}"] == pytest.approx(kl.reverse_kl(lp, r, estimator_name=est), rel=tol, abs=1e-7)
@@ -93,7 +99,7 @@ def test_kernel_per_token_alpha_and_other_eps_match_capacity_module():
         assert got["pos_mean"] == pytest.approx(want["pos_mean"], rel=1e-9)
         assert got["neg_mean"] == pytest.approx(want["neg_mean"], rel=1e-9)
         assert got["pos_bound_frac"] == pytest.approx(want["pos_bound_frac"], abs=1e-12)
-        assert got["low_prob_limited"] == pytest.approx(cs.capacity_limited_share(cap, p_old, sign, w), abs=1e-12)
+        assert got["low_prob_limited"] == pytest.approx(capacity_limited_share(cap, p_old, sign, w), abs=1e-12)
         assert 0 < want["pos_bound_frac"] < 1  # both branches of the A > 0 minimum are exercised
 
 

@@ -160,3 +160,17 @@ def test_sentences_read_plainly():
                    True, 0.047, 0.01, None, True)
     assert V.sentence(eq, "final val/acc").endswith("— equivalent within ±0.047, resolved with 5 vs 4 seeds")
     assert V.signed(-0.0001) == "+0.000" and V.signed(float("nan")) == "—"
+
+
+def test_seeds_for_power_where_power_is_near_one_at_two_seeds():
+    # δ = 0.2 at σ = 0.029 is 6.9 sds. Level 0.05/3 two-sided: at 2 seeds a side (df 2) |t| must reach
+    # t_{0.9917, 2} ≈ 7.65, past the noncentrality 6.9·√(2/2): rejected about half the time (< 0.8); at 3
+    # (df 4, |t| ≥ 3.96, noncentrality 8.45) nearly always. statsmodels' solver returned NaN here (a
+    # ValueError from rounding it) and its power at 3 seeds was NaN (scipy's far tail): both by simulation.
+    rng = np.random.default_rng(11)
+    rates = {n: float(np.mean(sps.ttest_ind(rng.normal(0.2, 0.029, (20_000, n)), rng.normal(0, 0.029, (20_000, n)),
+                                            axis=1).pvalue < 0.05 / 3)) for n in (2, 3)}
+    assert rates[2] < 0.6 and rates[3] > 0.99
+    assert V.seeds_for_power(0.2, 0.029, 0.05 / 3) == 3
+    assert V.t_test_power(3, 0.2, 0.029, 0.05 / 3) == pytest.approx(rates[3], abs=0.003)
+    assert V.t_test_power(2, 0.2, 0.029, 0.05 / 3) == pytest.approx(rates[2], abs=0.01)

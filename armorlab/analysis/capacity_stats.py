@@ -22,18 +22,12 @@ P_LOW = 0.2
 CHUNK = 32768  # float32: 128 KiB per array, the kernel's eight chunk arrays (1 MiB) stay in L2 cache
 
 
-def capacity_limited_share(cap, p_old, sign, weight, *, p_low: float = P_LOW) -> float:
-    """(CL) capacity-limited share: of A > 0 tokens with π_old < ``p_low``, the weighted share whose capacity
-    is < 1 − π_old (clip-bound)."""
-    low = np.asarray(p_old) < p_low
-    return capacity.capacity_stats(cap[low], p_old[low], sign[low], weight[low])["pos_bound_frac"]
-
-
 def token_kernel(logp, old_logp, ref_logp, advantage, *, objective: str, alpha: Any = 1.0,
                  eps_low: float = 0.2, eps_high: float = 0.28, p_low: float = P_LOW,
                  chunk: int = CHUNK) -> dict[str, float]:
     """KL estimates and capacity statistics (UP Eq. 11, ARMOR Eq. 6; kl.K1–K4; CL) of π_θ's tokens in one
-    chunked pass; ``ref_logp`` may be None (no KL, no ARMOR capacity); NaN where undefined."""
+    chunked pass; ``ref_logp`` may be None (no KL, no ARMOR capacity); NaN where undefined.
+    (CL) ``low_prob_limited``: of A > 0 tokens with π_old < ``p_low``, the share whose capacity is < 1 − π_old."""
     family = capacity.capacity_family(objective)  # ValueError naming an unknown objective
     logp, old_logp, advantage = np.asarray(logp), np.asarray(old_logp), np.asarray(advantage)
     ref = None if ref_logp is None else np.asarray(ref_logp)
@@ -53,7 +47,8 @@ def token_kernel(logp, old_logp, ref_logp, advantage, *, objective: str, alpha: 
     # Every statistic is a dot product of two chunk arrays (BLAS, the fastest reduction numpy
     # has); 0/1 masks are written straight as floats, so counts are dots too (exact: integers
     # below 2**24 per chunk). The running totals are python floats (float64).
-    kl_sums = np.zeros(4)  # Σ L, Σ L², Σ E·L, Σ (E − L) (_kl_sums)
+    # (K1-K4) L = log π_ref − log π_θ, E = e^L − 1: k1 = −L, k2 = ½L², k3 = E − L, K4 = E·L − (E − L)
+    kl_sums = np.zeros(4)  # Σ L, Σ L², Σ E·L, Σ (E − L)
     n_pos = n_neg = n_bound = n_low = n_low_bound = pos_sum = neg_sum = 0.0
     for a in range(0, n_all, chunk):
         b = min(a + chunk, n_all)
@@ -61,7 +56,10 @@ def token_kernel(logp, old_logp, ref_logp, advantage, *, objective: str, alpha: 
         one, t1, t2 = ones[:n], buf["t1"][:n], buf["t2"][:n]
         po = np.exp(old_logp[a:b], out=buf["po"][:n])
         if ref is not None:
-            kl_sums += _kl_sums(np.subtract(ref[a:b], logp[a:b], out=t1), one, t2)
+            L = np.subtract(ref[a:b], logp[a:b], out=t1)
+            E = np.expm1(L, out=t2)
+            kl_sums += [float(np.dot(L, one)), float(np.dot(L, L)), float(np.dot(E, L)),
+                        float(np.dot(np.subtract(E, L, out=E), one))]
         pos = np.greater(advantage[a:b], 0, out=buf["pos"][:n])
         neg = np.less(advantage[a:b], 0, out=buf["neg"][:n])
         n_pos += float(np.dot(pos, one))
@@ -102,13 +100,6 @@ def token_kernel(logp, old_logp, ref_logp, advantage, *, objective: str, alpha: 
             "pos_mean": pos_sum / n_pos if n_pos else nan, "pos_bound_frac": n_bound / n_pos if n_pos else nan,
             "neg_mean": neg_sum / n_neg if n_neg else nan,
             "low_prob_limited": n_low_bound / n_low if n_low else nan}
-
-
-def _kl_sums(L: np.ndarray, one: np.ndarray, E: np.ndarray) -> np.ndarray:
-    """(K1-K4) sums of one chunk, L = log π_ref − log π_θ, E = e^L − 1: k1 = −L, k2 = ½L², k3 = E − L, K4 = E·L − (E − L)."""
-    E = np.expm1(L, out=E)
-    s_l, s_ll, s_el = float(np.dot(L, one)), float(np.dot(L, L)), float(np.dot(E, L))
-    return np.array([s_l, s_ll, s_el, float(np.dot(np.subtract(E, L, out=E), one))])
 
 
 # --------------------------------------------------------------------------- tokens/ parquet

@@ -370,13 +370,10 @@ def kl_direction(metric: str) -> tuple[str, str]:
     if ns == "anchor" and name.startswith("kl_"):
         return "anchor KL (neither direction)", f"{name[3:]} estimate on reward-filtered samples of π_ref"
     head, _, tail = name.partition("_")
-    if ns == "kl" and head == "exact" and tail in _KL_SOURCES:
-        direction, source = _KL_SOURCES[tail]
-        return direction, f"exact, on {source}"
-    if ns == "kl" and head in _KL_SOURCES and tail:
-        direction, source = _KL_SOURCES[head]
-        return direction, f"{tail} estimate on {source}"
-    return "", ""
+    direction, source = _KL_SOURCES.get(tail if head == "exact" else head, ("", ""))
+    if ns != "kl" or not (direction and tail):
+        return "", ""
+    return direction, f"exact, on {source}" if head == "exact" else f"{tail} estimate on {source}"
 
 
 def plot_kl(panels: Mapping[str, Mapping[str, CurveBand]], path: Path, *, legend_title: str,
@@ -429,14 +426,13 @@ def capacity_axis(axes, samples: Sequence[np.ndarray]) -> tuple[float, float, st
         return None
     lo, hi = float(x.min()), float(x.max())
     pos = x[x > 0]
-    kw = {}
     if lo >= 0 and pos.size and np.log10(hi / pos.min()) > DECADES:
         # zeros (a token the clip stops) keep a linear stretch below the smallest positive value
         scale, kw = ("log", {}) if lo > 0 else ("symlog", {"linthresh": float(pos.min())})
         lo, hi = (lo / 1.25 if lo > 0 else 0.0), hi * 1.25
     else:
         pad = 0.04 * (hi - lo) if hi > lo else max(abs(hi), 1e-3) * 0.1
-        lo, hi, scale = lo - pad, hi + pad, "linear"
+        lo, hi, scale, kw = lo - pad, hi + pad, "linear", {}
     for ax in axes:
         ax.set_xscale(scale, **kw)
         ax.set_xlim(lo, hi)

@@ -28,7 +28,7 @@ import numpy as np
 from scipy.special import ndtri, stdtrit
 
 from armorlab.core.fsutil import SMALL_FILE_BYTES, atomic_write_json, cache_root, read_regular_text
-from armorlab.stats.seeds import t_ppf  # cached there
+from armorlab.stats.seeds import clean_curve, t_ppf
 
 DELTA = 0.03
 PATIENCE = 3
@@ -41,21 +41,6 @@ MIN_DRAWS = 2_000        # the 96 % quantile of 2,000 draws is within ±0.5 % of
 NOISE_KEEP = 0.9  # (N2) share of second differences kept (the smallest)
 
 log = logging.getLogger(__name__)
-
-
-def clean_curve(steps, values) -> tuple[np.ndarray, np.ndarray]:
-    """Drop NaN/inf points, sort by step; returns float64 steps and values."""
-    steps = np.asarray(steps, dtype=np.float64).ravel()
-    values = np.asarray(values, dtype=np.float64).ravel()
-    if steps.shape != values.shape:
-        raise ValueError(f"steps and values differ in length: {steps.size} vs {values.size}")
-    keep = np.isfinite(steps) & np.isfinite(values)
-    if not keep.all():
-        steps, values = steps[keep], values[keep]
-    if steps.size < 2 or bool(np.all(steps[1:] >= steps[:-1])):
-        return steps, values  # already in order (the stable sort would keep it): no copies
-    order = np.argsort(steps, kind="stable")
-    return steps[order], values[order]
 
 
 def _clean_with_n(steps, values, n) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
@@ -127,13 +112,6 @@ def _levels(v: np.ndarray, m: int) -> np.ndarray:
     return (c[..., m:] - c[..., :-m]) / m
 
 
-def _running_peak(levels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Running maximum of the levels and the first index where each running maximum was set."""
-    peak = np.maximum.accumulate(levels)
-    new = np.concatenate([[True], levels[1:] > peak[:-1]])
-    return peak, np.maximum.accumulate(np.where(new, np.arange(levels.size), 0))
-
-
 @dataclass(frozen=True)
 class FallTest:
     """(C3) per window j = m … K−m: peak P_j, its window a, level L_j, z_j; z_star (C4); noise kind."""
@@ -155,9 +133,10 @@ def fall_test(values, n=None, *, patience: int = PATIENCE, alpha: float = ALPHA,
     if k < 2 * m or (n is None and k < (ONLINE_CURVE_MIN_EVALS if horizon else 5)):
         return None
     L = _levels(v, m)
-    peak, at = _running_peak(L)
+    peak = np.maximum.accumulate(L)  # and a: the first window where each running maximum was set
+    new = np.concatenate([[True], L[1:] > peak[:-1]])
     j = np.arange(m, L.size)
-    a = at[j - m]
+    a = np.maximum.accumulate(np.where(new, np.arange(L.size), 0))[j - m]
     if n is None:  # SE of L_a − L_j: (N2) σ̂·sqrt(2/m), or (N1) pooled two-proportion
         sigma = curve_noise(v) if sigma is None else sigma
         se, noise = np.full(j.shape, sigma * math.sqrt(2.0 / m)), "curve"
@@ -364,10 +343,7 @@ def _peak_and_drop(s: np.ndarray, v: np.ndarray, se: np.ndarray, patience: int) 
     peak, final = float(L[i]), float(L[last])
     drop = peak - final
     # SE of L_i − L_last from the evals the two windows do not share (they may overlap)
-    only = np.zeros(v.size)
-    only[i:i + m] += 1
-    only[last:last + m] -= 1
-    var = float(np.sum(se[only != 0] ** 2)) / m ** 2
+    var = float(np.sum(se[sorted({*range(i, i + m)} ^ {*range(last, last + m)})] ** 2)) / m ** 2
     if i == last:
         drop_z = 0.0
     elif not math.isfinite(var):
@@ -404,15 +380,13 @@ def collapse_metrics(steps, values, *, n=None, train_steps=None, train_values=No
     se = eval_se(v, n)
     t = fall_test(v, n, patience=patience, alpha=alpha, sigma=float(se[0]) if n is None and se.size else None)
     step, z = _first_fall(s, v, t, delta, patience)
-    train = train_steps is not None and train_values is not None
-    entropy = entropy_steps is not None and entropy_values is not None
-    length = length_steps is not None and length_values is not None
     return {"n_evals": int(v.size), **_peak_and_drop(s, v, se, patience), "collapse_step": step,
             "collapse_z": z, "noise": "binomial" if n is not None else "curve",
             "noise_se": float(np.median(se)) if se.size and np.isfinite(se).any() else math.nan,
             "auc": curve_auc(s, v),
-            "divergence_step": _divergence(s, v, t, *clean_curve(train_steps, train_values), delta, patience,
-                                           alpha) if train else None,
-            "entropy_collapse_step": entropy_collapse_step(entropy_steps, entropy_values, entropy_threshold,
-                                                           entropy_frac) if entropy else None,
-            "length_blowup": length_blowup(length_steps, length_values) if length else math.nan}
+            "divergence_step": None if train_steps is None or train_values is None else _divergence(
+                s, v, t, *clean_curve(train_steps, train_values), delta, patience, alpha),
+            "entropy_collapse_step": None if entropy_steps is None or entropy_values is None else
+            entropy_collapse_step(entropy_steps, entropy_values, entropy_threshold, entropy_frac),
+            "length_blowup": math.nan if length_steps is None or length_values is None else
+            length_blowup(length_steps, length_values)}

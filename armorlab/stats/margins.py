@@ -1,9 +1,5 @@
-"""Equivalence margins and whether a comparison can show prevention (docs/verdicts.md).
-
-A margin δ (``compare.delta`` of a sweep spec or a report recipe) is an effect of interest fixed before
-the first look, never a noise unit: one eval's SE shrinks as evals grow, so with a large val set arms
-that differ by an effect anyone cares about would pass as "equivalent". A comparison on a final or drop
-endpoint asks whether an arm prevented its baseline's fall; when the baseline did not, it cannot show it.
+"""Equivalence margins (an effect of interest fixed before the first look, never a noise unit) and whether
+a comparison on a final or drop endpoint can show prevention (docs/verdicts.md):
     (F1) the baseline fell when k of its n seeds collapse (C5, false-alarm rate α_c a flat curve) and
          P(Bin(n, α_c) ≥ k) ≤ 0.05: with α_c = 0.04, k ≥ 1 for n = 1, k ≥ 2 for 2 ≤ n ≤ 9.
 """

@@ -173,6 +173,21 @@ def poi_with_ci(x, y, *, confidence: float = CONFIDENCE, n_resamples: int = N_RE
 
 
 # --------------------------------------------------------------------------- curves
+def clean_curve(steps, values) -> tuple[np.ndarray, np.ndarray]:
+    """Drop NaN/inf points, sort by step; returns float64 steps and values."""
+    steps = np.asarray(steps, dtype=np.float64).ravel()
+    values = np.asarray(values, dtype=np.float64).ravel()
+    if steps.shape != values.shape:
+        raise ValueError(f"steps and values differ in length: {steps.size} vs {values.size}")
+    keep = np.isfinite(steps) & np.isfinite(values)
+    if not keep.all():
+        steps, values = steps[keep], values[keep]
+    if steps.size < 2 or bool(np.all(steps[1:] >= steps[:-1])):
+        return steps, values  # already in order (the stable sort would keep it): no copies
+    order = np.argsort(steps, kind="stable")
+    return steps[order], values[order]
+
+
 @dataclass(frozen=True)
 class AlignedCurves:
     """``values[r, j]``: run r at ``grid[j]``; ``interpolated``: some run was, onto steps it did not log."""
@@ -183,12 +198,7 @@ class AlignedCurves:
 
 def align_curves(curves: list[tuple[np.ndarray, np.ndarray]]) -> AlignedCurves:
     """Curves on the union of their steps, interpolated inside each run's range, NaN outside it."""
-    cleaned = []
-    for steps, values in curves:
-        steps, values = np.asarray(steps, dtype=np.float64), np.asarray(values, dtype=np.float64)
-        keep = np.isfinite(steps) & np.isfinite(values)
-        order = np.argsort(steps[keep], kind="stable")
-        cleaned.append((steps[keep][order], values[keep][order]))
+    cleaned = [clean_curve(steps, values) for steps, values in curves]
     nonempty = [s for s, _ in cleaned if s.size]
     if not nonempty:
         return AlignedCurves(np.empty(0), np.empty((len(curves), 0)), False)

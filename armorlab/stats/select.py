@@ -1,12 +1,8 @@
-"""Two ways to read a number off a run, side by side in every report:
-    (R1) best on val, reported on test: the test metric at the eval step where val/acc is best, as papers'
-         "best checkpoint" numbers; optimistic across seeds, since val noise picks the lucky step.
-    (R2) at matched steps: val and test at the same pre-declared steps for every run (e.g. 100, 200, 400);
-         no selection bias, and a collapse after the peak shows.
-The gap between (R1)'s val value and (R2)'s is the best-checkpoint selection bias the ARMOR review names.
-A run's *kept* checkpoint (selected.json) is chosen by a noise-aware level instead (S1), so a lucky eval
-does not decide which weights a later stage continues from.
-"""
+"""Two ways to read a number off a run, side by side in every report (why: docs/reports.md):
+    (R1) best on val, reported on test: the test metric at the eval step where val/acc is best
+    (R2) at matched steps: val and test at the same pre-declared steps for every run
+A run's *kept* checkpoint (selected.json) is chosen by a noise-aware level (S1): a lucky eval must not
+decide which weights a later stage continues from."""
 
 from __future__ import annotations
 

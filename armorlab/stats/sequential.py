@@ -55,34 +55,32 @@ def spend(t: float, alpha: float, spending: str = "obf") -> float:
 
 @dataclass
 class _Walk:
-    """The sub-density of Z_k on the continuation region, carried look by look (G4)."""
+    """The sub-density of Z_k on the continuation region, carried look by look (G4): the last look's grid
+    and density × Simpson weight on it (before the first look, all mass at 0)."""
     drift: float = 0.0
     t: float = 0.0
-    z: np.ndarray | None = None      # grid of the last look's continuation region
-    mass: np.ndarray | None = None   # density × Simpson weight on that grid
+    z: np.ndarray = field(default_factory=lambda: np.zeros(1))
+    mass: np.ndarray = field(default_factory=lambda: np.ones(1))
 
-    def _moments(self, t: float) -> tuple[np.ndarray, np.ndarray, float]:
-        """Mass, mean of S(t) and the increment's sd of each grid point of the last look."""
-        dt = t - self.t
-        if self.z is None:
-            return np.ones(1), np.full(1, self.drift * dt), math.sqrt(dt)
-        return self.mass, self.z * math.sqrt(self.t) + self.drift * dt, math.sqrt(dt)
+    def _moments(self, t: float) -> tuple[np.ndarray, float]:
+        """Mean of S(t) from each grid point of the last look, and the increment's sd."""
+        return self.z * math.sqrt(self.t) + self.drift * (t - self.t), math.sqrt(t - self.t)
 
     def crossing(self, c: float, t: float) -> tuple[float, float]:
         """P(reach look k, Z_k ≥ c) and P(reach look k, Z_k ≤ −c)."""
-        mass, mu, s = self._moments(t)
+        mu, s = self._moments(t)
         edge = c * math.sqrt(t)
-        return float(mass @ sp.ndtr((mu - edge) / s)), float(mass @ sp.ndtr((-edge - mu) / s))
+        return float(self.mass @ sp.ndtr((mu - edge) / s)), float(self.mass @ sp.ndtr((-edge - mu) / s))
 
     def advance(self, c: float, t: float) -> None:
         """Carry the sub-density past look k with boundary c (an infinite c: nothing stops)."""
-        mass, mu, s = self._moments(t)
+        mu, s = self._moments(t)
         c = c if math.isfinite(c) else 12.0  # nothing stops: the grid still covers the density
         z = np.linspace(-c, c, GRID)
         w = np.ones(GRID)
         w[1:-1:2], w[2:-1:2] = 4.0, 2.0   # Simpson's rule
         x = (z[:, None] * math.sqrt(t) - mu[None, :]) / s
-        density = (np.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)) @ mass * (math.sqrt(t) / s)
+        density = (np.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)) @ self.mass * (math.sqrt(t) / s)
         self.z, self.mass, self.t = z, density * (w * (z[1] - z[0]) / 3.0), t
 
 
@@ -169,8 +167,7 @@ class Design:
         return out
 
     def as_dict(self) -> dict[str, Any]:
-        delta = None if math.isnan(self.delta) else self.delta
-        return {**asdict(self), "arms": list(self.arms), "delta": delta}
+        return {**asdict(self), "arms": list(self.arms), "delta": None if math.isnan(self.delta) else self.delta}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Design:

@@ -1,15 +1,9 @@
-"""Stop on collapse: the online use of the calibrated collapse test (stats.collapse, C5) by a training
-run, and how a stopped run's curve enters a report.
-(S1) stop     after each eval, the level of the last m evals (C1) is tested against the highest earlier
-              level by the whole run's fall test (C3; threshold C4 at ``horizon``, the unstopped run's
-              evals); the run stops when it passes C5 and each of those m evals is at or below (P + L)/2,
-              so a one-eval dip never stops it: at most α false alarms on a flat run
-              (benchmarks/stop_on_collapse.py). Reason: ``collapse at rollout N, level fell k SE``, N the
-              first of the trailing evals at or below (P + L)/2 (the onset), k the last window's z.
-(S2) carried  a stopped run's missing evals are not missing at random: left out, they would drop exactly
-              the collapsed runs from final and matched-step endpoints. Its curve is carried forward at
-              its level at stop (mean of its last m evals, C1), at its own eval spacing, up to the
-              report's horizon, so ``final``, ``val@S``/``test@S`` and ``auc`` count it as collapsed.
+"""Stop on collapse (docs/training.md#stop-on-collapse): the calibrated collapse test (stats.collapse) online.
+(S1) stop     after each eval, the whole run's fall test (C3; threshold C4 at ``horizon``): stop when it
+              passes C5 and each of the last m evals is at or below (P + L)/2, so a one-eval dip never
+              stops a run (≤ α false alarms on a flat run: benchmarks/stop_on_collapse.py)
+(S2) carried  a stopped run's curve goes on at its level at stop (C1) at its own eval spacing up to the
+              report's horizon: left out, exactly the collapsed runs would drop from final and val@S.
 """
 
 from __future__ import annotations

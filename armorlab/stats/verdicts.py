@@ -12,6 +12,7 @@ is called equivalent and no seeds are planned.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
@@ -101,33 +102,32 @@ def holm(p: Sequence[float], alpha: float = ALPHA) -> tuple[list[bool], list[flo
 
 
 def t_test_power(n: int, delta: float, sd: float, level: float = ALPHA) -> float:
-    """(P1) by statsmodels' TTestIndPower."""
+    """(P1) by statsmodels' TTestIndPower. scipy's noncentral t is NaN at a large noncentrality nc (seen at
+    nc > 5.9 only): then the near tail alone (the far one is below Φ(−nc) < 2e-9), and 1 where that is NaN
+    too (seen at nc > 36 only, where a simulation rejects every time)."""
     from statsmodels.stats.power import TTestIndPower
 
     if n < 2 or not (sd > 0) or not math.isfinite(sd):
         return math.nan
-    return float(TTestIndPower().power(abs(delta) / sd, n, level, ratio=1.0, alternative="two-sided"))
+    power = TTestIndPower().power(abs(delta) / sd, n, level, ratio=1.0, alternative="two-sided")
+    if math.isnan(power):
+        power = TTestIndPower().power(abs(delta) / sd, n, level / 2, ratio=1.0, alternative="larger")
+    return 1.0 if math.isnan(power) else float(power)
 
 
 def seeds_for_power(delta: float, sd: float, level: float = ALPHA, power: float = POWER,
                     n_max: int = MAX_SEEDS_PLANNED) -> int | None:
-    """(P2) by statsmodels' tt_ind_solve_power, rounded up; None above ``n_max`` or without a spread (sd
-    NaN); with no spread at all, 2 seeds already resolve any δ > 0."""
-    from statsmodels.stats.power import tt_ind_solve_power
-
+    """(P2) the fewest seeds per arm whose (P1) reaches ``power``, by bisection (statsmodels' solver can
+    return NaN where n = 2 nearly suffices); None above ``n_max`` or without a spread (sd NaN); with no
+    spread at all, 2 seeds already resolve any δ > 0."""
     if not (delta > 0) or not math.isfinite(sd):
         return None
     if sd == 0:
         return 2
     if t_test_power(n_max, delta, sd, level) < power:
         return None
-    n = max(2, math.ceil(tt_ind_solve_power(delta / sd, None, level, power, ratio=1.0) - 1e-6))
-    # the solver's root sits within its tolerance of the integer it rounds to: check both sides
-    while n > 2 and t_test_power(n - 1, delta, sd, level) >= power:
-        n -= 1
-    while t_test_power(n, delta, sd, level) < power:
-        n += 1
-    return n
+    ns = range(2, n_max + 1)
+    return ns[bisect.bisect_left(ns, True, key=lambda n: t_test_power(n, delta, sd, level) >= power)]
 
 
 @dataclass(frozen=True)
