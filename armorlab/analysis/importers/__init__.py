@@ -45,13 +45,6 @@ def is_native_run(path: Path) -> bool:
     return (path / STATUS).exists() or (path / METRICS).exists() or (path.parent / "sweep.json").exists()
 
 
-def _holds_events(path: Path) -> bool:
-    try:
-        return any(e.name.startswith("events.out.tfevents.") for e in os.scandir(path))
-    except OSError:
-        return False
-
-
 # (format, test) in the order tried: the first test that holds names the format of a file or a directory
 _FILE_TESTS = (("wandb", lambda p: p.name.endswith(".wandb")),
                ("tensorboard", lambda p: p.name.startswith("events.out.tfevents.")),
@@ -60,7 +53,7 @@ _FILE_TESTS = (("wandb", lambda p: p.name.endswith(".wandb")),
                ("trackio", trackio_db.is_project_db))
 _DIR_TESTS = (("armorlab", is_native_run), ("trl", trl.is_output_dir), ("wandb", wandb_local.is_run_dir),
               (None, verl.is_dump_dir),  # a validation_data_dir: read with its JSONL (runs.yaml val_dumps)
-              ("tensorboard", _holds_events))
+              ("tensorboard", lambda p: any(p.glob(tensorboard_events.PATTERN))))
 
 
 def file_format(path: Path) -> str | None:
@@ -192,20 +185,14 @@ def read_source(src: Source, val_n: int | None = None) -> list[ImportedRun]:
     n = e.val_n or val_n
     for run in runs:
         run.config.update({k: v for k, v in ((GROUP_KEY, e.group), ("seed", e.seed)) if v is not None})
-        if n is not None:
-            set_val_n(run, n)
+        if n is not None and "val/acc" in run.metrics and "val/n" not in run.metrics:  # n wherever val/acc is
+            import pyarrow as pa
+            import pyarrow.compute as pc
+
+            given = pc.if_else(pc.is_valid(run.table.column("val/acc")), float(n), pa.scalar(None, pa.float64()))
+            run.table = run.table.append_column("val/n", given)
+            run.unavailable = [m for m in run.unavailable if m != "val/n"]
     return runs
-
-
-def set_val_n(run: ImportedRun, n: int) -> None:
-    """val/n = ``n`` wherever val/acc has a value, for a run that logs no val/n."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    if "val/acc" in run.metrics and "val/n" not in run.metrics:
-        given = pc.if_else(pc.is_valid(run.table.column("val/acc")), float(n), pa.scalar(None, pa.float64()))
-        run.table = run.table.append_column("val/n", given)
-        run.unavailable = [m for m in run.unavailable if m != "val/n"]
 
 
 def read(p: Plan, *, val_n: int | None = None,

@@ -5,7 +5,6 @@ TFRecord CRC-32Cs checked (google-crc32c); format and recovery rules: docs/impor
 
 from __future__ import annotations
 
-import json
 import struct
 from pathlib import Path
 from typing import Any
@@ -13,7 +12,14 @@ from typing import Any
 import numpy as np
 
 from armorlab.analysis.importers import flavours as F
-from armorlab.analysis.importers.base import ImportedRun, derived_message, flatten, group_series, read_source
+from armorlab.analysis.importers.base import (
+    ImportedRun,
+    derived_message,
+    flatten,
+    group_series,
+    parsed_json,
+    read_source,
+)
 from armorlab.errors import ArmorLabError
 
 PATTERN = "events.out.tfevents.*"
@@ -210,14 +216,7 @@ def run_dirs(root: Path) -> list[Path]:
 
 def json_text(texts: dict[str, str], tags: tuple[str, ...]) -> dict[str, Any]:
     """The first of ``tags`` whose text is a JSON object (transformers logs its arguments so), else {}."""
-    for tag in (t for t in tags if t in texts):
-        try:
-            loaded = json.loads(texts[tag])
-        except (ValueError, RecursionError):
-            continue
-        if isinstance(loaded, dict):
-            return loaded
-    return {}
+    return next((d for t in tags if t in texts and isinstance(d := parsed_json(texts[t]), dict)), {})
 
 
 def read(logdir: Path, *, name: str | None = None, flavour: str | None = None) -> ImportedRun:

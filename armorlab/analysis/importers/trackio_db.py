@@ -5,7 +5,6 @@ reads the log's pages but never checkpoints it.
 
 from __future__ import annotations
 
-import json
 import os
 import sqlite3
 from contextlib import closing
@@ -21,9 +20,12 @@ from armorlab.analysis.importers.base import (
     MAX_STEP,
     ImportedRun,
     flatten,
+    float_columns,
     good_steps,
-    json_lines_columns,
+    parsed_json,
+    read_json_bytes,
     rows_to_series,
+    shallow,
 )
 from armorlab.core.fsutil import open_regular
 from armorlab.errors import ArmorLabError
@@ -68,7 +70,7 @@ def read_project(path: Path, *, flavour: str | None = None, only: set[str] | Non
             rows = con.execute(f"SELECT {_id_column(con, 'metrics')}, run_name, step, CAST(metrics AS BLOB) "
                                "FROM metrics ORDER BY id").fetchall()
             configs = {} if "configs" not in _tables(con) else {  # configs: TEXT in older trackio, orjson bytes now
-                rid: _parsed(blob.decode("utf-8", errors="replace") if isinstance(blob, bytes) else str(blob))
+                rid: parsed_json(blob.decode("utf-8", errors="replace") if isinstance(blob, bytes) else str(blob))
                 for rid, blob in con.execute(f"SELECT {_id_column(con, 'configs')}, config FROM configs")}
     except sqlite3.Error as exc:
         raise ArmorLabError(f"cannot read trackio database: {exc}", key="path", value=str(path)) from None
@@ -100,10 +102,15 @@ def read_project(path: Path, *, flavour: str | None = None, only: set[str] | Non
 
 def _columns(blobs: list[bytes], warnings: list[str], path: Path) -> dict[str, np.ndarray]:
     """The rows' metrics as float64 arrays: pyarrow's JSON reader, else json.loads row by row."""
-    cols = json_lines_columns(b"\n".join(b.replace(b"\n", b" ") for b in blobs), len(blobs))
-    if cols is not None:
-        return cols
-    decoded = [row if isinstance(row := _parsed(b), dict) else None for b in blobs]
+    data = b"\n".join(b.replace(b"\n", b" ") for b in blobs)
+    if data.strip() and shallow(data):
+        try:
+            table = read_json_bytes(data, max(1 << 20, len(data) + 1))
+            if table.num_rows == len(blobs):
+                return float_columns(table.column_names, table.columns)
+        except Exception:  # ArrowInvalid: the row-by-row reading below
+            pass
+    decoded = [row if isinstance(row := parsed_json(b), dict) else None for b in blobs]
     bad = sum(row is None for row in decoded)
     if bad:
         warnings.append(f"skipped {bad} rows of {path} whose metrics are not a JSON object")
@@ -112,13 +119,6 @@ def _columns(blobs: list[bytes], warnings: list[str], path: Path) -> dict[str, n
         out[name] = np.full(len(blobs), np.nan)
         out[name][idx] = values
     return out
-
-
-def _parsed(text: str | bytes) -> Any:
-    try:
-        return json.loads(text)
-    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
-        return None
 
 
 def _run(path: Path, rid: str, run_name: str, steps: np.ndarray, cols: dict[str, np.ndarray],

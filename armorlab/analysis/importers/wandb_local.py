@@ -25,6 +25,7 @@ from armorlab.analysis.importers.base import (
     flatten,
     good_steps,
     group_series,
+    parsed_json,
     read_source,
 )
 from armorlab.errors import ArmorLabError
@@ -189,15 +190,7 @@ def _floats(raw: Any) -> np.ndarray:
     try:
         return pa.array(texts, pa.string()).cast(pa.float64()).to_numpy(zero_copy_only=False)
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
-        return np.fromiter((as_float(_json(v)) for v in texts), np.float64, count=len(texts))
-
-
-def _json(text: str | bytes) -> Any:
-    """``text`` parsed, else None (torn, or nested past json's recursion limit)."""
-    try:
-        return json.loads(text)
-    except (ValueError, RecursionError):
-        return None
+        return np.fromiter((as_float(parsed_json(v)) for v in texts), np.float64, count=len(texts))
 
 
 def _item_key(item: Any) -> str:
@@ -207,7 +200,7 @@ def _item_key(item: Any) -> str:
 def _item_value(item: Any) -> Any:
     """A history item's value: value_json, else the typed fields newer wandb may write."""
     if item.value_json:
-        return _json(item.value_json)
+        return parsed_json(item.value_json)
     for field in ("number", "integer", "boolean"):
         try:
             if item.HasField(field):
