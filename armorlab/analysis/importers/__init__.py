@@ -51,7 +51,7 @@ _FILE_TESTS = (("wandb", lambda p: p.name.endswith(".wandb")),
                ("trl", lambda p: p.name == trl.STATE),
                ("verl", lambda p: p.name.endswith(".jsonl") and verl.is_file_log(p)),
                ("trackio", trackio_db.is_project_db))
-_DIR_TESTS = (("armorlab", is_native_run), ("trl", trl.is_output_dir), ("wandb", wandb_local.is_run_dir),
+_DIR_TESTS = (("armorlab", is_native_run), ("trl", lambda p: bool(trl.state_files(p))), ("wandb", wandb_local.is_run_dir),
               (None, verl.is_dump_dir),  # a validation_data_dir: read with its JSONL (runs.yaml val_dumps)
               ("tensorboard", lambda p: any(p.glob(tensorboard_events.PATTERN))))
 

@@ -69,24 +69,15 @@ def readable_target(target: str) -> str:
     return re.sub(r"\{(\w+)\}", r"<\1>", target)
 
 
-def trl_raw(name: str) -> str:
-    """Undo transformers' rewrite_logs (the W&B/TensorBoard/trackio callbacks' renaming)."""
-    for prefix, raw in (("train/", ""), ("eval/", "eval_"), ("test/", "test_")):
-        if name.startswith(prefix):
-            return raw + name.removeprefix(prefix)
-    return name
-
-
-def _openrlhf_raw(name: str) -> str:
-    return re.sub(r"^(train|eval)/", "", name)
-
-
 # ----------------------------------------------------------------------------- TRL (GRPOTrainer)
 # the closing summary row's keys (a row carrying any of these is dropped)
 TRL_SUMMARY = frozenset({"train_runtime", "train_samples_per_second", "train_steps_per_second",
                          "total_flos", "train_loss"})
+# transformers' rewrite_logs (the W&B/TensorBoard/trackio callbacks' renaming) undone
+_TRL_RAW = {"train/": "", "eval/": "eval_", "test/": "test_"}
 # Names as in trainer_state.json's log_history (transformers' Trainer.log + TRL's GRPOTrainer.log).
-TRL = Flavour("trl", normalise=trl_raw, step_keys=("train/global_step",),
+TRL = Flavour("trl", normalise=lambda name: re.sub(r"^(train|eval|test)/", lambda m: _TRL_RAW[m[0]], name),
+              step_keys=("train/global_step",),
               cannot=("val/n", "val/pass@k", *ARMORLAB_ONLY), drop=frozenset({"step", "global_step", *TRL_SUMMARY}),
               identity=("output_dir", "logging_dir", "run_name", "hub_model_id", "hub_token", "push_to_hub_token",
                         "_name_or_path", "project", "trackio_space_id", "resume_from_checkpoint", "_Created",
@@ -151,7 +142,8 @@ KL_LOSS_TYPES = {"low_var_kl": "k3", "k3": "k3", "mse": "k2", "k2": "k2"}
 # Names as OpenRLHF logs them (openrlhf/trainer/ppo_trainer.py compute_eval_metrics; ray/ppo_actor.py),
 # with the "train/" / "eval/" prefix its W&B and TensorBoard loggers add removed.
 OPENRLHF = Flavour(
-    "openrlhf", normalise=_openrlhf_raw, step_keys=("train/global_step", "eval/global_step"),
+    "openrlhf", normalise=lambda name: re.sub(r"^(train|eval)/", "", name),
+    step_keys=("train/global_step", "eval/global_step"),
     cannot=ARMORLAB_ONLY, drop=frozenset({"global_step", "train/global_step", "eval/global_step", "eval/epoch"}),
     identity=("save_path", "ckpt_path", "wandb_run_name", "use_tensorboard", "logger.wandb.run_name",
               "logger.tensorboard_dir", "ckpt.output_dir", "ckpt.path", "use_wandb", "logger.wandb.key", "wandb_org",

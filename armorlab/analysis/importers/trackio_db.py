@@ -15,18 +15,8 @@ from urllib.parse import quote
 
 import numpy as np
 
+from armorlab.analysis.importers import base as B
 from armorlab.analysis.importers import flavours as F
-from armorlab.analysis.importers.base import (
-    MAX_STEP,
-    ImportedRun,
-    flatten,
-    float_columns,
-    good_steps,
-    parsed_json,
-    read_json_bytes,
-    rows_to_series,
-    shallow,
-)
 from armorlab.core.fsutil import open_regular
 from armorlab.errors import ArmorLabError
 
@@ -62,7 +52,8 @@ def is_project_db(path: Path) -> bool:
         return False
 
 
-def read_project(path: Path, *, flavour: str | None = None, only: set[str] | None = None) -> list[ImportedRun]:
+def read_project(path: Path, *, flavour: str | None = None, only: set[str] | None = None
+                 ) -> list[B.ImportedRun]:
     """Every run of a trackio project file (or those whose run id or name is in ``only``)."""
     path = Path(path)
     try:
@@ -70,7 +61,7 @@ def read_project(path: Path, *, flavour: str | None = None, only: set[str] | Non
             rows = con.execute(f"SELECT {_id_column(con, 'metrics')}, run_name, step, CAST(metrics AS BLOB) "
                                "FROM metrics ORDER BY id").fetchall()
             configs = {} if "configs" not in _tables(con) else {  # configs: TEXT in older trackio, orjson bytes now
-                rid: parsed_json(blob.decode("utf-8", errors="replace") if isinstance(blob, bytes) else str(blob))
+                rid: B.parsed_json(blob.decode("utf-8", "replace") if isinstance(blob, bytes) else str(blob))
                 for rid, blob in con.execute(f"SELECT {_id_column(con, 'configs')}, config FROM configs")}
     except sqlite3.Error as exc:
         raise ArmorLabError(f"cannot read trackio database: {exc}", key="path", value=str(path)) from None
@@ -78,7 +69,7 @@ def read_project(path: Path, *, flavour: str | None = None, only: set[str] | Non
     for rid, run_name, step, blob in rows:
         if isinstance(step, float) and step.is_integer():
             step = int(step)
-        if isinstance(step, int) and 0 <= step < MAX_STEP:  # NULL, text, 1e300: no step to plot at
+        if isinstance(step, int) and 0 <= step < B.MAX_STEP:  # NULL, text, 1e300: no step to plot at
             name = run_name if isinstance(run_name, str) and run_name else str(rid if rid is not None else path.stem)
             entry = by_run.setdefault(rid, (name, [], []))
             entry[1].append(step)
@@ -103,33 +94,34 @@ def read_project(path: Path, *, flavour: str | None = None, only: set[str] | Non
 def _columns(blobs: list[bytes], warnings: list[str], path: Path) -> dict[str, np.ndarray]:
     """The rows' metrics as float64 arrays: pyarrow's JSON reader, else json.loads row by row."""
     data = b"\n".join(b.replace(b"\n", b" ") for b in blobs)
-    if data.strip() and shallow(data):
+    if data.strip() and B.shallow(data):
         try:
-            table = read_json_bytes(data, max(1 << 20, len(data) + 1))
+            table = B.read_json_bytes(data, max(1 << 20, len(data) + 1))
             if table.num_rows == len(blobs):
-                return float_columns(table.column_names, table.columns)
+                return B.float_columns(table.column_names, table.columns)
         except Exception:  # ArrowInvalid: the row-by-row reading below
             pass
-    decoded = [row if isinstance(row := parsed_json(b), dict) else None for b in blobs]
+    decoded = [row if isinstance(row := B.parsed_json(b), dict) else None for b in blobs]
     bad = sum(row is None for row in decoded)
     if bad:
         warnings.append(f"skipped {bad} rows of {path} whose metrics are not a JSON object")
     out = {}
-    for name, (idx, values) in rows_to_series((i, row) for i, row in enumerate(decoded) if row is not None).items():
+    rows = ((i, row) for i, row in enumerate(decoded) if row is not None)
+    for name, (idx, values) in B.rows_to_series(rows).items():
         out[name] = np.full(len(blobs), np.nan)
         out[name][idx] = values
     return out
 
 
 def _run(path: Path, rid: str, run_name: str, steps: np.ndarray, cols: dict[str, np.ndarray],
-         raw_config: dict[str, Any], flavour: str | None, unique: bool, warnings: list[str]) -> ImportedRun:
-    flat = flatten({k: v for k, v in raw_config.items() if not k.startswith("_")})
+         raw_config: dict[str, Any], flavour: str | None, unique: bool, warnings: list[str]) -> B.ImportedRun:
+    flat = B.flatten({k: v for k, v in raw_config.items() if not k.startswith("_")})
     fl = F.pick(flavour, flat, cols)
     own = [cols[k] for k in fl.step_keys if k in cols]
     keep = None
     if own:  # the trainer's step where its rows carry it; rows without it are left out
         trainer_step = reduce(lambda a, b: np.where(np.isnan(a), b, a), own)  # the first key a row has
-        keep = good_steps(trainer_step)
+        keep = B.good_steps(trainer_step)
         if not keep.all():
             warnings.append(f"{int((~keep).sum())} rows without the trainer's step as a whole number in [0, 2**63) "
                             f"({', '.join(k for k in fl.step_keys if k in cols)}) left out (their trackio step "

@@ -30,10 +30,6 @@ def state_files(out_dir: Path) -> list[Path]:
     return files + [out_dir / STATE] if (out_dir / STATE).is_file() else files
 
 
-def is_output_dir(path: Path) -> bool:
-    return path.is_dir() and bool(state_files(path))
-
-
 def _load_states(files: list[Path], warnings: list[str]) -> list[dict[str, Any]]:
     states = []
     for f in files:
