@@ -37,7 +37,6 @@ class Plan:
     sources: list[Source]
 
 
-# --------------------------------------------------------------------------- detection
 def is_native_run(path: Path) -> bool:
     """An armorlab run dir; not a W&B ``files/`` folder, which also holds a config.yaml."""
     if not (path / CONFIG).is_file() or (path / "wandb-metadata.json").exists():
@@ -127,15 +126,12 @@ def _sources(path: Path, fmt: str | None, skip: Container[Path]) -> list[tuple[s
     return [(k, p) for k, p in _walk(path, 0, skip) if fmt is None or k == fmt]
 
 
-# --------------------------------------------------------------------------- the plan
 def plan(paths: Iterable[str | os.PathLike], *, format: str | None = None, mapping: RunsMap | None = None) -> Plan:
     """What to load from ``paths`` (run/sweep dirs, sources, globs; a runs.yaml's paths too); the folders of
     one W&B run (resumed: one per attempt) are one source."""
     if format is not None and format not in FORMATS:
         raise ArmorLabError(f"unknown format (known: {', '.join(FORMATS)})", key="format", value=format)
-    given = list(paths)
-    if mapping is not None and not given:
-        given = [e.pattern for e in mapping.entries]
+    given = list(paths) or ([e.pattern for e in mapping.entries] if mapping is not None else [])
     native: dict[Path, RunDir] = {}
     sources: dict[tuple[str, str | Path], Source] = {}
     for p in expand_globs(given):
@@ -167,7 +163,6 @@ def plan(paths: Iterable[str | os.PathLike], *, format: str | None = None, mappi
     return Plan(list(native.values()), list(sources.values()))
 
 
-# --------------------------------------------------------------------------- reading
 def read_source(src: Source, val_n: int | None = None) -> list[ImportedRun]:
     """A source's runs with its runs.yaml entry's group (as ``run_group``), seed and val_n (else ``val_n``)."""
     e, path = src.entry or Entry(""), src.paths[0]

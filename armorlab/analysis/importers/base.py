@@ -46,7 +46,6 @@ class ImportedRun:
         return [c for c in self.table.column_names if c != "step"]
 
 
-# --------------------------------------------------------------------------- values
 def as_float(value: Any) -> float:
     """A logged value as float (numbers, booleans, JSON writers' non-finite strings); anything else NaN."""
     if isinstance(value, (bool, int, float)):
@@ -83,7 +82,6 @@ def parsed_json(text: str | bytes) -> Any:
         return None
 
 
-# --------------------------------------------------------------------------- series → table
 def dedupe(steps: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """One value per step: the last non-NaN one logged (metrics.jsonl's merge rule)."""
     keep = ~np.isnan(values)
@@ -199,7 +197,6 @@ def float_columns(names: Iterable[str], columns: Iterable[Any]) -> dict[str, np.
             and col.null_count < len(col)}
 
 
-# --------------------------------------------------------------------------- configs
 def flatten(cfg: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     """Nested config → flat dotted keys; lists become JSON text (groupable)."""
     out: dict[str, Any] = {}
@@ -228,7 +225,6 @@ def seed_and_config(flat: Mapping[str, Any], drop: Iterable[str] = ()) -> dict[s
     return out
 
 
-# --------------------------------------------------------------------------- protobuf
 def derived_message(name: str, source: Any, message: dict[str, Any] | None = None, keep: tuple[str, ...] = ()
                     ) -> Any:
     """A class with ``source``'s protobuf layout but every field repeated (concatenated messages then collect

@@ -69,8 +69,7 @@ def readable_target(target: str) -> str:
     return re.sub(r"\{(\w+)\}", r"<\1>", target)
 
 
-# ----------------------------------------------------------------------------- TRL (GRPOTrainer)
-# the closing summary row's keys (a row carrying any of these is dropped)
+# TRL (GRPOTrainer): the closing summary row's keys (a row carrying any of these is dropped)
 TRL_SUMMARY = frozenset({"train_runtime", "train_samples_per_second", "train_steps_per_second",
                          "total_flos", "train_loss"})
 # transformers' rewrite_logs (the W&B/TensorBoard/trackio callbacks' renaming) undone
@@ -112,8 +111,7 @@ TRL = Flavour("trl", normalise=lambda name: re.sub(r"^(train|eval|test)/", lambd
 ))
 
 
-# ----------------------------------------------------------------------------- verl
-# Names as verl's Tracking logs them (trainer/ppo/ray_trainer.py, metric_utils.py, core_algos.py).
+# verl: names as its Tracking logs them (trainer/ppo/ray_trainer.py, metric_utils.py, core_algos.py).
 _VAL = r"val-core/(?P<ds>.+)/(?P<var>[^/]+)"
 VERL = Flavour("verl", cannot=("val/n", "val/pass@k", *ARMORLAB_ONLY),
                drop=frozenset({"training/global_step", "step"}),
@@ -138,8 +136,7 @@ VERL = Flavour("verl", cannot=("val/n", "val/pass@k", *ARMORLAB_ONLY),
 # verl's actor kl_loss_type (core_algos.kl_penalty): the ones armorlab's obj/beta_kl means
 KL_LOSS_TYPES = {"low_var_kl": "k3", "k3": "k3", "mse": "k2", "k2": "k2"}
 
-# ----------------------------------------------------------------------------- OpenRLHF
-# Names as OpenRLHF logs them (openrlhf/trainer/ppo_trainer.py compute_eval_metrics; ray/ppo_actor.py),
+# OpenRLHF: names as it logs them (openrlhf/trainer/ppo_trainer.py compute_eval_metrics; ray/ppo_actor.py),
 # with the "train/" / "eval/" prefix its W&B and TensorBoard loggers add removed.
 OPENRLHF = Flavour(
     "openrlhf", normalise=lambda name: re.sub(r"^(train|eval)/", "", name),
@@ -164,7 +161,7 @@ OPENRLHF = Flavour(
     Rule(r"eval_(?P<ds>.+)_response_length_mean", "val/{ds}/length"),
 ))
 
-# ----------------------------------------------------------------------------- no known trainer
+# no known trainer
 NAMESPACES = ("train/", "val/", "test/", "obj/", "kl/", "cap/", "anchor/", "ref/")
 GENERIC = Flavour("generic", rules=(  # names already in armorlab's namespaces are kept (logged by armorlab)
     Rule(r"(?P<name>(?:" + "|".join(n.rstrip("/") for n in NAMESPACES) + r")/.+)", "{name}"),))

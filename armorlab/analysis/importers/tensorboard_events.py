@@ -107,7 +107,7 @@ def _protos():
         raise ArmorLabError("reading TensorBoard event files needs the tensorboard package: pip install "
                             "'armorlab[tensorboard]'", key="format", value="tensorboard") from exc
     summary = B.derived_message("TbSummaryAll", summary_pb2.Summary,
-                              {"value": B.derived_message("TbValueAll", summary_pb2.Summary.Value)})
+                                {"value": B.derived_message("TbValueAll", summary_pb2.Summary.Value)})
     return event_pb2, summary_pb2, B.derived_message("TbEventAll", event_pb2.Event, {"summary": summary})
 
 

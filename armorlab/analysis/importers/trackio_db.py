@@ -117,9 +117,7 @@ def _run(path: Path, rid: str, run_name: str, steps: np.ndarray, cols: dict[str,
          raw_config: dict[str, Any], flavour: str | None, unique: bool, warnings: list[str]) -> B.ImportedRun:
     flat = B.flatten({k: v for k, v in raw_config.items() if not k.startswith("_")})
     fl = F.pick(flavour, flat, cols)
-    own = [cols[k] for k in fl.step_keys if k in cols]
-    keep = None
-    if own:  # the trainer's step where its rows carry it; rows without it are left out
+    if own := [cols[k] for k in fl.step_keys if k in cols]:  # the trainer's step where rows carry it; others left out
         trainer_step = reduce(lambda a, b: np.where(np.isnan(a), b, a), own)  # the first key a row has
         keep = B.good_steps(trainer_step)
         if not keep.all():
@@ -127,7 +125,8 @@ def _run(path: Path, rid: str, run_name: str, steps: np.ndarray, cols: dict[str,
                             f"({', '.join(k for k in fl.step_keys if k in cols)}) left out (their trackio step "
                             "counts log calls)")
         steps = trainer_step[keep].astype(np.int64)
-    series = {name: (steps, col if keep is None else col[keep]) for name, col in cols.items()}  # NaN: no value
+        cols = {name: col[keep] for name, col in cols.items()}
+    series = {name: (steps, col) for name, col in cols.items()}  # NaN: no value
     return F.imported_run(series, fl, flat, warnings, name=run_name if unique else f"{run_name}-{str(rid)[:8]}",
                           path=path, format="trackio", project=path.stem, state="unknown",
                           reason="trackio does not record whether a run finished")

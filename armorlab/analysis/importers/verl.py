@@ -60,11 +60,9 @@ def _series_from_table(table) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     steps = step.to_numpy().astype(np.int64)
     if steps.size and int(steps.min()) < 0:
         raise ValueError("negative step")
-    out = {}
-    for name, values in B.float_columns([f.name for f in data.type], data.flatten()).items():
-        ok = ~np.isnan(values)  # null: no value on that line
-        out[name] = (steps[ok], values[ok])
-    return out
+    return {name: (steps[ok], values[ok])  # null (NaN): no value on that line
+            for name, values in B.float_columns([f.name for f in data.type], data.flatten()).items()
+            for ok in [~np.isnan(values)]}
 
 
 def is_file_log(path: Path) -> bool:

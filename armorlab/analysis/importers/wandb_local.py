@@ -148,9 +148,6 @@ class _History:
         return codes, list(uniques), np.asarray(values, dtype=np.float64), np.asarray(counts, dtype=np.int64), \
             np.asarray(steps, dtype=np.int64)
 
-    def names(self) -> set[str]:
-        return set(self.decoded[1]) if self.raw else set()
-
     def series(self, step_keys: tuple[str, ...], drop: set[str]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """Per metric (steps, values), grouped by name: wandb writes a row's items in no fixed order; the
         step is the trainer's own where its rows log one (the first of ``step_keys`` a row has)."""
@@ -281,7 +278,7 @@ def read(folders: list[Path], *, name: str | None = None, flavour: str | None = 
             continue
         read_file(f, history, info, warnings)
     flat = B.flatten({k: v for k, v in info.get("config", {}).items() if not k.startswith("_wandb")})
-    fl = F.pick(flavour, flat, history.names())
+    fl = F.pick(flavour, flat, set(history.decoded[1]) if history.raw else ())
     series = history.series(fl.step_keys, set(fl.drop))
     if history.skipped:
         warnings.append(f"skipped {history.skipped} history records that are not W&B history rows")
