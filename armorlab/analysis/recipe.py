@@ -1,10 +1,6 @@
-"""Report recipes (``analysis/*.yaml``): which runs to compare, how to group them, what to show.
-
-Every key but ``runs`` is optional; unknown keys and bad values are errors naming the key, the value
-and the file. The keys: docs/reports.md#recipes (``compare:`` docs/verdicts.md, ``x:`` docs/schedules.md,
-``format:``, ``runs_map:``, ``val_n:`` docs/importers.md). Seeds are never a group key: they are what
-the statistics aggregate. A recipe reads in the unit its sweep counts in (the runs' ``step_unit``);
-a report whose ``x`` disagrees warns, naming the recipe and the sweep."""
+"""Report recipes (``analysis/*.yaml``): which runs to compare, how to group them, what to show; the keys:
+docs/reports.md#recipes (``compare:`` docs/verdicts.md, ``x:`` docs/schedules.md, ``format:``, ``runs_map:``,
+``val_n:`` docs/importers.md). Seeds are never a group key: they are what the statistics aggregate."""
 
 from __future__ import annotations
 
@@ -147,7 +143,7 @@ def _fields(raw: Any, key: str, file: str | None, cls: type, checks: Mapping[str
 
 
 def parse_recipe(raw: Mapping[str, Any], *, file: str | None = None, name: str | None = None) -> Recipe:
-    """Validate a recipe mapping (see the module docstring)."""
+    """Validate a recipe mapping (its keys: docs/reports.md#recipes)."""
     if not isinstance(raw, Mapping):
         raise _err("a recipe must be a mapping", "<root>", raw, file)
     for k in raw:
@@ -235,10 +231,9 @@ def parse_selector_flag(text: str, key: str = "--baseline") -> dict[str, Any]:
 
 def spec_controls(sweep_dirs: Sequence[Path], stages: Sequence[str] | None = None
                   ) -> list[tuple[dict[str, Any], list[dict[str, Any]], str]]:
-    """The controls the specs behind the runs declare: (baseline selector, arm selectors, where) per
-    control group, from each sweep dir's spec copy (spec.yaml, checked when the sweep was expanded):
-    ``controls:`` of the spec and of its stages (of ``stages`` only, when given), else its
-    ``compare.baseline`` (a sweep run until resolved)."""
+    """(baseline selector, arm selectors, where) per control group that each sweep dir's spec.yaml (checked
+    when the sweep was expanded) declares: ``controls:`` of the spec and of its stages (``stages`` only, when
+    given), else its ``compare.baseline`` (a sweep run until resolved)."""
     out = []
     for d in dict.fromkeys(sweep_dirs):
         path = Path(d) / "spec.yaml"
