@@ -119,10 +119,8 @@ def _sources(path: Path, fmt: str | None, skip: Container[Path]) -> list[tuple[s
             raise ArmorLabError("not a file armorlab can import (a .wandb, events.out.tfevents.*, verl .jsonl, "
                                 "trackio .db or trainer_state.json)", key="path", value=str(path))
         return [(kind, path.parent if kind == "trl" and path.name == trl.STATE else path)]
-    if fmt == "tensorboard":
-        return [("tensorboard", d) for d in tensorboard_events.run_dirs(path)]
-    if fmt == "wandb":
-        return [("wandb", d) for d in wandb_local.run_dirs(path)]
+    if fmt in ("tensorboard", "wandb"):
+        return [(fmt, d) for d in (tensorboard_events if fmt == "tensorboard" else wandb_local).run_dirs(path)]
     return [(k, p) for k, p in _walk(path, 0, skip) if fmt is None or k == fmt]
 
 

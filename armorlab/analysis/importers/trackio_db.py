@@ -10,7 +10,6 @@ import sqlite3
 from contextlib import closing
 from functools import reduce
 from pathlib import Path
-from typing import Any
 from urllib.parse import quote
 
 import numpy as np
@@ -85,9 +84,23 @@ def read_project(path: Path, *, flavour: str | None = None, only: set[str] | Non
         config = configs.get(rid)
         if config is not None and not isinstance(config, dict):
             warnings.append(f"{path}: the config of run {run_name} is not a JSON object; left out")
-        out.append(_run(path, rid, run_name, np.asarray(steps, dtype=np.int64), _columns(blobs, warnings, path),
-                        config if isinstance(config, dict) else {}, flavour, unique=names.count(run_name) == 1,
-                        warnings=warnings))
+        flat = B.flatten({k: v for k, v in (config if isinstance(config, dict) else {}).items()
+                          if not k.startswith("_")})
+        cols = _columns(blobs, warnings, path)
+        fl, steps = F.pick(flavour, flat, cols), np.asarray(steps, dtype=np.int64)
+        if own := [cols[k] for k in fl.step_keys if k in cols]:  # the trainer's step where rows carry it
+            trainer_step = reduce(lambda a, b: np.where(np.isnan(a), b, a), own)  # the first key a row has
+            keep = B.good_steps(trainer_step)
+            if not keep.all():  # rows without it are left out
+                warnings.append(f"{int((~keep).sum())} rows without the trainer's step as a whole number in "
+                                f"[0, 2**63) ({', '.join(k for k in fl.step_keys if k in cols)}) left out (their "
+                                "trackio step counts log calls)")
+            steps = trainer_step[keep].astype(np.int64)
+            cols = {name: col[keep] for name, col in cols.items()}
+        out.append(F.imported_run({name: (steps, col) for name, col in cols.items()}, fl, flat, warnings,
+                                  name=run_name if names.count(run_name) == 1 else f"{run_name}-{str(rid)[:8]}",
+                                  path=path, format="trackio", project=path.stem, state="unknown",
+                                  reason="trackio does not record whether a run finished"))
     return out
 
 
@@ -112,21 +125,3 @@ def _columns(blobs: list[bytes], warnings: list[str], path: Path) -> dict[str, n
         out[name][idx] = values
     return out
 
-
-def _run(path: Path, rid: str, run_name: str, steps: np.ndarray, cols: dict[str, np.ndarray],
-         raw_config: dict[str, Any], flavour: str | None, unique: bool, warnings: list[str]) -> B.ImportedRun:
-    flat = B.flatten({k: v for k, v in raw_config.items() if not k.startswith("_")})
-    fl = F.pick(flavour, flat, cols)
-    if own := [cols[k] for k in fl.step_keys if k in cols]:  # the trainer's step where rows carry it; others left out
-        trainer_step = reduce(lambda a, b: np.where(np.isnan(a), b, a), own)  # the first key a row has
-        keep = B.good_steps(trainer_step)
-        if not keep.all():
-            warnings.append(f"{int((~keep).sum())} rows without the trainer's step as a whole number in [0, 2**63) "
-                            f"({', '.join(k for k in fl.step_keys if k in cols)}) left out (their trackio step "
-                            "counts log calls)")
-        steps = trainer_step[keep].astype(np.int64)
-        cols = {name: col[keep] for name, col in cols.items()}
-    series = {name: (steps, col) for name, col in cols.items()}  # NaN: no value
-    return F.imported_run(series, fl, flat, warnings, name=run_name if unique else f"{run_name}-{str(rid)[:8]}",
-                          path=path, format="trackio", project=path.stem, state="unknown",
-                          reason="trackio does not record whether a run finished")
