@@ -85,8 +85,7 @@ def _err(msg: str, key: str, value: Any, file: str | None) -> ArmorLabError:
 
 
 def _str_list(raw: Any, key: str, file: str | None) -> list[str]:
-    if isinstance(raw, str):
-        raw = [raw]
+    raw = [raw] if isinstance(raw, str) else raw
     if not isinstance(raw, list) or not raw or not all(isinstance(x, str) and x for x in raw):
         raise _err("must be a non-empty list of strings", key, raw, file)
     return list(raw)
@@ -194,8 +193,8 @@ def _compare(raw: Any, file: str | None) -> Compare:
     baseline = cmp_.get("baseline")
     if "baseline" in cmp_ and not (isinstance(baseline, str) and baseline):  # a text: a group label, as on the page
         baseline = _selector(baseline, "compare.baseline", file)
-    endpoints = (_str_list(cmp_["endpoints"], "compare.endpoints", file)
-                 if cmp_.get("endpoints") is not None else None)
+    if (endpoints := cmp_.get("endpoints")) is not None:
+        endpoints = list(dict.fromkeys(_str_list(endpoints, "compare.endpoints", file)))
     delta = cmp_.get("delta")
     if delta is not None and not (_is_number(delta) and math.isfinite(delta) and delta > 0):
         raise _err("must be a number > 0, the equivalence margin (or null: no margin, nothing equivalent)",
@@ -209,8 +208,7 @@ def _compare(raw: Any, file: str | None) -> Compare:
             if not isinstance(pair, list) or len(pair) != 2:
                 raise _err("each pair is [selector, selector]", f"compare.pairs[{i}]", pair, file)
             pairs.append(tuple(_selector(side, f"compare.pairs[{i}][{j}]", file) for j, side in enumerate(pair)))
-    return Compare(baseline, pairs, list(dict.fromkeys(endpoints)) if endpoints else None,
-                   float(delta) if delta is not None else None)
+    return Compare(baseline, pairs, endpoints, float(delta) if delta is not None else None)
 
 
 def parse_selector_flag(text: str, key: str = "--baseline") -> dict[str, Any]:

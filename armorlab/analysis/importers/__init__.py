@@ -77,9 +77,8 @@ def detect(path: str | os.PathLike) -> str | None:
 def holds_imports(path: str | os.PathLike) -> bool:
     """Whether ``path`` is or holds another library's runs (where armorlab must write nothing)."""
     path = Path(path)
-    if detect(path) not in (None, "armorlab"):
-        return True
-    return path.is_dir() and any(kind != "armorlab" for kind, _ in _walk(path, 0, set()))
+    return detect(path) not in (None, "armorlab") or (
+        path.is_dir() and any(kind != "armorlab" for kind, _ in _walk(path, 0, set())))
 
 
 def find_native(path: Path) -> list[RunDir]:

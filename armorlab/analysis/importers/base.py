@@ -1,7 +1,6 @@
 """What every importer shares: the imported run and the step-aligned table, merged as metrics.jsonl is (the
 later value wins per step, a missing one never erases a number). Nothing here writes a file: importing is
-read-only.
-"""
+read-only."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """The trainers whose logs armorlab reads (TRL, verl, OpenRLHF) and how their names map onto armorlab's;
 one flavour's table serves every format (``normalise`` undoes transformers' ``rewrite_logs`` first).
-docs/importers.md shows these tables; a test checks that it lists every rule.
-"""
+docs/importers.md shows these tables; a test checks that it lists every rule."""
 
 from __future__ import annotations
 
@@ -206,13 +205,16 @@ def single_source_aliases(metrics: Iterable[str]) -> dict[str, str]:
     return {found[0]: f"val/{name}" for name, found in by_name.items() if len(found) == 1}
 
 
-def mapped_table(series, fl: Flavour, config: Mapping[str, Any], warnings: list[str],
-                 extra: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None):
-    """Source series → armorlab-named table under flavour ``fl``'s rules and aliases; verl's
-    actor/kl_loss is obj/beta_kl only for a k3 or k2 estimator (default low_var_kl)."""
+def imported_run(series, fl: Flavour, flat: Mapping[str, Any], warnings: list[str], *,
+                 extra: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None,
+                 cannot: Iterable[str] | None = None, config: Mapping[str, Any] | None = None,
+                 **fields: Any) -> ImportedRun:
+    """What every importer ends with: source series (+ ``extra`` already named) → armorlab-named table under
+    ``fl``'s rules and aliases, and its run (``fields``: name, path, state, ...). verl's actor/kl_loss is
+    obj/beta_kl only for a k3 or k2 estimator (default low_var_kl)."""
     if fl is VERL:
-        kind = config.get("actor_rollout_ref.actor.kl_loss_type")
-        if kind is None and config and "actor/kl_loss" in series:
+        kind = flat.get("actor_rollout_ref.actor.kl_loss_type")
+        if kind is None and flat and "actor/kl_loss" in series:
             warnings.append("actor_rollout_ref.actor.kl_loss_type not in the config: actor/kl_loss read as verl's "
                             "default low_var_kl (k3)")
         if kind is not None and kind not in KL_LOSS_TYPES:
@@ -221,14 +223,7 @@ def mapped_table(series, fl: Flavour, config: Mapping[str, Any], warnings: list[
     for src, dst in single_source_aliases(table.column_names).items():
         if dst not in table.column_names:
             table = table.append_column(dst, table.column(src))
-    return table.select(["step", *sorted(table.column_names[1:])])
-
-
-def imported_run(series, fl: Flavour, flat: Mapping[str, Any], warnings: list[str], *, extra=None,
-                 cannot: Iterable[str] | None = None, config: Mapping[str, Any] | None = None,
-                 **fields: Any) -> ImportedRun:
-    """What every importer ends with: the mapped table and its run (``fields``: name, path, state, ...)."""
-    table = mapped_table(series, fl, flat, warnings, extra)
+    table = table.select(["step", *sorted(table.column_names[1:])])
     return ImportedRun(table=table, config={**seed_and_config(flat, fl.identity), **(config or {})},
                        flavour=fl.name, warnings=warnings,
                        unavailable=[m for m in (fl.cannot if cannot is None else cannot) if m not in table.column_names],

@@ -1,7 +1,6 @@
 """TensorBoard event files, read with the ``tensorboard`` package's protobufs and no TensorFlow
 (``armorlab[tensorboard]``); every point is read (EventAccumulator subsamples to 10,000 per tag) and both
-TFRecord CRC-32Cs checked (google-crc32c); format and recovery rules: docs/importers.md#tensorboard.
-"""
+TFRecord CRC-32Cs checked (google-crc32c); format and recovery rules: docs/importers.md#tensorboard."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """trackio projects (one SQLite file each), read with sqlite3 (docs/importers.md#trackio). Read-only: a file
 without a ``-wal`` beside it is opened ``immutable`` (no lock, no file created), else ``mode=ro``, which
-reads the log's pages but never checkpoints it.
-"""
+reads the log's pages but never checkpoints it."""
 
 from __future__ import annotations
 
@@ -22,8 +21,7 @@ from armorlab.errors import ArmorLabError
 
 def connect(path: Path) -> sqlite3.Connection:
     path = Path(path).resolve()
-    wal = path.with_name(path.name + "-wal")
-    mode = "mode=ro" if wal.exists() else "immutable=1"
+    mode = "mode=ro" if path.with_name(path.name + "-wal").exists() else "immutable=1"
     con = sqlite3.connect(f"file:{quote(str(path))}?{mode}", uri=True)
     con.text_factory = lambda b: b.decode("utf-8", errors="replace")  # run names are labels; metrics read as BLOB
     return con

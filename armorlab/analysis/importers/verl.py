@@ -1,6 +1,5 @@
 """verl's ``file`` logger (verl opens it for writing, not appending: a resumed run's curve starts at the
-resume step) and its validation dumps (true val/n and pass@k); docs/importers.md#verl.
-"""
+resume step) and its validation dumps (true val/n and pass@k); docs/importers.md#verl."""
 
 from __future__ import annotations
 
@@ -34,10 +33,18 @@ def read_jsonl(path: Path, warnings: list[str]) -> dict[str, tuple[np.ndarray, n
         raise ArmorLabError(f"cannot read verl's file log: {exc.strerror or exc}", file=str(path)) from None
     if not data.strip():
         return {}
-    if B.shallow(data):
+    if B.shallow(data):  # every line at once, where each is {"step": int ≥ 0, "data": {...}}
+        import pyarrow as pa
+
         try:
-            return _series_from_table(B.read_json_bytes(data))
-        except Exception:  # ArrowInvalid: a torn line, mixed types: the line-by-line rules below
+            table = B.read_json_bytes(data)
+            step, logged = table.column("step"), table.column("data").combine_chunks()
+            shaped = pa.types.is_integer(step.type) and not step.null_count and pa.types.is_struct(logged.type)
+            if shaped and not ((steps := step.to_numpy().astype(np.int64)) < 0).any():
+                columns = B.float_columns([f.name for f in logged.type], logged.flatten())
+                return {name: (steps[ok], values[ok]) for name, values in columns.items()  # NaN: not on that line
+                        for ok in [~np.isnan(values)]}
+        except Exception:  # ArrowInvalid (torn line, mixed types), no step or data key: the line-by-line rules
             pass
     rows = []
     for lineno, row in B.json_lines(data.split(b"\n"), str(path), warnings):
@@ -46,23 +53,6 @@ def read_jsonl(path: Path, warnings: list[str]) -> dict[str, tuple[np.ndarray, n
         else:
             warnings.append(f"skipped line {lineno} of {path}: not {{\"step\": int, \"data\": {{...}}}}")
     return B.rows_to_series(rows)
-
-
-def _series_from_table(table) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    import pyarrow as pa
-
-    if "step" not in table.column_names or "data" not in table.column_names:
-        raise ValueError("not verl's file-logger lines")
-    step = table.column("step")
-    data = table.column("data").combine_chunks()
-    if not pa.types.is_integer(step.type) or step.null_count or not pa.types.is_struct(data.type):
-        raise ValueError("step is not an integer on every line")
-    steps = step.to_numpy().astype(np.int64)
-    if steps.size and int(steps.min()) < 0:
-        raise ValueError("negative step")
-    return {name: (steps[ok], values[ok])  # null (NaN): no value on that line
-            for name, values in B.float_columns([f.name for f in data.type], data.flatten()).items()
-            for ok in [~np.isnan(values)]}
 
 
 def is_file_log(path: Path) -> bool:

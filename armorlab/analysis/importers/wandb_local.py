@@ -1,8 +1,7 @@
 """W&B local run folders read without a server (``armorlab[wandb]``): the ``.wandb`` transaction log is
 LevelDB's log format (wandb's ``core/pkg/leveldb/record.go``, IEEE CRC) of wandb_internal_pb2 Records,
 parsed here rather than through wandb's internal reader APIs, which change between versions; a chunk whose
-CRC fails skips to the next block, as LevelDB recovers (docs/importers.md#wb-local-run-folders).
-"""
+CRC fails skips to the next block, as LevelDB recovers (docs/importers.md#wb-local-run-folders)."""
 
 from __future__ import annotations
 
@@ -249,8 +248,7 @@ def _messages(cls: Any, raws: Iterable[bytes], path: Path, warnings: list[str]) 
 
 
 def wandb_file(run_dir: Path) -> Path | None:
-    found = sorted(Path(run_dir).glob("run-*.wandb"))
-    return found[-1] if found else None
+    return max(Path(run_dir).glob("run-*.wandb"), default=None)
 
 
 def is_run_dir(path: Path) -> bool:
