@@ -107,12 +107,10 @@ def _anchor_table(rs: RunSet, groups: G.Groups) -> pd.DataFrame | None:
         for m, label in cols.items():
             s = stats.summarise([float(np.mean(v)) for r in groups.members[g] for _, v in [rs.curve(r, m)] if v.size])
             row[label] = tables.fmt_ci(s.mean, s.ci_low, s.ci_high)
-        resets: dict[float, list[float]] = {}
-        for r in groups.members[g]:
-            for step, v in zip(*rs.curve(r, "ref/val_acc"), strict=True):
-                resets.setdefault(float(step), []).append(float(v))
+        curves = [rs.curve(r, "ref/val_acc") for r in groups.members[g]]
+        resets = pd.concat([pd.Series(v, s, dtype=float) for s, v in curves]).groupby(level=0).mean()
         row["ref/val_acc at resets (step: mean over seeds)"] = ", ".join(
-            f"{step:g}: {np.mean(v):.3f}" for step, v in sorted(resets.items())) or "—"
+            f"{step:g}: {v:.3f}" for step, v in resets.items()) or "—"
         rows.append(row)
     return pd.DataFrame(rows)
 

@@ -1,10 +1,6 @@
-"""Report recipes (``analysis/*.yaml``): which runs to compare, how to group them, what to show.
-
-Every key but ``runs`` is optional; unknown keys and bad values are errors naming the key, the value
-and the file. The keys: docs/reports.md#recipes (``compare:`` docs/verdicts.md, ``x:`` docs/schedules.md,
-``format:``, ``runs_map:``, ``val_n:`` docs/importers.md). Seeds are never a group key: they are what
-the statistics aggregate. A recipe reads in the unit its sweep counts in (the runs' ``step_unit``);
-a report whose ``x`` disagrees warns, naming the recipe and the sweep."""
+"""Report recipes (``analysis/*.yaml``): which runs to compare, how to group them, what to show; the keys:
+docs/reports.md#recipes (``compare:`` docs/verdicts.md, ``x:`` docs/schedules.md, ``format:``, ``runs_map:``,
+``val_n:`` docs/importers.md). Seeds are never a group key: they are what the statistics aggregate."""
 
 from __future__ import annotations
 
@@ -89,8 +85,7 @@ def _err(msg: str, key: str, value: Any, file: str | None) -> ArmorLabError:
 
 
 def _str_list(raw: Any, key: str, file: str | None) -> list[str]:
-    if isinstance(raw, str):
-        raw = [raw]
+    raw = [raw] if isinstance(raw, str) else raw
     if not isinstance(raw, list) or not raw or not all(isinstance(x, str) and x for x in raw):
         raise _err("must be a non-empty list of strings", key, raw, file)
     return list(raw)
@@ -147,7 +142,7 @@ def _fields(raw: Any, key: str, file: str | None, cls: type, checks: Mapping[str
 
 
 def parse_recipe(raw: Mapping[str, Any], *, file: str | None = None, name: str | None = None) -> Recipe:
-    """Validate a recipe mapping (see the module docstring)."""
+    """Validate a recipe mapping (its keys: docs/reports.md#recipes)."""
     if not isinstance(raw, Mapping):
         raise _err("a recipe must be a mapping", "<root>", raw, file)
     for k in raw:
@@ -198,8 +193,8 @@ def _compare(raw: Any, file: str | None) -> Compare:
     baseline = cmp_.get("baseline")
     if "baseline" in cmp_ and not (isinstance(baseline, str) and baseline):  # a text: a group label, as on the page
         baseline = _selector(baseline, "compare.baseline", file)
-    endpoints = (_str_list(cmp_["endpoints"], "compare.endpoints", file)
-                 if cmp_.get("endpoints") is not None else None)
+    if (endpoints := cmp_.get("endpoints")) is not None:
+        endpoints = list(dict.fromkeys(_str_list(endpoints, "compare.endpoints", file)))
     delta = cmp_.get("delta")
     if delta is not None and not (_is_number(delta) and math.isfinite(delta) and delta > 0):
         raise _err("must be a number > 0, the equivalence margin (or null: no margin, nothing equivalent)",
@@ -213,8 +208,7 @@ def _compare(raw: Any, file: str | None) -> Compare:
             if not isinstance(pair, list) or len(pair) != 2:
                 raise _err("each pair is [selector, selector]", f"compare.pairs[{i}]", pair, file)
             pairs.append(tuple(_selector(side, f"compare.pairs[{i}][{j}]", file) for j, side in enumerate(pair)))
-    return Compare(baseline, pairs, list(dict.fromkeys(endpoints)) if endpoints else None,
-                   float(delta) if delta is not None else None)
+    return Compare(baseline, pairs, endpoints, float(delta) if delta is not None else None)
 
 
 def parse_selector_flag(text: str, key: str = "--baseline") -> dict[str, Any]:
@@ -235,10 +229,9 @@ def parse_selector_flag(text: str, key: str = "--baseline") -> dict[str, Any]:
 
 def spec_controls(sweep_dirs: Sequence[Path], stages: Sequence[str] | None = None
                   ) -> list[tuple[dict[str, Any], list[dict[str, Any]], str]]:
-    """The controls the specs behind the runs declare: (baseline selector, arm selectors, where) per
-    control group, from each sweep dir's spec copy (spec.yaml, checked when the sweep was expanded):
-    ``controls:`` of the spec and of its stages (of ``stages`` only, when given), else its
-    ``compare.baseline`` (a sweep run until resolved)."""
+    """(baseline selector, arm selectors, where) per control group that each sweep dir's spec.yaml (checked
+    when the sweep was expanded) declares: ``controls:`` of the spec and of its stages (``stages`` only, when
+    given), else its ``compare.baseline`` (a sweep run until resolved)."""
     out = []
     for d in dict.fromkeys(sweep_dirs):
         path = Path(d) / "spec.yaml"

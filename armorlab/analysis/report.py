@@ -78,9 +78,8 @@ def load_runs(recipe: Recipe, *, cache: bool = True, progress: Callable[[int, in
     if uncounted:  # runs older than the rollout counter
         notes.add(f"{len(uncounted)} run(s) log no `{rs.counter}` counter and are left out of the curves: "
                   f"{_first_six(uncounted)}")
-    no_value = [None] * len(rs.runs)  # the recipe's x against the unit each sweep counts in
-    units = {_sweep_file(Path(path).parent): unit if isinstance(unit, str) else "optimizer"
-             for path, unit in zip(rs.runs.get("path", no_value), rs.runs.get("step_unit", no_value), strict=True)
+    units = {_sweep_file(Path(path).parent): unit if isinstance(unit, str) else "optimizer"  # each sweep's unit
+             for path, unit in rs.runs.reindex(columns=["path", "step_unit"]).itertuples(index=False)
              if isinstance(path, str)}
     if text := unit_disagreement(recipe.x, str(recipe.path) if recipe.path else None, units):
         log.warning("%s", text)
@@ -122,8 +121,7 @@ def logged_under(metric: str, config: Mapping[str, Any]) -> bool:
     a metric that cannot exist in a run is not reported as missing from it."""
     def on(key: str) -> bool:  # a config without the key (older run dirs): assume it is logged
         value = config.get(key)
-        number = isinstance(value, (int, float, np.number, np.bool_)) and math.isfinite(value)
-        return bool(value != 0) if number else True
+        return not (isinstance(value, (int, float, np.number, np.bool_)) and value == 0)
 
     if metric.startswith(("anchor/", "kl/forward_")):
         return on("anchor") or on("anchor_gate")

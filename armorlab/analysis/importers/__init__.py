@@ -37,19 +37,11 @@ class Plan:
     sources: list[Source]
 
 
-# --------------------------------------------------------------------------- detection
 def is_native_run(path: Path) -> bool:
     """An armorlab run dir; not a W&B ``files/`` folder, which also holds a config.yaml."""
     if not (path / CONFIG).is_file() or (path / "wandb-metadata.json").exists():
         return False
     return (path / STATUS).exists() or (path / METRICS).exists() or (path.parent / "sweep.json").exists()
-
-
-def _holds_events(path: Path) -> bool:
-    try:
-        return any(e.name.startswith("events.out.tfevents.") for e in os.scandir(path))
-    except OSError:
-        return False
 
 
 # (format, test) in the order tried: the first test that holds names the format of a file or a directory
@@ -58,9 +50,9 @@ _FILE_TESTS = (("wandb", lambda p: p.name.endswith(".wandb")),
                ("trl", lambda p: p.name == trl.STATE),
                ("verl", lambda p: p.name.endswith(".jsonl") and verl.is_file_log(p)),
                ("trackio", trackio_db.is_project_db))
-_DIR_TESTS = (("armorlab", is_native_run), ("trl", trl.is_output_dir), ("wandb", wandb_local.is_run_dir),
+_DIR_TESTS = (("armorlab", is_native_run), ("trl", lambda p: bool(trl.state_files(p))), ("wandb", wandb_local.is_run_dir),
               (None, verl.is_dump_dir),  # a validation_data_dir: read with its JSONL (runs.yaml val_dumps)
-              ("tensorboard", _holds_events))
+              ("tensorboard", lambda p: any(p.glob(tensorboard_events.PATTERN))))
 
 
 def file_format(path: Path) -> str | None:
@@ -85,9 +77,8 @@ def detect(path: str | os.PathLike) -> str | None:
 def holds_imports(path: str | os.PathLike) -> bool:
     """Whether ``path`` is or holds another library's runs (where armorlab must write nothing)."""
     path = Path(path)
-    if detect(path) not in (None, "armorlab"):
-        return True
-    return path.is_dir() and any(kind != "armorlab" for kind, _ in _walk(path, 0, set()))
+    return detect(path) not in (None, "armorlab") or (
+        path.is_dir() and any(kind != "armorlab" for kind, _ in _walk(path, 0, set())))
 
 
 def find_native(path: Path) -> list[RunDir]:
@@ -127,22 +118,17 @@ def _sources(path: Path, fmt: str | None, skip: Container[Path]) -> list[tuple[s
             raise ArmorLabError("not a file armorlab can import (a .wandb, events.out.tfevents.*, verl .jsonl, "
                                 "trackio .db or trainer_state.json)", key="path", value=str(path))
         return [(kind, path.parent if kind == "trl" and path.name == trl.STATE else path)]
-    if fmt == "tensorboard":
-        return [("tensorboard", d) for d in tensorboard_events.run_dirs(path)]
-    if fmt == "wandb":
-        return [("wandb", d) for d in wandb_local.run_dirs(path)]
+    if fmt in ("tensorboard", "wandb"):
+        return [(fmt, d) for d in (tensorboard_events if fmt == "tensorboard" else wandb_local).run_dirs(path)]
     return [(k, p) for k, p in _walk(path, 0, skip) if fmt is None or k == fmt]
 
 
-# --------------------------------------------------------------------------- the plan
 def plan(paths: Iterable[str | os.PathLike], *, format: str | None = None, mapping: RunsMap | None = None) -> Plan:
     """What to load from ``paths`` (run/sweep dirs, sources, globs; a runs.yaml's paths too); the folders of
     one W&B run (resumed: one per attempt) are one source."""
     if format is not None and format not in FORMATS:
         raise ArmorLabError(f"unknown format (known: {', '.join(FORMATS)})", key="format", value=format)
-    given = list(paths)
-    if mapping is not None and not given:
-        given = [e.pattern for e in mapping.entries]
+    given = list(paths) or ([e.pattern for e in mapping.entries] if mapping is not None else [])
     native: dict[Path, RunDir] = {}
     sources: dict[tuple[str, str | Path], Source] = {}
     for p in expand_globs(given):
@@ -174,7 +160,6 @@ def plan(paths: Iterable[str | os.PathLike], *, format: str | None = None, mappi
     return Plan(list(native.values()), list(sources.values()))
 
 
-# --------------------------------------------------------------------------- reading
 def read_source(src: Source, val_n: int | None = None) -> list[ImportedRun]:
     """A source's runs with its runs.yaml entry's group (as ``run_group``), seed and val_n (else ``val_n``)."""
     e, path = src.entry or Entry(""), src.paths[0]
@@ -192,20 +177,14 @@ def read_source(src: Source, val_n: int | None = None) -> list[ImportedRun]:
     n = e.val_n or val_n
     for run in runs:
         run.config.update({k: v for k, v in ((GROUP_KEY, e.group), ("seed", e.seed)) if v is not None})
-        if n is not None:
-            set_val_n(run, n)
+        if n is not None and "val/acc" in run.metrics and "val/n" not in run.metrics:  # n wherever val/acc is
+            import pyarrow as pa
+            import pyarrow.compute as pc
+
+            given = pc.if_else(pc.is_valid(run.table.column("val/acc")), float(n), pa.scalar(None, pa.float64()))
+            run.table = run.table.append_column("val/n", given)
+            run.unavailable = [m for m in run.unavailable if m != "val/n"]
     return runs
-
-
-def set_val_n(run: ImportedRun, n: int) -> None:
-    """val/n = ``n`` wherever val/acc has a value, for a run that logs no val/n."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    if "val/acc" in run.metrics and "val/n" not in run.metrics:
-        given = pc.if_else(pc.is_valid(run.table.column("val/acc")), float(n), pa.scalar(None, pa.float64()))
-        run.table = run.table.append_column("val/n", given)
-        run.unavailable = [m for m in run.unavailable if m != "val/n"]
 
 
 def read(p: Plan, *, val_n: int | None = None,

@@ -1,7 +1,6 @@
 """What every importer shares: the imported run and the step-aligned table, merged as metrics.jsonl is (the
 later value wins per step, a missing one never erases a number). Nothing here writes a file: importing is
-read-only.
-"""
+read-only."""
 
 from __future__ import annotations
 
@@ -46,7 +45,6 @@ class ImportedRun:
         return [c for c in self.table.column_names if c != "step"]
 
 
-# --------------------------------------------------------------------------- values
 def as_float(value: Any) -> float:
     """A logged value as float (numbers, booleans, JSON writers' non-finite strings); anything else NaN."""
     if isinstance(value, (bool, int, float)):
@@ -75,7 +73,14 @@ def json_lines(lines: Iterable[str | bytes], source: str, warnings: list[str], b
                 warnings.append(f"skipped {bad} line {lineno} of {source}")
 
 
-# --------------------------------------------------------------------------- series → table
+def parsed_json(text: str | bytes) -> Any:
+    """``text`` parsed, else None (torn, not UTF-8, or nested past json's recursion limit)."""
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+
+
 def dedupe(steps: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """One value per step: the last non-NaN one logged (metrics.jsonl's merge rule)."""
     keep = ~np.isnan(values)
@@ -103,19 +108,18 @@ def build_table(series: Mapping[str, tuple[np.ndarray, np.ndarray]], names: Call
     all_steps = [s for parts in grouped.values() for s, _ in parts]
     if not all_steps:
         return pa.table({"step": pa.array([], pa.int64())})
-    if all(np.array_equal(s, all_steps[0]) for s in all_steps):  # the common case: no union to sort
-        all_steps = all_steps[0]
-    else:
-        all_steps = np.unique(np.concatenate(all_steps))
+    # the common case, every series on the same steps, has no union to sort
+    same = all(np.array_equal(s, all_steps[0]) for s in all_steps)
+    all_steps = all_steps[0] if same else np.unique(np.concatenate(all_steps))
     cols = {}
     for target in sorted(grouped):
         parts = grouped[target]
         if len(parts) == 1 and parts[0][0].size == all_steps.size:
             cols[target] = parts[0][1]
-            continue
-        cols[target] = np.full(all_steps.size, np.nan)
-        for s, v in reversed(parts):  # the first part written last wins
-            cols[target][np.searchsorted(all_steps, s)] = v
+        else:
+            cols[target] = np.full(all_steps.size, np.nan)
+            for s, v in reversed(parts):  # the first part written last wins
+                cols[target][np.searchsorted(all_steps, s)] = v
     arrays = [pa.array(c, pa.float64(), from_pandas=True) for c in cols.values()]
     return pa.Table.from_arrays([pa.array(all_steps, pa.int64()), *arrays], names=["step", *cols])
 
@@ -182,17 +186,6 @@ def read_json_bytes(data: bytes, block_size: int = 1 << 24):
     return pj.read_json(io.BytesIO(data), read_options=pj.ReadOptions(use_threads=False, block_size=block_size))
 
 
-def json_lines_columns(data: bytes, n_rows: int) -> dict[str, np.ndarray] | None:
-    """JSON lines of flat objects → float64 arrays per numeric key, by pyarrow; None when it cannot."""
-    if not data.strip() or not shallow(data):
-        return None
-    try:
-        table = read_json_bytes(data, max(1 << 20, len(data) + 1))
-    except Exception:  # ArrowInvalid
-        return None
-    return float_columns(table.column_names, table.columns) if table.num_rows == n_rows else None
-
-
 def float_columns(names: Iterable[str], columns: Iterable[Any]) -> dict[str, np.ndarray]:
     """The Arrow columns of numbers or booleans that hold a value, as float64 (null → NaN)."""
     import pyarrow as pa
@@ -203,7 +196,6 @@ def float_columns(names: Iterable[str], columns: Iterable[Any]) -> dict[str, np.
             and col.null_count < len(col)}
 
 
-# --------------------------------------------------------------------------- configs
 def flatten(cfg: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     """Nested config → flat dotted keys; lists become JSON text (groupable)."""
     out: dict[str, Any] = {}
@@ -232,7 +224,6 @@ def seed_and_config(flat: Mapping[str, Any], drop: Iterable[str] = ()) -> dict[s
     return out
 
 
-# --------------------------------------------------------------------------- protobuf
 def derived_message(name: str, source: Any, message: dict[str, Any] | None = None, keep: tuple[str, ...] = ()
                     ) -> Any:
     """A class with ``source``'s protobuf layout but every field repeated (concatenated messages then collect

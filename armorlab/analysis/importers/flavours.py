@@ -1,7 +1,6 @@
 """The trainers whose logs armorlab reads (TRL, verl, OpenRLHF) and how their names map onto armorlab's;
 one flavour's table serves every format (``normalise`` undoes transformers' ``rewrite_logs`` first).
-docs/importers.md shows these tables; a test checks that it lists every rule.
-"""
+docs/importers.md shows these tables; a test checks that it lists every rule."""
 
 from __future__ import annotations
 
@@ -69,24 +68,14 @@ def readable_target(target: str) -> str:
     return re.sub(r"\{(\w+)\}", r"<\1>", target)
 
 
-def trl_raw(name: str) -> str:
-    """Undo transformers' rewrite_logs (the W&B/TensorBoard/trackio callbacks' renaming)."""
-    for prefix, raw in (("train/", ""), ("eval/", "eval_"), ("test/", "test_")):
-        if name.startswith(prefix):
-            return raw + name.removeprefix(prefix)
-    return name
-
-
-def _openrlhf_raw(name: str) -> str:
-    return re.sub(r"^(train|eval)/", "", name)
-
-
-# ----------------------------------------------------------------------------- TRL (GRPOTrainer)
-# the closing summary row's keys (a row carrying any of these is dropped)
+# TRL (GRPOTrainer): the closing summary row's keys (a row carrying any of these is dropped)
 TRL_SUMMARY = frozenset({"train_runtime", "train_samples_per_second", "train_steps_per_second",
                          "total_flos", "train_loss"})
+# transformers' rewrite_logs (the W&B/TensorBoard/trackio callbacks' renaming) undone
+_TRL_RAW = {"train/": "", "eval/": "eval_", "test/": "test_"}
 # Names as in trainer_state.json's log_history (transformers' Trainer.log + TRL's GRPOTrainer.log).
-TRL = Flavour("trl", normalise=trl_raw, step_keys=("train/global_step",),
+TRL = Flavour("trl", normalise=lambda name: re.sub(r"^(train|eval|test)/", lambda m: _TRL_RAW[m[0]], name),
+              step_keys=("train/global_step",),
               cannot=("val/n", "val/pass@k", *ARMORLAB_ONLY), drop=frozenset({"step", "global_step", *TRL_SUMMARY}),
               identity=("output_dir", "logging_dir", "run_name", "hub_model_id", "hub_token", "push_to_hub_token",
                         "_name_or_path", "project", "trackio_space_id", "resume_from_checkpoint", "_Created",
@@ -121,8 +110,7 @@ TRL = Flavour("trl", normalise=trl_raw, step_keys=("train/global_step",),
 ))
 
 
-# ----------------------------------------------------------------------------- verl
-# Names as verl's Tracking logs them (trainer/ppo/ray_trainer.py, metric_utils.py, core_algos.py).
+# verl: names as its Tracking logs them (trainer/ppo/ray_trainer.py, metric_utils.py, core_algos.py).
 _VAL = r"val-core/(?P<ds>.+)/(?P<var>[^/]+)"
 VERL = Flavour("verl", cannot=("val/n", "val/pass@k", *ARMORLAB_ONLY),
                drop=frozenset({"training/global_step", "step"}),
@@ -147,11 +135,11 @@ VERL = Flavour("verl", cannot=("val/n", "val/pass@k", *ARMORLAB_ONLY),
 # verl's actor kl_loss_type (core_algos.kl_penalty): the ones armorlab's obj/beta_kl means
 KL_LOSS_TYPES = {"low_var_kl": "k3", "k3": "k3", "mse": "k2", "k2": "k2"}
 
-# ----------------------------------------------------------------------------- OpenRLHF
-# Names as OpenRLHF logs them (openrlhf/trainer/ppo_trainer.py compute_eval_metrics; ray/ppo_actor.py),
+# OpenRLHF: names as it logs them (openrlhf/trainer/ppo_trainer.py compute_eval_metrics; ray/ppo_actor.py),
 # with the "train/" / "eval/" prefix its W&B and TensorBoard loggers add removed.
 OPENRLHF = Flavour(
-    "openrlhf", normalise=_openrlhf_raw, step_keys=("train/global_step", "eval/global_step"),
+    "openrlhf", normalise=lambda name: re.sub(r"^(train|eval)/", "", name),
+    step_keys=("train/global_step", "eval/global_step"),
     cannot=ARMORLAB_ONLY, drop=frozenset({"global_step", "train/global_step", "eval/global_step", "eval/epoch"}),
     identity=("save_path", "ckpt_path", "wandb_run_name", "use_tensorboard", "logger.wandb.run_name",
               "logger.tensorboard_dir", "ckpt.output_dir", "ckpt.path", "use_wandb", "logger.wandb.key", "wandb_org",
@@ -172,7 +160,7 @@ OPENRLHF = Flavour(
     Rule(r"eval_(?P<ds>.+)_response_length_mean", "val/{ds}/length"),
 ))
 
-# ----------------------------------------------------------------------------- no known trainer
+# no known trainer
 NAMESPACES = ("train/", "val/", "test/", "obj/", "kl/", "cap/", "anchor/", "ref/")
 GENERIC = Flavour("generic", rules=(  # names already in armorlab's namespaces are kept (logged by armorlab)
     Rule(r"(?P<name>(?:" + "|".join(n.rstrip("/") for n in NAMESPACES) + r")/.+)", "{name}"),))
@@ -217,13 +205,16 @@ def single_source_aliases(metrics: Iterable[str]) -> dict[str, str]:
     return {found[0]: f"val/{name}" for name, found in by_name.items() if len(found) == 1}
 
 
-def mapped_table(series, fl: Flavour, config: Mapping[str, Any], warnings: list[str],
-                 extra: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None):
-    """Source series → armorlab-named table under flavour ``fl``'s rules and aliases; verl's
-    actor/kl_loss is obj/beta_kl only for a k3 or k2 estimator (default low_var_kl)."""
+def imported_run(series, fl: Flavour, flat: Mapping[str, Any], warnings: list[str], *,
+                 extra: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None,
+                 cannot: Iterable[str] | None = None, config: Mapping[str, Any] | None = None,
+                 **fields: Any) -> ImportedRun:
+    """What every importer ends with: source series (+ ``extra`` already named) → armorlab-named table under
+    ``fl``'s rules and aliases, and its run (``fields``: name, path, state, ...). verl's actor/kl_loss is
+    obj/beta_kl only for a k3 or k2 estimator (default low_var_kl)."""
     if fl is VERL:
-        kind = config.get("actor_rollout_ref.actor.kl_loss_type")
-        if kind is None and config and "actor/kl_loss" in series:
+        kind = flat.get("actor_rollout_ref.actor.kl_loss_type")
+        if kind is None and flat and "actor/kl_loss" in series:
             warnings.append("actor_rollout_ref.actor.kl_loss_type not in the config: actor/kl_loss read as verl's "
                             "default low_var_kl (k3)")
         if kind is not None and kind not in KL_LOSS_TYPES:
@@ -232,14 +223,7 @@ def mapped_table(series, fl: Flavour, config: Mapping[str, Any], warnings: list[
     for src, dst in single_source_aliases(table.column_names).items():
         if dst not in table.column_names:
             table = table.append_column(dst, table.column(src))
-    return table.select(["step", *sorted(table.column_names[1:])])
-
-
-def imported_run(series, fl: Flavour, flat: Mapping[str, Any], warnings: list[str], *, extra=None,
-                 cannot: Iterable[str] | None = None, config: Mapping[str, Any] | None = None,
-                 **fields: Any) -> ImportedRun:
-    """What every importer ends with: the mapped table and its run (``fields``: name, path, state, ...)."""
-    table = mapped_table(series, fl, flat, warnings, extra)
+    table = table.select(["step", *sorted(table.column_names[1:])])
     return ImportedRun(table=table, config={**seed_and_config(flat, fl.identity), **(config or {})},
                        flavour=fl.name, warnings=warnings,
                        unavailable=[m for m in (fl.cannot if cannot is None else cannot) if m not in table.column_names],

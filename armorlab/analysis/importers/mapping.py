@@ -1,6 +1,5 @@
 """``runs.yaml``: what the sources do not record about imported runs (group, seed, val_n, ...), keyed
-by path; the format: docs/importers.md#runsyaml. Unknown keys and bad values name the key and file.
-"""
+by path; the format: docs/importers.md#runsyaml. Unknown keys and bad values name the key and file."""
 
 from __future__ import annotations
 
@@ -74,8 +73,7 @@ _VALUES = {
 
 def load(path: str | os.PathLike) -> RunsMap:
     path = Path(path)
-    raw = load_yaml_mapping(path)
-    file = str(path)
+    raw, file = load_yaml_mapping(path), str(path)
 
     def err(problem: str, key: str, value: Any) -> ArmorLabError:
         return ArmorLabError(problem, key=key, value=value, file=file)

@@ -1,19 +1,17 @@
 """TensorBoard event files, read with the ``tensorboard`` package's protobufs and no TensorFlow
 (``armorlab[tensorboard]``); every point is read (EventAccumulator subsamples to 10,000 per tag) and both
-TFRecord CRC-32Cs checked (google-crc32c); format and recovery rules: docs/importers.md#tensorboard.
-"""
+TFRecord CRC-32Cs checked (google-crc32c); format and recovery rules: docs/importers.md#tensorboard."""
 
 from __future__ import annotations
 
-import json
 import struct
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from armorlab.analysis.importers import base as B
 from armorlab.analysis.importers import flavours as F
-from armorlab.analysis.importers.base import ImportedRun, derived_message, flatten, group_series, read_source
 from armorlab.errors import ArmorLabError
 
 PATTERN = "events.out.tfevents.*"
@@ -107,9 +105,9 @@ def _protos():
     except ImportError as exc:
         raise ArmorLabError("reading TensorBoard event files needs the tensorboard package: pip install "
                             "'armorlab[tensorboard]'", key="format", value="tensorboard") from exc
-    summary = derived_message("TbSummaryAll", summary_pb2.Summary,
-                              {"value": derived_message("TbValueAll", summary_pb2.Summary.Value)})
-    return event_pb2, summary_pb2, derived_message("TbEventAll", event_pb2.Event, {"summary": summary})
+    summary = B.derived_message("TbSummaryAll", summary_pb2.Summary,
+                                {"value": B.derived_message("TbValueAll", summary_pb2.Summary.Value)})
+    return event_pb2, summary_pb2, B.derived_message("TbEventAll", event_pb2.Event, {"summary": summary})
 
 
 def _fast(payloads: list[bytes]):
@@ -168,7 +166,7 @@ def read_dir(logdir: Path) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], di
     parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []   # (tag, step, value) per scalar
     for path in sorted(p for p in Path(logdir).glob(PATTERN) if p.is_file()):
         try:
-            payloads = list(records(read_source(path), str(path), warnings))
+            payloads = list(records(B.read_source(path), str(path), warnings))
         except OSError as exc:
             warnings.append(f"cannot read {path}: {exc.strerror or exc}")
             continue
@@ -196,7 +194,7 @@ def read_dir(logdir: Path) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], di
 
     tags, steps, values = (np.concatenate(a) for a in zip(*parts, strict=True))
     codes, names = pd.factorize(tags)
-    return group_series(codes, names, steps, values), texts, warnings
+    return B.group_series(codes, names, steps, values), texts, warnings
 
 
 def read_texts(logdir: Path) -> dict[str, str]:
@@ -210,21 +208,14 @@ def run_dirs(root: Path) -> list[Path]:
 
 def json_text(texts: dict[str, str], tags: tuple[str, ...]) -> dict[str, Any]:
     """The first of ``tags`` whose text is a JSON object (transformers logs its arguments so), else {}."""
-    for tag in (t for t in tags if t in texts):
-        try:
-            loaded = json.loads(texts[tag])
-        except (ValueError, RecursionError):
-            continue
-        if isinstance(loaded, dict):
-            return loaded
-    return {}
+    return next((d for t in tags if t in texts and isinstance(d := B.parsed_json(texts[t]), dict)), {})
 
 
-def read(logdir: Path, *, name: str | None = None, flavour: str | None = None) -> ImportedRun:
-    """One TensorBoard run dir → ImportedRun (trainer from transformers' ``args`` text, else tag names)."""
+def read(logdir: Path, *, name: str | None = None, flavour: str | None = None) -> B.ImportedRun:
+    """One TensorBoard run dir → B.ImportedRun (trainer from transformers' ``args`` text, else tag names)."""
     logdir = Path(logdir)
     series, texts, warnings = read_dir(logdir)
-    config = flatten(json_text(texts, ("args/text_summary", "config/text_summary", "hparams/text_summary")))
+    config = B.flatten(json_text(texts, ("args/text_summary", "config/text_summary", "hparams/text_summary")))
     fl = F.pick(flavour, config, series)
     return F.imported_run(series, fl, config, warnings, name=name or logdir.name, path=logdir, format="tensorboard",
                           project=logdir.parent.name or None, state="unknown",

@@ -1,6 +1,5 @@
 """verl's ``file`` logger (verl opens it for writing, not appending: a resumed run's curve starts at the
-resume step) and its validation dumps (true val/n and pass@k); docs/importers.md#verl.
-"""
+resume step) and its validation dumps (true val/n and pass@k); docs/importers.md#verl."""
 
 from __future__ import annotations
 
@@ -8,6 +7,7 @@ import json
 import math
 import os
 import re
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -15,20 +15,8 @@ from typing import Any
 import numpy as np
 
 from armorlab.algos.pass_at_k import pass_at_k
+from armorlab.analysis.importers import base as B
 from armorlab.analysis.importers import flavours as F
-from armorlab.analysis.importers.base import (
-    MAX_STEP,
-    ImportedRun,
-    as_float,
-    flatten,
-    float_columns,
-    is_metric_value,
-    json_lines,
-    read_json_bytes,
-    read_source,
-    rows_to_series,
-    shallow,
-)
 from armorlab.core.fsutil import open_regular
 from armorlab.core.runs import valid_step
 from armorlab.errors import ArmorLabError
@@ -40,42 +28,31 @@ PASS_THRESHOLD = 1.0  # a completion passes at full score (armorlab's anchor_rew
 def read_jsonl(path: Path, warnings: list[str]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """The file logger's lines → per-metric (steps, values)."""
     try:
-        data = read_source(path)
+        data = B.read_source(path)
     except OSError as exc:
         raise ArmorLabError(f"cannot read verl's file log: {exc.strerror or exc}", file=str(path)) from None
     if not data.strip():
         return {}
-    if shallow(data):
+    if B.shallow(data):  # every line at once, where each is {"step": int ≥ 0, "data": {...}}
+        import pyarrow as pa
+
         try:
-            return _series_from_table(read_json_bytes(data))
-        except Exception:  # ArrowInvalid: a torn line, mixed types: the line-by-line rules below
+            table = B.read_json_bytes(data)
+            step, logged = table.column("step"), table.column("data").combine_chunks()
+            shaped = pa.types.is_integer(step.type) and not step.null_count and pa.types.is_struct(logged.type)
+            if shaped and not ((steps := step.to_numpy().astype(np.int64)) < 0).any():
+                columns = B.float_columns([f.name for f in logged.type], logged.flatten())
+                return {name: (steps[ok], values[ok]) for name, values in columns.items()  # NaN: not on that line
+                        for ok in [~np.isnan(values)]}
+        except Exception:  # ArrowInvalid (torn line, mixed types), no step or data key: the line-by-line rules
             pass
     rows = []
-    for lineno, row in json_lines(data.split(b"\n"), str(path), warnings):
+    for lineno, row in B.json_lines(data.split(b"\n"), str(path), warnings):
         if isinstance(row, dict) and valid_step(row.get("step")) and isinstance(row.get("data"), dict):
-            rows.append((row["step"], {k: v for k, v in row["data"].items() if is_metric_value(v)}))
+            rows.append((row["step"], {k: v for k, v in row["data"].items() if B.is_metric_value(v)}))
         else:
             warnings.append(f"skipped line {lineno} of {path}: not {{\"step\": int, \"data\": {{...}}}}")
-    return rows_to_series(rows)
-
-
-def _series_from_table(table) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    import pyarrow as pa
-
-    if "step" not in table.column_names or "data" not in table.column_names:
-        raise ValueError("not verl's file-logger lines")
-    step = table.column("step")
-    data = table.column("data").combine_chunks()
-    if not pa.types.is_integer(step.type) or step.null_count or not pa.types.is_struct(data.type):
-        raise ValueError("step is not an integer on every line")
-    steps = step.to_numpy().astype(np.int64)
-    if steps.size and int(steps.min()) < 0:
-        raise ValueError("negative step")
-    out = {}
-    for name, values in float_columns([f.name for f in data.type], data.flatten()).items():
-        ok = ~np.isnan(values)  # null: no value on that line
-        out[name] = (steps[ok], values[ok])
-    return out
+    return B.rows_to_series(rows)
 
 
 def is_file_log(path: Path) -> bool:
@@ -98,24 +75,19 @@ def is_dump_dir(path: Path) -> bool:
 def dump_metrics(rows: Sequence[dict[str, Any]], threshold: float = PASS_THRESHOLD) -> dict[str, float]:
     """One validation dump → val/n, val/acc (of ``acc`` where given, else ``score``), val/pass@k and the
     unbiased val/pass@<k> for k = 1, 2, 4, ... below the samples per prompt."""
-    values, prompts = [], {}
-    key = "acc" if any(is_metric_value(r.get("acc")) for r in rows) else "score"
-    for r in rows:
-        v = as_float(r.get(key))
-        if math.isnan(v):
-            continue
-        values.append(v)
-        n_c = prompts.setdefault(json.dumps([r.get("input"), r.get("gts")], default=str), [0, 0])
-        n_c[0] += 1
-        n_c[1] += v >= threshold
-    if not values:
+    key = "acc" if any(B.is_metric_value(r.get("acc")) for r in rows) else "score"
+    values = [B.as_float(r.get(key)) for r in rows]
+    scored = [(v, json.dumps([r.get("input"), r.get("gts")], default=str))
+              for r, v in zip(rows, values, strict=True) if not math.isnan(v)]
+    if not scored:
         return {}
-    out = {"val/n": float(len(values)), "val/acc": float(np.mean(values)),
-           "val/pass@k": float(np.mean([c > 0 for _, c in prompts.values()]))}
-    n_min = min(n for n, _ in prompts.values())
+    seen, passed = Counter(p for _, p in scored), Counter(p for v, p in scored if v >= threshold)
+    per_prompt = [(seen[p], passed[p]) for p in seen]
+    out = {"val/n": float(len(scored)), "val/acc": float(np.mean([v for v, _ in scored])),
+           "val/pass@k": float(np.mean([c > 0 for _, c in per_prompt]))}
     k = 1
-    while k < n_min:
-        out[f"val/pass@{k}"] = float(np.mean([pass_at_k(n, c, k) for n, c in prompts.values()]))
+    while k < min(seen.values()):
+        out[f"val/pass@{k}"] = float(np.mean([pass_at_k(n, c, k) for n, c in per_prompt]))
         k *= 2
     return out
 
@@ -128,28 +100,28 @@ def read_dumps(dump_dir: Path, warnings: list[str]) -> dict[str, tuple[np.ndarra
         raise ArmorLabError(f"must be verl's validation_data_dir, a directory: {exc.strerror or exc}",
                             key="val_dumps", value=str(dump_dir)) from None
     # a name past int64 is no step verl wrote (a 249-digit name is a valid file name)
-    files = sorted((int(d), p) for d, p in named if len(d) <= 19 and int(d) < MAX_STEP)
+    files = sorted((int(d), p) for d, p in named if len(d) <= 19 and int(d) < B.MAX_STEP)
     if len(files) < len(named):
         warnings.append(f"skipped {len(named) - len(files)} validation dumps in {dump_dir} whose step is past 2**63")
     points = []
     for step, path in files:
         try:
-            rows = json_lines(read_source(path).split(b"\n"), str(path), warnings)
+            rows = B.json_lines(B.read_source(path).split(b"\n"), str(path), warnings)
         except OSError as exc:
             warnings.append(f"skipped validation dump {path}: {exc.strerror or exc}")
             continue
         points.append((step, dump_metrics([row for _, row in rows if isinstance(row, dict)])))
-    return rows_to_series(points)
+    return B.rows_to_series(points)
 
 
 def read(path: Path, *, name: str | None = None, val_dumps: Path | None = None,
-         config: dict[str, Any] | None = None) -> ImportedRun:
+         config: dict[str, Any] | None = None) -> B.ImportedRun:
     """A verl file-logger JSONL (+ its validation dumps, + a config file's contents if given)."""
     path = Path(path)
     warnings: list[str] = []
     series = read_jsonl(path, warnings)
     extra = read_dumps(val_dumps, warnings) if val_dumps is not None else {}
-    flat = flatten(config or {})
+    flat = B.flatten(config or {})
     steps = np.unique(np.concatenate([s for s, _ in series.values()])) if series else np.empty(0, np.int64)
     if steps.size:
         extra["rollout"] = (steps, steps.astype(np.float64))

@@ -1,8 +1,7 @@
 """W&B local run folders read without a server (``armorlab[wandb]``): the ``.wandb`` transaction log is
 LevelDB's log format (wandb's ``core/pkg/leveldb/record.go``, IEEE CRC) of wandb_internal_pb2 Records,
 parsed here rather than through wandb's internal reader APIs, which change between versions; a chunk whose
-CRC fails skips to the next block, as LevelDB recovers (docs/importers.md#wb-local-run-folders).
-"""
+CRC fails skips to the next block, as LevelDB recovers (docs/importers.md#wb-local-run-folders)."""
 
 from __future__ import annotations
 
@@ -17,16 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from armorlab.analysis.importers import base as B
 from armorlab.analysis.importers import flavours as F
-from armorlab.analysis.importers.base import (
-    ImportedRun,
-    as_float,
-    derived_message,
-    flatten,
-    good_steps,
-    group_series,
-    read_source,
-)
 from armorlab.errors import ArmorLabError
 
 HEADER = struct.Struct("<4sHB")
@@ -93,9 +84,9 @@ def _lite_classes():
     except ImportError as exc:
         raise ArmorLabError("reading W&B run folders needs the wandb package: pip install 'armorlab[wandb]'",
                             key="format", value="wandb") from exc
-    items = derived_message("ItemsFlat", pb.HistoryItem)
-    history = derived_message("HistoryMerged", pb.HistoryRecord, {"item": items}, keep=("step",))
-    return pb, derived_message("RecordAll", pb.Record), history
+    items = B.derived_message("ItemsFlat", pb.HistoryItem)
+    history = B.derived_message("HistoryMerged", pb.HistoryRecord, {"item": items}, keep=("step",))
+    return pb, B.derived_message("RecordAll", pb.Record), history
 
 
 MARK = "\x00armorlab-row\x01"  # a name no wandb metric has (numpy would strip a trailing NUL)
@@ -151,13 +142,10 @@ class _History:
             steps.append(h.step.num)
             counts.append(len(h.item))
             names += map(_item_key, h.item)
-            values += (as_float(_item_value(it)) for it in h.item)
+            values += (B.as_float(_item_value(it)) for it in h.item)
         codes, uniques = pd.factorize(np.asarray(names, dtype=object)) if names else (np.empty(0, np.int64), [])
         return codes, list(uniques), np.asarray(values, dtype=np.float64), np.asarray(counts, dtype=np.int64), \
             np.asarray(steps, dtype=np.int64)
-
-    def names(self) -> set[str]:
-        return set(self.decoded[1]) if self.raw else set()
 
     def series(self, step_keys: tuple[str, ...], drop: set[str]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """Per metric (steps, values), grouped by name: wandb writes a row's items in no fixed order; the
@@ -172,12 +160,12 @@ class _History:
             own = np.full(counts.size, np.nan)
             own[record[at]] = values[at]
             trainer = np.where(np.isnan(trainer), own, trainer)
-        own = good_steps(trainer)
+        own = B.good_steps(trainer)
         bad = np.isfinite(trainer) & ~own
         self.bad_steps = int(bad.sum())
         steps = np.where(own, trainer, steps).astype(np.int64)
         values = np.where(bad[record], np.nan, values)  # NaN is no value: those rows are left out
-        return {name: sv for name, sv in group_series(codes, names, steps[record], values).items()
+        return {name: sv for name, sv in B.group_series(codes, names, steps[record], values).items()
                 if sv[0].size and name not in drop and not name.startswith("_")}
 
 
@@ -189,15 +177,7 @@ def _floats(raw: Any) -> np.ndarray:
     try:
         return pa.array(texts, pa.string()).cast(pa.float64()).to_numpy(zero_copy_only=False)
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
-        return np.fromiter((as_float(_json(v)) for v in texts), np.float64, count=len(texts))
-
-
-def _json(text: str | bytes) -> Any:
-    """``text`` parsed, else None (torn, or nested past json's recursion limit)."""
-    try:
-        return json.loads(text)
-    except (ValueError, RecursionError):
-        return None
+        return np.fromiter((B.as_float(B.parsed_json(v)) for v in texts), np.float64, count=len(texts))
 
 
 def _item_key(item: Any) -> str:
@@ -207,7 +187,7 @@ def _item_key(item: Any) -> str:
 def _item_value(item: Any) -> Any:
     """A history item's value: value_json, else the typed fields newer wandb may write."""
     if item.value_json:
-        return _json(item.value_json)
+        return B.parsed_json(item.value_json)
     for field in ("number", "integer", "boolean"):
         try:
             if item.HasField(field):
@@ -221,7 +201,7 @@ def read_file(path: Path, history: _History, info: dict[str, Any], warnings: lis
     """Add one .wandb file's history rows to ``history`` and its run facts to ``info``."""
     pb, all_cls, _ = _lite_classes()
     try:
-        payloads = list(records(read_source(path), str(path), warnings))
+        payloads = list(records(B.read_source(path), str(path), warnings))
     except OSError as exc:
         warnings.append(f"cannot read {path}: {exc.strerror or exc}")
         return
@@ -268,8 +248,7 @@ def _messages(cls: Any, raws: Iterable[bytes], path: Path, warnings: list[str]) 
 
 
 def wandb_file(run_dir: Path) -> Path | None:
-    found = sorted(Path(run_dir).glob("run-*.wandb"))
-    return found[-1] if found else None
+    return max(Path(run_dir).glob("run-*.wandb"), default=None)
 
 
 def is_run_dir(path: Path) -> bool:
@@ -285,7 +264,7 @@ def run_dirs(root: Path) -> list[Path]:
                    if RUN_DIR.match(p.name) and is_run_dir(p)})
 
 
-def read(folders: list[Path], *, name: str | None = None, flavour: str | None = None) -> ImportedRun:
+def read(folders: list[Path], *, name: str | None = None, flavour: str | None = None) -> B.ImportedRun:
     """One W&B run (its folders: one, or several for a resumed run, oldest first)."""
     history = _History()
     info: dict[str, Any] = {}
@@ -296,8 +275,8 @@ def read(folders: list[Path], *, name: str | None = None, flavour: str | None = 
             warnings.append(f"{folder}: no .wandb file")
             continue
         read_file(f, history, info, warnings)
-    flat = flatten({k: v for k, v in info.get("config", {}).items() if not k.startswith("_wandb")})
-    fl = F.pick(flavour, flat, history.names())
+    flat = B.flatten({k: v for k, v in info.get("config", {}).items() if not k.startswith("_wandb")})
+    fl = F.pick(flavour, flat, set(history.decoded[1]) if history.raw else ())
     series = history.series(fl.step_keys, set(fl.drop))
     if history.skipped:
         warnings.append(f"skipped {history.skipped} history records that are not W&B history rows")
