@@ -301,6 +301,8 @@ def _filter_first_run(tmp_path, after: bool):
     trainer.captured, trainer.scored = [], []
     trainer.train()
     losses = [h["obj/policy_loss"] for h in trainer.state.log_history if "obj/policy_loss" in h]
+    # vLLM's correction statistics (sampling/*) belong to vLLM runs only
+    assert not [k for h in trainer.state.log_history for k in h if k.startswith("sampling/")]
     return cfg, trainer.captured, losses, trainer.scored
 
 

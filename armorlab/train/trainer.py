@@ -464,7 +464,7 @@ class ArmorLabTrainer(GRPOTrainer):
             target // self.num_generations
         rounds: list[dict] = []
         deferred: set[str] = set()
-        logged = {name: len(self._metrics["train"][name]) for name in VLLM_IS_METRICS}
+        logged = {name: len(self._metrics["train"].get(name, ())) for name in VLLM_IS_METRICS}
         while True:
             seed = (self.args.seed * 1_000_003 + self.state.global_step) * 1009 + self.accelerator.process_index
             seed = seed * 131 + len(rounds) if rounds else seed  # round 0 draws what the single refill drew
@@ -486,7 +486,7 @@ class ArmorLabTrainer(GRPOTrainer):
         output = dyn.merge_rounds(rounds, self._tokenizer.pad_token_id) if len(rounds) > 1 else rounds[0]
         if "old_per_token_logps" in deferred and "sampling_per_token_logps" in output:
             for name, count in logged.items():  # TRL's, from the NaN stand-ins: _correct_kept logs the real ones
-                del self._metrics["train"][name][count:]
+                del self._metrics["train"].get(name, [])[count:]
         device, n = self.accelerator.device, output["completion_ids"].size(0)
         output[f"{GENERATION_STAT}train/gen_batches:total"] = torch.tensor(float(len(rounds)), device=device)
         output[f"{GENERATION_STAT}train/gen_batches:count"] = torch.tensor(1.0, device=device)
