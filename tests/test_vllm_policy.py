@@ -85,9 +85,11 @@ def test_vllm_is_ratio_follows_trls_modes_by_hand():
 
 
 @pytest.mark.vllm
-def test_filter_first_scores_pi_old_on_the_kept_rows_and_corrects_them_as_trl(tmp_path):
+@pytest.mark.parametrize("correct", [True, False])
+def test_filter_first_scores_pi_old_on_the_kept_rows_and_corrects_them_as_trl(tmp_path, correct):
     """Issue 38 §3 with vLLM's importance-sampling correction: over-generated rows are scored by
-    π_old after the filter, and the kept rows carry TRL's ratio of those log-probs."""
+    π_old after the filter, and the kept rows carry TRL's ratio of those log-probs; with the
+    correction off, no ratio at all (as TRL)."""
     from armorlab.algos.loss import vllm_is_ratio
 
     Capture = capturing("old_per_token_logps", "sampling_per_token_logps", "importance_sampling_ratio",
@@ -101,12 +103,18 @@ def test_filter_first_scores_pi_old_on_the_kept_rows_and_corrects_them_as_trl(tm
             return out
 
     cfg = resolved(objective="dapo", max_steps=2, use_vllm=True, vllm_mode="colocate", dynamic_sampling=True,
-                   dynamic_sampling_factor=2, vllm_importance_sampling_mode="token_truncate")
+                   dynamic_sampling_factor=2, vllm_importance_sampling_mode="token_truncate",
+                   vllm_importance_sampling_correction=correct)
     trainer = build(tmp_path, cfg, trainer_cls=Counting)
     trainer.captured, trainer.scored = [], []
     trainer.train()
     rows = cfg["per_device_train_batch_size"] * cfg["steps_per_generation"]
     assert trainer.captured and trainer.scored == [rows] * len(trainer.captured)  # not 2 × rows drawn
+    means = [h["sampling/importance_sampling_ratio/mean"] for h in trainer.state.log_history
+             if "sampling/importance_sampling_ratio/mean" in h]
+    if not correct:
+        assert not means and not any("importance_sampling_ratio" in out for out in trainer.captured)
+        return
     for out in trainer.captured:
         m = out["completion_mask"]
         assert not bool(out["old_per_token_logps"][m.bool()].isnan().any())
@@ -114,8 +122,6 @@ def test_filter_first_scores_pi_old_on_the_kept_rows_and_corrects_them_as_trl(tm
         want = vllm_is_ratio(out["old_per_token_logps"], out["sampling_per_token_logps"], m, "token_truncate", *clip)
         assert torch.equal(out["importance_sampling_ratio"], want)
         assert bool((out["importance_sampling_ratio"][m.bool()] != 1).any()), "an all-ones ratio is TRL's stand-in"
-    means = [h["sampling/importance_sampling_ratio/mean"] for h in trainer.state.log_history
-             if "sampling/importance_sampling_ratio/mean" in h]
     assert means and all(math.isfinite(v) and v != 1.0 for v in means)
 
 

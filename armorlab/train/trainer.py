@@ -243,7 +243,7 @@ class ArmorLabTrainer(GRPOTrainer):
         self._check_units()
         objective_params(self.args.objective, {k: getattr(self.args, k, None)  # dro_beta unset: fail now
                                                for k in objective_spec(self.args.objective).params})
-        if self.args.objective == "vespo" and self.use_vllm and self.vllm_importance_sampling_correction:
+        if self.args.objective == "vespo" and self._vllm_corrects:
             # TRL folds the sampler's ratio into VESPO's sequence weight instead of scaling the loss
             raise ArmorLabError("vespo with vLLM's importance-sampling correction is not supported: set "
                                 "vllm_importance_sampling_correction: false", key="objective", value="vespo")
@@ -484,7 +484,7 @@ class ArmorLabTrainer(GRPOTrainer):
             if float(fewest) >= groups:
                 break
         output = dyn.merge_rounds(rounds, self._tokenizer.pad_token_id) if len(rounds) > 1 else rounds[0]
-        if "old_per_token_logps" in deferred and "sampling_per_token_logps" in output:
+        if "old_per_token_logps" in deferred and self._vllm_corrects:
             for name, count in logged.items():  # TRL's, from the NaN stand-ins: _correct_kept logs the real ones
                 del self._metrics["train"].get(name, [])[count:]
         device, n = self.accelerator.device, output["completion_ids"].size(0)
@@ -619,13 +619,18 @@ class ArmorLabTrainer(GRPOTrainer):
             with disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
                 output["old_per_token_logps"], _, _ = self._get_per_token_logps_and_entropies(
                     self.model, ids, att, width, batch_size=batch)
-            if "sampling_per_token_logps" in output:
+            if self._vllm_corrects:
                 self._correct_kept(output)
         if "ref_per_token_logps" in deferred:
             output["ref_per_token_logps"], _, _ = self._get_per_token_logps_and_entropies(
                 self.ref_model, ids, att, width, batch_size=batch)
         elif "ref_per_token_logps" not in output:  # TRL computes them only when beta != 0
             self._add_reference_logps(output)
+
+    @property
+    def _vllm_corrects(self) -> bool:
+        """TRL applies its vLLM importance-sampling correction (its own condition)."""
+        return self.use_vllm and self.vllm_importance_sampling_correction
 
     def _correct_kept(self, output: dict) -> None:
         """TRL's vLLM importance-sampling ratio and its ``sampling/*`` metrics (TRL's statistics) on
