@@ -58,6 +58,8 @@ def test_short_and_dotted_sections(tmp_path):
         ({"dual_clip": 1.0}, "dual_clip", 1.0),
         ({"epsilon": -0.1}, "epsilon", -0.1),
         ({"anchor": "yes"}, "anchor", "yes"),
+        ({"anchor": True, "dynamic_sampling": True, "anchor_skip_solved": "yes\x00"}, "anchor_skip_solved", "yes\x00"),
+        ({"anchor": True, "dynamic_sampling": True, "anchor_skip_solved": 10**30}, "anchor_skip_solved", 10**30),
         ({"anchor_samples": 0, "anchor": True}, "anchor_samples", 0),
         ({"ref_reset_schedule": [[180, 1], [100, 0]]}, "ref_reset_schedule", [[180, 1], [100, 0]]),
         ({"ref_reset_schedule": [[None, 1], [100, 0]]}, "ref_reset_schedule", [[None, 1], [100, 0]]),
