@@ -71,9 +71,10 @@ def test_legends_stay_on_the_canvas(tmp_path, groups, panels, label_len):
     seen = {}
     real_save = plots._save
 
-    def spy(fig, path):
+    def spy(fig, path):  # measured as saved: _save lays the figure out
+        saved = real_save(fig, path)
         seen[path.name] = _text_boxes_fit(fig)
-        return real_save(fig, path)
+        return saved
 
     colors = plots.group_colors(list(_bands(groups, label_len)))
     kw = {"legend_title": "alpha, ref_reset_steps", "colors": colors}
@@ -125,9 +126,10 @@ def test_ablation_figure_stays_on_the_canvas(tmp_path, xs, hues):
     seen = []
     real_save = plots._save
 
-    def spy(fig, path):
+    def spy(fig, path):  # measured as saved: _save lays the figure out
+        saved = real_save(fig, path)
         seen.append(_text_boxes_fit(fig))
-        return real_save(fig, path)
+        return saved
 
     plots._save = spy
     try:

@@ -15,7 +15,6 @@ from armorlab.analysis.plots import (
     STEP_LABEL,
     _band,
     _finish,
-    _lay_out,
     _legend_keys,
     _noise,
     _onsets,
@@ -126,12 +125,11 @@ def plot_arms(bands: Mapping[str, CurveBand], metric: str, path: Path, *, colors
         keys.append((plt.Line2D([], [], color=BASELINE_COLOR, linewidth=1.6), f"baseline {baseline}"))
     elif len(arms) > 1:
         keys.append((plt.Line2D([], [], color=CONTEXT_COLOR), "the other groups' means"))
-    below = _legend_below(fig, keys + _legend_keys(noise, markers, matched_steps))
+    _legend_below(fig, keys + _legend_keys(noise, markers, matched_steps))
     against = f" against {baseline}" if baseline is not None else ""
     titled = f"; titles: verdict on {verdict_of}" if verdicts and verdict_of else ""
-    sup = fig.suptitle(_wrapped(f"{metric} per arm{against} (mean over seeds, 95% CI){titled}", width - 0.3, 11),
+    fig.suptitle(_wrapped(f"{metric} per arm{against} (mean over seeds, 95% CI){titled}", width - 0.3, 11),
                        fontsize=11)
-    _lay_out(fig, None, sup, below)
     return _save(fig, path)
 
 
@@ -167,7 +165,6 @@ def plot_overoptimisation(train: Mapping[str, CurveBand], val: Mapping[str, Curv
         ax.grid(alpha=0.3)
         return _finish(fig, ax, path, legend_title, extra_handles=style)
     _share_axes(axes, cols, x_label, "reward / accuracy (fraction)", drawn)
-    below = _legend_below(fig, style)
-    sup = fig.suptitle(_wrapped(f"{title}, one panel per group ({legend_title})", width - 0.3, 11), fontsize=11)
-    _lay_out(fig, None, sup, below)
+    _legend_below(fig, style)
+    fig.suptitle(_wrapped(f"{title}, one panel per group ({legend_title})", width - 0.3, 11), fontsize=11)
     return _save(fig, path)

@@ -72,18 +72,17 @@ def group_colors(labels: Sequence[str]) -> dict[str, tuple]:
     return {g: cmap(i % cmap.N) for i, g in enumerate(labels)}
 
 
-def _finish(fig, ax_legend, path: Path, legend_title: str, *, extra_handles=(), suptitle=None) -> Path:
+def _finish(fig, ax_legend, path: Path, legend_title: str, *, extra_handles=()) -> Path:
     """The groups' legend in ``ax_legend``, hung outside it past six entries; then laid out and saved."""
     handles, labels = ax_legend.get_legend_handles_labels()
     handles, labels = [*handles, *[h for h, _ in extra_handles]], [*labels, *[n for _, n in extra_handles]]
-    hung = None  # the legend hung outside the panel, which _place makes room for
     if handles:
         outside = len(handles) > 6
-        legend = ax_legend.legend(handles, labels, title=legend_title, fontsize=8, title_fontsize=8,
-                                  loc="upper left" if outside else "best",
-                                  bbox_to_anchor=(1.01, 1.0) if outside else None, frameon=False)
+        ax_legend.legend(handles, labels, title=legend_title, fontsize=8, title_fontsize=8,
+                         loc="upper left" if outside else "best", bbox_to_anchor=(1.01, 1.0) if outside else None,
+                         frameon=False)
         if outside:
-            hung, em = legend, 8 / 72
+            em = 8 / 72
             # make room as bbox_inches="tight" did (without its second full draw): wider by the legend
             # (~0.5 em a character), taller when the legend (~1.55 em a row, hung from the axes' top)
             # would run off the bottom
@@ -91,155 +90,16 @@ def _finish(fig, ax_legend, path: Path, legend_title: str, *, extra_handles=(), 
             width = 0.9 + 0.5 * em * max(len(t) for t in [*labels, legend_title])
             top = h * (1 - ax_legend.get_position().y1)
             fig.set_size_inches(w + max(0.0, width - 1.0), max(h, top + (len(labels) + 1) * 1.55 * em + 0.5))
-    _lay_out(fig, hung, suptitle)
     return _save(fig, path)
 
 
-def _lay_out(fig, legend=None, suptitle=None, below=None) -> None:
-    """_place the panels, or leave the figure to constrained layout where _place does not know its shape."""
-    if not _place(fig, legend, suptitle, below):
-        fig.set_layout_engine("constrained")
-
-
-_PAD = 3 / 72  # inches between the parts of a figure and around it (constrained layout's w_pad/h_pad)
-
-
-def _tick_label_boxes(axis, renderer) -> list:
-    """Window extents of the tick labels the axis will draw (those inside its view interval)."""
-    axis.get_majorticklabels()  # updates the ticks' positions and texts, as the draw will
-    locs = axis.get_majorticklocs()
-    lo, hi = sorted(axis.get_view_interval())
-    tol = 1e-9 * max(hi - lo, 1e-300)
-    ticks = axis.get_major_ticks(len(locs))
-    return [t.label1.get_window_extent(renderer) for t, loc in zip(ticks, locs, strict=True)
-            if lo - tol <= loc <= hi + tol and t.label1.get_visible() and t.label1.get_text()]
-
-
-def _decorations(ax, renderer) -> tuple[float, float, float, float] | None:
-    """Pixels (left, bottom, right, top) the tick labels, axis labels and title take outside the box;
-    None for what this does not model."""
-    if (ax.xaxis.get_major_formatter().get_offset() or ax.yaxis.get_major_formatter().get_offset()
-            or ax.xaxis.get_label_position() != "bottom" or ax.yaxis.get_label_position() != "left"):
-        return None
-    box, px = ax.bbox, ax.get_figure(root=True).dpi / 72
-    xt, yt = _tick_label_boxes(ax.xaxis, renderer), _tick_label_boxes(ax.yaxis, renderer)
-    ticks = [*xt, *yt, box]
-    # the axis labels sit beyond their tick labels by labelpad (Axis._update_label_position)
-    y_label = ax.yaxis.labelpad * px + ax.yaxis.label.get_window_extent(renderer).width if ax.yaxis.label.get_text() else 0
-    x_label = ax.xaxis.labelpad * px + ax.xaxis.label.get_window_extent(renderer).height if ax.xaxis.label.get_text() else 0
-    left = max(box.x0 - min(b.x0 for b in ticks), box.x0 - min(b.x0 for b in [*yt, box]) + y_label)
-    bottom = max(box.y0 - min(b.y0 for b in ticks), box.y0 - min(b.y0 for b in [*xt, box]) + x_label)
-    right, top = max(b.x1 for b in ticks) - box.x1, max(b.y1 for b in ticks) - box.y1
-    if ax.get_title():
-        top = max(top, plt.rcParams["axes.titlepad"] * px + ax.title.get_window_extent(renderer).height)
-    return left, bottom, right, top
-
-
-def _place(fig, legend, suptitle, below=None) -> bool:
-    """Lay out a grid of panels with an outside legend from margins measured as the draw will place them:
-    a third of constrained layout's instructions. False for any other shape."""
-    renderer = fig.canvas.get_renderer()
-    grid = _grid(fig, legend, renderer)
-    if grid is None:
-        return False
-    axes, rows, cols, cell, hang = grid
-    pad = _PAD * fig.dpi
-    floor = 0.0  # the band under the panels that the figure legend takes
-    if below is not None:
-        bbox = below.get_window_extent(renderer)
-        if bbox.width > fig.bbox.width - 2 * pad:
-            return False
-        floor = bbox.y1
-    L, R, T, B = [0.0] * cols, [0.0] * cols, [0.0] * rows, [0.0] * rows
-    placed = False
-    for _ in range(5):
-        # measured where the panels are (the tick labels change with their size): the margins
-        # only grow, until everything drawn at the positions set fits them
-        W, H = fig.bbox.width, fig.bbox.height
-        deco = {ax: _decorations(ax, renderer) for ax in axes}
-        if None in deco.values():
-            return False
-        grown = False
-        for ax, (dl, db, dr, dt) in deco.items():
-            r, c = cell[ax]
-            for side, i, v in ((L, c, dl), (B, r, db), (R, c, dr), (T, r, dt)):
-                if v > side[i] + 0.5:
-                    side[i], grown = v, True
-        if hang is not None:
-            lax, r, c, lw, lh, dx, dy = hang
-            reach = 0.01 * lax.bbox.width + dx + lw
-            if c == cols - 1 and reach > R[-1] + 0.5:
-                R[-1], grown = reach + 1, True
-            short = pad - (lax.bbox.y1 - dy - lh)
-            if placed and short > 0.5:
-                # taller by what the legend, hung from the panel's top, lacks: the panel's top
-                # rises by (rows − r) / rows of what the figure grows
-                fig.set_size_inches(fig.get_size_inches()[0], (H + (short + 1) * rows / (rows - r)) / fig.dpi)
-                W, H, grown = fig.bbox.width, fig.bbox.height, True
-        if placed and not grown:
-            break
-        placed = True
-        top = pad + (suptitle.get_window_extent(renderer).height + pad if suptitle is not None else 0)
-        # between panels: both pads and 2 % of the figure, as constrained layout's w/hspace
-        gx, gy = 2 * pad + 0.02 * W / max(cols - 1, 1), 2 * pad + 0.02 * H / max(rows - 1, 1)
-        pw = (W - 2 * pad - sum(L) - sum(R) - (cols - 1) * gx) / cols
-        ph = (H - top - pad - floor - sum(T) - sum(B) - (rows - 1) * gy) / rows
-        if pw < 0.2 * W / cols or ph < 0.2 * H / rows:
-            return False
-        for ax, (r, c) in cell.items():
-            x0 = pad + sum(L[:c]) + sum(R[:c]) + c * (pw + gx) + L[c]
-            y1 = H - top - sum(T[:r]) - sum(B[:r]) - r * (ph + gy) - T[r]
-            ax.set_position([x0 / W, (y1 - ph) / H, pw / W, ph / H])
-        if suptitle is not None:
-            suptitle.set_y(1 - pad / H)
-            suptitle.set_verticalalignment("top")
-    else:
-        return False
-    if not _fits(fig, axes, hang, pad, renderer):
-        return False
-    for ax in axes:
-        # the title at its default place, fixed: the draw would otherwise measure the whole y axis
-        # again per title to dodge an offset text, and there is none here (see _decorations)
-        ax.set_title(ax.get_title(), fontsize=ax.title.get_fontsize(), y=1.0)
-    return True
-
-
-def _grid(fig, legend, renderer):
-    """(visible axes, rows, cols, cells, the legend's hang) of a grid _place can lay out, else None."""
-    axes = [ax for ax in fig.axes if ax.axison]
-    specs = [ax.get_subplotspec() for ax in fig.axes]
-    if not axes or None in specs or len({s.get_gridspec() for s in specs}) != 1:
-        return None
-    rows, cols = specs[0].get_gridspec().get_geometry()
-    cell = {ax: (s.rowspan.start, s.colspan.start) for ax, s in zip(fig.axes, specs, strict=True)
-            if len(s.rowspan) == 1 and len(s.colspan) == 1}
-    if len(cell) != len(fig.axes):
-        return None
-    hang = None
-    if legend is not None:
-        lax = legend.axes
-        r, c = cell[lax]
-        if lax not in axes or any(ax in axes and cell[ax][0] == r and cell[ax][1] > c for ax in fig.axes):
-            return None
-        lbox = legend.get_window_extent(renderer)
-        # its size, and its offset from the panel's top right corner (borderaxespad) beyond the anchor
-        hang = (lax, r, c, lbox.width, lbox.height, lbox.x0 - lax.bbox.x1 - 0.01 * lax.bbox.width,
-                lax.bbox.y1 - lbox.y1)
-    return axes, rows, cols, cell, hang
-
-
-def _fits(fig, axes, hang, pad, renderer) -> bool:
-    """Whether the hung legend fits beside its panel and the centred texts fit its width."""
-    if hang is not None and hang[0].bbox.x1 + 0.01 * hang[0].bbox.width + hang[5] + hang[3] > fig.bbox.width - pad + 1:
-        return False
-    return not any(t.get_text() and t.get_window_extent(renderer).width > ax.bbox.width + 2 * pad
-                   for ax in axes for t in (ax.title, ax.xaxis.label))
-
-
 def _save(fig, path: Path) -> Path:
-    """The PNG at ``path`` and the same figure as PDF and SVG beside it (for a paper), each from one draw
-    (no bbox_inches="tight": its second draw was a fifth of the figure time) and renamed into place (a
-    reader never sees half a file); no creation dates: the same figure gives the same bytes."""
+    """The figure in constrained layout, laid out once (each format's save would lay it out again), as
+    PNG at ``path`` and as PDF and SVG beside it (for a paper), each renamed into place (a reader never
+    sees half a file); no creation dates: the same figure gives the same bytes."""
+    fig.set_layout_engine("constrained")
+    fig.draw_without_rendering()
+    fig.set_layout_engine("none")
     for fmt, metadata in (("png", None), ("pdf", {"CreationDate": None}), ("svg", {"Date": None})):
         with atomic_file(path.with_suffix(f".{fmt}")) as tmp:
             fig.savefig(tmp, format=fmt, dpi=DPI, metadata=metadata)
@@ -383,8 +243,8 @@ def plot_kl(panels: Mapping[str, Mapping[str, CurveBand]], path: Path, *, legend
     for ax, metric in zip(axes, panels, strict=True):
         direction, source = kl_direction(metric)
         ax.set_title(f"{direction}\n{metric}: {source}" if direction else metric, fontsize=9)
-    sup = fig.suptitle("KL to the reference policy (mean over seeds, 95% CI)")
-    return _finish(fig, axes[-1], path, legend_title, suptitle=sup)
+    fig.suptitle("KL to the reference policy (mean over seeds, 95% CI)")
+    return _finish(fig, axes[-1], path, legend_title)
 
 
 def plot_capacity(per_group: Mapping[str, np.ndarray], counterfactual: Mapping[str, np.ndarray], path: Path,
@@ -481,12 +341,11 @@ def plot_ablation(summary_rows: Sequence[Mapping], per_run: Mapping[str, Mapping
         ax.set_ylabel(score_labels.get(score, score))
         ax.set_title(score_labels.get(score, score), fontsize=10)
         ax.grid(alpha=0.3, axis="y")
-    below = None
     if hue_keys:
         handles = [plt.Rectangle((0, 0), 1, 1, color=hue_color[h], alpha=0.8) for h in hues]
-        below = fig.legend(handles, hues, title=", ".join(hue_keys), fontsize=8, title_fontsize=8, frameon=False,
+        fig.legend(handles, hues, title=", ".join(hue_keys), fontsize=8, title_fontsize=8, frameon=False,
                            loc="outside lower center", ncols=min(3, len(hues)))
-    _lay_out(fig, None, fig.suptitle(f"Ablation over {x_key}: mean over seeds with 95% CI (dots = seeds)"), below)
+    fig.suptitle(f"Ablation over {x_key}: mean over seeds with 95% CI (dots = seeds)")
     return _save(fig, path)
 
 
@@ -497,5 +356,5 @@ def plot_curve_grid(panels: Mapping[str, Mapping[str, CurveBand]], path: Path, *
     for ax, metric in zip(axes, panels, strict=True):
         ax.set_title(metric, fontsize=10)
         ax.tick_params(labelsize=7)
-    sup = fig.suptitle("Other curves (mean over seeds, 95% CI)")
-    return _finish(fig, axes[-1], path, legend_title, suptitle=sup)
+    fig.suptitle("Other curves (mean over seeds, 95% CI)")
+    return _finish(fig, axes[-1], path, legend_title)
