@@ -21,8 +21,10 @@ the first (``--no-control`` drops it): ``stock_vs_stock_ratio=`` is the same sta
 truth is 1, the noise floor. Each variant's cycle is split into policy generation (TRL's
 ``_generate_single_turn``), reference draws (the anchor sampler), the reference forward
 (``_add_reference_logps``: π_ref's log-probs of the generation batch), scoring (the rest of
-``_generate_and_score_completions``: old log-probs, rewards, anchors' bookkeeping, forward KL)
-and training (the rest of the cycle: the optimizer steps and their telemetry). For the two armor
+``_generate_and_score_completions``: rewards, anchors' bookkeeping, forward KL; stock's π_old
+forward of every row) and training (the rest of the cycle: the optimizer steps and their telemetry;
+armorlab's π_old forward, of the micro-batches after the first only, runs after TRL's split and
+lands here). For the two armor
 variants ``..._beyond_reference_ratio=`` is the same statistic on each cycle less its reference
 forward and draws: what ARMOR costs beyond the π_ref work its objective reads (truth ≈ 1 when
 nothing else is added).

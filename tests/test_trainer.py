@@ -314,15 +314,52 @@ def test_filter_first_scores_only_the_kept_rows_and_their_losses_are_unchanged(t
     rows = cfg["per_device_train_batch_size"] * cfg["steps_per_generation"]  # one generation batch: 32 rows
     generations = len(first)
     assert generations == len(every) >= 2
-    # score everything: 2 × 32 rows drawn, each scored by π_old and π_ref (TRL's β·KL)
-    assert sorted(scored_every) == sorted([("old", 2 * rows), ("ref", 2 * rows)] * generations)
-    assert sorted(scored_first) == sorted([("old", rows), ("ref", rows)] * generations)
+    # score everything: 2 × 32 rows drawn, each scored by π_ref (TRL's β·KL); π_old either way only on
+    # the second micro-batch of the 32 that train (test_old_logps_of_the_first_micro_batch_...)
+    half = cfg["per_device_train_batch_size"]
+    assert sorted(scored_every) == sorted([("old", half), ("ref", 2 * rows)] * generations)
+    assert sorted(scored_first) == sorted([("old", half), ("ref", rows)] * generations)
     for a, b in zip(first, every, strict=True):
         assert torch.equal(a["armorlab_keep"], b["armorlab_keep"])
-        for key in ("old_per_token_logps", "ref_per_token_logps"):
-            m = a["completion_mask"].bool()
-            assert torch.equal(a[key][m], b[key][m]), key
+        m = a["completion_mask"].bool()
+        assert torch.equal(a["ref_per_token_logps"][m], b["ref_per_token_logps"][m])
     assert loss_first == loss_every and len(loss_first) == cfg["max_steps"]
+
+
+def test_old_logps_of_the_first_micro_batch_cost_no_forward(tmp_path):
+    """π_old of the micro-batch trained first after a generation is π_θ itself (TRL's rule where steps
+    align): no forward; the later micro-batch's is scored before the first update, by the weights that
+    generated it, checked against a plain forward of them before that update."""
+    cfg = resolved(objective="dapo", max_steps=4, learning_rate=1e-4)  # 2 micro-batches per generation, GA 1
+    seen, scored = [], []
+
+    class Probe(ArmorLabTrainer):
+        def _prepare_inputs(self, generation_batch):
+            fresh = self._step % self.args.steps_per_generation == 0
+            inputs = super()._prepare_inputs(generation_batch)
+            if fresh:  # nothing updated yet: the weights that generated the batch
+                with torch.no_grad():
+                    want = _plain_logps(self.accelerator.unwrap_model(self.model), self._buffered_inputs[1],
+                                        self.args.temperature)
+                seen.append((want, [dict(b) for b in self._buffered_inputs]))
+            return inputs
+
+        def _get_per_token_logps_and_entropies(self, model, input_ids, *args, **kwargs):
+            out = super()._get_per_token_logps_and_entropies(model, input_ids, *args, **kwargs)
+            if not torch.is_grad_enabled() and model is self.model and not bool(out[0].isnan().all()):
+                scored.append(input_ids.size(0))  # NaN: put off
+            return out
+
+    trainer = build(tmp_path, cfg, trainer_cls=Probe)
+    trainer.train()
+    assert len(seen) == 2 and scored == [cfg["per_device_train_batch_size"]] * 2
+    for want, (first, later) in seen:
+        assert "old_per_token_logps" not in first
+        m = later["completion_mask"].bool()
+        assert torch.allclose(later["old_per_token_logps"][m], want[m], atol=1e-5)
+    ratios = [h["obj/ratio_mean"] for h in trainer.state.log_history if "obj/ratio_mean" in h]
+    # π_θ/π_old: exactly 1 on each generation's first step, moved by the update on its second
+    assert ratios[0] == ratios[2] == 1.0 and ratios[1] != 1.0 and ratios[3] != 1.0
 
 
 class BiasCorrectionProbe(ArmorLabTrainer):
