@@ -13,6 +13,8 @@ The pieces of armorlab that do (or did) what a library would do, for speed:
                    Holm and the t-test power search of stats/verdicts.py: scipy.stats and statsmodels;
                    timed only with --before-tree, a checkout that still has them, e.g.
                    ``mkdir /tmp/before && git archive e45e485 armorlab | tar -x -C /tmp/before``
+    layout         (DROPPED) plots._place, the figures' measured layout: matplotlib's constrained layout;
+                   --before-tree a checkout of c151af0
 
 Not timed here: the W&B reader (analysis/importers/wandb_local.py) has no library to compare with:
 wandb 0.31 (installed here) reads its ``.wandb`` logs only in its Go core (``wandb sync`` uploads them), no
@@ -170,6 +172,7 @@ LIBRARY_NAMES = {"coercion": "typer (pydantic)", "png": "matplotlib (Pillow)", "
 DROPPED = {
     "stats_copies": ("scipy.stats (bootstrap, mannwhitneyu, ttest_ind_from_stats, t) + statsmodels "
                      "(multipletests, TTestIndPower)", ["report_cold_large", "report_cold_small"]),
+    "layout": ("matplotlib constrained layout", ["report_cold_large", "report_cold_small"]),
 }
 
 
