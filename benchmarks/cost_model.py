@@ -79,6 +79,8 @@ def inputs(opts: argparse.Namespace) -> dict[str, Input]:
         "hit_per_rank": Input(0.54, "", "issue 38: the same, one cache per process"),
         "tau": Input(10, "rollouts", "sweeps/paper/armor_table1.yaml: ref_reset_steps 160 optimizer steps / 16 per rollout"),
         "push_s": Input(5.0, "s", "assumed: stream 15 GB of π_ref into its engine"),
+        # read at c151af0: since then the CPU ratios also save π_old's forward of the first micro-batch,
+        # which vLLM's importance-sampling correction (on in the paper profile) rules out
         "bookkeeping_dapo": Input(opts.armorlab_dapo - 1, "", "benchmarks/step_overhead.py: armorlab dapo ratio − 1 (CPU)"),
         "bookkeeping_armor": Input(opts.beyond_reference - 1, "",
                                    "benchmarks/step_overhead.py: armor beyond-reference ratio − 1 (CPU)"),
