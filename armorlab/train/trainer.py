@@ -15,6 +15,8 @@ TRL does the generation, rewards, advantages, batching and optimisation; this su
   over-generates and keeps the first groups that train — reward spread and past the gate (verl's
   filter_groups; ARMOR's Alg. 1 samples until the batch is full) — and logs the rows it could not
   fill (``train/refill_shortfall``);
+- ``_prepare_inputs``: after TRL's split, π_old of a generation's later micro-batches (the first
+  one's π_old is π_θ: no forward);
 - ``_compute_loss``: ``armorlab.algos.loss.policy_loss`` (+ TRL's β·k3 KL term when β ≠ 0) and
   the per-step telemetry;
 - ``_save_checkpoint`` / ``_load_optimizer_and_scheduler``: π_ref, the anchor cache and TRL's
