@@ -108,8 +108,9 @@ def test_filter_first_scores_pi_old_on_the_kept_rows_and_corrects_them_as_trl(tm
     trainer = build(tmp_path, cfg, trainer_cls=Counting)
     trainer.captured, trainer.scored = [], []
     trainer.train()
-    rows = cfg["per_device_train_batch_size"] * cfg["steps_per_generation"]
-    assert trainer.captured and trainer.scored == [rows] * len(trainer.captured)  # not 2 × rows drawn
+    # not 2 × rows drawn; without the correction not the first micro-batch either (its π_old is π_θ)
+    rows = cfg["per_device_train_batch_size"] * (cfg["steps_per_generation"] - (not correct))
+    assert trainer.captured and trainer.scored == [rows] * len(trainer.captured)
     means = [h["sampling/importance_sampling_ratio/mean"] for h in trainer.state.log_history
              if "sampling/importance_sampling_ratio/mean" in h]
     if not correct:
