@@ -224,10 +224,8 @@ def _sections(recipe: Recipe, figs: dict[str, list[Figure]], names: G.PageNames,
              "collapse_step", "collapse_z", "noise", "auc", "selected_step", "selected_val", "selected_test",
              *[c for s in matched for c in (f"val@{s}", f"test@{s}")], "reason"]
     per_run = names.column(scored.per_run)
-    runs_tbl = per_run[[c for c in shown if c in per_run.columns]].copy()
-    for c in runs_tbl.columns:
-        if runs_tbl[c].dtype.kind == "f":
-            runs_tbl[c] = runs_tbl[c].map(lambda v: "—" if pd.isna(v) else f"{v:.4g}")
+    runs_tbl = per_run[[c for c in shown if c in per_run.columns]].apply(
+        lambda col: col.map(lambda v: "—" if pd.isna(v) else f"{v:.4g}") if col.dtype.kind == "f" else col)
     out_sections.append(Section("Runs", intro="<p>Every score of every run: <code>tables/runs.csv</code>.</p>",
                                 tables=[("", runs_tbl)]))
     return out_sections

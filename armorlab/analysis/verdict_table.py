@@ -119,7 +119,7 @@ def build(per_run: pd.DataFrame, rs: RunSet, recipe: Recipe, pairs: Sequence[tup
     return VerdictTable(
         verdicts, dict.fromkeys(endpoints, (delta, how)),
         [V.sentence(v, labels[v.endpoint], names=names, hours=_hours(v, group_hours)) for v in primary],
-        _display(verdicts, labels, names, at, numeric, group_hours), pd.DataFrame([v.as_dict() for v in verdicts]),
+        _display(verdicts, labels, names, at, numeric, group_hours), pd.DataFrame(verdicts),
         _summary(primary, group_hours, labels[endpoints[0]]), labels, names, endpoints[0], group_hours)
 
 

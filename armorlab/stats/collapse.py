@@ -251,10 +251,8 @@ def _first_fall(s: np.ndarray, v: np.ndarray, t: FallTest | None, delta: float, 
 def curve_auc(steps, values) -> float:
     """(C6) trapezoid area / step span; one point gives its value, none gives NaN."""
     s, v = clean_curve(steps, values)
-    if v.size == 0:
-        return float("nan")
-    if v.size == 1 or s[-1] == s[0]:
-        return float(v.mean())
+    if v.size < 2 or s[-1] == s[0]:
+        return float(v.mean()) if v.size else math.nan
     return float(np.trapezoid(v, s) / (s[-1] - s[0]))
 
 

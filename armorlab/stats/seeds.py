@@ -110,10 +110,9 @@ def mean_ci(x, *, confidence: float = CONFIDENCE, n_resamples: int = N_RESAMPLES
     """(S3) CI of the mean by the method that keeps its coverage at this n: (low, high, method)."""
     x = finite(x)
     method = ci_method(int(x.size))
-    if method == "bca":
-        return (*bootstrap_ci(x, confidence=confidence, n_resamples=n_resamples, seed=seed,
-                              method="BCa"), method)
-    return (*t_ci(x, confidence=confidence), method)  # NaN below 2 values
+    low, high = (bootstrap_ci(x, confidence=confidence, n_resamples=n_resamples, seed=seed, method="BCa")
+                 if method == "bca" else t_ci(x, confidence=confidence))  # NaN below 2 values
+    return low, high, method
 
 
 def summarise(values, *, confidence: float = CONFIDENCE, n_resamples: int = N_RESAMPLES,

@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Container, Iterable, Iterator
+from collections.abc import Container, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -187,12 +187,6 @@ def read_source(src: Source, val_n: int | None = None) -> list[ImportedRun]:
     return runs
 
 
-def read(p: Plan, *, val_n: int | None = None,
-         progress: Callable[[int, int], None] | None = None) -> list[ImportedRun]:
+def read(p: Plan, *, val_n: int | None = None) -> list[ImportedRun]:
     """Import every source of the plan (``val_n``: val/n for runs that log val/acc without it)."""
-    out: list[ImportedRun] = []
-    for i, src in enumerate(p.sources, 1):
-        out += read_source(src, val_n)
-        if progress:
-            progress(i, len(p.sources))
-    return out
+    return [run for src in p.sources for run in read_source(src, val_n)]
