@@ -139,9 +139,6 @@ class PageNames:
             return df
         return df.assign(**{column: df[column].map(lambda g: self.display.get(g, g))})
 
-    def pairs(self, df: pd.DataFrame) -> pd.DataFrame:
-        return self.column(self.column(df, "X"), "Y")
-
 
 def _sort_key(v: Any) -> tuple:
     v = norm_value(v)

@@ -188,7 +188,7 @@ def _sections(recipe: Recipe, figs: dict[str, list[Figure]], names: G.PageNames,
         "&gt; 0.05: 2 vs 2, 3 vs 3, 3 vs 4 seeds) the table says it cannot be resolved instead of giving an "
         "interval. Mann–Whitney p: the exact two-sided test of X against Y.</p>"),
         tables=[("headline scores per group", names.tables(tabled.headline)),
-                ("probability of improvement", names.pairs(tabled.improvement))])
+                ("probability of improvement", names.column(names.column(tabled.improvement, "X"), "Y"))])
     out_sections = [results, compare]
     if tabled.mechanisms is not None:  # right after the results: whether a remedy acted, beside whether it held
         out_sections.insert(1, Section("Mechanisms: did each remedy act?", intro=mechanism_table.INTRO,

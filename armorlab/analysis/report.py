@@ -87,10 +87,8 @@ def load_runs(recipe: Recipe, *, cache: bool = True, progress: Callable[[int, in
     sel, present = recipe.select, set(rs.metrics)
     curves = (list(recipe.curves) if recipe.curves is not None
               else [m for m in (*DEFAULT_CURVES, *recipe.kl) if m in present])
-    for m in (sel.metric, recipe.collapse.train):
-        if m in present and m not in curves:
-            curves.insert(0, m)
-    curves = list(dict.fromkeys(curves))
+    curves = list(dict.fromkeys([m for m in (recipe.collapse.train, sel.metric) if m in present and m not in curves]
+                                + curves))
     explicit = set(recipe.curves or ()) | {sel.metric, sel.report}
     configs = {r["run_id"]: r for r in rs.runs.to_dict("records")}
     for m in dict.fromkeys([sel.metric, sel.report, *curves]):

@@ -171,8 +171,7 @@ class Design:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Design:
-        unknown = [k for k in d if k not in cls.__dataclass_fields__]
-        if unknown:
+        if unknown := [k for k in d if k not in cls.__dataclass_fields__]:
             raise ArmorLabError(f"unknown design key (known: {', '.join(sorted(cls.__dataclass_fields__))})",
                                 key=unknown[0], value=d[unknown[0]])
         d = {**d, "arms": tuple(d.get("arms") or ())}
@@ -201,8 +200,7 @@ def decide_look(design: Design, values: Mapping[str, Sequence[float]],
                 looks: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
     """(G1–G7) the decision after one look, the JSON record appended to looks.json; an arm resolved
     earlier keeps its verdict; ``next`` maps each arm that goes on to its seeds at the next look."""
-    missing = [a for a in (design.baseline, *design.arms) if a not in values]
-    if missing:
+    if missing := [a for a in (design.baseline, *design.arms) if a not in values]:
         raise ArmorLabError("no values for this arm at the look", key="values", value=missing[0])
     m = len(design.arms)
     xs = {a: finite(values[a]) for a in (design.baseline, *design.arms)}
