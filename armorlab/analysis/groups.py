@@ -358,10 +358,8 @@ def comparison_pairs(runs: pd.DataFrame, groups: Groups, recipe: Recipe) -> tupl
         return [(x, y) for y in base for x in labels if x not in base]
 
     if cmp_.pairs:
-        out = []
-        for i, (a, b) in enumerate(cmp_.pairs):
-            out += [(x, y) for x in pick(a, f"compare.pairs[{i}][0]") for y in pick(b, f"compare.pairs[{i}][1]")
-                    if x != y]
+        out = [(x, y) for i, (a, b) in enumerate(cmp_.pairs) for x in pick(a, f"compare.pairs[{i}][0]")
+               for y in pick(b, f"compare.pairs[{i}][1]") if x != y]
         return list(dict.fromkeys(out)), "the pairs of compare.pairs"
     key = cmp_.baseline_from or "compare.baseline"
     if isinstance(cmp_.baseline, str):

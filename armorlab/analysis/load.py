@@ -75,8 +75,7 @@ def _parse_lines(data: bytes, source: str):
     """Line by line, exactly like RunDir.iter_metrics (the slow path for damaged files)."""
     import pyarrow as pa
 
-    warnings: list[str] = []
-    rows = []
+    warnings, rows = [], []
     for lineno, row in json_lines(data.decode("utf-8", errors="replace").splitlines(), source, warnings, "torn"):
         if isinstance(row, dict) and valid_step(row.get("step")):
             rows.append({"step": row["step"], **{k: as_float(v) for k, v in row.items()

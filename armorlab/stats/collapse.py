@@ -196,13 +196,10 @@ def _simulate_null_threshold(n_evals: int, patience: int, alpha: float, noise: s
         with np.errstate(divide="ignore", invalid="ignore"):
             if noise != "curve":
                 stat = gaps[:, -1] / math.sqrt(2.0 / m)
-            elif not sequential:
-                stat = gaps[:, -1] / (_curve_noise_rows(x) * math.sqrt(2.0 / m))
-            else:
-                stat = np.full(x.shape[0], -np.inf)
-                for end in _prefix_ends(max(2 * m, ONLINE_CURVE_MIN_EVALS), k):  # prefix of `end` evals: last window at end − m
-                    z = gaps[:, end - 2 * m] / (_curve_noise_rows(x[:, :end]) * math.sqrt(2.0 / m))
-                    stat = np.fmax(stat, z)
+            else:  # σ̂ of the whole curve, or the largest z over prefixes of `end` evals (last window at end − m)
+                ends = _prefix_ends(max(2 * m, ONLINE_CURVE_MIN_EVALS), k) if sequential else [k]
+                z = (gaps[:, end - 2 * m] / (_curve_noise_rows(x[:, :end]) * math.sqrt(2.0 / m)) for end in ends)
+                stat = functools.reduce(np.fmax, z, np.full(x.shape[0], -np.inf))
         out.append(stat)
     return float(np.quantile(np.concatenate(out), 1 - alpha))
 

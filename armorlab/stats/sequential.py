@@ -207,8 +207,7 @@ def decide_look(design: Design, values: Mapping[str, Sequence[float]],
     base = xs[design.baseline]
     state = {a: _history(looks, a) for a in design.arms}
     rejected_before = sum(1 for _, done in state.values() if done and done["verdict"] in (V.BETTER, V.WORSE))
-    comps: dict[str, dict[str, Any]] = {}
-    pending: dict[str, tuple[V.Welch, list[float]]] = {}
+    comps, pending = {}, {}  # arm → its comparison; arm → (Welch, fractions) of the arms tested now
     for a in design.arms:
         fractions, done = state[a]
         if done is not None:
