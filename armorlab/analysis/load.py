@@ -323,8 +323,6 @@ def load(paths: Iterable[str | os.PathLike], *, cache: bool = True,
         raise ArmorLabError("no run directories found (nor TRL, W&B, TensorBoard, verl or trackio runs)",
                             key="runs", value=[str(p) for p in paths])
     imported = importers.read(plan, val_n=val_n if val_n is not None else (runs_map.val_n if runs_map else None))
-    if not plan.native:
-        return _run_set([], imported)
     return _load_native(plan.native, imported, cache=cache, progress=progress)
 
 

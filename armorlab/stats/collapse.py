@@ -47,8 +47,7 @@ def _clean_with_n(steps, values, n) -> tuple[np.ndarray, np.ndarray, np.ndarray 
     """clean_curve that keeps an eval-size array (or scalar) aligned with the points."""
     if n is None:
         return (*clean_curve(steps, values), None)
-    v = np.asarray(values, dtype=np.float64).ravel()
-    n = np.asarray(n, dtype=np.float64).ravel()
+    v, n = (np.asarray(a, dtype=np.float64).ravel() for a in (values, n))
     if n.size not in (1, v.size):
         raise ValueError(f"eval sizes and values differ in length: {n.size} vs {v.size}")
     s, at = clean_curve(steps, np.where(np.isfinite(v), np.arange(v.size), np.nan))  # kept points, in order
@@ -339,11 +338,9 @@ def _peak_and_drop(s: np.ndarray, v: np.ndarray, se: np.ndarray, patience: int) 
     drop = peak - final
     # SE of L_i − L_last from the evals the two windows do not share (they may overlap)
     var = float(np.sum(se[sorted({*range(i, i + m)} ^ {*range(last, last + m)})] ** 2)) / m ** 2
-    if i == last:
-        drop_z = 0.0
-    elif not math.isfinite(var):
+    if not math.isfinite(var):
         drop_z = math.nan
-    else:
+    else:  # one window (i = last): no unshared eval, var 0 and drop 0
         drop_z = drop / math.sqrt(var) if var > 0 else (math.inf if drop > 0 else 0.0)
     return dict(peak=peak, peak_step=as_step(s[i + (m - 1) // 2]), final=final, drop=drop,
                 drop_rel=drop / abs(peak) if peak != 0 else math.nan, drop_z=drop_z)

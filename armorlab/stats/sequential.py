@@ -226,9 +226,8 @@ def decide_look(design: Design, values: Mapping[str, Sequence[float]],
     rejected: dict[str, float] = {}
     while True:  # (G7) Holm's step-down over repeated p-values: boundaries at α/(m − r)
         rest = design.alpha / max(m - rejected_before - len(rejected), 1)
-        new = {a: rest for a, (w, f) in pending.items()
-               if a not in rejected and _crosses(w, f, rest, design.spending)}
-        if not new:
+        if not (new := {a: rest for a, (w, f) in pending.items()
+                        if a not in rejected and _crosses(w, f, rest, design.spending)}):
             break
         rejected |= new
     for a, (w, f) in pending.items():
