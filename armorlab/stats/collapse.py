@@ -314,10 +314,8 @@ def _divergence(s: np.ndarray, v: np.ndarray, t: FallTest | None, ts: np.ndarray
     ok, onset = _onsets(v, t, delta, patience)
     lo, hi = s[t.peak_at[ok]], s[t.window[ok] + patience - 1]
     maybe = _rises_screen(ts, tv, lo, hi, alpha) if ok.size else np.zeros(0, dtype=bool)
-    for k in np.flatnonzero(maybe):
-        if _train_rises(ts, tv, lo[k], hi[k], alpha):
-            return as_step(s[onset[k]])
-    return None
+    return next((as_step(s[onset[k]]) for k in np.flatnonzero(maybe) if _train_rises(ts, tv, lo[k], hi[k], alpha)),
+                None)
 
 
 def peak_and_drop(steps, values, n=None, patience: int = PATIENCE) -> dict[str, Any]:
