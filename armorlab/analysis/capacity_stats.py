@@ -103,7 +103,7 @@ def token_kernel(logp, old_logp, ref_logp, advantage, *, objective: str, alpha: 
 
 
 # --------------------------------------------------------------------------- tokens/ parquet
-def read_tokens(run_path: str | Path, columns=None):
+def read_tokens(run_path: str | Path):
     """A run's tokens/ parquet samples as one DataFrame, or None when it has none."""
     files = sorted((Path(run_path) / "tokens").glob("*.parquet"))
     if not files:
@@ -117,10 +117,7 @@ def read_tokens(run_path: str | Path, columns=None):
             frames.append(pq.read_table(f).to_pandas())
         except Exception as exc:  # a half-written sample file must not sink the report
             log.warning("skipping unreadable token sample %s: %s", f, exc)
-    if not frames:
-        return None
-    df = pd.concat(frames, ignore_index=True)
-    return df[[c for c in (columns or df.columns) if c in df.columns]]
+    return pd.concat(frames, ignore_index=True) if frames else None
 
 
 def objective_params(config: Mapping[str, Any]) -> dict[str, Any]:

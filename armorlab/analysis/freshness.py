@@ -35,24 +35,19 @@ def file_stat(path: str | os.PathLike) -> tuple[int, int] | None:
     return st.st_size, st.st_mtime_ns
 
 
-def _plain_files(directory: str | os.PathLike) -> list[tuple[str, int, int]]:
+def _plain_files(directory: Path) -> list[tuple[str, int, int]]:
     """(name, size, mtime_ns) of the regular, non-hidden files directly in ``directory``."""
     try:
-        with os.scandir(directory) as it:
-            stats = [(e.name, e.stat(follow_symlinks=False)) for e in it
-                     if not e.name.startswith(".") and e.is_file(follow_symlinks=False)]
+        return sorted((p.name, *st) for p in directory.iterdir() if not p.name.startswith(".")
+                      and p.is_file() and not p.is_symlink() and (st := file_stat(p)) is not None)
     except OSError:
         return []
-    return sorted((name, st.st_size, st.st_mtime_ns) for name, st in stats)
 
 
 def _tree_files(directory: Path) -> list[tuple[str, int, int]]:
-    out = []
-    for base, dirs, files in os.walk(directory):  # a missing dir (no tokens/) walks nothing
-        dirs.sort()
-        paths = [os.path.join(base, name) for name in sorted(files)]
-        out += [(os.path.relpath(p, directory), *st) for p in paths if (st := file_stat(p)) is not None]
-    return out
+    # a missing dir (no tokens/) has none
+    return [(str(p.relative_to(directory)), *st) for p in sorted(directory.rglob("*"))
+            if p.is_file() and (st := file_stat(p)) is not None]
 
 
 def input_key(recipe: Any, out_dir: str | os.PathLike) -> str | None:

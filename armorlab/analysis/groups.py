@@ -33,6 +33,8 @@ HEADLINE_DEFAULT = ("selected_test", "test@last", "auc")
 BARE_KEYS = ("objective", GROUP_KEY)  # the first of these among the group keys names a group bare
 GROUP_SCORES = ("peak", "peak_step", "final", "drop", "collapse_step", "auc", "selected_val",
                 "selected_test")
+# scores aggregated into groups.csv but left out of the (already wide) display tables
+EXTRA_SCORES = ("drop_rel", "drop_z", "collapse_z", "divergence_step", "entropy_collapse_step", "length_blowup")
 
 
 # --------------------------------------------------------------------------- grouping
@@ -62,12 +64,6 @@ def auto_group_by(runs: pd.DataFrame) -> list[str]:
         chosen.append(max((k for k in keys if k not in chosen),
                           key=lambda k: (_partition(runs, [*chosen, k]), -runs[k].isna().sum(), -len(k))))
     return chosen
-
-
-def group_label(keys: Sequence[str], values: Sequence[Any]) -> str:
-    """"objective=armor, alpha=0.8"; keys whose value is null are left out."""
-    parts = [f"{k}={fmt_value(v)}" for k, v in zip(keys, values, strict=True) if norm_value(v) is not None]
-    return ", ".join(parts) if parts else "all runs"
 
 
 def display_names(groups: Groups) -> dict[str, str]:
@@ -143,9 +139,6 @@ class PageNames:
             return df
         return df.assign(**{column: df[column].map(lambda g: self.display.get(g, g))})
 
-    def pairs(self, df: pd.DataFrame) -> pd.DataFrame:
-        return self.column(self.column(df, "X"), "Y")
-
 
 def _sort_key(v: Any) -> tuple:
     v = norm_value(v)
@@ -167,12 +160,14 @@ def make_groups(runs: pd.DataFrame, keys: Sequence[str], *, file: str | None = N
     combos: dict[tuple, list[str]] = {}
     for rid, row in zip(runs["run_id"], runs[list(keys)].itertuples(index=False), strict=True):
         combos.setdefault(tuple(norm_value(v) for v in row), []).append(rid)
-    rows, of_run, members = [], {}, {}
+    rows, members = [], {}
     for combo in sorted(combos, key=lambda c: tuple(_sort_key(v) for v in c)):
-        label = group_label(keys, combo)
+        # "objective=armor, alpha=0.8"; keys whose value is null are left out
+        label = ", ".join(f"{k}={fmt_value(v)}" for k, v in zip(keys, combo, strict=True) if v is not None)
+        label = label or "all runs"
         rows.append({"group": label, **dict(zip(keys, combo, strict=True)), "n_runs": len(combos[combo])})
         members[label] = combos[combo]
-        of_run.update(dict.fromkeys(combos[combo], label))
+    of_run = {rid: label for label, rids in members.items() for rid in rids}
     return Groups(list(keys), pd.DataFrame(rows), of_run, members)
 
 
@@ -228,7 +223,9 @@ def run_scores(rs: RunSet, groups: Groups, recipe: Recipe, matched: Sequence[int
     """One row per run: identity, state, and every score (docs/reports.md)."""
     sel, col = recipe.select, recipe.collapse
     rows, interp_sel, interp_matched, short = [], [], {}, {}
-    horizon = _longest(rs, sel.metric) if (rs.runs["state"] == "stopped").any() else None
+    # stopped runs are carried to the last eval step of the longest curve
+    horizon = max((float(s[-1]) for r in rs.run_ids if (s := rs.curve(r, sel.metric)[0]).size),
+                  default=math.nan) if (rs.runs["state"] == "stopped").any() else None
     # a minimised selection metric collapses upwards: negate so "drop" keeps its meaning
     sign = 1.0 if sel.mode == "max" else -1.0
     for run in rs.runs.itertuples(index=False):
@@ -277,28 +274,10 @@ def run_scores(rs: RunSet, groups: Groups, recipe: Recipe, matched: Sequence[int
     return pd.DataFrame(rows)
 
 
-def _longest(rs: RunSet, metric: str) -> float:
-    """The last eval step of the longest ``metric`` curve: the horizon stopped runs are carried to."""
-    ends = [float(s[-1]) for s in (rs.curve(r, metric)[0] for r in rs.run_ids) if s.size]
-    return max(ends, default=math.nan)
-
-
 def score_columns(per_run: pd.DataFrame, matched: Sequence[int]) -> list[str]:
     """The numeric score columns of the group table, in display order."""
     at_steps = [f"{split}@{s}" for s in matched for split in ("val", "test")]
     return [c for c in (*GROUP_SCORES, *at_steps) if c in per_run.columns]
-
-
-def extra_columns(per_run: pd.DataFrame) -> list[str]:
-    """Scores aggregated into groups.csv but left out of the (already wide) display tables."""
-    return [c for c in ("drop_rel", "drop_z", "collapse_z", "divergence_step", "entropy_collapse_step",
-                        "length_blowup")
-            if c in per_run.columns]
-
-
-def token_columns(per_run: pd.DataFrame) -> list[str]:
-    """Token-sample statistics (tokens/ parquet), aggregated like scores but shown apart."""
-    return [c for c in per_run.columns if c.startswith("tok_") and c != "tok_tokens"]
 
 
 STEP_SCORES = ("peak_step", "collapse_step", "selected_step", "divergence_step", "entropy_collapse_step")
@@ -379,10 +358,8 @@ def comparison_pairs(runs: pd.DataFrame, groups: Groups, recipe: Recipe) -> tupl
         return [(x, y) for y in base for x in labels if x not in base]
 
     if cmp_.pairs:
-        out = []
-        for i, (a, b) in enumerate(cmp_.pairs):
-            out += [(x, y) for x in pick(a, f"compare.pairs[{i}][0]") for y in pick(b, f"compare.pairs[{i}][1]")
-                    if x != y]
+        out = [(x, y) for i, (a, b) in enumerate(cmp_.pairs) for x in pick(a, f"compare.pairs[{i}][0]")
+               for y in pick(b, f"compare.pairs[{i}][1]") if x != y]
         return list(dict.fromkeys(out)), "the pairs of compare.pairs"
     key = cmp_.baseline_from or "compare.baseline"
     if isinstance(cmp_.baseline, str):

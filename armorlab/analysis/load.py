@@ -75,8 +75,7 @@ def _parse_lines(data: bytes, source: str):
     """Line by line, exactly like RunDir.iter_metrics (the slow path for damaged files)."""
     import pyarrow as pa
 
-    warnings: list[str] = []
-    rows = []
+    warnings, rows = [], []
     for lineno, row in json_lines(data.decode("utf-8", errors="replace").splitlines(), source, warnings, "torn"):
         if isinstance(row, dict) and valid_step(row.get("step")):
             rows.append({"step": row["step"], **{k: as_float(v) for k, v in row.items()
@@ -324,8 +323,6 @@ def load(paths: Iterable[str | os.PathLike], *, cache: bool = True,
         raise ArmorLabError("no run directories found (nor TRL, W&B, TensorBoard, verl or trackio runs)",
                             key="runs", value=[str(p) for p in paths])
     imported = importers.read(plan, val_n=val_n if val_n is not None else (runs_map.val_n if runs_map else None))
-    if not plan.native:
-        return _run_set([], imported)
     return _load_native(plan.native, imported, cache=cache, progress=progress)
 
 

@@ -188,7 +188,7 @@ def _sections(recipe: Recipe, figs: dict[str, list[Figure]], names: G.PageNames,
         "&gt; 0.05: 2 vs 2, 3 vs 3, 3 vs 4 seeds) the table says it cannot be resolved instead of giving an "
         "interval. Mann–Whitney p: the exact two-sided test of X against Y.</p>"),
         tables=[("headline scores per group", names.tables(tabled.headline)),
-                ("probability of improvement", names.pairs(tabled.improvement))])
+                ("probability of improvement", names.column(names.column(tabled.improvement, "X"), "Y"))])
     out_sections = [results, compare]
     if tabled.mechanisms is not None:  # right after the results: whether a remedy acted, beside whether it held
         out_sections.insert(1, Section("Mechanisms: did each remedy act?", intro=mechanism_table.INTRO,
@@ -224,10 +224,8 @@ def _sections(recipe: Recipe, figs: dict[str, list[Figure]], names: G.PageNames,
              "collapse_step", "collapse_z", "noise", "auc", "selected_step", "selected_val", "selected_test",
              *[c for s in matched for c in (f"val@{s}", f"test@{s}")], "reason"]
     per_run = names.column(scored.per_run)
-    runs_tbl = per_run[[c for c in shown if c in per_run.columns]].copy()
-    for c in runs_tbl.columns:
-        if runs_tbl[c].dtype.kind == "f":
-            runs_tbl[c] = runs_tbl[c].map(lambda v: "—" if pd.isna(v) else f"{v:.4g}")
+    runs_tbl = per_run[[c for c in shown if c in per_run.columns]].apply(
+        lambda col: col.map(lambda v: "—" if pd.isna(v) else f"{v:.4g}") if col.dtype.kind == "f" else col)
     out_sections.append(Section("Runs", intro="<p>Every score of every run: <code>tables/runs.csv</code>.</p>",
                                 tables=[("", runs_tbl)]))
     return out_sections

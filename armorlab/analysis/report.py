@@ -87,10 +87,8 @@ def load_runs(recipe: Recipe, *, cache: bool = True, progress: Callable[[int, in
     sel, present = recipe.select, set(rs.metrics)
     curves = (list(recipe.curves) if recipe.curves is not None
               else [m for m in (*DEFAULT_CURVES, *recipe.kl) if m in present])
-    for m in (sel.metric, recipe.collapse.train):
-        if m in present and m not in curves:
-            curves.insert(0, m)
-    curves = list(dict.fromkeys(curves))
+    curves = list(dict.fromkeys([m for m in (recipe.collapse.train, sel.metric) if m in present and m not in curves]
+                                + curves))
     explicit = set(recipe.curves or ()) | {sel.metric, sel.report}
     configs = {r["run_id"]: r for r in rs.runs.to_dict("records")}
     for m in dict.fromkeys([sel.metric, sel.report, *curves]):
@@ -144,8 +142,7 @@ def group_runs(recipe: Recipe, loaded: Loaded,
     elif single:
         notes.add(f"{len(single)} of {len(groups.labels)} groups have a single seed (no confidence interval, "
                   f"read their numbers as anecdotes): {_first_six(single, '; ')}")
-    weak = [g for g in groups.labels if 1 < len(groups.members[g]) <= stats.LOW_POWER_N]
-    if weak:
+    if weak := [g for g in groups.labels if 1 < len(groups.members[g]) <= stats.LOW_POWER_N]:
         notes.add(f"low-powered: {len(weak)} group(s) with 2–{stats.LOW_POWER_N} seeds ({_first_six(weak, '; ')}); "
                   "their Student-t intervals are wide and a probability of improvement between so few seeds "
                   "cannot be resolved")
@@ -180,10 +177,12 @@ def score(recipe: Recipe, loaded: Loaded, grouped: Grouped) -> Scored:
     tok_stats, capacity, counterfactual = _token_samples(rs, groups, notes)
     matched = G.resolve_matched_steps(rs, recipe)
     per_run = G.run_scores(rs, groups, recipe, matched, notes, tok_stats)
-    cols, tok_cols = G.score_columns(per_run, matched), G.token_columns(per_run)
+    cols = G.score_columns(per_run, matched)
+    # token-sample statistics (tokens/ parquet), aggregated like scores but shown apart
+    tok_cols = [c for c in per_run.columns if c.startswith("tok_") and c != "tok_tokens"]
     # a step score's interval lies inside the logged steps (a Student-t interval can reach before the first)
     logged = [s for r in rs.run_ids if (s := rs.curve(r, sel.metric)[0]).size]
-    summary = G.group_summary(per_run, groups, cols + G.extra_columns(per_run) + tok_cols,
+    summary = G.group_summary(per_run, groups, cols + [c for c in G.EXTRA_SCORES if c in per_run] + tok_cols,
                               step_range=(float(min(s[0] for s in logged)), float(max(s[-1] for s in logged)))
                               if logged else None,
                               bounds=score_ranges(cols, sel.metric, sel.report, per_run))

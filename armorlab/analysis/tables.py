@@ -86,10 +86,8 @@ def to_markdown(df: pd.DataFrame) -> str:
     """A GitHub pipe table (no extra dependency for something this small)."""
     def cell(v) -> str:
         return fmt_value(v).replace("|", "\\|").replace("\n", " ")
-    head = "| " + " | ".join(cell(c) for c in df.columns) + " |"
-    rule = "|" + "|".join("---" for _ in df.columns) + "|"
-    body = ["| " + " | ".join(cell(v) for v in row) + " |" for row in df.itertuples(index=False)]
-    return "\n".join([head, rule, *body]) + "\n"
+    head, *body = ("| " + " | ".join(map(cell, row)) + " |" for row in [df.columns, *df.itertuples(index=False)])
+    return "\n".join([head, "|" + "|".join("---" for _ in df.columns) + "|", *body]) + "\n"
 
 
 _LATEX_WORDS = {"\\": "\\textbackslash ", "~": "\\textasciitilde ", "^": "\\textasciicircum "}

@@ -89,10 +89,9 @@ def build(per_run: pd.DataFrame, rs: RunSet, recipe: Recipe, pairs: Sequence[tup
     file = str(recipe.path) if recipe.path else None
     endpoints = list(cmp_.endpoints or DEFAULT_ENDPOINTS)
     scores = [c for c in per_run.columns if per_run[c].dtype.kind in "fiu" and c not in ("seed", "world_size")]
-    for e in endpoints:
-        if e not in scores:
-            raise ArmorLabError(f"not a score of these runs (scores: {', '.join(scores)})",
-                                key="compare.endpoints", value=e, file=file)
+    if unknown := [e for e in endpoints if e not in scores]:
+        raise ArmorLabError(f"not a score of these runs (scores: {', '.join(scores)})",
+                            key="compare.endpoints", value=unknown[0], file=file)
     at = defaultdict(lambda: np.empty(0, dtype=np.int64), group_rows(per_run))
     numeric = numeric_columns(per_run, endpoints)
     compared = list(dict.fromkeys(g for pair in pairs for g in pair))
@@ -119,7 +118,7 @@ def build(per_run: pd.DataFrame, rs: RunSet, recipe: Recipe, pairs: Sequence[tup
     return VerdictTable(
         verdicts, dict.fromkeys(endpoints, (delta, how)),
         [V.sentence(v, labels[v.endpoint], names=names, hours=_hours(v, group_hours)) for v in primary],
-        _display(verdicts, labels, names, at, numeric, group_hours), pd.DataFrame([v.as_dict() for v in verdicts]),
+        _display(verdicts, labels, names, at, numeric, group_hours), pd.DataFrame(verdicts),
         _summary(primary, group_hours, labels[endpoints[0]]), labels, names, endpoints[0], group_hours)
 
 

@@ -47,8 +47,7 @@ def _clean_with_n(steps, values, n) -> tuple[np.ndarray, np.ndarray, np.ndarray 
     """clean_curve that keeps an eval-size array (or scalar) aligned with the points."""
     if n is None:
         return (*clean_curve(steps, values), None)
-    v = np.asarray(values, dtype=np.float64).ravel()
-    n = np.asarray(n, dtype=np.float64).ravel()
+    v, n = (np.asarray(a, dtype=np.float64).ravel() for a in (values, n))
     if n.size not in (1, v.size):
         raise ValueError(f"eval sizes and values differ in length: {n.size} vs {v.size}")
     s, at = clean_curve(steps, np.where(np.isfinite(v), np.arange(v.size), np.nan))  # kept points, in order
@@ -196,13 +195,10 @@ def _simulate_null_threshold(n_evals: int, patience: int, alpha: float, noise: s
         with np.errstate(divide="ignore", invalid="ignore"):
             if noise != "curve":
                 stat = gaps[:, -1] / math.sqrt(2.0 / m)
-            elif not sequential:
-                stat = gaps[:, -1] / (_curve_noise_rows(x) * math.sqrt(2.0 / m))
-            else:
-                stat = np.full(x.shape[0], -np.inf)
-                for end in _prefix_ends(max(2 * m, ONLINE_CURVE_MIN_EVALS), k):  # prefix of `end` evals: last window at end − m
-                    z = gaps[:, end - 2 * m] / (_curve_noise_rows(x[:, :end]) * math.sqrt(2.0 / m))
-                    stat = np.fmax(stat, z)
+            else:  # σ̂ of the whole curve, or the largest z over prefixes of `end` evals (last window at end − m)
+                ends = _prefix_ends(max(2 * m, ONLINE_CURVE_MIN_EVALS), k) if sequential else [k]
+                z = (gaps[:, end - 2 * m] / (_curve_noise_rows(x[:, :end]) * math.sqrt(2.0 / m)) for end in ends)
+                stat = functools.reduce(np.fmax, z, np.full(x.shape[0], -np.inf))
         out.append(stat)
     return float(np.quantile(np.concatenate(out), 1 - alpha))
 
@@ -251,10 +247,8 @@ def _first_fall(s: np.ndarray, v: np.ndarray, t: FallTest | None, delta: float, 
 def curve_auc(steps, values) -> float:
     """(C6) trapezoid area / step span; one point gives its value, none gives NaN."""
     s, v = clean_curve(steps, values)
-    if v.size == 0:
-        return float("nan")
-    if v.size == 1 or s[-1] == s[0]:
-        return float(v.mean())
+    if v.size < 2 or s[-1] == s[0]:
+        return float(v.mean()) if v.size else math.nan
     return float(np.trapezoid(v, s) / (s[-1] - s[0]))
 
 
@@ -320,10 +314,8 @@ def _divergence(s: np.ndarray, v: np.ndarray, t: FallTest | None, ts: np.ndarray
     ok, onset = _onsets(v, t, delta, patience)
     lo, hi = s[t.peak_at[ok]], s[t.window[ok] + patience - 1]
     maybe = _rises_screen(ts, tv, lo, hi, alpha) if ok.size else np.zeros(0, dtype=bool)
-    for k in np.flatnonzero(maybe):
-        if _train_rises(ts, tv, lo[k], hi[k], alpha):
-            return as_step(s[onset[k]])
-    return None
+    return next((as_step(s[onset[k]]) for k in np.flatnonzero(maybe) if _train_rises(ts, tv, lo[k], hi[k], alpha)),
+                None)
 
 
 def peak_and_drop(steps, values, n=None, patience: int = PATIENCE) -> dict[str, Any]:
@@ -344,11 +336,9 @@ def _peak_and_drop(s: np.ndarray, v: np.ndarray, se: np.ndarray, patience: int) 
     drop = peak - final
     # SE of L_i − L_last from the evals the two windows do not share (they may overlap)
     var = float(np.sum(se[sorted({*range(i, i + m)} ^ {*range(last, last + m)})] ** 2)) / m ** 2
-    if i == last:
-        drop_z = 0.0
-    elif not math.isfinite(var):
+    if not math.isfinite(var):
         drop_z = math.nan
-    else:
+    else:  # one window (i = last): no unshared eval, var 0 and drop 0
         drop_z = drop / math.sqrt(var) if var > 0 else (math.inf if drop > 0 else 0.0)
     return dict(peak=peak, peak_step=as_step(s[i + (m - 1) // 2]), final=final, drop=drop,
                 drop_rel=drop / abs(peak) if peak != 0 else math.nan, drop_z=drop_z)

@@ -56,8 +56,7 @@ def iqm(x, axis: int = -1) -> np.ndarray | float:
 
 
 def _poi_vectorised(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
-    x = np.moveaxis(np.asarray(x, dtype=np.float64), axis, -1)
-    y = np.moveaxis(np.asarray(y, dtype=np.float64), axis, -1)
+    x, y = (np.moveaxis(np.asarray(a, dtype=np.float64), axis, -1) for a in (x, y))
     diff = x[..., :, None] - y[..., None, :]
     return (diff > 0).mean(axis=(-2, -1)) + 0.5 * (diff == 0).mean(axis=(-2, -1))
 
@@ -110,10 +109,9 @@ def mean_ci(x, *, confidence: float = CONFIDENCE, n_resamples: int = N_RESAMPLES
     """(S3) CI of the mean by the method that keeps its coverage at this n: (low, high, method)."""
     x = finite(x)
     method = ci_method(int(x.size))
-    if method == "bca":
-        return (*bootstrap_ci(x, confidence=confidence, n_resamples=n_resamples, seed=seed,
-                              method="BCa"), method)
-    return (*t_ci(x, confidence=confidence), method)  # NaN below 2 values
+    low, high = (bootstrap_ci(x, confidence=confidence, n_resamples=n_resamples, seed=seed, method="BCa")
+                 if method == "bca" else t_ci(x, confidence=confidence))  # NaN below 2 values
+    return low, high, method
 
 
 def summarise(values, *, confidence: float = CONFIDENCE, n_resamples: int = N_RESAMPLES,
@@ -175,8 +173,7 @@ def poi_with_ci(x, y, *, confidence: float = CONFIDENCE, n_resamples: int = N_RE
 # --------------------------------------------------------------------------- curves
 def clean_curve(steps, values) -> tuple[np.ndarray, np.ndarray]:
     """Drop NaN/inf points, sort by step; returns float64 steps and values."""
-    steps = np.asarray(steps, dtype=np.float64).ravel()
-    values = np.asarray(values, dtype=np.float64).ravel()
+    steps, values = (np.asarray(a, dtype=np.float64).ravel() for a in (steps, values))
     if steps.shape != values.shape:
         raise ValueError(f"steps and values differ in length: {steps.size} vs {values.size}")
     keep = np.isfinite(steps) & np.isfinite(values)

@@ -48,9 +48,8 @@ def select_best(steps, values, report_steps=None, report_values=None, *, mode: s
     if v.size == 0:
         return Selection(None, math.nan, math.nan, False)
     i = int(np.argmax(v) if mode == "max" else np.argmin(v))
-    at = ValueAt(math.nan, False)
-    if report_steps is not None and report_values is not None:
-        at = value_at(report_steps, report_values, s[i])
+    given = report_steps is not None and report_values is not None
+    at = value_at(report_steps, report_values, s[i]) if given else ValueAt(math.nan, False)
     return Selection(as_step(s[i]), float(v[i]), at.value, at.exact)
 
 

@@ -171,8 +171,7 @@ class Design:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Design:
-        unknown = [k for k in d if k not in cls.__dataclass_fields__]
-        if unknown:
+        if unknown := [k for k in d if k not in cls.__dataclass_fields__]:
             raise ArmorLabError(f"unknown design key (known: {', '.join(sorted(cls.__dataclass_fields__))})",
                                 key=unknown[0], value=d[unknown[0]])
         d = {**d, "arms": tuple(d.get("arms") or ())}
@@ -201,16 +200,14 @@ def decide_look(design: Design, values: Mapping[str, Sequence[float]],
                 looks: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
     """(G1–G7) the decision after one look, the JSON record appended to looks.json; an arm resolved
     earlier keeps its verdict; ``next`` maps each arm that goes on to its seeds at the next look."""
-    missing = [a for a in (design.baseline, *design.arms) if a not in values]
-    if missing:
+    if missing := [a for a in (design.baseline, *design.arms) if a not in values]:
         raise ArmorLabError("no values for this arm at the look", key="values", value=missing[0])
     m = len(design.arms)
     xs = {a: finite(values[a]) for a in (design.baseline, *design.arms)}
     base = xs[design.baseline]
     state = {a: _history(looks, a) for a in design.arms}
     rejected_before = sum(1 for _, done in state.values() if done and done["verdict"] in (V.BETTER, V.WORSE))
-    comps: dict[str, dict[str, Any]] = {}
-    pending: dict[str, tuple[V.Welch, list[float]]] = {}
+    comps, pending = {}, {}  # arm → its comparison; arm → (Welch, fractions) of the arms tested now
     for a in design.arms:
         fractions, done = state[a]
         if done is not None:
@@ -229,9 +226,8 @@ def decide_look(design: Design, values: Mapping[str, Sequence[float]],
     rejected: dict[str, float] = {}
     while True:  # (G7) Holm's step-down over repeated p-values: boundaries at α/(m − r)
         rest = design.alpha / max(m - rejected_before - len(rejected), 1)
-        new = {a: rest for a, (w, f) in pending.items()
-               if a not in rejected and _crosses(w, f, rest, design.spending)}
-        if not new:
+        if not (new := {a: rest for a, (w, f) in pending.items()
+                        if a not in rejected and _crosses(w, f, rest, design.spending)}):
             break
         rejected |= new
     for a, (w, f) in pending.items():

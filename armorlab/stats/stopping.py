@@ -36,9 +36,7 @@ class CollapseWatch:
                  horizon: int | None = None, mode: str = "max") -> None:
         self.patience, self.delta, self.alpha, self.horizon = patience, delta, alpha, horizon
         self.sign = -1.0 if mode == "min" else 1.0
-        self.x: list[float] = []
-        self.values: list[float] = []
-        self.n: list[float] = []
+        self.x, self.values, self.n = [], [], []  # eval steps, values (sign-corrected), eval sizes
         self.stop: Stop | None = None
 
     def observe(self, x: float, value: float, n: float | None = None) -> Stop | None:

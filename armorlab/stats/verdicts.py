@@ -15,7 +15,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -154,9 +154,6 @@ class Verdict:
     seeds_needed: int | None
     higher_is_better: bool
     caveat: str = ""
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 def classify(diff: float, low: float, high: float, rejected: bool, delta: float,

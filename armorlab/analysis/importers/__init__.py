@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Container, Iterable, Iterator
+from collections.abc import Container, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -129,8 +129,7 @@ def plan(paths: Iterable[str | os.PathLike], *, format: str | None = None, mappi
     if format is not None and format not in FORMATS:
         raise ArmorLabError(f"unknown format (known: {', '.join(FORMATS)})", key="format", value=format)
     given = list(paths) or ([e.pattern for e in mapping.entries] if mapping is not None else [])
-    native: dict[Path, RunDir] = {}
-    sources: dict[tuple[str, str | Path], Source] = {}
+    native, sources = {}, {}  # resolved path → RunDir; (format, path or W&B run id) → Source
     for p in expand_globs(given):
         if not p.exists():
             raise ArmorLabError("path not found", key="path", value=str(p))
@@ -163,17 +162,13 @@ def plan(paths: Iterable[str | os.PathLike], *, format: str | None = None, mappi
 def read_source(src: Source, val_n: int | None = None) -> list[ImportedRun]:
     """A source's runs with its runs.yaml entry's group (as ``run_group``), seed and val_n (else ``val_n``)."""
     e, path = src.entry or Entry(""), src.paths[0]
-    if src.format == "trackio":
-        runs = trackio_db.read_project(path, flavour=e.flavour, only=set(e.runs) if e.runs else None)
-    elif src.format == "verl":
-        config = load_yaml_mapping(e.config) if e.config else None
-        runs = [verl.read(path, name=e.name, val_dumps=e.val_dumps, config=config)]
-    elif src.format == "trl":
-        runs = [trl.read(path, name=e.name)]
-    elif src.format == "wandb":
-        runs = [wandb_local.read(src.paths, name=e.name, flavour=e.flavour)]
-    else:
-        runs = [tensorboard_events.read(path, name=e.name, flavour=e.flavour)]
+    readers = {"trackio": lambda: trackio_db.read_project(path, flavour=e.flavour, only=set(e.runs or ()) or None),
+               "verl": lambda: [verl.read(path, name=e.name, val_dumps=e.val_dumps,
+                                          config=load_yaml_mapping(e.config) if e.config else None)],
+               "trl": lambda: [trl.read(path, name=e.name)],
+               "wandb": lambda: [wandb_local.read(src.paths, name=e.name, flavour=e.flavour)],
+               "tensorboard": lambda: [tensorboard_events.read(path, name=e.name, flavour=e.flavour)]}
+    runs = readers[src.format]()
     n = e.val_n or val_n
     for run in runs:
         run.config.update({k: v for k, v in ((GROUP_KEY, e.group), ("seed", e.seed)) if v is not None})
@@ -187,12 +182,6 @@ def read_source(src: Source, val_n: int | None = None) -> list[ImportedRun]:
     return runs
 
 
-def read(p: Plan, *, val_n: int | None = None,
-         progress: Callable[[int, int], None] | None = None) -> list[ImportedRun]:
+def read(p: Plan, *, val_n: int | None = None) -> list[ImportedRun]:
     """Import every source of the plan (``val_n``: val/n for runs that log val/acc without it)."""
-    out: list[ImportedRun] = []
-    for i, src in enumerate(p.sources, 1):
-        out += read_source(src, val_n)
-        if progress:
-            progress(i, len(p.sources))
-    return out
+    return [run for src in p.sources for run in read_source(src, val_n)]

@@ -78,9 +78,8 @@ def load(path: str | os.PathLike) -> RunsMap:
     def err(problem: str, key: str, value: Any) -> ArmorLabError:
         return ArmorLabError(problem, key=key, value=value, file=file)
 
-    for k in raw:
-        if k not in TOP_KEYS:
-            raise err(f"unknown key (known: {', '.join(TOP_KEYS)})", str(k), raw[k])
+    if unknown := [k for k in raw if k not in TOP_KEYS]:
+        raise err(f"unknown key (known: {', '.join(TOP_KEYS)})", str(unknown[0]), raw[unknown[0]])
     val_n = raw.get("val_n")
     if val_n is not None and not _positive_int(val_n):
         raise err("must be a positive integer (completions per evaluation)", "val_n", val_n)
@@ -93,9 +92,8 @@ def load(path: str | os.PathLike) -> RunsMap:
         key, spec = f"runs.{pattern}", {} if spec is None else spec
         if not isinstance(pattern, str) or not isinstance(spec, dict):
             raise err("each entry is path: {group: ..., seed: ..., val_n: ...}", key, spec)
-        for k in spec:
-            if k not in ENTRY_KEYS:
-                raise err(f"unknown key (known: {', '.join(ENTRY_KEYS)})", f"{key}.{k}", spec[k])
+        if unknown := [k for k in spec if k not in ENTRY_KEYS]:
+            raise err(f"unknown key (known: {', '.join(ENTRY_KEYS)})", f"{key}.{unknown[0]}", spec[unknown[0]])
         full = os.path.join(base, os.path.expanduser(pattern))
         matches = sorted(glob.glob(full)) if glob.has_magic(full) else ([full] if os.path.exists(full) else [])
         if not matches:

@@ -161,9 +161,7 @@ def _scalars(raw: bytes, parse, texts: dict[str, str]) -> list[tuple[str, int, f
 def read_dir(logdir: Path) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], dict[str, str], list[str]]:
     """A run's event files → (per-tag (steps, values) in file order, text summaries by tag, warnings)."""
     parse = _protos()[0].Event.FromString
-    texts: dict[str, str] = {}
-    warnings: list[str] = []
-    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []   # (tag, step, value) per scalar
+    texts, warnings, parts = {}, [], []   # parts: (tag, step, value) arrays per scalar
     for path in sorted(p for p in Path(logdir).glob(PATTERN) if p.is_file()):
         try:
             payloads = list(records(B.read_source(path), str(path), warnings))

@@ -30,8 +30,7 @@ def state_files(out_dir: Path) -> list[Path]:
 
 def read(out_dir: Path, *, name: str | None = None) -> ImportedRun:
     out_dir = Path(out_dir)
-    warnings: list[str] = []
-    states = []  # (global_step, mtime, the state) per readable file, sorted on the first two below
+    warnings, states = [], []  # states: (global_step, mtime, the state) per readable file, sorted below
     for f in state_files(out_dir):
         try:
             loaded = json.loads(read_source(f))

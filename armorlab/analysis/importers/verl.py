@@ -117,8 +117,7 @@ def read_dumps(dump_dir: Path, warnings: list[str]) -> dict[str, tuple[np.ndarra
 def read(path: Path, *, name: str | None = None, val_dumps: Path | None = None,
          config: dict[str, Any] | None = None) -> B.ImportedRun:
     """A verl file-logger JSONL (+ its validation dumps, + a config file's contents if given)."""
-    path = Path(path)
-    warnings: list[str] = []
+    path, warnings = Path(path), []
     series = read_jsonl(path, warnings)
     extra = read_dumps(val_dumps, warnings) if val_dumps is not None else {}
     flat = B.flatten(config or {})

@@ -266,9 +266,7 @@ def run_dirs(root: Path) -> list[Path]:
 
 def read(folders: list[Path], *, name: str | None = None, flavour: str | None = None) -> B.ImportedRun:
     """One W&B run (its folders: one, or several for a resumed run, oldest first)."""
-    history = _History()
-    info: dict[str, Any] = {}
-    warnings: list[str] = []
+    history, info, warnings = _History(), {}, []
     for folder in folders:
         f = folder if folder.is_file() else wandb_file(folder)
         if f is None:
