@@ -15,6 +15,8 @@ The pieces of armorlab that do (or did) what a library would do, for speed:
                    ``mkdir /tmp/before && git archive e45e485 armorlab | tar -x -C /tmp/before``
     layout         (DROPPED) plots._place, the figures' measured layout: matplotlib's constrained layout;
                    --before-tree a checkout of c151af0
+    latex          (DROPPED) analysis/tables.py's _text_tabular: pandas' DataFrame.to_latex (Styler, jinja2);
+                   --before-tree a checkout of 769fe9a
 
 Not timed here: the W&B reader (analysis/importers/wandb_local.py) has no library to compare with:
 wandb 0.31 (installed here) reads its ``.wandb`` logs only in its Go core (``wandb sync`` uploads them), no
@@ -173,6 +175,7 @@ DROPPED = {
     "stats_copies": ("scipy.stats (bootstrap, mannwhitneyu, ttest_ind_from_stats, t) + statsmodels "
                      "(multipletests, TTestIndPower)", ["report_cold_large", "report_cold_small"]),
     "layout": ("matplotlib constrained layout", ["report_cold_large", "report_cold_small"]),
+    "latex": ("pandas DataFrame.to_latex (Styler, jinja2)", ["report_cold_small", "report_one_run_moved_small"]),
 }
 
 

@@ -148,18 +148,6 @@ def test_tables_in_every_format(clean_report):
     assert "objective" in configs.columns and "seed" not in configs.columns
 
 
-def test_text_tables_are_written_as_pandas_to_latex_writes_them(clean_report):
-    from armorlab.analysis import tables as T
-
-    t = clean_report.out_dir / "tables"
-    odd = pd.DataFrame({"a_b": ["x & y", "50%", "\\ a ~ b^c {d} #$"], "95% CI": ["", "~", "^ q"]})
-    empty = pd.DataFrame({"x": pd.Series([], dtype=str)})
-    for df in (odd, empty, *(pd.read_csv(t / f).astype(str).fillna("—") for f in ("improvement.csv", "groups.csv"))):
-        assert T._text_tabular(df) == df.to_latex(index=False, escape=True)
-    assert T._text_tabular(pd.DataFrame({"n": [3]})) is None          # not text: pandas writes it
-    assert T.to_latex(pd.DataFrame({"n": [3]})) == pd.DataFrame({"n": [3]}).to_latex(index=False, escape=True)
-
-
 def test_ci_methods_low_power_and_unresolvable_improvement(clean_report):
     t = clean_report.out_dir / "tables"
     groups_md = (t / "groups.md").read_text()

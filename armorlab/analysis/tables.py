@@ -100,16 +100,6 @@ def _escape_latex(text: str) -> str:
                   lambda m: _LATEX_WORDS[m[1]] + "\\space " * bool(m[2]) if m[1] else "\\" + m[0], text)
 
 
-def _text_tabular(df: pd.DataFrame) -> str | None:
-    """``df.to_latex(index=False, escape=True)`` of a table of text, written directly (pandas' Styler and
-    jinja2 cost a tenth of a second); None for anything else."""
-    header = list(df.columns)
-    rows = df.astype(object).to_numpy().tolist()
-    if not all(isinstance(v, str) for v in header) or not all(isinstance(v, str) for r in rows for v in r):
-        return None
-    return _booktabs("l" * len(header), [list(map(_escape_latex, r)) for r in [header, *rows]])
-
-
 def _booktabs(spec: str, cells: list[list[str]]) -> str:
     """A booktabs tabular of column ``spec`` whose first row is the header."""
     head, *rows = (" & ".join(r) + " \\\\" for r in cells)
@@ -118,8 +108,8 @@ def _booktabs(spec: str, cells: list[list[str]]) -> str:
 
 
 def to_latex(df: pd.DataFrame, caption: str | None = None) -> str:
-    """booktabs tabular, LaTeX special characters escaped, as pandas' to_latex."""
-    body = _text_tabular(df) or df.to_latex(index=False, escape=True)
+    """pandas' booktabs tabular, LaTeX special characters escaped."""
+    body = df.to_latex(index=False, escape=True)
     return f"% {caption}\n% needs \\usepackage{{booktabs}}\n{body}" if caption else body
 
 
