@@ -29,8 +29,8 @@ def _matplotlib():
     from matplotlib.lines import Line2D
     from matplotlib.patches import Rectangle
 
-    def subplots(nrows=1, ncols=1, *, figsize, squeeze=True, layout=None):
-        fig = Figure(figsize=figsize, layout=layout, dpi=DPI)  # text measured at the resolution drawn
+    def subplots(nrows=1, ncols=1, *, figsize, squeeze=True):
+        fig = Figure(figsize=figsize, dpi=DPI)  # text measured at the resolution drawn
         FigureCanvasAgg(fig)  # headless (clusters, CI), whatever backend pyplot would pick
         return fig, fig.subplots(nrows, ncols, squeeze=squeeze)
 
@@ -256,7 +256,7 @@ def plot_capacity(per_group: Mapping[str, np.ndarray], counterfactual: Mapping[s
         sides.append(("Same tokens under each objective", "objective formula",
                       [(cap, color, f"{obj} ({words})", ls) for obj, cap in counterfactual.items()
                        for words, color, ls in [CAPACITY_STYLE[capacity_family(obj)]]]))
-    fig, axes = plt.subplots(1, len(sides), figsize=(5.6 * len(sides), 4.4), squeeze=False, layout="constrained")
+    fig, axes = plt.subplots(1, len(sides), figsize=(5.6 * len(sides), 4.4), squeeze=False)
     for ax, (title, legend, ecdfs) in zip(axes[0], sides, strict=True):
         for cap, color, label, ls in ecdfs:
             x = np.sort(np.asarray(cap, dtype=np.float64))
