@@ -603,8 +603,8 @@ class ArmorLabTrainer(GRPOTrainer):
         and π_ref scoring of every drawn row is put off — NaN stands in, the model is noted — and
         :meth:`_score_kept` runs it on the rows the filter keeps; π_old is put off in every rollout
         that :attr:`_old_after_split` allows, to :meth:`_prepare_inputs`. Not where the forward takes
-        more than token ids. With vLLM's importance-sampling correction TRL's
-        ratio is then 1 (NaN differences count 0) until :meth:`_correct_kept` computes it."""
+        more than token ids. With vLLM's importance-sampling correction TRL's ratio is then 1 (NaN
+        differences count 0) until :meth:`_correct_kept` computes it."""
         later = self._deferred is not None and not compute_entropy and not torch.is_grad_enabled() \
             and not any(v is not None for v in kwargs.values()) and (self._defer_ref or model is not self.ref_model)
         if not later:
@@ -618,19 +618,17 @@ class ArmorLabTrainer(GRPOTrainer):
     def _score_kept(self, output: dict, deferred: Any) -> None:
         """π_old's and π_ref's log-probs of the rows that train: those put off during the rollout
         (``_get_per_token_logps_and_entropies``) and π_ref's where armorlab reads it at β = 0."""
-        ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
-        att = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
-        width, batch = output["completion_ids"].size(1), self.args.per_device_train_batch_size
         self._old_pending = "old_per_token_logps" in deferred and self._old_after_split
         if "old_per_token_logps" in deferred and not self._old_pending:
-            with disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
-                output["old_per_token_logps"], _, _ = self._get_per_token_logps_and_entropies(
-                    self.model, ids, att, width, batch_size=batch)
+            self._score_old(output)
             if self._vllm_corrects:
                 self._correct_kept(output)
         if "ref_per_token_logps" in deferred:
+            ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
+            att = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
             output["ref_per_token_logps"], _, _ = self._get_per_token_logps_and_entropies(
-                self.ref_model, ids, att, width, batch_size=batch)
+                self.ref_model, ids, att, output["completion_ids"].size(1),
+                batch_size=self.args.per_device_train_batch_size)
         elif "ref_per_token_logps" not in output:  # TRL computes them only when beta != 0
             self._add_reference_logps(output)
 
@@ -655,6 +653,7 @@ class ArmorLabTrainer(GRPOTrainer):
 
     @torch.no_grad()
     def _score_old(self, batch: dict) -> None:
+        """π_old's log-probs of a batch's rows (the policy as it is now), in ``old_per_token_logps``."""
         ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
         att = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
         with disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
